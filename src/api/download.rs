@@ -1,0 +1,270 @@
+//! Downloads of result images: streamed to a temporary file, checked, fsynced and moved into
+//! place, so a file that exists under its final name is always whole.
+//!
+//! Result URLs are signed and need no key, and they may point at another host than the API, so
+//! the downloader has its own HTTP client that never carries `X-API-Key`.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures::StreamExt;
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+
+use crate::api::client::error_chain;
+use crate::api::error::excerpt;
+
+/// Larger than any image the service documents, small enough to stop a runaway body.
+pub const DEFAULT_MAX_BYTES: u64 = 256 * 1024 * 1024;
+
+/// A file that arrived whole.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Downloaded {
+    pub path: PathBuf,
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DownloadError {
+    #[error(
+        "the result URL was refused (HTTP {status}): it has expired or is not valid; fetch a fresh one with GET /v1/jobs/<id>"
+    )]
+    Expired { status: u16 },
+    #[error("the download failed with HTTP {status}: {body}")]
+    Http { status: u16, body: String },
+    #[error("the download failed: {reason}")]
+    Transport { reason: String },
+    #[error("the download was cut short: {got} of {expected} bytes")]
+    Truncated { got: u64, expected: u64 },
+    #[error("the download is larger than the limit of {limit} bytes")]
+    TooLarge { limit: u64 },
+    #[error("the download is not an image (it starts with {start:?})")]
+    NotImage { start: String },
+    #[error("refusing to overwrite {}", path.display())]
+    Exists { path: PathBuf },
+    #[error("cannot write {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl DownloadError {
+    /// Whether fetching the job again for a fresh URL is the way forward.
+    pub fn needs_fresh_url(&self) -> bool {
+        matches!(self, DownloadError::Expired { .. })
+    }
+
+    /// Whether the same download may succeed when tried again.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            DownloadError::Transport { .. } | DownloadError::Truncated { .. } => true,
+            DownloadError::Http { status, .. } => *status >= 500 || *status == 429,
+            _ => false,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Downloader {
+    http: reqwest::Client,
+    max_bytes: u64,
+}
+
+impl Downloader {
+    pub fn new(
+        connect_timeout: Duration,
+        timeout: Duration,
+        max_bytes: u64,
+    ) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("imgpipe/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(connect_timeout)
+            .timeout(timeout)
+            .build()?;
+        Ok(Downloader { http, max_bytes })
+    }
+
+    /// Downloads `url` to `<dir>/<stem>.<ext>`, the extension chosen from the image's magic
+    /// bytes. Never replaces an existing file.
+    pub async fn fetch(
+        &self,
+        url: &str,
+        dir: &Path,
+        stem: &str,
+    ) -> Result<Downloaded, DownloadError> {
+        let transport = |e: reqwest::Error| DownloadError::Transport {
+            reason: error_chain(&e.without_url()),
+        };
+        let response = self.http.get(url).send().await.map_err(transport)?;
+        let status = response.status().as_u16();
+        if matches!(status, 401 | 403 | 410) {
+            return Err(DownloadError::Expired { status });
+        }
+        if !response.status().is_success() {
+            let body = response.text().await.unwrap_or_default();
+            return Err(DownloadError::Http {
+                status,
+                body: excerpt(&body),
+            });
+        }
+        let expected = response.content_length();
+        if expected.is_some_and(|n| n > self.max_bytes) {
+            return Err(DownloadError::TooLarge {
+                limit: self.max_bytes,
+            });
+        }
+        let io_err = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| DownloadError::Io { path, source }
+        };
+        tokio::fs::create_dir_all(dir).await.map_err(io_err(dir))?;
+        let part = PartFile::create(dir, stem).await?;
+        let mut file = tokio::io::BufWriter::new(part.file().await?);
+        let mut hasher = Sha256::new();
+        let mut got: u64 = 0;
+        let mut head = Vec::with_capacity(16);
+        let mut body = response.bytes_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| match expected {
+                Some(expected) => DownloadError::Truncated { got, expected },
+                None => transport(e),
+            })?;
+            got += chunk.len() as u64;
+            if got > self.max_bytes {
+                return Err(DownloadError::TooLarge {
+                    limit: self.max_bytes,
+                });
+            }
+            if head.len() < 16 {
+                let take = (16 - head.len()).min(chunk.len());
+                head.extend_from_slice(&chunk[..take]);
+            }
+            hasher.update(&chunk);
+            file.write_all(&chunk).await.map_err(io_err(&part.path))?;
+        }
+        if let Some(expected) = expected.filter(|e| *e != got) {
+            return Err(DownloadError::Truncated { got, expected });
+        }
+        let ext = image_extension(&head).ok_or_else(|| DownloadError::NotImage {
+            start: String::from_utf8_lossy(&head).into_owned(),
+        })?;
+        file.flush().await.map_err(io_err(&part.path))?;
+        file.get_ref()
+            .sync_all()
+            .await
+            .map_err(io_err(&part.path))?;
+        drop(file);
+        let path = part.persist(&dir.join(format!("{stem}.{ext}")))?;
+        Ok(Downloaded {
+            path,
+            bytes: got,
+            sha256: hex::encode(hasher.finalize()),
+        })
+    }
+}
+
+/// The extension for an image's magic bytes; `None` when it is no image format we know.
+pub fn image_extension(head: &[u8]) -> Option<&'static str> {
+    if head.starts_with(b"\x89PNG\r\n\x1a\n") {
+        Some("png")
+    } else if head.starts_with(&[0xff, 0xd8, 0xff]) {
+        Some("jpg")
+    } else if head.len() >= 12 && &head[..4] == b"RIFF" && &head[8..12] == b"WEBP" {
+        Some("webp")
+    } else if head.starts_with(b"GIF87a") || head.starts_with(b"GIF89a") {
+        Some("gif")
+    } else {
+        None
+    }
+}
+
+/// A temporary file next to the destination, removed unless it is persisted.
+struct PartFile {
+    path: PathBuf,
+    persisted: bool,
+}
+
+impl PartFile {
+    async fn create(dir: &Path, stem: &str) -> Result<Self, DownloadError> {
+        let mut nonce = [0u8; 6];
+        getrandom::fill(&mut nonce).map_err(|e| DownloadError::Io {
+            path: dir.to_path_buf(),
+            source: io::Error::other(e.to_string()),
+        })?;
+        let path = dir.join(format!(".{stem}.{}.part", hex::encode(nonce)));
+        Ok(PartFile {
+            path,
+            persisted: false,
+        })
+    }
+
+    async fn file(&self) -> Result<tokio::fs::File, DownloadError> {
+        tokio::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&self.path)
+            .await
+            .map_err(|source| DownloadError::Io {
+                path: self.path.clone(),
+                source,
+            })
+    }
+
+    /// Moves the file to `dest` without ever replacing an existing file: a hard link fails
+    /// when `dest` exists, where a rename would silently overwrite it.
+    fn persist(mut self, dest: &Path) -> Result<PathBuf, DownloadError> {
+        match std::fs::hard_link(&self.path, dest) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(DownloadError::Exists {
+                    path: dest.to_path_buf(),
+                });
+            }
+            Err(_) if !dest.exists() => {
+                std::fs::rename(&self.path, dest).map_err(|source| DownloadError::Io {
+                    path: dest.to_path_buf(),
+                    source,
+                })?;
+            }
+            Err(_) => {
+                return Err(DownloadError::Exists {
+                    path: dest.to_path_buf(),
+                });
+            }
+        }
+        self.persisted = true;
+        let _ = std::fs::remove_file(&self.path);
+        if let Some(dir) = dest.parent() {
+            // Make the new directory entry durable too; a failure here loses nothing already
+            // written, so it is not an error.
+            let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+        }
+        Ok(dest.to_path_buf())
+    }
+}
+
+impl Drop for PartFile {
+    fn drop(&mut self) {
+        if !self.persisted {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn magic_bytes_pick_the_extension() {
+        assert_eq!(image_extension(b"\x89PNG\r\n\x1a\n...."), Some("png"));
+        assert_eq!(image_extension(&[0xff, 0xd8, 0xff, 0xe0]), Some("jpg"));
+        assert_eq!(image_extension(b"RIFF\0\0\0\0WEBPVP8 "), Some("webp"));
+        assert_eq!(image_extension(b"<html>"), None);
+        assert_eq!(image_extension(b""), None);
+    }
+}

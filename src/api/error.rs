@@ -1,0 +1,220 @@
+//! Failures of a call, classified by what they mean for billing.
+//!
+//! Every paid call ends in one of three ways when it fails: it was never sent (safe to retry),
+//! the server answered with an error (nothing billed), or it was sent and no complete answer
+//! came back (it may have been billed). Retries, budgets and resumes rest on that distinction,
+//! so it is a type, never a string.
+
+use std::time::Duration;
+
+use crate::api::rules::InvalidField;
+
+/// Longest part of an error body kept in a message.
+const BODY_EXCERPT_CHARS: usize = 300;
+
+/// What a failed call means for the bill.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Billing {
+    /// The request never left the machine, or never reached the server.
+    NotSent,
+    /// The server replied with an error status: nothing was billed.
+    Answered,
+    /// The request was sent and no complete answer came back: it may have been billed.
+    Ambiguous,
+}
+
+/// The meaning of an error status. The spec shows no error codes, so this is read from the
+/// HTTP status alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// 401/403: the key is missing, wrong or not allowed.
+    Auth,
+    /// 402: the balance cannot pay for the call.
+    Credits,
+    /// 400/422: the service rejected the request.
+    InvalidRequest,
+    /// 404: no such job, tool or endpoint.
+    NotFound,
+    /// 429: too many requests; wait `retry_after`.
+    RateLimited,
+    /// 5xx: the service failed.
+    Server,
+    /// Any other status.
+    Other,
+}
+
+impl ErrorKind {
+    pub fn from_status(status: u16) -> Self {
+        match status {
+            401 | 403 => ErrorKind::Auth,
+            402 => ErrorKind::Credits,
+            400 | 422 => ErrorKind::InvalidRequest,
+            404 => ErrorKind::NotFound,
+            429 => ErrorKind::RateLimited,
+            500..=599 => ErrorKind::Server,
+            _ => ErrorKind::Other,
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            ErrorKind::Auth => "authentication failed",
+            ErrorKind::Credits => "not enough credits",
+            ErrorKind::InvalidRequest => "request rejected",
+            ErrorKind::NotFound => "not found",
+            ErrorKind::RateLimited => "rate limited",
+            ErrorKind::Server => "server error",
+            ErrorKind::Other => "unexpected status",
+        }
+    }
+
+    fn hint(self) -> Option<&'static str> {
+        match self {
+            ErrorKind::Auth => Some("check IMGPIPE_API_KEY or the file given to --api-key-file"),
+            ErrorKind::Credits => Some("top up the account or lower the batch; nothing was billed"),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Caught on the client: the request was not sent.
+    #[error("invalid request: {0}")]
+    Invalid(#[from] InvalidField),
+
+    #[error("{endpoint}: could not reach the service: {reason}")]
+    NotSent { endpoint: String, reason: String },
+
+    #[error("{endpoint}: {} (HTTP {status}){}: {body}{}", kind.describe(), retry_suffix(*retry_after), hint_suffix(*kind))]
+    Answered {
+        endpoint: String,
+        status: u16,
+        kind: ErrorKind,
+        retry_after: Option<Duration>,
+        /// A truncated, key-redacted copy of the body.
+        body: String,
+    },
+
+    #[error(
+        "{endpoint}: sent, but no complete answer came back ({reason}); it may have been billed"
+    )]
+    Ambiguous { endpoint: String, reason: String },
+}
+
+fn retry_suffix(retry_after: Option<Duration>) -> String {
+    retry_after
+        .map(|d| format!(", retry after {:.1}s", d.as_secs_f64()))
+        .unwrap_or_default()
+}
+
+fn hint_suffix(kind: ErrorKind) -> String {
+    kind.hint()
+        .map(|h| format!("\nhint: {h}"))
+        .unwrap_or_default()
+}
+
+impl ApiError {
+    pub fn billing(&self) -> Billing {
+        match self {
+            ApiError::Invalid(_) | ApiError::NotSent { .. } => Billing::NotSent,
+            ApiError::Answered { .. } => Billing::Answered,
+            ApiError::Ambiguous { .. } => Billing::Ambiguous,
+        }
+    }
+
+    /// The kind of an answered error; `None` when the server did not answer.
+    pub fn kind(&self) -> Option<ErrorKind> {
+        match self {
+            ApiError::Answered { kind, .. } => Some(*kind),
+            _ => None,
+        }
+    }
+
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ApiError::Answered { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
+    /// Whether the same call may succeed if tried again later without risk of paying twice.
+    /// Ambiguous failures are not transient in that sense: retrying them is a billing decision
+    /// the caller makes explicitly.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ApiError::NotSent { .. } => true,
+            ApiError::Answered { kind, .. } => {
+                matches!(kind, ErrorKind::RateLimited | ErrorKind::Server)
+            }
+            ApiError::Invalid(_) | ApiError::Ambiguous { .. } => false,
+        }
+    }
+}
+
+/// Keeps the start of an error body, on a character boundary, for a message.
+pub fn excerpt(body: &str) -> String {
+    let body = body.trim();
+    let mut out: String = body.chars().take(BODY_EXCERPT_CHARS).collect();
+    if out.len() < body.len() {
+        out.push_str("...");
+    }
+    if out.is_empty() {
+        out.push_str("(empty body)");
+    }
+    out
+}
+
+/// Reads `Retry-After` as seconds or as an HTTP date.
+pub fn parse_retry_after(value: &str) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<f64>() {
+        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(
+        at.duration_since(std::time::SystemTime::now())
+            .unwrap_or(Duration::ZERO),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_map_to_kinds() {
+        let expect = [
+            (401, ErrorKind::Auth),
+            (403, ErrorKind::Auth),
+            (402, ErrorKind::Credits),
+            (400, ErrorKind::InvalidRequest),
+            (422, ErrorKind::InvalidRequest),
+            (404, ErrorKind::NotFound),
+            (429, ErrorKind::RateLimited),
+            (503, ErrorKind::Server),
+            (418, ErrorKind::Other),
+        ];
+        for (status, kind) in expect {
+            assert_eq!(ErrorKind::from_status(status), kind);
+        }
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_dates() {
+        assert_eq!(parse_retry_after("2"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_retry_after("0.5"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_retry_after("-1"), None);
+        let past = "Wed, 21 Oct 2015 07:28:00 GMT";
+        assert_eq!(parse_retry_after(past), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after("soon"), None);
+    }
+
+    #[test]
+    fn excerpt_truncates_on_char_boundary() {
+        let long = "é".repeat(1000);
+        let cut = excerpt(&long);
+        assert!(cut.ends_with("...") && cut.chars().count() == BODY_EXCERPT_CHARS + 3);
+        assert_eq!(excerpt(""), "(empty body)");
+    }
+}

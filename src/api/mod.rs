@@ -1,0 +1,19 @@
+//! Everything about talking to the image service: the wire types and their rules, the HTTP
+//! client, the classification of failures by billing, the undocumented records, and downloads.
+
+pub mod client;
+pub mod download;
+pub mod error;
+pub mod key;
+pub mod records;
+pub mod rules;
+pub mod types;
+
+pub use client::{Client, ClientConfig};
+pub use download::{Downloaded, Downloader};
+pub use error::{ApiError, Billing, ErrorKind};
+pub use key::ApiKey;
+pub use records::{Account, JobRecord, Models};
+pub use types::{
+    GenerationJob, GenerationRequest, Size, ToolJob, ToolName, ToolParams, ToolRequest,
+};

@@ -1,0 +1,162 @@
+//! The command line: clap types only, and the dispatch to one file per subcommand.
+//!
+//! Data goes to stdout, logs and progress to stderr. Every error is printed once, here, with a
+//! `hint:` where there is something to do, and mapped to a documented exit code.
+
+mod account;
+mod connect;
+mod generate;
+mod job;
+mod logging;
+mod models;
+mod output;
+mod sandbox;
+mod tool;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::error::{Error, exit};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "imgpipe",
+    version,
+    about = "Batches of image work against a paid image API, without wasting a credit"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options every command that talks to the service understands.
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// Base URL of the service (no public default exists)
+    #[arg(long, env = "IMGPIPE_BASE_URL", global = true, value_name = "URL")]
+    pub base_url: Option<String>,
+    /// File holding the API key (else IMGPIPE_API_KEY); keys are never taken on the command line
+    #[arg(long, global = true, value_name = "PATH")]
+    pub api_key_file: Option<PathBuf>,
+    /// Start the embedded sandbox on loopback and talk to it instead: no account, no real credits
+    #[arg(long, global = true)]
+    pub sandbox: bool,
+    /// Print machine-readable JSON on stdout
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// JSON pointer to the balance in the account record, when imgpipe cannot find it (e.g. /credits/balance)
+    #[arg(long, global = true, value_name = "POINTER")]
+    pub balance_field: Option<String>,
+    /// Seconds to wait for a whole call
+    #[arg(long, global = true, default_value_t = 300.0, value_name = "SECS")]
+    pub timeout: f64,
+    /// Seconds to wait for a connection
+    #[arg(long, global = true, default_value_t = 10.0, value_name = "SECS")]
+    pub connect_timeout: f64,
+    /// More log detail on stderr (-vv includes the HTTP stack)
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Only warnings and errors on stderr
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
+    /// Log line format on stderr
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    pub log_format: logging::LogFormat,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show the account: plan, credit balance and limits
+    Account,
+    /// List the available models and tools
+    Models,
+    /// Show a past job, with fresh result URLs; --out downloads its images
+    Job(job::JobArgs),
+    /// Generate images from a prompt and download them
+    Generate(generate::GenerateArgs),
+    /// Edit an image with one tool and download the result
+    Tool(tool::ToolArgs),
+    /// Run the sandbox emulator of the service until interrupted
+    Sandbox(sandbox::SandboxArgs),
+}
+
+/// Runs a parsed command line and returns the process exit code.
+pub fn run(cli: Cli) -> ExitCode {
+    logging::init(&cli.global);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            return report(&Error::Other(anyhow::anyhow!(
+                "cannot start the async runtime: {e}"
+            )));
+        }
+    };
+    let result = runtime.block_on(dispatch(cli));
+    // Leftover connections must not hold up the exit.
+    runtime.shutdown_background();
+    match result {
+        Ok(()) => ExitCode::from(exit::SUCCESS),
+        Err(e) => report(&e),
+    }
+}
+
+async fn dispatch(cli: Cli) -> Result<(), Error> {
+    let Cli { global, command } = cli;
+    if let Command::Sandbox(args) = &command {
+        return sandbox::run(args, &global).await;
+    }
+    let work = async {
+        let conn = connect::Connection::open(&global).await?;
+        match &command {
+            Command::Account => account::run(&conn, &global).await,
+            Command::Models => models::run(&conn, &global).await,
+            Command::Job(args) => job::run(args, &conn, &global).await,
+            Command::Generate(args) => generate::run(args, &conn, &global).await,
+            Command::Tool(args) => tool::run(args, &conn, &global).await,
+            Command::Sandbox(_) => Ok(()),
+        }
+    };
+    tokio::select! {
+        result = work => result,
+        () = shutdown_signal() => Err(Error::Interrupted {
+            detail: Some("a call in flight may have been billed; `imgpipe job <id>` shows a job once its id is known".into()),
+        }),
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+pub(crate) async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+fn report(e: &Error) -> ExitCode {
+    let mut text = format!("error: {e}");
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(&format!("\n  caused by: {cause_text}"));
+        }
+        source = cause.source();
+    }
+    eprintln!("{text}");
+    ExitCode::from(e.exit_code())
+}

@@ -1,0 +1,138 @@
+//! `imgpipe sandbox`: the emulator as a standalone server, for trying imgpipe by hand, for
+//! benchmarks in a separate process, and for scripts.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::cli::{GlobalArgs, shutdown_signal};
+use crate::error::Error;
+use crate::sandbox::{self, Faults, SAMPLE_HOST, SAMPLE_NAMES, Sandbox};
+
+#[derive(Debug, clap::Args)]
+pub struct SandboxArgs {
+    /// Port on 127.0.0.1 (0 picks a free one)
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+    /// The API key clients must send (random when not given)
+    #[arg(long)]
+    pub key: Option<String>,
+    /// Starting credit balance
+    #[arg(long, default_value_t = 1000)]
+    pub balance: i64,
+    /// Credits per 2K image (4K bills twice)
+    #[arg(long, default_value_t = 4)]
+    pub generation_price: u64,
+    /// State the generation price in GET /v1/models (the real service's list shows none)
+    #[arg(long)]
+    pub advertise_price: bool,
+    /// Lifetime of result URLs, in seconds
+    #[arg(long, default_value_t = 3600.0, value_name = "SECS")]
+    pub url_ttl: f64,
+    /// Added latency per paid call, in milliseconds
+    #[arg(long, default_value_t = 0)]
+    pub latency_ms: u64,
+    /// Random extra latency per paid call, up to this many milliseconds
+    #[arg(long, default_value_t = 0)]
+    pub jitter_ms: u64,
+    /// Paid requests per second before 429
+    #[arg(long, value_name = "PER_SEC")]
+    pub rate_limit: Option<f64>,
+    /// Paid requests in flight before 429
+    #[arg(long, value_name = "N")]
+    pub max_in_flight: Option<usize>,
+    /// Side in pixels of a 2K image (4K doubles it)
+    #[arg(long, default_value_t = 256)]
+    pub image_side: u32,
+    /// Probability of a 500/503 per paid call (nothing billed)
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    pub fault_server_error: f64,
+    /// Probability of an extra 429 per paid call (nothing billed)
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    pub fault_rate_limit: f64,
+    /// Probability that a paid call is billed and its connection then dropped
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    pub fault_drop: f64,
+    /// Probability that a download stops half way
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    pub fault_truncate: f64,
+    /// Seed of the fault generator
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+impl SandboxArgs {
+    fn config(&self) -> Result<sandbox::Config, Error> {
+        let probability = |flag: &str, p: f64| {
+            if (0.0..=1.0).contains(&p) {
+                Ok(p)
+            } else {
+                Err(Error::usage(
+                    format!("{flag} must be a probability between 0 and 1, got {p}"),
+                    None,
+                ))
+            }
+        };
+        if !(self.url_ttl.is_finite() && self.url_ttl > 0.0) {
+            return Err(Error::usage(
+                format!(
+                    "--url-ttl must be a positive number of seconds, got {}",
+                    self.url_ttl
+                ),
+                None,
+            ));
+        }
+        if self.image_side == 0 || self.image_side > 2048 {
+            return Err(Error::usage(
+                "--image-side must be between 1 and 2048",
+                None,
+            ));
+        }
+        Ok(sandbox::Config {
+            port: self.port,
+            key: self.key.clone(),
+            balance: self.balance,
+            generation_price: self.generation_price,
+            advertise_price: self.advertise_price,
+            url_ttl: Duration::from_secs_f64(self.url_ttl),
+            latency: Duration::from_millis(self.latency_ms),
+            jitter: Duration::from_millis(self.jitter_ms),
+            rate_limit: self.rate_limit,
+            max_in_flight: self.max_in_flight,
+            image_side: self.image_side,
+            faults: Faults {
+                server_error: probability("--fault-server-error", self.fault_server_error)?,
+                rate_limit: probability("--fault-rate-limit", self.fault_rate_limit)?,
+                drop_after_billing: probability("--fault-drop", self.fault_drop)?,
+                truncate_download: probability("--fault-truncate", self.fault_truncate)?,
+                seed: self.seed,
+            },
+        })
+    }
+}
+
+pub async fn run(args: &SandboxArgs, global: &GlobalArgs) -> Result<(), Error> {
+    let sandbox = Sandbox::start(args.config()?).await.map_err(|e| {
+        Error::Other(anyhow::anyhow!(
+            "cannot start the sandbox on port {}: {e}",
+            args.port
+        ))
+    })?;
+    let base = sandbox.base_url().to_string();
+    if global.json {
+        println!("{}", json!({"base_url": base, "api_key": sandbox.key()}));
+    } else {
+        println!("imgpipe sandbox listening on {base} (credits are not real)");
+        println!("export IMGPIPE_BASE_URL={base}");
+        println!("export IMGPIPE_API_KEY={}", sandbox.key());
+        let samples: Vec<String> = SAMPLE_NAMES
+            .iter()
+            .map(|n| format!("https://{SAMPLE_HOST}/assets/{n}.png"))
+            .collect();
+        println!("sample images: {}", samples.join(" "));
+        println!("stop with Ctrl-C");
+    }
+    shutdown_signal().await;
+    tracing::info!("sandbox stopping");
+    sandbox.stop().await.map_err(|e| Error::Other(e.into()))
+}

@@ -1,0 +1,75 @@
+//! The top-level error of a command and its exit code. Exit codes are part of the interface
+//! (cron jobs branch on them) and never change meaning.
+
+use crate::api::download::DownloadError;
+use crate::api::error::{ApiError, ErrorKind};
+
+/// Exit codes, documented in README.md.
+pub mod exit {
+    pub const SUCCESS: u8 = 0;
+    /// Any failure without a more specific code.
+    pub const FAILURE: u8 = 1;
+    /// Invalid input or usage: nothing was sent.
+    pub const INVALID: u8 = 2;
+    /// Not enough credits, or over budget.
+    pub const CREDITS: u8 = 3;
+    /// A run finished with failed tasks.
+    pub const TASKS_FAILED: u8 = 4;
+    /// Another run holds the lock.
+    pub const LOCKED: u8 = 5;
+    /// Interrupted by SIGINT or SIGTERM.
+    pub const INTERRUPTED: u8 = 130;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Api(#[from] ApiError),
+
+    /// A download failed after its call was billed; `recover` says how to get the file.
+    #[error("{source}\nhint: {recover}")]
+    Download {
+        #[source]
+        source: DownloadError,
+        recover: String,
+    },
+
+    /// Bad input caught before anything was sent.
+    #[error("{message}{}", hint.as_ref().map(|h| format!("\nhint: {h}")).unwrap_or_default())]
+    Usage {
+        message: String,
+        hint: Option<String>,
+    },
+
+    #[error("interrupted{}", detail.as_ref().map(|d| format!("; {d}")).unwrap_or_default())]
+    Interrupted { detail: Option<String> },
+
+    #[error(transparent)]
+    Other(#[from] anyhow::Error),
+}
+
+impl Error {
+    pub fn usage(message: impl Into<String>, hint: Option<&str>) -> Self {
+        Error::Usage {
+            message: message.into(),
+            hint: hint.map(str::to_owned),
+        }
+    }
+
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Api(e) => match e {
+                ApiError::Invalid(_) => exit::INVALID,
+                ApiError::Answered { kind, .. } => match kind {
+                    ErrorKind::Credits => exit::CREDITS,
+                    ErrorKind::InvalidRequest => exit::INVALID,
+                    _ => exit::FAILURE,
+                },
+                _ => exit::FAILURE,
+            },
+            Error::Usage { .. } => exit::INVALID,
+            Error::Interrupted { .. } => exit::INTERRUPTED,
+            Error::Download { .. } | Error::Other(_) => exit::FAILURE,
+        }
+    }
+}

@@ -1,0 +1,5 @@
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    imgpipe::cli::run(imgpipe::cli::Cli::parse())
+}

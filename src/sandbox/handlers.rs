@@ -1,0 +1,398 @@
+//! The sandbox's HTTP surface: every endpoint of the spec, plus signed result files, sample
+//! assets and a stats endpoint for tests and benchmarks.
+//!
+//! A paid call goes through the same gates in the same order every time: key, rate limit and
+//! in-flight limit, injected faults, validation, input resolution, balance, work, billing.
+//! Nothing is billed until the work is done and the balance has been checked under the lock.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, RawQuery, Request, State as Shared};
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use axum::http::{HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+use crate::api::rules::{self, InvalidField};
+use crate::api::types::{ErrorBody, ErrorDetail, ToolName};
+use crate::sandbox::edit;
+use crate::sandbox::signing::Refusal;
+use crate::sandbox::state::{InFlight, Job, JobKind, MODEL_ID, Source, State};
+
+type App = Shared<Arc<State>>;
+
+pub fn router(state: Arc<State>) -> Router {
+    Router::new()
+        .route("/v1/images/generations", post(generate))
+        .route("/v1/images/tools/{tool}", post(tool))
+        .route("/v1/jobs/{id}", get(job))
+        .route("/v1/account", get(account))
+        .route("/v1/models", get(models))
+        .route("/files/{file}", get(file))
+        .route("/assets/{file}", get(asset))
+        .route("/_sandbox/stats", get(stats))
+        .fallback(|| async { Reply::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        .with_state(state)
+}
+
+/// An error answer in the sandbox's JSON shape.
+pub struct Reply {
+    status: StatusCode,
+    detail: ErrorDetail,
+    retry_after: Option<u64>,
+}
+
+impl Reply {
+    fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+        Reply {
+            status,
+            detail: ErrorDetail {
+                code: code.into(),
+                message: message.into(),
+                field: None,
+            },
+            retry_after: None,
+        }
+    }
+
+    fn rate_limited(message: &str, wait: Duration) -> Self {
+        let mut reply = Reply::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", message);
+        // Retry-After is whole seconds; rounding up never invites an early retry.
+        reply.retry_after = Some(wait.as_secs_f64().ceil().max(1.0) as u64);
+        reply
+    }
+}
+
+impl From<InvalidField> for Reply {
+    fn from(e: InvalidField) -> Self {
+        let mut reply = Reply::new(StatusCode::BAD_REQUEST, "invalid_request", e.to_string());
+        reply.detail.field = Some(e.field);
+        reply
+    }
+}
+
+impl IntoResponse for Reply {
+    fn into_response(self) -> Response {
+        let mut response =
+            (self.status, axum::Json(ErrorBody { error: self.detail })).into_response();
+        if let Some(secs) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+/// Counts API requests and checks the key on everything but result files and samples, which
+/// are public by design (signed URLs).
+async fn authenticate(Shared(state): App, request: Request, next: Next) -> Response {
+    let path = request.uri().path();
+    let api = path.starts_with("/v1/");
+    if api || path.starts_with("/_sandbox/") {
+        if api {
+            state.count(|s| s.api_requests += 1);
+        }
+        let given = request.headers().get("x-api-key").map(|v| v.as_bytes());
+        if given != Some(state.key.as_bytes()) {
+            state.count(|s| s.unauthorized += 1);
+            let why = if given.is_none() {
+                "missing X-API-Key header"
+            } else {
+                "invalid API key"
+            };
+            return Reply::new(StatusCode::UNAUTHORIZED, "unauthorized", why).into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// The gates every paid call passes before any work: rate, in-flight slots, injected faults.
+fn admit(state: &Arc<State>) -> Result<InFlight, Reply> {
+    state.count(|s| s.paid_requests += 1);
+    let limited = |state: &State, message: &str, wait: Duration| {
+        state.count(|s| s.rate_limited += 1);
+        Reply::rate_limited(message, wait)
+    };
+    if let Some(limiter) = &state.limiter
+        && let Err(not_until) = limiter.check()
+    {
+        let wait = not_until.wait_time_from(governor::clock::Clock::now(
+            &governor::clock::DefaultClock::default(),
+        ));
+        return Err(limited(state, "request rate limit exceeded", wait));
+    }
+    let slot = state
+        .enter()
+        .ok_or_else(|| limited(state, "too many requests in flight", Duration::from_secs(1)))?;
+    let faults = &state.config.faults;
+    if state.dice.chance(faults.rate_limit) {
+        return Err(limited(
+            state,
+            "rate limited (injected fault)",
+            Duration::from_secs(1),
+        ));
+    }
+    if state.dice.chance(faults.server_error) {
+        state.count(|s| s.server_errors += 1);
+        let status = if state.dice.chance(0.5) {
+            StatusCode::INTERNAL_SERVER_ERROR
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        return Err(Reply::new(
+            status,
+            "server_error",
+            "injected server error; nothing was billed",
+        ));
+    }
+    Ok(slot)
+}
+
+fn invalid(state: &State, e: InvalidField) -> Reply {
+    state.count(|s| s.invalid += 1);
+    e.into()
+}
+
+fn parse_body(state: &State, body: &Bytes) -> Result<Value, Reply> {
+    serde_json::from_slice(body).map_err(|e| {
+        invalid(
+            state,
+            InvalidField::new("body", format!("is not valid JSON ({e})")),
+        )
+    })
+}
+
+/// 402 before any work when the balance already cannot pay.
+fn can_pay(state: &State, credits: u64) -> Result<(), Reply> {
+    let balance = state.balance();
+    if i64::try_from(credits).map_or(true, |c| balance < c) {
+        state.count(|s| s.insufficient_credits += 1);
+        return Err(insufficient(credits, balance));
+    }
+    Ok(())
+}
+
+fn insufficient(credits: u64, balance: i64) -> Reply {
+    Reply::new(
+        StatusCode::PAYMENT_REQUIRED,
+        "insufficient_credits",
+        format!(
+            "this call costs {credits} credits and the balance is {balance}; nothing was billed"
+        ),
+    )
+}
+
+async fn generate(Shared(state): App, body: Bytes) -> Result<Response, Reply> {
+    let _slot = admit(&state)?;
+    let request = rules::generation_from_json(&parse_body(&state, &body)?, &state.base)
+        .map_err(|e| invalid(&state, e))?;
+    let mut reference_seed = 0u64;
+    for (i, url) in request.image_urls.iter().enumerate() {
+        let key = match state
+            .resolve(&format!("image_urls[{i}]"), url)
+            .map_err(|e| invalid(&state, e))?
+        {
+            Source::Result(id) => id,
+            Source::Sample(name) => name.to_owned(),
+            Source::Elsewhere(url) => url.to_string(),
+        };
+        reference_seed = edit::mix(reference_seed, &key);
+    }
+    let credits =
+        state.config.generation_price * u64::from(request.n) * request.size.price_multiplier();
+    can_pay(&state, credits)?;
+    let side = state.config.image_side * request.size.price_multiplier() as u32;
+    let (prompt, n) = (request.prompt.clone(), request.n);
+    let work =
+        tokio::task::spawn_blocking(move || edit::draw_all(&prompt, n, reference_seed, side));
+    let (pngs, ()) = tokio::join!(work, tokio::time::sleep(state.latency()));
+    let pngs = pngs.map_err(|e| server_fault(&e))?;
+    let job = state
+        .bill(JobKind::Generation, credits, pngs)
+        .map_err(|balance| insufficient(credits, balance))?;
+    Ok(deliver(&state, &job))
+}
+
+async fn tool(
+    Shared(state): App,
+    Path(tool): Path<String>,
+    body: Bytes,
+) -> Result<Response, Reply> {
+    let tool: ToolName = tool.parse().map_err(|e: InvalidField| {
+        state.count(|s| s.not_found += 1);
+        Reply::new(StatusCode::NOT_FOUND, "not_found", e.message)
+    })?;
+    let _slot = admit(&state)?;
+    let request =
+        rules::tool_from_json(tool, &parse_body(&state, &body)?).map_err(|e| invalid(&state, e))?;
+    let source = state
+        .resolve("image_url", &request.image_url)
+        .map_err(|e| invalid(&state, e))?;
+    let input = state.image_bytes(&source).ok_or_else(|| {
+        invalid(&state, InvalidField::new(
+            "image_url",
+            format!("the sandbox edits only its own result URLs and its sample images ({}); it never fetches from the network", edit::sample_hint(&state.base)),
+        ))
+    })?;
+    let credits = request.params.credits();
+    can_pay(&state, credits)?;
+    let params = request.params.clone();
+    let keep_alpha = request.preserve_alpha.unwrap_or(true);
+    let work = tokio::task::spawn_blocking(move || edit::apply(&input, &params, keep_alpha));
+    let (png, ()) = tokio::join!(work, tokio::time::sleep(state.latency()));
+    let png = png
+        .map_err(|e| server_fault(&e))?
+        .map_err(|e| invalid(&state, e))?;
+    let job = state
+        .bill(JobKind::Tool(tool), credits, vec![png])
+        .map_err(|balance| insufficient(credits, balance))?;
+    Ok(deliver(&state, &job))
+}
+
+fn server_fault(e: &tokio::task::JoinError) -> Reply {
+    Reply::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        format!("image work failed: {e}; nothing was billed"),
+    )
+}
+
+/// Answers a billed call, unless the drop fault strikes: then the caller gets a connection that
+/// dies before the answer, though the call stays billed.
+fn deliver(state: &State, job: &Job) -> Response {
+    if state.dice.chance(state.config.faults.drop_after_billing) {
+        state.mark_undelivered(&job.id);
+        let dead = futures::stream::iter([Err::<Bytes, _>(io::Error::other(
+            "connection dropped (injected fault)",
+        ))]);
+        return Response::builder()
+            .header(CONTENT_TYPE, "application/json")
+            .body(Body::from_stream(dead))
+            .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
+    }
+    axum::Json(state.job_json(job)).into_response()
+}
+
+async fn job(Shared(state): App, Path(id): Path<String>) -> Result<Response, Reply> {
+    let job = state.job(&id).ok_or_else(|| {
+        state.count(|s| s.not_found += 1);
+        Reply::new(StatusCode::NOT_FOUND, "not_found", format!("no job {id:?}"))
+    })?;
+    Ok(axum::Json(state.job_json(&job)).into_response())
+}
+
+async fn account(Shared(state): App) -> axum::Json<Value> {
+    let c = &state.config;
+    axum::Json(json!({
+        "plan": "sandbox",
+        "credits": { "balance": state.balance() },
+        "limits": {
+            "requests_per_second": c.rate_limit,
+            "max_concurrency": c.max_in_flight,
+            "max_images_per_generation": rules::MAX_IMAGES_PER_GENERATION,
+            "max_reference_images": rules::MAX_REFERENCE_IMAGES,
+            "max_prompt_chars": rules::MAX_PROMPT_CHARS,
+        },
+    }))
+}
+
+async fn models(Shared(state): App) -> axum::Json<Value> {
+    let mut model = json!({ "id": MODEL_ID, "sizes": ["2K", "4K"] });
+    if state.config.advertise_price {
+        model["credits_per_image"] = state.config.generation_price.into();
+    }
+    axum::Json(json!({
+        "models": [model],
+        "tools": [
+            { "name": "remove_background", "credits": 5 },
+            { "name": "upscale", "credits": { "2": 2, "4": 4 } },
+            { "name": "expand", "credits": 5 },
+            { "name": "erase", "credits": 2 },
+        ],
+    }))
+}
+
+async fn stats(Shared(state): App) -> axum::Json<Value> {
+    axum::Json(json!({
+        "balance": state.balance(),
+        "stats": state.stats(),
+        "ledger": state.ledger(),
+    }))
+}
+
+/// A result image behind its signed URL.
+async fn file(
+    Shared(state): App,
+    Path(file): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, Reply> {
+    state.count(|s| s.downloads += 1);
+    let refuse = |state: &State, code: &str, message: &str| {
+        state.count(|s| s.refused_downloads += 1);
+        Reply::new(StatusCode::FORBIDDEN, code, message)
+    };
+    let id = file.strip_suffix(".png").unwrap_or(&file);
+    match state.check_signed(id, query.as_deref()) {
+        Ok(()) => {}
+        Err(Refusal::Expired) => {
+            return Err(refuse(
+                &state,
+                "url_expired",
+                "this URL has expired; get a fresh one with GET /v1/jobs/{id}",
+            ));
+        }
+        Err(Refusal::Forged) => {
+            return Err(refuse(
+                &state,
+                "invalid_signature",
+                "this URL's signature is not valid",
+            ));
+        }
+    }
+    let bytes = state
+        .stored_image(id)
+        .ok_or_else(|| Reply::new(StatusCode::NOT_FOUND, "not_found", "no such image"))?;
+    if state.dice.chance(state.config.faults.truncate_download) {
+        state.count(|s| s.truncated_downloads += 1);
+        return Ok(truncated(bytes));
+    }
+    Ok(png(bytes))
+}
+
+async fn asset(Shared(state): App, Path(file): Path<String>) -> Result<Response, Reply> {
+    let name = file.strip_suffix(".png").unwrap_or(&file);
+    state.sample(name).map(png).ok_or_else(|| {
+        Reply::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no sample {file:?}"),
+        )
+    })
+}
+
+fn png(bytes: Bytes) -> Response {
+    ([(CONTENT_TYPE, "image/png")], bytes).into_response()
+}
+
+/// Half the image under a header that promises all of it, then a broken connection.
+fn truncated(bytes: Bytes) -> Response {
+    let full = bytes.len();
+    let half = bytes.slice(..full / 2);
+    let parts = futures::stream::iter([
+        Ok(half),
+        Err(io::Error::other("download cut short (injected fault)")),
+    ]);
+    Response::builder()
+        .header(CONTENT_TYPE, "image/png")
+        .header(CONTENT_LENGTH, full)
+        .body(Body::from_stream(parts))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}

@@ -1,0 +1,383 @@
+//! The sandbox's books: balance, jobs, stored images, the billing ledger and counters.
+//!
+//! Billing is a single locked step that checks the balance and records the charge together,
+//! so concurrent calls can never overdraw the account and every charge is in the ledger.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::Serialize;
+use serde_json::{Value, json};
+use url::Url;
+
+use crate::api::rules::{InvalidField, is_service_url};
+use crate::api::types::ToolName;
+use crate::sandbox::Config;
+use crate::sandbox::faults::Dice;
+use crate::sandbox::signing::{Refusal, Signer, now_ms};
+
+/// The model the sandbox reports for every generation.
+pub const MODEL_ID: &str = "sandbox-image-1";
+/// Host of the sample images that every sandbox resolves without any network, whatever its
+/// port: `.invalid` can never resolve (RFC 2606), so pipelines can name samples portably.
+pub const SAMPLE_HOST: &str = "sandbox.invalid";
+pub const SAMPLE_NAMES: &[&str] = &["mug", "lamp", "chair", "plant"];
+
+/// One charge, as the tests and benchmarks read it back.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LedgerEntry {
+    pub job_id: String,
+    /// `generate` or the tool's name.
+    pub operation: String,
+    pub credits: u64,
+    /// False when the connection was dropped after billing: the caller never saw the answer.
+    pub delivered: bool,
+}
+
+/// Counters of what the sandbox saw and answered.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Stats {
+    /// Requests to `/v1/...`, whatever their outcome.
+    pub api_requests: u64,
+    pub paid_requests: u64,
+    pub billed: u64,
+    pub unauthorized: u64,
+    pub invalid: u64,
+    pub insufficient_credits: u64,
+    pub not_found: u64,
+    pub rate_limited: u64,
+    pub server_errors: u64,
+    pub dropped_after_billing: u64,
+    pub downloads: u64,
+    pub refused_downloads: u64,
+    pub truncated_downloads: u64,
+    pub peak_in_flight: usize,
+}
+
+#[derive(Clone, Debug)]
+pub enum JobKind {
+    Generation,
+    Tool(ToolName),
+}
+
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub id: String,
+    pub kind: JobKind,
+    pub credits_used: u64,
+    pub credits_remaining: i64,
+    pub image_ids: Vec<String>,
+    pub created_ms: u64,
+}
+
+/// Where an image URL given to the sandbox leads.
+pub enum Source {
+    /// A stored result image, by id.
+    Result(String),
+    /// A built-in sample, by name.
+    Sample(&'static str),
+    /// Somewhere else; the sandbox never fetches it.
+    Elsewhere(Url),
+}
+
+struct Books {
+    balance: i64,
+    jobs: HashMap<String, Job>,
+    images: HashMap<String, Bytes>,
+    ledger: Vec<LedgerEntry>,
+    stats: Stats,
+    next_id: u64,
+}
+
+pub struct State {
+    pub config: Config,
+    pub key: String,
+    pub base: Url,
+    pub dice: Dice,
+    signer: Signer,
+    id_salt: u64,
+    books: Mutex<Books>,
+    in_flight: AtomicUsize,
+    /// Paid requests per second, when the sandbox is told to limit them.
+    pub limiter: Option<governor::DefaultDirectRateLimiter>,
+    samples: HashMap<&'static str, Bytes>,
+}
+
+impl State {
+    pub fn new(config: Config, key: String, base: Url, secret: [u8; 32]) -> Self {
+        let samples = SAMPLE_NAMES
+            .iter()
+            .map(|name| {
+                let img = crate::sandbox::images::draw_sample(name, config.image_side);
+                (*name, Bytes::from(crate::sandbox::images::encode_png(&img)))
+            })
+            .collect();
+        State {
+            dice: Dice::new(config.faults.seed),
+            books: Mutex::new(Books {
+                balance: config.balance,
+                jobs: HashMap::new(),
+                images: HashMap::new(),
+                ledger: Vec::new(),
+                stats: Stats::default(),
+                next_id: 0,
+            }),
+            signer: Signer::new(secret),
+            id_salt: u64::from_le_bytes([
+                secret[0], secret[1], secret[2], secret[3], secret[4], secret[5], secret[6],
+                secret[7],
+            ]),
+            in_flight: AtomicUsize::new(0),
+            limiter: config.rate_limit.and_then(limiter),
+            samples,
+            config,
+            key,
+            base,
+        }
+    }
+
+    fn books(&self) -> MutexGuard<'_, Books> {
+        // A panic while holding the lock cannot leave the books half-written: every update
+        // is a few field assignments. Keep serving.
+        self.books.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn count(&self, update: impl FnOnce(&mut Stats)) {
+        update(&mut self.books().stats);
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.books().stats.clone()
+    }
+
+    pub fn ledger(&self) -> Vec<LedgerEntry> {
+        self.books().ledger.clone()
+    }
+
+    pub fn balance(&self) -> i64 {
+        self.books().balance
+    }
+
+    pub fn set_balance(&self, balance: i64) {
+        self.books().balance = balance;
+    }
+
+    /// Takes a slot among the paid calls in flight; `None` when the configured limit is full.
+    pub fn enter(self: &Arc<Self>) -> Option<InFlight> {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.config.max_in_flight.is_some_and(|max| now > max) {
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        self.count(|s| s.peak_in_flight = s.peak_in_flight.max(now));
+        Some(InFlight(Arc::clone(self)))
+    }
+
+    pub fn new_id(&self, prefix: &str) -> String {
+        let n = {
+            let mut books = self.books();
+            books.next_id += 1;
+            books.next_id
+        };
+        // Mix the counter so ids look opaque, as the service's do, yet stay unique.
+        let mixed = Dice::new(n ^ self.id_salt).next_u64();
+        format!("{prefix}_{n:06}{:08x}", mixed as u32)
+    }
+
+    /// A freshly signed URL for a stored image, valid for the configured TTL.
+    pub fn result_url(&self, image_id: &str) -> String {
+        let expires = now_ms() + self.config.url_ttl.as_millis() as u64;
+        format!(
+            "{}files/{image_id}.png?{}",
+            self.base,
+            self.signer.sign(image_id, expires)
+        )
+    }
+
+    /// Checks a result URL's signature and expiry; used by downloads and tool inputs alike.
+    pub fn check_signed(&self, image_id: &str, query: Option<&str>) -> Result<(), Refusal> {
+        let mut expires = None;
+        let mut sig = None;
+        for (k, v) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+            match k.as_ref() {
+                "expires" => expires = v.parse::<u64>().ok(),
+                "sig" => sig = Some(v.into_owned()),
+                _ => {}
+            }
+        }
+        match (expires, sig) {
+            (Some(expires), Some(sig)) => self.signer.verify(image_id, expires, &sig),
+            _ => Err(Refusal::Forged),
+        }
+    }
+
+    /// Resolves an image URL the caller sent, enforcing signatures and expiry on our own URLs.
+    pub fn resolve(&self, field: &str, raw: &str) -> Result<Source, InvalidField> {
+        let url =
+            Url::parse(raw).map_err(|e| InvalidField::new(field, format!("is not a URL ({e})")))?;
+        let ours = is_service_url(&url, &self.base);
+        let sample_host = url.scheme() == "https" && url.host_str() == Some(SAMPLE_HOST);
+        if !ours && !sample_host {
+            return Ok(Source::Elsewhere(url));
+        }
+        let path = url.path();
+        if let Some(name) = path
+            .strip_prefix("/assets/")
+            .and_then(|f| f.strip_suffix(".png"))
+        {
+            return SAMPLE_NAMES
+                .iter()
+                .find(|s| **s == name)
+                .map(|s| Source::Sample(s))
+                .ok_or_else(|| {
+                    InvalidField::new(
+                        field,
+                        format!(
+                            "no sample image named {name:?}; samples: {}",
+                            SAMPLE_NAMES.join(", ")
+                        ),
+                    )
+                });
+        }
+        let id = path
+            .strip_prefix("/files/")
+            .and_then(|f| f.strip_suffix(".png"))
+            .filter(|_| ours)
+            .ok_or_else(|| {
+                InvalidField::new(field, format!("{raw} is not an image URL of this sandbox"))
+            })?;
+        match self.check_signed(id, url.query()) {
+            Ok(()) if self.books().images.contains_key(id) => Ok(Source::Result(id.to_owned())),
+            Ok(()) => Err(InvalidField::new(field, "names no stored image")),
+            Err(Refusal::Expired) => Err(InvalidField::new(
+                field,
+                "the URL has expired; get a fresh one with GET /v1/jobs/{id}",
+            )),
+            Err(Refusal::Forged) => {
+                Err(InvalidField::new(field, "the URL's signature is not valid"))
+            }
+        }
+    }
+
+    /// PNG bytes of a resolved source; `None` for URLs elsewhere.
+    pub fn image_bytes(&self, source: &Source) -> Option<Bytes> {
+        match source {
+            Source::Result(id) => self.books().images.get(id).cloned(),
+            Source::Sample(name) => self.samples.get(name).cloned(),
+            Source::Elsewhere(_) => None,
+        }
+    }
+
+    /// Bills `credits` and stores the job and its images in one step. `Err(balance)` when the
+    /// balance cannot pay: then nothing is billed.
+    pub fn bill(&self, kind: JobKind, credits: u64, images: Vec<Vec<u8>>) -> Result<Job, i64> {
+        let id = self.new_id("job");
+        let image_ids: Vec<String> = (0..images.len()).map(|_| self.new_id("img")).collect();
+        let mut books = self.books();
+        let cost = i64::try_from(credits).unwrap_or(i64::MAX);
+        if books.balance < cost {
+            books.stats.insufficient_credits += 1;
+            return Err(books.balance);
+        }
+        books.balance -= cost;
+        let operation = match kind {
+            JobKind::Generation => "generate".to_owned(),
+            JobKind::Tool(tool) => tool.as_str().to_owned(),
+        };
+        for (image_id, png) in image_ids.iter().zip(images) {
+            books.images.insert(image_id.clone(), Bytes::from(png));
+        }
+        let job = Job {
+            id: id.clone(),
+            kind,
+            credits_used: credits,
+            credits_remaining: books.balance,
+            image_ids,
+            created_ms: now_ms(),
+        };
+        books.jobs.insert(id.clone(), job.clone());
+        books.ledger.push(LedgerEntry {
+            job_id: id,
+            operation,
+            credits,
+            delivered: true,
+        });
+        books.stats.billed += 1;
+        Ok(job)
+    }
+
+    /// Records that the answer for `job_id` never reached the caller.
+    pub fn mark_undelivered(&self, job_id: &str) {
+        let mut books = self.books();
+        books.stats.dropped_after_billing += 1;
+        if let Some(entry) = books.ledger.iter_mut().rev().find(|e| e.job_id == job_id) {
+            entry.delivered = false;
+        }
+    }
+
+    pub fn job(&self, id: &str) -> Option<Job> {
+        self.books().jobs.get(id).cloned()
+    }
+
+    pub fn stored_image(&self, id: &str) -> Option<Bytes> {
+        self.books().images.get(id).cloned()
+    }
+
+    pub fn sample(&self, name: &str) -> Option<Bytes> {
+        self.samples.get(name).cloned()
+    }
+
+    /// The job as the service reports it, with freshly signed URLs.
+    pub fn job_json(&self, job: &Job) -> Value {
+        let urls: Vec<String> = job.image_ids.iter().map(|i| self.result_url(i)).collect();
+        match job.kind {
+            JobKind::Generation => json!({
+                "id": job.id,
+                "status": "succeeded",
+                "model": MODEL_ID,
+                "credits_used": job.credits_used,
+                "credits_remaining": job.credits_remaining,
+                "images": urls.iter().map(|u| json!({"url": u})).collect::<Vec<_>>(),
+                "created_at": job.created_ms / 1000,
+            }),
+            JobKind::Tool(tool) => json!({
+                "id": job.id,
+                "status": "succeeded",
+                "tool": tool.as_str(),
+                "credits_used": job.credits_used,
+                "data": {"url": urls.first()},
+                "created_at": job.created_ms / 1000,
+            }),
+        }
+    }
+
+    /// Added latency for a paid call: the configured base plus jitter.
+    pub fn latency(&self) -> Duration {
+        self.config.latency + self.dice.jitter(self.config.jitter)
+    }
+}
+
+/// A limiter admitting `rate` requests per second with a burst of one second's worth, so a
+/// client pacing itself at the same rate is not refused for network jitter.
+fn limiter(rate: f64) -> Option<governor::DefaultDirectRateLimiter> {
+    use std::num::NonZeroU32;
+    if !(rate.is_finite() && rate > 0.0) {
+        return None;
+    }
+    let burst = NonZeroU32::new(rate.ceil().clamp(1.0, f64::from(u32::MAX)) as u32)?;
+    let quota =
+        governor::Quota::with_period(Duration::from_secs_f64(1.0 / rate))?.allow_burst(burst);
+    Some(governor::RateLimiter::direct(quota))
+}
+
+/// A paid call in flight; frees its slot when dropped.
+pub struct InFlight(Arc<State>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}

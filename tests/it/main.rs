@@ -1,0 +1,1 @@
+//! Integration tests: the real client and CLI against the in-process sandbox.
