@@ -42,7 +42,7 @@ pub enum DownloadError {
     TooLarge { limit: u64 },
     #[error("the download is not an image (it starts with {start:?})")]
     NotImage { start: String },
-    #[error("refusing to overwrite {}", path.display())]
+    #[error("refusing to overwrite {}: it holds other bytes than this download", path.display())]
     Exists { path: PathBuf },
     #[error("cannot write {}: {source}", path.display())]
     Io {
@@ -158,11 +158,12 @@ impl Downloader {
             .await
             .map_err(io_err(&part.path))?;
         drop(file);
-        let path = part.persist(&dir.join(format!("{stem}.{ext}")))?;
+        let sha256 = hex::encode(hasher.finalize());
+        let path = part.persist(&dir.join(format!("{stem}.{ext}")), &sha256)?;
         Ok(Downloaded {
             path,
             bytes: got,
-            sha256: hex::encode(hasher.finalize()),
+            sha256,
         })
     }
 }
@@ -179,6 +180,20 @@ pub fn image_extension(head: &[u8]) -> Option<&'static str> {
         Some("gif")
     } else {
         None
+    }
+}
+
+/// The sha256 of a file's bytes, read in chunks.
+pub fn file_sha256(path: &Path) -> io::Result<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match file.read(&mut buf)? {
+            0 => return Ok(hex::encode(hasher.finalize())),
+            n => hasher.update(&buf[..n]),
+        }
     }
 }
 
@@ -215,11 +230,15 @@ impl PartFile {
     }
 
     /// Moves the file to `dest` without ever replacing an existing file: a hard link fails
-    /// when `dest` exists, where a rename would silently overwrite it.
-    fn persist(mut self, dest: &Path) -> Result<PathBuf, DownloadError> {
+    /// when `dest` exists, where a rename would silently overwrite it. An existing file with
+    /// the very same bytes is a download already done, not a conflict.
+    fn persist(mut self, dest: &Path, sha256: &str) -> Result<PathBuf, DownloadError> {
         match std::fs::hard_link(&self.path, dest) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                if file_sha256(dest).is_ok_and(|existing| existing == sha256) {
+                    return Ok(dest.to_path_buf());
+                }
                 return Err(DownloadError::Exists {
                     path: dest.to_path_buf(),
                 });

@@ -17,7 +17,9 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use futures::StreamExt;
 use serde_json::{Value, json};
+use tokio::sync::oneshot;
 
 use crate::api::rules::{self, InvalidField};
 use crate::api::types::{ErrorBody, ErrorDetail, ToolName};
@@ -191,7 +193,7 @@ fn insufficient(credits: u64, balance: i64) -> Reply {
 }
 
 async fn generate(Shared(state): App, body: Bytes) -> Result<Response, Reply> {
-    let _slot = admit(&state)?;
+    let slot = admit(&state)?;
     let request = rules::generation_from_json(&parse_body(&state, &body)?, &state.base)
         .map_err(|e| invalid(&state, e))?;
     let mut reference_seed = 0u64;
@@ -211,13 +213,8 @@ async fn generate(Shared(state): App, body: Bytes) -> Result<Response, Reply> {
     can_pay(&state, credits)?;
     let side = state.config.image_side * request.size.price_multiplier() as u32;
     let (prompt, n) = (request.prompt.clone(), request.n);
-    let work =
-        tokio::task::spawn_blocking(move || edit::draw_all(&prompt, n, reference_seed, side));
-    let (pngs, ()) = tokio::join!(work, tokio::time::sleep(state.latency()));
-    let pngs = pngs.map_err(|e| server_fault(&e))?;
-    let job = state
-        .bill(JobKind::Generation, credits, pngs)
-        .map_err(|balance| insufficient(credits, balance))?;
+    let draw = move || Ok(edit::draw_all(&prompt, n, reference_seed, side));
+    let job = finish(&state, slot, JobKind::Generation, credits, draw).await?;
     Ok(deliver(&state, &job))
 }
 
@@ -230,7 +227,7 @@ async fn tool(
         state.count(|s| s.not_found += 1);
         Reply::new(StatusCode::NOT_FOUND, "not_found", e.message)
     })?;
-    let _slot = admit(&state)?;
+    let slot = admit(&state)?;
     let request =
         rules::tool_from_json(tool, &parse_body(&state, &body)?).map_err(|e| invalid(&state, e))?;
     let source = state
@@ -246,15 +243,49 @@ async fn tool(
     can_pay(&state, credits)?;
     let params = request.params.clone();
     let keep_alpha = request.preserve_alpha.unwrap_or(true);
-    let work = tokio::task::spawn_blocking(move || edit::apply(&input, &params, keep_alpha));
-    let (png, ()) = tokio::join!(work, tokio::time::sleep(state.latency()));
-    let png = png
-        .map_err(|e| server_fault(&e))?
-        .map_err(|e| invalid(&state, e))?;
-    let job = state
-        .bill(JobKind::Tool(tool), credits, vec![png])
-        .map_err(|balance| insufficient(credits, balance))?;
+    let edit = move || Ok(vec![edit::apply(&input, &params, keep_alpha)?]);
+    let job = finish(&state, slot, JobKind::Tool(tool), credits, edit).await?;
     Ok(deliver(&state, &job))
+}
+
+/// Does a paid call's work and bills it in a task of its own, as a real service would: a caller
+/// that hangs up (on its own timeout, say) does not cancel the work, and the call is billed all
+/// the same and recorded as undelivered. That is the ambiguous case clients must cope with.
+async fn finish(
+    state: &Arc<State>,
+    slot: InFlight,
+    kind: JobKind,
+    credits: u64,
+    work: impl FnOnce() -> Result<Vec<Vec<u8>>, InvalidField> + Send + 'static,
+) -> Result<Job, Reply> {
+    let (tx, rx) = oneshot::channel();
+    let books = Arc::clone(state);
+    let latency = state.latency();
+    tokio::spawn(async move {
+        let _slot = slot;
+        let (pngs, ()) = tokio::join!(
+            tokio::task::spawn_blocking(work),
+            tokio::time::sleep(latency)
+        );
+        let result = match pngs {
+            Err(e) => Err(server_fault(&e)),
+            Ok(Err(e)) => Err(invalid(&books, e)),
+            Ok(Ok(pngs)) => books
+                .bill(kind, credits, pngs)
+                .map_err(|balance| insufficient(credits, balance)),
+        };
+        if let Err(Ok(job)) = tx.send(result) {
+            books.mark_undelivered(&job.id);
+            books.count(|s| s.abandoned += 1);
+        }
+    });
+    rx.await.unwrap_or_else(|_| {
+        Err(Reply::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "the call's work was lost; nothing was billed",
+        ))
+    })
 }
 
 fn server_fault(e: &tokio::task::JoinError) -> Reply {
@@ -270,6 +301,7 @@ fn server_fault(e: &tokio::task::JoinError) -> Reply {
 fn deliver(state: &State, job: &Job) -> Response {
     if state.dice.chance(state.config.faults.drop_after_billing) {
         state.mark_undelivered(&job.id);
+        state.count(|s| s.dropped_after_billing += 1);
         let dead = futures::stream::iter([Err::<Bytes, _>(io::Error::other(
             "connection dropped (injected fault)",
         ))]);
@@ -386,10 +418,11 @@ fn png(bytes: Bytes) -> Response {
 fn truncated(bytes: Bytes) -> Response {
     let full = bytes.len();
     let half = bytes.slice(..full / 2);
-    let parts = futures::stream::iter([
-        Ok(half),
-        Err(io::Error::other("download cut short (injected fault)")),
-    ]);
+    // Yield once before failing, so the headers and the first half are really sent.
+    let parts = futures::stream::iter([Ok(half)]).chain(futures::stream::once(async {
+        tokio::task::yield_now().await;
+        Err(io::Error::other("download cut short (injected fault)"))
+    }));
     Response::builder()
         .header(CONTENT_TYPE, "image/png")
         .header(CONTENT_LENGTH, full)

@@ -51,6 +51,8 @@ pub struct Stats {
     pub rate_limited: u64,
     pub server_errors: u64,
     pub dropped_after_billing: u64,
+    /// Billed calls whose caller hung up before the answer (a client timeout, say).
+    pub abandoned: u64,
     pub downloads: u64,
     pub refused_downloads: u64,
     pub truncated_downloads: u64,
@@ -312,7 +314,6 @@ impl State {
     /// Records that the answer for `job_id` never reached the caller.
     pub fn mark_undelivered(&self, job_id: &str) {
         let mut books = self.books();
-        books.stats.dropped_after_billing += 1;
         if let Some(entry) = books.ledger.iter_mut().rev().find(|e| e.job_id == job_id) {
             entry.delivered = false;
         }

@@ -1,1 +1,7 @@
-//! Integration tests: the real client and CLI against the in-process sandbox.
+//! Integration tests: the real client and the real binary against the in-process sandbox.
+//! Everything talks to 127.0.0.1 only.
+
+mod cli;
+mod client;
+mod common;
+mod sandbox_http;

@@ -1,0 +1,614 @@
+//! The sandbox raw over HTTP, bypassing the client: status codes, error bodies, signed URLs,
+//! downloads and injected faults, as any other caller would see them.
+
+use std::path::Path;
+use std::time::Duration;
+
+use image::GenericImageView;
+use imgpipe::api::download::DownloadError;
+use imgpipe::sandbox::{Config, Faults, SAMPLE_HOST};
+use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
+use serde_json::{Value, json};
+
+use crate::common::*;
+
+const START_BALANCE: i64 = 1000;
+const GENERATIONS: &str = "v1/images/generations";
+
+fn http() -> reqwest::Client {
+    reqwest::Client::new()
+}
+
+/// GET on the sandbox with an optional key; the status and the JSON body (Null if none).
+async fn raw_get(env: &Env, path: &str, key: Option<&str>) -> (u16, Value) {
+    let mut req = http().get(env.sandbox.base_url().join(path).unwrap());
+    if let Some(key) = key {
+        req = req.header("X-API-Key", key);
+    }
+    let response = req.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// A plain GET of a full URL, with no key: status, content type and bytes.
+async fn fetch_raw(url: &str) -> (u16, String, Vec<u8>) {
+    let response = http().get(url).send().await.unwrap();
+    let status = response.status().as_u16();
+    let content_type = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (
+        status,
+        content_type,
+        response.bytes().await.unwrap().to_vec(),
+    )
+}
+
+/// Asserts the sandbox's error shape and returns the message.
+fn error_of(body: &Value, code: &str) -> String {
+    let error = body
+        .get("error")
+        .unwrap_or_else(|| panic!("no error object in {body}"));
+    assert_eq!(error["code"], code, "{body}");
+    let message = error["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no message in {body}"));
+    assert!(!message.is_empty());
+    message.to_owned()
+}
+
+fn assert_invalid(status: u16, body: &Value, field: &str) -> String {
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["field"], field, "{body}");
+    error_of(body, "invalid_request")
+}
+
+fn assert_nothing_billed(env: &Env) {
+    assert!(
+        env.sandbox.ledger().is_empty(),
+        "{:?}",
+        env.sandbox.ledger()
+    );
+    assert_eq!(env.sandbox.balance(), START_BALANCE);
+    assert_eq!(env.sandbox.stats().billed, 0);
+}
+
+async fn generate_raw(env: &Env) -> Value {
+    let (status, body) = raw_post(env, GENERATIONS, &json!({"prompt": "a mug"})).await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+fn files_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn png_magic(bytes: &[u8]) -> bool {
+    bytes.starts_with(b"\x89PNG\r\n\x1a\n")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn invalid_generation_bodies_are_answered_400_naming_the_field() {
+    let env = start_default().await;
+    let base = env.sandbox.base_url().as_str();
+    let cases = [
+        (json!({}), "prompt"),
+        (json!({"n": 1}), "prompt"),
+        (json!({"prompt": ""}), "prompt"),
+        (json!({"prompt": "a".repeat(4001)}), "prompt"),
+        (json!({"prompt": "x", "n": 0}), "n"),
+        (json!({"prompt": "x", "n": 5}), "n"),
+        (json!({"prompt": "x", "n": "2"}), "n"),
+        (json!({"prompt": "x", "size": "8K"}), "size"),
+        (
+            json!({"prompt": "x", "image_urls": vec!["https://example.com/a.png"; 7]}),
+            "image_urls",
+        ),
+        (
+            json!({"prompt": "x", "image_urls": ["http://example.com/a.png"]}),
+            "image_urls[0]",
+        ),
+        (
+            json!({"prompt": "x", "image_urls": [format!("{base}assets/nosuch.png")]}),
+            "image_urls[0]",
+        ),
+        (json!(["not", "an", "object"]), "body"),
+    ];
+    let count = cases.len() as u64;
+    for (body, field) in cases {
+        let (status, answer) = raw_post(&env, GENERATIONS, &body).await;
+        let message = assert_invalid(status, &answer, field);
+        assert!(message.starts_with(field), "{message}");
+    }
+    // A body that is not JSON at all.
+    let response = http()
+        .post(env.sandbox.base_url().join(GENERATIONS).unwrap())
+        .header("X-API-Key", env.sandbox.key())
+        .header(CONTENT_TYPE, "application/json")
+        .body("{prompt:")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 400);
+    let answer: Value = response.json().await.unwrap();
+    assert_invalid(400, &answer, "body");
+
+    assert_eq!(env.sandbox.stats().invalid, count + 1);
+    assert_nothing_billed(&env);
+}
+
+#[tokio::test]
+async fn the_4000_character_limit_counts_characters() {
+    let env = start_default().await;
+    let (status, body) = raw_post(&env, GENERATIONS, &json!({"prompt": "日".repeat(4000)})).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = raw_post(&env, GENERATIONS, &json!({"prompt": "日".repeat(4001)})).await;
+    assert_invalid(status, &body, "prompt");
+    assert_eq!(env.sandbox.ledger().len(), 1);
+}
+
+#[tokio::test]
+async fn invalid_tool_bodies_are_answered_400_naming_the_field() {
+    let env = start_default().await;
+    let mug = format!("https://{SAMPLE_HOST}/assets/mug.png");
+    let cases = [
+        (
+            "upscale",
+            json!({"image_url": mug, "desired_increase": 3}),
+            "desired_increase",
+        ),
+        (
+            "upscale",
+            json!({"image_url": mug, "desired_increase": "2"}),
+            "desired_increase",
+        ),
+        (
+            "expand",
+            json!({"image_url": mug, "aspect_ratio": "wide"}),
+            "aspect_ratio",
+        ),
+        (
+            "expand",
+            json!({"image_url": mug, "aspect_ratio": "16x9"}),
+            "aspect_ratio",
+        ),
+        ("erase", json!({"image_url": mug}), "object_name"),
+        (
+            "erase",
+            json!({"image_url": mug, "object_name": ""}),
+            "object_name",
+        ),
+        ("remove_background", json!({}), "image_url"),
+        (
+            "remove_background",
+            json!({"image_url": "assets/mug.png"}),
+            "image_url",
+        ),
+        (
+            "remove_background",
+            json!({"image_url": mug, "preserve_alpha": "yes"}),
+            "preserve_alpha",
+        ),
+        (
+            "remove_background",
+            json!({"image_url": format!("{}files/img_000001abcdef.png", env.sandbox.base_url())}),
+            "image_url",
+        ),
+    ];
+    for (tool, body, field) in cases {
+        let (status, answer) = raw_post(&env, &format!("v1/images/tools/{tool}"), &body).await;
+        assert_invalid(status, &answer, field);
+    }
+    // A well-formed URL elsewhere: the sandbox says it never fetches, rather than failing later.
+    for tool in ["remove_background", "upscale", "expand"] {
+        let (status, answer) = raw_post(
+            &env,
+            &format!("v1/images/tools/{tool}"),
+            &json!({"image_url": "https://example.com/a.png"}),
+        )
+        .await;
+        let message = assert_invalid(status, &answer, "image_url");
+        assert!(message.contains("never fetches"), "{message}");
+    }
+    assert_nothing_billed(&env);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Authentication, unknown things, credits
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn requests_without_the_right_key_are_answered_401() {
+    let env = start_default().await;
+    let url = env.sandbox.base_url().join(GENERATIONS).unwrap();
+    let body = json!({"prompt": "x"});
+    let without = http().post(url.clone()).json(&body).send().await.unwrap();
+    assert_eq!(without.status().as_u16(), 401);
+    let answer: Value = without.json().await.unwrap();
+    assert!(error_of(&answer, "unauthorized").contains("missing X-API-Key"));
+
+    let wrong = http()
+        .post(url)
+        .header("X-API-Key", "sbx_not_the_key")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status().as_u16(), 401);
+    let answer: Value = wrong.json().await.unwrap();
+    let message = error_of(&answer, "unauthorized");
+    assert!(message.contains("invalid API key"), "{message}");
+    assert!(!answer.to_string().contains("sbx_not_the_key"), "{answer}");
+
+    for path in ["v1/account", "v1/models", "v1/jobs/job_x", "_sandbox/stats"] {
+        let (status, answer) = raw_get(&env, path, None).await;
+        assert_eq!(status, 401, "{path}");
+        error_of(&answer, "unauthorized");
+        let (status, _) = raw_get(&env, path, Some("wrong")).await;
+        assert_eq!(status, 401, "{path}");
+    }
+    assert_eq!(env.sandbox.stats().unauthorized, 10);
+    assert_nothing_billed(&env);
+}
+
+#[tokio::test]
+async fn unknown_jobs_tools_and_endpoints_are_answered_404() {
+    let env = start_default().await;
+    let key = Some(env.sandbox.key());
+    let (status, body) = raw_get(&env, "v1/jobs/job_doesnotexist", key).await;
+    assert_eq!(status, 404);
+    assert!(error_of(&body, "not_found").contains("job_doesnotexist"));
+
+    let mug = format!("https://{SAMPLE_HOST}/assets/mug.png");
+    let (status, body) = raw_post(&env, "v1/images/tools/blur", &json!({"image_url": mug})).await;
+    assert_eq!(status, 404, "{body}");
+    assert!(error_of(&body, "not_found").contains("blur"));
+
+    let (status, body) = raw_get(&env, "v1/nothing", key).await;
+    assert_eq!(status, 404);
+    error_of(&body, "not_found");
+    let (status, body) = raw_post(&env, "v2/images/generations", &json!({"prompt": "x"})).await;
+    assert_eq!(status, 404);
+    error_of(&body, "not_found");
+    assert_nothing_billed(&env);
+}
+
+#[tokio::test]
+async fn a_balance_too_low_is_answered_402_and_leaves_the_balance() {
+    let env = start_default().await;
+    env.sandbox.set_balance(3);
+    let (status, body) = raw_post(&env, GENERATIONS, &json!({"prompt": "x"})).await;
+    assert_eq!(status, 402, "{body}");
+    let message = error_of(&body, "insufficient_credits");
+    assert!(message.contains("nothing was billed"), "{message}");
+    let mug = format!("https://{SAMPLE_HOST}/assets/mug.png");
+    let (status, body) = raw_post(
+        &env,
+        "v1/images/tools/upscale",
+        &json!({"image_url": mug, "desired_increase": 4}),
+    )
+    .await;
+    assert_eq!(status, 402, "{body}");
+    error_of(&body, "insufficient_credits");
+    assert_eq!(env.sandbox.balance(), 3);
+    assert!(env.sandbox.ledger().is_empty());
+    assert_eq!(env.sandbox.stats().insufficient_credits, 2);
+    // What the balance can pay still goes through.
+    let (status, body) = raw_post(
+        &env,
+        "v1/images/tools/upscale",
+        &json!({"image_url": mug, "desired_increase": 2}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["credits_used"], 2);
+    assert_eq!(env.sandbox.balance(), 1);
+    assert_eq!(env.sandbox.ledger().len(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Result URLs
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn result_urls_download_without_a_key_and_refuse_tampering() {
+    let env = start_default().await;
+    let job = generate_raw(&env).await;
+    let url = job["images"][0]["url"].as_str().unwrap().to_owned();
+    let (status, content_type, bytes) = fetch_raw(&url).await;
+    assert_eq!(status, 200);
+    assert_eq!(content_type, "image/png");
+    assert!(png_magic(&bytes));
+    let img = image::load_from_memory(&bytes).unwrap();
+    assert_eq!(img.dimensions(), (256, 256));
+
+    let (head, sig) = url.rsplit_once("sig=").unwrap();
+    let flipped = if sig.ends_with('0') { "1" } else { "0" };
+    let tampered = format!("{head}sig={}{flipped}", &sig[..sig.len() - 1]);
+    let unsigned = url.split_once('?').unwrap().0.to_owned();
+    let (expires_part, _) = url.split_once("&sig=").unwrap();
+    let later_expiry = {
+        let (pre, exp) = expires_part.rsplit_once("expires=").unwrap();
+        let exp: u64 = exp.parse().unwrap();
+        format!("{pre}expires={}&sig={sig}", exp + 3_600_000)
+    };
+    for bad in [tampered, unsigned, later_expiry] {
+        let response = http().get(&bad).send().await.unwrap();
+        assert_eq!(response.status().as_u16(), 403, "{bad}");
+        let body: Value = response.json().await.unwrap();
+        error_of(&body, "invalid_signature");
+        let err = env
+            .downloader
+            .fetch(&bad, env.dir.path(), "bad")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, DownloadError::Expired { status: 403 }),
+            "{err:?}"
+        );
+    }
+    assert!(files_in(env.dir.path()).is_empty());
+    assert_eq!(env.sandbox.stats().refused_downloads, 6);
+
+    let got = env
+        .downloader
+        .fetch(&url, env.dir.path(), "result")
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(&got.path).unwrap(), bytes);
+    assert_eq!(files_in(env.dir.path()), ["result.png"]);
+}
+
+#[tokio::test]
+async fn expired_urls_are_refused_and_the_job_gives_fresh_ones() {
+    let env = start(Config {
+        url_ttl: Duration::from_millis(500),
+        ..Config::default()
+    })
+    .await;
+    let job = generate_raw(&env).await;
+    let id = job["id"].as_str().unwrap().to_owned();
+    let url = job["images"][0]["url"].as_str().unwrap().to_owned();
+    let (status, _, original) = fetch_raw(&url).await;
+    assert_eq!(status, 200, "a fresh URL must download");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    let response = http().get(&url).send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 403);
+    let body: Value = response.json().await.unwrap();
+    assert!(error_of(&body, "url_expired").contains("/v1/jobs/"));
+
+    let (status, body) = raw_post(
+        &env,
+        "v1/images/tools/remove_background",
+        &json!({"image_url": url}),
+    )
+    .await;
+    let message = assert_invalid(status, &body, "image_url");
+    assert!(message.contains("expired"), "{message}");
+
+    let (status, record) = raw_get(&env, &format!("v1/jobs/{id}"), Some(env.sandbox.key())).await;
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(record["id"], id.as_str());
+    assert_eq!(record["status"], "succeeded");
+    assert_eq!(record["credits_used"], 4);
+    let fresh = record["images"][0]["url"].as_str().unwrap();
+    assert_ne!(fresh, url);
+    let (status, _, bytes) = fetch_raw(fresh).await;
+    assert_eq!(status, 200);
+    assert_eq!(bytes, original, "the fresh URL leads to another image");
+    // The fresh URL is also a valid tool input while it lives.
+    let (status, body) = raw_post(
+        &env,
+        "v1/images/tools/erase",
+        &json!({"image_url": fresh, "object_name": "mug"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["credits_used"], 2);
+
+    let ledger = env.sandbox.ledger();
+    assert_eq!(ledger.len(), 2, "{ledger:?}");
+    assert_eq!(env.sandbox.balance(), START_BALANCE - 6);
+}
+
+#[tokio::test]
+async fn sample_assets_download_as_png_without_a_key() {
+    let env = start_default().await;
+    let url = format!("{}assets/mug.png", env.sandbox.base_url());
+    let (status, content_type, bytes) = fetch_raw(&url).await;
+    assert_eq!((status, content_type.as_str()), (200, "image/png"));
+    assert!(png_magic(&bytes));
+    assert_eq!(
+        image::load_from_memory(&bytes).unwrap().dimensions(),
+        (256, 256)
+    );
+    let got = env
+        .downloader
+        .fetch(&url, env.dir.path(), "mug")
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(&got.path).unwrap(), bytes);
+    let (status, _, _) = fetch_raw(&format!("{}assets/sofa.png", env.sandbox.base_url())).await;
+    assert_eq!(status, 404);
+    assert_eq!(env.sandbox.stats().api_requests, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Faults
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_truncated_download_fails_and_leaves_no_file() {
+    let env = start(Config {
+        faults: Faults {
+            truncate_download: 1.0,
+            ..Faults::default()
+        },
+        ..Config::default()
+    })
+    .await;
+    let job = generate_raw(&env).await;
+    let url = job["images"][0]["url"].as_str().unwrap();
+    let err = env
+        .downloader
+        .fetch(url, env.dir.path(), "cut")
+        .await
+        .unwrap_err();
+    match err {
+        DownloadError::Truncated { got, expected } => {
+            assert!(got < expected, "{got} of {expected}");
+        }
+        ref other => panic!("expected a truncated download, got {other:?}"),
+    }
+    assert!(err.is_transient());
+    assert_eq!(
+        files_in(env.dir.path()),
+        Vec::<String>::new(),
+        "a partial download was left behind"
+    );
+    assert_eq!(env.sandbox.stats().truncated_downloads, 1);
+}
+
+#[tokio::test]
+async fn an_existing_file_is_never_overwritten() {
+    let env = start_default().await;
+    let job = generate_raw(&env).await;
+    let url = job["images"][0]["url"].as_str().unwrap();
+    let dest = env.dir.path().join("keep.png");
+    std::fs::write(&dest, b"precious bytes").unwrap();
+    let err = env
+        .downloader
+        .fetch(url, env.dir.path(), "keep")
+        .await
+        .unwrap_err();
+    match &err {
+        DownloadError::Exists { path } => assert_eq!(path, &dest),
+        other => panic!("expected Exists, got {other:?}"),
+    }
+    assert!(!err.is_transient());
+    assert_eq!(std::fs::read(&dest).unwrap(), b"precious bytes");
+    assert_eq!(files_in(env.dir.path()), ["keep.png"]);
+}
+
+/// What a raw caller sees of one call: the status, or "dropped" when the answer never came.
+async fn outcome(env: &Env) -> String {
+    let response = http()
+        .post(env.sandbox.base_url().join(GENERATIONS).unwrap())
+        .header("X-API-Key", env.sandbox.key())
+        .json(&json!({"prompt": "x"}))
+        .send()
+        .await;
+    match response {
+        Err(_) => "dropped".into(),
+        Ok(response) => {
+            let status = response.status().as_u16();
+            match response.bytes().await {
+                Ok(_) => status.to_string(),
+                Err(_) => "dropped".into(),
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn seeded_faults_replay_the_same_outcomes() {
+    let faults = |seed| Faults {
+        server_error: 0.25,
+        rate_limit: 0.15,
+        drop_after_billing: 0.25,
+        truncate_download: 0.0,
+        seed,
+    };
+    let mut runs = Vec::new();
+    for seed in [42, 42, 43] {
+        let env = start(Config {
+            faults: faults(seed),
+            ..Config::default()
+        })
+        .await;
+        let mut outcomes = Vec::new();
+        for _ in 0..20 {
+            outcomes.push(outcome(&env).await);
+        }
+        let billed = outcomes.iter().filter(|o| *o == "200" || *o == "dropped");
+        let dropped = outcomes.iter().filter(|o| *o == "dropped").count();
+        let ledger = env.sandbox.ledger();
+        assert_eq!(ledger.len(), billed.count(), "{outcomes:?}");
+        assert_eq!(ledger.iter().filter(|e| !e.delivered).count(), dropped);
+        assert_eq!(
+            env.sandbox.balance(),
+            START_BALANCE - 4 * ledger.len() as i64
+        );
+        runs.push(outcomes);
+    }
+    assert_eq!(runs[0], runs[1], "the same seed gave different outcomes");
+    let kinds: std::collections::BTreeSet<&String> = runs[0].iter().collect();
+    assert!(
+        kinds.len() >= 3,
+        "too few kinds of outcome to prove anything: {kinds:?}"
+    );
+    assert_ne!(runs[0], runs[2], "the seed makes no difference");
+}
+
+#[tokio::test]
+async fn a_429_carries_retry_after_and_the_json_error() {
+    let env = start(Config {
+        rate_limit: Some(1.0),
+        ..Config::default()
+    })
+    .await;
+    let url = env.sandbox.base_url().join(GENERATIONS).unwrap();
+    let send = || {
+        http()
+            .post(url.clone())
+            .header("X-API-Key", env.sandbox.key())
+            .json(&json!({"prompt": "x"}))
+            .send()
+    };
+    assert_eq!(send().await.unwrap().status().as_u16(), 200);
+    let limited = send().await.unwrap();
+    assert_eq!(limited.status().as_u16(), 429);
+    let retry: u64 = limited.headers()[RETRY_AFTER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry >= 1, "{retry}");
+    let body: Value = limited.json().await.unwrap();
+    error_of(&body, "rate_limited");
+    assert_eq!(env.sandbox.ledger().len(), 1);
+
+    // The injected 429 has the same shape.
+    let env = start(Config {
+        faults: Faults {
+            rate_limit: 1.0,
+            ..Faults::default()
+        },
+        ..Config::default()
+    })
+    .await;
+    let response = http()
+        .post(env.sandbox.base_url().join(GENERATIONS).unwrap())
+        .header("X-API-Key", env.sandbox.key())
+        .json(&json!({"prompt": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 429);
+    assert_eq!(response.headers()[RETRY_AFTER], "1");
+    let body: Value = response.json().await.unwrap();
+    error_of(&body, "rate_limited");
+    assert_nothing_billed(&env);
+}
