@@ -97,7 +97,8 @@ pub enum ApiError {
     },
 
     #[error(
-        "{endpoint}: sent, but no complete answer came back ({reason}); it may have been billed"
+        "{endpoint}: sent, but no complete answer came back ({reason}){}",
+        billing_note(endpoint)
     )]
     Ambiguous { endpoint: String, reason: String },
 }
@@ -106,6 +107,19 @@ fn retry_suffix(retry_after: Option<Duration>) -> String {
     retry_after
         .map(|d| format!(", retry after {:.1}s", d.as_secs_f64()))
         .unwrap_or_default()
+}
+
+/// Only the POST endpoints bill; a lost answer to a read costs nothing.
+fn is_paid(endpoint: &str) -> bool {
+    endpoint.starts_with("POST ")
+}
+
+fn billing_note(endpoint: &str) -> &'static str {
+    if is_paid(endpoint) {
+        "; it may have been billed"
+    } else {
+        ""
+    }
 }
 
 fn hint_suffix(kind: ErrorKind) -> String {
@@ -139,15 +153,16 @@ impl ApiError {
     }
 
     /// Whether the same call may succeed if tried again later without risk of paying twice.
-    /// Ambiguous failures are not transient in that sense: retrying them is a billing decision
-    /// the caller makes explicitly.
+    /// An ambiguous paid call is not transient in that sense: retrying it is a billing decision
+    /// the caller makes explicitly. An ambiguous read is safe to retry.
     pub fn is_transient(&self) -> bool {
         match self {
             ApiError::NotSent { .. } => true,
             ApiError::Answered { kind, .. } => {
                 matches!(kind, ErrorKind::RateLimited | ErrorKind::Server)
             }
-            ApiError::Invalid(_) | ApiError::Ambiguous { .. } => false,
+            ApiError::Ambiguous { endpoint, .. } => !is_paid(endpoint),
+            ApiError::Invalid(_) => false,
         }
     }
 }
@@ -198,6 +213,21 @@ mod tests {
         for (status, kind) in expect {
             assert_eq!(ErrorKind::from_status(status), kind);
         }
+    }
+
+    #[test]
+    fn a_lost_answer_to_a_read_is_safe_to_retry_but_not_one_to_a_paid_call() {
+        let lost = |endpoint: &str| ApiError::Ambiguous {
+            endpoint: endpoint.into(),
+            reason: "reset".into(),
+        };
+        let paid = lost("POST /v1/images/generations");
+        assert!(!paid.is_transient());
+        assert!(paid.to_string().ends_with("it may have been billed"));
+        let read = lost("GET /v1/account");
+        assert!(read.is_transient());
+        assert!(!read.to_string().contains("billed"));
+        assert_eq!(read.billing(), Billing::Ambiguous);
     }
 
     #[test]
