@@ -11,23 +11,21 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, RawQuery, Request, State as Shared};
-use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use axum::extract::{Path, Request, State as Shared};
+use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use crate::api::rules::{self, InvalidField};
 use crate::api::types::{ErrorBody, ErrorDetail, ToolName};
-use crate::sandbox::edit;
-use crate::sandbox::signing::Refusal;
 use crate::sandbox::state::{InFlight, Job, JobKind, MODEL_ID, Source, State};
+use crate::sandbox::{edit, files};
 
-type App = Shared<Arc<State>>;
+pub(super) type App = Shared<Arc<State>>;
 
 pub fn router(state: Arc<State>) -> Router {
     Router::new()
@@ -36,8 +34,8 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/v1/jobs/{id}", get(job))
         .route("/v1/account", get(account))
         .route("/v1/models", get(models))
-        .route("/files/{file}", get(file))
-        .route("/assets/{file}", get(asset))
+        .route("/files/{file}", get(files::result))
+        .route("/assets/{file}", get(files::sample))
         .route("/_sandbox/stats", get(stats))
         .fallback(|| async { Reply::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
@@ -45,14 +43,14 @@ pub fn router(state: Arc<State>) -> Router {
 }
 
 /// An error answer in the sandbox's JSON shape.
-pub struct Reply {
+pub(super) struct Reply {
     status: StatusCode,
     detail: ErrorDetail,
     retry_after: Option<u64>,
 }
 
 impl Reply {
-    fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+    pub(super) fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
         Reply {
             status,
             detail: ErrorDetail {
@@ -358,74 +356,4 @@ async fn stats(Shared(state): App) -> axum::Json<Value> {
         "stats": state.stats(),
         "ledger": state.ledger(),
     }))
-}
-
-/// A result image behind its signed URL.
-async fn file(
-    Shared(state): App,
-    Path(file): Path<String>,
-    RawQuery(query): RawQuery,
-) -> Result<Response, Reply> {
-    state.count(|s| s.downloads += 1);
-    let refuse = |state: &State, code: &str, message: &str| {
-        state.count(|s| s.refused_downloads += 1);
-        Reply::new(StatusCode::FORBIDDEN, code, message)
-    };
-    let id = file.strip_suffix(".png").unwrap_or(&file);
-    match state.check_signed(id, query.as_deref()) {
-        Ok(()) => {}
-        Err(Refusal::Expired) => {
-            return Err(refuse(
-                &state,
-                "url_expired",
-                "this URL has expired; get a fresh one with GET /v1/jobs/{id}",
-            ));
-        }
-        Err(Refusal::Forged) => {
-            return Err(refuse(
-                &state,
-                "invalid_signature",
-                "this URL's signature is not valid",
-            ));
-        }
-    }
-    let bytes = state
-        .stored_image(id)
-        .ok_or_else(|| Reply::new(StatusCode::NOT_FOUND, "not_found", "no such image"))?;
-    if state.dice.chance(state.config.faults.truncate_download) {
-        state.count(|s| s.truncated_downloads += 1);
-        return Ok(truncated(bytes));
-    }
-    Ok(png(bytes))
-}
-
-async fn asset(Shared(state): App, Path(file): Path<String>) -> Result<Response, Reply> {
-    let name = file.strip_suffix(".png").unwrap_or(&file);
-    state.sample(name).map(png).ok_or_else(|| {
-        Reply::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("no sample {file:?}"),
-        )
-    })
-}
-
-fn png(bytes: Bytes) -> Response {
-    ([(CONTENT_TYPE, "image/png")], bytes).into_response()
-}
-
-/// Half the image under a header that promises all of it, then a broken connection.
-fn truncated(bytes: Bytes) -> Response {
-    let full = bytes.len();
-    let half = bytes.slice(..full / 2);
-    // Yield once before failing, so the headers and the first half are really sent.
-    let parts = futures::stream::iter([Ok(half)]).chain(futures::stream::once(async {
-        tokio::task::yield_now().await;
-        Err(io::Error::other("download cut short (injected fault)"))
-    }));
-    Response::builder()
-        .header(CONTENT_TYPE, "image/png")
-        .header(CONTENT_LENGTH, full)
-        .body(Body::from_stream(parts))
-        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }

@@ -7,6 +7,7 @@
 
 mod edit;
 pub mod faults;
+mod files;
 mod handlers;
 pub mod images;
 mod signing;
