@@ -63,7 +63,7 @@ impl ClientConfig {
     }
 }
 
-fn is_loopback(url: &Url) -> bool {
+pub(crate) fn is_loopback(url: &Url) -> bool {
     match url.host() {
         Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
         Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
@@ -81,13 +81,17 @@ pub struct Client {
 
 impl Client {
     pub fn new(config: ClientConfig) -> Result<Self, reqwest::Error> {
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .user_agent(concat!("imgpipe/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(config.connect_timeout)
             .timeout(config.timeout)
             // A redirect would carry X-API-Key to wherever it points: never follow one.
-            .redirect(redirect::Policy::none())
-            .build()?;
+            .redirect(redirect::Policy::none());
+        if is_loopback(&config.base_url) {
+            // A proxy from the environment must not see a local sandbox's traffic or key.
+            builder = builder.no_proxy();
+        }
+        let http = builder.build()?;
         Ok(Client {
             http,
             base: config.base_url,
@@ -99,13 +103,18 @@ impl Client {
         &self.base
     }
 
+    /// Scrubs the key from text about to be shown: records may echo what they were sent.
+    pub fn redact(&self, text: &str) -> String {
+        self.key.redact(text)
+    }
+
     /// Generates images. The request is checked first; an invalid one is never sent.
     pub async fn generate(&self, req: &GenerationRequest) -> Result<GenerationJob, ApiError> {
         rules::check_generation(req, &self.base)?;
         let value = self
             .call(Method::POST, "v1/images/generations", Some(&req.to_body()))
             .await?;
-        typed(value, "POST /v1/images/generations")
+        self.typed(value, "POST /v1/images/generations")
     }
 
     /// Edits an image with one of the four tools.
@@ -113,16 +122,12 @@ impl Client {
         rules::check_tool(req)?;
         let path = format!("v1/images/tools/{}", req.tool());
         let value = self.call(Method::POST, &path, Some(&req.to_body())).await?;
-        typed(value, &format!("POST /{path}"))
+        self.typed(value, &format!("POST /{path}"))
     }
 
     /// A past job, with freshly signed result URLs.
     pub async fn job(&self, id: &str) -> Result<JobRecord, ApiError> {
-        let safe = !id.is_empty()
-            && id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-        if !safe {
+        if !is_job_id(id) {
             return Err(InvalidField::new(
                 "job id",
                 format!("{id:?} is not a job id (expected something like job_abc123)"),
@@ -154,6 +159,7 @@ impl Client {
         body: Option<&Value>,
     ) -> Result<Value, ApiError> {
         let endpoint = format!("{method} /{path}");
+        let paid = method == Method::POST;
         let url = self.base.join(path).map_err(|e| ApiError::NotSent {
             endpoint: endpoint.clone(),
             reason: format!("cannot build the URL: {e}"),
@@ -180,6 +186,15 @@ impl Client {
             .and_then(parse_retry_after);
         let bytes = response.bytes().await;
         tracing::debug!(%endpoint, status = status.as_u16(), "response");
+        if paid && matches!(status.as_u16(), 502 | 504) {
+            return Err(ApiError::Ambiguous {
+                endpoint,
+                reason: format!(
+                    "HTTP {status} from a gateway, which gave up waiting; the service behind it may still have done the work"
+                ),
+                job_id: None,
+            });
+        }
         if !status.is_success() {
             let text = match &bytes {
                 Ok(b) => self.key.redact(&String::from_utf8_lossy(b)),
@@ -200,6 +215,24 @@ impl Client {
                 "HTTP {status} with a body that is not JSON ({e}): {}",
                 excerpt(&self.key.redact(&String::from_utf8_lossy(&bytes)))
             ),
+            job_id: None,
+        })
+    }
+
+    /// A success body missing documented fields: the call went through and may have been
+    /// billed. The job id, when there is one, is kept so the images can still be fetched.
+    fn typed<T: DeserializeOwned>(&self, value: Value, endpoint: &str) -> Result<T, ApiError> {
+        let job_id = value
+            .get("id")
+            .and_then(Value::as_str)
+            .filter(|id| is_job_id(id))
+            .map(str::to_owned);
+        serde_json::from_value(value).map_err(|e| ApiError::Ambiguous {
+            endpoint: endpoint.to_owned(),
+            reason: self
+                .key
+                .redact(&format!("the answer lacks documented fields ({e})")),
+            job_id,
         })
     }
 
@@ -216,17 +249,20 @@ impl Client {
             ApiError::Ambiguous {
                 endpoint: endpoint.to_owned(),
                 reason,
+                job_id: None,
             }
         }
     }
 }
 
-/// A success body missing documented fields: the call went through and may have been billed.
-fn typed<T: DeserializeOwned>(value: Value, endpoint: &str) -> Result<T, ApiError> {
-    serde_json::from_value(value).map_err(|e| ApiError::Ambiguous {
-        endpoint: endpoint.to_owned(),
-        reason: format!("the answer lacks documented fields ({e})"),
-    })
+/// Whether `id` looks like a job id: short, and safe in a URL path and as a file name, since
+/// ids become both. An id from a response that fails this is never used as a path.
+pub fn is_job_id(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        && !id.starts_with('-')
 }
 
 /// The error and its causes on one line: reqwest's top-level message alone rarely says why.

@@ -38,6 +38,8 @@ pub enum DownloadError {
     Transport { reason: String },
     #[error("the download was cut short: {got} of {expected} bytes")]
     Truncated { got: u64, expected: u64 },
+    #[error("the download stopped before the end of the {format} image, after {got} bytes")]
+    Unfinished { got: u64, format: &'static str },
     #[error("the download is larger than the limit of {limit} bytes")]
     TooLarge { limit: u64 },
     #[error("the download is not an image (it starts with {start:?})")]
@@ -61,7 +63,9 @@ impl DownloadError {
     /// Whether the same download may succeed when tried again.
     pub fn is_transient(&self) -> bool {
         match self {
-            DownloadError::Transport { .. } | DownloadError::Truncated { .. } => true,
+            DownloadError::Transport { .. }
+            | DownloadError::Truncated { .. }
+            | DownloadError::Unfinished { .. } => true,
             DownloadError::Http { status, .. } => *status >= 500 || *status == 429,
             _ => false,
         }
@@ -71,6 +75,8 @@ impl DownloadError {
 #[derive(Clone, Debug)]
 pub struct Downloader {
     http: reqwest::Client,
+    /// For loopback URLs (the sandbox): a proxy from the environment must never see them.
+    direct: reqwest::Client,
     max_bytes: u64,
 }
 
@@ -80,12 +86,17 @@ impl Downloader {
         timeout: Duration,
         max_bytes: u64,
     ) -> Result<Self, reqwest::Error> {
-        let http = reqwest::Client::builder()
-            .user_agent(concat!("imgpipe/", env!("CARGO_PKG_VERSION")))
-            .connect_timeout(connect_timeout)
-            .timeout(timeout)
-            .build()?;
-        Ok(Downloader { http, max_bytes })
+        let builder = || {
+            reqwest::Client::builder()
+                .user_agent(concat!("imgpipe/", env!("CARGO_PKG_VERSION")))
+                .connect_timeout(connect_timeout)
+                .timeout(timeout)
+        };
+        Ok(Downloader {
+            http: builder().build()?,
+            direct: builder().no_proxy().build()?,
+            max_bytes,
+        })
     }
 
     /// Downloads `url` to `<dir>/<stem>.<ext>`, the extension chosen from the image's magic
@@ -99,7 +110,11 @@ impl Downloader {
         let transport = |e: reqwest::Error| DownloadError::Transport {
             reason: error_chain(&e.without_url()),
         };
-        let response = self.http.get(url).send().await.map_err(transport)?;
+        let http = match url::Url::parse(url) {
+            Ok(u) if crate::api::client::is_loopback(&u) => &self.direct,
+            _ => &self.http,
+        };
+        let response = http.get(url).send().await.map_err(transport)?;
         let status = response.status().as_u16();
         if matches!(status, 401 | 403 | 410) {
             return Err(DownloadError::Expired { status });
@@ -117,54 +132,113 @@ impl Downloader {
                 limit: self.max_bytes,
             });
         }
-        let io_err = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| DownloadError::Io { path, source }
-        };
-        tokio::fs::create_dir_all(dir).await.map_err(io_err(dir))?;
+        tokio::fs::create_dir_all(dir)
+            .await
+            .map_err(|source| DownloadError::Io {
+                path: dir.to_path_buf(),
+                source,
+            })?;
         let part = PartFile::create(dir, stem).await?;
+        let seen = self.stream_into(&part, response, expected).await?;
+        let ext = image_extension(&seen.head).ok_or_else(|| DownloadError::NotImage {
+            start: String::from_utf8_lossy(&seen.head).into_owned(),
+        })?;
+        if !looks_complete(ext, &seen.tail) {
+            return Err(DownloadError::Unfinished {
+                got: seen.bytes,
+                format: ext,
+            });
+        }
+        let sha256 = hex::encode(seen.hasher.finalize());
+        let path = part.persist(&dir.join(format!("{stem}.{ext}")), &sha256)?;
+        Ok(Downloaded {
+            path,
+            bytes: seen.bytes,
+            sha256,
+        })
+    }
+
+    /// Streams the body into `part`, hashing as it goes and keeping the first and last bytes
+    /// for the format checks; the file is fsynced before this returns.
+    async fn stream_into(
+        &self,
+        part: &PartFile,
+        response: reqwest::Response,
+        expected: Option<u64>,
+    ) -> Result<Seen, DownloadError> {
+        let io_err = |source| DownloadError::Io {
+            path: part.path.clone(),
+            source,
+        };
         let mut file = tokio::io::BufWriter::new(part.file().await?);
-        let mut hasher = Sha256::new();
-        let mut got: u64 = 0;
-        let mut head = Vec::with_capacity(16);
+        let mut seen = Seen {
+            hasher: Sha256::new(),
+            bytes: 0,
+            head: Vec::with_capacity(16),
+            tail: Vec::with_capacity(32),
+        };
         let mut body = response.bytes_stream();
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| match expected {
-                Some(expected) => DownloadError::Truncated { got, expected },
-                None => transport(e),
+                Some(expected) => DownloadError::Truncated {
+                    got: seen.bytes,
+                    expected,
+                },
+                None => DownloadError::Transport {
+                    reason: error_chain(&e.without_url()),
+                },
             })?;
-            got += chunk.len() as u64;
-            if got > self.max_bytes {
+            seen.bytes += chunk.len() as u64;
+            if seen.bytes > self.max_bytes {
                 return Err(DownloadError::TooLarge {
                     limit: self.max_bytes,
                 });
             }
-            if head.len() < 16 {
-                let take = (16 - head.len()).min(chunk.len());
-                head.extend_from_slice(&chunk[..take]);
-            }
-            hasher.update(&chunk);
-            file.write_all(&chunk).await.map_err(io_err(&part.path))?;
+            seen.observe(&chunk);
+            file.write_all(&chunk).await.map_err(io_err)?;
         }
-        if let Some(expected) = expected.filter(|e| *e != got) {
-            return Err(DownloadError::Truncated { got, expected });
+        if let Some(expected) = expected.filter(|e| *e != seen.bytes) {
+            return Err(DownloadError::Truncated {
+                got: seen.bytes,
+                expected,
+            });
         }
-        let ext = image_extension(&head).ok_or_else(|| DownloadError::NotImage {
-            start: String::from_utf8_lossy(&head).into_owned(),
-        })?;
-        file.flush().await.map_err(io_err(&part.path))?;
-        file.get_ref()
-            .sync_all()
-            .await
-            .map_err(io_err(&part.path))?;
-        drop(file);
-        let sha256 = hex::encode(hasher.finalize());
-        let path = part.persist(&dir.join(format!("{stem}.{ext}")), &sha256)?;
-        Ok(Downloaded {
-            path,
-            bytes: got,
-            sha256,
-        })
+        file.flush().await.map_err(io_err)?;
+        file.get_ref().sync_all().await.map_err(io_err)?;
+        Ok(seen)
+    }
+}
+
+/// What a download's bytes looked like on the way through.
+struct Seen {
+    hasher: Sha256,
+    bytes: u64,
+    head: Vec<u8>,
+    tail: Vec<u8>,
+}
+
+impl Seen {
+    fn observe(&mut self, chunk: &[u8]) {
+        if self.head.len() < 16 {
+            let take = (16 - self.head.len()).min(chunk.len());
+            self.head.extend_from_slice(&chunk[..take]);
+        }
+        self.tail
+            .extend_from_slice(&chunk[chunk.len().saturating_sub(32)..]);
+        let excess = self.tail.len().saturating_sub(32);
+        self.tail.drain(..excess);
+        self.hasher.update(chunk);
+    }
+}
+
+/// Whether an image's last bytes are its format's end marker, so a body cut short without a
+/// `Content-Length` to betray it is still caught. Formats without a fixed end pass.
+fn looks_complete(ext: &str, tail: &[u8]) -> bool {
+    match ext {
+        // The last chunk is IEND: its type, then a 4-byte CRC.
+        "png" => tail.len() >= 8 && &tail[tail.len() - 8..tail.len() - 4] == b"IEND",
+        "jpg" => tail.ends_with(&[0xff, 0xd9]),
+        _ => true,
     }
 }
 
@@ -243,17 +317,8 @@ impl PartFile {
                     path: dest.to_path_buf(),
                 });
             }
-            Err(_) if !dest.exists() => {
-                std::fs::rename(&self.path, dest).map_err(|source| DownloadError::Io {
-                    path: dest.to_path_buf(),
-                    source,
-                })?;
-            }
-            Err(_) => {
-                return Err(DownloadError::Exists {
-                    path: dest.to_path_buf(),
-                });
-            }
+            // A file system without hard links: copy into a file that must not exist yet.
+            Err(_) => copy_new(&self.path, dest)?,
         }
         self.persisted = true;
         let _ = std::fs::remove_file(&self.path);
@@ -264,6 +329,35 @@ impl PartFile {
         }
         Ok(dest.to_path_buf())
     }
+}
+
+/// Copies `from` to `dest`, creating `dest` and failing if it exists; fsyncs the copy.
+fn copy_new(from: &Path, dest: &Path) -> Result<(), DownloadError> {
+    let io_err = |source| DownloadError::Io {
+        path: dest.to_path_buf(),
+        source,
+    };
+    let mut target = match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(dest)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            return Err(DownloadError::Exists {
+                path: dest.to_path_buf(),
+            });
+        }
+        Err(e) => return Err(io_err(e)),
+    };
+    let copied = std::fs::File::open(from)
+        .and_then(|mut source| io::copy(&mut source, &mut target))
+        .and_then(|_| target.sync_all());
+    if let Err(e) = copied {
+        let _ = std::fs::remove_file(dest);
+        return Err(io_err(e));
+    }
+    Ok(())
 }
 
 impl Drop for PartFile {
@@ -277,6 +371,33 @@ impl Drop for PartFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn end_markers_betray_a_cut_image() {
+        assert!(looks_complete("png", b"....\0\0\0\0IEND\xaeB`\x82"));
+        assert!(!looks_complete(
+            "png",
+            b"IDAT\x01\x02\x03\x04\x05\x06\x07\x08"
+        ));
+        assert!(looks_complete("jpg", &[1, 2, 0xff, 0xd9]));
+        assert!(!looks_complete("jpg", &[1, 2, 0xff]));
+        let mut seen = Seen {
+            hasher: Sha256::new(),
+            bytes: 0,
+            head: Vec::new(),
+            tail: Vec::new(),
+        };
+        for chunk in [
+            &b"\x89PNG\r\n\x1a\n0123456789"[..],
+            &[7u8; 100][..],
+            b"IEND\xaeB`\x82",
+        ] {
+            seen.observe(chunk);
+        }
+        assert_eq!(seen.head.len(), 16);
+        assert_eq!(seen.tail.len(), 32);
+        assert!(looks_complete("png", &seen.tail));
+    }
 
     #[test]
     fn magic_bytes_pick_the_extension() {

@@ -97,10 +97,16 @@ pub enum ApiError {
     },
 
     #[error(
-        "{endpoint}: sent, but no complete answer came back ({reason}){}",
-        billing_note(endpoint)
+        "{endpoint}: sent, but no complete answer came back ({reason}){}{}",
+        billing_note(endpoint),
+        recovery_note(job_id.as_deref())
     )]
-    Ambiguous { endpoint: String, reason: String },
+    Ambiguous {
+        endpoint: String,
+        reason: String,
+        /// The job id, when the partial answer named one: the way to recover what was paid for.
+        job_id: Option<String>,
+    },
 }
 
 fn retry_suffix(retry_after: Option<Duration>) -> String {
@@ -120,6 +126,12 @@ fn billing_note(endpoint: &str) -> &'static str {
     } else {
         ""
     }
+}
+
+fn recovery_note(job_id: Option<&str>) -> String {
+    job_id
+        .map(|id| format!("\nhint: the service named job {id}; `imgpipe job {id} --out DIR` fetches its images without paying again"))
+        .unwrap_or_default()
 }
 
 fn hint_suffix(kind: ErrorKind) -> String {
@@ -180,17 +192,26 @@ pub fn excerpt(body: &str) -> String {
     out
 }
 
-/// Reads `Retry-After` as seconds or as an HTTP date.
+/// The longest wait a `Retry-After` is believed for; anything longer is read as this.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+/// Reads `Retry-After` as seconds or as an HTTP date. A server's header must never crash the
+/// client: absurd values are capped, malformed ones ignored.
 pub fn parse_retry_after(value: &str) -> Option<Duration> {
     let value = value.trim();
     if let Ok(secs) = value.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+        if secs.is_nan() || secs < 0.0 {
+            return None;
+        }
+        return Some(
+            Duration::try_from_secs_f64(secs).map_or(MAX_RETRY_AFTER, |d| d.min(MAX_RETRY_AFTER)),
+        );
     }
     let at = httpdate::parse_http_date(value).ok()?;
-    Some(
-        at.duration_since(std::time::SystemTime::now())
-            .unwrap_or(Duration::ZERO),
-    )
+    let wait = at
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or(Duration::ZERO);
+    Some(wait.min(MAX_RETRY_AFTER))
 }
 
 #[cfg(test)]
@@ -220,6 +241,7 @@ mod tests {
         let lost = |endpoint: &str| ApiError::Ambiguous {
             endpoint: endpoint.into(),
             reason: "reset".into(),
+            job_id: None,
         };
         let paid = lost("POST /v1/images/generations");
         assert!(!paid.is_transient());
@@ -238,6 +260,9 @@ mod tests {
         let past = "Wed, 21 Oct 2015 07:28:00 GMT";
         assert_eq!(parse_retry_after(past), Some(Duration::ZERO));
         assert_eq!(parse_retry_after("soon"), None);
+        assert_eq!(parse_retry_after("NaN"), None);
+        assert_eq!(parse_retry_after("1e30"), Some(MAX_RETRY_AFTER));
+        assert_eq!(parse_retry_after("inf"), Some(MAX_RETRY_AFTER));
     }
 
     #[test]

@@ -15,9 +15,9 @@ pub enum KeyError {
     Empty,
     #[error("the API key contains characters that cannot be sent in an HTTP header")]
     NotHeaderSafe,
-    #[error("cannot read the API key file {path}: {source}")]
+    /// The path is not repeated: a key pasted where the path belongs would be printed.
+    #[error("cannot read the API key file: {source}")]
     File {
-        path: String,
         #[source]
         source: std::io::Error,
     },
@@ -38,10 +38,7 @@ impl ApiKey {
     }
 
     pub fn from_file(path: &Path) -> Result<Self, KeyError> {
-        let text = std::fs::read_to_string(path).map_err(|source| KeyError::File {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path).map_err(|source| KeyError::File { source })?;
         ApiKey::new(text)
     }
 

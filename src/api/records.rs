@@ -108,11 +108,19 @@ impl Account {
         &self.raw
     }
 
-    /// The credit balance, at `pointer` when the user named one, else at a plausible field.
-    pub fn balance(&self, pointer: Option<&str>) -> Result<Found<i64>, NotFound> {
+    /// Finds a value at `pointer` when the user named one, else at the first plausible place
+    /// where `read` accepts what it finds.
+    fn locate<'a, T>(
+        &'a self,
+        what: &'static str,
+        pointer: Option<&str>,
+        candidates: &[&str],
+        expected: &str,
+        read: impl Fn(&'a Value) -> Option<T>,
+    ) -> Result<Found<T>, NotFound> {
         let not_found = |pointer: Option<&str>, detail: Option<String>| NotFound {
             record: "account",
-            what: "credit balance",
+            what,
             pointer: pointer.map(str::to_owned),
             detail,
             keys: top_level_keys(&self.raw),
@@ -122,19 +130,17 @@ impl Account {
                 .raw
                 .pointer(p)
                 .ok_or_else(|| not_found(Some(p), None))?;
-            return as_integer(value)
+            return read(value)
                 .map(|value| Found {
                     value,
                     pointer: p.to_owned(),
                 })
-                .ok_or_else(|| {
-                    not_found(Some(p), Some(format!("found {value}, not a whole number")))
-                });
+                .ok_or_else(|| not_found(Some(p), Some(format!("found {value}, not {expected}"))));
         }
-        BALANCE_POINTERS
+        candidates
             .iter()
             .find_map(|p| {
-                let value = as_integer(self.raw.pointer(p)?)?;
+                let value = read(self.raw.pointer(p)?)?;
                 Some(Found {
                     value,
                     pointer: (*p).to_owned(),
@@ -143,29 +149,32 @@ impl Account {
             .ok_or_else(|| not_found(None, None))
     }
 
-    pub fn plan(&self) -> Option<Found<String>> {
-        PLAN_POINTERS.iter().find_map(|p| {
-            let value = self.raw.pointer(p)?.as_str()?.to_owned();
-            Some(Found {
-                value,
-                pointer: (*p).to_owned(),
-            })
+    /// The credit balance, at `pointer` when the user named one, else at a plausible field.
+    pub fn balance(&self, pointer: Option<&str>) -> Result<Found<i64>, NotFound> {
+        self.locate(
+            "credit balance",
+            pointer,
+            BALANCE_POINTERS,
+            "a whole number",
+            as_integer,
+        )
+    }
+
+    pub fn plan(&self, pointer: Option<&str>) -> Result<Found<String>, NotFound> {
+        self.locate("plan", pointer, PLAN_POINTERS, "a string", |v| {
+            v.as_str().map(str::to_owned)
         })
     }
 
-    pub fn limits(&self) -> Option<Found<&Value>> {
-        LIMITS_POINTERS.iter().find_map(|p| {
-            let value = self.raw.pointer(p).filter(|v| v.is_object())?;
-            Some(Found {
-                value,
-                pointer: (*p).to_owned(),
-            })
+    pub fn limits(&self, pointer: Option<&str>) -> Result<Found<&Value>, NotFound> {
+        self.locate("limits", pointer, LIMITS_POINTERS, "an object", |v| {
+            v.is_object().then_some(v)
         })
     }
 
     /// Requests in flight the account allows, when its limits say so.
-    pub fn max_concurrency(&self) -> Option<Found<u64>> {
-        let limits = self.limits()?;
+    pub fn max_concurrency(&self, limits: Option<&str>) -> Option<Found<u64>> {
+        let limits = self.limits(limits).ok()?;
         CONCURRENCY_KEYS.iter().find_map(|k| {
             let value = limits.value.get(*k)?.as_u64().filter(|n| *n > 0)?;
             Some(Found {
@@ -176,8 +185,8 @@ impl Account {
     }
 
     /// Requests per second the account allows, when its limits say so.
-    pub fn requests_per_second(&self) -> Option<Found<f64>> {
-        let limits = self.limits()?;
+    pub fn requests_per_second(&self, limits: Option<&str>) -> Option<Found<f64>> {
+        let limits = self.limits(limits).ok()?;
         RATE_KEYS.iter().find_map(|(k, per)| {
             let n = limits.value.get(*k)?.as_f64().filter(|n| *n > 0.0)?;
             Some(Found {
@@ -270,7 +279,7 @@ impl JobRecord {
     }
 
     pub fn credits_used(&self) -> Option<u64> {
-        self.raw.get("credits_used")?.as_u64()
+        as_integer(self.raw.get("credits_used")?).and_then(|n| u64::try_from(n).ok())
     }
 
     /// Result URLs in output order, whichever documented shape holds them.
@@ -331,16 +340,25 @@ mod tests {
         assert_eq!(odd.balance(Some("/wallet/units")).unwrap().value, 42);
         let err = odd.balance(Some("/plan")).unwrap_err().to_string();
         assert!(err.contains("not a whole number"), "{err}");
-        assert_eq!(odd.plan().unwrap().value, "pro");
+        assert_eq!(odd.plan(None).unwrap().value, "pro");
+        let tier = Account::new(json!({"subscription": {"tier": "pro"}, "quota": {"rpm": 60}}));
+        assert!(
+            tier.plan(None)
+                .unwrap_err()
+                .to_string()
+                .contains("[quota, subscription]")
+        );
+        assert_eq!(tier.plan(Some("/subscription/tier")).unwrap().value, "pro");
+        assert_eq!(tier.requests_per_second(Some("/quota")).unwrap().value, 1.0);
     }
 
     #[test]
     fn limits_are_read_when_present() {
         let acct =
             Account::new(json!({"limits": {"requests_per_minute": 120, "max_concurrency": 8}}));
-        assert_eq!(acct.requests_per_second().unwrap().value, 2.0);
-        assert_eq!(acct.max_concurrency().unwrap().value, 8);
-        assert!(Account::new(json!({})).requests_per_second().is_none());
+        assert_eq!(acct.requests_per_second(None).unwrap().value, 2.0);
+        assert_eq!(acct.max_concurrency(None).unwrap().value, 8);
+        assert!(Account::new(json!({})).requests_per_second(None).is_none());
     }
 
     #[test]
@@ -357,7 +375,13 @@ mod tests {
         let gen_job =
             JobRecord::new(json!({"id": "job_1", "images": [{"url": "u1"}, {"url": "u2"}]}));
         assert_eq!(gen_job.image_urls(), ["u1", "u2"]);
-        let tool_job = JobRecord::new(json!({"id": "job_2", "data": {"url": "u3"}}));
+        let tool_job =
+            JobRecord::new(json!({"id": "job_2", "data": {"url": "u3"}, "credits_used": 4.0}));
         assert_eq!(tool_job.image_urls(), ["u3"]);
+        assert_eq!(tool_job.credits_used(), Some(4));
+        assert_eq!(
+            JobRecord::new(json!({"credits_used": -1})).credits_used(),
+            None
+        );
     }
 }

@@ -7,7 +7,8 @@
 use std::fmt;
 use std::str::FromStr;
 
-use serde::{Deserialize, Serialize};
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
 use crate::api::rules::InvalidField;
@@ -327,8 +328,13 @@ pub struct GenerationJob {
     pub status: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    #[serde(deserialize_with = "whole_credits")]
     pub credits_used: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "whole_balance",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub credits_remaining: Option<i64>,
     pub images: Vec<ImageUrl>,
 }
@@ -340,10 +346,42 @@ pub struct ToolJob {
     pub id: String,
     pub status: String,
     pub tool: String,
+    #[serde(deserialize_with = "whole_credits")]
     pub credits_used: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "whole_balance",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub credits_remaining: Option<i64>,
     pub data: ImageUrl,
+}
+
+/// Credits written as an integer or as a whole float (`4.0`): JSON encoders differ, and a
+/// paid answer must not be lost over the spelling of a number.
+fn whole_credits<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let n = serde_json::Number::deserialize(d)?;
+    n.as_u64()
+        .or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && (0.0..9.0e15).contains(f))
+                .map(|f| f as u64)
+        })
+        .ok_or_else(|| D::Error::custom(format!("expected a whole number of credits, got {n}")))
+}
+
+fn whole_balance<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    n.as_i64()
+        .or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15)
+                .map(|f| f as i64)
+        })
+        .map(Some)
+        .ok_or_else(|| D::Error::custom(format!("expected a whole number of credits, got {n}")))
 }
 
 /// The only status the spec shows; anything else is reported, never assumed to be success.
@@ -377,6 +415,21 @@ mod tests {
             let err = bad.parse::<AspectRatio>().unwrap_err();
             assert_eq!(err.field, "aspect_ratio", "{bad}");
         }
+    }
+
+    #[test]
+    fn credits_may_be_written_as_whole_floats_but_not_fractions() {
+        let job: GenerationJob = serde_json::from_value(serde_json::json!({
+            "id": "job_1", "status": "succeeded", "credits_used": 4.0,
+            "credits_remaining": 96.0, "images": [], "extra": true
+        }))
+        .unwrap();
+        assert_eq!((job.credits_used, job.credits_remaining), (4, Some(96)));
+        let bad = serde_json::from_value::<ToolJob>(serde_json::json!({
+            "id": "job_1", "status": "succeeded", "tool": "erase", "credits_used": 2.5,
+            "data": {"url": "u"}
+        }));
+        assert!(bad.unwrap_err().to_string().contains("whole number"));
     }
 
     #[test]

@@ -1,5 +1,8 @@
 //! `imgpipe account`: plan, balance and limits, saying where each was found.
 
+use std::fmt::Display;
+
+use crate::api::records::{Found, NotFound};
 use crate::cli::GlobalArgs;
 use crate::cli::connect::Connection;
 use crate::cli::output::print_json;
@@ -7,33 +10,64 @@ use crate::error::Error;
 
 pub async fn run(conn: &Connection, args: &GlobalArgs) -> Result<(), Error> {
     let account = conn.client.account().await?;
+    let plan = account.plan(args.plan_field.as_deref());
     let balance = account.balance(args.balance_field.as_deref());
+    let limits = account.limits(args.limits_field.as_deref());
     if args.json {
-        return print_json(account.raw());
-    }
-    match account.plan() {
-        Some(plan) => println!("plan     {}", plan.value),
-        None => println!("plan     (not stated)"),
-    }
-    match balance {
-        Ok(found) => println!("balance  {} credits  (from {})", found.value, found.pointer),
-        Err(e) if args.balance_field.is_some() => {
-            return Err(Error::usage(
-                e.to_string(),
-                Some("check the pointer against `imgpipe account --json`"),
-            ));
+        // The raw record is the answer, but a field the user pointed at must still exist.
+        for (found, flag) in [
+            (plan.as_ref().err(), &args.plan_field),
+            (balance.as_ref().err(), &args.balance_field),
+            (limits.as_ref().err(), &args.limits_field),
+        ] {
+            if let (Some(e), Some(_)) = (found, flag) {
+                return Err(Error::usage(e.to_string(), None));
+            }
         }
+        return print_json(conn, account.raw());
+    }
+    let lines = [
+        line("plan", "", plan, args.plan_field.is_some(), "--plan-field")?,
+        line(
+            "balance",
+            " credits",
+            balance,
+            args.balance_field.is_some(),
+            "--balance-field",
+        )?,
+        line(
+            "limits",
+            "",
+            limits,
+            args.limits_field.is_some(),
+            "--limits-field",
+        )?,
+    ];
+    println!("{}", conn.redact(&lines.join("\n")));
+    Ok(())
+}
+
+/// One field: its value and where it was found, or "unknown" and what was received. A field
+/// the user pointed at and that is not there is an error, not a shrug.
+fn line<T: Display>(
+    name: &str,
+    unit: &str,
+    found: Result<Found<T>, NotFound>,
+    named: bool,
+    flag: &str,
+) -> Result<String, Error> {
+    match found {
+        Ok(f) => Ok(format!("{name:<8} {}{unit}  (from {})", f.value, f.pointer)),
+        Err(e) if named => Err(Error::usage(
+            e.to_string(),
+            Some("check the pointer against `imgpipe account --json`"),
+        )),
         Err(e) => {
-            println!("balance  unknown");
             tracing::warn!("{e}");
             eprintln!(
-                "hint: name the field with --balance-field /json/pointer (see `imgpipe account --json`)"
+                "hint: name the field with {flag} /json/pointer (see `imgpipe account --json`)"
             );
+            Ok(format!("{name:<8} unknown"))
         }
     }
-    match account.limits() {
-        Some(limits) => println!("limits   {}", limits.value),
-        None => println!("limits   (not stated)"),
-    }
-    Ok(())
 }

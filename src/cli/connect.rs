@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::api::client::DEFAULT_CONNECT_TIMEOUT;
 use crate::api::download::DEFAULT_MAX_BYTES;
 use crate::api::{ApiKey, Client, ClientConfig, Downloader};
 use crate::cli::GlobalArgs;
@@ -40,7 +41,23 @@ impl Connection {
             )
         })?;
         config.timeout = seconds("--timeout", args.timeout)?;
-        config.connect_timeout = seconds("--connect-timeout", args.connect_timeout)?;
+        // A connect that outlives the whole-call timeout would end as a call timeout, which
+        // must be read as "maybe billed" although nothing was sent: the connect timeout never
+        // exceeds the call's.
+        config.connect_timeout = match args.connect_timeout {
+            None => DEFAULT_CONNECT_TIMEOUT.min(config.timeout),
+            Some(secs) => seconds("--connect-timeout", secs)?,
+        };
+        if config.timeout < config.connect_timeout {
+            return Err(Error::usage(
+                format!(
+                    "--timeout ({}s) must not be shorter than --connect-timeout ({}s)",
+                    args.timeout,
+                    config.connect_timeout.as_secs_f64()
+                ),
+                None,
+            ));
+        }
         let client = Client::new(config.clone()).map_err(|e| Error::Other(e.into()))?;
         let downloader = Downloader::new(config.connect_timeout, config.timeout, DEFAULT_MAX_BYTES)
             .map_err(|e| Error::Other(e.into()))?;
@@ -49,6 +66,12 @@ impl Connection {
             downloader,
             _sandbox: sandbox,
         })
+    }
+}
+
+impl Connection {
+    pub fn redact(&self, text: &str) -> String {
+        self.client.redact(text)
     }
 }
 
@@ -78,13 +101,21 @@ fn api_key(args: &GlobalArgs) -> Result<ApiKey, Error> {
     }
 }
 
-fn seconds(flag: &str, secs: f64) -> Result<Duration, Error> {
-    if secs.is_finite() && secs > 0.0 {
-        Ok(Duration::from_secs_f64(secs))
-    } else {
-        Err(Error::usage(
-            format!("{flag} must be a positive number of seconds, got {secs}"),
-            None,
-        ))
-    }
+/// A positive, finite number of seconds from a flag; anything else is a usage error naming it.
+pub fn seconds(flag: &str, secs: f64) -> Result<Duration, Error> {
+    Duration::try_from_secs_f64(secs)
+        .ok()
+        .filter(|d| !d.is_zero() && *d <= MAX_SECONDS)
+        .ok_or_else(|| {
+            Error::usage(
+                format!(
+                    "{flag} must be a positive number of seconds up to {}, got {secs}",
+                    MAX_SECONDS.as_secs()
+                ),
+                None,
+            )
+        })
 }
+
+/// A week: longer than any sensible timeout or URL lifetime, short enough to add to a clock.
+const MAX_SECONDS: Duration = Duration::from_secs(7 * 24 * 3600);

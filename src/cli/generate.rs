@@ -2,12 +2,10 @@
 
 use std::path::PathBuf;
 
-use serde_json::json;
-
 use crate::api::types::{GenerationRequest, STATUS_SUCCEEDED, Size};
 use crate::cli::GlobalArgs;
 use crate::cli::connect::Connection;
-use crate::cli::output::{files_json, print_files, print_json, save_images};
+use crate::cli::output::{Billed, deliver, shown_id};
 use crate::error::Error;
 
 #[derive(Debug, clap::Args)]
@@ -42,24 +40,39 @@ pub async fn run(args: &GenerateArgs, conn: &Connection, global: &GlobalArgs) ->
         image_urls: args.image_urls.clone(),
     };
     let job = conn.client.generate(&request).await?;
+    tracing::info!(job = %shown_id(&job.id), credits = job.credits_used, "billed; downloading {} image(s)", job.images.len());
+    let mut problems = Vec::new();
     if job.status != STATUS_SUCCEEDED {
-        tracing::warn!(job = %job.id, status = %job.status, "the service reported a status other than succeeded");
+        problems.push(format!(
+            "the service reported status {:?}, not succeeded",
+            job.status
+        ));
     }
-    let urls: Vec<String> = job.images.iter().map(|i| i.url.clone()).collect();
-    let files = save_images(conn, &job.id, &urls, true, &args.out).await?;
-    if global.json {
-        return print_json(&json!({"job": job, "files": files_json(&files)}));
+    if job.images.len() != usize::from(args.n) {
+        problems.push(format!(
+            "asked for {} image(s), the service returned {}",
+            args.n,
+            job.images.len()
+        ));
     }
     let remaining = job
         .credits_remaining
         .map(|r| format!(", {r} remaining"))
         .unwrap_or_default();
-    println!(
+    let summary = format!(
         "job {}: {} image(s), {} credits billed{remaining}",
-        job.id,
+        shown_id(&job.id),
         job.images.len(),
         job.credits_used
     );
-    print_files(&files);
-    Ok(())
+    let billed = Billed {
+        response: serde_json::to_value(&job).map_err(|e| Error::Other(e.into()))?,
+        job_id: &job.id,
+        urls: job.images.iter().map(|i| i.url.clone()).collect(),
+        indexed: true,
+        summary,
+        problem: (!problems.is_empty())
+            .then(|| format!("job {}: {}", shown_id(&job.id), problems.join("; "))),
+    };
+    deliver(conn, global, &args.out, billed).await
 }

@@ -6,7 +6,7 @@ use serde_json::json;
 
 use crate::cli::GlobalArgs;
 use crate::cli::connect::Connection;
-use crate::cli::output::{files_json, print_files, print_json, save_images};
+use crate::cli::output::{Billed, deliver, print_json};
 use crate::error::Error;
 
 #[derive(Debug, clap::Args)]
@@ -21,22 +21,34 @@ pub struct JobArgs {
 pub async fn run(args: &JobArgs, conn: &Connection, global: &GlobalArgs) -> Result<(), Error> {
     let job = conn.client.job(&args.id).await?;
     let urls = job.image_urls();
-    let indexed = job.raw().get("images").is_some();
-    let files = match &args.out {
-        Some(dir) => save_images(conn, &args.id, &urls, indexed, dir).await?,
-        None => Vec::new(),
-    };
-    if global.json {
-        return print_json(&json!({"job": job.raw(), "files": files_json(&files)}));
-    }
-    println!("job      {}", job.id().unwrap_or(&args.id));
-    println!("status   {}", job.status().unwrap_or("(not stated)"));
+    let mut lines = vec![
+        format!("job      {}", job.id().unwrap_or(&args.id)),
+        format!(
+            "status   {}",
+            job.status().unwrap_or("(not stated)").escape_debug()
+        ),
+    ];
     if let Some(credits) = job.credits_used() {
-        println!("credits  {credits}");
+        lines.push(format!("credits  {credits}"));
     }
-    for url in &urls {
-        println!("url      {url}");
-    }
-    print_files(&files);
-    Ok(())
+    lines.extend(
+        urls.iter()
+            .map(|u| format!("url      {}", u.escape_debug())),
+    );
+    let Some(dir) = &args.out else {
+        if global.json {
+            return print_json(conn, &json!({"job": job.raw(), "files": []}));
+        }
+        println!("{}", conn.redact(&lines.join("\n")));
+        return Ok(());
+    };
+    let billed = Billed {
+        response: job.raw().clone(),
+        job_id: &args.id,
+        indexed: job.raw().get("images").is_some(),
+        urls,
+        summary: lines.join("\n"),
+        problem: None,
+    };
+    deliver(conn, global, dir, billed).await
 }

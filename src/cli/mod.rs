@@ -51,12 +51,18 @@ pub struct GlobalArgs {
     /// JSON pointer to the balance in the account record, when imgpipe cannot find it (e.g. /credits/balance)
     #[arg(long, global = true, value_name = "POINTER")]
     pub balance_field: Option<String>,
+    /// JSON pointer to the plan in the account record, when imgpipe cannot find it
+    #[arg(long, global = true, value_name = "POINTER")]
+    pub plan_field: Option<String>,
+    /// JSON pointer to the limits object in the account record, when imgpipe cannot find it
+    #[arg(long, global = true, value_name = "POINTER")]
+    pub limits_field: Option<String>,
     /// Seconds to wait for a whole call
     #[arg(long, global = true, default_value_t = 300.0, value_name = "SECS")]
     pub timeout: f64,
-    /// Seconds to wait for a connection
-    #[arg(long, global = true, default_value_t = 10.0, value_name = "SECS")]
-    pub connect_timeout: f64,
+    /// Seconds to wait for a connection [default: 10, or --timeout when shorter]
+    #[arg(long, global = true, value_name = "SECS")]
+    pub connect_timeout: Option<f64>,
     /// More log detail on stderr (-vv includes the HTTP stack)
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -126,7 +132,10 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
     tokio::select! {
         result = work => result,
         () = shutdown_signal() => Err(Error::Interrupted {
-            detail: Some("a call in flight may have been billed; `imgpipe job <id>` shows a job once its id is known".into()),
+            detail: Some(
+                "a call in flight may have been billed; a job id logged above can be fetched without paying: imgpipe job <id> --out DIR"
+                    .into(),
+            ),
         }),
     }
 }

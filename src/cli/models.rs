@@ -8,7 +8,7 @@ use crate::error::Error;
 pub async fn run(conn: &Connection, args: &GlobalArgs) -> Result<(), Error> {
     let models = conn.client.models().await?;
     if args.json {
-        return print_json(models.raw());
+        return print_json(conn, models.raw());
     }
     let list = |items: Vec<String>| {
         if items.is_empty() {

@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use crate::cli::connect::seconds;
 use crate::cli::{GlobalArgs, shutdown_signal};
 use crate::error::Error;
-use crate::sandbox::{self, Faults, SAMPLE_HOST, SAMPLE_NAMES, Sandbox};
+use crate::sandbox::{self, Faults, RateScope, SAMPLE_HOST, SAMPLE_NAMES, Sandbox};
 
 #[derive(Debug, clap::Args)]
 pub struct SandboxArgs {
@@ -35,9 +36,12 @@ pub struct SandboxArgs {
     /// Random extra latency per paid call, up to this many milliseconds
     #[arg(long, default_value_t = 0)]
     pub jitter_ms: u64,
-    /// Paid requests per second before 429
+    /// Requests per second before 429 (burst: one second's worth)
     #[arg(long, value_name = "PER_SEC")]
     pub rate_limit: Option<f64>,
+    /// Which calls the rate limit counts: every /v1 call, or only the paid ones
+    #[arg(long, value_enum, default_value = "all")]
+    pub rate_limit_scope: RateScope,
     /// Paid requests in flight before 429
     #[arg(long, value_name = "N")]
     pub max_in_flight: Option<usize>,
@@ -53,6 +57,9 @@ pub struct SandboxArgs {
     /// Probability that a paid call is billed and its connection then dropped
     #[arg(long, default_value_t = 0.0, value_name = "P")]
     pub fault_drop: f64,
+    /// Probability that a paid call is billed and a gateway then answers 504
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    pub fault_gateway_timeout: f64,
     /// Probability that a download stops half way
     #[arg(long, default_value_t = 0.0, value_name = "P")]
     pub fault_truncate: f64,
@@ -73,14 +80,19 @@ impl SandboxArgs {
                 ))
             }
         };
-        if !(self.url_ttl.is_finite() && self.url_ttl > 0.0) {
+        let url_ttl = seconds("--url-ttl", self.url_ttl)?;
+        if let Some(rate) = self.rate_limit
+            && !(rate.is_finite() && (0.001..=1_000_000.0).contains(&rate))
+        {
             return Err(Error::usage(
                 format!(
-                    "--url-ttl must be a positive number of seconds, got {}",
-                    self.url_ttl
+                    "--rate-limit must be between 0.001 and 1000000 requests per second, got {rate}"
                 ),
                 None,
             ));
+        }
+        if self.max_in_flight == Some(0) {
+            return Err(Error::usage("--max-in-flight must be at least 1", None));
         }
         if self.image_side == 0 || self.image_side > 2048 {
             return Err(Error::usage(
@@ -94,16 +106,21 @@ impl SandboxArgs {
             balance: self.balance,
             generation_price: self.generation_price,
             advertise_price: self.advertise_price,
-            url_ttl: Duration::from_secs_f64(self.url_ttl),
+            url_ttl,
             latency: Duration::from_millis(self.latency_ms),
             jitter: Duration::from_millis(self.jitter_ms),
             rate_limit: self.rate_limit,
+            rate_scope: self.rate_limit_scope,
             max_in_flight: self.max_in_flight,
             image_side: self.image_side,
             faults: Faults {
                 server_error: probability("--fault-server-error", self.fault_server_error)?,
                 rate_limit: probability("--fault-rate-limit", self.fault_rate_limit)?,
                 drop_after_billing: probability("--fault-drop", self.fault_drop)?,
+                gateway_timeout: probability(
+                    "--fault-gateway-timeout",
+                    self.fault_gateway_timeout,
+                )?,
                 truncate_download: probability("--fault-truncate", self.fault_truncate)?,
                 seed: self.seed,
             },

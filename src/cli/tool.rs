@@ -2,15 +2,13 @@
 
 use std::path::PathBuf;
 
-use serde_json::json;
-
 use crate::api::rules::InvalidField;
 use crate::api::types::{
     AspectRatio, Increase, STATUS_SUCCEEDED, ToolName, ToolParams, ToolRequest,
 };
 use crate::cli::GlobalArgs;
 use crate::cli::connect::Connection;
-use crate::cli::output::{files_json, print_files, print_json, save_images};
+use crate::cli::output::{Billed, deliver, shown_id};
 use crate::error::Error;
 
 #[derive(Debug, clap::Args)]
@@ -89,24 +87,25 @@ pub async fn run(args: &ToolArgs, conn: &Connection, global: &GlobalArgs) -> Res
         params: args.params()?,
     };
     let job = conn.client.tool(&request).await?;
-    if job.status != STATUS_SUCCEEDED {
-        tracing::warn!(job = %job.id, status = %job.status, "the service reported a status other than succeeded");
-    }
-    let files = save_images(
-        conn,
-        &job.id,
-        std::slice::from_ref(&job.data.url),
-        false,
-        &args.out,
-    )
-    .await?;
-    if global.json {
-        return print_json(&json!({"job": job, "files": files_json(&files)}));
-    }
-    println!(
-        "job {}: {} done, {} credits billed",
-        job.id, job.tool, job.credits_used
-    );
-    print_files(&files);
-    Ok(())
+    tracing::info!(job = %shown_id(&job.id), credits = job.credits_used, "billed; downloading the result");
+    let billed = Billed {
+        response: serde_json::to_value(&job).map_err(|e| Error::Other(e.into()))?,
+        job_id: &job.id,
+        urls: vec![job.data.url.clone()],
+        indexed: false,
+        summary: format!(
+            "job {}: {} done, {} credits billed",
+            shown_id(&job.id),
+            job.tool.escape_debug(),
+            job.credits_used
+        ),
+        problem: (job.status != STATUS_SUCCEEDED).then(|| {
+            format!(
+                "job {}: the service reported status {:?}, not succeeded",
+                shown_id(&job.id),
+                job.status
+            )
+        }),
+    };
+    deliver(conn, global, &args.out, billed).await
 }

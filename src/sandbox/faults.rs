@@ -13,6 +13,8 @@ pub struct Faults {
     pub rate_limit: f64,
     /// The call is billed, then the connection drops before the answer: the ambiguous case.
     pub drop_after_billing: f64,
+    /// The call is billed, then a gateway in front answers 504: also ambiguous.
+    pub gateway_timeout: f64,
     /// A download stops half way.
     pub truncate_download: f64,
     pub seed: u64,
@@ -23,6 +25,7 @@ impl Faults {
         self.server_error > 0.0
             || self.rate_limit > 0.0
             || self.drop_after_billing > 0.0
+            || self.gateway_timeout > 0.0
             || self.truncate_download > 0.0
     }
 }

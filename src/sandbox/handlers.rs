@@ -23,7 +23,7 @@ use tokio::sync::oneshot;
 use crate::api::rules::{self, InvalidField};
 use crate::api::types::{ErrorBody, ErrorDetail, ToolName};
 use crate::sandbox::state::{InFlight, Job, JobKind, MODEL_ID, Source, State};
-use crate::sandbox::{edit, files};
+use crate::sandbox::{RateScope, edit, files};
 
 pub(super) type App = Shared<Arc<State>>;
 
@@ -91,8 +91,8 @@ impl IntoResponse for Reply {
     }
 }
 
-/// Counts API requests and checks the key on everything but result files and samples, which
-/// are public by design (signed URLs).
+/// Counts API requests, checks the key and applies the rate limit on everything but result
+/// files and samples, which are public by design (signed URLs).
 async fn authenticate(Shared(state): App, request: Request, next: Next) -> Response {
     let path = request.uri().path();
     let api = path.starts_with("/v1/");
@@ -110,25 +110,38 @@ async fn authenticate(Shared(state): App, request: Request, next: Next) -> Respo
             };
             return Reply::new(StatusCode::UNAUTHORIZED, "unauthorized", why).into_response();
         }
+        let paid = request.method() == axum::http::Method::POST;
+        let scoped = api && (paid || state.config.rate_scope == RateScope::All);
+        if scoped && let Err(reply) = check_rate(&state) {
+            return reply.into_response();
+        }
     }
     next.run(request).await
 }
 
-/// The gates every paid call passes before any work: rate, in-flight slots, injected faults.
-fn admit(state: &Arc<State>) -> Result<InFlight, Reply> {
-    state.count(|s| s.paid_requests += 1);
-    let limited = |state: &State, message: &str, wait: Duration| {
-        state.count(|s| s.rate_limited += 1);
-        Reply::rate_limited(message, wait)
-    };
+fn limited(state: &State, message: &str, wait: Duration) -> Reply {
+    state.count(|s| s.rate_limited += 1);
+    Reply::rate_limited(message, wait)
+}
+
+fn check_rate(state: &State) -> Result<(), Reply> {
     if let Some(limiter) = &state.limiter
         && let Err(not_until) = limiter.check()
     {
-        let wait = not_until.wait_time_from(governor::clock::Clock::now(
-            &governor::clock::DefaultClock::default(),
+        let now = governor::clock::Clock::now(&governor::clock::DefaultClock::default());
+        return Err(limited(
+            state,
+            "request rate limit exceeded",
+            not_until.wait_time_from(now),
         ));
-        return Err(limited(state, "request rate limit exceeded", wait));
     }
+    Ok(())
+}
+
+/// The gates every paid call passes before any work, after the rate limit: in-flight slots
+/// and injected faults.
+fn admit(state: &Arc<State>) -> Result<InFlight, Reply> {
+    state.count(|s| s.paid_requests += 1);
     let slot = state
         .enter()
         .ok_or_else(|| limited(state, "too many requests in flight", Duration::from_secs(1)))?;
@@ -206,8 +219,11 @@ async fn generate(Shared(state): App, body: Bytes) -> Result<Response, Reply> {
         };
         reference_seed = edit::mix(reference_seed, &key);
     }
-    let credits =
-        state.config.generation_price * u64::from(request.n) * request.size.price_multiplier();
+    // An absurd configured price must not wrap around into a free call.
+    let credits = state
+        .config
+        .generation_price
+        .saturating_mul(u64::from(request.n) * request.size.price_multiplier());
     can_pay(&state, credits)?;
     let side = state.config.image_side * request.size.price_multiplier() as u32;
     let (prompt, n) = (request.prompt.clone(), request.n);
@@ -294,10 +310,11 @@ fn server_fault(e: &tokio::task::JoinError) -> Reply {
     )
 }
 
-/// Answers a billed call, unless the drop fault strikes: then the caller gets a connection that
-/// dies before the answer, though the call stays billed.
+/// Answers a billed call, unless a fault strikes after billing: the connection dies before
+/// the answer, or a gateway answers 504. Either way the call stays billed.
 fn deliver(state: &State, job: &Job) -> Response {
-    if state.dice.chance(state.config.faults.drop_after_billing) {
+    let faults = &state.config.faults;
+    if state.dice.chance(faults.drop_after_billing) {
         state.mark_undelivered(&job.id);
         state.count(|s| s.dropped_after_billing += 1);
         let dead = futures::stream::iter([Err::<Bytes, _>(io::Error::other(
@@ -307,6 +324,16 @@ fn deliver(state: &State, job: &Job) -> Response {
             .header(CONTENT_TYPE, "application/json")
             .body(Body::from_stream(dead))
             .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
+    }
+    if state.dice.chance(faults.gateway_timeout) {
+        state.mark_undelivered(&job.id);
+        state.count(|s| s.gateway_timeouts += 1);
+        return Reply::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "gateway_timeout",
+            "the gateway gave up waiting (injected fault)",
+        )
+        .into_response();
     }
     axum::Json(state.job_json(job)).into_response()
 }

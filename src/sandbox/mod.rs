@@ -43,8 +43,10 @@ pub struct Config {
     pub url_ttl: Duration,
     pub latency: Duration,
     pub jitter: Duration,
-    /// Paid requests per second; unlimited when `None`.
+    /// Requests per second (see `rate_scope`); unlimited when `None`.
     pub rate_limit: Option<f64>,
+    /// Which calls the rate limit counts.
+    pub rate_scope: RateScope,
     /// Paid requests in flight at once; unlimited when `None`.
     pub max_in_flight: Option<usize>,
     /// Side in pixels of a 2K image (4K doubles it). Small by default to keep tests fast.
@@ -64,11 +66,23 @@ impl Default for Config {
             latency: Duration::ZERO,
             jitter: Duration::ZERO,
             rate_limit: None,
+            rate_scope: RateScope::All,
             max_in_flight: None,
             image_side: 256,
             faults: Faults::default(),
         }
     }
+}
+
+/// The spec shows no rate limits; a real service most likely counts every call, but a test or
+/// benchmark may want to limit the paid ones alone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum RateScope {
+    /// Every `/v1/...` call.
+    #[default]
+    All,
+    /// Only the paid `POST` calls.
+    Paid,
 }
 
 /// A running sandbox. Dropping it stops the server.

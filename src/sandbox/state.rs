@@ -51,6 +51,8 @@ pub struct Stats {
     pub rate_limited: u64,
     pub server_errors: u64,
     pub dropped_after_billing: u64,
+    /// Billed calls answered 504 by the gateway fault.
+    pub gateway_timeouts: u64,
     /// Billed calls whose caller hung up before the answer (a client timeout, say).
     pub abandoned: u64,
     pub downloads: u64,
@@ -369,8 +371,8 @@ fn limiter(rate: f64) -> Option<governor::DefaultDirectRateLimiter> {
         return None;
     }
     let burst = NonZeroU32::new(rate.ceil().clamp(1.0, f64::from(u32::MAX)) as u32)?;
-    let quota =
-        governor::Quota::with_period(Duration::from_secs_f64(1.0 / rate))?.allow_burst(burst);
+    let period = Duration::try_from_secs_f64(1.0 / rate).ok()?;
+    let quota = governor::Quota::with_period(period)?.allow_burst(burst);
     Some(governor::RateLimiter::direct(quota))
 }
 

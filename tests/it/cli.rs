@@ -719,7 +719,7 @@ async fn api_key_file_is_read_and_a_missing_one_is_a_usage_error() {
     .await;
     assert_exit(&o, 2);
     let err = stderr(&o);
-    assert!(err.contains("no-such-key.txt"), "{err}");
+    assert!(err.contains("cannot read the API key file"), "{err}");
     assert_eq!(
         env.sandbox.stats().api_requests,
         1,
@@ -791,7 +791,12 @@ async fn a_download_cut_short_is_reported_and_leaves_no_partial_file() {
         err.contains(&format!("imgpipe job {id} --out out")),
         "the recovery command is named:\n{err}"
     );
-    assert_eq!(env.sandbox.stats().truncated_downloads, 1);
+    assert_eq!(
+        env.sandbox.stats().truncated_downloads,
+        4,
+        "tried four times before giving up"
+    );
+    assert!(err.contains("retrying"), "the retries are logged:\n{err}");
     assert_eq!(
         entries(&env.dir.path().join("out")),
         Vec::<PathBuf>::new(),
@@ -806,13 +811,14 @@ async fn a_download_cut_short_is_reported_and_leaves_no_partial_file() {
 /// following that advice word for word must work, even when some images were already saved.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_recovery_hint_after_a_failed_download_works() {
-    // Pick a seed whose first four download dice read: ok, cut, ok, ok. Image 0 of the
-    // generation is saved, image 1 is cut short; the re-download then succeeds for both.
+    // Pick a seed whose download dice read: ok, then cut four times, then ok, ok. Image 0 of
+    // the generation is saved, image 1 is cut short on every one of its four tries; the
+    // re-download then succeeds for both.
     let p = 0.5;
     let seed = (1..10_000u64)
         .find(|s| {
             let dice = Dice::new(*s);
-            [false, true, false, false]
+            [false, true, true, true, true, false, false]
                 .iter()
                 .all(|cut| dice.chance(p) == *cut)
         })
@@ -839,7 +845,7 @@ async fn the_recovery_hint_after_a_failed_download_works() {
         err.contains("download failed") || err.contains("cut short"),
         "{err}"
     );
-    assert_eq!(env.sandbox.stats().truncated_downloads, 1);
+    assert_eq!(env.sandbox.stats().truncated_downloads, 4);
     let id = env.sandbox.ledger()[0].job_id.clone();
     assert_eq!(entries(&cwd.join("out")).len(), 1, "image 0 was saved");
 
@@ -1173,4 +1179,185 @@ async fn standalone_sandbox_refuses_invalid_flags() {
         assert!(stderr(&o).contains(flag), "{args:?}: {}", stderr(&o));
         assert!(stdout(&o).is_empty(), "{args:?} printed {}", stdout(&o));
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn account_plan_and_limits_fields_are_honoured_or_refused() {
+    let env = start_default().await;
+    let dir = env.dir.path();
+    let o = imgpipe(
+        Some(&env),
+        &[
+            "account",
+            "--plan-field",
+            "/plan",
+            "--limits-field",
+            "/limits",
+        ],
+        dir,
+    )
+    .await;
+    assert_exit(&o, 0);
+    let text = stdout(&o);
+    assert!(text.contains("plan     sandbox  (from /plan)"), "{text}");
+    assert!(text.contains("(from /limits)"), "{text}");
+    assert!(text.contains("\"max_images_per_generation\":4"), "{text}");
+
+    // A pointer other than the one imgpipe would pick by itself is followed.
+    let o = imgpipe(Some(&env), &["account", "--limits-field", "/credits"], dir).await;
+    assert_exit(&o, 0);
+    let text = stdout(&o);
+    assert!(
+        text.contains("limits   {\"balance\":1000}  (from /credits)"),
+        "{text}"
+    );
+
+    // Missing, or holding the wrong kind of value: a usage error naming the pointer.
+    for (flag, pointer) in [
+        ("--plan-field", "/nope"),
+        ("--plan-field", "/credits"),
+        ("--limits-field", "/nope"),
+        ("--limits-field", "/plan"),
+    ] {
+        let o = imgpipe(Some(&env), &["account", flag, pointer], dir).await;
+        assert_exit(&o, 2);
+        let err = stderr(&o);
+        assert!(err.contains(pointer), "{flag} {pointer}: {err}");
+        assert!(err.contains("hint:"), "{flag} {pointer}: {err}");
+        assert!(stdout(&o).is_empty(), "{flag} {pointer}: {}", stdout(&o));
+    }
+    assert!(env.sandbox.ledger().is_empty());
+}
+
+/// Runs the binary and fails the test, rather than hanging, when a flag that should have been
+/// refused lets the command start (`imgpipe sandbox` would serve until interrupted).
+async fn refused_quickly(mut cmd: Command) -> Output {
+    tokio::time::timeout(Duration::from_secs(10), cmd.output())
+        .await
+        .expect("refused at once, not started")
+        .expect("imgpipe runs")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn absurd_timeouts_and_sandbox_limits_are_usage_errors_not_panics() {
+    let env = start_default().await;
+    let dir = env.dir.path();
+    let with_service = |args: &[&str]| {
+        let mut cmd = command(args, dir);
+        cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
+            .env("IMGPIPE_API_KEY", env.sandbox.key());
+        cmd
+    };
+    let cases: [(&[&str], &[&str]); 7] = [
+        (&["account", "--timeout", "1e20"], &["--timeout"]),
+        (&["account", "--timeout", "inf"], &["--timeout"]),
+        (&["account", "--timeout", "NaN"], &["--timeout"]),
+        (&["account", "--timeout", "604801"], &["--timeout"]),
+        (
+            &["account", "--connect-timeout", "1e20"],
+            &["--connect-timeout"],
+        ),
+        (
+            &["account", "--timeout", "1", "--connect-timeout", "5"],
+            &["--timeout", "--connect-timeout"],
+        ),
+        (
+            &[
+                "generate",
+                "--prompt",
+                "x",
+                "--out",
+                "out",
+                "--timeout",
+                "1e20",
+            ],
+            &["--timeout"],
+        ),
+    ];
+    for (args, flags) in cases {
+        let o = refused_quickly(with_service(args)).await;
+        let err = stderr(&o);
+        assert_eq!(code(&o), 2, "{args:?}: {err}");
+        for flag in flags {
+            assert!(err.contains(flag), "{args:?} names {flag}: {err}");
+        }
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(stdout(&o).is_empty(), "{args:?}: {}", stdout(&o));
+    }
+    assert_eq!(env.sandbox.stats().api_requests, 0, "nothing was sent");
+    assert!(!dir.join("out").exists());
+
+    // The limits themselves are accepted: a week, and a timeout equal to the connect timeout.
+    for args in [
+        &["account", "--timeout", "604800"][..],
+        &["account", "--timeout", "5", "--connect-timeout", "5"][..],
+        // A short call timeout alone shortens the default connect timeout with it.
+        &["account", "--timeout", "2"][..],
+    ] {
+        let o = refused_quickly(with_service(args)).await;
+        assert_exit(&o, 0);
+    }
+
+    let sandbox_cases: [(&[&str], &str); 8] = [
+        (&["sandbox", "--url-ttl", "1e20"], "--url-ttl"),
+        (&["sandbox", "--url-ttl", "inf"], "--url-ttl"),
+        (&["sandbox", "--rate-limit", "0"], "--rate-limit"),
+        (&["sandbox", "--rate-limit", "NaN"], "--rate-limit"),
+        (&["sandbox", "--rate-limit=-1"], "--rate-limit"),
+        (&["sandbox", "--rate-limit", "1e300"], "--rate-limit"),
+        (&["sandbox", "--max-in-flight", "0"], "--max-in-flight"),
+        (
+            &["sandbox", "--fault-gateway-timeout", "1.5"],
+            "--fault-gateway-timeout",
+        ),
+    ];
+    for (args, flag) in sandbox_cases {
+        let o = refused_quickly(command(args, dir)).await;
+        let err = stderr(&o);
+        assert_eq!(code(&o), 2, "{args:?}: {err}");
+        assert!(err.contains(flag), "{args:?} names {flag}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(stdout(&o).is_empty(), "{args:?}: {}", stdout(&o));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn generate_json_still_prints_the_job_when_the_download_fails() {
+    let env = start(sandbox::Config {
+        faults: sandbox::Faults {
+            truncate_download: 1.0,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    let o = imgpipe(
+        Some(&env),
+        &["generate", "--json", "--prompt", "x", "--out", "out"],
+        env.dir.path(),
+    )
+    .await;
+    assert_exit(&o, 1);
+    let out = json_stdout(&o);
+    let ledger = env.sandbox.ledger();
+    assert_eq!(ledger.len(), 1);
+    let id = ledger[0].job_id.as_str();
+    assert_eq!(out["job"]["id"], id, "{out}");
+    assert_eq!(out["job"]["credits_used"], 4, "{out}");
+    assert_eq!(out["files"], serde_json::json!([]), "{out}");
+    let error = out["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("error is not a string: {out}"));
+    assert!(!error.trim().is_empty(), "{out}");
+    assert!(error.contains("cut short"), "{error}");
+    assert!(
+        error.contains(&format!("imgpipe job {id} --out out")),
+        "{error}"
+    );
+    assert_eq!(env.sandbox.stats().truncated_downloads, 4);
+    assert_eq!(
+        entries(&env.dir.path().join("out")),
+        Vec::<PathBuf>::new(),
+        "no partial file"
+    );
 }

@@ -12,7 +12,7 @@ use imgpipe::api::{
     ApiError, ApiKey, Billing, Client, ClientConfig, ErrorKind, GenerationRequest, Size, ToolName,
     ToolParams, ToolRequest,
 };
-use imgpipe::sandbox::{Config, Faults, SAMPLE_HOST};
+use imgpipe::sandbox::{Config, Faults, RateScope, SAMPLE_HOST};
 
 use crate::common::*;
 
@@ -345,7 +345,7 @@ async fn account_reports_the_sandbox_balance() {
     assert_eq!(found.pointer, "/credits/balance");
     assert_eq!(found.value, env.sandbox.balance());
     assert_eq!(found.value, START_BALANCE);
-    assert_eq!(account.plan().unwrap().value, "sandbox");
+    assert_eq!(account.plan(None).unwrap().value, "sandbox");
 
     env.client
         .generate(&GenerationRequest::new("x"))
@@ -790,4 +790,106 @@ async fn a_download_error_says_when_a_fresh_url_is_needed() {
     assert!(err.needs_fresh_url());
     let fresh = env.client.job(&job.id).await.unwrap().image_urls();
     download(&env, &fresh[0], "fresh").await;
+}
+
+#[tokio::test]
+async fn a_gateway_timeout_after_billing_is_ambiguous_and_was_billed() {
+    let env = start(Config {
+        faults: Faults {
+            gateway_timeout: 1.0,
+            ..Faults::default()
+        },
+        ..Config::default()
+    })
+    .await;
+    let err = env
+        .client
+        .generate(&GenerationRequest::new("x"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ApiError::Ambiguous { .. }), "{err:?}");
+    assert_eq!(err.billing(), Billing::Ambiguous);
+    assert!(
+        !err.is_transient(),
+        "retrying an ambiguous call may pay twice"
+    );
+    let text = err.to_string();
+    assert!(text.contains("504"), "{text}");
+    assert!(text.contains("may have been billed"), "{text}");
+    let ledger = env.sandbox.ledger();
+    assert_eq!(ledger.len(), 1, "{ledger:?}");
+    assert!(!ledger[0].delivered, "{ledger:?}");
+    assert_eq!(
+        (ledger[0].operation.as_str(), ledger[0].credits),
+        ("generate", PRICE)
+    );
+    assert_eq!(env.sandbox.balance(), START_BALANCE - PRICE as i64);
+    let stats = env.sandbox.stats();
+    assert_eq!(stats.gateway_timeouts, 1);
+    assert_eq!(stats.billed, 1);
+    assert_eq!(stats.dropped_after_billing, 0);
+
+    // The job was done and paid for: it can be read back, free.
+    let record = env.client.job(&ledger[0].job_id).await.unwrap();
+    assert_eq!(record.image_urls().len(), 1);
+    assert_eq!(env.sandbox.ledger().len(), 1);
+}
+
+#[tokio::test]
+async fn the_rate_limit_counts_reads_unless_scoped_to_paid_calls() {
+    let env = start(Config {
+        rate_limit: Some(1.0),
+        ..Config::default()
+    })
+    .await;
+    let mut limited = 0;
+    for _ in 0..3 {
+        if let Err(err) = env.client.account().await {
+            expect_answered(&err, 429, ErrorKind::RateLimited);
+            assert!(err.retry_after().is_some());
+            limited += 1;
+        }
+    }
+    assert!(limited >= 1, "3 quick reads at 1/s were all admitted");
+    assert_eq!(env.sandbox.stats().rate_limited, limited);
+
+    let env = start(Config {
+        rate_limit: Some(1.0),
+        rate_scope: RateScope::Paid,
+        ..Config::default()
+    })
+    .await;
+    for i in 0..5 {
+        env.client
+            .account()
+            .await
+            .unwrap_or_else(|e| panic!("read {i} was limited: {e}"));
+    }
+    env.client.models().await.unwrap();
+    assert_eq!(env.sandbox.stats().rate_limited, 0);
+    // The limit is still there for the paid calls.
+    let mut paid_limited = 0;
+    for _ in 0..3 {
+        if let Err(err) = env.client.generate(&GenerationRequest::new("x")).await {
+            expect_answered(&err, 429, ErrorKind::RateLimited);
+            paid_limited += 1;
+        }
+    }
+    assert!(paid_limited >= 1, "the paid calls were not limited");
+    assert_eq!(env.sandbox.ledger().len(), 3 - paid_limited);
+}
+
+#[tokio::test]
+async fn an_absurd_generation_price_never_wraps_into_a_free_call() {
+    let env = start(Config {
+        generation_price: u64::MAX / 2 + 1,
+        ..Config::default()
+    })
+    .await;
+    let mut request = GenerationRequest::new("x");
+    request.n = 2;
+    let err = env.client.generate(&request).await.unwrap_err();
+    assert_eq!(err.kind(), Some(ErrorKind::Credits), "{err}");
+    assert!(env.sandbox.ledger().is_empty());
+    assert_eq!(env.sandbox.balance(), 1000);
 }

@@ -4,4 +4,5 @@
 mod cli;
 mod client;
 mod common;
+mod hostile;
 mod sandbox_http;
