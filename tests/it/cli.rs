@@ -12,41 +12,16 @@ use image::GenericImageView;
 use imgpipe::sandbox::faults::Dice;
 use imgpipe::sandbox::{self, Sandbox};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use tokio::io::AsyncBufReadExt;
 use tokio::process::Command;
 
 use crate::common::*;
 
 const SAMPLE_MUG: &str = "https://sandbox.invalid/assets/mug.png";
-/// Upper bound for one run of the binary; every run here normally takes well under a second.
-const RUN_LIMIT: Duration = Duration::from_secs(30);
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
-
-/// The binary with a clean environment (no IMGPIPE_* from the caller), killed if the test
-/// gives up on it.
-fn command(args: &[&str], cwd: &Path) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_imgpipe"));
-    cmd.args(args)
-        .current_dir(cwd)
-        .env_remove("IMGPIPE_BASE_URL")
-        .env_remove("IMGPIPE_API_KEY")
-        .env_remove("IMGPIPE_LOG")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    cmd
-}
-
-/// Runs `cmd` to completion, failing the test if it does not finish within [`RUN_LIMIT`].
-async fn finish(mut cmd: Command) -> Output {
-    tokio::time::timeout(RUN_LIMIT, cmd.output())
-        .await
-        .expect("imgpipe finishes in time")
-        .expect("imgpipe runs")
-}
 
 /// The binary pointed at `env`'s sandbox with an explicit key (`None`: no key at all).
 async fn run_with_key(env: &Env, key: Option<&str>, args: &[&str]) -> Output {
@@ -62,39 +37,6 @@ fn code(o: &Output) -> i32 {
     o.status
         .code()
         .expect("imgpipe exited, not killed by a signal")
-}
-
-/// Asserts the exit code, showing both streams when it is not the expected one.
-#[track_caller]
-fn assert_exit(o: &Output, expected: i32) {
-    assert_eq!(
-        o.status.code(),
-        Some(expected),
-        "exit status {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        o.status,
-        stdout(o),
-        stderr(o)
-    );
-}
-
-#[track_caller]
-fn json_stdout(o: &Output) -> Value {
-    serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", stdout(o)))
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
-/// Every entry of `dir`, sorted; hidden leftovers such as `.part` files included.
-fn entries(dir: &Path) -> Vec<PathBuf> {
-    let mut all: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .collect();
-    all.sort();
-    all
 }
 
 fn file_name(path: &Path) -> String {
@@ -770,11 +712,8 @@ async fn sigint_or_sigterm_during_a_call_exits_130() {
 /// the image without paying again, and no partial file is left behind.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_download_cut_short_is_reported_and_leaves_no_partial_file() {
-    let env = start(sandbox::Config {
-        faults: sandbox::Faults {
-            truncate_download: 1.0,
-            ..Default::default()
-        },
+    let env = start_with_faults(sandbox::Faults {
+        truncate_download: 1.0,
         ..Default::default()
     })
     .await;
@@ -823,12 +762,9 @@ async fn the_recovery_hint_after_a_failed_download_works() {
                 .all(|cut| dice.chance(p) == *cut)
         })
         .expect("some seed fits");
-    let env = start(sandbox::Config {
-        faults: sandbox::Faults {
-            truncate_download: p,
-            seed,
-            ..Default::default()
-        },
+    let env = start_with_faults(sandbox::Faults {
+        truncate_download: p,
+        seed,
         ..Default::default()
     })
     .await;
@@ -1323,11 +1259,8 @@ async fn absurd_timeouts_and_sandbox_limits_are_usage_errors_not_panics() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn generate_json_still_prints_the_job_when_the_download_fails() {
-    let env = start(sandbox::Config {
-        faults: sandbox::Faults {
-            truncate_download: 1.0,
-            ..Default::default()
-        },
+    let env = start_with_faults(sandbox::Faults {
+        truncate_download: 1.0,
         ..Default::default()
     })
     .await;

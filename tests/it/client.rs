@@ -18,7 +18,6 @@ use crate::common::*;
 
 /// The sandbox's documented default generation price, per 2K image.
 const PRICE: u64 = 4;
-const START_BALANCE: i64 = 1000;
 const SIDE: u32 = 256;
 
 async fn download(env: &Env, url: &str, stem: &str) -> DynamicImage {
@@ -67,15 +66,6 @@ fn expect_answered(err: &ApiError, status: u16, kind: ErrorKind) {
     }
     assert_eq!(err.billing(), Billing::Answered);
     assert_eq!(err.kind(), Some(kind));
-}
-
-fn assert_nothing_billed(env: &Env) {
-    assert!(
-        env.sandbox.ledger().is_empty(),
-        "{:?}",
-        env.sandbox.ledger()
-    );
-    assert_eq!(env.sandbox.balance(), START_BALANCE);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -611,12 +601,9 @@ async fn a_closed_port_is_not_sent_and_transient() {
 
 #[tokio::test]
 async fn an_injected_server_error_is_answered_and_bills_nothing() {
-    let env = start(Config {
-        faults: Faults {
-            server_error: 1.0,
-            ..Faults::default()
-        },
-        ..Config::default()
+    let env = start_with_faults(Faults {
+        server_error: 1.0,
+        ..Faults::default()
     })
     .await;
     let err = env
@@ -637,12 +624,9 @@ async fn an_injected_server_error_is_answered_and_bills_nothing() {
 
 #[tokio::test]
 async fn a_connection_dropped_after_billing_is_ambiguous_and_was_billed() {
-    let env = start(Config {
-        faults: Faults {
-            drop_after_billing: 1.0,
-            ..Faults::default()
-        },
-        ..Config::default()
+    let env = start_with_faults(Faults {
+        drop_after_billing: 1.0,
+        ..Faults::default()
     })
     .await;
     let err = env
@@ -794,12 +778,9 @@ async fn a_download_error_says_when_a_fresh_url_is_needed() {
 
 #[tokio::test]
 async fn a_gateway_timeout_after_billing_is_ambiguous_and_was_billed() {
-    let env = start(Config {
-        faults: Faults {
-            gateway_timeout: 1.0,
-            ..Faults::default()
-        },
-        ..Config::default()
+    let env = start_with_faults(Faults {
+        gateway_timeout: 1.0,
+        ..Faults::default()
     })
     .await;
     let err = env

@@ -3,13 +3,21 @@
 
 #![allow(dead_code)]
 
-use std::path::Path;
-use std::process::Output;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use imgpipe::api::download::DEFAULT_MAX_BYTES;
 use imgpipe::api::{ApiKey, Client, ClientConfig, Downloader};
-use imgpipe::sandbox::{self, Sandbox};
+use imgpipe::sandbox::{self, Faults, Sandbox};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tokio::process::Command;
+
+/// The sandbox's default starting balance.
+pub const START_BALANCE: i64 = 1000;
+/// Upper bound for one run of the binary; every run here normally takes well under a second.
+pub const RUN_LIMIT: Duration = Duration::from_secs(30);
 
 pub struct Env {
     pub sandbox: Sandbox,
@@ -39,6 +47,15 @@ pub async fn start_default() -> Env {
     start(sandbox::Config::default()).await
 }
 
+/// A sandbox with the default configuration but for the given injected faults.
+pub async fn start_with_faults(faults: Faults) -> Env {
+    start(sandbox::Config {
+        faults,
+        ..sandbox::Config::default()
+    })
+    .await
+}
+
 pub fn client_for(sandbox: &Sandbox, key: &str) -> Client {
     let mut config =
         ClientConfig::new(sandbox.base_url().as_str(), ApiKey::new(key).unwrap()).unwrap();
@@ -62,15 +79,45 @@ pub async fn raw_post(env: &Env, path: &str, body: &serde_json::Value) -> (u16, 
     )
 }
 
-/// Runs the real binary with the given arguments, pointed at `env`'s sandbox unless the
-/// arguments say otherwise.
-pub async fn imgpipe(env: Option<&Env>, args: &[&str], cwd: &Path) -> Output {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_imgpipe"));
+/// Asserts that the sandbox billed nothing: no ledger entry, no billed call, and the balance
+/// untouched.
+#[track_caller]
+pub fn assert_nothing_billed(env: &Env) {
+    assert!(
+        env.sandbox.ledger().is_empty(),
+        "{:?}",
+        env.sandbox.ledger()
+    );
+    assert_eq!(env.sandbox.balance(), START_BALANCE);
+    assert_eq!(env.sandbox.stats().billed, 0);
+}
+
+/// The binary with a clean environment (no IMGPIPE_* from the caller), killed if the test
+/// gives up on it.
+pub fn command(args: &[&str], cwd: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_imgpipe"));
     cmd.args(args)
         .current_dir(cwd)
         .env_remove("IMGPIPE_BASE_URL")
         .env_remove("IMGPIPE_API_KEY")
-        .env_remove("IMGPIPE_LOG");
+        .env_remove("IMGPIPE_LOG")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Runs `cmd` to completion, failing the test if it does not finish within [`RUN_LIMIT`].
+pub async fn finish(mut cmd: Command) -> Output {
+    tokio::time::timeout(RUN_LIMIT, cmd.output())
+        .await
+        .expect("imgpipe finishes in time")
+        .expect("imgpipe runs")
+}
+
+/// Runs the real binary with the given arguments, pointed at `env`'s sandbox unless the
+/// arguments say otherwise.
+pub async fn imgpipe(env: Option<&Env>, args: &[&str], cwd: &Path) -> Output {
+    let mut cmd = command(args, cwd);
     if let Some(env) = env {
         cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
             .env("IMGPIPE_API_KEY", env.sandbox.key());
@@ -84,6 +131,46 @@ pub fn stdout(o: &Output) -> String {
 
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Asserts the exit code, showing both streams when it is not the expected one.
+#[track_caller]
+pub fn assert_exit(o: &Output, expected: i32) {
+    assert_eq!(
+        o.status.code(),
+        Some(expected),
+        "exit status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status,
+        stdout(o),
+        stderr(o)
+    );
+}
+
+/// [`assert_exit`], and stderr shows no panic either.
+#[track_caller]
+pub fn assert_exit_without_panic(o: &Output, expected: i32) {
+    assert_exit(o, expected);
+    assert!(!stderr(o).contains("panicked"), "{}", stderr(o));
+}
+
+#[track_caller]
+pub fn json_stdout(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", stdout(o)))
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Every entry of `dir`, sorted; hidden leftovers such as `.part` files included.
+pub fn entries(dir: &Path) -> Vec<PathBuf> {
+    let mut all: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .collect();
+    all.sort();
+    all
 }
 
 pub fn decode(path: &Path) -> image::DynamicImage {

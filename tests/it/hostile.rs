@@ -6,7 +6,7 @@
 //! (method, path, whether it carried `X-API-Key`) so a test can count what was asked.
 
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,17 +26,16 @@ use imgpipe::api::{
 };
 use imgpipe::sandbox::images::{draw_sample, encode_png};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 use tokio::process::Command;
 
-use crate::common::{stderr, stdout};
+use crate::common::{
+    assert_exit_without_panic, command, entries, finish, json_stdout, sha256_hex, stderr, stdout,
+};
 
 const GENERATIONS: &str = "/v1/images/generations";
 const FAKE_KEY: &str = "fake-key-0123456789";
-/// Upper bound for one run of the binary against a fake; each normally takes well under 1 s.
-const RUN_LIMIT: Duration = Duration::from_secs(20);
 
 // ---------------------------------------------------------------------------------------------
 // The fake service
@@ -179,48 +178,6 @@ fn generation(id: &str, url: &str) -> Value {
 // Helpers for the binary and the file system
 // ---------------------------------------------------------------------------------------------
 
-fn command(args: &[&str], cwd: &Path) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_imgpipe"));
-    cmd.args(args)
-        .current_dir(cwd)
-        .env_remove("IMGPIPE_BASE_URL")
-        .env_remove("IMGPIPE_API_KEY")
-        .env_remove("IMGPIPE_LOG")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    cmd
-}
-
-async fn finish(mut cmd: Command) -> Output {
-    tokio::time::timeout(RUN_LIMIT, cmd.output())
-        .await
-        .expect("imgpipe finishes in time")
-        .expect("imgpipe runs")
-}
-
-#[track_caller]
-fn assert_exit(o: &Output, expected: i32) {
-    assert_eq!(
-        o.status.code(),
-        Some(expected),
-        "exit status {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        o.status,
-        stdout(o),
-        stderr(o)
-    );
-    assert!(!stderr(o).contains("panicked"), "{}", stderr(o));
-}
-
-#[track_caller]
-fn json_stdout(o: &Output) -> Value {
-    serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", stdout(o)))
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
 /// Every file and directory under `root`, relative to it, sorted; hidden files included.
 fn tree(root: &Path) -> Vec<PathBuf> {
     fn walk(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
@@ -236,15 +193,6 @@ fn tree(root: &Path) -> Vec<PathBuf> {
     walk(root, root, &mut out);
     out.sort();
     out
-}
-
-fn entries(dir: &Path) -> Vec<PathBuf> {
-    let mut all: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .collect();
-    all.sort();
-    all
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -284,7 +232,7 @@ async fn a_job_id_that_is_a_path_never_leaves_the_output_directory() {
             let _ = std::fs::remove_file(absolute_target);
         }
         assert!(!leaked, "{id:?}: the image was written to /escape-0.png");
-        assert_exit(&o, 0);
+        assert_exit_without_panic(&o, 0);
         assert!(
             !stdout(&o).contains('\u{1b}') && !stderr(&o).contains('\u{1b}'),
             "{id:?}: a control sequence from the service reached the terminal"
@@ -387,7 +335,7 @@ async fn the_cli_reports_an_absurd_retry_after_without_waiting_or_panicking() {
     let fake = Fake::start(|_| Router::new().route("/v1/account", rate_limited("1e30"))).await;
     let started = Instant::now();
     let o = fake.run(&["account"], dir.path()).await;
-    assert_exit(&o, 1);
+    assert_exit_without_panic(&o, 1);
     assert!(started.elapsed() < Duration::from_secs(5));
     let err = stderr(&o);
     assert!(err.contains("rate limited (HTTP 429)"), "{err}");
@@ -470,7 +418,7 @@ async fn the_cli_names_the_recovery_command_when_a_paid_answer_lacks_fields() {
     let o = fake
         .run(&["generate", "--prompt", "x", "--out", "out"], dir.path())
         .await;
-    assert_exit(&o, 1);
+    assert_exit_without_panic(&o, 1);
     let err = stderr(&o);
     assert!(err.contains("may have been billed"), "{err}");
     assert!(err.contains("imgpipe job job_x1 --out DIR"), "{err}");
@@ -590,7 +538,7 @@ async fn a_refused_result_url_is_replaced_by_a_fresh_one_from_the_job() {
             dir.path(),
         )
         .await;
-    assert_exit(&o, 0);
+    assert_exit_without_panic(&o, 0);
     let path = dir.path().join("out").join("job_r1-0.png");
     assert_eq!(entries(&dir.path().join("out")), vec![path.clone()]);
     assert_eq!(std::fs::read(&path).unwrap(), png);
@@ -621,7 +569,7 @@ async fn a_fresh_url_that_is_refused_too_is_given_up_after_one_refresh() {
     let o = fake
         .run(&["generate", "--prompt", "x", "--out", "out"], dir.path())
         .await;
-    assert_exit(&o, 1);
+    assert_exit_without_panic(&o, 1);
     let err = stderr(&o);
     assert!(err.contains("refused (HTTP 403)"), "{err}");
     assert!(err.contains("imgpipe job job_r1 --out out"), "{err}");
@@ -706,7 +654,7 @@ async fn the_cli_retries_an_unfinished_png_four_times_then_fails() {
     let o = fake
         .run(&["generate", "--prompt", "x", "--out", "out"], dir.path())
         .await;
-    assert_exit(&o, 1);
+    assert_exit_without_panic(&o, 1);
     assert_eq!(fake.count("GET", "/half.png"), 4, "four tries");
     assert_eq!(fake.count("POST", GENERATIONS), 1, "never paid twice");
     assert_eq!(
@@ -791,7 +739,7 @@ async fn proxies_from_the_environment_never_see_loopback_traffic() {
     let mut args = generate.to_vec();
     args.push("closed");
     let o = finish(with_proxy(command(&args, dir.path()), "http://127.0.0.1:9")).await;
-    assert_exit(&o, 0);
+    assert_exit_without_panic(&o, 0);
     let files = entries(&dir.path().join("closed"));
     assert_eq!(files.len(), 2, "{files:?}");
     for file in &files {
@@ -803,7 +751,7 @@ async fn proxies_from_the_environment_never_see_loopback_traffic() {
     let mut args = generate.to_vec();
     args.push("trapped");
     let o = finish(with_proxy(command(&args, dir.path()), &proxy)).await;
-    assert_exit(&o, 0);
+    assert_exit_without_panic(&o, 0);
     assert_eq!(entries(&dir.path().join("trapped")).len(), 2);
     assert!(
         seen.lock().unwrap().is_empty(),
@@ -827,7 +775,7 @@ async fn proxies_from_the_environment_never_see_loopback_traffic() {
     );
     cmd.env("IMGPIPE_API_KEY", FAKE_KEY);
     let o = finish(cmd).await;
-    assert_exit(&o, 1);
+    assert_exit_without_panic(&o, 1);
     let seen = seen.lock().unwrap().clone();
     assert!(
         seen.iter()
@@ -852,7 +800,7 @@ async fn account_fields_are_read_where_the_user_points() {
     let fake = Fake::start(|_| Router::new().route("/v1/account", get_json(200, record))).await;
 
     let o = fake.run(&["account"], dir.path()).await;
-    assert_exit(&o, 0);
+    assert_exit_without_panic(&o, 0);
     let text = stdout(&o);
     assert!(text.contains("plan     unknown"), "{text}");
     assert!(text.contains("limits   unknown"), "{text}");
@@ -873,7 +821,7 @@ async fn account_fields_are_read_where_the_user_points() {
             dir.path(),
         )
         .await;
-    assert_exit(&o, 0);
+    assert_exit_without_panic(&o, 0);
     let text = stdout(&o);
     assert!(
         text.contains("plan     pro  (from /subscription/tier)"),
@@ -892,7 +840,7 @@ async fn account_fields_are_read_where_the_user_points() {
         ("--limits-field", "/nope"),
     ] {
         let o = fake.run(&["account", flag, pointer], dir.path()).await;
-        assert_exit(&o, 2);
+        assert_exit_without_panic(&o, 2);
         assert!(
             stderr(&o).contains(pointer),
             "{flag} {pointer}: {}",

@@ -12,7 +12,6 @@ use serde_json::{Value, json};
 
 use crate::common::*;
 
-const START_BALANCE: i64 = 1000;
 const GENERATIONS: &str = "v1/images/generations";
 
 fn http() -> reqwest::Client {
@@ -63,16 +62,6 @@ fn assert_invalid(status: u16, body: &Value, field: &str) -> String {
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"]["field"], field, "{body}");
     error_of(body, "invalid_request")
-}
-
-fn assert_nothing_billed(env: &Env) {
-    assert!(
-        env.sandbox.ledger().is_empty(),
-        "{:?}",
-        env.sandbox.ledger()
-    );
-    assert_eq!(env.sandbox.balance(), START_BALANCE);
-    assert_eq!(env.sandbox.stats().billed, 0);
 }
 
 async fn generate_raw(env: &Env) -> Value {
@@ -451,12 +440,9 @@ async fn sample_assets_download_as_png_without_a_key() {
 
 #[tokio::test]
 async fn a_truncated_download_fails_and_leaves_no_file() {
-    let env = start(Config {
-        faults: Faults {
-            truncate_download: 1.0,
-            ..Faults::default()
-        },
-        ..Config::default()
+    let env = start_with_faults(Faults {
+        truncate_download: 1.0,
+        ..Faults::default()
     })
     .await;
     let job = generate_raw(&env).await;
@@ -534,11 +520,7 @@ async fn seeded_faults_replay_the_same_outcomes() {
     };
     let mut runs = Vec::new();
     for seed in [42, 42, 43] {
-        let env = start(Config {
-            faults: faults(seed),
-            ..Config::default()
-        })
-        .await;
+        let env = start_with_faults(faults(seed)).await;
         let mut outcomes = Vec::new();
         for _ in 0..20 {
             outcomes.push(outcome(&env).await);
@@ -597,12 +579,9 @@ async fn a_429_carries_retry_after_and_the_json_error() {
     assert_eq!(env.sandbox.ledger().len(), 1);
 
     // The injected 429 has the same shape.
-    let env = start(Config {
-        faults: Faults {
-            rate_limit: 1.0,
-            ..Faults::default()
-        },
-        ..Config::default()
+    let env = start_with_faults(Faults {
+        rate_limit: 1.0,
+        ..Faults::default()
     })
     .await;
     let response = http()
