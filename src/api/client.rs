@@ -178,6 +178,17 @@ impl Client {
             .send()
             .await
             .map_err(|e| self.transport_error(&endpoint, e))?;
+        self.answer(endpoint, paid, response).await
+    }
+
+    /// Reads a response: an error status is an answered error (a gateway's on a paid call is
+    /// ambiguous instead), a success must carry JSON.
+    async fn answer(
+        &self,
+        endpoint: String,
+        paid: bool,
+        response: reqwest::Response,
+    ) -> Result<Value, ApiError> {
         let status = response.status();
         let retry_after = response
             .headers()
@@ -195,17 +206,17 @@ impl Client {
                 job_id: None,
             });
         }
+        let text = |bytes: &[u8]| excerpt(&self.key.redact(&String::from_utf8_lossy(bytes)));
         if !status.is_success() {
-            let text = match &bytes {
-                Ok(b) => self.key.redact(&String::from_utf8_lossy(b)),
-                Err(_) => "(the error body could not be read)".into(),
-            };
             return Err(ApiError::Answered {
                 endpoint,
                 status: status.as_u16(),
                 kind: ErrorKind::from_status(status.as_u16()),
                 retry_after,
-                body: excerpt(&text),
+                body: bytes.map_or_else(
+                    |_| "(the error body could not be read)".into(),
+                    |b| text(&b),
+                ),
             });
         }
         let bytes = bytes.map_err(|e| self.transport_error(&endpoint, e))?;
@@ -213,7 +224,7 @@ impl Client {
             endpoint,
             reason: format!(
                 "HTTP {status} with a body that is not JSON ({e}): {}",
-                excerpt(&self.key.redact(&String::from_utf8_lossy(&bytes)))
+                text(&bytes)
             ),
             job_id: None,
         })
