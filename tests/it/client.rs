@@ -622,13 +622,10 @@ async fn an_injected_server_error_is_answered_and_bills_nothing() {
     assert_nothing_billed(&env);
 }
 
-#[tokio::test]
-async fn a_connection_dropped_after_billing_is_ambiguous_and_was_billed() {
-    let env = start_with_faults(Faults {
-        drop_after_billing: 1.0,
-        ..Faults::default()
-    })
-    .await;
+/// A generation under a fault that strikes after billing: the call must come back ambiguous,
+/// not retryable, and be in the ledger as billed but undelivered.
+async fn billed_but_unanswered(faults: Faults) -> (Env, ApiError) {
+    let env = start_with_faults(faults).await;
     let err = env
         .client
         .generate(&GenerationRequest::new("x"))
@@ -643,9 +640,23 @@ async fn a_connection_dropped_after_billing_is_ambiguous_and_was_billed() {
     assert!(err.to_string().contains("may have been billed"), "{err}");
     let ledger = env.sandbox.ledger();
     assert_eq!(ledger.len(), 1, "{ledger:?}");
-    assert!(!ledger[0].delivered);
-    assert_eq!(ledger[0].credits, PRICE);
+    assert!(!ledger[0].delivered, "{ledger:?}");
+    assert_eq!(
+        (ledger[0].operation.as_str(), ledger[0].credits),
+        ("generate", PRICE)
+    );
     assert_eq!(env.sandbox.balance(), START_BALANCE - PRICE as i64);
+    assert_eq!(env.sandbox.stats().billed, 1);
+    (env, err)
+}
+
+#[tokio::test]
+async fn a_connection_dropped_after_billing_is_ambiguous_and_was_billed() {
+    let (env, _) = billed_but_unanswered(Faults {
+        drop_after_billing: 1.0,
+        ..Faults::default()
+    })
+    .await;
     assert_eq!(env.sandbox.stats().dropped_after_billing, 1);
 }
 
@@ -778,37 +789,16 @@ async fn a_download_error_says_when_a_fresh_url_is_needed() {
 
 #[tokio::test]
 async fn a_gateway_timeout_after_billing_is_ambiguous_and_was_billed() {
-    let env = start_with_faults(Faults {
+    let (env, err) = billed_but_unanswered(Faults {
         gateway_timeout: 1.0,
         ..Faults::default()
     })
     .await;
-    let err = env
-        .client
-        .generate(&GenerationRequest::new("x"))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, ApiError::Ambiguous { .. }), "{err:?}");
-    assert_eq!(err.billing(), Billing::Ambiguous);
-    assert!(
-        !err.is_transient(),
-        "retrying an ambiguous call may pay twice"
-    );
-    let text = err.to_string();
-    assert!(text.contains("504"), "{text}");
-    assert!(text.contains("may have been billed"), "{text}");
-    let ledger = env.sandbox.ledger();
-    assert_eq!(ledger.len(), 1, "{ledger:?}");
-    assert!(!ledger[0].delivered, "{ledger:?}");
-    assert_eq!(
-        (ledger[0].operation.as_str(), ledger[0].credits),
-        ("generate", PRICE)
-    );
-    assert_eq!(env.sandbox.balance(), START_BALANCE - PRICE as i64);
+    assert!(err.to_string().contains("504"), "{err}");
     let stats = env.sandbox.stats();
     assert_eq!(stats.gateway_timeouts, 1);
-    assert_eq!(stats.billed, 1);
     assert_eq!(stats.dropped_after_billing, 0);
+    let ledger = env.sandbox.ledger();
 
     // The job was done and paid for: it can be read back, free.
     let record = env.client.job(&ledger[0].job_id).await.unwrap();
