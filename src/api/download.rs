@@ -138,7 +138,7 @@ impl Downloader {
                 path: dir.to_path_buf(),
                 source,
             })?;
-        let part = PartFile::create(dir, stem).await?;
+        let part = PartFile::create(dir, stem)?;
         let seen = self.stream_into(&part, response, expected).await?;
         let ext = image_extension(&seen.head).ok_or_else(|| DownloadError::NotImage {
             start: String::from_utf8_lossy(&seen.head).into_owned(),
@@ -278,7 +278,7 @@ struct PartFile {
 }
 
 impl PartFile {
-    async fn create(dir: &Path, stem: &str) -> Result<Self, DownloadError> {
+    fn create(dir: &Path, stem: &str) -> Result<Self, DownloadError> {
         let mut nonce = [0u8; 6];
         getrandom::fill(&mut nonce).map_err(|e| DownloadError::Io {
             path: dir.to_path_buf(),

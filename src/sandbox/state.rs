@@ -180,12 +180,10 @@ impl State {
         Some(InFlight(Arc::clone(self)))
     }
 
-    pub fn new_id(&self, prefix: &str) -> String {
-        let n = {
-            let mut books = self.books();
-            books.next_id += 1;
-            books.next_id
-        };
+    /// A fresh id, allocated under the lock the caller already holds.
+    fn new_id(&self, books: &mut Books, prefix: &str) -> String {
+        books.next_id += 1;
+        let n = books.next_id;
         // Mix the counter so ids look opaque, as the service's do, yet stay unique.
         let mixed = Dice::new(n ^ self.id_salt).next_u64();
         format!("{prefix}_{n:06}{:08x}", mixed as u32)
@@ -278,14 +276,16 @@ impl State {
     /// Bills `credits` and stores the job and its images in one step. `Err(balance)` when the
     /// balance cannot pay: then nothing is billed.
     pub fn bill(&self, kind: JobKind, credits: u64, images: Vec<Vec<u8>>) -> Result<Job, i64> {
-        let id = self.new_id("job");
-        let image_ids: Vec<String> = (0..images.len()).map(|_| self.new_id("img")).collect();
         let mut books = self.books();
         let cost = i64::try_from(credits).unwrap_or(i64::MAX);
         if books.balance < cost {
             books.stats.insufficient_credits += 1;
             return Err(books.balance);
         }
+        let id = self.new_id(&mut books, "job");
+        let image_ids: Vec<String> = (0..images.len())
+            .map(|_| self.new_id(&mut books, "img"))
+            .collect();
         books.balance -= cost;
         let operation = match kind {
             JobKind::Generation => "generate".to_owned(),
