@@ -41,6 +41,13 @@ pub enum Error {
         hint: Option<String>,
     },
 
+    /// The work does not fit the budget or the balance, or cannot be priced.
+    #[error("{message}{}", hint.as_ref().map(|h| format!("\nhint: {h}")).unwrap_or_default())]
+    Refused {
+        message: String,
+        hint: Option<String>,
+    },
+
     #[error("interrupted{}", detail.as_ref().map(|d| format!("; {d}")).unwrap_or_default())]
     Interrupted { detail: Option<String> },
 
@@ -68,6 +75,7 @@ impl Error {
                 _ => exit::FAILURE,
             },
             Error::Usage { .. } => exit::INVALID,
+            Error::Refused { .. } => exit::CREDITS,
             Error::Interrupted { .. } => exit::INTERRUPTED,
             Error::Download { .. } | Error::Other(_) => exit::FAILURE,
         }

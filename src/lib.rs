@@ -11,6 +11,8 @@
 pub mod api;
 pub mod cli;
 pub mod error;
+pub mod pipeline;
+pub mod plan;
 pub mod sandbox;
 
 pub use error::{Error, exit};

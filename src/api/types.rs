@@ -227,6 +227,15 @@ impl GenerationRequest {
     }
 }
 
+/// The spec's fixed price of a tool call, in credits; `increase` matters only to upscale.
+pub fn tool_price(tool: ToolName, increase: Increase) -> u64 {
+    match tool {
+        ToolName::RemoveBackground | ToolName::Expand => 5,
+        ToolName::Upscale => u64::from(increase.factor()),
+        ToolName::Erase => 2,
+    }
+}
+
 /// Parameters that differ per tool; the common fields live in [`ToolRequest`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ToolParams {
@@ -256,9 +265,8 @@ impl ToolParams {
     /// The spec's fixed price of this call, in credits.
     pub fn credits(&self) -> u64 {
         match self {
-            ToolParams::RemoveBackground | ToolParams::Expand { .. } => 5,
-            ToolParams::Upscale { desired_increase } => u64::from(desired_increase.factor()),
-            ToolParams::Erase { .. } => 2,
+            ToolParams::Upscale { desired_increase } => tool_price(self.tool(), *desired_increase),
+            _ => tool_price(self.tool(), Increase::X2),
         }
     }
 }

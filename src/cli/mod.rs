@@ -10,8 +10,11 @@ mod job;
 mod logging;
 mod models;
 mod output;
+mod plan;
 mod sandbox;
+mod schema;
 mod tool;
+mod validate;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -88,6 +91,12 @@ pub enum Command {
     Tool(tool::ToolArgs),
     /// Run the sandbox emulator of the service until interrupted
     Sandbox(sandbox::SandboxArgs),
+    /// Check a pipeline file without touching the network: exit 0 when valid, 2 when not
+    Validate(validate::ValidateArgs),
+    /// The dry run: price every task and hold the total against the budget and the balance
+    Plan(plan::PlanArgs),
+    /// Print the JSON Schema of pipeline files
+    Schema,
 }
 
 /// Runs a parsed command line and returns the process exit code.
@@ -115,10 +124,16 @@ pub fn run(cli: Cli) -> ExitCode {
 
 async fn dispatch(cli: Cli) -> Result<(), Error> {
     let Cli { global, command } = cli;
-    if let Command::Sandbox(args) = &command {
-        return sandbox::run(args, &global).await;
+    match &command {
+        Command::Sandbox(args) => return sandbox::run(args, &global).await,
+        Command::Validate(args) => return validate::run(args, &global),
+        Command::Schema => return schema::run(),
+        _ => {}
     }
     let work = async {
+        if let Command::Plan(args) = &command {
+            return plan::run(args, &global).await;
+        }
         let conn = connect::Connection::open(&global).await?;
         match &command {
             Command::Account => account::run(&conn, &global).await,
@@ -126,7 +141,9 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
             Command::Job(args) => job::run(args, &conn, &global).await,
             Command::Generate(args) => generate::run(args, &conn, &global).await,
             Command::Tool(args) => tool::run(args, &conn, &global).await,
-            Command::Sandbox(_) => Ok(()),
+            Command::Sandbox(_) | Command::Validate(_) | Command::Plan(_) | Command::Schema => {
+                Ok(())
+            }
         }
     };
     tokio::select! {

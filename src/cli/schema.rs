@@ -1,0 +1,11 @@
+//! `imgpipe schema`: the JSON Schema of pipeline files, from the types that parse them.
+
+use crate::error::Error;
+
+pub fn run() -> Result<(), Error> {
+    let schema = crate::pipeline::spec::json_schema();
+    let text = serde_json::to_string_pretty(&schema)
+        .map_err(|e| Error::Other(anyhow::anyhow!("cannot print the schema: {e}")))?;
+    println!("{text}");
+    Ok(())
+}

@@ -1,0 +1,523 @@
+//! The batch's items: inline in the pipeline file, or from a JSONL or CSV file.
+//!
+//! Item ids become directory names under the output directory, so they are checked to be safe
+//! names on every common file system; when an item has none, one is derived from its content so
+//! that reordering or extending an items file does not rename the items already done.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+use crate::pipeline::diag::{Diagnostic, Report};
+use crate::pipeline::yaml::Mark;
+
+/// Longest item id: a directory name with room to spare on every file system.
+pub const MAX_ID_CHARS: usize = 64;
+
+#[derive(Clone, Debug, Default)]
+pub struct Items {
+    /// Field names, in the order first seen.
+    fields: Vec<String>,
+    index: HashMap<String, usize>,
+    rows: Vec<Item>,
+    /// The file the items were read from, as the user named it (the pipeline file when inline).
+    pub file: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct Item {
+    pub id: String,
+    /// Whether the id was derived rather than written.
+    pub derived_id: bool,
+    values: Box<[Option<Box<str>>]>,
+    /// Where the item is written.
+    pub mark: Mark,
+}
+
+/// One item as read, before ids are settled.
+pub struct RawItem {
+    pub fields: Vec<(String, String)>,
+    pub mark: Mark,
+    /// Where its `id` value is, when it has one.
+    pub id_mark: Option<Mark>,
+}
+
+impl Items {
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = &Item> {
+        self.rows.iter()
+    }
+
+    pub fn get(&self, i: usize) -> Option<&Item> {
+        self.rows.get(i)
+    }
+
+    pub fn field_names(&self) -> impl Iterator<Item = &str> {
+        self.fields.iter().map(String::as_str)
+    }
+
+    pub fn has_field(&self, name: &str) -> bool {
+        name == "id" || self.index.contains_key(name)
+    }
+
+    /// The value of `field` for `item`; `id` is always there, derived or not.
+    pub fn value<'a>(&self, item: &'a Item, field: &str) -> Option<&'a str> {
+        if field == "id" {
+            return Some(&item.id);
+        }
+        let i = *self.index.get(field)?;
+        item.values.get(i)?.as_deref()
+    }
+
+    /// How many items lack `field`.
+    pub fn missing(&self, field: &str) -> usize {
+        self.rows
+            .iter()
+            .filter(|item| self.value(item, field).is_none())
+            .count()
+    }
+
+    /// A digest of every item's id and fields, independent of how they were written, so a
+    /// saved plan can tell whether the items changed.
+    pub fn sha256(&self) -> String {
+        let mut order: Vec<usize> = (0..self.fields.len()).collect();
+        order.sort_by(|a, b| self.fields[*a].cmp(&self.fields[*b]));
+        let mut hasher = Sha256::new();
+        for item in &self.rows {
+            hasher.update(item.id.as_bytes());
+            for &i in &order {
+                if let Some(Some(v)) = item.values.get(i) {
+                    hasher.update([0x1f]);
+                    hasher.update(self.fields[i].as_bytes());
+                    hasher.update([b'=']);
+                    hasher.update(v.as_bytes());
+                }
+            }
+            hasher.update([0x1e]);
+        }
+        hex::encode(hasher.finalize())
+    }
+
+    /// Settles ids (checked or derived) and builds the table; problems go to `report`.
+    pub fn build(file: &str, raw: Vec<RawItem>, report: &mut Report) -> Items {
+        let mut items = Items {
+            file: file.to_owned(),
+            ..Items::default()
+        };
+        let mut derived_seen: HashMap<String, usize> = HashMap::new();
+        let mut taken: HashMap<String, (String, usize)> = HashMap::new();
+        items.rows.reserve(raw.len());
+        for raw_item in raw {
+            let mut values: Vec<Option<Box<str>>> = vec![None; items.fields.len()];
+            let mut id = None;
+            for (name, value) in &raw_item.fields {
+                if name == "id" {
+                    id = Some(value.clone());
+                    continue;
+                }
+                let i = match items.index.get(name) {
+                    Some(i) => *i,
+                    None => {
+                        items.fields.push(name.clone());
+                        items.index.insert(name.clone(), items.fields.len() - 1);
+                        items.fields.len() - 1
+                    }
+                };
+                if values.len() <= i {
+                    values.resize(i + 1, None);
+                }
+                values[i] = Some(value.as_str().into());
+            }
+            let (id, derived_id) = match id {
+                Some(id) => {
+                    let at = raw_item.id_mark.unwrap_or(raw_item.mark);
+                    if let Err(why) = check_id(&id) {
+                        report.error(
+                            Diagnostic::new(file, at, format!("item id {}: {why}", shown(&id)))
+                                .hint("ids name output directories: letters, digits, `.`, `_` and `-`, starting with a letter or digit"),
+                        );
+                    }
+                    (id, false)
+                }
+                None => {
+                    let base = derive_id(&raw_item.fields);
+                    let n = derived_seen.entry(base.clone()).or_insert(0);
+                    *n += 1;
+                    match *n {
+                        1 => (base, true),
+                        n => (format!("{base}-{n}"), true),
+                    }
+                }
+            };
+            match taken.get(&id.to_lowercase()) {
+                Some((first, line)) => {
+                    let what = if *first == id {
+                        "is used twice".to_owned()
+                    } else {
+                        format!(
+                            "differs from {} only in case, and both would share one directory on case-insensitive file systems",
+                            shown(first)
+                        )
+                    };
+                    report.error(Diagnostic::new(
+                        file,
+                        raw_item.id_mark.unwrap_or(raw_item.mark),
+                        format!("item id {} {what} (first at line {line})", shown(&id)),
+                    ));
+                }
+                None => {
+                    taken.insert(id.to_lowercase(), (id.clone(), raw_item.mark.line));
+                }
+            }
+            items.rows.push(Item {
+                id,
+                derived_id,
+                values: values.into_boxed_slice(),
+                mark: raw_item.mark,
+            });
+        }
+        items
+    }
+}
+
+/// Whether `id` is safe as a directory name everywhere imgpipe may run.
+pub fn check_id(id: &str) -> Result<(), String> {
+    if id.is_empty() {
+        return Err("is empty".into());
+    }
+    if id.chars().count() > MAX_ID_CHARS {
+        return Err(format!("is longer than {MAX_ID_CHARS} characters"));
+    }
+    let first = id.chars().next().unwrap_or('.');
+    if !first.is_ascii_alphanumeric() {
+        return Err("must start with a letter or digit".into());
+    }
+    if let Some(bad) = id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(format!(
+            "contains {bad:?}; only letters, digits, `.`, `_` and `-` are allowed"
+        ));
+    }
+    if id.ends_with('.') {
+        return Err("must not end with `.`".into());
+    }
+    let stem = id.split('.').next().unwrap_or(id).to_ascii_uppercase();
+    let reserved = matches!(stem.as_str(), "CON" | "PRN" | "AUX" | "NUL")
+        || (stem.len() == 4
+            && (stem.starts_with("COM") || stem.starts_with("LPT"))
+            && stem.as_bytes()[3].is_ascii_digit());
+    if reserved {
+        return Err("is a reserved device name on Windows".into());
+    }
+    Ok(())
+}
+
+/// `item-` and 12 hex digits of the item's content: stable when the file is reordered.
+fn derive_id(fields: &[(String, String)]) -> String {
+    let mut sorted: Vec<&(String, String)> = fields.iter().collect();
+    sorted.sort();
+    let mut hasher = Sha256::new();
+    for (k, v) in sorted {
+        hasher.update(k.as_bytes());
+        hasher.update([0x1f]);
+        hasher.update(v.as_bytes());
+        hasher.update([0x1e]);
+    }
+    let digest = hex::encode(hasher.finalize());
+    format!("item-{}", &digest[..12])
+}
+
+/// An id as printed in messages: quoted, with anything unprintable escaped.
+pub fn shown(id: &str) -> impl fmt::Display + '_ {
+    struct Shown<'a>(&'a str);
+    impl fmt::Display for Shown<'_> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            let short: String = self.0.chars().take(80).collect();
+            write!(f, "{short:?}")?;
+            if short.len() < self.0.len() {
+                f.write_str("…")?;
+            }
+            Ok(())
+        }
+    }
+    Shown(id)
+}
+
+/// Reads an items file, `.jsonl` or `.csv`, as raw items. Problems inside it go to `report`
+/// against `shown_path`; a file that cannot be read at all is the error.
+pub fn read_file(
+    path: &Path,
+    shown_path: &str,
+    report: &mut Report,
+) -> Result<Vec<RawItem>, String> {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    let reader: fn(&[u8], &str, &mut Report) -> Vec<RawItem> = match ext.as_deref() {
+        Some("jsonl") | Some("ndjson") => read_jsonl,
+        Some("csv") => read_csv,
+        _ => {
+            return Err(
+                "an items file must be .jsonl (one JSON object per line) or .csv (a header row, then one item per row)".into(),
+            );
+        }
+    };
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
+    Ok(reader(&bytes, shown_path, report))
+}
+
+fn read_jsonl(bytes: &[u8], file: &str, report: &mut Report) -> Vec<RawItem> {
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        report.error(Diagnostic::new(
+            file,
+            Mark { line: 1, col: 1 },
+            "is not UTF-8 text",
+        ));
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let mark = Mark {
+            line: i + 1,
+            col: 1,
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let object: serde_json::Map<String, serde_json::Value> = match serde_json::from_str(line) {
+            Ok(o) => o,
+            Err(e) => {
+                report.error(Diagnostic::new(
+                    file,
+                    Mark {
+                        line: i + 1,
+                        col: e.column().max(1),
+                    },
+                    format!("not a JSON object: {e}"),
+                ));
+                continue;
+            }
+        };
+        let mut fields = Vec::with_capacity(object.len());
+        for (key, value) in object {
+            let text = match value {
+                serde_json::Value::String(s) => s,
+                serde_json::Value::Number(n) => n.to_string(),
+                serde_json::Value::Bool(b) => b.to_string(),
+                serde_json::Value::Null => continue,
+                other => {
+                    let kind = if other.is_array() {
+                        "a list"
+                    } else {
+                        "an object"
+                    };
+                    report.error(Diagnostic::new(
+                        file,
+                        mark,
+                        format!(
+                            "field `{key}` is {kind}; item fields are strings, numbers or booleans"
+                        ),
+                    ));
+                    continue;
+                }
+            };
+            fields.push((key, text));
+        }
+        let id_mark = fields.iter().any(|(k, _)| k == "id").then_some(mark);
+        out.push(RawItem {
+            fields,
+            mark,
+            id_mark,
+        });
+    }
+    out
+}
+
+fn read_csv(bytes: &[u8], file: &str, report: &mut Report) -> Vec<RawItem> {
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(true)
+        .from_reader(bytes);
+    let headers = match reader.headers() {
+        Ok(h) => h.clone(),
+        Err(e) => {
+            report.error(csv_error(file, &e));
+            return Vec::new();
+        }
+    };
+    let mut seen = HashMap::new();
+    for (col, name) in headers.iter().enumerate() {
+        let mark = Mark {
+            line: 1,
+            col: col + 1,
+        };
+        if name.trim().is_empty() {
+            report.error(Diagnostic::new(
+                file,
+                mark,
+                format!("column {} has no name in the header row", col + 1),
+            ));
+        } else if let Some(first) = seen.insert(name.to_owned(), col) {
+            report.error(Diagnostic::new(
+                file,
+                mark,
+                format!(
+                    "column `{name}` appears twice in the header row (columns {} and {})",
+                    first + 1,
+                    col + 1
+                ),
+            ));
+        }
+    }
+    let mut out = Vec::new();
+    for record in reader.records() {
+        let record = match record {
+            Ok(r) => r,
+            Err(e) => {
+                report.error(csv_error(file, &e));
+                continue;
+            }
+        };
+        let line = record.position().map_or(1, |p| p.line() as usize);
+        let mark = Mark { line, col: 1 };
+        if record.iter().all(|v| v.trim().is_empty()) {
+            continue;
+        }
+        let fields: Vec<(String, String)> = headers
+            .iter()
+            .zip(record.iter())
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let id_mark = fields.iter().any(|(k, _)| k == "id").then_some(mark);
+        // An empty id cell asks for a derived id, as a missing column does.
+        let fields = fields
+            .into_iter()
+            .filter(|(k, v)| !(k == "id" && v.is_empty()))
+            .collect();
+        out.push(RawItem {
+            fields,
+            mark,
+            id_mark,
+        });
+    }
+    out
+}
+
+fn csv_error(file: &str, e: &csv::Error) -> Diagnostic {
+    let line = e.position().map_or(1, |p| p.line() as usize);
+    let message = match e.kind() {
+        csv::ErrorKind::UnequalLengths {
+            expected_len, len, ..
+        } => {
+            format!("this row has {len} fields but the header row has {expected_len}")
+        }
+        csv::ErrorKind::Utf8 { .. } => "is not UTF-8 text".to_owned(),
+        _ => e.to_string(),
+    };
+    Diagnostic::new(file, Mark { line, col: 1 }, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(fields: &[(&str, &str)], line: usize) -> RawItem {
+        RawItem {
+            fields: fields
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            mark: Mark { line, col: 1 },
+            id_mark: fields
+                .iter()
+                .any(|(k, _)| *k == "id")
+                .then_some(Mark { line, col: 1 }),
+        }
+    }
+
+    #[test]
+    fn unsafe_ids_are_refused() {
+        for bad in [
+            "", "../x", "a/b", ".hidden", "x.", "con", "LPT1.txt", "a b", "é",
+        ] {
+            assert!(check_id(bad).is_err(), "{bad}");
+        }
+        for good in ["mug", "Lamp-2", "sku_12.v2", "0001"] {
+            assert!(check_id(good).is_ok(), "{good}");
+        }
+        assert!(check_id(&"a".repeat(65)).is_err());
+    }
+
+    #[test]
+    fn derived_ids_follow_content_and_duplicates_are_numbered() {
+        let mut report = Report::default();
+        let items = Items::build(
+            "f",
+            vec![
+                raw(&[("subject", "mug")], 1),
+                raw(&[("subject", "lamp")], 2),
+                raw(&[("subject", "mug")], 3),
+            ],
+            &mut report,
+        );
+        assert!(report.is_ok());
+        let ids: Vec<&str> = items.iter().map(|i| i.id.as_str()).collect();
+        assert_eq!(ids[0].len(), "item-".len() + 12);
+        assert_eq!(ids[2], format!("{}-2", ids[0]));
+        let reordered = Items::build(
+            "f",
+            vec![
+                raw(&[("subject", "lamp")], 1),
+                raw(&[("subject", "mug")], 2),
+            ],
+            &mut report,
+        );
+        assert_eq!(reordered.get(1).unwrap().id, ids[0]);
+    }
+
+    #[test]
+    fn duplicate_and_case_colliding_ids_are_errors_with_lines() {
+        let mut report = Report::default();
+        Items::build(
+            "items.csv",
+            vec![
+                raw(&[("id", "mug")], 2),
+                raw(&[("id", "Mug")], 3),
+                raw(&[("id", "mug")], 4),
+            ],
+            &mut report,
+        );
+        let lines: Vec<usize> = report.errors.iter().map(|d| d.line).collect();
+        assert_eq!(lines, [3, 4]);
+        assert!(report.errors[0].message.contains("only in case"));
+        assert!(
+            report.errors[1]
+                .message
+                .contains("is used twice (first at line 2)")
+        );
+    }
+
+    #[test]
+    fn csv_and_jsonl_report_bad_rows_by_line() {
+        let mut report = Report::default();
+        let rows = read_csv(b"id,url\na,https://x/a.png\nb\n", "i.csv", &mut report);
+        assert_eq!(rows.len(), 1);
+        assert_eq!(report.errors[0].line, 3, "{:?}", report.errors);
+        let mut report = Report::default();
+        let rows = read_jsonl(b"{\"a\": 1}\n\n[1]\n{\"b\": [2]}\n", "i.jsonl", &mut report);
+        assert_eq!(rows.len(), 2);
+        let lines: Vec<usize> = report.errors.iter().map(|d| d.line).collect();
+        assert_eq!(lines, [3, 4]);
+    }
+}

@@ -1,0 +1,180 @@
+//! The plan as a JSON document: what `plan --json` prints and `plan --save` writes, with the
+//! hashes that let `run --plan` check, hours later, that nothing it was made from has changed.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::pipeline::Pipeline;
+use crate::plan::{Balance, Budget, Costs, GenerationPrice, Verdict, tool_prices};
+
+/// Marks a file as a saved plan, so `--save` never overwrites anything else.
+pub const KIND: &str = "imgpipe-plan";
+pub const FORMAT: u32 = 1;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanDocument {
+    pub kind: String,
+    pub format: u32,
+    pub imgpipe_version: String,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+    pub pipeline: PipelineRef,
+    pub items: ItemsRef,
+    pub prices: Prices,
+    pub costs: Costs,
+    pub budget: Option<Budget>,
+    pub balance: Balance,
+    pub verdict: Verdict,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PipelineRef {
+    pub name: String,
+    pub file: String,
+    /// sha256 of the pipeline file's bytes.
+    pub sha256: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ItemsRef {
+    pub count: usize,
+    /// Where the items were read from (the pipeline file when inline).
+    pub file: String,
+    /// sha256 over every item's id and fields, however the file writes them.
+    pub sha256: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Prices {
+    pub generation: GenerationPrice,
+    /// The spec's tool prices, in credits.
+    pub tools: BTreeMap<String, u64>,
+    /// sha256 over the prices above.
+    pub sha256: String,
+}
+
+impl Prices {
+    pub fn new(generation: GenerationPrice) -> Prices {
+        let tools: BTreeMap<String, u64> = tool_prices().into_iter().collect();
+        let mut hasher = Sha256::new();
+        let gen_text = generation
+            .credits
+            .map_or_else(|| "unknown".to_owned(), |c| c.to_string());
+        hasher.update(format!("generation={gen_text}\n"));
+        for (tool, credits) in &tools {
+            hasher.update(format!("{tool}={credits}\n"));
+        }
+        Prices {
+            generation,
+            tools,
+            sha256: hex::encode(hasher.finalize()),
+        }
+    }
+}
+
+impl PlanDocument {
+    pub fn new(
+        pipeline: &Pipeline,
+        prices: Prices,
+        costs: Costs,
+        budget: Option<Budget>,
+        balance: Balance,
+        verdict: Verdict,
+    ) -> PlanDocument {
+        PlanDocument {
+            kind: KIND.into(),
+            format: FORMAT,
+            imgpipe_version: env!("CARGO_PKG_VERSION").into(),
+            created_at: rfc3339(SystemTime::now()),
+            pipeline: PipelineRef {
+                name: pipeline.name.clone(),
+                file: pipeline.file.clone(),
+                sha256: pipeline.text_sha256.clone(),
+            },
+            items: ItemsRef {
+                count: pipeline.items.len(),
+                file: pipeline.items.file.clone(),
+                sha256: pipeline.items.sha256(),
+            },
+            prices,
+            costs,
+            budget,
+            balance,
+            verdict,
+        }
+    }
+
+    /// Writes the plan to `path` through a temporary file, replacing only an earlier plan.
+    pub fn save(&self, path: &Path) -> Result<(), String> {
+        if let Ok(existing) = std::fs::read(path) {
+            let is_plan = serde_json::from_slice::<serde_json::Value>(&existing)
+                .ok()
+                .is_some_and(|v| v.get("kind").and_then(|k| k.as_str()) == Some(KIND));
+            if !is_plan {
+                return Err(format!(
+                    "{} exists and is not an imgpipe plan; refusing to overwrite it",
+                    path.display()
+                ));
+            }
+        }
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let mut body = serde_json::to_vec_pretty(self).map_err(|e| e.to_string())?;
+        body.push(b'\n');
+        let write = || -> std::io::Result<()> {
+            let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+            tmp.write_all(&body)?;
+            tmp.as_file().sync_all()?;
+            tmp.persist(path).map_err(|e| e.error)?;
+            Ok(())
+        };
+        write().map_err(|e| format!("cannot write {}: {e}", path.display()))
+    }
+}
+
+/// `2026-11-21T09:30:00Z` for a time after 1970.
+pub fn rfc3339(t: SystemTime) -> String {
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Days since the epoch to a civil date (proleptic Gregorian).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn timestamps_are_rfc3339_utc() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_254_600);
+        assert_eq!(rfc3339(t), "2026-11-21T09:50:00Z");
+        assert_eq!(rfc3339(SystemTime::UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        let leap = SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400);
+        assert_eq!(rfc3339(leap), "2000-02-29T00:00:00Z");
+    }
+}

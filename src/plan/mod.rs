@@ -1,0 +1,298 @@
+//! The cost plan: every task of a checked pipeline priced, totalled, and held against the
+//! budget and the balance.
+//!
+//! Tool prices are the spec's. The generation price is not published, so it comes from the
+//! pipeline's `pricing`, else from a price the models list states; otherwise it is unknown,
+//! and the plan says which steps that leaves unpriced instead of guessing.
+
+pub mod document;
+pub mod render;
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::records::Models;
+use crate::api::types::{Increase, ToolName, tool_price};
+use crate::pipeline::{Operation, Pipeline, StepRef};
+
+/// Where a price came from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum PriceSource {
+    /// The spec's fixed tool prices.
+    Spec,
+    /// The pipeline file's `pricing.generation`.
+    Pipeline,
+    /// A field of `GET /v1/models`, at this JSON pointer.
+    Models { pointer: String },
+    /// Nowhere: the plan cannot total this step.
+    Unknown { reason: String },
+}
+
+impl PriceSource {
+    pub fn describe(&self) -> String {
+        match self {
+            PriceSource::Spec => "spec".into(),
+            PriceSource::Pipeline => "pipeline pricing.generation".into(),
+            PriceSource::Models { pointer } => format!("GET /v1/models {pointer}"),
+            PriceSource::Unknown { .. } => "unknown".into(),
+        }
+    }
+}
+
+/// The price of a 2K generated image, and where it came from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GenerationPrice {
+    pub credits: Option<u64>,
+    pub source: PriceSource,
+    /// Disagreements between sources, for the user to look at.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+/// What was learned of the models list, if it was asked.
+pub enum ModelsAnswer<'a> {
+    Fetched(&'a Models),
+    /// Not asked, and why.
+    NotAsked(&'static str),
+    /// Asked, and the call failed.
+    Failed(String),
+}
+
+impl GenerationPrice {
+    /// The pipeline's price first, then one the models list states; never a guess.
+    pub fn resolve(pipeline: &Pipeline, models: ModelsAnswer<'_>) -> GenerationPrice {
+        let advertised = match &models {
+            ModelsAnswer::Fetched(m) => m.generation_price(),
+            ModelsAnswer::NotAsked(_) | ModelsAnswer::Failed(_) => None,
+        };
+        let mut notes = Vec::new();
+        if let Some(credits) = pipeline.generation_price {
+            if let Some(found) = advertised.filter(|f| f.value != credits) {
+                notes.push(format!(
+                    "the pipeline prices a generated image at {credits} credits but GET /v1/models says {} (at {}); the plan uses the pipeline's",
+                    found.value, found.pointer
+                ));
+            }
+            return GenerationPrice {
+                credits: Some(credits),
+                source: PriceSource::Pipeline,
+                notes,
+            };
+        }
+        if let Some(found) = advertised {
+            return GenerationPrice {
+                credits: Some(found.value),
+                source: PriceSource::Models {
+                    pointer: found.pointer,
+                },
+                notes,
+            };
+        }
+        let models_said = match models {
+            ModelsAnswer::Fetched(_) => "GET /v1/models states no price".to_owned(),
+            ModelsAnswer::NotAsked(why) => format!("GET /v1/models was not asked ({why})"),
+            ModelsAnswer::Failed(why) => format!("GET /v1/models failed ({why})"),
+        };
+        GenerationPrice {
+            credits: None,
+            source: PriceSource::Unknown {
+                reason: format!(
+                    "the service does not publish it, the pipeline sets no `pricing.generation`, and {models_said}"
+                ),
+            },
+            notes,
+        }
+    }
+}
+
+/// One step's line of the plan.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepCost {
+    pub step: String,
+    pub operation: String,
+    pub once: bool,
+    pub tasks: u64,
+    /// `None` when the price is unknown.
+    pub credits_per_task: Option<u64>,
+    pub subtotal: Option<u64>,
+    pub price_source: PriceSource,
+}
+
+/// The priced pipeline.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Costs {
+    pub steps: Vec<StepCost>,
+    pub tasks: u64,
+    /// Sum of the subtotals whose price is known.
+    pub known_credits: u64,
+    /// The whole total, when every price is known.
+    pub total_credits: Option<u64>,
+    /// Steps without a price.
+    pub unpriced_steps: Vec<String>,
+}
+
+impl Costs {
+    pub fn of(pipeline: &Pipeline, generation: &GenerationPrice) -> Costs {
+        let steps: Vec<StepCost> = pipeline
+            .step_refs()
+            .map(|r| step_cost(pipeline, r, generation))
+            .collect();
+        let tasks = steps.iter().map(|s| s.tasks).sum();
+        let known_credits = steps.iter().filter_map(|s| s.subtotal).sum();
+        let unpriced_steps: Vec<String> = steps
+            .iter()
+            .filter(|s| s.subtotal.is_none())
+            .map(|s| s.step.clone())
+            .collect();
+        Costs {
+            total_credits: unpriced_steps.is_empty().then_some(known_credits),
+            steps,
+            tasks,
+            known_credits,
+            unpriced_steps,
+        }
+    }
+}
+
+fn step_cost(pipeline: &Pipeline, r: StepRef, generation: &GenerationPrice) -> StepCost {
+    let step = pipeline.step(r);
+    let tasks = pipeline.tasks(r);
+    let (operation, per_task, source) = match &step.op {
+        Operation::Generate(g) => {
+            let per_image = generation.credits;
+            (
+                format!("generate {} ×{}", g.size, g.n),
+                per_image.map(|p| p * u64::from(g.n) * g.size.price_multiplier()),
+                generation.source.clone(),
+            )
+        }
+        Operation::Tool(t) => {
+            let operation = match t.params {
+                crate::pipeline::ToolOp::Upscale(i) => format!("upscale {}x", i.factor()),
+                _ => t.params.tool().as_str().to_owned(),
+            };
+            (operation, Some(t.params.credits()), PriceSource::Spec)
+        }
+    };
+    StepCost {
+        step: step.id.clone(),
+        operation,
+        once: step.once,
+        tasks,
+        credits_per_task: per_task,
+        subtotal: per_task.map(|p| p.saturating_mul(tasks)),
+        price_source: source,
+    }
+}
+
+/// The spec's tool prices, as a plan records them.
+pub fn tool_prices() -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    for tool in ToolName::ALL {
+        if tool == ToolName::Upscale {
+            for i in [Increase::X2, Increase::X4] {
+                out.push((format!("upscale_{}x", i.factor()), tool_price(tool, i)));
+            }
+        } else {
+            out.push((tool.as_str().to_owned(), tool_price(tool, Increase::X2)));
+        }
+    }
+    out
+}
+
+/// The most a run may spend, and who said so.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Budget {
+    pub max_credits: u64,
+    /// `budget.max_credits` or `--max-credits`.
+    pub source: String,
+}
+
+impl Budget {
+    /// The smaller of the pipeline's budget and the command line's.
+    pub fn pick(pipeline: Option<u64>, flag: Option<u64>) -> Option<Budget> {
+        let from_file = pipeline.map(|c| Budget {
+            max_credits: c,
+            source: "budget.max_credits".into(),
+        });
+        let from_flag = flag.map(|c| Budget {
+            max_credits: c,
+            source: "--max-credits".into(),
+        });
+        match (from_file, from_flag) {
+            (Some(a), Some(b)) => Some(if b.max_credits < a.max_credits { b } else { a }),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// The account's balance as the plan saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Balance {
+    Known {
+        credits: i64,
+        field: String,
+    },
+    /// The account was read but the balance could not be found in it.
+    Unknown {
+        reason: String,
+    },
+    /// `--offline`: the account was not asked.
+    NotChecked,
+}
+
+/// Whether the run may start, and if not, every reason.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub fits: bool,
+    pub reasons: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+impl Verdict {
+    pub fn judge(costs: &Costs, budget: Option<&Budget>, balance: &Balance) -> Verdict {
+        let mut reasons = Vec::new();
+        let mut warnings = Vec::new();
+        let total = costs.known_credits;
+        let at_least = if costs.total_credits.is_some() {
+            ""
+        } else {
+            "at least "
+        };
+        if !costs.unpriced_steps.is_empty() {
+            reasons.push(format!(
+                "the generation price is unknown, so the total is not known (steps: {})",
+                costs.unpriced_steps.join(", ")
+            ));
+        }
+        if let Some(b) = budget
+            && total > b.max_credits
+        {
+            reasons.push(format!(
+                "the plan costs {at_least}{total} credits, over the budget of {} ({})",
+                b.max_credits, b.source
+            ));
+        }
+        match balance {
+            Balance::Known { credits, .. } if i128::from(total) > i128::from(*credits) => {
+                reasons.push(format!(
+                    "the plan costs {at_least}{total} credits, more than the balance of {credits}"
+                ));
+            }
+            Balance::Known { .. } => {}
+            Balance::Unknown { reason } => {
+                warnings.push(format!("the balance was not checked: {reason}"));
+            }
+            Balance::NotChecked => {
+                warnings.push("the balance was not checked (--offline)".into());
+            }
+        }
+        Verdict {
+            fits: reasons.is_empty(),
+            reasons,
+            warnings,
+        }
+    }
+}

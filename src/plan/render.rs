@@ -1,0 +1,97 @@
+//! The plan as a table for people.
+
+use std::fmt::Write;
+
+use crate::plan::document::PlanDocument;
+use crate::plan::{Balance, PriceSource};
+
+pub fn text(doc: &PlanDocument) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Plan for {} ({}): {} items, {} steps, {} tasks\n",
+        doc.pipeline.name,
+        doc.pipeline.file,
+        doc.items.count,
+        doc.costs.steps.len(),
+        doc.costs.tasks
+    );
+    let header = [
+        "STEP",
+        "OPERATION",
+        "RUNS",
+        "TASKS",
+        "CREDITS/TASK",
+        "SUBTOTAL",
+        "PRICE FROM",
+    ];
+    let mut rows: Vec<[String; 7]> = vec![header.map(str::to_owned)];
+    for s in &doc.costs.steps {
+        rows.push([
+            s.step.clone(),
+            s.operation.clone(),
+            if s.once { "once" } else { "per item" }.to_owned(),
+            s.tasks.to_string(),
+            s.credits_per_task.map_or("?".into(), |c| c.to_string()),
+            s.subtotal.map_or("?".into(), |c| c.to_string()),
+            s.price_source.describe(),
+        ]);
+    }
+    let widths: Vec<usize> = (0..7)
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    for row in &rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            let numeric = (3..=5).contains(&i);
+            if numeric {
+                let _ = write!(line, "{cell:>w$}  ", w = widths[i]);
+            } else if i == 6 {
+                line.push_str(cell);
+            } else {
+                let _ = write!(line, "{cell:<w$}  ", w = widths[i]);
+            }
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+    out.push('\n');
+    let total = match doc.costs.total_credits {
+        Some(t) => format!("{t} credits"),
+        None => format!(
+            "unknown: at least {} credits; no price for {}",
+            doc.costs.known_credits,
+            doc.costs.unpriced_steps.join(", ")
+        ),
+    };
+    let _ = writeln!(out, "total    {total}");
+    let balance = match &doc.balance {
+        Balance::Known { credits, field } => format!("{credits} credits (GET /v1/account {field})"),
+        Balance::Unknown { reason } => format!("unknown: {reason}"),
+        Balance::NotChecked => "not checked (--offline)".into(),
+    };
+    let _ = writeln!(out, "balance  {balance}");
+    let budget = doc.budget.as_ref().map_or("none set".into(), |b| {
+        format!("{} credits ({})", b.max_credits, b.source)
+    });
+    let _ = writeln!(out, "budget   {budget}");
+    if let PriceSource::Unknown { reason } = &doc.prices.generation.source
+        && doc.costs.total_credits.is_none()
+    {
+        let _ = writeln!(out, "\ngeneration price unknown: {reason}");
+    }
+    for note in &doc.prices.generation.notes {
+        let _ = writeln!(out, "note: {note}");
+    }
+    for warning in &doc.verdict.warnings {
+        let _ = writeln!(out, "warning: {warning}");
+    }
+    if doc.verdict.fits {
+        let _ = writeln!(out, "\nverdict  fits: the run may start");
+    } else {
+        let _ = writeln!(out, "\nverdict  does not fit:");
+        for reason in &doc.verdict.reasons {
+            let _ = writeln!(out, "  - {reason}");
+        }
+    }
+    out
+}
