@@ -145,6 +145,16 @@ impl Checker<'_> {
                 ),
             );
         }
+        if spec.steps.is_empty()
+            && self
+                .root
+                .get("steps")
+                .and_then(Node::elements)
+                .is_some_and(|s| s.is_empty())
+        {
+            let mark = self.at(&["steps"]);
+            self.error(mark, "steps must list at least one step");
+        }
         if spec.name.trim().is_empty() {
             let mark = self.at(&["name"]);
             self.error(mark, "name must not be empty");
@@ -210,7 +220,9 @@ impl Checker<'_> {
                 }
             }
             (None, None) => {
-                if spec.steps.iter().any(|s| s.once != Some(true)) {
+                if spec.steps.iter().any(|s| s.once != Some(true))
+                    && !has_typo_of(self.root, &["items", "items_from"])
+                {
                     let mark = self.at(&["steps"]);
                     self.error(mark, "there are per-item steps but no items")
                         .hint = Some(
@@ -236,13 +248,19 @@ impl Checker<'_> {
                 self.error(mark, format!("step id {}: {why}", shown(&spec.id)));
             }
             match index.get(&spec.id.to_lowercase()) {
-                Some((_, line)) => {
+                Some((first, line)) => {
+                    let first = &specs[*first].id;
+                    let what = if *first == spec.id {
+                        "is used twice".to_owned()
+                    } else {
+                        format!(
+                            "differs from {} only in case, and both would name the same files on case-insensitive file systems",
+                            shown(first)
+                        )
+                    };
                     self.error(
                         mark,
-                        format!(
-                            "step id {} is used twice (first at line {line})",
-                            shown(&spec.id)
-                        ),
+                        format!("step id {} {what} (first at line {line})", shown(&spec.id)),
                     );
                 }
                 None => {
@@ -295,6 +313,8 @@ impl Checker<'_> {
             .filter(|op| node.get(op).is_some())
             .collect();
         match given.as_slice() {
+            // A misspelt operation is already reported as an unknown key.
+            [] if has_typo_of(node, &OPERATIONS) => return draft,
             [] => {
                 self.error(
                     node.mark,
@@ -507,6 +527,39 @@ impl Checker<'_> {
     }
 }
 
+/// Images per instance of step `i`, memoised in `memo`; `None` through a cycle or a broken step.
+fn outputs_of(
+    i: usize,
+    drafts: &[Draft<'_>],
+    memo: &mut [Option<u64>],
+    visiting: &mut [bool],
+) -> Option<u64> {
+    if memo[i].is_some() || visiting[i] {
+        return memo[i];
+    }
+    visiting[i] = true;
+    let n = match &drafts[i].op {
+        Some(Operation::Generate(g)) => Some(u64::from(g.n)),
+        Some(Operation::Tool(Tool {
+            input: Input::Step(s),
+            ..
+        })) => outputs_of(s.0, drafts, memo, visiting),
+        Some(Operation::Tool(_)) => Some(1),
+        None => None,
+    };
+    visiting[i] = false;
+    memo[i] = n;
+    n
+}
+
+/// Whether `node` has a key that is a misspelling of one of `names` (reported as unknown).
+fn has_typo_of(node: &Node, names: &[&str]) -> bool {
+    node.entries().unwrap_or_default().iter().any(|(k, _)| {
+        k.scalar()
+            .is_some_and(|k| !names.contains(&k) && closest(k, names.iter().copied()).is_some())
+    })
+}
+
 const OPERATIONS: [&str; 5] = [
     "generate",
     "erase",
@@ -586,70 +639,81 @@ impl Rule {
 
 impl Checker<'_> {
     /// Cycles, the `once` rule and the reference-image limit; the order inputs-first when the
-    /// graph is sound.
+    /// graph is sound. Each check runs on whatever could be resolved, so one problem does not
+    /// hide another.
     fn graph(&mut self, drafts: &[Draft<'_>]) -> Option<Vec<usize>> {
-        let order = self.topological(drafts)?;
-        if drafts.iter().any(|d| d.op.is_none()) {
-            return None;
-        }
+        let (order, acyclic) = self.topological(drafts);
         for d in drafts {
             for (r, at) in &d.refs {
                 let from = &drafts[r.0];
                 if d.once && !from.once {
-                    self.error(at.mark, format!(
-                        "step {} runs once for the whole batch (`once: true`) but reads per-item step {}",
-                        shown(&d.id),
-                        shown(&from.id)
-                    ));
+                    self.error(
+                        at.mark,
+                        format!(
+                            "step {} runs once for the whole batch (`once: true`) but reads per-item step {}",
+                            shown(&d.id),
+                            shown(&from.id)
+                        ),
+                    );
                 }
             }
         }
-        let mut outputs = vec![0u64; drafts.len()];
-        for &i in &order {
-            outputs[i] = match &drafts[i].op {
-                Some(Operation::Generate(g)) => u64::from(g.n),
-                Some(Operation::Tool(Tool {
-                    input: Input::Step(s),
-                    ..
-                })) => outputs[s.0],
-                _ => 1,
-            };
+        // Images per instance, where they can be known (not through a cycle or a broken step).
+        let mut outputs: Vec<Option<u64>> = vec![None; drafts.len()];
+        let mut visiting = vec![false; drafts.len()];
+        for i in 0..drafts.len() {
+            outputs_of(i, drafts, &mut outputs, &mut visiting);
         }
         for d in drafts {
-            let Some(Operation::Generate(g)) = &d.op else {
-                continue;
-            };
-            let mut total = 0;
-            let mut parts = Vec::new();
-            for r in &g.references {
-                match r {
-                    Reference::Url(_) => total += 1,
-                    Reference::Step(s) => {
-                        total += outputs[s.0];
-                        parts.push(format!("{} from {}", outputs[s.0], shown(&drafts[s.0].id)));
-                    }
-                }
-            }
-            if total > MAX_REFERENCE_IMAGES as u64 {
-                let op = d.node.get("generate").unwrap_or(d.node);
-                let mark = mark_of(op.key("image_urls"), op);
-                let listed = g
-                    .references
-                    .iter()
-                    .filter(|r| matches!(r, Reference::Url(_)))
-                    .count();
-                parts.insert(0, format!("{listed} listed"));
-                self.error(mark, format!(
-                    "image_urls adds up to {total} reference images ({}); the limit is {MAX_REFERENCE_IMAGES}",
-                    parts.join(", ")
-                ));
+            if let Some(Operation::Generate(g)) = &d.op {
+                self.reference_limit(d, g, drafts, &outputs);
             }
         }
-        self.report.is_ok().then_some(order)
+        let sound = acyclic && drafts.iter().all(|d| d.op.is_some());
+        (sound && self.report.is_ok()).then_some(order)
+    }
+
+    fn reference_limit(
+        &mut self,
+        d: &Draft<'_>,
+        g: &Generate,
+        drafts: &[Draft<'_>],
+        outputs: &[Option<u64>],
+    ) {
+        let mut total = 0;
+        let mut parts = Vec::new();
+        for r in &g.references {
+            match r {
+                Reference::Url(_) => total += 1,
+                Reference::Step(s) => {
+                    let Some(n) = outputs[s.0] else { return };
+                    total += n;
+                    parts.push(format!("{n} from {}", shown(&drafts[s.0].id)));
+                }
+            }
+        }
+        if total <= MAX_REFERENCE_IMAGES as u64 {
+            return;
+        }
+        let op = d.node.get("generate").unwrap_or(d.node);
+        let mark = mark_of(op.key("image_urls"), op);
+        let listed = g
+            .references
+            .iter()
+            .filter(|r| matches!(r, Reference::Url(_)))
+            .count();
+        parts.insert(0, format!("{listed} listed"));
+        self.error(
+            mark,
+            format!(
+                "image_urls adds up to {total} reference images ({}); the limit is {MAX_REFERENCE_IMAGES}",
+                parts.join(", ")
+            ),
+        );
     }
 
     /// Depth-first order with inputs first; each cycle is reported with its path.
-    fn topological(&mut self, drafts: &[Draft<'_>]) -> Option<Vec<usize>> {
+    fn topological(&mut self, drafts: &[Draft<'_>]) -> (Vec<usize>, bool) {
         #[derive(Clone, Copy, PartialEq)]
         enum State {
             New,
@@ -708,7 +772,7 @@ impl Checker<'_> {
             self.error(mark, format!("steps form a cycle: {}", names.join(" → ")))
                 .hint = Some("a step cannot read, directly or not, its own output".into());
         }
-        seen.is_empty().then_some(order)
+        (order, seen.is_empty())
     }
 
     /// Checks every template against every item it will be filled with.

@@ -62,7 +62,11 @@ impl de::Error for Error {
     }
 
     fn invalid_type(unexp: de::Unexpected<'_>, exp: &dyn de::Expected) -> Self {
-        Error::new(format!("expected {exp}, found {unexp}"))
+        Error::new(format!("expected {}, found {unexp}", plain_expected(exp)))
+    }
+
+    fn invalid_value(unexp: de::Unexpected<'_>, exp: &dyn de::Expected) -> Self {
+        Error::new(format!("expected {}, found {unexp}", plain_expected(exp)))
     }
 
     fn unknown_field(field: &str, expected: &'static [&'static str]) -> Self {
@@ -88,6 +92,22 @@ impl de::Error for Error {
     }
 }
 
+/// What serde expected, in the file's words rather than Rust's.
+fn plain_expected(exp: &dyn de::Expected) -> String {
+    let text = exp.to_string();
+    match text.as_str() {
+        "i8" | "i16" | "i32" | "i64" => "a whole number".into(),
+        "u8" | "u16" | "u32" | "u64" => "a whole number, 0 or more".into(),
+        "f32" | "f64" => "a number".into(),
+        "a boolean" => "true or false".into(),
+        "struct StepSpec" => "a step: a mapping with `id` and one operation".into(),
+        _ => match text.strip_prefix("struct ") {
+            Some(_) => "a mapping of keys".into(),
+            None => text,
+        },
+    }
+}
+
 /// "; did you mean `x`?" for a close candidate, then the list of what is allowed.
 pub fn suggestion(got: &str, expected: &[&str]) -> String {
     let mut out = String::new();
@@ -106,7 +126,7 @@ pub fn closest<'a>(got: &str, candidates: impl IntoIterator<Item = &'a str>) -> 
     let got_lower = got.to_lowercase();
     candidates
         .into_iter()
-        .map(|c| (strsim::levenshtein(&got_lower, &c.to_lowercase()), c))
+        .map(|c| (strsim::osa_distance(&got_lower, &c.to_lowercase()), c))
         .filter(|(d, c)| {
             *d <= (c.chars().count() / 3).max(1) || c.starts_with(got) && got.len() >= 3
         })
@@ -539,7 +559,7 @@ mod tests {
         assert!(
             found[1]
                 .1
-                .contains("steps[1].n: expected i64, found string \"two\""),
+                .contains("steps[1].n: expected a whole number, found string \"two\""),
             "{found:?}"
         );
         assert_eq!(found[2].0, 8);

@@ -305,7 +305,7 @@ fn read_jsonl(bytes: &[u8], file: &str, report: &mut Report) -> Vec<RawItem> {
                         line: i + 1,
                         col: e.column().max(1),
                     },
-                    format!("not a JSON object: {e}"),
+                    format!("not a JSON object: {}", without_position(&e)),
                 ));
                 continue;
             }
@@ -343,6 +343,15 @@ fn read_jsonl(bytes: &[u8], file: &str, report: &mut Report) -> Vec<RawItem> {
         });
     }
     out
+}
+
+/// serde_json's message without its " at line 1 column N": the line is the file's, given apart.
+fn without_position(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    match text.rfind(" at line ") {
+        Some(i) => text[..i].to_owned(),
+        None => text,
+    }
 }
 
 fn read_csv(bytes: &[u8], file: &str, report: &mut Report) -> Vec<RawItem> {

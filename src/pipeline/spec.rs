@@ -114,7 +114,8 @@ pub enum SizeSpec {
     FourK,
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
+/// Read by hand rather than as an untagged enum, so a misspelt `from` is reported as such.
+#[derive(Debug, JsonSchema)]
 #[serde(untagged)]
 pub enum ReferenceSpec {
     /// A literal https URL (a template).
@@ -127,6 +128,29 @@ pub enum ReferenceSpec {
 #[serde(deny_unknown_fields)]
 pub struct FromSpec {
     pub from: String,
+}
+
+impl<'de> Deserialize<'de> for ReferenceSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = ReferenceSpec;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an https URL or `{ from: <step> }`")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<ReferenceSpec, E> {
+                Ok(ReferenceSpec::Url(v.to_owned()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<ReferenceSpec, A::Error> {
+                let de = serde::de::value::MapAccessDeserializer::new(map);
+                FromSpec::deserialize(de).map(ReferenceSpec::From)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// The fields every tool step has: its input, exactly one of `from` and `image_url`, and

@@ -119,10 +119,9 @@ pub fn parse(text: &str) -> Result<Node, SyntaxError> {
     let mut parser = Parser::new_from_str(text);
     let mut documents = 0;
     loop {
-        let (event, marker) = parser.next_token().map_err(|e| SyntaxError {
-            mark: (*e.marker()).into(),
-            message: e.info().to_owned(),
-        })?;
+        let (event, marker) = parser
+            .next_token()
+            .map_err(|e| syntax_error(text, (*e.marker()).into(), e.info()))?;
         let mark = Mark::from(marker);
         match event {
             Event::StreamEnd => break,
@@ -197,7 +196,8 @@ impl Builder {
             Event::MappingEnd => match self.stack.pop() {
                 Some(Frame::Map(mark, anchor, entries, None)) => self.finish(
                     Node {
-                        mark,
+                        // A block mapping's start event is marked after its first key.
+                        mark: entries.first().map_or(mark, |(k, _)| mark.min(k.mark)),
                         value: Value::Map(entries),
                     },
                     anchor,
@@ -257,6 +257,68 @@ impl Builder {
         }
         Ok(())
     }
+}
+
+/// The scanner reports where it noticed a problem, which for two common mistakes is lines
+/// away from it: an unclosed `{`/`[` and a tab in the indentation. Point at those instead.
+fn syntax_error(text: &str, at: Mark, info: &str) -> SyntaxError {
+    if info.contains("tab") {
+        let tabbed = text.lines().position(|l| {
+            l.chars()
+                .take_while(|c| c.is_whitespace())
+                .any(|c| c == '\t')
+        });
+        if let Some(i) = tabbed {
+            return SyntaxError {
+                mark: Mark {
+                    line: i + 1,
+                    col: 1,
+                },
+                message: "a tab in the indentation; YAML indents with spaces only".into(),
+            };
+        }
+    }
+    if info.contains("flow")
+        && let Some(open) = unclosed_bracket(text, at)
+    {
+        return SyntaxError {
+            mark: open,
+            message: format!("this bracket is never closed ({info})"),
+        };
+    }
+    SyntaxError {
+        mark: at,
+        message: info.to_owned(),
+    }
+}
+
+/// The last `{` or `[` before `until` that is still open, skipping quoted text and comments.
+fn unclosed_bracket(text: &str, until: Mark) -> Option<Mark> {
+    let mut open: Vec<Mark> = Vec::new();
+    for (i, line) in text.lines().enumerate().take(until.line) {
+        let mut quote: Option<char> = None;
+        let mut prev = ' ';
+        for (col, c) in line.chars().enumerate() {
+            match (quote, c) {
+                (Some(q), c) if c == q => quote = None,
+                (Some(_), _) => {}
+                (None, '"' | '\'') if matches!(prev, ' ' | '\t' | '[' | '{' | ',' | ':') => {
+                    quote = Some(c);
+                }
+                (None, '#') if prev.is_whitespace() => break,
+                (None, '{' | '[') => open.push(Mark {
+                    line: i + 1,
+                    col: col + 1,
+                }),
+                (None, '}' | ']') => {
+                    open.pop();
+                }
+                _ => {}
+            }
+            prev = c;
+        }
+    }
+    open.pop()
 }
 
 fn count(node: &Node) -> usize {

@@ -6,3 +6,4 @@ mod client;
 mod common;
 mod hostile;
 mod sandbox_http;
+mod validate;
