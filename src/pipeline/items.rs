@@ -91,18 +91,21 @@ impl Items {
     pub fn sha256(&self) -> String {
         let mut order: Vec<usize> = (0..self.fields.len()).collect();
         order.sort_by(|a, b| self.fields[*a].cmp(&self.fields[*b]));
+        // Every string is length-prefixed, so no value can pass for a field name or an id.
         let mut hasher = Sha256::new();
+        let mut put = |s: &str| {
+            hasher.update((s.len() as u64).to_le_bytes());
+            hasher.update(s.as_bytes());
+        };
         for item in &self.rows {
-            hasher.update(item.id.as_bytes());
+            put(&item.id);
             for &i in &order {
                 if let Some(Some(v)) = item.values.get(i) {
-                    hasher.update([0x1f]);
-                    hasher.update(self.fields[i].as_bytes());
-                    hasher.update([b'=']);
-                    hasher.update(v.as_bytes());
+                    put(&self.fields[i]);
+                    put(v);
                 }
             }
-            hasher.update([0x1e]);
+            put("");
         }
         hex::encode(hasher.finalize())
     }

@@ -114,7 +114,7 @@ pub enum SizeSpec {
     FourK,
 }
 
-/// Read by hand rather than as an untagged enum, so a misspelt `from` is reported as such.
+// Read by hand rather than as an untagged enum, so a misspelt `from` is reported as such.
 #[derive(Debug, JsonSchema)]
 #[serde(untagged)]
 pub enum ReferenceSpec {

@@ -109,7 +109,11 @@ impl GenerationPrice {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepCost {
     pub step: String,
+    /// As the file names it: `generate`, `erase`, `expand`, `upscale`, `remove_background`.
     pub operation: String,
+    /// What sets the price: `2K ×2` for a generation, `4x` for an upscale, else empty.
+    #[serde(default)]
+    pub detail: String,
     pub once: bool,
     pub tasks: u64,
     /// `None` when the price is unknown.
@@ -137,8 +141,12 @@ impl Costs {
             .step_refs()
             .map(|r| step_cost(pipeline, r, generation))
             .collect();
-        let tasks = steps.iter().map(|s| s.tasks).sum();
-        let known_credits = steps.iter().filter_map(|s| s.subtotal).sum();
+        // Saturating: an absurd price must give a total over any budget, not wrap around.
+        let tasks = steps.iter().fold(0u64, |a, s| a.saturating_add(s.tasks));
+        let known_credits = steps
+            .iter()
+            .filter_map(|s| s.subtotal)
+            .fold(0u64, u64::saturating_add);
         let unpriced_steps: Vec<String> = steps
             .iter()
             .filter(|s| s.subtotal.is_none())
@@ -157,30 +165,35 @@ impl Costs {
 fn step_cost(pipeline: &Pipeline, r: StepRef, generation: &GenerationPrice) -> StepCost {
     let step = pipeline.step(r);
     let tasks = pipeline.tasks(r);
-    let (operation, per_task, source) = match &step.op {
-        Operation::Generate(g) => {
-            let per_image = generation.credits;
-            (
-                format!("generate {} ×{}", g.size, g.n),
-                per_image.map(|p| p * u64::from(g.n) * g.size.price_multiplier()),
-                generation.source.clone(),
-            )
-        }
+    let (detail, per_task, source) = match &step.op {
+        Operation::Generate(g) => (
+            format!("{} ×{}", g.size, g.n),
+            generation
+                .credits
+                .map(|p| p.saturating_mul(u64::from(g.n) * g.size.price_multiplier())),
+            generation.source.clone(),
+        ),
         Operation::Tool(t) => {
-            let operation = match t.params {
-                crate::pipeline::ToolOp::Upscale(i) => format!("upscale {}x", i.factor()),
-                _ => t.params.tool().as_str().to_owned(),
+            let detail = match t.params {
+                crate::pipeline::ToolOp::Upscale(i) => format!("{}x", i.factor()),
+                _ => String::new(),
             };
-            (operation, Some(t.params.credits()), PriceSource::Spec)
+            (detail, Some(t.params.credits()), PriceSource::Spec)
         }
     };
     StepCost {
         step: step.id.clone(),
-        operation,
+        operation: step.operation().to_owned(),
+        detail,
         once: step.once,
         tasks,
         credits_per_task: per_task,
-        subtotal: per_task.map(|p| p.saturating_mul(tasks)),
+        // A step with no tasks costs nothing, priced or not.
+        subtotal: match per_task {
+            Some(p) => Some(p.saturating_mul(tasks)),
+            None if tasks == 0 => Some(0),
+            None => None,
+        },
         price_source: source,
     }
 }

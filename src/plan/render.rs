@@ -29,7 +29,9 @@ pub fn text(doc: &PlanDocument) -> String {
     for s in &doc.costs.steps {
         rows.push([
             s.step.clone(),
-            s.operation.clone(),
+            format!("{} {}", s.operation, s.detail)
+                .trim_end()
+                .to_owned(),
             if s.once { "once" } else { "per item" }.to_owned(),
             s.tasks.to_string(),
             s.credits_per_task.map_or("?".into(), |c| c.to_string()),

@@ -5,5 +5,6 @@ mod cli;
 mod client;
 mod common;
 mod hostile;
+mod plan;
 mod sandbox_http;
 mod validate;
