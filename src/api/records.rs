@@ -70,13 +70,8 @@ const PLAN_POINTERS: &[&str] = &[
     "/data/plan",
 ];
 const LIMITS_POINTERS: &[&str] = &["/limits", "/rate_limits", "/account/limits", "/data/limits"];
-const PRICE_KEYS: &[&str] = &[
-    "credits_per_image",
-    "price_per_image",
-    "credits",
-    "price",
-    "cost",
-];
+/// Only keys that say "per image": a bare `price` or `credits` may be per call, or a tool's.
+const PRICE_KEYS: &[&str] = &["credits_per_image", "price_per_image"];
 const CONCURRENCY_KEYS: &[&str] = &[
     "max_concurrency",
     "concurrency",
@@ -239,18 +234,42 @@ impl Models {
             .collect()
     }
 
-    /// A generation price per 2K image when a model entry states one.
-    pub fn generation_price(&self) -> Option<Found<u64>> {
-        let (base, items) = self.entries(&["/models", "/data"])?;
-        items.iter().enumerate().find_map(|(i, item)| {
-            PRICE_KEYS.iter().find_map(|k| {
-                let value = item.get(*k)?.as_u64()?;
-                Some(Found {
-                    value,
-                    pointer: format!("{base}/{i}/{k}"),
+    /// Every per-image generation price that a model entry states (tool entries excluded).
+    pub fn generation_prices(&self) -> Vec<Found<u64>> {
+        let Some((base, items)) = self.entries(&["/models", "/data"]) else {
+            return Vec::new();
+        };
+        let is_tool = |item: &Value| {
+            entry_name(item, &["id", "name"]).is_some_and(|n| {
+                crate::api::types::ToolName::ALL
+                    .iter()
+                    .any(|t| t.as_str() == n)
+            })
+        };
+        items
+            .iter()
+            .enumerate()
+            .filter(|(_, item)| !is_tool(item))
+            .filter_map(|(i, item)| {
+                PRICE_KEYS.iter().find_map(|k| {
+                    let value = item.get(*k)?.as_u64()?;
+                    Some(Found {
+                        value,
+                        pointer: format!("{base}/{i}/{k}"),
+                    })
                 })
             })
-        })
+            .collect()
+    }
+
+    /// The generation price per 2K image, when the models that state one all agree on it.
+    pub fn generation_price(&self) -> Option<Found<u64>> {
+        let prices = self.generation_prices();
+        let first = prices.first()?;
+        prices
+            .iter()
+            .all(|p| p.value == first.value)
+            .then(|| first.clone())
     }
 }
 

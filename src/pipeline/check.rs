@@ -47,17 +47,19 @@ pub fn check(
         .iter()
         .filter_map(|s| s.get("id")?.scalar())
         .collect();
-    let spec = typed.value?;
+    let spec = typed.value.as_ref()?;
     let mut c = Checker {
         file: src.file,
         root,
         report,
+        skipped: &skipped,
     };
-    c.top_level(&spec);
-    let items = c.items(src, &spec, &item_nodes);
+    c.top_level(spec);
+    let items = c.items(src, spec, &item_nodes);
     let drafts = c.steps(&spec.steps, &step_nodes, &raw_step_ids);
     let order = c.graph(&drafts);
     c.templates(&drafts, &items);
+    c.repeated_work(&drafts);
     if !c.report.is_ok() {
         return None;
     }
@@ -68,8 +70,8 @@ pub fn check(
         file: src.file.to_owned(),
         text_sha256: src.text_sha256.clone(),
         output_dir: src.dir.join(spec.output_dir.as_deref().unwrap_or("out")),
-        max_credits: spec.budget.map(|b| b.max_credits),
-        generation_price: spec.pricing.map(|p| p.generation),
+        max_credits: spec.budget.as_ref().map(|b| b.max_credits),
+        generation_price: spec.pricing.as_ref().map(|p| p.generation),
         concurrency: spec.concurrency.and_then(NonZeroU32::new),
         rate_limit: spec.rate_limit.as_deref().and_then(|r| r.parse().ok()),
         items,
@@ -86,7 +88,7 @@ pub fn check(
     Some(pipeline)
 }
 
-fn kept<'n>(list: Option<&'n Node>, skipped: &impl Fn(&Node) -> bool) -> Vec<&'n Node> {
+fn kept<'n>(list: Option<&'n Node>, skipped: &dyn Fn(&Node) -> bool) -> Vec<&'n Node> {
     list.and_then(Node::elements)
         .unwrap_or_default()
         .iter()
@@ -102,6 +104,8 @@ struct Checker<'a> {
     file: &'a str,
     root: &'a Node,
     report: &'a mut Report,
+    /// Nodes left out of the typed value because of an error already reported.
+    skipped: &'a dyn Fn(&Node) -> bool,
 }
 
 /// A step with its references resolved to indices in the file's order.
@@ -159,6 +163,10 @@ impl Checker<'_> {
             let mark = self.at(&["name"]);
             self.error(mark, "name must not be empty");
         }
+        if spec.output_dir.as_deref().is_some_and(|d| d.contains("{{")) {
+            let mark = self.at(&["output_dir"]);
+            self.error(mark, "output_dir is a path, not a template; outputs already go to <output_dir>/<run>/<item>/");
+        }
         if spec
             .output_dir
             .as_deref()
@@ -212,7 +220,9 @@ impl Checker<'_> {
                     .display()
                     .to_string();
                 match items::read_file(&src.dir.join(rel), &shown_path, self.report) {
-                    Ok(raw) => return Items::build(&shown_path, raw, self.report),
+                    Ok((declared, raw)) => {
+                        return Items::build(&shown_path, &declared, raw, self.report);
+                    }
                     Err(why) => {
                         self.error(mark, format!("items_from: {shown_path}: {why}"));
                         return Items::default();
@@ -232,7 +242,7 @@ impl Checker<'_> {
                 Vec::new()
             }
         };
-        Items::build(self.file, raw, self.report)
+        Items::build(self.file, &[], raw, self.report)
     }
 
     fn steps<'n>(
@@ -269,6 +279,20 @@ impl Checker<'_> {
             }
         }
         let ids: Vec<&str> = specs.iter().map(|s| s.id.as_str()).collect();
+        for (spec, node) in specs.iter().zip(nodes) {
+            let Some((stem, index)) = spec.id.rsplit_once('-') else {
+                continue;
+            };
+            if !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()) && ids.contains(&stem)
+            {
+                let mark = mark_of(node.get("id"), node);
+                self.error(mark, format!(
+                    "step id {} reads as output {index} of step {}, whose files are named {stem}-<index>; choose another id",
+                    shown(&spec.id),
+                    shown(stem)
+                ));
+            }
+        }
         let mut known: Vec<&str> = raw_ids.iter().copied().collect();
         known.sort_unstable();
         let mut resolve = |checker: &mut Self, name: &str, at: &Node| -> Option<StepRef> {
@@ -338,6 +362,14 @@ impl Checker<'_> {
         }
         let op_name = given[0];
         let op_node = node.get(op_name).unwrap_or(node);
+        if op_node.is_null() {
+            let mark = mark_of(node.key(op_name), node);
+            self.error(mark, format!("`{op_name}` is empty; it needs its fields"))
+                .hint = Some(format!(
+                "see the `{op_name}` row of the reference in pipelines/README.md"
+            ));
+            return draft;
+        }
         let field = |name: &str| op_node.get(name).unwrap_or(op_node);
         draft.op = if let Some(g) = &spec.generate {
             self.generate(g, op_node, &mut draft, resolve)
@@ -422,7 +454,7 @@ impl Checker<'_> {
             None | Some(SizeSpec::TwoK) => Size::TwoK,
             Some(SizeSpec::FourK) => Size::FourK,
         };
-        let ref_nodes = field("image_urls").elements().unwrap_or_default();
+        let ref_nodes: Vec<&Node> = kept(op_node.get("image_urls"), self.skipped);
         let mut references = Vec::new();
         let mut complete = true;
         for (r, node) in g.image_urls.iter().zip(ref_nodes) {
@@ -595,6 +627,9 @@ pub fn check_step_id(id: &str) -> Result<(), String> {
     }
     if id.chars().count() > MAX_STEP_ID_CHARS {
         return Err(format!("is longer than {MAX_STEP_ID_CHARS} characters"));
+    }
+    if items::is_device_name(id) {
+        return Err("is a reserved device name on Windows".into());
     }
     Ok(())
 }
@@ -773,6 +808,30 @@ impl Checker<'_> {
                 .hint = Some("a step cannot read, directly or not, its own output".into());
         }
         (order, seen.is_empty())
+    }
+
+    /// Warns of a per-item edit that uses nothing from its item: every item would pay for the
+    /// very same call.
+    fn repeated_work(&mut self, drafts: &[Draft<'_>]) {
+        for d in drafts.iter().filter(|d| !d.once) {
+            let Some(Operation::Tool(tool)) = &d.op else {
+                continue;
+            };
+            let shared_input = match &tool.input {
+                Input::Url(t) => t.is_literal(),
+                Input::Step(s) => drafts[s.0].once,
+            };
+            if shared_input && d.texts.iter().all(|(t, _, _)| t.is_literal()) {
+                let mark = mark_of(d.node.get("id"), d.node);
+                self.report.warn(
+                    Diagnostic::new(self.file, mark, format!(
+                        "step {} runs once per item but uses nothing from the item, so every item pays for the same edit",
+                        shown(&d.id)
+                    ))
+                    .hint("mark it `once: true` to run it a single time"),
+                );
+            }
+        }
     }
 
     /// Checks every template against every item it will be filled with.

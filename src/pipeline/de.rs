@@ -62,7 +62,13 @@ impl de::Error for Error {
     }
 
     fn invalid_type(unexp: de::Unexpected<'_>, exp: &dyn de::Expected) -> Self {
-        Error::new(format!("expected {}, found {unexp}", plain_expected(exp)))
+        let found = match unexp {
+            de::Unexpected::Unit => "nothing (the value is empty)".to_owned(),
+            de::Unexpected::Seq => "a list".to_owned(),
+            de::Unexpected::Map => "a mapping".to_owned(),
+            other => other.to_string(),
+        };
+        Error::new(format!("expected {}, found {found}", plain_expected(exp)))
     }
 
     fn invalid_value(unexp: de::Unexpected<'_>, exp: &dyn de::Expected) -> Self {
@@ -424,9 +430,33 @@ impl<'de> de::Deserializer<'de> for De<'de, '_> {
         visitor.visit_unit()
     }
 
+    /// Only a mapping: serde would also fill a struct from a list, by position.
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        _fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, Error> {
+        self.deserialize_map(visitor)
+    }
+
+    fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Error> {
+        match &self.node.value {
+            Value::Map(_) => self.deserialize_any(visitor),
+            _ => {
+                let e = Error::new(format!(
+                    "expected {}, found {}",
+                    plain_expected(&visitor),
+                    self.node.describe()
+                ));
+                Err(self.attach(e))
+            }
+        }
+    }
+
     serde::forward_to_deserialize_any! {
         bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char bytes byte_buf unit
-        unit_struct seq tuple tuple_struct map struct
+        unit_struct seq tuple tuple_struct
     }
 }
 

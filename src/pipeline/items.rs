@@ -111,11 +111,19 @@ impl Items {
     }
 
     /// Settles ids (checked or derived) and builds the table; problems go to `report`.
-    pub fn build(file: &str, raw: Vec<RawItem>, report: &mut Report) -> Items {
+    /// `declared` are field names known even without items (a CSV header), so a template's
+    /// typo shows before the first night the file has rows.
+    pub fn build(file: &str, declared: &[String], raw: Vec<RawItem>, report: &mut Report) -> Items {
         let mut items = Items {
             file: file.to_owned(),
             ..Items::default()
         };
+        for name in declared.iter().filter(|n| *n != "id") {
+            if !items.index.contains_key(name) {
+                items.fields.push(name.clone());
+                items.index.insert(name.clone(), items.fields.len() - 1);
+            }
+        }
         let mut derived_seen: HashMap<String, usize> = HashMap::new();
         let mut taken: HashMap<String, (String, usize)> = HashMap::new();
         items.rows.reserve(raw.len());
@@ -143,7 +151,13 @@ impl Items {
             let (id, derived_id) = match id {
                 Some(id) => {
                     let at = raw_item.id_mark.unwrap_or(raw_item.mark);
-                    if let Err(why) = check_id(&id) {
+                    if is_derived_form(&id) {
+                        report.error(Diagnostic::new(
+                            file,
+                            at,
+                            format!("item id {}: ids of the form item-<12 hex digits> are kept for items written without an id", shown(&id)),
+                        ));
+                    } else if let Err(why) = check_id(&id) {
                         report.error(
                             Diagnostic::new(file, at, format!("item id {}: {why}", shown(&id)))
                                 .hint("ids name output directories: letters, digits, `.`, `_` and `-`, starting with a letter or digit"),
@@ -192,6 +206,31 @@ impl Items {
     }
 }
 
+/// `item-` and 12 lowercase hex digits, optionally `-N`: the shape of a derived id.
+fn is_derived_form(id: &str) -> bool {
+    let Some(rest) = id.strip_prefix("item-") else {
+        return false;
+    };
+    let (hex, suffix) = rest.split_at(rest.len().min(12));
+    hex.len() == 12
+        && hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        && (suffix.is_empty()
+            || suffix
+                .strip_prefix('-')
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())))
+}
+
+/// Windows device names, which no file or directory may be called, with any extension.
+pub fn is_device_name(name: &str) -> bool {
+    let stem = name.split('.').next().unwrap_or(name).to_ascii_uppercase();
+    matches!(stem.as_str(), "CON" | "PRN" | "AUX" | "NUL")
+        || (stem.len() == 4
+            && (stem.starts_with("COM") || stem.starts_with("LPT"))
+            && stem.as_bytes()[3].is_ascii_digit())
+}
+
 /// Whether `id` is safe as a directory name everywhere imgpipe may run.
 pub fn check_id(id: &str) -> Result<(), String> {
     if id.is_empty() {
@@ -215,12 +254,7 @@ pub fn check_id(id: &str) -> Result<(), String> {
     if id.ends_with('.') {
         return Err("must not end with `.`".into());
     }
-    let stem = id.split('.').next().unwrap_or(id).to_ascii_uppercase();
-    let reserved = matches!(stem.as_str(), "CON" | "PRN" | "AUX" | "NUL")
-        || (stem.len() == 4
-            && (stem.starts_with("COM") || stem.starts_with("LPT"))
-            && stem.as_bytes()[3].is_ascii_digit());
-    if reserved {
+    if is_device_name(id) {
         return Err("is a reserved device name on Windows".into());
     }
     Ok(())
@@ -257,18 +291,21 @@ pub fn shown(id: &str) -> impl fmt::Display + '_ {
     Shown(id)
 }
 
+/// Declared field names (a CSV header) and the items, from a file's bytes.
+type ItemsReader = fn(&[u8], &str, &mut Report) -> (Vec<String>, Vec<RawItem>);
+
 /// Reads an items file, `.jsonl` or `.csv`, as raw items. Problems inside it go to `report`
 /// against `shown_path`; a file that cannot be read at all is the error.
 pub fn read_file(
     path: &Path,
     shown_path: &str,
     report: &mut Report,
-) -> Result<Vec<RawItem>, String> {
+) -> Result<(Vec<String>, Vec<RawItem>), String> {
     let ext = path
         .extension()
         .and_then(|e| e.to_str())
         .map(str::to_ascii_lowercase);
-    let reader: fn(&[u8], &str, &mut Report) -> Vec<RawItem> = match ext.as_deref() {
+    let reader: ItemsReader = match ext.as_deref() {
         Some("jsonl") | Some("ndjson") => read_jsonl,
         Some("csv") => read_csv,
         _ => {
@@ -281,14 +318,15 @@ pub fn read_file(
     Ok(reader(&bytes, shown_path, report))
 }
 
-fn read_jsonl(bytes: &[u8], file: &str, report: &mut Report) -> Vec<RawItem> {
+fn read_jsonl(bytes: &[u8], file: &str, report: &mut Report) -> (Vec<String>, Vec<RawItem>) {
+    let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
     let Ok(text) = std::str::from_utf8(bytes) else {
         report.error(Diagnostic::new(
             file,
             Mark { line: 1, col: 1 },
             "is not UTF-8 text",
         ));
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     };
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -345,7 +383,7 @@ fn read_jsonl(bytes: &[u8], file: &str, report: &mut Report) -> Vec<RawItem> {
             id_mark,
         });
     }
-    out
+    (Vec::new(), out)
 }
 
 /// serde_json's message without its " at line 1 column N": the line is the file's, given apart.
@@ -357,15 +395,18 @@ fn without_position(e: &serde_json::Error) -> String {
     }
 }
 
-fn read_csv(bytes: &[u8], file: &str, report: &mut Report) -> Vec<RawItem> {
+/// Reads a CSV items file. Header names are trimmed; an empty cell is a missing field, as a
+/// JSON `null` is, so a template never fills a hole with nothing.
+fn read_csv(bytes: &[u8], file: &str, report: &mut Report) -> (Vec<String>, Vec<RawItem>) {
+    let mut lines = LineCounter::new(bytes);
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(true)
         .from_reader(bytes);
-    let headers = match reader.headers() {
-        Ok(h) => h.clone(),
+    let headers: Vec<String> = match reader.headers() {
+        Ok(h) => h.iter().map(|n| n.trim().to_owned()).collect(),
         Err(e) => {
-            report.error(csv_error(file, &e));
-            return Vec::new();
+            report.error(csv_error(file, &e, &mut lines));
+            return (Vec::new(), Vec::new());
         }
     };
     let mut seen = HashMap::new();
@@ -374,13 +415,13 @@ fn read_csv(bytes: &[u8], file: &str, report: &mut Report) -> Vec<RawItem> {
             line: 1,
             col: col + 1,
         };
-        if name.trim().is_empty() {
+        if name.is_empty() {
             report.error(Diagnostic::new(
                 file,
                 mark,
                 format!("column {} has no name in the header row", col + 1),
             ));
-        } else if let Some(first) = seen.insert(name.to_owned(), col) {
+        } else if let Some(first) = seen.insert(name.clone(), col) {
             report.error(Diagnostic::new(
                 file,
                 mark,
@@ -397,11 +438,13 @@ fn read_csv(bytes: &[u8], file: &str, report: &mut Report) -> Vec<RawItem> {
         let record = match record {
             Ok(r) => r,
             Err(e) => {
-                report.error(csv_error(file, &e));
+                report.error(csv_error(file, &e, &mut lines));
                 continue;
             }
         };
-        let line = record.position().map_or(1, |p| p.line() as usize);
+        let line = record
+            .position()
+            .map_or(1, |p| lines.line_at(p.byte() as usize));
         let mark = Mark { line, col: 1 };
         if record.iter().all(|v| v.trim().is_empty()) {
             continue;
@@ -409,31 +452,66 @@ fn read_csv(bytes: &[u8], file: &str, report: &mut Report) -> Vec<RawItem> {
         let fields: Vec<(String, String)> = headers
             .iter()
             .zip(record.iter())
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| (k.clone(), v.to_owned()))
             .collect();
         let id_mark = fields.iter().any(|(k, _)| k == "id").then_some(mark);
-        // An empty id cell asks for a derived id, as a missing column does.
-        let fields = fields
-            .into_iter()
-            .filter(|(k, v)| !(k == "id" && v.is_empty()))
-            .collect();
         out.push(RawItem {
             fields,
             mark,
             id_mark,
         });
     }
-    out
+    (headers, out)
 }
 
-fn csv_error(file: &str, e: &csv::Error) -> Diagnostic {
-    let line = e.position().map_or(1, |p| p.line() as usize);
+/// Line numbers from byte offsets, counting `\n` only: the csv crate counts a `\r\n` twice.
+struct LineCounter<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    line: usize,
+}
+
+impl<'a> LineCounter<'a> {
+    fn new(bytes: &'a [u8]) -> Self {
+        LineCounter {
+            bytes,
+            at: 0,
+            line: 1,
+        }
+    }
+
+    /// The 1-based line of byte `offset`; offsets are asked in increasing order.
+    fn line_at(&mut self, offset: usize) -> usize {
+        let mut offset = offset.min(self.bytes.len());
+        // After a `\r`, csv positions a record at the `\n` that ends the line before it; blank
+        // lines before a record are skipped too.
+        while self
+            .bytes
+            .get(offset)
+            .is_some_and(|b| matches!(b, b'\r' | b'\n'))
+        {
+            offset += 1;
+        }
+        if offset < self.at {
+            self.at = 0;
+            self.line = 1;
+        }
+        self.line += self.bytes[self.at..offset]
+            .iter()
+            .filter(|b| **b == b'\n')
+            .count();
+        self.at = offset;
+        self.line
+    }
+}
+
+fn csv_error(file: &str, e: &csv::Error, lines: &mut LineCounter<'_>) -> Diagnostic {
+    let line = e.position().map_or(1, |p| lines.line_at(p.byte() as usize));
     let message = match e.kind() {
         csv::ErrorKind::UnequalLengths {
             expected_len, len, ..
-        } => {
-            format!("this row has {len} fields but the header row has {expected_len}")
-        }
+        } => format!("this row has {len} fields but the header row has {expected_len}"),
         csv::ErrorKind::Utf8 { .. } => "is not UTF-8 text".to_owned(),
         _ => e.to_string(),
     };
@@ -476,6 +554,7 @@ mod tests {
         let mut report = Report::default();
         let items = Items::build(
             "f",
+            &[],
             vec![
                 raw(&[("subject", "mug")], 1),
                 raw(&[("subject", "lamp")], 2),
@@ -489,6 +568,7 @@ mod tests {
         assert_eq!(ids[2], format!("{}-2", ids[0]));
         let reordered = Items::build(
             "f",
+            &[],
             vec![
                 raw(&[("subject", "lamp")], 1),
                 raw(&[("subject", "mug")], 2),
@@ -503,6 +583,7 @@ mod tests {
         let mut report = Report::default();
         Items::build(
             "items.csv",
+            &[],
             vec![
                 raw(&[("id", "mug")], 2),
                 raw(&[("id", "Mug")], 3),
@@ -521,13 +602,26 @@ mod tests {
     }
 
     #[test]
+    fn csv_lines_count_crlf_once_and_empty_cells_are_missing() {
+        let mut report = Report::default();
+        let csv = b"id,url, subject\r\na,https://x/a.png,\r\n\r\nb,https://x/b.png,mug,extra\r\n";
+        let (header, rows) = read_csv(csv, "i.csv", &mut report);
+        assert_eq!(header, ["id", "url", "subject"]);
+        assert_eq!(rows[0].mark.line, 2);
+        assert!(!rows[0].fields.iter().any(|(k, _)| k == "subject"));
+        assert_eq!(report.errors[0].line, 4, "{:?}", report.errors);
+        assert!(is_derived_form("item-0123456789ab") && is_derived_form("item-0123456789ab-2"));
+        assert!(!is_derived_form("item-0123456789ab-") && !is_derived_form("item-mug"));
+    }
+
+    #[test]
     fn csv_and_jsonl_report_bad_rows_by_line() {
         let mut report = Report::default();
-        let rows = read_csv(b"id,url\na,https://x/a.png\nb\n", "i.csv", &mut report);
+        let (_, rows) = read_csv(b"id,url\na,https://x/a.png\nb\n", "i.csv", &mut report);
         assert_eq!(rows.len(), 1);
         assert_eq!(report.errors[0].line, 3, "{:?}", report.errors);
         let mut report = Report::default();
-        let rows = read_jsonl(b"{\"a\": 1}\n\n[1]\n{\"b\": [2]}\n", "i.jsonl", &mut report);
+        let (_, rows) = read_jsonl(b"{\"a\": 1}\n\n[1]\n{\"b\": [2]}\n", "i.jsonl", &mut report);
         assert_eq!(rows.len(), 2);
         let lines: Vec<usize> = report.errors.iter().map(|d| d.line).collect();
         assert_eq!(lines, [3, 4]);

@@ -48,6 +48,8 @@ pub fn load(path: &Path) -> Loaded {
 /// Checks pipeline `text` as if read from `file`, resolving relative paths against `dir`.
 pub fn load_str(file: &str, dir: &Path, text: &str) -> Loaded {
     let mut report = Report::default();
+    // Editors on Windows may start the file with a byte order mark; YAML allows it.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let root = match yaml::parse(text) {
         Ok(root) => root,
         Err(e) => {
@@ -87,6 +89,14 @@ pub fn load_str(file: &str, dir: &Path, text: &str) -> Loaded {
         text_sha256: hex::encode(Sha256::digest(text.as_bytes())),
     };
     let pipeline = check::check(&src, &root, typed, &mut report);
+    if pipeline.is_none() && report.is_ok() {
+        // Every path to no pipeline reports why; this keeps a missed one from reading as valid.
+        report.error(Diagnostic::new(
+            file,
+            root.mark,
+            "the file could not be checked completely; this is a bug in imgpipe, please report it",
+        ));
+    }
     report.sort();
     Loaded {
         pipeline: pipeline.filter(|_| report.is_ok()),

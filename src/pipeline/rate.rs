@@ -62,9 +62,9 @@ impl FromStr for Rate {
             .and_then(NonZeroU32::new)
             .ok_or_else(bad)?;
         let per = match unit.trim() {
-            "s" | "sec" | "second" => Per::Second,
-            "min" | "minute" => Per::Minute,
-            "h" | "hour" => Per::Hour,
+            "s" => Per::Second,
+            "min" => Per::Minute,
+            "h" => Per::Hour,
             _ => return Err(bad()),
         };
         Ok(Rate { count, per })
@@ -87,7 +87,9 @@ mod tests {
         assert_eq!(r.to_string(), "30/min");
         assert!((r.per_second() - 0.5).abs() < 1e-9);
         assert_eq!(" 2 / s ".parse::<Rate>().unwrap().to_string(), "2/s");
-        for bad in ["0/s", "30", "30/day", "-1/s", "1.5/s", "/min", "abc/h"] {
+        for bad in [
+            "0/s", "30", "30/day", "-1/s", "1.5/s", "/min", "abc/h", "3/minute",
+        ] {
             assert!(bad.parse::<Rate>().is_err(), "{bad}");
         }
     }

@@ -16,6 +16,7 @@ use serde::{Deserialize, Deserializer};
 #[schemars(title = "imgpipe pipeline file, version 1")]
 pub struct PipelineSpec {
     /// Format version; this imgpipe reads version 1.
+    #[schemars(range(min = 1, max = 1))]
     pub version: u32,
     /// Name of the pipeline, shown in plans and reports.
     pub name: String,

@@ -252,7 +252,16 @@ impl Builder {
                     }
                     *pending = Some(node);
                 }
-                Some(key) => entries.push((key, node)),
+                Some(key) => {
+                    // The scanner marks an empty value where it next finds something, which may
+                    // be lines below; the key is where the user looks.
+                    let mut node = node;
+                    if matches!(&node.value, Value::Scalar { text, plain: true } if text.is_empty())
+                    {
+                        node.mark = key.mark;
+                    }
+                    entries.push((key, node));
+                }
             },
         }
         Ok(())

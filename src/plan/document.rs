@@ -111,13 +111,22 @@ impl PlanDocument {
 
     /// Writes the plan to `path` through a temporary file, replacing only an earlier plan.
     pub fn save(&self, path: &Path) -> Result<(), String> {
-        if let Ok(existing) = std::fs::read(path) {
-            let is_plan = serde_json::from_slice::<serde_json::Value>(&existing)
-                .ok()
-                .is_some_and(|v| v.get("kind").and_then(|k| k.as_str()) == Some(KIND));
-            if !is_plan {
+        match std::fs::read(path) {
+            Ok(existing) => {
+                let is_plan = serde_json::from_slice::<serde_json::Value>(&existing)
+                    .ok()
+                    .is_some_and(|v| v.get("kind").and_then(|k| k.as_str()) == Some(KIND));
+                if !is_plan {
+                    return Err(format!(
+                        "{} exists and is not an imgpipe plan; refusing to overwrite it",
+                        path.display()
+                    ));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
                 return Err(format!(
-                    "{} exists and is not an imgpipe plan; refusing to overwrite it",
+                    "cannot check what {} holds ({e}); refusing to overwrite it",
                     path.display()
                 ));
             }

@@ -61,6 +61,16 @@ pub enum ModelsAnswer<'a> {
 impl GenerationPrice {
     /// The pipeline's price first, then one the models list states; never a guess.
     pub fn resolve(pipeline: &Pipeline, models: ModelsAnswer<'_>) -> GenerationPrice {
+        let mut price = Self::pick(pipeline, models);
+        if price.credits == Some(0) {
+            price
+                .notes
+                .push("a generated image is priced at 0 credits; check that this is right".into());
+        }
+        price
+    }
+
+    fn pick(pipeline: &Pipeline, models: ModelsAnswer<'_>) -> GenerationPrice {
         let advertised = match &models {
             ModelsAnswer::Fetched(m) => m.generation_price(),
             ModelsAnswer::NotAsked(_) | ModelsAnswer::Failed(_) => None,
@@ -89,7 +99,18 @@ impl GenerationPrice {
             };
         }
         let models_said = match models {
-            ModelsAnswer::Fetched(_) => "GET /v1/models states no price".to_owned(),
+            ModelsAnswer::Fetched(m) if m.generation_prices().len() > 1 => {
+                let stated: Vec<String> = m
+                    .generation_prices()
+                    .iter()
+                    .map(|f| format!("{} at {}", f.value, f.pointer))
+                    .collect();
+                format!(
+                    "the models in GET /v1/models state different prices ({}), and imgpipe does not pick one",
+                    stated.join(", ")
+                )
+            }
+            ModelsAnswer::Fetched(_) => "GET /v1/models states no per-image price".to_owned(),
             ModelsAnswer::NotAsked(why) => format!("GET /v1/models was not asked ({why})"),
             ModelsAnswer::Failed(why) => format!("GET /v1/models failed ({why})"),
         };
