@@ -29,8 +29,6 @@ pub struct Items {
 #[derive(Clone, Debug)]
 pub struct Item {
     pub id: String,
-    /// Whether the id was derived rather than written.
-    pub derived_id: bool,
     values: Box<[Option<Box<str>>]>,
     /// Where the item is written.
     pub mark: Mark,
@@ -76,14 +74,6 @@ impl Items {
         }
         let i = *self.index.get(field)?;
         item.values.get(i)?.as_deref()
-    }
-
-    /// How many items lack `field`.
-    pub fn missing(&self, field: &str) -> usize {
-        self.rows
-            .iter()
-            .filter(|item| self.value(item, field).is_none())
-            .count()
     }
 
     /// A digest of every item's id and fields, independent of how they were written, so a
@@ -148,7 +138,7 @@ impl Items {
                 }
                 values[i] = Some(value.as_str().into());
             }
-            let (id, derived_id) = match id {
+            let id = match id {
                 Some(id) => {
                     let at = raw_item.id_mark.unwrap_or(raw_item.mark);
                     if is_derived_form(&id) {
@@ -163,15 +153,15 @@ impl Items {
                                 .hint("ids name output directories: letters, digits, `.`, `_` and `-`, starting with a letter or digit"),
                         );
                     }
-                    (id, false)
+                    id
                 }
                 None => {
                     let base = derive_id(&raw_item.fields);
                     let n = derived_seen.entry(base.clone()).or_insert(0);
                     *n += 1;
                     match *n {
-                        1 => (base, true),
-                        n => (format!("{base}-{n}"), true),
+                        1 => base,
+                        n => format!("{base}-{n}"),
                     }
                 }
             };
@@ -197,7 +187,6 @@ impl Items {
             }
             items.rows.push(Item {
                 id,
-                derived_id,
                 values: values.into_boxed_slice(),
                 mark: raw_item.mark,
             });

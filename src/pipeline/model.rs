@@ -117,25 +117,6 @@ impl Step {
             Operation::Tool(t) => t.params.tool().as_str(),
         }
     }
-
-    /// The steps whose outputs this step reads.
-    pub fn inputs(&self) -> Vec<StepRef> {
-        match &self.op {
-            Operation::Generate(g) => g
-                .references
-                .iter()
-                .filter_map(|r| match r {
-                    Reference::Step(s) => Some(*s),
-                    Reference::Url(_) => None,
-                })
-                .collect(),
-            Operation::Tool(Tool {
-                input: Input::Step(s),
-                ..
-            }) => vec![*s],
-            Operation::Tool(_) => Vec::new(),
-        }
-    }
 }
 
 impl Pipeline {

@@ -61,13 +61,6 @@ impl Template {
         Ok(Template { parts })
     }
 
-    /// A template with no fields, equal to `text`.
-    pub fn literal(text: &str) -> Template {
-        Template {
-            parts: vec![Part::Text(text.to_owned())],
-        }
-    }
-
     /// The item fields this template reads, in order.
     pub fn fields(&self) -> impl Iterator<Item = &str> {
         self.parts.iter().filter_map(|p| match p {

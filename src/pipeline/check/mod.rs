@@ -85,14 +85,13 @@ pub fn check(
         items,
         steps,
     };
-    if !pipeline.items.is_empty() || pipeline.steps.iter().all(|s| s.once) {
-        return Some(pipeline);
+    if pipeline.items.is_empty() && pipeline.steps.iter().any(|s| !s.once) {
+        c.report.warn(Diagnostic::new(
+            src.file,
+            mark_of(root.key("items").or(root.key("items_from")), root),
+            "there are no items: the per-item steps have nothing to do",
+        ));
     }
-    c.report.warn(Diagnostic::new(
-        src.file,
-        mark_of(root.key("items").or(root.key("items_from")), root),
-        "there are no items: the per-item steps have nothing to do",
-    ));
     Some(pipeline)
 }
 

@@ -158,6 +158,7 @@ impl Checker<'_> {
                 (.., Some(r)) => (r.input(), Some(ToolOp::RemoveBackground)),
                 _ => return draft,
             };
+            let preserve_alpha = input.preserve_alpha;
             let input = match (input.from, input.image_url) {
                 (Some(_), Some(_)) => {
                     let mark = mark_of(op_node.key("image_url"), op_node);
@@ -186,7 +187,7 @@ impl Checker<'_> {
             match (input, params) {
                 (Some(input), Some(params)) => Some(Operation::Tool(Tool {
                     input,
-                    preserve_alpha: input_alpha(spec),
+                    preserve_alpha,
                     params,
                 })),
                 _ => None,
@@ -315,16 +316,6 @@ impl Checker<'_> {
             }
         }
     }
-}
-
-fn input_alpha(spec: &StepSpec) -> Option<bool> {
-    spec.erase
-        .as_ref()
-        .map(|s| s.input())
-        .or(spec.expand.as_ref().map(|s| s.input()))
-        .or(spec.upscale.as_ref().map(|s| s.input()))
-        .or(spec.remove_background.as_ref().map(|s| s.input()))
-        .and_then(|i| i.preserve_alpha)
 }
 
 /// Step ids name output files: letters, digits, `_` and `-`, starting with a letter or digit.
