@@ -14,5 +14,6 @@ pub mod error;
 pub mod pipeline;
 pub mod plan;
 pub mod sandbox;
+pub mod store;
 
 pub use error::{Error, exit};

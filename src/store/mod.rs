@@ -1,0 +1,207 @@
+//! The state database: every run, task, HTTP attempt and output, in SQLite.
+//!
+//! The executor writes its intent before each billed call and the result right after, each in
+//! its own transaction, so whatever instant a crash happens at, the record tells what may have
+//! been billed: an attempt without an outcome is a call that was in flight.
+//!
+//! Schema changes are migrations in `migrations/`, embedded in the binary. A database written
+//! by a newer imgpipe, or one that is not a database at all, is reported and never touched.
+
+mod runs;
+mod tasks;
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sqlx::SqlitePool;
+use sqlx::migrate::MigrateError;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+
+pub use runs::{NewRun, RunRow, RunStatus};
+pub use tasks::{
+    AttemptOutcome, NewTask, OutputRow, Settled, TaskRow, TaskStatus, Totals, UrlIssued,
+};
+
+/// The directory under the user's state directory that holds the default database.
+pub const APP_DIR: &str = "imgpipe";
+pub const DEFAULT_FILE: &str = "state.db";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot create the state directory {}: {source}", path.display())]
+    Directory {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot open the state database {}: {reason}", path.display())]
+    Open { path: PathBuf, reason: String },
+    #[error(
+        "the state database {} was written by a newer imgpipe (schema version {version}); it was left untouched",
+        path.display()
+    )]
+    Newer { path: PathBuf, version: i64 },
+    #[error("the state database {} cannot be brought up to date: {reason}", path.display())]
+    Migrate { path: PathBuf, reason: String },
+    #[error("state database: {0}")]
+    Query(#[from] sqlx::Error),
+}
+
+impl StoreError {
+    /// What the user can do about it.
+    pub fn hint(&self) -> Option<&'static str> {
+        match self {
+            StoreError::Newer { .. } => {
+                Some("upgrade imgpipe, or point --state (or IMGPIPE_STATE) at another database")
+            }
+            StoreError::Open { .. } | StoreError::Migrate { .. } => Some(
+                "if the file is damaged, move it aside and point --state (or IMGPIPE_STATE) at a new path; imgpipe never overwrites it",
+            ),
+            _ => None,
+        }
+    }
+}
+
+/// An open state database.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pool: SqlitePool,
+    path: PathBuf,
+}
+
+impl Store {
+    /// Opens (creating when missing) and migrates the database at `path`.
+    pub async fn open(path: &Path) -> Result<Store, StoreError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|source| StoreError::Directory {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        }
+        let open_err = |e: sqlx::Error| StoreError::Open {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        };
+        let options = SqliteConnectOptions::from_str("sqlite:")
+            .map_err(open_err)?
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            // FULL: a commit is on disk before the paid call it announces is sent.
+            .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(30));
+        // One connection: every write is serialised anyway, and one connection never waits on
+        // another's lock.
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options)
+            .await
+            .map_err(open_err)?;
+        let store = Store {
+            pool,
+            path: path.to_path_buf(),
+        };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        match sqlx::migrate!("./migrations").run(&self.pool).await {
+            Ok(()) => Ok(()),
+            Err(MigrateError::VersionMissing(version)) => Err(StoreError::Newer {
+                path: self.path.clone(),
+                version,
+            }),
+            Err(e) => Err(StoreError::Migrate {
+                path: self.path.clone(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// `PRAGMA integrity_check`: "ok" when the file is sound.
+    pub async fn integrity_check(&self) -> Result<String, StoreError> {
+        let (text,): (String,) = sqlx::query_as("PRAGMA integrity_check")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(text)
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+/// The database path: `--state`/`IMGPIPE_STATE` when given, else `$XDG_STATE_HOME/imgpipe/
+/// state.db`, else `~/.local/state/imgpipe/state.db`.
+pub fn default_path() -> Option<PathBuf> {
+    let non_empty = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    let base = non_empty("XDG_STATE_HOME")
+        .filter(|p| p.is_absolute())
+        .or_else(|| non_empty("HOME").map(|h| h.join(".local").join("state")))?;
+    Some(base.join(APP_DIR).join(DEFAULT_FILE))
+}
+
+/// Unix milliseconds, the database's time unit.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_database_from_a_newer_schema_is_refused_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let store = Store::open(&path).await.unwrap();
+        sqlx::query(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+             VALUES (99991231000000, 'from the future', 1, x'00', 0)",
+        )
+        .execute(store.pool())
+        .await
+        .unwrap();
+        store.close().await;
+        let before = std::fs::read(&path).unwrap();
+        let err = Store::open(&path).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::Newer {
+                    version: 99991231000000,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+    }
+
+    #[tokio::test]
+    async fn a_file_that_is_not_a_database_is_reported_and_not_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let junk = b"this is not sqlite, it is a shopping list".repeat(200);
+        std::fs::write(&path, &junk).unwrap();
+        let err = Store::open(&path).await.unwrap_err();
+        assert!(err.hint().is_some(), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), junk);
+    }
+}

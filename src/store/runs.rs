@@ -1,0 +1,152 @@
+//! Runs: one row per `imgpipe run`, holding the pipeline text and the plan it started from.
+
+use sqlx::Row;
+
+use crate::store::{Store, StoreError, now_ms};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunStatus {
+    Running,
+    /// Every task succeeded and every output is on disk.
+    Succeeded,
+    /// Finished, with failed tasks or downloads.
+    Failed,
+    /// Stopped by SIGINT/SIGTERM, or by a crash (it then still reads `running`).
+    Interrupted,
+    /// Stopped by imgpipe itself: out of budget or balance, or prices above the plan.
+    Stopped,
+}
+
+impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::Succeeded => "succeeded",
+            RunStatus::Failed => "failed",
+            RunStatus::Interrupted => "interrupted",
+            RunStatus::Stopped => "stopped",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<RunStatus> {
+        Some(match s {
+            "running" => RunStatus::Running,
+            "succeeded" => RunStatus::Succeeded,
+            "failed" => RunStatus::Failed,
+            "interrupted" => RunStatus::Interrupted,
+            "stopped" => RunStatus::Stopped,
+            _ => return None,
+        })
+    }
+}
+
+/// What a run starts with.
+pub struct NewRun<'a> {
+    pub id: &'a str,
+    pub pipeline_name: &'a str,
+    pub pipeline_file: &'a str,
+    pub pipeline_text: &'a str,
+    pub pipeline_sha256: &'a str,
+    pub items_sha256: &'a str,
+    pub plan_json: &'a str,
+    pub output_dir: &'a str,
+    pub credits_planned: u64,
+    pub balance_before: Option<i64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct RunRow {
+    pub id: String,
+    pub pipeline_name: String,
+    pub pipeline_file: String,
+    pub pipeline_sha256: String,
+    pub items_sha256: String,
+    pub plan_json: String,
+    pub output_dir: String,
+    pub status: RunStatus,
+    pub credits_planned: u64,
+    pub balance_before: Option<i64>,
+    pub balance_after: Option<i64>,
+    pub stop_reason: Option<String>,
+    pub created_at: i64,
+    pub finished_at: Option<i64>,
+}
+
+impl Store {
+    pub async fn create_run(&self, run: &NewRun<'_>) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO runs (id, pipeline_name, pipeline_file, pipeline_text, pipeline_sha256,
+                 items_sha256, plan_json, output_dir, status, credits_planned, balance_before,
+                 created_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?)",
+        )
+        .bind(run.id)
+        .bind(run.pipeline_name)
+        .bind(run.pipeline_file)
+        .bind(run.pipeline_text)
+        .bind(run.pipeline_sha256)
+        .bind(run.items_sha256)
+        .bind(run.plan_json)
+        .bind(run.output_dir)
+        .bind(i64::try_from(run.credits_planned).unwrap_or(i64::MAX))
+        .bind(run.balance_before)
+        .bind(now_ms())
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    pub async fn run(&self, id: &str) -> Result<Option<RunRow>, StoreError> {
+        let row = sqlx::query(
+            "SELECT id, pipeline_name, pipeline_file, pipeline_sha256, items_sha256, plan_json,
+                    output_dir, status, credits_planned, balance_before, balance_after,
+                    stop_reason, created_at, finished_at
+             FROM runs WHERE id = ?",
+        )
+        .bind(id)
+        .fetch_optional(self.pool())
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let status: String = row.try_get("status")?;
+        Ok(Some(RunRow {
+            id: row.try_get("id")?,
+            pipeline_name: row.try_get("pipeline_name")?,
+            pipeline_file: row.try_get("pipeline_file")?,
+            pipeline_sha256: row.try_get("pipeline_sha256")?,
+            items_sha256: row.try_get("items_sha256")?,
+            plan_json: row.try_get("plan_json")?,
+            output_dir: row.try_get("output_dir")?,
+            status: RunStatus::parse(&status).unwrap_or(RunStatus::Running),
+            credits_planned: row.try_get::<i64, _>("credits_planned")?.max(0) as u64,
+            balance_before: row.try_get("balance_before")?,
+            balance_after: row.try_get("balance_after")?,
+            stop_reason: row.try_get("stop_reason")?,
+            created_at: row.try_get("created_at")?,
+            finished_at: row.try_get("finished_at")?,
+        }))
+    }
+
+    /// Marks the run running again (a continued run) or finished.
+    pub async fn set_run_status(
+        &self,
+        id: &str,
+        status: RunStatus,
+        stop_reason: Option<&str>,
+        balance_after: Option<i64>,
+    ) -> Result<(), StoreError> {
+        let finished = (status != RunStatus::Running).then(now_ms);
+        sqlx::query(
+            "UPDATE runs SET status = ?, stop_reason = ?, finished_at = ?,
+                 balance_after = COALESCE(?, balance_after)
+             WHERE id = ?",
+        )
+        .bind(status.as_str())
+        .bind(stop_reason)
+        .bind(finished)
+        .bind(balance_after)
+        .bind(id)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,480 @@
+//! Tasks, their HTTP attempts and their outputs.
+
+use sqlx::Row;
+
+use crate::store::{Store, StoreError, now_ms};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TaskStatus {
+    Pending,
+    /// A paid call was announced; until it is settled it may have been billed.
+    Running,
+    Succeeded,
+    Failed,
+    /// An input failed, so the task never ran.
+    Blocked,
+}
+
+impl TaskStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Pending => "pending",
+            TaskStatus::Running => "running",
+            TaskStatus::Succeeded => "succeeded",
+            TaskStatus::Failed => "failed",
+            TaskStatus::Blocked => "blocked",
+        }
+    }
+
+    fn parse(s: &str) -> TaskStatus {
+        match s {
+            "running" => TaskStatus::Running,
+            "succeeded" => TaskStatus::Succeeded,
+            "failed" => TaskStatus::Failed,
+            "blocked" => TaskStatus::Blocked,
+            _ => TaskStatus::Pending,
+        }
+    }
+}
+
+pub struct NewTask {
+    pub item: String,
+    pub step: String,
+    pub idx: u32,
+    pub operation: &'static str,
+    pub inputs: String,
+    pub planned_credits: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct TaskRow {
+    pub id: i64,
+    pub item: String,
+    pub step: String,
+    pub idx: u32,
+    pub status: TaskStatus,
+    pub planned_credits: u64,
+    pub credits_billed: u64,
+    pub job_id: Option<String>,
+    pub error: Option<String>,
+}
+
+/// A paid call that came back with its job.
+pub struct Settled<'a> {
+    pub job_id: &'a str,
+    pub credits_used: u64,
+    pub credits_remaining: Option<i64>,
+    /// The result URLs, in output order.
+    pub urls: &'a [String],
+    /// The job whose output was this call's input, for the lineage.
+    pub parent_job_id: Option<&'a str>,
+    /// A note kept with the attempt, e.g. that the answer was recovered by job id.
+    pub note: Option<&'a str>,
+}
+
+pub enum AttemptOutcome<'a> {
+    Succeeded(Settled<'a>),
+    /// The service answered an error: nothing billed.
+    Answered {
+        status: u16,
+        error: &'a str,
+    },
+    /// Never reached the service.
+    NotSent {
+        error: &'a str,
+    },
+    /// Sent, no complete answer: possibly billed.
+    Ambiguous {
+        error: &'a str,
+    },
+}
+
+/// A freshly signed URL for an output.
+pub struct UrlIssued {
+    pub output_id: i64,
+    pub url: String,
+    pub issued_at: i64,
+}
+
+#[derive(Clone, Debug)]
+pub struct OutputRow {
+    pub id: i64,
+    pub task_id: i64,
+    pub item: String,
+    pub step: String,
+    pub idx: u32,
+    pub k: u32,
+    pub job_id: String,
+    pub parent_job_id: Option<String>,
+    pub url: String,
+    pub url_issued_at: i64,
+    pub path: Option<String>,
+    pub sha256: Option<String>,
+    pub bytes: Option<u64>,
+    pub download_error: Option<String>,
+    /// The credits of the call that made it, shared by all of that call's outputs.
+    pub task_credits: u64,
+}
+
+/// What a run has done and paid, from its attempts.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Totals {
+    pub tasks: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub blocked: u64,
+    pub pending: u64,
+    pub planned_credits: u64,
+    pub billed_credits: u64,
+    /// Attempts sent without a complete answer, which may have been billed without a result.
+    pub ambiguous_attempts: u64,
+    pub outputs: u64,
+    pub downloaded: u64,
+    pub download_failures: u64,
+}
+
+fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn to_u64(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+impl Store {
+    /// Records a run's tasks in one transaction; tasks already recorded are kept as they are.
+    pub async fn insert_tasks(&self, run_id: &str, tasks: &[NewTask]) -> Result<(), StoreError> {
+        let mut tx = self.pool().begin().await?;
+        let now = now_ms();
+        for t in tasks {
+            sqlx::query(
+                "INSERT OR IGNORE INTO tasks (run_id, item, step, idx, operation, inputs,
+                     planned_credits, status, updated_at)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?)",
+            )
+            .bind(run_id)
+            .bind(&t.item)
+            .bind(&t.step)
+            .bind(i64::from(t.idx))
+            .bind(t.operation)
+            .bind(&t.inputs)
+            .bind(to_i64(t.planned_credits))
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn tasks(&self, run_id: &str) -> Result<Vec<TaskRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, item, step, idx, status, planned_credits, credits_billed, job_id, error
+             FROM tasks WHERE run_id = ? ORDER BY id",
+        )
+        .bind(run_id)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(TaskRow {
+                    id: r.try_get("id")?,
+                    item: r.try_get("item")?,
+                    step: r.try_get("step")?,
+                    idx: u32::try_from(r.try_get::<i64, _>("idx")?).unwrap_or(0),
+                    status: TaskStatus::parse(r.try_get("status")?),
+                    planned_credits: to_u64(r.try_get("planned_credits")?),
+                    credits_billed: to_u64(r.try_get("credits_billed")?),
+                    job_id: r.try_get("job_id")?,
+                    error: r.try_get("error")?,
+                })
+            })
+            .collect()
+    }
+
+    /// The intent: written and committed before the paid call is sent.
+    pub async fn begin_attempt(
+        &self,
+        run_id: &str,
+        task_id: i64,
+        endpoint: &str,
+    ) -> Result<i64, StoreError> {
+        let mut tx = self.pool().begin().await?;
+        let now = now_ms();
+        let id = sqlx::query(
+            "INSERT INTO attempts (task_id, run_id, endpoint, started_at) VALUES (?, ?, ?, ?)",
+        )
+        .bind(task_id)
+        .bind(run_id)
+        .bind(endpoint)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?
+        .last_insert_rowid();
+        sqlx::query("UPDATE tasks SET status = 'running', updated_at = ? WHERE id = ?")
+            .bind(now)
+            .bind(task_id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(id)
+    }
+
+    /// The result, written right after the call returns. A success also settles the task and
+    /// records its outputs' URLs; the returned ids are the outputs', in order.
+    pub async fn finish_attempt(
+        &self,
+        run_id: &str,
+        task_id: i64,
+        attempt_id: i64,
+        outcome: &AttemptOutcome<'_>,
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut tx = self.pool().begin().await?;
+        let now = now_ms();
+        let (name, status, credits, remaining, job, error) = match outcome {
+            AttemptOutcome::Succeeded(s) => (
+                "succeeded",
+                None,
+                to_i64(s.credits_used),
+                s.credits_remaining,
+                Some(s.job_id),
+                s.note,
+            ),
+            AttemptOutcome::Answered { status, error } => (
+                "answered_error",
+                Some(i64::from(*status)),
+                0,
+                None,
+                None,
+                Some(*error),
+            ),
+            AttemptOutcome::NotSent { error } => ("not_sent", None, 0, None, None, Some(*error)),
+            AttemptOutcome::Ambiguous { error } => ("ambiguous", None, 0, None, None, Some(*error)),
+        };
+        sqlx::query(
+            "UPDATE attempts SET finished_at = ?, outcome = ?, http_status = ?, credits_billed = ?,
+                 credits_remaining = ?, job_id = ?, error = ?
+             WHERE id = ?",
+        )
+        .bind(now)
+        .bind(name)
+        .bind(status)
+        .bind(credits)
+        .bind(remaining)
+        .bind(job)
+        .bind(error)
+        .bind(attempt_id)
+        .execute(&mut *tx)
+        .await?;
+        let mut ids = Vec::new();
+        if let AttemptOutcome::Succeeded(s) = outcome {
+            sqlx::query(
+                "UPDATE tasks SET status = 'succeeded', job_id = ?, error = NULL,
+                     credits_billed = credits_billed + ?, updated_at = ?
+                 WHERE id = ?",
+            )
+            .bind(s.job_id)
+            .bind(credits)
+            .bind(now)
+            .bind(task_id)
+            .execute(&mut *tx)
+            .await?;
+            for (k, url) in s.urls.iter().enumerate() {
+                let id = sqlx::query(
+                    "INSERT INTO outputs (task_id, run_id, k, job_id, parent_job_id, url,
+                         url_issued_at)
+                     VALUES (?, ?, ?, ?, ?, ?, ?)
+                     ON CONFLICT (task_id, k) DO UPDATE SET job_id = excluded.job_id,
+                         url = excluded.url, url_issued_at = excluded.url_issued_at",
+                )
+                .bind(task_id)
+                .bind(run_id)
+                .bind(k as i64)
+                .bind(s.job_id)
+                .bind(s.parent_job_id)
+                .bind(url)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?
+                .last_insert_rowid();
+                ids.push(id);
+            }
+        }
+        tx.commit().await?;
+        Ok(ids)
+    }
+
+    /// Marks a task pending, failed or blocked, with the reason.
+    pub async fn set_task_status(
+        &self,
+        task_ids: &[i64],
+        status: TaskStatus,
+        error: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool().begin().await?;
+        let now = now_ms();
+        for id in task_ids {
+            sqlx::query("UPDATE tasks SET status = ?, error = ?, updated_at = ? WHERE id = ?")
+                .bind(status.as_str())
+                .bind(error)
+                .bind(now)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Attempts announced and never settled: calls in flight when a process died.
+    pub async fn settle_orphaned_attempts(&self, run_id: &str) -> Result<u64, StoreError> {
+        let mut tx = self.pool().begin().await?;
+        let done = sqlx::query(
+            "UPDATE attempts SET outcome = 'ambiguous', finished_at = ?,
+                 error = 'in flight when the run stopped; it may have been billed'
+             WHERE run_id = ? AND outcome IS NULL",
+        )
+        .bind(now_ms())
+        .bind(run_id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        sqlx::query("UPDATE tasks SET status = 'pending' WHERE run_id = ? AND status = 'running'")
+            .bind(run_id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(done)
+    }
+
+    pub async fn record_download(
+        &self,
+        output_id: i64,
+        path: &str,
+        sha256: &str,
+        bytes: u64,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE outputs SET path = ?, sha256 = ?, bytes = ?, downloaded_at = ?,
+                 download_error = NULL
+             WHERE id = ?",
+        )
+        .bind(path)
+        .bind(sha256)
+        .bind(to_i64(bytes))
+        .bind(now_ms())
+        .bind(output_id)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    pub async fn record_download_error(
+        &self,
+        output_id: i64,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE outputs SET download_error = ? WHERE id = ?")
+            .bind(error)
+            .bind(output_id)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
+    pub async fn refresh_urls(&self, fresh: &[UrlIssued]) -> Result<(), StoreError> {
+        let mut tx = self.pool().begin().await?;
+        for f in fresh {
+            sqlx::query("UPDATE outputs SET url = ?, url_issued_at = ? WHERE id = ?")
+                .bind(&f.url)
+                .bind(f.issued_at)
+                .bind(f.output_id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn outputs(&self, run_id: &str) -> Result<Vec<OutputRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT o.id, o.task_id, t.item, t.step, t.idx, o.k, o.job_id, o.parent_job_id, o.url,
+                    o.url_issued_at, o.path, o.sha256, o.bytes, o.download_error,
+                    t.credits_billed
+             FROM outputs o JOIN tasks t ON t.id = o.task_id
+             WHERE o.run_id = ? ORDER BY t.id, o.k",
+        )
+        .bind(run_id)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(OutputRow {
+                    id: r.try_get("id")?,
+                    task_id: r.try_get("task_id")?,
+                    item: r.try_get("item")?,
+                    step: r.try_get("step")?,
+                    idx: u32::try_from(r.try_get::<i64, _>("idx")?).unwrap_or(0),
+                    k: u32::try_from(r.try_get::<i64, _>("k")?).unwrap_or(0),
+                    job_id: r.try_get("job_id")?,
+                    parent_job_id: r.try_get("parent_job_id")?,
+                    url: r.try_get("url")?,
+                    url_issued_at: r.try_get("url_issued_at")?,
+                    path: r.try_get("path")?,
+                    sha256: r.try_get("sha256")?,
+                    bytes: r.try_get::<Option<i64>, _>("bytes")?.map(to_u64),
+                    download_error: r.try_get("download_error")?,
+                    task_credits: to_u64(r.try_get("credits_billed")?),
+                })
+            })
+            .collect()
+    }
+
+    pub async fn totals(&self, run_id: &str) -> Result<Totals, StoreError> {
+        let t = sqlx::query(
+            "SELECT COUNT(*) AS tasks,
+                    COALESCE(SUM(status = 'succeeded'), 0) AS succeeded,
+                    COALESCE(SUM(status = 'failed'), 0) AS failed,
+                    COALESCE(SUM(status = 'blocked'), 0) AS blocked,
+                    COALESCE(SUM(status IN ('pending', 'running')), 0) AS pending,
+                    COALESCE(SUM(planned_credits), 0) AS planned
+             FROM tasks WHERE run_id = ?",
+        )
+        .bind(run_id)
+        .fetch_one(self.pool())
+        .await?;
+        let a = sqlx::query(
+            "SELECT COALESCE(SUM(credits_billed), 0) AS billed,
+                    COALESCE(SUM(outcome = 'ambiguous' OR outcome IS NULL), 0) AS ambiguous
+             FROM attempts WHERE run_id = ?",
+        )
+        .bind(run_id)
+        .fetch_one(self.pool())
+        .await?;
+        let o = sqlx::query(
+            "SELECT COUNT(*) AS outputs,
+                    COALESCE(SUM(path IS NOT NULL), 0) AS downloaded,
+                    COALESCE(SUM(path IS NULL AND download_error IS NOT NULL), 0) AS failures
+             FROM outputs WHERE run_id = ?",
+        )
+        .bind(run_id)
+        .fetch_one(self.pool())
+        .await?;
+        let n = |row: &sqlx::sqlite::SqliteRow, c: &str| -> Result<u64, StoreError> {
+            Ok(to_u64(row.try_get::<i64, _>(c)?))
+        };
+        Ok(Totals {
+            tasks: n(&t, "tasks")?,
+            succeeded: n(&t, "succeeded")?,
+            failed: n(&t, "failed")?,
+            blocked: n(&t, "blocked")?,
+            pending: n(&t, "pending")?,
+            planned_credits: n(&t, "planned")?,
+            billed_credits: n(&a, "billed")?,
+            ambiguous_attempts: n(&a, "ambiguous")?,
+            outputs: n(&o, "outputs")?,
+            downloaded: n(&o, "downloaded")?,
+            download_failures: n(&o, "failures")?,
+        })
+    }
+}
