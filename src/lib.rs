@@ -11,6 +11,7 @@
 pub mod api;
 pub mod cli;
 pub mod error;
+pub mod exec;
 pub mod pipeline;
 pub mod plan;
 pub mod sandbox;

@@ -1,0 +1,209 @@
+//! One attempt at one task: resolve its input URLs, wait for the limiter, record the intent,
+//! make the paid call, record the result. Whether to try again is the scheduler's decision.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::api::types::{GenerationRequest, STATUS_SUCCEEDED, ToolRequest};
+use crate::api::{ApiError, JobRecord};
+use crate::exec::graph::{Source, Work};
+use crate::exec::shared::{OutputUrl, Shared};
+use crate::store::{AttemptOutcome, Settled, StoreError, now_ms};
+
+pub struct Attempted {
+    pub task: usize,
+    pub result: Result<Success, Failure>,
+}
+
+pub struct Success {
+    pub job_id: String,
+    pub credits: u64,
+    pub credits_remaining: Option<i64>,
+    pub outputs: Vec<OutputUrl>,
+}
+
+pub enum Failure {
+    /// The call failed; what that means for billing is in the error.
+    Api(ApiError),
+    /// An input URL could not be refreshed; nothing was sent.
+    Input(String),
+    /// The answer came back but the job did not succeed; it may have been billed.
+    Status(String),
+    /// The record could not be written: the run must stop.
+    Store(StoreError),
+}
+
+/// Runs one attempt of `task` after `delay`; `force_refresh` fetches fresh input URLs first.
+pub async fn attempt(
+    shared: Arc<Shared>,
+    task: usize,
+    delay: Duration,
+    force_refresh: bool,
+) -> Attempted {
+    tokio::time::sleep(delay).await;
+    let result = run(&shared, task, force_refresh).await;
+    Attempted { task, result }
+}
+
+async fn run(shared: &Shared, task: usize, force_refresh: bool) -> Result<Success, Failure> {
+    let graph = &shared.graph;
+    let t = &graph.tasks[task];
+    let mut parent = None;
+    let mut urls = Vec::new();
+    for source in t.sources() {
+        match source {
+            Source::Url(u) => urls.push(u.clone()),
+            Source::Output { task: from, k } => {
+                let fresh = shared
+                    .fresh_url(*from, *k, force_refresh)
+                    .await
+                    .map_err(Failure::Input)?;
+                parent.get_or_insert_with(|| fresh.job_id.clone());
+                urls.push(fresh.url);
+            }
+        }
+    }
+    let (endpoint, generate, tool) = match &t.work {
+        Work::Generate {
+            prompt, n, size, ..
+        } => {
+            let mut req = GenerationRequest::new(prompt.clone());
+            req.n = *n;
+            req.size = *size;
+            req.image_urls = urls;
+            ("POST /v1/images/generations".to_owned(), Some(req), None)
+        }
+        Work::Tool {
+            preserve_alpha,
+            params,
+            ..
+        } => {
+            let mut req = ToolRequest::new(urls.pop().unwrap_or_default(), params.clone());
+            req.preserve_alpha = *preserve_alpha;
+            let endpoint = format!("POST /v1/images/tools/{}", req.tool());
+            (endpoint, None, Some(req))
+        }
+    };
+    shared.limiter.acquire().await;
+    let task_id = task_row_id(shared, task)?;
+    let attempt_id = shared
+        .store
+        .begin_attempt(&shared.run_id, task_id, &endpoint)
+        .await
+        .map_err(Failure::Store)?;
+    let answer = match (generate, tool) {
+        (Some(req), _) => shared.client.generate(&req).await.map(|j| {
+            let urls = j.images.into_iter().map(|i| i.url).collect();
+            (j.id, j.status, j.credits_used, j.credits_remaining, urls)
+        }),
+        (_, Some(req)) => shared.client.tool(&req).await.map(|j| {
+            (j.id, j.status, j.credits_used, j.credits_remaining, vec![j.data.url])
+        }),
+        (None, None) => unreachable!("a task is a generation or a tool call"),
+    };
+    let answer = match answer {
+        Err(ApiError::Ambiguous {
+            endpoint,
+            reason,
+            job_id: Some(id),
+        }) => match recover(shared, &id).await {
+            Some(job) => Answer::Recovered(id, job),
+            None => Answer::Failed(ApiError::Ambiguous {
+                endpoint,
+                reason,
+                job_id: Some(id),
+            }),
+        },
+        Err(e) => Answer::Failed(e),
+        Ok(job) => Answer::Job(job),
+    };
+    let (job_id, credits, remaining, urls, note) = match answer {
+        Answer::Job((id, status, ..)) if status != STATUS_SUCCEEDED => {
+            let error = format!("job {id} came back with status {status:?}, not succeeded");
+            record(shared, task_id, attempt_id, AttemptOutcome::Ambiguous { error: &error }).await?;
+            return Err(Failure::Status(error));
+        }
+        Answer::Job((id, _, credits, remaining, urls)) => (id, credits, remaining, urls, None),
+        Answer::Recovered(id, job) => {
+            let note = format!("the answer was lost; recovered from GET /v1/jobs/{id}");
+            let credits = job.credits_used().unwrap_or(t.planned);
+            (id, credits, None, job.image_urls(), Some(note))
+        }
+        Answer::Failed(e) => {
+            let error = shared.client.redact(&e.to_string());
+            let outcome = match &e {
+                ApiError::Answered { status, .. } => AttemptOutcome::Answered {
+                    status: *status,
+                    error: &error,
+                },
+                ApiError::Invalid(_) | ApiError::NotSent { .. } => {
+                    AttemptOutcome::NotSent { error: &error }
+                }
+                ApiError::Ambiguous { .. } => AttemptOutcome::Ambiguous { error: &error },
+            };
+            record(shared, task_id, attempt_id, outcome).await?;
+            return Err(Failure::Api(e));
+        }
+    };
+    let ids = record(shared, task_id, attempt_id, AttemptOutcome::Succeeded(Settled {
+        job_id: &job_id,
+        credits_used: credits,
+        credits_remaining: remaining,
+        urls: &urls,
+        parent_job_id: parent.as_deref(),
+        note: note.as_deref(),
+    }))
+    .await?;
+    let issued_ms = now_ms();
+    let outputs = ids
+        .into_iter()
+        .zip(urls)
+        .map(|(output_id, url)| OutputUrl {
+            output_id,
+            job_id: job_id.clone(),
+            url,
+            issued_ms,
+        })
+        .collect();
+    Ok(Success {
+        job_id,
+        credits,
+        credits_remaining: remaining,
+        outputs,
+    })
+}
+
+async fn record(
+    shared: &Shared,
+    task_id: i64,
+    attempt_id: i64,
+    outcome: AttemptOutcome<'_>,
+) -> Result<Vec<i64>, Failure> {
+    shared
+        .store
+        .finish_attempt(&shared.run_id, task_id, attempt_id, &outcome)
+        .await
+        .map_err(Failure::Store)
+}
+
+/// A call's answer: id, status, credits, balance and URLs; or its job recovered by id.
+enum Answer {
+    Job((String, String, u64, Option<i64>, Vec<String>)),
+    Recovered(String, JobRecord),
+    Failed(ApiError),
+}
+
+/// The job of a call whose answer was lost, when the partial answer named it and the job
+/// lists its images: what was paid for is then not lost.
+async fn recover(shared: &Shared, job_id: &str) -> Option<JobRecord> {
+    let job = shared.free_call(|| shared.client.job(job_id)).await.ok()?;
+    (!job.image_urls().is_empty()).then_some(job)
+}
+
+fn task_row_id(shared: &Shared, task: usize) -> Result<i64, Failure> {
+    shared
+        .row_ids
+        .get(task)
+        .copied()
+        .ok_or_else(|| Failure::Input(format!("task {task} has no database row")))
+}

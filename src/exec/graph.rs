@@ -1,0 +1,288 @@
+//! The task graph: a checked pipeline unrolled into one task per paid call, each knowing the
+//! outputs it reads and the tasks that read its own.
+
+use crate::api::types::{Size, ToolParams};
+use crate::pipeline::{Input, Operation, Pipeline, Reference, StepRef, ToolOp};
+use crate::pipeline::template::Template;
+
+/// The directory of a `once` step's outputs. Item ids start with a letter or digit, so this
+/// can never be an item's.
+pub const BATCH_DIR: &str = "_batch";
+
+/// Whose chain a task belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Instance {
+    /// A `once` step: one chain for the whole batch.
+    Batch,
+    /// The item at this index of the items list.
+    Item(usize),
+}
+
+/// One image a task reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// Output `k` of another task.
+    Output { task: usize, k: u32 },
+    /// A URL the pipeline wrote.
+    Url(String),
+}
+
+/// The call a task makes, with every template filled in; only upstream URLs are left to
+/// resolve at dispatch, since they change on every refresh.
+#[derive(Clone, Debug)]
+pub enum Work {
+    Generate {
+        prompt: String,
+        n: u8,
+        size: Size,
+        references: Vec<Source>,
+    },
+    Tool {
+        input: Source,
+        preserve_alpha: Option<bool>,
+        params: ToolParams,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct Task {
+    pub instance: Instance,
+    pub step: StepRef,
+    /// The task's number within its step and instance.
+    pub idx: u32,
+    pub work: Work,
+    /// Credits the plan prices it at.
+    pub planned: u64,
+    /// Tasks whose outputs it reads.
+    pub deps: Vec<usize>,
+    pub children: Vec<usize>,
+}
+
+impl Task {
+    pub fn sources(&self) -> Vec<&Source> {
+        match &self.work {
+            Work::Generate { references, .. } => references.iter().collect(),
+            Work::Tool { input, .. } => vec![input],
+        }
+    }
+
+    pub fn outputs(&self) -> u32 {
+        match &self.work {
+            Work::Generate { n, .. } => u32::from(*n),
+            Work::Tool { .. } => 1,
+        }
+    }
+}
+
+pub struct Graph {
+    pub tasks: Vec<Task>,
+    /// Directory names of the instances: item ids, and [`BATCH_DIR`].
+    item_ids: Vec<String>,
+    /// Step ids, by [`StepRef`].
+    pub step_ids: Vec<String>,
+    /// Whether a step makes more than one image per instance, so file names need an index.
+    indexed: Vec<bool>,
+}
+
+impl Graph {
+    /// Unrolls `pipeline`; `generation_price` is the price of a 2K image (0 when unknown, for a
+    /// run that discovers it).
+    pub fn build(pipeline: &Pipeline, generation_price: u64) -> Result<Graph, String> {
+        let mut graph = Graph {
+            tasks: Vec::new(),
+            item_ids: pipeline.items.iter().map(|i| i.id.clone()).collect(),
+            step_ids: pipeline.steps.iter().map(|s| s.id.clone()).collect(),
+            indexed: pipeline
+                .step_refs()
+                .map(|r| pipeline.outputs_per_instance(r) > 1)
+                .collect(),
+        };
+        // outputs[(instance, step)]: the (task, k) of every image, in output order.
+        let mut outputs = std::collections::HashMap::<(Instance, StepRef), Vec<(usize, u32)>>::new();
+        let instances: Vec<Instance> = (0..pipeline.items.len()).map(Instance::Item).collect();
+        for r in pipeline.step_refs() {
+            let step = pipeline.step(r);
+            let mine: &[Instance] = if step.once { &[Instance::Batch] } else { &instances };
+            for &instance in mine {
+                let of = |from: StepRef| {
+                    let inst = if pipeline.step(from).once { Instance::Batch } else { instance };
+                    outputs.get(&(inst, from)).cloned().unwrap_or_default()
+                };
+                let render = |t: &Template| render(pipeline, instance, t);
+                let made = match &step.op {
+                    Operation::Generate(g) => {
+                        let mut references = Vec::new();
+                        for reference in &g.references {
+                            match reference {
+                                Reference::Url(t) => references.push(Source::Url(render(t)?)),
+                                Reference::Step(from) => references.extend(
+                                    of(*from)
+                                        .into_iter()
+                                        .map(|(task, k)| Source::Output { task, k }),
+                                ),
+                            }
+                        }
+                        let planned = generation_price
+                            .saturating_mul(u64::from(g.n) * g.size.price_multiplier());
+                        vec![(
+                            Work::Generate {
+                                prompt: render(&g.prompt)?,
+                                n: g.n,
+                                size: g.size,
+                                references,
+                            },
+                            planned,
+                        )]
+                    }
+                    Operation::Tool(t) => {
+                        let params = tool_params(&t.params, &render)?;
+                        let inputs: Vec<Source> = match &t.input {
+                            Input::Url(u) => vec![Source::Url(render(u)?)],
+                            Input::Step(from) => of(*from)
+                                .into_iter()
+                                .map(|(task, k)| Source::Output { task, k })
+                                .collect(),
+                        };
+                        inputs
+                            .into_iter()
+                            .map(|input| {
+                                let work = Work::Tool {
+                                    input,
+                                    preserve_alpha: t.preserve_alpha,
+                                    params: params.clone(),
+                                };
+                                (work, t.params.credits())
+                            })
+                            .collect()
+                    }
+                };
+                let mut made_outputs = Vec::new();
+                for (idx, (work, planned)) in made.into_iter().enumerate() {
+                    let id = graph.tasks.len();
+                    let task = Task {
+                        instance,
+                        step: r,
+                        idx: idx as u32,
+                        work,
+                        planned,
+                        deps: Vec::new(),
+                        children: Vec::new(),
+                    };
+                    made_outputs.extend((0..task.outputs()).map(|k| (id, k)));
+                    graph.tasks.push(task);
+                }
+                outputs.insert((instance, r), made_outputs);
+            }
+        }
+        graph.link();
+        Ok(graph)
+    }
+
+    fn link(&mut self) {
+        for id in 0..self.tasks.len() {
+            let mut deps: Vec<usize> = self.tasks[id]
+                .sources()
+                .into_iter()
+                .filter_map(|s| match s {
+                    Source::Output { task, .. } => Some(*task),
+                    Source::Url(_) => None,
+                })
+                .collect();
+            deps.sort_unstable();
+            deps.dedup();
+            for &d in &deps {
+                self.tasks[d].children.push(id);
+            }
+            self.tasks[id].deps = deps;
+        }
+    }
+
+    pub fn item_dir(&self, instance: Instance) -> &str {
+        match instance {
+            Instance::Batch => BATCH_DIR,
+            Instance::Item(i) => &self.item_ids[i],
+        }
+    }
+
+    pub fn step_id(&self, task: usize) -> &str {
+        &self.step_ids[self.tasks[task].step.0]
+    }
+
+    /// The output's index within its step and instance, as file names and the manifest show it.
+    pub fn output_index(&self, task: usize, k: u32) -> u32 {
+        self.tasks[task].idx + k
+    }
+
+    /// `<step>` or `<step>-<index>`: the file name without its extension.
+    pub fn file_stem(&self, task: usize, k: u32) -> String {
+        let t = &self.tasks[task];
+        if self.indexed[t.step.0] {
+            format!("{}-{}", self.step_id(task), self.output_index(task, k))
+        } else {
+            self.step_id(task).to_owned()
+        }
+    }
+
+    /// Every task that reads, directly or not, an output of `task`.
+    pub fn descendants(&self, task: usize) -> Vec<usize> {
+        let mut seen = vec![false; self.tasks.len()];
+        let mut stack = self.tasks[task].children.clone();
+        let mut out = Vec::new();
+        while let Some(t) = stack.pop() {
+            if !std::mem::replace(&mut seen[t], true) {
+                out.push(t);
+                stack.extend(self.tasks[t].children.iter().copied());
+            }
+        }
+        out
+    }
+
+    /// A task's inputs as the database records them: other tasks' outputs or URLs.
+    pub fn describe_inputs(&self, task: usize) -> String {
+        let parts: Vec<String> = self.tasks[task]
+            .sources()
+            .into_iter()
+            .map(|s| match s {
+                Source::Output { task: t, k } => format!(
+                    "{}/{}[{}]",
+                    self.item_dir(self.tasks[*t].instance),
+                    self.step_id(*t),
+                    self.output_index(*t, *k)
+                ),
+                Source::Url(u) => u.clone(),
+            })
+            .collect();
+        serde_json::to_string(&parts).unwrap_or_default()
+    }
+}
+
+fn render(pipeline: &Pipeline, instance: Instance, t: &Template) -> Result<String, String> {
+    let item = match instance {
+        Instance::Item(i) => pipeline.items.get(i),
+        Instance::Batch => None,
+    };
+    t.render(|field| item.and_then(|item| pipeline.items.value(item, field)))
+        .map_err(|field| format!("template {t} names item field {field:?}, which is missing"))
+}
+
+fn tool_params(
+    op: &ToolOp,
+    render: &impl Fn(&Template) -> Result<String, String>,
+) -> Result<ToolParams, String> {
+    Ok(match op {
+        ToolOp::RemoveBackground => ToolParams::RemoveBackground,
+        ToolOp::Upscale(i) => ToolParams::Upscale {
+            desired_increase: *i,
+        },
+        ToolOp::Expand {
+            aspect_ratio,
+            prompt,
+        } => ToolParams::Expand {
+            aspect_ratio: *aspect_ratio,
+            prompt: prompt.as_ref().map(render).transpose()?,
+        },
+        ToolOp::Erase { object_name } => ToolParams::Erase {
+            object_name: render(object_name)?,
+        },
+    })
+}

@@ -1,0 +1,111 @@
+//! The executor: runs a run's tasks concurrently under the rate limiter and the budget,
+//! records every attempt, and downloads every output as soon as it exists.
+//!
+//! On shutdown it stops dispatching, lets the calls in flight finish for a bounded time and
+//! records them; a call cut off after that stays recorded as in flight, that is, possibly
+//! billed, which is exactly what is known of it.
+
+mod attempt;
+pub mod budget;
+mod download;
+pub mod graph;
+pub mod limiter;
+pub mod manifest;
+mod scheduler;
+mod shared;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use graph::{BATCH_DIR, Graph, Instance};
+pub use scheduler::run;
+
+/// What to do with a call that was sent and got no complete answer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnAmbiguous {
+    /// Record it as possibly billed and call again.
+    #[default]
+    Retry,
+    /// Record it as possibly billed and fail the task.
+    Fail,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub run_id: String,
+    /// `<output_dir>/<run id>`.
+    pub run_dir: PathBuf,
+    pub concurrency: usize,
+    /// Paid calls per second; `None` for no limit until the service answers 429.
+    pub rate: Option<f64>,
+    pub download_concurrency: usize,
+    pub on_ambiguous: OnAmbiguous,
+    /// How long a result URL lives (the spec: one hour).
+    pub url_ttl: Duration,
+    /// URLs closer than this to expiry are refreshed before a call uses them.
+    pub url_margin: Duration,
+    /// First retry delay; later ones double.
+    pub retry_base: Duration,
+    /// Retries of a call after server errors or connection failures.
+    pub max_retries: u32,
+    /// How long calls in flight may take to finish after SIGINT/SIGTERM.
+    pub grace: Duration,
+    /// The most the run may spend: the smaller of the budget and the balance.
+    pub cap: Option<u64>,
+}
+
+/// Live news of the run, for the progress display or log lines.
+pub trait Observer: Send + Sync {
+    fn task_succeeded(&self, step: usize, credits: u64);
+    fn task_failed(&self, step: usize, item: &str, reason: &str);
+    fn downloaded(&self, step: usize);
+}
+
+/// Why a run stopped before its work was done, short of an interruption.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// The next chain does not fit what the cap leaves.
+    Budget { needed: u64, left: u64 },
+    /// A call was billed more than the plan priced it at.
+    PriceAbovePlan {
+        task: String,
+        planned: u64,
+        billed: u64,
+    },
+    /// The service answered 402.
+    Balance(String),
+    /// Nothing more can be done: the key was refused, or the record cannot be written.
+    Fatal(String),
+}
+
+impl Stop {
+    pub fn describe(&self) -> String {
+        match self {
+            Stop::Budget { needed, left } => format!(
+                "the next item needs {needed} credits and the budget or balance leaves {left}; the rest is left pending"
+            ),
+            Stop::PriceAbovePlan {
+                task,
+                planned,
+                billed,
+            } => format!(
+                "{task} was billed {billed} credits where the plan said {planned}; dispatching stopped so the plan's total cannot be exceeded"
+            ),
+            Stop::Balance(e) => format!("the service refused a call for lack of credits: {e}"),
+            Stop::Fatal(e) => e.clone(),
+        }
+    }
+}
+
+/// How the run ended.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    pub stop: Option<Stop>,
+    pub interrupted: bool,
+    /// The failed tasks: `item/step[idx]` and the reason.
+    pub failures: Vec<(String, String)>,
+    /// Downloads that failed, with the reason.
+    pub download_failures: Vec<(String, String)>,
+    /// The last `credits_remaining` the service reported.
+    pub last_balance: Option<i64>,
+}

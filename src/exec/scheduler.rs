@@ -1,0 +1,589 @@
+//! The scheduler: decides what runs next and what a finished attempt means.
+//!
+//! A task is ready when every task it reads has succeeded. Ready tasks of chains already under
+//! way go first (depth-first), so each item finishes promptly and its downstream calls use
+//! upstream URLs well inside their lifetime; a new chain is admitted only when its whole
+//! remaining cost fits the budget.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::api::{ApiError, Client, Downloader, ErrorKind};
+use crate::exec::attempt::{Attempted, Failure, Success, attempt};
+use crate::exec::budget::Budget;
+use crate::exec::download::{Fetched, download};
+use crate::exec::graph::{Graph, Instance, Source};
+use crate::exec::shared::{OutputUrl, Shared};
+use crate::exec::{Config, Observer, OnAmbiguous, Outcome, Stop};
+use crate::store::{Store, StoreError, TaskStatus};
+
+/// 429s one task may meet before it fails: the limiter slows down long before this.
+const MAX_THROTTLED: u32 = 30;
+
+/// Ready-queue order: instance (the batch first, then items in file order), step, index.
+type Key = (Instance, usize, u32, usize);
+
+/// Graph index of a task by its recorded identity: item directory, step id, index.
+type TaskIndex = HashMap<(String, String, u32), usize>;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Waiting,
+    Ready,
+    Running,
+    Done,
+    Failed,
+    Blocked,
+}
+
+#[derive(Default, Clone, Copy)]
+struct Tries {
+    retries: u32,
+    throttled: u32,
+    ambiguous: u32,
+    refreshed: bool,
+    delay: Duration,
+    force_refresh: bool,
+}
+
+struct Scheduler {
+    shared: Arc<Shared>,
+    graph: Arc<Graph>,
+    config: Config,
+    observer: Arc<dyn Observer>,
+    state: Vec<State>,
+    waiting: Vec<usize>,
+    tries: Vec<Tries>,
+    admitted_ready: BTreeSet<Key>,
+    new_ready: BTreeSet<Key>,
+    admitted: HashSet<Instance>,
+    instance_cost: HashMap<Instance, u64>,
+    budget: Budget,
+    calls: JoinSet<Attempted>,
+    downloads: JoinSet<Fetched>,
+    /// Stops every dispatch.
+    halt: Option<Stop>,
+    /// Stops admitting new chains; those under way finish.
+    closed: Option<Stop>,
+    outcome: Outcome,
+}
+
+/// Runs every unfinished task of the run recorded in `store` until done, stopped or
+/// interrupted by `shutdown`.
+pub async fn run(
+    graph: Arc<Graph>,
+    store: Store,
+    client: Client,
+    downloader: Downloader,
+    config: Config,
+    observer: Arc<dyn Observer>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<Outcome, StoreError> {
+    store.settle_orphaned_attempts(&config.run_id).await?;
+    let rows = store.tasks(&config.run_id).await?;
+    let index: TaskIndex = (0..graph.tasks.len())
+        .map(|t| {
+            let task = &graph.tasks[t];
+            let item = graph.item_dir(task.instance).to_owned();
+            ((item, graph.step_id(t).to_owned(), task.idx), t)
+        })
+        .collect();
+    let mut row_ids = vec![0i64; graph.tasks.len()];
+    let mut done = vec![false; graph.tasks.len()];
+    for row in &rows {
+        if let Some(&t) = index.get(&(row.item.clone(), row.step.clone(), row.idx)) {
+            row_ids[t] = row.id;
+            done[t] = row.status == TaskStatus::Succeeded;
+        }
+    }
+    if let Some(t) = row_ids.iter().position(|id| *id == 0) {
+        return Err(StoreError::Query(sqlx::Error::Protocol(format!(
+            "task {}/{} is not recorded for run {}",
+            graph.item_dir(graph.tasks[t].instance),
+            graph.step_id(t),
+            config.run_id
+        ))));
+    }
+    let shared = Arc::new(Shared::new(
+        client,
+        downloader,
+        store.clone(),
+        Arc::clone(&graph),
+        row_ids,
+        &config,
+    ));
+    let mut s = Scheduler::new(shared, graph, config, observer, &done);
+    s.restore_outputs(&index).await?;
+    s.main_loop(shutdown).await;
+    Ok(s.finish().await)
+}
+
+impl Scheduler {
+    fn new(
+        shared: Arc<Shared>,
+        graph: Arc<Graph>,
+        config: Config,
+        observer: Arc<dyn Observer>,
+        done: &[bool],
+    ) -> Scheduler {
+        let n = graph.tasks.len();
+        let mut s = Scheduler {
+            state: vec![State::Waiting; n],
+            waiting: vec![0; n],
+            tries: vec![Tries::default(); n],
+            admitted_ready: BTreeSet::new(),
+            new_ready: BTreeSet::new(),
+            admitted: HashSet::new(),
+            instance_cost: HashMap::new(),
+            budget: Budget::new(config.cap),
+            calls: JoinSet::new(),
+            downloads: JoinSet::new(),
+            halt: None,
+            closed: None,
+            outcome: Outcome::default(),
+            shared,
+            graph,
+            config,
+            observer,
+        };
+        for t in 0..n {
+            let task = &s.graph.tasks[t];
+            if done[t] {
+                s.state[t] = State::Done;
+                continue;
+            }
+            *s.instance_cost.entry(task.instance).or_default() += task.planned;
+            s.waiting[t] = task.deps.iter().filter(|d| !done[**d]).count();
+        }
+        for t in 0..n {
+            if s.state[t] == State::Waiting && s.waiting[t] == 0 {
+                s.push_ready(t);
+            }
+        }
+        s
+    }
+
+    /// Loads the outputs of tasks that succeeded earlier, and downloads those not on disk.
+    async fn restore_outputs(
+        &mut self,
+        index: &TaskIndex,
+    ) -> Result<(), StoreError> {
+        for o in self.shared.store.outputs(&self.config.run_id).await? {
+            let Some(&t) = index.get(&(o.item.clone(), o.step.clone(), o.idx)) else {
+                continue;
+            };
+            self.shared.set_url(
+                t,
+                o.k,
+                OutputUrl {
+                    output_id: o.id,
+                    job_id: o.job_id.clone(),
+                    url: o.url.clone(),
+                    issued_ms: o.url_issued_at,
+                },
+            );
+            if o.path.is_none() {
+                self.downloads
+                    .spawn(download(Arc::clone(&self.shared), t, o.k));
+            }
+        }
+        Ok(())
+    }
+
+    fn key(&self, t: usize) -> Key {
+        let task = &self.graph.tasks[t];
+        (task.instance, task.step.0, task.idx, t)
+    }
+
+    fn push_ready(&mut self, t: usize) {
+        self.state[t] = State::Ready;
+        let key = self.key(t);
+        if self.admitted.contains(&key.0) {
+            self.admitted_ready.insert(key);
+        } else {
+            self.new_ready.insert(key);
+        }
+    }
+
+    async fn main_loop(&mut self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut deadline: Option<Instant> = None;
+        loop {
+            if deadline.is_none() {
+                self.dispatch();
+            }
+            if self.calls.is_empty() {
+                break;
+            }
+            tokio::select! {
+                Some(joined) = self.calls.join_next() => match joined {
+                    Ok(attempted) => self.settle(attempted).await,
+                    Err(e) => self.fatal(format!("a call's task ended abnormally: {e}")),
+                },
+                Some(joined) = self.downloads.join_next(), if !self.downloads.is_empty() => {
+                    self.downloaded(joined);
+                }
+                () = &mut shutdown, if deadline.is_none() => {
+                    tracing::warn!(
+                        "interrupted: no new calls; waiting up to {:.0}s for {} in flight",
+                        self.config.grace.as_secs_f64(),
+                        self.calls.len()
+                    );
+                    self.outcome.interrupted = true;
+                    deadline = Some(Instant::now() + self.config.grace);
+                }
+                () = sleep_until(deadline) => {
+                    tracing::warn!(
+                        "{} call(s) still in flight after the grace period; recorded as possibly billed",
+                        self.calls.len()
+                    );
+                    self.calls.abort_all();
+                    while self.calls.join_next().await.is_some() {}
+                    break;
+                }
+            }
+        }
+        self.drain_downloads(deadline).await;
+    }
+
+    /// Waits for the downloads: all of them, or until the grace period ends after an
+    /// interruption.
+    async fn drain_downloads(&mut self, mut deadline: Option<Instant>) {
+        let shutdown = crate::cli::shutdown_signal();
+        tokio::pin!(shutdown);
+        while !self.downloads.is_empty() {
+            tokio::select! {
+                Some(joined) = self.downloads.join_next() => self.downloaded(joined),
+                () = &mut shutdown, if deadline.is_none() => {
+                    self.outcome.interrupted = true;
+                    deadline = Some(Instant::now() + self.config.grace);
+                }
+                () = sleep_until(deadline) => {
+                    self.downloads.abort_all();
+                    while self.downloads.join_next().await.is_some() {}
+                }
+            }
+        }
+    }
+
+    fn dispatch(&mut self) {
+        while self.halt.is_none() && self.calls.len() < self.config.concurrency {
+            let key = match self.admitted_ready.first() {
+                Some(key) => *key,
+                None => match self.new_ready.first().copied() {
+                    Some(key) if self.closed.is_none() => {
+                        self.admit(key.0);
+                        continue;
+                    }
+                    _ => return,
+                },
+            };
+            let t = key.3;
+            let planned = self.graph.tasks[t].planned;
+            if !self.budget.reserve(planned) {
+                if self.calls.is_empty() {
+                    let left = self
+                        .budget
+                        .cap()
+                        .unwrap_or(0)
+                        .saturating_sub(self.budget.spent());
+                    self.halt = Some(Stop::Budget {
+                        needed: planned,
+                        left,
+                    });
+                }
+                return;
+            }
+            self.admitted_ready.remove(&key);
+            self.state[t] = State::Running;
+            let tries = &mut self.tries[t];
+            let (delay, force) = (tries.delay, tries.force_refresh);
+            tries.delay = Duration::ZERO;
+            tries.force_refresh = false;
+            self.calls
+                .spawn(attempt(Arc::clone(&self.shared), t, delay, force));
+        }
+    }
+
+    /// Admits `instance` when its remaining chain fits; else closes admission.
+    fn admit(&mut self, instance: Instance) {
+        let cost = self.instance_cost.get(&instance).copied().unwrap_or(0);
+        if !self.budget.admit(cost) {
+            self.closed = Some(Stop::Budget {
+                needed: cost,
+                left: self.budget.uncommitted().unwrap_or(0),
+            });
+            return;
+        }
+        self.admitted.insert(instance);
+        let lo = (instance, 0, 0, 0);
+        let hi = (instance, usize::MAX, u32::MAX, usize::MAX);
+        let moving: Vec<Key> = self.new_ready.range(lo..=hi).copied().collect();
+        for key in moving {
+            self.new_ready.remove(&key);
+            self.admitted_ready.insert(key);
+        }
+    }
+
+    fn name(&self, t: usize) -> String {
+        let task = &self.graph.tasks[t];
+        format!(
+            "{}/{}[{}]",
+            self.graph.item_dir(task.instance),
+            self.graph.step_id(t),
+            task.idx
+        )
+    }
+
+    async fn settle(&mut self, attempted: Attempted) {
+        let t = attempted.task;
+        let planned = self.graph.tasks[t].planned;
+        match attempted.result {
+            Ok(success) => self.succeeded(t, planned, success).await,
+            Err(Failure::Store(e)) => {
+                self.budget.ambiguous(planned);
+                self.state[t] = State::Ready;
+                self.fatal(format!("cannot record the run: {e}"));
+            }
+            Err(Failure::Input(reason)) => {
+                self.budget.release(planned);
+                self.retry_or_fail(t, None, &reason).await;
+            }
+            Err(Failure::Status(reason)) => {
+                self.budget.ambiguous(planned);
+                self.fail(t, &reason).await;
+            }
+            Err(Failure::Api(e)) => self.api_failure(t, planned, e).await,
+        }
+    }
+
+    async fn succeeded(&mut self, t: usize, planned: u64, success: Success) {
+        self.budget.settle(planned, success.credits);
+        if success.credits_remaining.is_some() {
+            self.outcome.last_balance = success.credits_remaining;
+        }
+        if success.credits > planned && self.halt.is_none() {
+            self.halt = Some(Stop::PriceAbovePlan {
+                task: self.name(t),
+                planned,
+                billed: success.credits,
+            });
+        }
+        let expected = self.graph.tasks[t].outputs();
+        let got = success.outputs.len() as u32;
+        for (k, out) in success.outputs.into_iter().enumerate() {
+            self.shared.set_url(t, k as u32, out);
+            self.downloads
+                .spawn(download(Arc::clone(&self.shared), t, k as u32));
+        }
+        let step = self.graph.tasks[t].step.0;
+        if got < expected {
+            let reason = format!(
+                "job {} returned {got} image(s) where {expected} were asked for",
+                success.job_id
+            );
+            self.fail(t, &reason).await;
+            return;
+        }
+        self.state[t] = State::Done;
+        self.observer.task_succeeded(step, success.credits);
+        let children = self.graph.tasks[t].children.clone();
+        for c in children {
+            self.waiting[c] = self.waiting[c].saturating_sub(1);
+            if self.waiting[c] == 0 && self.state[c] == State::Waiting {
+                self.push_ready(c);
+            }
+        }
+    }
+
+    async fn api_failure(&mut self, t: usize, planned: u64, e: ApiError) {
+        let reason = self.shared.client.redact(&e.to_string());
+        let Some(kind) = e.kind() else {
+            if matches!(e, ApiError::Ambiguous { .. }) {
+                return self.ambiguous(t, planned, &reason).await;
+            }
+            self.budget.release(planned);
+            return match e {
+                ApiError::NotSent { .. } => self.retry_or_fail(t, None, &reason).await,
+                _ => self.fail(t, &reason).await,
+            };
+        };
+        self.budget.release(planned);
+        match kind {
+            ErrorKind::RateLimited => {
+                self.shared.limiter.throttled(e.retry_after());
+                self.tries[t].throttled += 1;
+                if self.tries[t].throttled <= MAX_THROTTLED {
+                    self.requeue(t, Duration::ZERO, false);
+                } else {
+                    self.fail(t, &reason).await;
+                }
+            }
+            ErrorKind::Server => self.retry_or_fail(t, e.retry_after(), &reason).await,
+            ErrorKind::Credits => {
+                self.put_back(t).await;
+                self.halt.get_or_insert(Stop::Balance(reason));
+            }
+            ErrorKind::Auth => {
+                self.put_back(t).await;
+                self.fatal(reason);
+            }
+            ErrorKind::InvalidRequest if self.reads_outputs(t) && !self.tries[t].refreshed => {
+                // An upstream URL may have expired on the way: nothing was billed, so try
+                // once more with fresh ones.
+                self.tries[t].refreshed = true;
+                self.requeue(t, Duration::ZERO, true);
+            }
+            _ => self.fail(t, &reason).await,
+        }
+    }
+
+    async fn ambiguous(&mut self, t: usize, planned: u64, reason: &str) {
+        let fits = self.budget.ambiguous(planned);
+        self.tries[t].ambiguous += 1;
+        let why = if self.config.on_ambiguous == OnAmbiguous::Fail {
+            "--on-ambiguous fail"
+        } else if !fits {
+            "another try would not fit the budget"
+        } else if self.tries[t].ambiguous > self.config.max_retries {
+            "too many tries"
+        } else {
+            tracing::warn!("{}: {reason}; trying again", self.name(t));
+            let delay = self.shared.backoff(self.tries[t].ambiguous);
+            return self.requeue(t, delay, false);
+        };
+        self.fail(t, &format!("{reason} (not tried again: {why})"))
+            .await;
+    }
+
+    async fn retry_or_fail(&mut self, t: usize, after: Option<Duration>, reason: &str) {
+        self.tries[t].retries += 1;
+        let n = self.tries[t].retries;
+        if n > self.config.max_retries {
+            return self
+                .fail(t, &format!("{reason} (after {} tries)", n))
+                .await;
+        }
+        tracing::debug!("{}: {reason}; retry {n}", self.name(t));
+        let delay = after.unwrap_or_else(|| self.shared.backoff(n));
+        self.requeue(t, delay, false);
+    }
+
+    fn reads_outputs(&self, t: usize) -> bool {
+        self.graph.tasks[t]
+            .sources()
+            .iter()
+            .any(|s| matches!(s, Source::Output { .. }))
+    }
+
+    fn requeue(&mut self, t: usize, delay: Duration, force_refresh: bool) {
+        self.tries[t].delay = delay;
+        self.tries[t].force_refresh |= force_refresh;
+        self.push_ready(t);
+    }
+
+    /// A task that could not be tried, back to pending for a later run.
+    async fn put_back(&mut self, t: usize) {
+        self.state[t] = State::Ready;
+        let id = self.shared.row_ids[t];
+        if let Err(e) = self
+            .shared
+            .store
+            .set_task_status(&[id], TaskStatus::Pending, None)
+            .await
+        {
+            self.fatal(format!("cannot record the run: {e}"));
+        }
+    }
+
+    /// Fails `t` and blocks everything that reads it; the rest of the batch goes on.
+    async fn fail(&mut self, t: usize, reason: &str) {
+        self.state[t] = State::Failed;
+        self.budget.abandon(self.graph.tasks[t].planned);
+        let name = self.name(t);
+        let step = self.graph.tasks[t].step.0;
+        let item = self.graph.item_dir(self.graph.tasks[t].instance).to_owned();
+        self.observer.task_failed(step, &item, reason);
+        self.outcome.failures.push((name.clone(), reason.to_owned()));
+        let mut blocked = Vec::new();
+        for d in self.graph.descendants(t) {
+            if matches!(self.state[d], State::Waiting | State::Ready) {
+                let key = self.key(d);
+                self.admitted_ready.remove(&key);
+                self.new_ready.remove(&key);
+                self.state[d] = State::Blocked;
+                self.budget.abandon(self.graph.tasks[d].planned);
+                blocked.push(self.shared.row_ids[d]);
+            }
+        }
+        let store = &self.shared.store;
+        let recorded = match store
+            .set_task_status(&[self.shared.row_ids[t]], TaskStatus::Failed, Some(reason))
+            .await
+        {
+            Ok(()) => {
+                let why = format!("its input {name} failed");
+                store
+                    .set_task_status(&blocked, TaskStatus::Blocked, Some(&why))
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = recorded {
+            self.fatal(format!("cannot record the run: {e}"));
+        }
+    }
+
+    fn fatal(&mut self, reason: String) {
+        tracing::error!("{reason}");
+        if !matches!(self.halt, Some(Stop::Fatal(_))) {
+            self.halt = Some(Stop::Fatal(reason));
+        }
+    }
+
+    fn downloaded(&mut self, joined: Result<Fetched, tokio::task::JoinError>) {
+        match joined {
+            Ok(Fetched {
+                task,
+                result: Ok(_),
+                ..
+            }) => self.observer.downloaded(self.graph.tasks[task].step.0),
+            Ok(Fetched {
+                task,
+                k,
+                result: Err(reason),
+            }) => {
+                let name = format!("{} output {k}", self.name(task));
+                tracing::error!("download of {name} failed: {reason}");
+                self.outcome.download_failures.push((name, reason));
+            }
+            Err(e) => self.fatal(format!("a download's task ended abnormally: {e}")),
+        }
+    }
+
+    async fn finish(mut self) -> Outcome {
+        if self.outcome.interrupted
+            && let Err(e) = self
+                .shared
+                .store
+                .settle_orphaned_attempts(&self.config.run_id)
+                .await
+        {
+            self.fatal(format!("cannot record the run: {e}"));
+        }
+        self.outcome.stop = self.halt.take().or(self.closed.take());
+        self.outcome
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,166 @@
+//! What every in-flight call and download shares: the client, the store, the limiters, and the
+//! latest URL of every output, refreshed before it expires.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+
+use crate::api::{ApiError, Client, Downloader};
+use crate::exec::Config;
+use crate::exec::graph::Graph;
+use crate::exec::limiter::PaidLimiter;
+use crate::store::{Store, UrlIssued, now_ms};
+
+/// Free reads (`GET /v1/jobs`) at once: enough to refresh URLs without crowding the paid calls.
+const FREE_CONCURRENCY: usize = 2;
+/// Tries of a free read before its failure is reported.
+const FREE_TRIES: u32 = 5;
+
+/// The current URL of one output.
+#[derive(Clone, Debug)]
+pub struct OutputUrl {
+    pub output_id: i64,
+    pub job_id: String,
+    pub url: String,
+    pub issued_ms: i64,
+}
+
+pub struct Shared {
+    pub client: Client,
+    pub downloader: Downloader,
+    pub store: Store,
+    pub graph: Arc<Graph>,
+    /// The database id of every task, by graph index.
+    pub row_ids: Vec<i64>,
+    pub run_id: String,
+    pub run_dir: PathBuf,
+    pub limiter: PaidLimiter,
+    pub downloads: Semaphore,
+    pub url_ttl: Duration,
+    pub url_margin: Duration,
+    pub retry_base: Duration,
+    free: Semaphore,
+    urls: Mutex<HashMap<(usize, u32), OutputUrl>>,
+}
+
+impl Shared {
+    pub fn new(
+        client: Client,
+        downloader: Downloader,
+        store: Store,
+        graph: Arc<Graph>,
+        row_ids: Vec<i64>,
+        config: &Config,
+    ) -> Shared {
+        Shared {
+            client,
+            downloader,
+            store,
+            graph,
+            row_ids,
+            run_id: config.run_id.clone(),
+            run_dir: config.run_dir.clone(),
+            limiter: PaidLimiter::new(config.rate),
+            downloads: Semaphore::new(config.download_concurrency.max(1)),
+            url_ttl: config.url_ttl,
+            url_margin: config.url_margin,
+            retry_base: config.retry_base,
+            free: Semaphore::new(FREE_CONCURRENCY),
+            urls: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn urls(&self) -> std::sync::MutexGuard<'_, HashMap<(usize, u32), OutputUrl>> {
+        self.urls.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn set_url(&self, task: usize, k: u32, url: OutputUrl) {
+        self.urls().insert((task, k), url);
+    }
+
+    pub fn url(&self, task: usize, k: u32) -> Option<OutputUrl> {
+        self.urls().get(&(task, k)).cloned()
+    }
+
+    /// The output's URL, fetched anew from its job when it is within the margin of expiry
+    /// (or `force`): never by calling the tool again.
+    pub async fn fresh_url(&self, task: usize, k: u32, force: bool) -> Result<OutputUrl, String> {
+        let current = self
+            .url(task, k)
+            .ok_or_else(|| format!("no recorded output {k} of task {task}"))?;
+        let age = Duration::from_millis(u64::try_from(now_ms() - current.issued_ms).unwrap_or(0));
+        if !force && age + self.url_margin < self.url_ttl {
+            return Ok(current);
+        }
+        self.refresh(task, &current.job_id).await?;
+        self.url(task, k)
+            .ok_or_else(|| format!("no recorded output {k} of task {task}"))
+    }
+
+    /// Fetches fresh URLs for every output of `task` from `GET /v1/jobs/{job_id}`.
+    pub async fn refresh(&self, task: usize, job_id: &str) -> Result<(), String> {
+        let record = self
+            .free_call(|| self.client.job(job_id))
+            .await
+            .map_err(|e| e.to_string())?;
+        let urls = record.image_urls();
+        let now = now_ms();
+        let mut fresh = Vec::new();
+        for (k, url) in urls.into_iter().enumerate() {
+            let key = (task, k as u32);
+            let Some(mut known) = self.url(key.0, key.1) else {
+                continue;
+            };
+            known.url = url;
+            known.issued_ms = now;
+            fresh.push(UrlIssued {
+                output_id: known.output_id,
+                url: known.url.clone(),
+                issued_at: now,
+            });
+            self.set_url(key.0, key.1, known);
+        }
+        if fresh.is_empty() {
+            return Err(format!("GET /v1/jobs/{job_id} lists no image URLs"));
+        }
+        tracing::debug!(job = job_id, "refreshed {} result URL(s)", fresh.len());
+        self.store
+            .refresh_urls(&fresh)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// A free read with its own concurrency and retries, so it never waits behind paid calls.
+    pub async fn free_call<T, F, Fut>(&self, call: F) -> Result<T, ApiError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, ApiError>>,
+    {
+        let _permit = self.free.acquire().await;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match call().await {
+                Ok(v) => return Ok(v),
+                Err(e) if e.is_transient() && tries < FREE_TRIES => {
+                    let wait = e.retry_after().unwrap_or_else(|| self.backoff(tries));
+                    tokio::time::sleep(wait).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Exponential backoff with full jitter: `retry_base × 2^(try-1)`, scaled by a random
+    /// factor in 0.5..1.0 so retries of many calls spread out.
+    pub fn backoff(&self, tries: u32) -> Duration {
+        let exp = self.retry_base.saturating_mul(1 << tries.saturating_sub(1).min(10));
+        let mut byte = [0u8; 1];
+        let _ = getrandom::fill(&mut byte);
+        exp.mul_f64(0.5 + f64::from(byte[0]) / 510.0)
+            .min(Duration::from_secs(60))
+    }
+}
