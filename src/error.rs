@@ -48,6 +48,10 @@ pub enum Error {
         hint: Option<String>,
     },
 
+    /// A run finished with failed tasks or downloads; the message names them.
+    #[error("{message}")]
+    TasksFailed { message: String },
+
     #[error("interrupted{}", detail.as_ref().map(|d| format!("; {d}")).unwrap_or_default())]
     Interrupted { detail: Option<String> },
 
@@ -77,6 +81,7 @@ impl Error {
             Error::Usage { .. } => exit::INVALID,
             Error::Refused { .. } => exit::CREDITS,
             Error::Interrupted { .. } => exit::INTERRUPTED,
+            Error::TasksFailed { .. } => exit::TASKS_FAILED,
             Error::Download { .. } | Error::Other(_) => exit::FAILURE,
         }
     }

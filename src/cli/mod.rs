@@ -11,8 +11,12 @@ mod logging;
 mod models;
 mod output;
 mod plan;
+mod preflight;
+mod progress;
+mod run;
 mod sandbox;
 mod schema;
+mod summary;
 mod tool;
 mod validate;
 
@@ -97,6 +101,8 @@ pub enum Command {
     Plan(plan::PlanArgs),
     /// Print the JSON Schema of pipeline files
     Schema,
+    /// Run a pipeline: plan, refuse what cannot be paid for, execute, record, download
+    Run(run::RunArgs),
 }
 
 /// Runs a parsed command line and returns the process exit code.
@@ -128,6 +134,8 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
         Command::Sandbox(args) => return sandbox::run(args, &global).await,
         Command::Validate(args) => return validate::run(args, &global),
         Command::Schema => return schema::run(),
+        // The executor handles SIGINT/SIGTERM itself: it records what is in flight first.
+        Command::Run(args) => return run::run(args, &global).await,
         _ => {}
     }
     let work = async {
@@ -141,9 +149,11 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
             Command::Job(args) => job::run(args, &conn, &global).await,
             Command::Generate(args) => generate::run(args, &conn, &global).await,
             Command::Tool(args) => tool::run(args, &conn, &global).await,
-            Command::Sandbox(_) | Command::Validate(_) | Command::Plan(_) | Command::Schema => {
-                Ok(())
-            }
+            Command::Sandbox(_)
+            | Command::Validate(_)
+            | Command::Plan(_)
+            | Command::Schema
+            | Command::Run(_) => Ok(()),
         }
     };
     tokio::select! {

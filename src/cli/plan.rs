@@ -36,26 +36,11 @@ pub async fn run(args: &PlanArgs, global: &GlobalArgs) -> Result<(), Error> {
             GenerationPrice::resolve(&pipeline, ModelsAnswer::NotAsked("--offline")),
         )
     } else {
-        ask_service(&pipeline, global).await?
+        let conn = Connection::open(global).await.map_err(offline_hint)?;
+        ask_service(&conn, &pipeline, global).await?
     };
-    let costs = Costs::of(&pipeline, &generation);
-    let budget = Budget::pick(pipeline.max_credits, args.max_credits);
-    let verdict = Verdict::judge(&costs, budget.as_ref(), &balance);
-    let doc = PlanDocument::new(
-        &pipeline,
-        Prices::new(generation),
-        costs,
-        budget,
-        balance,
-        verdict,
-    );
-    if global.json {
-        let text = serde_json::to_string_pretty(&doc)
-            .map_err(|e| Error::Other(anyhow::anyhow!("cannot print the plan: {e}")))?;
-        println!("{text}");
-    } else {
-        print!("{}", render::text(&doc));
-    }
+    let doc = document(&pipeline, generation, balance, args.max_credits);
+    print(&doc, global)?;
     if let Some(path) = &args.save {
         doc.save(path).map_err(|e| Error::usage(e, None))?;
         tracing::info!("plan saved to {}", path.display());
@@ -63,12 +48,8 @@ pub async fn run(args: &PlanArgs, global: &GlobalArgs) -> Result<(), Error> {
     refusal(&doc)
 }
 
-/// The balance from the account, and the generation price with the models list's help.
-async fn ask_service(
-    pipeline: &Pipeline,
-    global: &GlobalArgs,
-) -> Result<(Balance, GenerationPrice), Error> {
-    let offline_hint = |e: Error| match e {
+fn offline_hint(e: Error) -> Error {
+    match e {
         Error::Usage { message, hint } => Error::Usage {
             message,
             hint: Some(format!(
@@ -77,8 +58,47 @@ async fn ask_service(
             )),
         },
         other => other,
-    };
-    let conn = Connection::open(global).await.map_err(offline_hint)?;
+    }
+}
+
+/// The plan document: costs, budget and verdict for what the service said.
+pub fn document(
+    pipeline: &Pipeline,
+    generation: GenerationPrice,
+    balance: Balance,
+    max_credits: Option<u64>,
+) -> PlanDocument {
+    let costs = Costs::of(pipeline, &generation);
+    let budget = Budget::pick(pipeline.max_credits, max_credits);
+    let verdict = Verdict::judge(&costs, budget.as_ref(), &balance);
+    PlanDocument::new(
+        pipeline,
+        Prices::new(generation),
+        costs,
+        budget,
+        balance,
+        verdict,
+    )
+}
+
+/// Prints the plan on stdout: the table, or the JSON document with `--json`.
+pub fn print(doc: &PlanDocument, global: &GlobalArgs) -> Result<(), Error> {
+    if global.json {
+        let text = serde_json::to_string_pretty(doc)
+            .map_err(|e| Error::Other(anyhow::anyhow!("cannot print the plan: {e}")))?;
+        println!("{text}");
+    } else {
+        print!("{}", render::text(doc));
+    }
+    Ok(())
+}
+
+/// The balance from the account, and the generation price with the models list's help.
+pub async fn ask_service(
+    conn: &Connection,
+    pipeline: &Pipeline,
+    global: &GlobalArgs,
+) -> Result<(Balance, GenerationPrice), Error> {
     let account = conn.client.account().await?;
     let balance = match account.balance(global.balance_field.as_deref()) {
         Ok(found) => Balance::Known {
@@ -101,7 +121,7 @@ async fn ask_service(
     Ok((balance, generation))
 }
 
-fn refusal(doc: &PlanDocument) -> Result<(), Error> {
+pub fn refusal(doc: &PlanDocument) -> Result<(), Error> {
     if doc.verdict.fits {
         return Ok(());
     }

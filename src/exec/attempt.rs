@@ -97,7 +97,13 @@ async fn run(shared: &Shared, task: usize, force_refresh: bool) -> Result<Succes
             (j.id, j.status, j.credits_used, j.credits_remaining, urls)
         }),
         (_, Some(req)) => shared.client.tool(&req).await.map(|j| {
-            (j.id, j.status, j.credits_used, j.credits_remaining, vec![j.data.url])
+            (
+                j.id,
+                j.status,
+                j.credits_used,
+                j.credits_remaining,
+                vec![j.data.url],
+            )
         }),
         (None, None) => unreachable!("a task is a generation or a tool call"),
     };
@@ -120,7 +126,13 @@ async fn run(shared: &Shared, task: usize, force_refresh: bool) -> Result<Succes
     let (job_id, credits, remaining, urls, note) = match answer {
         Answer::Job((id, status, ..)) if status != STATUS_SUCCEEDED => {
             let error = format!("job {id} came back with status {status:?}, not succeeded");
-            record(shared, task_id, attempt_id, AttemptOutcome::Ambiguous { error: &error }).await?;
+            record(
+                shared,
+                task_id,
+                attempt_id,
+                AttemptOutcome::Ambiguous { error: &error },
+            )
+            .await?;
             return Err(Failure::Status(error));
         }
         Answer::Job((id, _, credits, remaining, urls)) => (id, credits, remaining, urls, None),
@@ -145,14 +157,19 @@ async fn run(shared: &Shared, task: usize, force_refresh: bool) -> Result<Succes
             return Err(Failure::Api(e));
         }
     };
-    let ids = record(shared, task_id, attempt_id, AttemptOutcome::Succeeded(Settled {
-        job_id: &job_id,
-        credits_used: credits,
-        credits_remaining: remaining,
-        urls: &urls,
-        parent_job_id: parent.as_deref(),
-        note: note.as_deref(),
-    }))
+    let ids = record(
+        shared,
+        task_id,
+        attempt_id,
+        AttemptOutcome::Succeeded(Settled {
+            job_id: &job_id,
+            credits_used: credits,
+            credits_remaining: remaining,
+            urls: &urls,
+            parent_job_id: parent.as_deref(),
+            note: note.as_deref(),
+        }),
+    )
     .await?;
     let issued_ms = now_ms();
     let outputs = ids

@@ -18,7 +18,10 @@ pub struct Fetched {
 pub async fn download(shared: Arc<Shared>, task: usize, k: u32) -> Fetched {
     let result = fetch(&shared, task, k).await;
     if let (Err(error), Some(out)) = (&result, shared.url(task, k))
-        && let Err(e) = shared.store.record_download_error(out.output_id, error).await
+        && let Err(e) = shared
+            .store
+            .record_download_error(out.output_id, error)
+            .await
     {
         tracing::error!("cannot record a failed download: {e}");
     }
@@ -32,7 +35,9 @@ async fn fetch(shared: &Shared, task: usize, k: u32) -> Result<PathBuf, String> 
         .await
         .map_err(|e| e.to_string())?;
     let graph = &shared.graph;
-    let dir = shared.run_dir.join(graph.item_dir(graph.tasks[task].instance));
+    let dir = shared
+        .run_dir
+        .join(graph.item_dir(graph.tasks[task].instance));
     let stem = graph.file_stem(task, k);
     let mut tries = 0;
     loop {

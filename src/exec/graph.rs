@@ -2,8 +2,8 @@
 //! outputs it reads and the tasks that read its own.
 
 use crate::api::types::{Size, ToolParams};
-use crate::pipeline::{Input, Operation, Pipeline, Reference, StepRef, ToolOp};
 use crate::pipeline::template::Template;
+use crate::pipeline::{Input, Operation, Pipeline, Reference, StepRef, ToolOp};
 
 /// The directory of a `once` step's outputs. Item ids start with a letter or digit, so this
 /// can never be an item's.
@@ -98,14 +98,23 @@ impl Graph {
                 .collect(),
         };
         // outputs[(instance, step)]: the (task, k) of every image, in output order.
-        let mut outputs = std::collections::HashMap::<(Instance, StepRef), Vec<(usize, u32)>>::new();
+        let mut outputs =
+            std::collections::HashMap::<(Instance, StepRef), Vec<(usize, u32)>>::new();
         let instances: Vec<Instance> = (0..pipeline.items.len()).map(Instance::Item).collect();
         for r in pipeline.step_refs() {
             let step = pipeline.step(r);
-            let mine: &[Instance] = if step.once { &[Instance::Batch] } else { &instances };
+            let mine: &[Instance] = if step.once {
+                &[Instance::Batch]
+            } else {
+                &instances
+            };
             for &instance in mine {
                 let of = |from: StepRef| {
-                    let inst = if pipeline.step(from).once { Instance::Batch } else { instance };
+                    let inst = if pipeline.step(from).once {
+                        Instance::Batch
+                    } else {
+                        instance
+                    };
                     outputs.get(&(inst, from)).cloned().unwrap_or_default()
                 };
                 let render = |t: &Template| render(pipeline, instance, t);

@@ -149,8 +149,8 @@ impl Inner {
 /// exactly what a service's own limiter refuses.
 fn governor_for(rate: f64) -> Option<Arc<DefaultDirectRateLimiter>> {
     let period = Duration::try_from_secs_f64(1.0 / rate).ok()?;
-    let quota = Quota::with_period(period.max(Duration::from_nanos(1)))?
-        .allow_burst(NonZeroU32::MIN);
+    let quota =
+        Quota::with_period(period.max(Duration::from_nanos(1)))?.allow_burst(NonZeroU32::MIN);
     Some(Arc::new(RateLimiter::direct(quota)))
 }
 

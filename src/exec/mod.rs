@@ -52,6 +52,8 @@ pub struct Config {
     pub grace: Duration,
     /// The most the run may spend: the smaller of the budget and the balance.
     pub cap: Option<u64>,
+    /// Run this task alone (a generation that discovers the price), nothing else.
+    pub only: Option<usize>,
 }
 
 /// Live news of the run, for the progress display or log lines.

@@ -169,10 +169,7 @@ impl Scheduler {
     }
 
     /// Loads the outputs of tasks that succeeded earlier, and downloads those not on disk.
-    async fn restore_outputs(
-        &mut self,
-        index: &TaskIndex,
-    ) -> Result<(), StoreError> {
+    async fn restore_outputs(&mut self, index: &TaskIndex) -> Result<(), StoreError> {
         for o in self.shared.store.outputs(&self.config.run_id).await? {
             let Some(&t) = index.get(&(o.item.clone(), o.step.clone(), o.idx)) else {
                 continue;
@@ -201,6 +198,9 @@ impl Scheduler {
     }
 
     fn push_ready(&mut self, t: usize) {
+        if self.config.only.is_some_and(|only| only != t) {
+            return;
+        }
         self.state[t] = State::Ready;
         let key = self.key(t);
         if self.admitted.contains(&key.0) {
@@ -367,7 +367,7 @@ impl Scheduler {
         if success.credits_remaining.is_some() {
             self.outcome.last_balance = success.credits_remaining;
         }
-        if success.credits > planned && self.halt.is_none() {
+        if success.credits > planned && self.halt.is_none() && self.config.only.is_none() {
             self.halt = Some(Stop::PriceAbovePlan {
                 task: self.name(t),
                 planned,
@@ -465,9 +465,7 @@ impl Scheduler {
         self.tries[t].retries += 1;
         let n = self.tries[t].retries;
         if n > self.config.max_retries {
-            return self
-                .fail(t, &format!("{reason} (after {} tries)", n))
-                .await;
+            return self.fail(t, &format!("{reason} (after {} tries)", n)).await;
         }
         tracing::debug!("{}: {reason}; retry {n}", self.name(t));
         let delay = after.unwrap_or_else(|| self.shared.backoff(n));
@@ -509,7 +507,9 @@ impl Scheduler {
         let step = self.graph.tasks[t].step.0;
         let item = self.graph.item_dir(self.graph.tasks[t].instance).to_owned();
         self.observer.task_failed(step, &item, reason);
-        self.outcome.failures.push((name.clone(), reason.to_owned()));
+        self.outcome
+            .failures
+            .push((name.clone(), reason.to_owned()));
         let mut blocked = Vec::new();
         for d in self.graph.descendants(t) {
             if matches!(self.state[d], State::Waiting | State::Ready) {

@@ -157,7 +157,9 @@ impl Shared {
     /// Exponential backoff with full jitter: `retry_base × 2^(try-1)`, scaled by a random
     /// factor in 0.5..1.0 so retries of many calls spread out.
     pub fn backoff(&self, tries: u32) -> Duration {
-        let exp = self.retry_base.saturating_mul(1 << tries.saturating_sub(1).min(10));
+        let exp = self
+            .retry_base
+            .saturating_mul(1 << tries.saturating_sub(1).min(10));
         let mut byte = [0u8; 1];
         let _ = getrandom::fill(&mut byte);
         exp.mul_f64(0.5 + f64::from(byte[0]) / 510.0)

@@ -24,6 +24,8 @@ pub enum PriceSource {
     Pipeline,
     /// A field of `GET /v1/models`, at this JSON pointer.
     Models { pointer: String },
+    /// What a generation billed (`run --discover-price`).
+    Discovered { job_id: String },
     /// Nowhere: the plan cannot total this step.
     Unknown { reason: String },
 }
@@ -34,6 +36,7 @@ impl PriceSource {
             PriceSource::Spec => "spec".into(),
             PriceSource::Pipeline => "pipeline pricing.generation".into(),
             PriceSource::Models { pointer } => format!("GET /v1/models {pointer}"),
+            PriceSource::Discovered { job_id } => format!("billed by job {job_id}"),
             PriceSource::Unknown { .. } => "unknown".into(),
         }
     }

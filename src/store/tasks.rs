@@ -167,6 +167,26 @@ impl Store {
         Ok(())
     }
 
+    /// Sets the planned price of tasks not yet succeeded (after a price was discovered).
+    pub async fn update_planned(&self, run_id: &str, tasks: &[NewTask]) -> Result<(), StoreError> {
+        let mut tx = self.pool().begin().await?;
+        for t in tasks {
+            sqlx::query(
+                "UPDATE tasks SET planned_credits = ?
+                 WHERE run_id = ? AND item = ? AND step = ? AND idx = ? AND status != 'succeeded'",
+            )
+            .bind(to_i64(t.planned_credits))
+            .bind(run_id)
+            .bind(&t.item)
+            .bind(&t.step)
+            .bind(i64::from(t.idx))
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     pub async fn tasks(&self, run_id: &str) -> Result<Vec<TaskRow>, StoreError> {
         let rows = sqlx::query(
             "SELECT id, item, step, idx, status, planned_credits, credits_billed, job_id, error

@@ -1,0 +1,165 @@
+//! Progress of a run on stderr: live bars per step on a terminal; on anything else (cron, a
+//! pipe) a plain log line now and then, free of control characters.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::exec::Observer;
+
+/// How often the plain display writes a line.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+pub struct Progress {
+    steps: Vec<Step>,
+    planned: u64,
+    spent: AtomicU64,
+    done: AtomicU64,
+    total: u64,
+    bars: Option<Bars>,
+    last_line: Mutex<Instant>,
+    started: Instant,
+}
+
+struct Step {
+    name: String,
+    done: AtomicU64,
+}
+
+struct Bars {
+    _multi: MultiProgress,
+    steps: Vec<ProgressBar>,
+    credits: ProgressBar,
+}
+
+impl Progress {
+    /// `steps`: each step's name and task count; `live`: draw bars (stderr is a terminal).
+    pub fn new(steps: &[(String, u64)], planned: u64, live: bool) -> Progress {
+        let total = steps.iter().map(|s| s.1).sum();
+        let bars = live.then(|| {
+            let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
+            let style =
+                ProgressStyle::with_template("{prefix:>16} [{bar:30}] {pos}/{len} tasks  {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> ");
+            let width = steps.iter().map(|s| s.0.len()).max().unwrap_or(4);
+            let step_bars = steps
+                .iter()
+                .map(|(name, n)| {
+                    let bar = multi.add(ProgressBar::new(*n).with_style(style.clone()));
+                    bar.set_prefix(format!("{name:>width$}"));
+                    bar
+                })
+                .collect();
+            let credits = multi.add(
+                ProgressBar::new(planned.max(1)).with_style(
+                    ProgressStyle::with_template(
+                        "{prefix:>16} [{bar:30}] {pos}/{len} credits  eta {eta}",
+                    )
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+                ),
+            );
+            credits.set_prefix("spent");
+            Bars {
+                _multi: multi,
+                steps: step_bars,
+                credits,
+            }
+        });
+        Progress {
+            steps: steps
+                .iter()
+                .map(|(name, _)| Step {
+                    name: name.clone(),
+                    done: AtomicU64::new(0),
+                })
+                .collect(),
+            planned,
+            spent: AtomicU64::new(0),
+            done: AtomicU64::new(0),
+            total,
+            bars,
+            last_line: Mutex::new(Instant::now()),
+            started: Instant::now(),
+        }
+    }
+
+    /// Tasks already done by an earlier attempt at this run.
+    pub fn resume_from(&self, done: u64, spent: u64) {
+        self.done.store(done, Ordering::Relaxed);
+        self.spent.store(spent, Ordering::Relaxed);
+        if let Some(bars) = &self.bars {
+            bars.credits.set_position(spent);
+        }
+    }
+
+    pub fn finish(&self) {
+        if let Some(bars) = &self.bars {
+            for bar in &bars.steps {
+                bar.abandon();
+            }
+            bars.credits.abandon();
+        }
+    }
+
+    fn plain_line(&self) {
+        let mut last = self.last_line.lock().unwrap_or_else(|e| e.into_inner());
+        if last.elapsed() < LOG_EVERY {
+            return;
+        }
+        *last = Instant::now();
+        let done = self.done.load(Ordering::Relaxed);
+        let per_step: Vec<String> = self
+            .steps
+            .iter()
+            .map(|s| format!("{} {}", s.name, s.done.load(Ordering::Relaxed)))
+            .collect();
+        tracing::info!(
+            "progress: {done}/{} tasks, {}/{} credits, {:.0}s elapsed ({})",
+            self.total,
+            self.spent.load(Ordering::Relaxed),
+            self.planned,
+            self.started.elapsed().as_secs_f64(),
+            per_step.join(", ")
+        );
+    }
+}
+
+impl Observer for Progress {
+    fn task_succeeded(&self, step: usize, credits: u64) {
+        self.done.fetch_add(1, Ordering::Relaxed);
+        self.spent.fetch_add(credits, Ordering::Relaxed);
+        if let Some(s) = self.steps.get(step) {
+            s.done.fetch_add(1, Ordering::Relaxed);
+        }
+        match &self.bars {
+            Some(bars) => {
+                if let Some(bar) = bars.steps.get(step) {
+                    bar.inc(1);
+                }
+                bars.credits.inc(credits);
+            }
+            None => self.plain_line(),
+        }
+    }
+
+    fn task_failed(&self, step: usize, item: &str, reason: &str) {
+        let name = self.steps.get(step).map_or("?", |s| s.name.as_str());
+        let line = format!("task {item}/{name} failed: {reason}");
+        match &self.bars {
+            Some(bars) => bars._multi.suspend(|| tracing::warn!("{line}")),
+            None => tracing::warn!("{line}"),
+        }
+    }
+
+    fn downloaded(&self, step: usize) {
+        if let Some(bars) = &self.bars
+            && let Some(bar) = bars.steps.get(step)
+        {
+            bar.set_message("");
+        }
+    }
+}

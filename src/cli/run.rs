@@ -1,0 +1,302 @@
+//! `imgpipe run FILE`: plan, refuse what cannot be paid for, then execute with every step
+//! recorded in the state database and every output downloaded.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::cli::GlobalArgs;
+use crate::cli::connect::{Connection, seconds};
+use crate::cli::progress::Progress;
+use crate::cli::{plan, preflight, summary, validate};
+use crate::error::Error;
+use crate::exec::{self, Graph, OnAmbiguous};
+use crate::pipeline::{self, Pipeline};
+use crate::plan::document::PlanDocument;
+use crate::store::{self, Store};
+
+/// When neither flag, pipeline nor account says how many calls may be in flight.
+pub const DEFAULT_CONCURRENCY: usize = 4;
+/// Downloads in flight: they cost nothing and take no API rate, but each holds a connection.
+pub const DEFAULT_DOWNLOADS: usize = 8;
+/// Retries of a call after server errors or connection failures.
+const MAX_RETRIES: u32 = 5;
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The pipeline file (optional with --plan, which names it)
+    #[arg(required_unless_present = "plan")]
+    pub file: Option<PathBuf>,
+    /// Run exactly this saved plan (from `imgpipe plan --save`); refuse if anything changed
+    #[arg(long, value_name = "PLAN.json")]
+    pub plan: Option<PathBuf>,
+    /// Print the plan and stop, as `imgpipe plan` does
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The run's id: names its directory under the output directory; continues that run
+    /// when it exists and is unfinished [default: the time and a random suffix]
+    #[arg(long, value_name = "ID")]
+    pub run_id: Option<String>,
+    /// Output directory, instead of the pipeline's output_dir
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Paid calls in flight at once [default: pipeline, else the account's limit, else 4]
+    #[arg(long, value_name = "N")]
+    pub concurrency: Option<usize>,
+    /// Paid calls per second, minute or hour, e.g. 5/s or 120/min [default: pipeline, else
+    /// the account's limit, else none until the service answers 429]
+    #[arg(long, value_name = "SPEC")]
+    pub rate: Option<String>,
+    /// Most credits the run may spend; the smaller of this and budget.max_credits applies
+    #[arg(long, value_name = "CREDITS")]
+    pub max_credits: Option<u64>,
+    /// A call sent without a complete answer may have been billed: call again, or fail the task
+    #[arg(long, value_enum, default_value = "retry")]
+    pub on_ambiguous: OnAmbiguous,
+    /// When the generation price is unknown, run one generation first and price the plan
+    /// with what it billed
+    #[arg(long)]
+    pub discover_price: bool,
+    /// The state database [default: $XDG_STATE_HOME/imgpipe/state.db]
+    #[arg(long, env = "IMGPIPE_STATE", value_name = "PATH")]
+    pub state: Option<PathBuf>,
+    /// Lifetime of result URLs in seconds (the spec says one hour)
+    #[arg(long, default_value_t = 3600.0, value_name = "SECS")]
+    pub url_ttl: f64,
+    /// Refresh an input URL this many seconds before it expires
+    #[arg(long, default_value_t = 300.0, value_name = "SECS")]
+    pub url_margin: f64,
+    /// Downloads in flight at once
+    #[arg(long, default_value_t = DEFAULT_DOWNLOADS, value_name = "N")]
+    pub download_concurrency: usize,
+    /// Seconds calls in flight may take to finish after SIGINT/SIGTERM
+    #[arg(long, default_value_t = 60.0, value_name = "SECS")]
+    pub grace: f64,
+    /// First retry delay in milliseconds (tests set it low)
+    #[arg(long, default_value_t = 500, hide = true)]
+    pub retry_base_ms: u64,
+}
+
+pub async fn run(args: &RunArgs, global: &GlobalArgs) -> Result<(), Error> {
+    let saved = args
+        .plan
+        .as_ref()
+        .map(|p| preflight::read_plan(p))
+        .transpose()?;
+    let file = match (&args.file, &saved) {
+        (Some(f), _) => f.clone(),
+        (None, Some(doc)) => PathBuf::from(&doc.pipeline.file),
+        (None, None) => return Err(Error::usage("name a pipeline file or --plan", None)),
+    };
+    let pipeline = validate::checked(&file, pipeline::load(&file))?;
+    let conn = Connection::open(global).await?;
+    let (balance, generation) = plan::ask_service(&conn, &pipeline, global).await?;
+    let doc = plan::document(&pipeline, generation, balance, args.max_credits);
+    if let Some(saved) = &saved {
+        preflight::same_as_saved(saved, &doc)?;
+    }
+    if args.dry_run {
+        plan::print(&doc, global)?;
+        return plan::refusal(&doc);
+    }
+    let discover = preflight::needs_discovery(&doc, args.discover_price)?;
+    if !doc.verdict.fits && !discover {
+        plan::print(&doc, global)?;
+        return plan::refusal(&doc);
+    }
+    let store = open_store(args.state.as_ref()).await?;
+    let result = execute(args, global, &conn, &store, &pipeline, doc, discover).await;
+    store.close().await;
+    result
+}
+
+async fn open_store(flag: Option<&PathBuf>) -> Result<Store, Error> {
+    let path = flag.cloned().or_else(store::default_path).ok_or_else(|| {
+        Error::usage(
+            "no place for the state database: HOME and XDG_STATE_HOME are unset",
+            Some("pass --state PATH or set IMGPIPE_STATE"),
+        )
+    })?;
+    Store::open(&path).await.map_err(|e| Error::Usage {
+        hint: e.hint().map(str::to_owned),
+        message: e.to_string(),
+    })
+}
+
+async fn execute(
+    args: &RunArgs,
+    global: &GlobalArgs,
+    conn: &Connection,
+    store: &Store,
+    pipeline: &Pipeline,
+    mut doc: PlanDocument,
+    discover: bool,
+) -> Result<(), Error> {
+    let out_dir = args
+        .out
+        .clone()
+        .unwrap_or_else(|| pipeline.output_dir.clone());
+    let price = doc.prices.generation.credits.unwrap_or(0);
+    let mut graph =
+        Arc::new(Graph::build(pipeline, price).map_err(|e| Error::Other(anyhow::anyhow!(e)))?);
+    let run = preflight::open_run(
+        store,
+        args.run_id.as_deref(),
+        pipeline,
+        &doc,
+        &graph,
+        &out_dir,
+    )
+    .await?;
+    if run.finished {
+        return summary::print_finished(store, &run.id, global).await;
+    }
+    let mut config = config(args, global, conn, pipeline, &doc, &run).await?;
+    if discover {
+        let found = preflight::discover(conn, store, &graph, &config).await?;
+        doc = plan::document(pipeline, found, doc.balance.clone(), args.max_credits);
+        graph = Arc::new(
+            Graph::build(pipeline, doc.prices.generation.credits.unwrap_or(0))
+                .map_err(|e| Error::Other(anyhow::anyhow!(e)))?,
+        );
+        preflight::reprice(store, &run.id, &graph).await?;
+        if !doc.verdict.fits {
+            plan::print(&doc, global)?;
+            store
+                .set_run_status(
+                    &run.id,
+                    store::RunStatus::Stopped,
+                    Some("the discovered price does not fit"),
+                    None,
+                )
+                .await
+                .map_err(|e| Error::Other(e.into()))?;
+            return plan::refusal(&doc);
+        }
+        config.cap = preflight::cap(store, &run.id, &doc).await?;
+    }
+    let steps: Vec<(String, u64)> = doc
+        .costs
+        .steps
+        .iter()
+        .map(|s| (s.step.clone(), s.tasks))
+        .collect();
+    let live = std::io::stderr().is_terminal() && !global.quiet && !global.json;
+    let progress = Arc::new(Progress::new(
+        &steps,
+        doc.costs.total_credits.unwrap_or(doc.costs.known_credits),
+        live,
+    ));
+    let totals = store
+        .totals(&run.id)
+        .await
+        .map_err(|e| Error::Other(e.into()))?;
+    progress.resume_from(totals.succeeded, totals.billed_credits);
+    tracing::info!(
+        "run {} started: {} tasks, {} credits planned, output in {}",
+        run.id,
+        doc.costs.tasks,
+        doc.costs.known_credits,
+        config.run_dir.display()
+    );
+    let outcome = exec::run(
+        Arc::clone(&graph),
+        store.clone(),
+        conn.client.clone(),
+        conn.downloader.clone(),
+        config.clone(),
+        progress.clone(),
+        crate::cli::shutdown_signal(),
+    )
+    .await
+    .map_err(|e| Error::Other(e.into()))?;
+    progress.finish();
+    summary::conclude(
+        conn,
+        store,
+        &run,
+        &config,
+        &file_for_resume(args, pipeline),
+        outcome,
+        global,
+    )
+    .await
+}
+
+fn file_for_resume(args: &RunArgs, pipeline: &Pipeline) -> String {
+    args.file
+        .as_ref()
+        .map_or_else(|| pipeline.file.clone(), |f| f.display().to_string())
+}
+
+async fn config(
+    args: &RunArgs,
+    global: &GlobalArgs,
+    conn: &Connection,
+    pipeline: &Pipeline,
+    doc: &PlanDocument,
+    run: &preflight::OpenRun,
+) -> Result<exec::Config, Error> {
+    let account = conn.client.account().await.ok();
+    let limits = global.limits_field.as_deref();
+    let concurrency = match (args.concurrency, pipeline.concurrency) {
+        (Some(0), _) => return Err(Error::usage("--concurrency must be at least 1", None)),
+        (Some(n), _) => n,
+        (None, Some(n)) => n.get() as usize,
+        (None, None) => account
+            .as_ref()
+            .and_then(|a| a.max_concurrency(limits))
+            .map_or(DEFAULT_CONCURRENCY, |f| f.value.min(256) as usize),
+    };
+    let rate = match (&args.rate, pipeline.rate_limit) {
+        (Some(spec), _) => Some(
+            spec.parse::<crate::pipeline::rate::Rate>()
+                .map_err(|e| {
+                    Error::usage(
+                        format!("--rate: {e}"),
+                        Some("write it like 5/s, 120/min or 1000/h"),
+                    )
+                })?
+                .per_second(),
+        ),
+        (None, Some(rate)) => Some(rate.per_second()),
+        (None, None) => account
+            .as_ref()
+            .and_then(|a| a.requests_per_second(limits))
+            .map(|f| f.value),
+    };
+    if args.download_concurrency == 0 {
+        return Err(Error::usage(
+            "--download-concurrency must be at least 1",
+            None,
+        ));
+    }
+    let url_ttl = seconds("--url-ttl", args.url_ttl)?;
+    let url_margin = Duration::try_from_secs_f64(args.url_margin)
+        .ok()
+        .filter(|m| *m < url_ttl)
+        .ok_or_else(|| {
+            Error::usage(
+                "--url-margin must be 0 or more and shorter than --url-ttl",
+                None,
+            )
+        })?;
+    Ok(exec::Config {
+        run_id: run.id.clone(),
+        run_dir: run.dir.clone(),
+        concurrency,
+        rate,
+        download_concurrency: args.download_concurrency,
+        on_ambiguous: args.on_ambiguous,
+        url_ttl,
+        url_margin,
+        retry_base: Duration::from_millis(args.retry_base_ms),
+        max_retries: MAX_RETRIES,
+        grace: seconds("--grace", args.grace)?,
+        cap: preflight::cap_of(doc, run.billed),
+        only: None,
+    })
+}
