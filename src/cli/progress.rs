@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::exec::Observer;
+use crate::store::{TaskRow, TaskStatus};
 
 /// How often the plain display writes a line.
 const LOG_EVERY: Duration = Duration::from_secs(10);
@@ -87,12 +88,19 @@ impl Progress {
         }
     }
 
-    /// Tasks already done by an earlier attempt at this run.
-    pub fn resume_from(&self, done: u64, spent: u64) {
-        self.done.store(done, Ordering::Relaxed);
-        self.spent.store(spent, Ordering::Relaxed);
-        if let Some(bars) = &self.bars {
-            bars.credits.set_position(spent);
+    /// Counts the tasks an earlier attempt at this run already finished.
+    pub fn resume_from(&self, tasks: &[TaskRow]) {
+        for t in tasks.iter().filter(|t| t.status == TaskStatus::Succeeded) {
+            self.done.fetch_add(1, Ordering::Relaxed);
+            self.spent.fetch_add(t.credits_billed, Ordering::Relaxed);
+            let Some(i) = self.steps.iter().position(|s| s.name == t.step) else {
+                continue;
+            };
+            self.steps[i].done.fetch_add(1, Ordering::Relaxed);
+            if let Some(bars) = &self.bars {
+                bars.steps[i].inc(1);
+                bars.credits.inc(t.credits_billed);
+            }
         }
     }
 

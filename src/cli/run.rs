@@ -190,11 +190,11 @@ async fn execute(
         doc.costs.total_credits.unwrap_or(doc.costs.known_credits),
         live,
     ));
-    let totals = store
-        .totals(&run.id)
+    let tasks = store
+        .tasks(&run.id)
         .await
         .map_err(|e| Error::Other(e.into()))?;
-    progress.resume_from(totals.succeeded, totals.billed_credits);
+    progress.resume_from(&tasks);
     tracing::info!(
         "run {} started: {} tasks, {} credits planned, output in {}",
         run.id,

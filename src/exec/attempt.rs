@@ -29,6 +29,8 @@ pub enum Failure {
     Input(String),
     /// The answer came back but the job did not succeed; it may have been billed.
     Status(String),
+    /// The run was stopping when the call's turn came: nothing was sent.
+    Cancelled,
     /// The record could not be written: the run must stop.
     Store(StoreError),
 }
@@ -85,6 +87,9 @@ async fn run(shared: &Shared, task: usize, force_refresh: bool) -> Result<Succes
         }
     };
     shared.limiter.acquire().await;
+    if shared.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(Failure::Cancelled);
+    }
     let task_id = task_row_id(shared, task)?;
     let attempt_id = shared
         .store

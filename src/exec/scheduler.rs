@@ -217,6 +217,11 @@ impl Scheduler {
             if deadline.is_none() {
                 self.dispatch();
             }
+            if self.halt.is_some() {
+                self.shared
+                    .stopping
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+            }
             if self.calls.is_empty() {
                 break;
             }
@@ -229,6 +234,7 @@ impl Scheduler {
                     self.downloaded(joined);
                 }
                 () = &mut shutdown, if deadline.is_none() => {
+                    self.shared.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
                     tracing::warn!(
                         "interrupted: no new calls; waiting up to {:.0}s for {} in flight",
                         self.config.grace.as_secs_f64(),
@@ -349,6 +355,10 @@ impl Scheduler {
                 self.budget.ambiguous(planned);
                 self.state[t] = State::Ready;
                 self.fatal(format!("cannot record the run: {e}"));
+            }
+            Err(Failure::Cancelled) => {
+                self.budget.release(planned);
+                self.put_back(t).await;
             }
             Err(Failure::Input(reason)) => {
                 self.budget.release(planned);

@@ -42,6 +42,9 @@ pub struct Shared {
     pub url_ttl: Duration,
     pub url_margin: Duration,
     pub retry_base: Duration,
+    /// Set when dispatch stops (interruption, budget, balance): calls still waiting for the
+    /// limiter then give up without being sent.
+    pub stopping: std::sync::atomic::AtomicBool,
     free: Semaphore,
     urls: Mutex<HashMap<(usize, u32), OutputUrl>>,
 }
@@ -68,6 +71,7 @@ impl Shared {
             url_ttl: config.url_ttl,
             url_margin: config.url_margin,
             retry_base: config.retry_base,
+            stopping: std::sync::atomic::AtomicBool::new(false),
             free: Semaphore::new(FREE_CONCURRENCY),
             urls: Mutex::new(HashMap::new()),
         }

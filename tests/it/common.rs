@@ -101,6 +101,7 @@ pub fn command(args: &[&str], cwd: &Path) -> Command {
         .env_remove("IMGPIPE_BASE_URL")
         .env_remove("IMGPIPE_API_KEY")
         .env_remove("IMGPIPE_LOG")
+        .env_remove("IMGPIPE_STATE")
         .stdin(Stdio::null())
         .kill_on_drop(true);
     cmd
