@@ -107,14 +107,25 @@ pub async fn run(args: &RunArgs, global: &GlobalArgs) -> Result<(), Error> {
         plan::print(&doc, global)?;
         return plan::refusal(&doc);
     }
-    let store = open_store(args.state.as_ref()).await?;
+    let store = open_store(args.state.as_ref(), global.sandbox).await?;
     let result = execute(args, global, &conn, &store, &pipeline, doc, discover).await;
     store.close().await;
     result
 }
 
-async fn open_store(flag: Option<&PathBuf>) -> Result<Store, Error> {
-    let path = flag.cloned().or_else(store::default_path).ok_or_else(|| {
+/// The state database. Runs on the embedded sandbox get their own by default: its jobs vanish
+/// with it, so they must never mix with, or be reused by, runs against the real service.
+async fn open_store(flag: Option<&PathBuf>, sandbox: bool) -> Result<Store, Error> {
+    let default = || {
+        store::default_path().map(|p| {
+            if sandbox {
+                p.with_file_name(store::SANDBOX_FILE)
+            } else {
+                p
+            }
+        })
+    };
+    let path = flag.cloned().or_else(default).ok_or_else(|| {
         Error::usage(
             "no place for the state database: HOME and XDG_STATE_HOME are unset",
             Some("pass --state PATH or set IMGPIPE_STATE"),

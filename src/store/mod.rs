@@ -26,6 +26,8 @@ pub use tasks::{
 /// The directory under the user's state directory that holds the default database.
 pub const APP_DIR: &str = "imgpipe";
 pub const DEFAULT_FILE: &str = "state.db";
+/// The default database of runs on the embedded sandbox (`--sandbox`).
+pub const SANDBOX_FILE: &str = "sandbox.db";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
