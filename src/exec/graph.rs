@@ -295,3 +295,54 @@ fn tool_params(
         },
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn graph(text: &str) -> Graph {
+        let loaded = crate::pipeline::load_str("p.yaml", std::path::Path::new("."), text);
+        let pipeline = loaded
+            .pipeline
+            .unwrap_or_else(|| panic!("{:?}", loaded.report));
+        Graph::build(&pipeline, 4).unwrap()
+    }
+
+    #[test]
+    fn a_chain_unrolls_per_image_with_the_batch_step_shared() {
+        let g = graph(
+            r#"
+version: 1
+name: t
+items: [{ id: a }, { id: b }]
+steps:
+  - id: style
+    once: true
+    generate: { prompt: a style, size: 4K }
+  - id: shot
+    generate: { prompt: "shot {{ item.id }}", n: 2, image_urls: [{ from: style }] }
+  - id: big
+    upscale: { from: shot, desired_increase: 4 }
+"#,
+        );
+        // 1 style + 2 shots + 2×2 upscales.
+        assert_eq!(g.tasks.len(), 7);
+        let style = &g.tasks[0];
+        assert_eq!((style.instance, style.planned), (Instance::Batch, 8));
+        assert_eq!(style.children.len(), 2, "both items' shots read the style");
+        let shot_b = (0..7)
+            .find(|t| g.step_id(*t) == "shot" && g.tasks[*t].instance == Instance::Item(1))
+            .unwrap();
+        assert_eq!(g.tasks[shot_b].planned, 8);
+        assert_eq!(g.tasks[shot_b].deps, vec![0]);
+        let ups: Vec<usize> = g.tasks[shot_b].children.clone();
+        assert_eq!(ups.len(), 2);
+        let stems: Vec<String> = ups.iter().map(|t| g.file_stem(*t, 0)).collect();
+        assert_eq!(stems, ["big-0", "big-1"]);
+        assert_eq!(g.item_dir(g.tasks[ups[0]].instance), "b");
+        assert_eq!(g.item_dir(Instance::Batch), BATCH_DIR);
+        assert_eq!(g.file_stem(0, 0), "style");
+        assert_eq!(g.descendants(0).len(), 6);
+        assert_eq!(g.describe_inputs(ups[1]), r#"["b/shot[1]"]"#);
+    }
+}
