@@ -94,7 +94,16 @@ pub async fn run(args: &RunArgs, global: &GlobalArgs) -> Result<(), Error> {
     let pipeline = validate::checked(&file, pipeline::load(&file))?;
     let conn = Connection::open(global).await?;
     let (balance, generation) = plan::ask_service(&conn, &pipeline, global).await?;
-    let doc = plan::document(&pipeline, generation, balance, args.max_credits);
+    // A saved plan's budget holds unless the command line lowers it.
+    let saved_budget = saved
+        .as_ref()
+        .and_then(|d| d.budget.as_ref())
+        .map(|b| b.max_credits);
+    let max_credits = match (args.max_credits, saved_budget) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let doc = plan::document(&pipeline, generation, balance, max_credits);
     if let Some(saved) = &saved {
         preflight::same_as_saved(saved, &doc)?;
     }
@@ -168,7 +177,8 @@ async fn execute(
     let mut config = config(args, global, conn, pipeline, &doc, &run).await?;
     if discover {
         let found = preflight::discover(conn, store, &graph, &config).await?;
-        doc = plan::document(pipeline, found, doc.balance.clone(), args.max_credits);
+        let budget = doc.budget.as_ref().map(|b| b.max_credits);
+        doc = plan::document(pipeline, found, doc.balance.clone(), budget);
         graph = Arc::new(
             Graph::build(pipeline, doc.prices.generation.credits.unwrap_or(0))
                 .map_err(|e| Error::Other(anyhow::anyhow!(e)))?,
