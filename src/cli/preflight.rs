@@ -104,7 +104,7 @@ pub struct OpenRun {
     pub id: String,
     pub dir: PathBuf,
     pub finished: bool,
-    /// Credits this run was billed before now.
+    /// Credits this run was billed, or may have been, before now.
     pub billed: u64,
 }
 
@@ -130,7 +130,7 @@ pub async fn open_run(
                 Some("give the new work another --run-id"),
             ));
         }
-        let billed = store.totals(&id).await.map_err(store_err)?.billed_credits;
+        let billed = spent(store, &id).await?;
         let finished = row.status == RunStatus::Succeeded;
         if !finished {
             store
@@ -226,12 +226,14 @@ pub fn cap_of(doc: &PlanDocument, billed: u64) -> Option<u64> {
 }
 
 pub async fn cap(store: &Store, run_id: &str, doc: &PlanDocument) -> Result<Option<u64>, Error> {
-    let billed = store
-        .totals(run_id)
-        .await
-        .map_err(store_err)?
-        .billed_credits;
-    Ok(cap_of(doc, billed))
+    Ok(cap_of(doc, spent(store, run_id).await?))
+}
+
+/// What the run was billed, plus what its unanswered calls may have cost: a budget is never
+/// paid twice for them.
+async fn spent(store: &Store, run_id: &str) -> Result<u64, Error> {
+    let totals = store.totals(run_id).await.map_err(store_err)?;
+    Ok(totals.billed_credits + totals.possibly_billed_credits)
 }
 
 struct Quiet;

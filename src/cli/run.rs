@@ -118,7 +118,8 @@ pub async fn run(args: &RunArgs, global: &GlobalArgs) -> Result<(), Error> {
     }
     let store = open_store(args.state.as_ref(), global.sandbox).await?;
     let result = execute(args, global, &conn, &store, &pipeline, doc, discover).await;
-    store.close().await;
+    // Everything is committed already; closing only tidies the WAL, and must not hang an exit.
+    let _ = tokio::time::timeout(Duration::from_secs(5), store.close()).await;
     result
 }
 

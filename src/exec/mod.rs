@@ -91,7 +91,7 @@ impl Stop {
                 planned,
                 billed,
             } => format!(
-                "{task} was billed {billed} credits where the plan said {planned}; dispatching stopped so the plan's total cannot be exceeded"
+                "{task} was billed {billed} credits where the plan said {planned}; no call was sent after that bill"
             ),
             Stop::Balance(e) => format!("the service refused a call for lack of credits: {e}"),
             Stop::Fatal(e) => e.clone(),

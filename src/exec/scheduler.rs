@@ -63,6 +63,9 @@ struct Scheduler {
     new_ready: BTreeSet<Key>,
     admitted: HashSet<Instance>,
     instance_cost: HashMap<Instance, u64>,
+    /// By step: whether a bill confirmed its planned price, and whether a call is testing it.
+    confirmed: Vec<bool>,
+    probing: Vec<bool>,
     budget: Budget,
     calls: JoinSet<Attempted>,
     downloads: JoinSet<Fetched>,
@@ -140,6 +143,8 @@ impl Scheduler {
             new_ready: BTreeSet::new(),
             admitted: HashSet::new(),
             instance_cost: HashMap::new(),
+            confirmed: vec![false; graph.step_ids.len()],
+            probing: vec![false; graph.step_ids.len()],
             budget: Budget::new(config.cap),
             calls: JoinSet::new(),
             downloads: JoinSet::new(),
@@ -279,10 +284,15 @@ impl Scheduler {
 
     fn dispatch(&mut self) {
         while self.halt.is_none() && self.calls.len() < self.config.concurrency {
-            let key = match self.admitted_ready.first() {
-                Some(key) => *key,
+            let next = self
+                .admitted_ready
+                .iter()
+                .find(|k| self.may_send(k.3))
+                .copied();
+            let key = match next {
+                Some(key) => key,
                 None => match self.new_ready.first().copied() {
-                    Some(key) if self.closed.is_none() => {
+                    Some(key) if self.closed.is_none() && self.may_send(key.3) => {
                         self.admit(key.0);
                         continue;
                     }
@@ -307,6 +317,8 @@ impl Scheduler {
             }
             self.admitted_ready.remove(&key);
             self.state[t] = State::Running;
+            let step = self.graph.tasks[t].step.0;
+            self.probing[step] |= !self.confirmed[step];
             let tries = &mut self.tries[t];
             let (delay, force) = (tries.delay, tries.force_refresh);
             tries.delay = Duration::ZERO;
@@ -314,6 +326,13 @@ impl Scheduler {
             self.calls
                 .spawn(attempt(Arc::clone(&self.shared), t, delay, force));
         }
+    }
+
+    /// Until a bill has confirmed a step's price, one call of that step at a time: a plan
+    /// priced too low must not overspend by a whole round of concurrent calls.
+    fn may_send(&self, t: usize) -> bool {
+        let step = self.graph.tasks[t].step.0;
+        self.confirmed[step] || !self.probing[step]
     }
 
     /// Admits `instance` when its remaining chain fits; else closes admission.
@@ -349,6 +368,7 @@ impl Scheduler {
     async fn settle(&mut self, attempted: Attempted) {
         let t = attempted.task;
         let planned = self.graph.tasks[t].planned;
+        self.probing[self.graph.tasks[t].step.0] = false;
         match attempted.result {
             Ok(success) => self.succeeded(t, planned, success).await,
             Err(Failure::Store(e)) => {
@@ -365,8 +385,8 @@ impl Scheduler {
                 self.retry_or_fail(t, None, &reason).await;
             }
             Err(Failure::Status(reason)) => {
-                self.budget.ambiguous(planned);
-                self.fail(t, &reason).await;
+                let committed = self.budget.ambiguous(planned);
+                self.fail(t, &reason, committed).await;
             }
             Err(Failure::Api(e)) => self.api_failure(t, planned, e).await,
         }
@@ -374,6 +394,9 @@ impl Scheduler {
 
     async fn succeeded(&mut self, t: usize, planned: u64, success: Success) {
         self.budget.settle(planned, success.credits);
+        if success.credits <= planned {
+            self.confirmed[self.graph.tasks[t].step.0] = true;
+        }
         if success.credits_remaining.is_some() {
             self.outcome.last_balance = success.credits_remaining;
         }
@@ -397,7 +420,8 @@ impl Scheduler {
                 "job {} returned {got} image(s) where {expected} were asked for",
                 success.job_id
             );
-            self.fail(t, &reason).await;
+            // The bill settled the task's commitment: nothing is left to free.
+            self.fail(t, &reason, false).await;
             return;
         }
         self.state[t] = State::Done;
@@ -420,7 +444,7 @@ impl Scheduler {
             self.budget.release(planned);
             return match e {
                 ApiError::NotSent { .. } => self.retry_or_fail(t, None, &reason).await,
-                _ => self.fail(t, &reason).await,
+                _ => self.fail(t, &reason, true).await,
             };
         };
         self.budget.release(planned);
@@ -431,7 +455,7 @@ impl Scheduler {
                 if self.tries[t].throttled <= MAX_THROTTLED {
                     self.requeue(t, Duration::ZERO, false);
                 } else {
-                    self.fail(t, &reason).await;
+                    self.fail(t, &reason, true).await;
                 }
             }
             ErrorKind::Server => self.retry_or_fail(t, e.retry_after(), &reason).await,
@@ -449,7 +473,7 @@ impl Scheduler {
                 self.tries[t].refreshed = true;
                 self.requeue(t, Duration::ZERO, true);
             }
-            _ => self.fail(t, &reason).await,
+            _ => self.fail(t, &reason, true).await,
         }
     }
 
@@ -467,7 +491,7 @@ impl Scheduler {
             let delay = self.shared.backoff(self.tries[t].ambiguous);
             return self.requeue(t, delay, false);
         };
-        self.fail(t, &format!("{reason} (not tried again: {why})"))
+        self.fail(t, &format!("{reason} (not tried again: {why})"), fits)
             .await;
     }
 
@@ -475,7 +499,9 @@ impl Scheduler {
         self.tries[t].retries += 1;
         let n = self.tries[t].retries;
         if n > self.config.max_retries {
-            return self.fail(t, &format!("{reason} (after {} tries)", n)).await;
+            return self
+                .fail(t, &format!("{reason} (after {} tries)", n), true)
+                .await;
         }
         tracing::debug!("{}: {reason}; retry {n}", self.name(t));
         let delay = after.unwrap_or_else(|| self.shared.backoff(n));
@@ -510,9 +536,13 @@ impl Scheduler {
     }
 
     /// Fails `t` and blocks everything that reads it; the rest of the batch goes on.
-    async fn fail(&mut self, t: usize, reason: &str) {
+    /// `committed`: whether the task still holds a commitment to free (not when its price was
+    /// spent, or possibly spent, with no retry left to pay for).
+    async fn fail(&mut self, t: usize, reason: &str, committed: bool) {
         self.state[t] = State::Failed;
-        self.budget.abandon(self.graph.tasks[t].planned);
+        if committed {
+            self.budget.abandon(self.graph.tasks[t].planned);
+        }
         let name = self.name(t);
         let step = self.graph.tasks[t].step.0;
         let item = self.graph.item_dir(self.graph.tasks[t].instance).to_owned();

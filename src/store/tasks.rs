@@ -128,6 +128,8 @@ pub struct Totals {
     pub billed_credits: u64,
     /// Attempts sent without a complete answer, which may have been billed without a result.
     pub ambiguous_attempts: u64,
+    /// The planned price of those attempts: what they may have cost.
+    pub possibly_billed_credits: u64,
     pub outputs: u64,
     pub downloaded: u64,
     pub download_failures: u64,
@@ -167,13 +169,13 @@ impl Store {
         Ok(())
     }
 
-    /// Sets the planned price of tasks not yet succeeded (after a price was discovered).
+    /// Sets the planned price of tasks (after the price was discovered).
     pub async fn update_planned(&self, run_id: &str, tasks: &[NewTask]) -> Result<(), StoreError> {
         let mut tx = self.pool().begin().await?;
         for t in tasks {
             sqlx::query(
                 "UPDATE tasks SET planned_credits = ?
-                 WHERE run_id = ? AND item = ? AND step = ? AND idx = ? AND status != 'succeeded'",
+                 WHERE run_id = ? AND item = ? AND step = ? AND idx = ?",
             )
             .bind(to_i64(t.planned_credits))
             .bind(run_id)
@@ -464,9 +466,11 @@ impl Store {
         .fetch_one(self.pool())
         .await?;
         let a = sqlx::query(
-            "SELECT COALESCE(SUM(credits_billed), 0) AS billed,
-                    COALESCE(SUM(outcome = 'ambiguous' OR outcome IS NULL), 0) AS ambiguous
-             FROM attempts WHERE run_id = ?",
+            "SELECT COALESCE(SUM(a.credits_billed), 0) AS billed,
+                    COALESCE(SUM(a.outcome = 'ambiguous' OR a.outcome IS NULL), 0) AS ambiguous,
+                    COALESCE(SUM(CASE WHEN a.outcome = 'ambiguous' OR a.outcome IS NULL
+                                 THEN t.planned_credits ELSE 0 END), 0) AS possibly
+             FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE a.run_id = ?",
         )
         .bind(run_id)
         .fetch_one(self.pool())
@@ -492,6 +496,7 @@ impl Store {
             planned_credits: n(&t, "planned")?,
             billed_credits: n(&a, "billed")?,
             ambiguous_attempts: n(&a, "ambiguous")?,
+            possibly_billed_credits: n(&a, "possibly")?,
             outputs: n(&o, "outputs")?,
             downloaded: n(&o, "downloaded")?,
             download_failures: n(&o, "failures")?,

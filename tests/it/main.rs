@@ -6,5 +6,6 @@ mod client;
 mod common;
 mod hostile;
 mod plan;
+mod run;
 mod sandbox_http;
 mod validate;

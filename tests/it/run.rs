@@ -1,0 +1,1474 @@
+//! `imgpipe run` end to end: the real binary against the in-process sandbox, then the state
+//! database, the manifest, the files on disk and the sandbox's own ledger held against each
+//! other. The ledger is the truth about money: whatever imgpipe records or prints must agree
+//! with what the sandbox billed.
+//!
+//! Every run passes `--state` inside the test's directory and `--retry-base-ms 10`; sandboxes
+//! draw small images so that the chains stay fast. Where a fault pattern must be exact, the
+//! run uses one call at a time and a seed chosen by replaying the sandbox's own dice.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use image::GenericImageView;
+use imgpipe::sandbox::faults::Dice;
+use imgpipe::sandbox::{self, Faults};
+use serde_json::Value;
+use sqlx::sqlite::SqliteConnectOptions;
+use sqlx::{ConnectOptions, Connection, Row};
+
+use crate::common::*;
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+/// Side of a 2K image in these tests: big enough for every tool, small enough to be quick.
+const SIDE: u32 = 32;
+
+/// erase 2 + upscale 2× 2 + remove_background 5 credits: one item of [`edit_chain`].
+const CHAIN_CREDITS: u64 = 9;
+
+fn config() -> sandbox::Config {
+    sandbox::Config {
+        image_side: SIDE,
+        ..sandbox::Config::default()
+    }
+}
+
+fn faults(seed: u64) -> Faults {
+    Faults {
+        seed,
+        ..Faults::default()
+    }
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Copies a committed sample pipeline (and its items file) into `dir`.
+fn copy_sample(dir: &Path, name: &str) {
+    let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines");
+    std::fs::copy(from.join(name), dir.join(name)).unwrap();
+    if name == "edit-only.yaml" {
+        std::fs::copy(
+            from.join("sample-images.csv"),
+            dir.join("sample-images.csv"),
+        )
+        .unwrap();
+    }
+}
+
+const SAMPLES: [&str; 4] = ["mug", "lamp", "chair", "plant"];
+
+/// An edit-only pipeline of `items` items, each erase → upscale 2× → remove_background
+/// ([`CHAIN_CREDITS`] an item), with an optional budget line.
+fn edit_chain(items: usize, budget: Option<u64>) -> String {
+    let mut text = String::from("version: 1\nname: chain\noutput_dir: out\n");
+    if let Some(b) = budget {
+        text += &format!("budget: {{ max_credits: {b} }}\n");
+    }
+    text += "items:\n";
+    for i in 0..items {
+        let sample = SAMPLES[i % SAMPLES.len()];
+        text += &format!(
+            "  - {{ id: i{i:02}, url: \"https://sandbox.invalid/assets/{sample}.png\" }}\n"
+        );
+    }
+    text += r#"steps:
+  - id: clean
+    erase: { image_url: "{{ item.url }}", object_name: the corner }
+  - id: big
+    upscale: { from: clean, desired_increase: 2 }
+  - id: cutout
+    remove_background: { from: big }
+"#;
+    text
+}
+
+fn state_path(dir: &Path) -> PathBuf {
+    dir.join("state.db")
+}
+
+/// `imgpipe run ARGS --state DIR/state.db` in `dir`, against `env`'s sandbox, in time.
+async fn run(env: &Env, dir: &Path, args: &[&str]) -> Output {
+    finish(run_command(env, dir, args)).await
+}
+
+fn run_command(env: &Env, dir: &Path, args: &[&str]) -> tokio::process::Command {
+    let state = state_path(dir).to_string_lossy().into_owned();
+    let mut all = vec!["run"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--state", &state]);
+    let mut cmd = command(&all, dir);
+    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
+        .env("IMGPIPE_API_KEY", env.sandbox.key());
+    cmd
+}
+
+/// Both streams, for messages that may go to either.
+fn both(o: &Output) -> String {
+    format!("{}\n{}", stdout(o), stderr(o))
+}
+
+#[derive(Debug)]
+struct TaskRow {
+    id: i64,
+    item: String,
+    step: String,
+    idx: i64,
+    status: String,
+    planned: u64,
+    billed: u64,
+    job_id: Option<String>,
+    error: Option<String>,
+}
+
+impl TaskRow {
+    fn name(&self) -> String {
+        format!("{}/{}[{}]", self.item, self.step, self.idx)
+    }
+}
+
+#[derive(Debug)]
+struct AttemptRow {
+    task_id: i64,
+    outcome: Option<String>,
+    http_status: Option<i64>,
+    billed: u64,
+    job_id: Option<String>,
+    finished_at: Option<i64>,
+}
+
+#[derive(Debug)]
+struct OutputRow {
+    task_id: i64,
+    job_id: String,
+    url_issued_at: i64,
+    path: Option<String>,
+    sha256: Option<String>,
+    bytes: Option<i64>,
+    download_error: Option<String>,
+}
+
+/// The whole state database, read after the process exited.
+#[derive(Debug)]
+struct Db {
+    runs: Vec<(String, String)>,
+    tasks: Vec<TaskRow>,
+    attempts: Vec<AttemptRow>,
+    outputs: Vec<OutputRow>,
+}
+
+impl Db {
+    fn billed(&self) -> u64 {
+        self.attempts.iter().map(|a| a.billed).sum()
+    }
+
+    /// Attempts sent without a complete answer (or still marked in flight).
+    fn ambiguous(&self) -> Vec<&AttemptRow> {
+        self.attempts
+            .iter()
+            .filter(|a| a.outcome.as_deref().is_none_or(|o| o == "ambiguous"))
+            .collect()
+    }
+
+    fn task(&self, id: i64) -> &TaskRow {
+        self.tasks.iter().find(|t| t.id == id).unwrap()
+    }
+
+    fn count(&self, status: &str) -> usize {
+        self.tasks.iter().filter(|t| t.status == status).count()
+    }
+
+    fn attempts_of(&self, task: i64) -> Vec<&AttemptRow> {
+        self.attempts.iter().filter(|a| a.task_id == task).collect()
+    }
+
+    /// Tasks by item, in task order.
+    fn by_item(&self) -> BTreeMap<String, Vec<&TaskRow>> {
+        let mut items: BTreeMap<String, Vec<&TaskRow>> = BTreeMap::new();
+        for t in &self.tasks {
+            items.entry(t.item.clone()).or_default().push(t);
+        }
+        items
+    }
+}
+
+fn u(n: i64) -> u64 {
+    u64::try_from(n).unwrap()
+}
+
+/// One plain connection, not a pool: sqlx 0.9's pool maintenance task was seen spinning after
+/// `close()`, which hung the test runtime's shutdown.
+async fn read_db(path: &Path) -> Db {
+    let mut conn = SqliteConnectOptions::new()
+        .filename(path)
+        .read_only(true)
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
+    let runs = sqlx::query("SELECT id, status FROM runs ORDER BY created_at")
+        .fetch_all(&mut conn)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get("id"), r.get("status")))
+        .collect();
+    let tasks = sqlx::query(
+        "SELECT id, item, step, idx, status, planned_credits, credits_billed, job_id, error
+         FROM tasks ORDER BY id",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| TaskRow {
+        id: r.get("id"),
+        item: r.get("item"),
+        step: r.get("step"),
+        idx: r.get("idx"),
+        status: r.get("status"),
+        planned: u(r.get("planned_credits")),
+        billed: u(r.get("credits_billed")),
+        job_id: r.get("job_id"),
+        error: r.get("error"),
+    })
+    .collect();
+    let attempts = sqlx::query(
+        "SELECT task_id, outcome, http_status, credits_billed, job_id, finished_at
+         FROM attempts ORDER BY id",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| AttemptRow {
+        task_id: r.get("task_id"),
+        outcome: r.get("outcome"),
+        http_status: r.get("http_status"),
+        billed: u(r.get("credits_billed")),
+        job_id: r.get("job_id"),
+        finished_at: r.get("finished_at"),
+    })
+    .collect();
+    let outputs = sqlx::query(
+        "SELECT task_id, job_id, url_issued_at, path, sha256, bytes, download_error
+         FROM outputs ORDER BY task_id, k",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| OutputRow {
+        task_id: r.get("task_id"),
+        job_id: r.get("job_id"),
+        url_issued_at: r.get("url_issued_at"),
+        path: r.get("path"),
+        sha256: r.get("sha256"),
+        bytes: r.get("bytes"),
+        download_error: r.get("download_error"),
+    })
+    .collect();
+    conn.close().await.unwrap();
+    Db {
+        runs,
+        tasks,
+        attempts,
+        outputs,
+    }
+}
+
+fn manifest(run_dir: &Path) -> Vec<Value> {
+    let path = run_dir.join("manifest.jsonl");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect()
+}
+
+/// Every file under `dir`, as paths relative to it.
+fn files_under(dir: &Path) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in entries(&d) {
+            if entry.is_dir() {
+                stack.push(entry);
+            } else {
+                let rel = entry.strip_prefix(dir).unwrap();
+                found.insert(rel.to_string_lossy().into_owned());
+            }
+        }
+    }
+    found
+}
+
+/// Every output of the database was downloaded, and the manifest, the database's outputs and
+/// the files on disk name the same files with the same digests and sizes. Returns the
+/// manifest's lines.
+#[track_caller]
+fn assert_outputs_agree(cwd: &Path, run_dir: &Path, db: &Db) -> Vec<Value> {
+    let lines = manifest(run_dir);
+    let failed: Vec<_> = db
+        .outputs
+        .iter()
+        .filter(|o| o.path.is_none())
+        .map(|o| (&o.job_id, &o.download_error))
+        .collect();
+    assert!(failed.is_empty(), "outputs not downloaded: {failed:#?}");
+    assert_eq!(lines.len(), db.outputs.len(), "manifest {lines:#?}");
+    let on_disk = files_under(run_dir);
+    let mut expected: BTreeSet<String> = lines
+        .iter()
+        .map(|l| l["path"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(expected.len(), lines.len(), "two lines name one file");
+    expected.insert("manifest.jsonl".into());
+    assert_eq!(on_disk, expected, "files on disk against the manifest");
+    let by_path: HashMap<PathBuf, &OutputRow> = db
+        .outputs
+        .iter()
+        .map(|o| {
+            let p = cwd.join(o.path.as_deref().unwrap());
+            (p.canonicalize().unwrap(), o)
+        })
+        .collect();
+    for line in &lines {
+        let file = run_dir.join(line["path"].as_str().unwrap());
+        let bytes = std::fs::read(&file).unwrap();
+        let digest = sha256_hex(&bytes);
+        assert_eq!(line["sha256"], digest.as_str(), "{line}");
+        assert_eq!(line["bytes"], bytes.len(), "{line}");
+        let row = by_path
+            .get(&file.canonicalize().unwrap())
+            .unwrap_or_else(|| panic!("no output row for {}", file.display()));
+        assert_eq!(row.sha256.as_deref(), Some(digest.as_str()), "{row:?}");
+        assert_eq!(row.bytes, Some(bytes.len() as i64), "{row:?}");
+        assert_eq!(line["job_id"], row.job_id.as_str(), "{line}");
+        let task = db.task(row.task_id);
+        assert_eq!(line["item"], task.item.as_str(), "{line}");
+        assert_eq!(line["step"], task.step.as_str(), "{line}");
+        assert_eq!(line["credits"], task.billed, "{line}");
+        assert!(decode(&file).width() > 0);
+    }
+    lines
+}
+
+/// The sandbox's ledger against the database: every delivered bill is one succeeded attempt
+/// and one task with the same job and credits; every undelivered bill is one ambiguous
+/// attempt; the balance moved by exactly the ledger's total.
+#[track_caller]
+fn assert_ledger_agrees(env: &Env, db: &Db, start_balance: i64) {
+    let ledger = env.sandbox.ledger();
+    let total: u64 = ledger.iter().map(|e| e.credits).sum();
+    assert_eq!(
+        start_balance - env.sandbox.balance(),
+        total as i64,
+        "balance against ledger {ledger:#?}"
+    );
+    let delivered: Vec<_> = ledger.iter().filter(|e| e.delivered).collect();
+    let undelivered: Vec<_> = ledger.iter().filter(|e| !e.delivered).collect();
+    assert_eq!(
+        db.billed(),
+        delivered.iter().map(|e| e.credits).sum::<u64>(),
+        "billed in the database against delivered bills"
+    );
+    assert_eq!(
+        db.ambiguous().len(),
+        undelivered.len(),
+        "ambiguous attempts against undelivered bills {undelivered:#?}"
+    );
+    // An undelivered bill costs what its task was planned at (the prices are the plan's).
+    let possibly: u64 = db
+        .ambiguous()
+        .iter()
+        .map(|a| db.task(a.task_id).planned)
+        .sum();
+    assert_eq!(
+        possibly,
+        undelivered.iter().map(|e| e.credits).sum::<u64>(),
+        "planned credits of ambiguous attempts against undelivered bills"
+    );
+    for entry in &delivered {
+        let attempts: Vec<_> = db
+            .attempts
+            .iter()
+            .filter(|a| a.job_id.as_deref() == Some(entry.job_id.as_str()))
+            .collect();
+        assert_eq!(attempts.len(), 1, "{entry:?} in attempts {attempts:#?}");
+        assert_eq!(attempts[0].outcome.as_deref(), Some("succeeded"));
+        assert_eq!(attempts[0].billed, entry.credits, "{entry:?}");
+        let tasks: Vec<_> = db
+            .tasks
+            .iter()
+            .filter(|t| t.job_id.as_deref() == Some(entry.job_id.as_str()))
+            .collect();
+        assert_eq!(tasks.len(), 1, "{entry:?} in tasks {tasks:#?}");
+        assert_eq!(tasks[0].billed, entry.credits, "{entry:?}");
+        assert_eq!(tasks[0].id, attempts[0].task_id);
+    }
+    let known: BTreeSet<&str> = ledger.iter().map(|e| e.job_id.as_str()).collect();
+    for a in &db.attempts {
+        if let Some(job) = &a.job_id {
+            assert!(
+                known.contains(job.as_str()),
+                "{a:?} names a job never billed"
+            );
+        }
+    }
+}
+
+/// Each item's chain is whole: all succeeded, or never touched (pending, no attempt), or
+/// stopped by a failed task whose descendants are all blocked. No item may hold succeeded
+/// tasks beside pending ones: that is money stranded in a half-finished chain.
+#[track_caller]
+fn assert_no_half_chains(db: &Db) {
+    for (item, tasks) in db.by_item() {
+        let statuses: Vec<&str> = tasks.iter().map(|t| t.status.as_str()).collect();
+        let untouched = tasks
+            .iter()
+            .all(|t| t.status == "pending" && db.attempts_of(t.id).is_empty());
+        let done = statuses.iter().all(|s| *s == "succeeded");
+        let failed = statuses.contains(&"failed")
+            && statuses
+                .iter()
+                .all(|s| matches!(*s, "succeeded" | "failed" | "blocked"));
+        assert!(
+            untouched || done || failed,
+            "item {item} is half finished: {:?}",
+            tasks
+                .iter()
+                .map(|t| (t.name(), t.status.as_str()))
+                .collect::<Vec<_>>()
+        );
+    }
+}
+
+/// For a chain pipeline (one task per step per item, in step order), every task after a
+/// failed one is blocked.
+#[track_caller]
+fn assert_descendants_blocked(db: &Db) {
+    for (item, tasks) in db.by_item() {
+        if let Some(first) = tasks.iter().position(|t| t.status == "failed") {
+            for t in &tasks[first + 1..] {
+                assert_eq!(t.status, "blocked", "{item}: {t:?}");
+                assert!(db.attempts_of(t.id).is_empty(), "{t:?} was tried");
+                let why = t.error.as_deref().unwrap_or_default();
+                assert!(why.contains("failed"), "{t:?}");
+            }
+        }
+    }
+}
+
+/// A seed whose first draws with probability `p` are exactly `pattern` (true: the fault
+/// strikes). With one call at a time and only the drop fault on, the sandbox draws once per
+/// billed call, in call order, so this fixes which calls are dropped.
+fn seed_for(p: f64, pattern: &[bool]) -> u64 {
+    (0..1_000_000u64)
+        .find(|seed| {
+            let dice = Dice::new(*seed);
+            pattern.iter().all(|want| dice.chance(p) == *want)
+        })
+        .expect("a seed with this pattern")
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. The full chain of the sample
+// ---------------------------------------------------------------------------------------------
+
+#[track_caller]
+fn pixels_differing(a: &image::DynamicImage, b: &image::DynamicImage) -> usize {
+    assert_eq!(a.dimensions(), b.dimensions());
+    a.to_rgba8()
+        .pixels()
+        .zip(b.to_rgba8().pixels())
+        .filter(|(x, y)| x != y)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn product_shots_runs_the_whole_chain_and_every_record_agrees() {
+    let env = start(sandbox::Config {
+        image_side: 64,
+        ..sandbox::Config::default()
+    })
+    .await;
+    let dir = env.dir.path();
+    copy_sample(dir, "product-shots.yaml");
+    // The sample's 10/s would make this test take three seconds; the rate has its own test.
+    let o = run(
+        &env,
+        dir,
+        &[
+            "product-shots.yaml",
+            "--json",
+            "--run-id",
+            "full",
+            "--rate",
+            "100/s",
+        ],
+    )
+    .await;
+    assert_exit_without_panic(&o, 0);
+    let summary = json_stdout(&o);
+    // 3 items × (shot 1 + 2 × (clean, wide, big, cutout)) = 27 tasks; per item 2 × 4 (two 2K
+    // images) + 2 × (2 + 5 + 4 + 5) = 40 credits; 3 × 40 = 120. Outputs: 3 × (2 + 8) = 30.
+    assert_eq!(summary["status"], "succeeded", "{summary:#}");
+    assert_eq!(summary["tasks"], 27, "{summary:#}");
+    assert_eq!(summary["succeeded"], 27, "{summary:#}");
+    assert_eq!(summary["failed"], 0, "{summary:#}");
+    assert_eq!(summary["planned_credits"], 120, "{summary:#}");
+    assert_eq!(summary["billed_credits"], 120, "{summary:#}");
+    assert_eq!(summary["ambiguous_attempts"], 0, "{summary:#}");
+    assert_eq!(summary["outputs"], 30, "{summary:#}");
+    assert_eq!(summary["downloaded"], 30, "{summary:#}");
+    assert_eq!(summary["balance_before"], START_BALANCE, "{summary:#}");
+    assert_eq!(summary["balance_after"], START_BALANCE - 120, "{summary:#}");
+    assert_eq!(summary["failures"], serde_json::json!([]), "{summary:#}");
+
+    let db = read_db(&state_path(dir)).await;
+    assert_eq!(db.runs, [("full".to_owned(), "succeeded".to_owned())]);
+    assert_eq!(db.count("succeeded"), 27);
+    assert_eq!(db.attempts.len(), 27, "one attempt per task: no retries");
+    assert_eq!(db.billed(), 120);
+    assert_eq!(env.sandbox.ledger().len(), 27);
+    assert_ledger_agrees(&env, &db, START_BALANCE);
+
+    let run_dir = dir.join("out").join("full");
+    let lines = assert_outputs_agree(dir, &run_dir, &db);
+    let line = |item: &str, step: &str, index: u64| -> &Value {
+        lines
+            .iter()
+            .find(|l| l["item"] == item && l["step"] == step && l["index"] == index)
+            .unwrap_or_else(|| panic!("no {item}/{step}-{index} in the manifest"))
+    };
+    for item in ["mug", "lamp", "chair"] {
+        let img = |step: &str, i: u64| {
+            let path = run_dir.join(item).join(format!("{step}-{i}.png"));
+            assert_eq!(
+                line(item, step, i)["path"],
+                format!("{item}/{step}-{i}.png")
+            );
+            decode(&path)
+        };
+        let shots = [img("shot", 0), img("shot", 1)];
+        assert_ne!(shots[0], shots[1], "{item}: two different shots");
+        let shot_job = &line(item, "shot", 0)["job_id"];
+        let mut opaque_cutouts = 0;
+        assert_eq!(&line(item, "shot", 1)["job_id"], shot_job, "one call, n: 2");
+        assert_eq!(line(item, "shot", 0)["credits"], 8);
+        for i in 0..2u64 {
+            // Lineage: each call read its own parent's output.
+            assert_eq!(&line(item, "clean", i)["parent_job_id"], shot_job);
+            for (step, parent) in [("wide", "clean"), ("big", "wide"), ("cutout", "big")] {
+                assert_eq!(
+                    line(item, step, i)["parent_job_id"],
+                    line(item, parent, i)["job_id"],
+                    "{item}/{step}-{i}"
+                );
+            }
+            let shot = &shots[i as usize];
+            let clean = img("clean", i);
+            assert_eq!(shot.dimensions(), (64, 64), "2K is 64 px in this sandbox");
+            assert_eq!(
+                clean.dimensions(),
+                shot.dimensions(),
+                "erase keeps the size"
+            );
+            // clean-i was made from shot-i, not from the other shot: erase changes a region.
+            let own = pixels_differing(&clean, shot);
+            let other = pixels_differing(&clean, &shots[1 - i as usize]);
+            assert!(own > 0 && own < other, "{item} clean-{i}: {own} vs {other}");
+            let wide = img("wide", i);
+            let (w, h) = wide.dimensions();
+            assert!(w >= 64 && h >= 64, "expand contains its input: {w}x{h}");
+            assert!(
+                (i64::from(w) * 9 - i64::from(h) * 16).abs() < 16,
+                "16:9: {w}x{h}"
+            );
+            let big = img("big", i);
+            assert_eq!(big.dimensions(), (4 * w, 4 * h), "upscale 4×");
+            let cutout = img("cutout", i);
+            assert_eq!(cutout.dimensions(), big.dimensions());
+            assert!(cutout.color().has_alpha(), "{:?}", cutout.color());
+            let alpha: Vec<u8> = cutout.to_rgba8().pixels().map(|p| p[3]).collect();
+            assert!(
+                alpha.contains(&0),
+                "{item} cutout-{i}: no transparent pixel"
+            );
+            opaque_cutouts += usize::from(alpha.contains(&255));
+        }
+        // The sandbox's flood fill may take a whole picture for background (it does for one
+        // of the lamp's), but never both of an item's.
+        assert!(
+            opaque_cutouts > 0,
+            "{item}: every cutout is fully transparent"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Refusals before anything is spent
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_max_credits_below_the_plan_is_refused_before_any_call() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    copy_sample(dir, "product-shots.yaml");
+    let o = run(&env, dir, &["product-shots.yaml", "--max-credits", "100"]).await;
+    assert_exit_without_panic(&o, 3);
+    let text = both(&o);
+    assert!(text.contains("120") && text.contains("100"), "{text}");
+    assert!(text.contains("budget"), "{text}");
+    assert_nothing_billed(&env);
+    assert_eq!(env.sandbox.stats().paid_requests, 0);
+    assert!(!dir.join("out").exists(), "a refused run makes no output");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_balance_below_the_plan_is_refused_before_any_call() {
+    let env = start(sandbox::Config {
+        balance: 50,
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    copy_sample(dir, "product-shots.yaml");
+    let o = run(&env, dir, &["product-shots.yaml"]).await;
+    assert_exit_without_panic(&o, 3);
+    let text = both(&o);
+    assert!(text.contains("120") && text.contains("50"), "{text}");
+    assert!(text.contains("balance"), "{text}");
+    assert!(env.sandbox.ledger().is_empty());
+    assert_eq!(env.sandbox.balance(), 50);
+    assert_eq!(env.sandbox.stats().paid_requests, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Tight budgets
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn many_items_at_high_concurrency_over_the_budget_are_refused_whole() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(40, None));
+    // 40 × 9 = 360; room for three chains only.
+    let o = run(
+        &env,
+        dir,
+        &["p.yaml", "--concurrency", "16", "--max-credits", "30"],
+    )
+    .await;
+    assert_exit_without_panic(&o, 3);
+    let text = both(&o);
+    assert!(text.contains("360") && text.contains("30"), "{text}");
+    assert_nothing_billed(&env);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn high_concurrency_with_ambiguous_retries_never_bills_past_a_tight_budget() {
+    // The budget is exactly the plan, so every retry of a dropped (possibly billed) call must
+    // come out of what later items would have used.
+    let items = 30;
+    let budget = items as u64 * CHAIN_CREDITS;
+    let env = start(sandbox::Config {
+        latency: Duration::from_millis(30),
+        jitter: Duration::from_millis(20),
+        faults: Faults {
+            drop_after_billing: 0.1,
+            ..faults(7)
+        },
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(items, Some(budget)));
+    let o = run(
+        &env,
+        dir,
+        &[
+            "p.yaml",
+            "--json",
+            "--concurrency",
+            "16",
+            "--retry-base-ms",
+            "10",
+        ],
+    )
+    .await;
+    let ledger: u64 = env.sandbox.ledger().iter().map(|e| e.credits).sum();
+    assert!(ledger <= budget, "billed {ledger} of a budget of {budget}");
+    assert!(
+        env.sandbox.stats().peak_in_flight > 4,
+        "calls overlapped: {:?}\n{}",
+        env.sandbox.stats(),
+        stderr(&o)
+    );
+    let db = read_db(&state_path(dir)).await;
+    assert_ledger_agrees(&env, &db, START_BALANCE);
+    assert!(
+        db.attempts.iter().all(|a| a.outcome.is_some()),
+        "nothing left in flight"
+    );
+    let summary = json_stdout(&o);
+    let expected = if db.count("succeeded") == db.tasks.len() {
+        0
+    } else if summary.get("stopped").is_some() {
+        3
+    } else {
+        4
+    };
+    assert_exit_without_panic(&o, expected);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn retries_that_use_up_the_budget_stop_before_the_next_item_starts() {
+    // Three items, one at a time, the budget exactly the plan (27). The very first call (i00's
+    // erase, 2 credits) is dropped after billing and retried, so i00 costs 11; i01 costs 9;
+    // i02 then needs 9 where 27 - 20 = 7 is left: it must not start at all.
+    let seed = seed_for(0.3, &[true, false, false, false, false, false, false]);
+    let env = start(sandbox::Config {
+        faults: Faults {
+            drop_after_billing: 0.3,
+            ..faults(seed)
+        },
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(3, Some(27)));
+    let o = run(
+        &env,
+        dir,
+        &[
+            "p.yaml",
+            "--json",
+            "--concurrency",
+            "1",
+            "--retry-base-ms",
+            "10",
+        ],
+    )
+    .await;
+    assert_exit_without_panic(&o, 3);
+    let summary = json_stdout(&o);
+    assert_eq!(summary["status"], "stopped", "{summary:#}");
+    let stopped = summary["stopped"].as_str().unwrap();
+    assert!(
+        stopped.contains("needs 9") && stopped.contains("leaves 7"),
+        "{stopped}"
+    );
+    let ledger = env.sandbox.ledger();
+    assert_eq!(ledger.iter().filter(|e| !e.delivered).count(), 1);
+    assert_eq!(ledger.iter().map(|e| e.credits).sum::<u64>(), 20);
+    let db = read_db(&state_path(dir)).await;
+    assert_ledger_agrees(&env, &db, START_BALANCE);
+    assert_no_half_chains(&db);
+    let i02: Vec<_> = db.tasks.iter().filter(|t| t.item == "i02").collect();
+    assert!(i02.iter().all(|t| t.status == "pending"), "{i02:#?}");
+    assert_eq!(summary["succeeded"], 6, "{summary:#}");
+    assert_eq!(summary["pending"], 3, "{summary:#}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ambiguous_call_given_up_for_budget_leaves_no_half_finished_item() {
+    // Four items, one at a time, budget 36 = the plan. i00's cutout (5) is dropped and retried
+    // (i00 costs 14), i01 costs 9; i02's cutout is dropped with 32 committed: a retry would
+    // make 37, so it fails. 32 credits are now spent or possibly spent and 4 are left: i03
+    // (9) must not start. imgpipe admits it anyway, pays its erase and upscale (4), then
+    // cannot afford its cutout: 4 credits stranded in a half-finished chain.
+    let f = false;
+    let pattern = [f, f, true, f, f, f, f, f, f, true, f, f];
+    let seed = seed_for(0.2, &pattern);
+    let env = start(sandbox::Config {
+        faults: Faults {
+            drop_after_billing: 0.2,
+            ..faults(seed)
+        },
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(4, Some(36)));
+    let o = run(
+        &env,
+        dir,
+        &["p.yaml", "--concurrency", "1", "--retry-base-ms", "10"],
+    )
+    .await;
+    let db = read_db(&state_path(dir)).await;
+    assert_ledger_agrees(&env, &db, START_BALANCE);
+    assert_no_half_chains(&db);
+    let ledger: u64 = env.sandbox.ledger().iter().map(|e| e.credits).sum();
+    assert_eq!(ledger, 32, "i03 must cost nothing");
+    assert_exit_without_panic(&o, 3);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn continuing_a_run_counts_its_possibly_billed_calls_against_the_budget() {
+    // Four items, one at a time, budget 36 = the plan, --on-ambiguous fail. i00's cutout (5)
+    // is dropped after billing: the sandbox billed 36, imgpipe knows of 31 and of one call
+    // that may have cost 5. Continuing the run, the cutout would need 5 more where the budget
+    // leaves 36 - 31 - 5 = 0: it must be refused, not paid for a second time.
+    let f = false;
+    let mut pattern = vec![f, f, true];
+    pattern.extend([f; 10]);
+    let seed = seed_for(0.2, &pattern);
+    let env = start(sandbox::Config {
+        faults: Faults {
+            drop_after_billing: 0.2,
+            ..faults(seed)
+        },
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(4, Some(36)));
+    let args = [
+        "p.yaml",
+        "--run-id",
+        "r",
+        "--concurrency",
+        "1",
+        "--retry-base-ms",
+        "10",
+    ];
+    let fail_mode = [&args[..], &["--on-ambiguous", "fail"][..]].concat();
+    let first = run(&env, dir, &fail_mode).await;
+    assert_exit_without_panic(&first, 4);
+    assert_eq!(START_BALANCE - env.sandbox.balance(), 36);
+    let second = run(&env, dir, &args).await;
+    let spent = START_BALANCE - env.sandbox.balance();
+    assert!(
+        spent <= 36,
+        "the sandbox billed {spent} against a budget of 36"
+    );
+    assert_exit_without_panic(&second, 3);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_underpriced_plan_at_high_concurrency_never_bills_past_the_budget() {
+    // The pipeline says a 2K image costs 3; the service bills 4. Sixteen items, sixteen calls
+    // in flight: the plan (48) fits a budget of 48, and all sixteen are sent before the first
+    // bill shows the price: 64 billed. The budget is a promise about money, so imgpipe must
+    // not have more in flight than the budget covers at a price it has not seen billed.
+    let env = start(sandbox::Config {
+        latency: Duration::from_millis(100),
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    let mut text = String::from(
+        "version: 1\nname: cheap\noutput_dir: out\nbudget: { max_credits: 48 }\npricing: { generation: 3 }\nitems:\n",
+    );
+    for i in 0..16 {
+        text += &format!("  - {{ id: i{i:02} }}\n");
+    }
+    text += "steps:\n  - id: shot\n    generate: { prompt: \"A mug, take {{ item.id }}\" }\n";
+    write(dir, "p.yaml", &text);
+    let o = run(&env, dir, &["p.yaml", "--concurrency", "16"]).await;
+    assert_exit_without_panic(&o, 3);
+    let spent = START_BALANCE - env.sandbox.balance();
+    assert!(
+        spent <= 48,
+        "the sandbox billed {spent} against a budget of 48"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The balance running out during the run, and continuing after a top-up
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_balance_running_out_stops_the_run_and_a_top_up_finishes_it_without_paying_twice() {
+    let items = 10;
+    let env = start(sandbox::Config {
+        latency: Duration::from_millis(100),
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(items, None));
+    let args = ["p.yaml", "--json", "--run-id", "r", "--concurrency", "8"];
+    let mut child = run_command(&env, dir, &args);
+    child.stdout(std::process::Stdio::piped());
+    child.stderr(std::process::Stdio::piped());
+    let child = child.spawn().unwrap();
+    // Someone else spends the account down once the first wave is billed.
+    let watch = async {
+        while env.sandbox.ledger().len() < 6 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        env.sandbox.set_balance(4);
+    };
+    tokio::time::timeout(RUN_LIMIT, watch).await.unwrap();
+    let o = tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_exit_without_panic(&o, 3);
+    let summary = json_stdout(&o);
+    assert_eq!(summary["status"], "stopped", "{summary:#}");
+    assert!(
+        summary["stopped"].as_str().unwrap().contains("credits"),
+        "{summary:#}"
+    );
+    assert!(env.sandbox.stats().insufficient_credits > 0);
+    let billed_first = env.sandbox.ledger().len();
+    let db = read_db(&state_path(dir)).await;
+    assert_eq!(db.count("running"), 0, "no task left in flight");
+    assert!(db.count("pending") > 0, "{db:#?}");
+    assert_eq!(db.count("failed"), 0, "402 is not a task's failure");
+    let paid_first = db.billed();
+
+    env.sandbox.set_balance(1000);
+    let o = run(&env, dir, &args).await;
+    assert_exit_without_panic(&o, 0);
+    let summary = json_stdout(&o);
+    assert_eq!(summary["succeeded"], 3 * items, "{summary:#}");
+    let ledger = env.sandbox.ledger();
+    assert!(ledger.len() > billed_first);
+    // Every task paid exactly once over both runs.
+    assert_eq!(ledger.len(), 3 * items);
+    let db = read_db(&state_path(dir)).await;
+    assert!(db.billed() > paid_first);
+    assert_eq!(db.billed(), items as u64 * CHAIN_CREDITS);
+    assert_eq!(
+        ledger.iter().map(|e| e.credits).sum::<u64>(),
+        items as u64 * CHAIN_CREDITS
+    );
+    assert_outputs_agree(dir, &dir.join("out").join("r"), &db);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. The service's rate limit below imgpipe's
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_service_rate_limit_below_imgpipes_slows_it_down_without_losing_anything() {
+    // 10 items × 3 steps = 30 paid calls; the sandbox takes 20 a second, imgpipe is told 100.
+    let items = 10;
+    let env = start(sandbox::Config {
+        rate_limit: Some(20.0),
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(items, None));
+    let o = run(
+        &env,
+        dir,
+        &[
+            "p.yaml",
+            "--json",
+            "--run-id",
+            "r",
+            "--rate",
+            "100/s",
+            "--concurrency",
+            "8",
+        ],
+    )
+    .await;
+    assert_exit_without_panic(&o, 0);
+    let stats = env.sandbox.stats();
+    assert!(stats.rate_limited > 0, "the limit was met: {stats:?}");
+    assert!(stats.rate_limited < 10, "imgpipe slowed down: {stats:?}");
+    assert_eq!(env.sandbox.ledger().len(), 3 * items);
+    let db = read_db(&state_path(dir)).await;
+    assert_ledger_agrees(&env, &db, START_BALANCE);
+    let lines = assert_outputs_agree(dir, &dir.join("out").join("r"), &db);
+    assert_eq!(lines.len(), 3 * items);
+    let answered_429 = db
+        .attempts
+        .iter()
+        .filter(|a| a.http_status == Some(429))
+        .count() as u64;
+    assert!(answered_429 <= stats.rate_limited);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Result URLs that expire between steps
+// ---------------------------------------------------------------------------------------------
+
+/// One item: a generation of two images, each erased, one call at a time, each call taking
+/// longer than a URL lives. The second erase reads a URL issued two calls ago.
+const SLOW_CHAIN: &str = r#"
+version: 1
+name: slow
+output_dir: out
+pricing: { generation: 4 }
+items:
+  - { id: mug, subject: a mug }
+steps:
+  - id: shot
+    generate: { prompt: "Photo of {{ item.subject }}", n: 2 }
+  - id: clean
+    erase: { from: shot, object_name: the handle }
+"#;
+
+async fn slow_sandbox() -> Env {
+    start(sandbox::Config {
+        url_ttl: Duration::from_millis(500),
+        latency: Duration::from_millis(600),
+        ..config()
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn urls_near_expiry_are_refreshed_before_a_call_reads_them_and_nothing_is_billed_twice() {
+    let env = slow_sandbox().await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", SLOW_CHAIN);
+    let o = run(
+        &env,
+        dir,
+        &[
+            "p.yaml",
+            "--run-id",
+            "r",
+            "--concurrency",
+            "1",
+            "--url-ttl",
+            "0.5",
+            "--url-margin",
+            "0.2",
+        ],
+    )
+    .await;
+    assert_exit_without_panic(&o, 0);
+    let stats = env.sandbox.stats();
+    assert_eq!(stats.invalid, 0, "no expired URL was sent: {stats:?}");
+    assert_eq!(env.sandbox.ledger().len(), 3, "shot, clean-0, clean-1");
+    let db = read_db(&state_path(dir)).await;
+    assert_eq!(db.attempts.len(), 3);
+    assert_ledger_agrees(&env, &db, START_BALANCE);
+    assert_outputs_agree(dir, &dir.join("out").join("r"), &db);
+    // The shot's URLs were fetched again from GET /v1/jobs after the call returned them.
+    let shot = db.tasks.iter().find(|t| t.step == "shot").unwrap();
+    let answered = db.attempts_of(shot.id)[0].finished_at.unwrap();
+    let refreshed = db
+        .outputs
+        .iter()
+        .filter(|o| o.task_id == shot.id && o.url_issued_at > answered)
+        .count();
+    assert!(refreshed > 0, "{:#?}", db.outputs);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_expired_url_refused_by_the_service_is_refreshed_and_the_call_made_once_more() {
+    // imgpipe believes the spec's hour; the sandbox's URLs live half a second. The second
+    // erase is refused (400, not billed), and imgpipe fetches fresh URLs and calls again.
+    let env = slow_sandbox().await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", SLOW_CHAIN);
+    let o = run(
+        &env,
+        dir,
+        &["p.yaml", "--run-id", "r", "--concurrency", "1"],
+    )
+    .await;
+    assert_exit_without_panic(&o, 0);
+    let stats = env.sandbox.stats();
+    assert!(
+        stats.invalid >= 1,
+        "an expired URL reached the sandbox: {stats:?}"
+    );
+    assert_eq!(env.sandbox.ledger().len(), 3, "nothing billed twice");
+    let db = read_db(&state_path(dir)).await;
+    let refused: Vec<_> = db
+        .attempts
+        .iter()
+        .filter(|a| a.outcome.as_deref() == Some("answered_error"))
+        .collect();
+    assert!(!refused.is_empty(), "{:#?}", db.attempts);
+    assert!(refused.iter().all(|a| a.http_status == Some(400)));
+    assert_ledger_agrees(&env, &db, START_BALANCE);
+    assert_outputs_agree(dir, &dir.join("out").join("r"), &db);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Every injected fault at once
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn under_every_fault_everything_arrives_and_possibly_billed_calls_are_counted_exactly() {
+    let env = start(sandbox::Config {
+        faults: Faults {
+            server_error: 0.15,
+            rate_limit: 0.03,
+            drop_after_billing: 0.1,
+            gateway_timeout: 0.08,
+            truncate_download: 0.08,
+            seed: 42,
+        },
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    copy_sample(dir, "product-shots.yaml");
+    let o = run(
+        &env,
+        dir,
+        &[
+            "product-shots.yaml",
+            "--json",
+            "--run-id",
+            "r",
+            "--rate",
+            "100/s",
+            "--on-ambiguous",
+            "retry",
+            "--retry-base-ms",
+            "10",
+        ],
+    )
+    .await;
+    assert_exit_without_panic(&o, 0);
+    let stats = env.sandbox.stats();
+    let struck = stats.server_errors
+        + stats.rate_limited
+        + stats.dropped_after_billing
+        + stats.gateway_timeouts
+        + stats.truncated_downloads;
+    assert!(struck >= 5, "faults struck: {stats:?}");
+    let db = read_db(&state_path(dir)).await;
+    assert_eq!(db.count("succeeded"), 27);
+    assert_ledger_agrees(&env, &db, START_BALANCE);
+    let undelivered = env.sandbox.ledger().iter().filter(|e| !e.delivered).count();
+    assert_eq!(
+        undelivered as u64,
+        stats.dropped_after_billing + stats.gateway_timeouts
+    );
+    let summary = json_stdout(&o);
+    assert_eq!(summary["ambiguous_attempts"], undelivered, "{summary:#}");
+    assert_eq!(summary["billed_credits"], db.billed(), "{summary:#}");
+    let lines = assert_outputs_agree(dir, &dir.join("out").join("r"), &db);
+    assert_eq!(lines.len(), 30);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Dry runs, saved plans and discovered prices
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dry_run_prints_the_plan_and_spends_nothing() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    copy_sample(dir, "product-shots.yaml");
+    let o = run(&env, dir, &["product-shots.yaml", "--dry-run"]).await;
+    assert_exit_without_panic(&o, 0);
+    let text = stdout(&o);
+    assert!(text.contains("total    120 credits"), "{text}");
+    let o = run(&env, dir, &["product-shots.yaml", "--dry-run", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let doc = json_stdout(&o);
+    assert_eq!(doc["costs"]["total_credits"], 120, "{doc:#}");
+    assert_eq!(doc["verdict"]["fits"], true, "{doc:#}");
+    assert_nothing_billed(&env);
+    assert_eq!(env.sandbox.stats().paid_requests, 0);
+    assert!(!dir.join("out").exists());
+    assert!(!state_path(dir).exists(), "a dry run records no run");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_saved_plan_runs_as_saved() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(2, Some(50)));
+    let mut cmd = command(&["plan", "p.yaml", "--save", "plan.json"], dir);
+    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
+        .env("IMGPIPE_API_KEY", env.sandbox.key());
+    assert_exit(&finish(cmd).await, 0);
+    let o = run(
+        &env,
+        dir,
+        &["--plan", "plan.json", "--run-id", "r", "--json"],
+    )
+    .await;
+    assert_exit_without_panic(&o, 0);
+    let summary = json_stdout(&o);
+    assert_eq!(summary["billed_credits"], 2 * CHAIN_CREDITS, "{summary:#}");
+    let db = read_db(&state_path(dir)).await;
+    assert_ledger_agrees(&env, &db, START_BALANCE);
+    assert_outputs_agree(dir, &dir.join("out").join("r"), &db);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pipeline_changed_after_its_plan_was_saved_is_refused() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(2, Some(50)));
+    let mut cmd = command(&["plan", "p.yaml", "--save", "plan.json"], dir);
+    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
+        .env("IMGPIPE_API_KEY", env.sandbox.key());
+    assert_exit(&finish(cmd).await, 0);
+    // One more item: the file and the items both changed.
+    write(dir, "p.yaml", &edit_chain(3, Some(50)));
+    let o = run(&env, dir, &["--plan", "plan.json"]).await;
+    assert_exit_without_panic(&o, 3);
+    let text = both(&o);
+    assert!(text.contains("pipeline file p.yaml changed"), "{text}");
+    assert!(text.contains("2 then, 3 now"), "{text}");
+    assert_nothing_billed(&env);
+    // The same with the file named as well.
+    let o = run(&env, dir, &["p.yaml", "--plan", "plan.json"]).await;
+    assert_exit_without_panic(&o, 3);
+    assert_nothing_billed(&env);
+}
+
+/// product-shots without its `pricing:` line.
+fn unpriced(dir: &Path) {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/product-shots.yaml"),
+    )
+    .unwrap();
+    let text: String = text
+        .lines()
+        .filter(|l| !l.starts_with("pricing:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    write(dir, "p.yaml", &text);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unknown_generation_price_is_refused_with_a_hint_to_discover_it() {
+    let env = start(sandbox::Config {
+        generation_price: 6,
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    unpriced(dir);
+    let o = run(&env, dir, &["p.yaml"]).await;
+    assert_exit_without_panic(&o, 3);
+    let err = stderr(&o);
+    assert!(
+        err.contains("hint:") && err.contains("--discover-price"),
+        "{err}"
+    );
+    assert_nothing_billed(&env);
+}
+
+/// `run p.yaml --discover-price --json --run-id r` on [`unpriced`] product-shots against a
+/// sandbox billing 6 credits a 2K image.
+async fn discover(env: &Env) -> Output {
+    let dir = env.dir.path();
+    unpriced(dir);
+    run(
+        env,
+        dir,
+        &[
+            "p.yaml",
+            "--discover-price",
+            "--json",
+            "--run-id",
+            "r",
+            "--rate",
+            "100/s",
+        ],
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn discover_price_learns_it_from_one_generation_and_bills_the_rest_correctly() {
+    let env = start(sandbox::Config {
+        generation_price: 6,
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    let o = discover(&env).await;
+    assert_exit_without_panic(&o, 0);
+    // Per item: two 2K images at 6 = 12, plus 2 × (2 + 5 + 4 + 5) = 32; 3 × 44 = 132.
+    let summary = json_stdout(&o);
+    assert_eq!(summary["billed_credits"], 132, "{summary:#}");
+    assert_eq!(summary["succeeded"], 27, "{summary:#}");
+    let ledger = env.sandbox.ledger();
+    assert_eq!(
+        ledger.len(),
+        27,
+        "the discovering generation is not paid twice"
+    );
+    assert_eq!(START_BALANCE - env.sandbox.balance(), 132);
+    let db = read_db(&state_path(dir)).await;
+    let shots: Vec<_> = db.tasks.iter().filter(|t| t.step == "shot").collect();
+    assert!(shots.iter().all(|t| t.billed == 12), "{shots:#?}");
+    // The generations after the discovery were planned at the discovered price.
+    let repriced = shots.iter().filter(|t| t.planned == 12).count();
+    assert!(repriced >= 2, "{shots:#?}");
+    assert_ledger_agrees(&env, &db, START_BALANCE);
+    assert_outputs_agree(dir, &dir.join("out").join("r"), &db);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn discover_price_plans_the_discovering_generation_too() {
+    let env = start(sandbox::Config {
+        generation_price: 6,
+        ..config()
+    })
+    .await;
+    let o = discover(&env).await;
+    assert_exit_without_panic(&o, 0);
+    let summary = json_stdout(&o);
+    assert_eq!(summary["planned_credits"], 132, "{summary:#}");
+    let db = read_db(&state_path(env.dir.path())).await;
+    for t in db.tasks.iter().filter(|t| t.step == "shot") {
+        assert_eq!(t.planned, 12, "{t:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. --on-ambiguous fail
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_ambiguous_fail_fails_the_dropped_tasks_blocks_their_chains_and_finishes_the_rest() {
+    let items = 8;
+    let env = start(sandbox::Config {
+        faults: Faults {
+            drop_after_billing: 0.2,
+            ..faults(11)
+        },
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(items, None));
+    // One call at a time: the dice fall in the same order on every run.
+    let o = run(
+        &env,
+        dir,
+        &[
+            "p.yaml",
+            "--run-id",
+            "r",
+            "--concurrency",
+            "1",
+            "--on-ambiguous",
+            "fail",
+        ],
+    )
+    .await;
+    assert_exit_without_panic(&o, 4);
+    let db = read_db(&state_path(dir)).await;
+    let failed: Vec<_> = db.tasks.iter().filter(|t| t.status == "failed").collect();
+    assert!(!failed.is_empty(), "seed 11 drops some calls");
+    assert!(db.count("succeeded") > 0);
+    let text = stdout(&o);
+    for t in &failed {
+        assert_eq!(db.attempts_of(t.id).len(), 1, "not tried again: {t:?}");
+        assert!(
+            text.contains(&format!("failed    {}: ", t.name())),
+            "{text}"
+        );
+        let why = t.error.as_deref().unwrap();
+        assert!(why.contains("--on-ambiguous fail"), "{why}");
+    }
+    assert_descendants_blocked(&db);
+    assert_no_half_chains(&db);
+    assert_eq!(db.count("pending") + db.count("running"), 0);
+    let undelivered = env.sandbox.ledger().iter().filter(|e| !e.delivered).count();
+    assert_eq!(undelivered, failed.len());
+    assert_ledger_agrees(&env, &db, START_BALANCE);
+    assert_outputs_agree(dir, &dir.join("out").join("r"), &db);
+    assert!(
+        text.contains(&format!(
+            "{} attempt(s) possibly billed without a result",
+            failed.len()
+        )),
+        "{text}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9. A finished run, run again
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn running_a_finished_run_again_prints_its_summary_and_spends_nothing() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(3, None));
+    let args = ["p.yaml", "--run-id", "again"];
+    let first = run(&env, dir, &args).await;
+    assert_exit_without_panic(&first, 0);
+    let paid = env.sandbox.stats().paid_requests;
+    let balance = env.sandbox.balance();
+    let manifest_before = std::fs::read(dir.join("out/again/manifest.jsonl")).unwrap();
+
+    let second = run(&env, dir, &args).await;
+    assert_exit_without_panic(&second, 0);
+    assert_eq!(stdout(&second), stdout(&first), "the same summary");
+    assert!(stdout(&second).starts_with("run again: succeeded"));
+    assert_eq!(env.sandbox.stats().paid_requests, paid, "no paid call");
+    assert_eq!(env.sandbox.balance(), balance);
+    assert_eq!(env.sandbox.ledger().len(), 9);
+    assert_eq!(
+        std::fs::read(dir.join("out/again/manifest.jsonl")).unwrap(),
+        manifest_before
+    );
+    let db = read_db(&state_path(dir)).await;
+    assert_eq!(db.attempts.len(), 9);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 10. The key stays secret
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_api_key_appears_in_no_output_file_database_or_stream() {
+    let env = start(sandbox::Config {
+        faults: Faults {
+            server_error: 0.2,
+            drop_after_billing: 0.2,
+            gateway_timeout: 0.1,
+            truncate_download: 0.1,
+            ..faults(5)
+        },
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(4, None));
+    // Maximum logging, and failures whose messages end up in the database.
+    let o = run(
+        &env,
+        dir,
+        &[
+            "p.yaml",
+            "-vv",
+            "--run-id",
+            "r",
+            "--on-ambiguous",
+            "fail",
+            "--retry-base-ms",
+            "10",
+        ],
+    )
+    .await;
+    assert!(matches!(o.status.code(), Some(0 | 4)), "{}", both(&o));
+    let key = env.sandbox.key().as_bytes();
+    let contains = |hay: &[u8]| hay.windows(key.len()).any(|w| w == key);
+    assert!(!contains(&o.stdout), "the key is on stdout");
+    assert!(!contains(&o.stderr), "the key is on stderr");
+    let files = files_under(dir);
+    assert!(files.contains("state.db") && files.contains("out/r/manifest.jsonl"));
+    for f in &files {
+        let bytes = std::fs::read(dir.join(f)).unwrap();
+        assert!(!contains(&bytes), "the key is in {f}");
+    }
+    let db = read_db(&state_path(dir)).await;
+    assert!(!db.attempts.is_empty());
+}
