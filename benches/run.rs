@@ -1,0 +1,642 @@
+//! Executing runs (`imgpipe run`) against the sandbox in a separate process:
+//!
+//! - overhead: no latency, no rate limit, 5,000 one-step tool tasks: tasks/s and CPU per task;
+//! - rate: the sandbox limited to 50 requests/s (every `/v1` call counts) and imgpipe told
+//!   `--rate 50/s`: the achieved rate (goal: at least 98% of 50/s) and no 429 over 1,000 calls;
+//! - latency: 300 ms per paid call, concurrency 16: at least 95% of 16/0.3 calls/s;
+//! - memory: peak RSS for 10,000 tasks; and 32 upscales ×4 of a 2048-pixel sample (8192-pixel
+//!   PNGs of about 1 MiB, the largest the sandbox makes) with 16 downloads at once, against the
+//!   same run on 64-pixel samples: streamed downloads keep it flat. On loopback a download is
+//!   over in milliseconds, so these two runs go through a relay emulating a slow link (2 MiB/s
+//!   per connection), and the calls of each wave of 16 end together; the bench counts the
+//!   downloads it sees in progress at once.
+//!
+//! Every run gets its own sandbox (`imgpipe sandbox --json --port 0`), state database and output
+//! directory. Wall time, CPU (user + sys) and peak RSS are the kernel's rusage of the
+//! `imgpipe run` child. Call rates come from the attempts the run recorded, first call start to
+//! last, so start-up and the last downloads do not dilute them; 429s and the peak of paid calls
+//! in flight come from the sandbox's counters. Medians of IMGPIPE_BENCH_RUNS runs (default 3).
+//! Run with `cargo bench --bench run`; IMGPIPE_BENCH_ONLY=TEXT runs only the scenarios whose
+//! name contains TEXT (e.g. `dl`).
+
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sqlx::Connection;
+
+const DEFAULT_RUNS: usize = 3;
+const MIB: f64 = 1024.0 * 1024.0;
+const RATE: f64 = 50.0;
+const LATENCY_MS: u64 = 300;
+const CONCURRENCY: usize = 16;
+const SMALL_SIDE: &str = "64";
+const LARGE_SIDE: &str = "2048";
+const LARGE_TASKS: usize = 32;
+/// Longer than 16 upscales ×4 take on two cores, so each wave of calls ends together.
+const LARGE_LATENCY_MS: &str = "5000";
+
+const ERASE: &str = r#"erase: { image_url: "{{ item.url }}", object_name: "{{ item.id }}" }"#;
+const UPSCALE: &str = r#"upscale: { image_url: "{{ item.url }}", desired_increase: 4 }"#;
+
+struct Scenario {
+    name: &'static str,
+    items: usize,
+    step: &'static str,
+    sandbox: Vec<String>,
+    run: Vec<String>,
+    /// Relay everything through a [`slow_link`] and count the `.part` files the run holds open,
+    /// i.e. downloads in progress.
+    slow_downloads: bool,
+}
+
+/// One run's figures.
+#[derive(Clone, Copy, Default)]
+struct Sample {
+    wall: f64,
+    cpu: f64,
+    peak_mib: f64,
+    calls: u64,
+    /// Calls per second from the first call's start to the last's.
+    call_rate: f64,
+    rate_limited: u64,
+    peak_in_flight: u64,
+    mean_output_mib: f64,
+    downloads_at_once: usize,
+}
+
+fn main() {
+    let runs = env_usize("IMGPIPE_BENCH_RUNS", DEFAULT_RUNS).max(1);
+    println!("{runs} runs each, binary: {}", binary());
+    let concurrency = CONCURRENCY.to_string();
+    let scenarios = [
+        Scenario {
+            name: "overhead",
+            items: 5_000,
+            step: ERASE,
+            sandbox: args(&["--image-side", SMALL_SIDE]),
+            run: args(&["--concurrency", &concurrency]),
+            slow_downloads: false,
+        },
+        Scenario {
+            name: "rate 50/s",
+            items: 1_000,
+            step: ERASE,
+            sandbox: args(&[
+                "--image-side",
+                SMALL_SIDE,
+                "--rate-limit",
+                &RATE.to_string(),
+                "--rate-limit-scope",
+                "all",
+            ]),
+            run: args(&[
+                "--concurrency",
+                &concurrency,
+                "--rate",
+                &format!("{RATE}/s"),
+            ]),
+            slow_downloads: false,
+        },
+        Scenario {
+            name: "latency 300ms",
+            items: 1_000,
+            step: ERASE,
+            sandbox: args(&[
+                "--image-side",
+                SMALL_SIDE,
+                "--latency-ms",
+                &LATENCY_MS.to_string(),
+            ]),
+            run: args(&["--concurrency", &concurrency]),
+            slow_downloads: false,
+        },
+        Scenario {
+            name: "10k tasks",
+            items: 10_000,
+            step: ERASE,
+            sandbox: args(&["--image-side", SMALL_SIDE]),
+            run: args(&["--concurrency", &concurrency]),
+            slow_downloads: false,
+        },
+        large(SMALL_SIDE, "dl small"),
+        large(LARGE_SIDE, "dl large"),
+    ];
+    let only = std::env::var("IMGPIPE_BENCH_ONLY").unwrap_or_default();
+    let mut medians = Vec::new();
+    for scenario in scenarios.iter().filter(|s| s.name.contains(only.as_str())) {
+        let samples: Vec<Sample> = (0..runs).map(|_| run_once(scenario)).collect();
+        medians.push((scenario, median(&samples)));
+    }
+    report(&medians, runs);
+}
+
+/// Upscales ×4 whose paid calls all end together (the sandbox's latency outlasts the work), so
+/// their downloads start together too.
+fn large(side: &str, name: &'static str) -> Scenario {
+    Scenario {
+        name,
+        items: LARGE_TASKS,
+        step: UPSCALE,
+        sandbox: args(&["--image-side", side, "--latency-ms", LARGE_LATENCY_MS]),
+        run: args(&[
+            "--concurrency",
+            &CONCURRENCY.to_string(),
+            "--download-concurrency",
+            &CONCURRENCY.to_string(),
+        ]),
+        slow_downloads: true,
+    }
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| (*s).to_owned()).collect()
+}
+
+fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_imgpipe")
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn run_once(s: &Scenario) -> Sample {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pipeline = write_inputs(dir.path(), s);
+    let sandbox = Sandbox::start(&s.sandbox);
+    let base_url = if s.slow_downloads {
+        &slow_link(&sandbox.base_url)
+    } else {
+        &sandbox.base_url
+    };
+    let state = dir.path().join("state.db");
+    let mut cmd = Command::new(binary());
+    cmd.arg("run")
+        .arg(&pipeline)
+        .arg("--state")
+        .arg(&state)
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .arg("--json")
+        .args(&s.run)
+        .env("IMGPIPE_BASE_URL", base_url)
+        .env("IMGPIPE_API_KEY", &sandbox.api_key)
+        .env_remove("IMGPIPE_LOG")
+        .env_remove("IMGPIPE_STATE");
+    let stdout = dir.path().join("stdout.json");
+    let stderr = dir.path().join("stderr.log");
+    let measured = measure(cmd, &stdout, &stderr, s.slow_downloads);
+    let summary: Value = serde_json::from_slice(&std::fs::read(&stdout).expect("read summary"))
+        .expect("the summary is JSON");
+    let count = |k: &str| summary[k].as_u64().unwrap_or(0);
+    assert!(
+        count("succeeded") == s.items as u64 && count("downloaded") == count("outputs"),
+        "{}: the run did not finish its work: {summary}",
+        s.name
+    );
+    let stats = sandbox.stats();
+    let counter = |k: &str| {
+        stats["stats"][k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no counter {k} in the sandbox's stats"))
+    };
+    let (calls, first_ms, last_ms, bytes) = recorded(&state);
+    let span = (last_ms - first_ms) as f64 / 1000.0;
+    let sample = Sample {
+        calls,
+        call_rate: if span > 0.0 {
+            (calls - 1) as f64 / span
+        } else {
+            0.0
+        },
+        rate_limited: counter("rate_limited"),
+        peak_in_flight: counter("peak_in_flight"),
+        mean_output_mib: bytes as f64 / count("outputs").max(1) as f64 / MIB,
+        ..measured
+    };
+    println!(
+        "  {:<14} wall {:>6.2} s  cpu {:>6.2} s  peak RSS {:>6.1} MiB  {} calls at {:>6.1}/s  429s {}  in flight {}",
+        s.name,
+        sample.wall,
+        sample.cpu,
+        sample.peak_mib,
+        sample.calls,
+        sample.call_rate,
+        sample.rate_limited,
+        sample.peak_in_flight
+    );
+    sample
+}
+
+fn write_inputs(dir: &Path, s: &Scenario) -> PathBuf {
+    let file = dir.join("bench.yaml");
+    let yaml = format!(
+        "version: 1\nname: bench\nitems_from: items.csv\nsteps:\n  - id: edit\n    {}\n",
+        s.step
+    );
+    std::fs::write(&file, yaml).expect("write pipeline");
+    let items = std::fs::File::create(dir.join("items.csv")).expect("create items");
+    let mut out = std::io::BufWriter::new(items);
+    writeln!(out, "id,url").expect("write items");
+    let samples = ["mug", "lamp", "chair", "plant"];
+    for i in 0..s.items {
+        let name = samples[i % samples.len()];
+        writeln!(out, "item-{i:05},https://sandbox.invalid/assets/{name}.png").expect("write item");
+    }
+    out.flush().expect("flush items");
+    file
+}
+
+/// Runs `cmd` to its end; returns wall time, CPU time and peak RSS (and, when asked, the most
+/// downloads seen in progress at once).
+#[allow(clippy::zombie_processes)] // reaped below by wait4, which also reads its rusage
+fn measure(mut cmd: Command, stdout: &Path, stderr: &Path, watch: bool) -> Sample {
+    let out = std::fs::File::create(stdout).expect("create stdout file");
+    let err = std::fs::File::create(stderr).expect("create stderr file");
+    let start = Instant::now();
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .expect("spawn imgpipe run");
+    let pid = child.id();
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = watch.then(|| watch_downloads(pid, Arc::clone(&stop)));
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value, and wait4 writes it for our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: pid is our child, not yet reaped; status and usage point at live locals.
+    let reaped = unsafe { libc::wait4(pid as libc::pid_t, &mut status, 0, &mut usage) };
+    let wall = start.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let downloads_at_once = watcher.map_or(0, |w| w.join().unwrap_or(0));
+    assert_eq!(reaped, pid as libc::pid_t, "wait4 failed");
+    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+        let log = std::fs::read_to_string(stderr).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+        panic!(
+            "imgpipe run failed with status {status}; its last log lines:\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Sample {
+        wall: wall.as_secs_f64(),
+        cpu: seconds(usage.ru_utime) + seconds(usage.ru_stime),
+        // Linux reports ru_maxrss in KiB.
+        peak_mib: usage.ru_maxrss as f64 / 1024.0,
+        downloads_at_once,
+        ..Sample::default()
+    }
+}
+
+/// Samples the child's open files every millisecond; a `.part` file is a download under way.
+fn watch_downloads(pid: u32, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<usize> {
+    std::thread::spawn(move || {
+        let fds = PathBuf::from(format!("/proc/{pid}/fd"));
+        let mut peak = 0;
+        while !stop.load(Ordering::Relaxed) {
+            let open = std::fs::read_dir(&fds).map_or(0, |entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .filter(|e| {
+                        std::fs::read_link(e.path())
+                            .is_ok_and(|p| p.to_string_lossy().ends_with(".part"))
+                    })
+                    .count()
+            });
+            peak = peak.max(open);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        peak
+    })
+}
+
+/// From the run's state database: attempts, first and last start (unix ms), downloaded bytes.
+fn recorded(db: &Path) -> (u64, i64, i64, u64) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async {
+        let options = sqlx::sqlite::SqliteConnectOptions::new().filename(db);
+        let mut conn = sqlx::SqliteConnection::connect_with(&options)
+            .await
+            .expect("open the state database");
+        let (calls, first, last): (i64, Option<i64>, Option<i64>) =
+            sqlx::query_as("SELECT COUNT(*), MIN(started_at), MAX(started_at) FROM attempts")
+                .fetch_one(&mut conn)
+                .await
+                .expect("read attempts");
+        let (bytes,): (Option<i64>,) = sqlx::query_as("SELECT SUM(bytes) FROM outputs")
+            .fetch_one(&mut conn)
+            .await
+            .expect("read outputs");
+        let _ = conn.close().await;
+        let u = |n: i64| u64::try_from(n).unwrap_or(0);
+        (
+            u(calls),
+            first.unwrap_or(0),
+            last.unwrap_or(0),
+            u(bytes.unwrap_or(0)),
+        )
+    })
+}
+
+/// `imgpipe sandbox` as a child process, killed when dropped.
+struct Sandbox {
+    child: Child,
+    _stdout: BufReader<ChildStdout>,
+    base_url: String,
+    api_key: String,
+}
+
+impl Sandbox {
+    fn start(extra: &[String]) -> Sandbox {
+        let mut child = Command::new(binary())
+            .args(["sandbox", "--json", "--port", "0", "--balance", "100000000"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn imgpipe sandbox");
+        let mut stdout = BufReader::new(child.stdout.take().expect("sandbox stdout"));
+        let mut line = String::new();
+        stdout
+            .read_line(&mut line)
+            .expect("read the sandbox's line");
+        let hello: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("the sandbox printed {line:?}: {e}"));
+        let field = |k: &str| hello[k].as_str().expect("sandbox field").to_owned();
+        Sandbox {
+            base_url: field("base_url"),
+            api_key: field("api_key"),
+            child,
+            _stdout: stdout,
+        }
+    }
+
+    /// `GET /_sandbox/stats`, over a bare HTTP/1.0 connection.
+    fn stats(&self) -> Value {
+        let url = url::Url::parse(&self.base_url)
+            .and_then(|b| b.join("_sandbox/stats"))
+            .expect("stats URL");
+        let host = url.host_str().expect("sandbox host");
+        let port = url.port().expect("sandbox port");
+        let mut stream = TcpStream::connect((host, port)).expect("connect to the sandbox");
+        write!(
+            stream,
+            "GET {} HTTP/1.0\r\nHost: {host}:{port}\r\nX-API-Key: {}\r\n\r\n",
+            url.path(),
+            self.api_key
+        )
+        .expect("send the stats request");
+        let mut answer = String::new();
+        stream
+            .read_to_string(&mut answer)
+            .expect("read the stats answer");
+        let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
+        assert!(head.contains(" 200 "), "stats: {head}");
+        serde_json::from_str(body).expect("stats are JSON")
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Bytes per second each relayed connection carries towards imgpipe: a 1 MiB image then takes
+/// half a second, so the downloads of a wave of calls really overlap.
+const LINK_BYTES_PER_SEC: f64 = 2.0 * MIB;
+const LINK_CHUNK: usize = 16 * 1024;
+
+/// Starts a relay in front of the sandbox at `base_url` that emulates a slow link, and returns
+/// its base URL. It rewrites the sandbox's address to its own in all it relays (both are
+/// `127.0.0.1:` and a port of the same length, so every Content-Length holds), so result URLs
+/// lead through it too. Its threads end with their connections; the acceptor stays, idle.
+fn slow_link(base_url: &str) -> String {
+    let url = url::Url::parse(base_url).expect("sandbox URL");
+    let upstream = format!(
+        "{}:{}",
+        url.host_str().expect("sandbox host"),
+        url.port().expect("sandbox port")
+    );
+    let listener = (0..1000)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind the link"))
+        .find(|l| {
+            l.local_addr()
+                .is_ok_and(|a| a.to_string().len() == upstream.len())
+        })
+        .expect("a port as long as the sandbox's");
+    let own = listener.local_addr().expect("link address").to_string();
+    let (from, to) = (upstream.clone().into_bytes(), own.clone().into_bytes());
+    std::thread::spawn(move || {
+        for client in listener.incoming().filter_map(Result::ok) {
+            let (upstream, from, to) = (upstream.clone(), from.clone(), to.clone());
+            std::thread::spawn(move || relay(client, &upstream, &from, &to));
+        }
+    });
+    format!("http://{own}/")
+}
+
+fn relay(client: TcpStream, upstream: &str, from: &[u8], to: &[u8]) {
+    let Ok(server) = TcpStream::connect(upstream) else {
+        return;
+    };
+    let (Ok(mut client_in), Ok(mut server_out)) = (client.try_clone(), server.try_clone()) else {
+        return;
+    };
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut client_in, &mut server_out);
+        let _ = server_out.shutdown(Shutdown::Write);
+    });
+    let _ = slow_copy(server, client, from, to);
+}
+
+/// Copies `server` to `client` at the link's pace, rewriting `from` to `to` (equal lengths).
+fn slow_copy(
+    mut server: TcpStream,
+    mut client: TcpStream,
+    from: &[u8],
+    to: &[u8],
+) -> std::io::Result<()> {
+    // A quiet server releases what was held back (below) within this time.
+    server.set_read_timeout(Some(Duration::from_millis(20)))?;
+    let mut pending = Vec::new();
+    let mut buf = vec![0; LINK_CHUNK];
+    loop {
+        let (n, quiet) = match server.read(&mut buf) {
+            Ok(0) => {
+                paced(&mut client, &pending)?;
+                return client.shutdown(Shutdown::Write);
+            }
+            Ok(n) => (n, false),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => (0, true),
+            Err(e) => return Err(e),
+        };
+        pending.extend_from_slice(&buf[..n]);
+        let mut i = 0;
+        while i + from.len() <= pending.len() {
+            if pending[i..].starts_with(from) {
+                pending[i..i + from.len()].copy_from_slice(to);
+                i += from.len();
+            } else {
+                i += 1;
+            }
+        }
+        // Hold back an ending that may be the start of `from`, to rewrite it whole.
+        let held = if quiet {
+            0
+        } else {
+            (1..from.len())
+                .rev()
+                .find(|&k| pending.ends_with(&from[..k]))
+                .unwrap_or(0)
+        };
+        let ready = pending.len() - held;
+        paced(&mut client, &pending[..ready])?;
+        pending.drain(..ready);
+    }
+}
+
+fn paced(client: &mut TcpStream, bytes: &[u8]) -> std::io::Result<()> {
+    for chunk in bytes.chunks(LINK_CHUNK) {
+        client.write_all(chunk)?;
+        std::thread::sleep(Duration::from_secs_f64(
+            chunk.len() as f64 / LINK_BYTES_PER_SEC,
+        ));
+    }
+    Ok(())
+}
+
+fn median(samples: &[Sample]) -> Sample {
+    let pick = |f: &dyn Fn(&Sample) -> f64| {
+        let mut v: Vec<f64> = samples.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Sample {
+        wall: pick(&|s| s.wall),
+        cpu: pick(&|s| s.cpu),
+        peak_mib: pick(&|s| s.peak_mib),
+        calls: pick(&|s| s.calls as f64) as u64,
+        call_rate: pick(&|s| s.call_rate),
+        rate_limited: samples.iter().map(|s| s.rate_limited).max().unwrap_or(0),
+        peak_in_flight: pick(&|s| s.peak_in_flight as f64) as u64,
+        mean_output_mib: pick(&|s| s.mean_output_mib),
+        downloads_at_once: pick(&|s| s.downloads_at_once as f64) as usize,
+    }
+}
+
+fn report(medians: &[(&Scenario, Sample)], runs: usize) {
+    println!(
+        "\nmedians of {runs} runs (429s: the most in any run)\n{:<14} {:>6} {:>8} {:>9} {:>10} {:>11} {:>9} {:>5} {:>9} {:>8} {:>10}",
+        "scenario",
+        "tasks",
+        "wall s",
+        "tasks/s",
+        "calls/s",
+        "CPU ms/task",
+        "RSS MiB",
+        "429s",
+        "in flight",
+        "MiB/out",
+        "dl at once"
+    );
+    for (s, m) in medians {
+        println!(
+            "{:<14} {:>6} {:>8.2} {:>9.1} {:>10.1} {:>11.3} {:>9.1} {:>5} {:>9} {:>8.3} {:>10}",
+            s.name,
+            s.items,
+            m.wall,
+            s.items as f64 / m.wall,
+            m.call_rate,
+            m.cpu * 1000.0 / s.items as f64,
+            m.peak_mib,
+            m.rate_limited,
+            m.peak_in_flight,
+            m.mean_output_mib,
+            m.downloads_at_once
+        );
+    }
+    let by = |name: &str| {
+        medians
+            .iter()
+            .find(|(s, _)| s.name == name)
+            .map(|(_, m)| *m)
+    };
+    let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
+    println!("\ngoals");
+    if let Some(m) = by("overhead") {
+        println!(
+            "  overhead   {:.0} tasks/s over the whole run, {:.0} calls/s while calling, {:.2} ms CPU per task",
+            5_000.0 / m.wall,
+            m.call_rate,
+            m.cpu * 1000.0 / 5_000.0
+        );
+    }
+    if let Some(m) = by("rate 50/s") {
+        let share = m.call_rate / RATE;
+        println!(
+            "  rate       {:.2} calls/s = {:.1}% of {RATE} (goal 98%): {}; 429s {} (goal 0): {}",
+            m.call_rate,
+            share * 100.0,
+            verdict(share >= 0.98),
+            m.rate_limited,
+            verdict(m.rate_limited == 0)
+        );
+    }
+    if let Some(m) = by("latency 300ms") {
+        let ideal = CONCURRENCY as f64 / (LATENCY_MS as f64 / 1000.0);
+        let share = m.call_rate / ideal;
+        println!(
+            "  latency    {:.2} calls/s = {:.1}% of {ideal:.1} (goal 95%): {}",
+            m.call_rate,
+            share * 100.0,
+            verdict(share >= 0.95)
+        );
+    }
+    if let Some(ten) = by("10k tasks") {
+        print!(
+            "  memory     peak RSS {:.1} MiB for 10,000 tasks",
+            ten.peak_mib
+        );
+        match by("overhead") {
+            Some(five) => println!(
+                " ({:.1} MiB for 5,000: {:.2} KiB more per task)",
+                five.peak_mib,
+                (ten.peak_mib - five.peak_mib) * 1024.0 / 5_000.0
+            ),
+            None => println!(),
+        }
+    }
+    if let (Some(small), Some(large)) = (by("dl small"), by("dl large")) {
+        let extra = large.peak_mib - small.peak_mib;
+        let each = extra / large.downloads_at_once.max(1) as f64;
+        println!(
+            "  streaming  {:.2} MiB outputs, {} downloads at once: peak RSS {:.1} MiB against {:.1} MiB \
+             with {:.3} MiB ones, {extra:+.1} MiB, {each:.2} MiB per download in progress \
+             (goal: less than a whole image): {}",
+            large.mean_output_mib,
+            large.downloads_at_once,
+            large.peak_mib,
+            small.peak_mib,
+            small.mean_output_mib,
+            verdict(each < large.mean_output_mib)
+        );
+    }
+}
