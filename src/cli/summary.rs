@@ -121,30 +121,25 @@ async fn print_summary(store: &Store, run_id: &str, global: &GlobalArgs) -> Resu
         .ok_or_else(|| Error::usage(format!("no run {run_id}"), None))?;
     let totals = store.totals(run_id).await.map_err(store_err)?;
     let mut failures: Vec<Failure> = store
-        .tasks(run_id)
+        .tasks_where(run_id, Some(TaskStatus::Failed))
         .await
         .map_err(store_err)?
         .into_iter()
-        .filter(|t| t.status == TaskStatus::Failed)
         .map(|t| Failure {
             task: format!("{}/{}[{}]", t.item, t.step, t.idx),
             reason: t.error.unwrap_or_default(),
         })
         .collect();
-    failures.extend(
-        store
-            .outputs(run_id)
-            .await
-            .map_err(store_err)?
-            .into_iter()
-            .filter(|o| o.path.is_none())
-            .filter_map(|o| {
-                Some(Failure {
-                    task: format!("{}/{}[{}] download", o.item, o.step, o.idx + o.k),
-                    reason: o.download_error?,
-                })
-            }),
-    );
+    store
+        .each_output(run_id, true, |o| {
+            failures.push(Failure {
+                task: format!("{}/{}[{}] download", o.item, o.step, o.idx + o.k),
+                reason: o.download_error.unwrap_or_default(),
+            });
+            Ok(())
+        })
+        .await
+        .map_err(store_err)?;
     let dir = Path::new(&run.output_dir).join(run_id);
     let summary = Summary {
         run_id: run_id.to_owned(),

@@ -145,12 +145,13 @@ impl Inner {
     }
 }
 
-/// A governor limiter pacing calls evenly at `rate` per second, with no burst: a burst is
-/// exactly what a service's own limiter refuses.
+/// A governor limiter pacing calls evenly at `rate` per second. A burst of two lets a call
+/// that woke late be made up by the next, so timer lateness does not erode the rate; never
+/// more, since a burst is exactly what a service's own limiter refuses.
 fn governor_for(rate: f64) -> Option<Arc<DefaultDirectRateLimiter>> {
     let period = Duration::try_from_secs_f64(1.0 / rate).ok()?;
-    let quota =
-        Quota::with_period(period.max(Duration::from_nanos(1)))?.allow_burst(NonZeroU32::MIN);
+    let burst = NonZeroU32::new(if rate >= 2.0 { 2 } else { 1 }).unwrap_or(NonZeroU32::MIN);
+    let quota = Quota::with_period(period.max(Duration::from_nanos(1)))?.allow_burst(burst);
     Some(Arc::new(RateLimiter::direct(quota)))
 }
 

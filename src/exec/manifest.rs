@@ -25,28 +25,28 @@ struct Line<'a> {
     credits: u64,
 }
 
-/// Writes the manifest of `run_id` into `run_dir` through a temporary file and a rename.
+/// Writes the manifest of `run_id` into `run_dir` through a temporary file and a rename,
+/// streaming rows from the database to the file.
 pub async fn write(store: &Store, run_id: &str, run_dir: &Path) -> Result<PathBuf, String> {
-    let outputs = store
-        .outputs(run_id)
-        .await
-        .map_err(|e: StoreError| e.to_string())?;
-    let mut body = Vec::new();
-    for o in outputs.iter().filter(|o| o.path.is_some()) {
-        let line = line(o, run_dir);
-        serde_json::to_writer(&mut body, &line).map_err(|e| e.to_string())?;
-        body.push(b'\n');
-    }
     let path = run_dir.join(FILE);
-    std::fs::create_dir_all(run_dir).map_err(|e| format!("{}: {e}", run_dir.display()))?;
-    let write = || -> std::io::Result<()> {
-        let mut tmp = tempfile::NamedTempFile::new_in(run_dir)?;
-        tmp.write_all(&body)?;
-        tmp.as_file().sync_all()?;
-        tmp.persist(&path).map_err(|e| e.error)?;
-        Ok(())
-    };
-    write().map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    let fail = |e: &dyn std::fmt::Display| format!("cannot write {}: {e}", path.display());
+    std::fs::create_dir_all(run_dir).map_err(|e| fail(&e))?;
+    let tmp = tempfile::NamedTempFile::new_in(run_dir).map_err(|e| fail(&e))?;
+    let mut out = std::io::BufWriter::new(tmp);
+    store
+        .each_output(run_id, false, |o| {
+            if o.path.is_some() {
+                let io = |e: std::io::Error| StoreError::Query(sqlx::Error::Io(e));
+                serde_json::to_writer(&mut out, &line(&o, run_dir)).map_err(|e| io(e.into()))?;
+                out.write_all(b"\n").map_err(io)?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| fail(&e))?;
+    let tmp = out.into_inner().map_err(|e| fail(&e.into_error()))?;
+    tmp.as_file().sync_all().map_err(|e| fail(&e))?;
+    tmp.persist(&path).map_err(|e| fail(&e.error))?;
     Ok(path)
 }
 

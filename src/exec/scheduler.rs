@@ -120,8 +120,11 @@ pub async fn run(
         row_ids,
         &config,
     ));
+    drop(rows);
     let mut s = Scheduler::new(shared, graph, config, observer, &done);
     s.restore_outputs(&index).await?;
+    // Setup only: a large run should not carry every row's strings to the end.
+    drop(index);
     s.main_loop(shutdown).await;
     Ok(s.finish().await)
 }

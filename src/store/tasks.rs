@@ -190,11 +190,22 @@ impl Store {
     }
 
     pub async fn tasks(&self, run_id: &str) -> Result<Vec<TaskRow>, StoreError> {
+        self.tasks_where(run_id, None).await
+    }
+
+    /// The run's tasks, or only those with `status`.
+    pub async fn tasks_where(
+        &self,
+        run_id: &str,
+        status: Option<TaskStatus>,
+    ) -> Result<Vec<TaskRow>, StoreError> {
         let rows = sqlx::query(
             "SELECT id, item, step, idx, status, planned_credits, credits_billed, job_id, error
-             FROM tasks WHERE run_id = ? ORDER BY id",
+             FROM tasks WHERE run_id = ? AND (? IS NULL OR status = ?) ORDER BY id",
         )
         .bind(run_id)
+        .bind(status.map(TaskStatus::as_str))
+        .bind(status.map(TaskStatus::as_str))
         .fetch_all(self.pool())
         .await?;
         rows.iter()
@@ -419,37 +430,57 @@ impl Store {
     }
 
     pub async fn outputs(&self, run_id: &str) -> Result<Vec<OutputRow>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT o.id, o.task_id, t.item, t.step, t.idx, o.k, o.job_id, o.parent_job_id, o.url,
-                    o.url_issued_at, o.path, o.sha256, o.bytes, o.download_error,
-                    t.credits_billed
-             FROM outputs o JOIN tasks t ON t.id = o.task_id
-             WHERE o.run_id = ? ORDER BY t.id, o.k",
-        )
-        .bind(run_id)
-        .fetch_all(self.pool())
+        let mut out = Vec::new();
+        self.each_output(run_id, false, |o| {
+            out.push(o);
+            Ok(())
+        })
         .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(OutputRow {
-                    id: r.try_get("id")?,
-                    task_id: r.try_get("task_id")?,
-                    item: r.try_get("item")?,
-                    step: r.try_get("step")?,
-                    idx: u32::try_from(r.try_get::<i64, _>("idx")?).unwrap_or(0),
-                    k: u32::try_from(r.try_get::<i64, _>("k")?).unwrap_or(0),
-                    job_id: r.try_get("job_id")?,
-                    parent_job_id: r.try_get("parent_job_id")?,
-                    url: r.try_get("url")?,
-                    url_issued_at: r.try_get("url_issued_at")?,
-                    path: r.try_get("path")?,
-                    sha256: r.try_get("sha256")?,
-                    bytes: r.try_get::<Option<i64>, _>("bytes")?.map(to_u64),
-                    download_error: r.try_get("download_error")?,
-                    task_credits: to_u64(r.try_get("credits_billed")?),
-                })
-            })
-            .collect()
+        Ok(out)
+    }
+
+    /// Calls `f` with each output of the run in order, one row in memory at a time; only the
+    /// failed downloads with `failed_only`.
+    pub async fn each_output(
+        &self,
+        run_id: &str,
+        failed_only: bool,
+        mut f: impl FnMut(OutputRow) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        use futures::TryStreamExt;
+        let sql = if failed_only {
+            "SELECT o.id, o.task_id, t.item, t.step, t.idx, o.k, o.job_id, o.parent_job_id, o.url,
+                    o.url_issued_at, o.path, o.sha256, o.bytes, o.download_error, t.credits_billed
+             FROM outputs o JOIN tasks t ON t.id = o.task_id
+             WHERE o.run_id = ? AND o.path IS NULL AND o.download_error IS NOT NULL
+             ORDER BY t.id, o.k"
+        } else {
+            "SELECT o.id, o.task_id, t.item, t.step, t.idx, o.k, o.job_id, o.parent_job_id, o.url,
+                    o.url_issued_at, o.path, o.sha256, o.bytes, o.download_error, t.credits_billed
+             FROM outputs o JOIN tasks t ON t.id = o.task_id
+             WHERE o.run_id = ? ORDER BY t.id, o.k"
+        };
+        let mut rows = sqlx::query(sql).bind(run_id).fetch(self.pool());
+        while let Some(r) = rows.try_next().await? {
+            f(OutputRow {
+                id: r.try_get("id")?,
+                task_id: r.try_get("task_id")?,
+                item: r.try_get("item")?,
+                step: r.try_get("step")?,
+                idx: u32::try_from(r.try_get::<i64, _>("idx")?).unwrap_or(0),
+                k: u32::try_from(r.try_get::<i64, _>("k")?).unwrap_or(0),
+                job_id: r.try_get("job_id")?,
+                parent_job_id: r.try_get("parent_job_id")?,
+                url: r.try_get("url")?,
+                url_issued_at: r.try_get("url_issued_at")?,
+                path: r.try_get("path")?,
+                sha256: r.try_get("sha256")?,
+                bytes: r.try_get::<Option<i64>, _>("bytes")?.map(to_u64),
+                download_error: r.try_get("download_error")?,
+                task_credits: to_u64(r.try_get("credits_billed")?),
+            })?;
+        }
+        Ok(())
     }
 
     pub async fn totals(&self, run_id: &str) -> Result<Totals, StoreError> {
