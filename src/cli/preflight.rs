@@ -250,6 +250,7 @@ pub async fn discover(
     store: &Store,
     graph: &Arc<Graph>,
     config: &exec::Config,
+    doc_balance: &Balance,
 ) -> Result<GenerationPrice, Error> {
     let Some(t) = (0..graph.tasks.len()).find(|t| {
         matches!(graph.tasks[*t].work, Work::Generate { .. }) && graph.tasks[*t].deps.is_empty()
@@ -266,7 +267,13 @@ pub async fn discover(
     tracing::info!("discovering the generation price with one call ({n} image(s) at {size})");
     let mut alone = config.clone();
     alone.only = Some(t);
-    alone.cap = None;
+    // The price is unknown, so only the balance bounds this one call; and it is never paid
+    // for twice.
+    alone.cap = match &doc_balance {
+        Balance::Known { credits, .. } => Some(u64::try_from(*credits).unwrap_or(0)),
+        _ => None,
+    };
+    alone.on_ambiguous = exec::OnAmbiguous::Fail;
     let outcome = exec::run(
         Arc::clone(graph),
         store.clone(),

@@ -111,13 +111,8 @@ pub async fn run(args: &RunArgs, global: &GlobalArgs) -> Result<(), Error> {
         plan::print(&doc, global)?;
         return plan::refusal(&doc);
     }
-    let discover = preflight::needs_discovery(&doc, args.discover_price)?;
-    if !doc.verdict.fits && !discover {
-        plan::print(&doc, global)?;
-        return plan::refusal(&doc);
-    }
     let store = open_store(args.state.as_ref(), global.sandbox).await?;
-    let result = execute(args, global, &conn, &store, &pipeline, doc, discover).await;
+    let result = start(args, global, &conn, &store, &pipeline, doc).await;
     // Everything is committed already; closing only tidies the WAL, and must not hang an exit.
     let _ = tokio::time::timeout(Duration::from_secs(5), store.close()).await;
     result
@@ -145,6 +140,33 @@ async fn open_store(flag: Option<&PathBuf>, sandbox: bool) -> Result<Store, Erro
         hint: e.hint().map(str::to_owned),
         message: e.to_string(),
     })
+}
+
+/// Decides whether the run may start: a finished run is only summarised; a run being continued
+/// is held to what remains by the cap rather than to the whole plan.
+async fn start(
+    args: &RunArgs,
+    global: &GlobalArgs,
+    conn: &Connection,
+    store: &Store,
+    pipeline: &Pipeline,
+    doc: PlanDocument,
+) -> Result<(), Error> {
+    let existing = match &args.run_id {
+        Some(id) => store.run(id).await.map_err(|e| Error::Other(e.into()))?,
+        None => None,
+    };
+    if let Some(run) = &existing
+        && run.status == store::RunStatus::Succeeded
+    {
+        return summary::print_finished(store, &run.id, global).await;
+    }
+    let discover = preflight::needs_discovery(&doc, args.discover_price)?;
+    if !doc.verdict.fits && !discover && existing.is_none() {
+        plan::print(&doc, global)?;
+        return plan::refusal(&doc);
+    }
+    execute(args, global, conn, store, pipeline, doc, discover).await
 }
 
 async fn execute(
@@ -177,7 +199,7 @@ async fn execute(
     }
     let mut config = config(args, global, conn, pipeline, &doc, &run).await?;
     if discover {
-        let found = preflight::discover(conn, store, &graph, &config).await?;
+        let found = preflight::discover(conn, store, &graph, &config, &doc.balance).await?;
         let budget = doc.budget.as_ref().map(|b| b.max_credits);
         doc = plan::document(pipeline, found, doc.balance.clone(), budget);
         graph = Arc::new(
@@ -198,7 +220,20 @@ async fn execute(
                 .map_err(|e| Error::Other(e.into()))?;
             return plan::refusal(&doc);
         }
-        config.cap = preflight::cap(store, &run.id, &doc).await?;
+        // The plan was judged against the balance before the discovering call; what may be
+        // spent now is bounded by the balance after it.
+        let budget_cap = preflight::cap(store, &run.id, &doc).await?;
+        let fresh = conn
+            .client
+            .account()
+            .await
+            .ok()
+            .and_then(|a| a.balance(global.balance_field.as_deref()).ok())
+            .map(|f| u64::try_from(f.value).unwrap_or(0));
+        config.cap = match (budget_cap, fresh) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
     }
     let steps: Vec<(String, u64)> = doc
         .costs

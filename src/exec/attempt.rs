@@ -35,15 +35,24 @@ pub enum Failure {
     Store(StoreError),
 }
 
-/// Runs one attempt of `task` after `delay`; `force_refresh` fetches fresh input URLs first.
+/// Runs one attempt of `task` after `delay` and the limiter; `force_refresh` fetches fresh
+/// input URLs first. URLs are resolved after the wait, so a long pause cannot stale them.
 pub async fn attempt(
     shared: Arc<Shared>,
     task: usize,
     delay: Duration,
     force_refresh: bool,
 ) -> Attempted {
-    tokio::time::sleep(delay).await;
-    let result = run(&shared, task, force_refresh).await;
+    // Waiting (a retry's delay, the limiter's pause) ends early when the run stops: a call
+    // not yet sent is simply not sent.
+    let ready = async {
+        tokio::time::sleep(delay).await;
+        shared.limiter.acquire().await;
+    };
+    let result = tokio::select! {
+        () = ready => run(&shared, task, force_refresh).await,
+        () = shared.stopped() => Err(Failure::Cancelled),
+    };
     Attempted { task, result }
 }
 
@@ -86,8 +95,7 @@ async fn run(shared: &Shared, task: usize, force_refresh: bool) -> Result<Succes
             (endpoint, None, Some(req))
         }
     };
-    shared.limiter.acquire().await;
-    if shared.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+    if shared.is_stopping() {
         return Err(Failure::Cancelled);
     }
     let task_id = task_row_id(shared, task)?;
@@ -130,14 +138,14 @@ async fn run(shared: &Shared, task: usize, force_refresh: bool) -> Result<Succes
     };
     let (job_id, credits, remaining, urls, note) = match answer {
         Answer::Job((id, status, ..)) if status != STATUS_SUCCEEDED => {
-            let error = format!("job {id} came back with status {status:?}, not succeeded");
-            record(
-                shared,
-                task_id,
-                attempt_id,
-                AttemptOutcome::Ambiguous { error: &error },
-            )
-            .await?;
+            let error = shared.client.redact(&format!(
+                "job {id} came back with status {status:?}, not succeeded; `imgpipe job {id}` shows it"
+            ));
+            let outcome = AttemptOutcome::Ambiguous {
+                error: &error,
+                job_id: Some(&id),
+            };
+            record(shared, task_id, attempt_id, outcome).await?;
             return Err(Failure::Status(error));
         }
         Answer::Job((id, _, credits, remaining, urls)) => (id, credits, remaining, urls, None),
@@ -156,7 +164,10 @@ async fn run(shared: &Shared, task: usize, force_refresh: bool) -> Result<Succes
                 ApiError::Invalid(_) | ApiError::NotSent { .. } => {
                     AttemptOutcome::NotSent { error: &error }
                 }
-                ApiError::Ambiguous { .. } => AttemptOutcome::Ambiguous { error: &error },
+                ApiError::Ambiguous { job_id, .. } => AttemptOutcome::Ambiguous {
+                    error: &error,
+                    job_id: job_id.as_deref(),
+                },
             };
             record(shared, task_id, attempt_id, outcome).await?;
             return Err(Failure::Api(e));

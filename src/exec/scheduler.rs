@@ -22,6 +22,9 @@ use crate::exec::shared::{OutputUrl, Shared};
 use crate::exec::{Config, Observer, OnAmbiguous, Outcome, Stop};
 use crate::store::{Store, StoreError, TaskStatus};
 
+/// The longest a server's `Retry-After` holds back a retry of one call.
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(300);
+
 /// 429s one task may meet before it fails: the limiter slows down long before this.
 const MAX_THROTTLED: u32 = 30;
 
@@ -226,9 +229,7 @@ impl Scheduler {
                 self.dispatch();
             }
             if self.halt.is_some() {
-                self.shared
-                    .stopping
-                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                self.shared.stop();
             }
             if self.calls.is_empty() {
                 break;
@@ -242,7 +243,7 @@ impl Scheduler {
                     self.downloaded(joined);
                 }
                 () = &mut shutdown, if deadline.is_none() => {
-                    self.shared.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+                    self.shared.stop();
                     tracing::warn!(
                         "interrupted: no new calls; waiting up to {:.0}s for {} in flight",
                         self.config.grace.as_secs_f64(),
@@ -320,12 +321,12 @@ impl Scheduler {
             }
             self.admitted_ready.remove(&key);
             self.state[t] = State::Running;
+            let (delay, force) = (self.tries[t].delay, self.tries[t].force_refresh);
+            // A retry sleeping out its delay is no probe: a sibling may test the price.
             let step = self.graph.tasks[t].step.0;
-            self.probing[step] |= !self.confirmed[step];
-            let tries = &mut self.tries[t];
-            let (delay, force) = (tries.delay, tries.force_refresh);
-            tries.delay = Duration::ZERO;
-            tries.force_refresh = false;
+            self.probing[step] |= !self.confirmed[step] && delay.is_zero();
+            self.tries[t].delay = Duration::ZERO;
+            self.tries[t].force_refresh = false;
             self.calls
                 .spawn(attempt(Arc::clone(&self.shared), t, delay, force));
         }
@@ -441,6 +442,17 @@ impl Scheduler {
     async fn api_failure(&mut self, t: usize, planned: u64, e: ApiError) {
         let reason = self.shared.client.redact(&e.to_string());
         let Some(kind) = e.kind() else {
+            if let ApiError::Ambiguous {
+                job_id: Some(id), ..
+            } = &e
+            {
+                // The job exists but could not be read yet: paying again would buy it twice.
+                let committed = self.budget.ambiguous(planned);
+                let reason = format!(
+                    "{reason} (not called again: the job exists; `imgpipe job {id} --out DIR` fetches it)"
+                );
+                return self.fail(t, &reason, committed).await;
+            }
             if matches!(e, ApiError::Ambiguous { .. }) {
                 return self.ambiguous(t, planned, &reason).await;
             }
@@ -507,7 +519,9 @@ impl Scheduler {
                 .await;
         }
         tracing::debug!("{}: {reason}; retry {n}", self.name(t));
-        let delay = after.unwrap_or_else(|| self.shared.backoff(n));
+        let delay = after
+            .map(|d| d.min(MAX_RETRY_WAIT))
+            .unwrap_or_else(|| self.shared.backoff(n));
         self.requeue(t, delay, false);
     }
 
@@ -560,7 +574,13 @@ impl Scheduler {
                 self.admitted_ready.remove(&key);
                 self.new_ready.remove(&key);
                 self.state[d] = State::Blocked;
-                self.budget.abandon(self.graph.tasks[d].planned);
+                let (instance, planned) =
+                    (self.graph.tasks[d].instance, self.graph.tasks[d].planned);
+                if self.admitted.contains(&instance) {
+                    self.budget.abandon(planned);
+                } else if let Some(cost) = self.instance_cost.get_mut(&instance) {
+                    *cost = cost.saturating_sub(planned);
+                }
                 blocked.push(self.shared.row_ids[d]);
             }
         }

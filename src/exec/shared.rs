@@ -42,9 +42,9 @@ pub struct Shared {
     pub url_ttl: Duration,
     pub url_margin: Duration,
     pub retry_base: Duration,
-    /// Set when dispatch stops (interruption, budget, balance): calls still waiting for the
-    /// limiter then give up without being sent.
-    pub stopping: std::sync::atomic::AtomicBool,
+    /// Set when dispatch stops (interruption, budget, balance): calls still waiting for their
+    /// retry delay or the limiter then give up without being sent.
+    stop: tokio::sync::watch::Sender<bool>,
     free: Semaphore,
     urls: Mutex<HashMap<(usize, u32), OutputUrl>>,
 }
@@ -71,10 +71,24 @@ impl Shared {
             url_ttl: config.url_ttl,
             url_margin: config.url_margin,
             retry_base: config.retry_base,
-            stopping: std::sync::atomic::AtomicBool::new(false),
+            stop: tokio::sync::watch::Sender::new(false),
             free: Semaphore::new(FREE_CONCURRENCY),
             urls: Mutex::new(HashMap::new()),
         }
+    }
+
+    pub fn stop(&self) {
+        self.stop.send_replace(true);
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    /// Completes once the run stops dispatching.
+    pub async fn stopped(&self) {
+        let mut rx = self.stop.subscribe();
+        let _ = rx.wait_for(|stop| *stop).await;
     }
 
     fn urls(&self) -> std::sync::MutexGuard<'_, HashMap<(usize, u32), OutputUrl>> {

@@ -83,9 +83,10 @@ pub enum AttemptOutcome<'a> {
     NotSent {
         error: &'a str,
     },
-    /// Sent, no complete answer: possibly billed.
+    /// Sent, no complete answer: possibly billed. The job id when the partial answer named one.
     Ambiguous {
         error: &'a str,
+        job_id: Option<&'a str>,
     },
 }
 
@@ -282,7 +283,9 @@ impl Store {
                 Some(*error),
             ),
             AttemptOutcome::NotSent { error } => ("not_sent", None, 0, None, None, Some(*error)),
-            AttemptOutcome::Ambiguous { error } => ("ambiguous", None, 0, None, None, Some(*error)),
+            AttemptOutcome::Ambiguous { error, job_id } => {
+                ("ambiguous", None, 0, None, *job_id, Some(*error))
+            }
         };
         sqlx::query(
             "UPDATE attempts SET finished_at = ?, outcome = ?, http_status = ?, credits_billed = ?,
@@ -313,12 +316,17 @@ impl Store {
             .execute(&mut *tx)
             .await?;
             for (k, url) in s.urls.iter().enumerate() {
-                let id = sqlx::query(
+                // A task that runs again (its first job fell short) replaces its outputs'
+                // records whole: the old job's file facts must not stick to the new job.
+                let (id,): (i64,) = sqlx::query_as(
                     "INSERT INTO outputs (task_id, run_id, k, job_id, parent_job_id, url,
                          url_issued_at)
                      VALUES (?, ?, ?, ?, ?, ?, ?)
                      ON CONFLICT (task_id, k) DO UPDATE SET job_id = excluded.job_id,
-                         url = excluded.url, url_issued_at = excluded.url_issued_at",
+                         parent_job_id = excluded.parent_job_id, url = excluded.url,
+                         url_issued_at = excluded.url_issued_at, path = NULL, sha256 = NULL,
+                         bytes = NULL, downloaded_at = NULL, download_error = NULL
+                     RETURNING id",
                 )
                 .bind(task_id)
                 .bind(run_id)
@@ -327,9 +335,8 @@ impl Store {
                 .bind(s.parent_job_id)
                 .bind(url)
                 .bind(now)
-                .execute(&mut *tx)
-                .await?
-                .last_insert_rowid();
+                .fetch_one(&mut *tx)
+                .await?;
                 ids.push(id);
             }
         }

@@ -1423,6 +1423,25 @@ async fn running_a_finished_run_again_prints_its_summary_and_spends_nothing() {
     assert_eq!(db.attempts.len(), 9);
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_finished_run_is_summarised_even_when_the_balance_no_longer_covers_its_plan() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(3, None));
+    let args = ["p.yaml", "--run-id", "paid"];
+    let first = run(&env, dir, &args).await;
+    assert_exit_without_panic(&first, 0);
+    env.sandbox.set_balance(1);
+    let second = run(&env, dir, &args).await;
+    assert_exit_without_panic(&second, 0);
+    assert!(
+        stdout(&second).starts_with("run paid: succeeded"),
+        "{}",
+        stdout(&second)
+    );
+    assert_eq!(env.sandbox.ledger().len(), 9, "nothing paid again");
+}
+
 // ---------------------------------------------------------------------------------------------
 // 10. The key stays secret
 // ---------------------------------------------------------------------------------------------
