@@ -48,6 +48,10 @@ pub enum Error {
         hint: Option<String>,
     },
 
+    /// Another run of the pipeline holds the lock.
+    #[error("{message}\nhint: {hint}")]
+    Locked { message: String, hint: String },
+
     /// A run finished with failed tasks or downloads; the message names them.
     #[error("{message}")]
     TasksFailed { message: String },
@@ -82,6 +86,7 @@ impl Error {
             Error::Refused { .. } => exit::CREDITS,
             Error::Interrupted { .. } => exit::INTERRUPTED,
             Error::TasksFailed { .. } => exit::TASKS_FAILED,
+            Error::Locked { .. } => exit::LOCKED,
             Error::Download { .. } | Error::Other(_) => exit::FAILURE,
         }
     }

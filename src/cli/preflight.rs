@@ -110,19 +110,14 @@ pub struct OpenRun {
 
 pub async fn open_run(
     store: &Store,
-    id: Option<&str>,
+    id: &str,
     pipeline: &Pipeline,
     doc: &PlanDocument,
     graph: &Graph,
     out_dir: &Path,
 ) -> Result<OpenRun, Error> {
-    let id = match id {
-        Some(id) => {
-            check_id(id).map_err(|e| Error::usage(format!("--run-id {id:?} {e}"), None))?;
-            id.to_owned()
-        }
-        None => new_run_id(),
-    };
+    check_id(id).map_err(|e| Error::usage(format!("--run-id {id:?} {e}"), None))?;
+    let id = id.to_owned();
     if let Some(row) = store.run(&id).await.map_err(store_err)? {
         if row.pipeline_sha256 != pipeline.text_sha256 || row.items_sha256 != doc.items.sha256 {
             return Err(Error::usage(
@@ -201,7 +196,7 @@ fn new_tasks(graph: &Graph) -> Vec<NewTask> {
 }
 
 /// `<UTC date>-<time>-<4 hex>`: sorts by start time, and two runs in one second still differ.
-fn new_run_id() -> String {
+pub fn new_run_id() -> String {
     let stamp = crate::plan::document::rfc3339(std::time::SystemTime::now());
     let digits: String = stamp.chars().filter(char::is_ascii_digit).collect();
     let mut nonce = [0u8; 2];

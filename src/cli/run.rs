@@ -40,6 +40,9 @@ pub struct RunArgs {
     /// when it exists and is unfinished [default: the time and a random suffix]
     #[arg(long, value_name = "ID")]
     pub run_id: Option<String>,
+    /// When another run of this pipeline holds the lock, wait for it instead of exiting 5
+    #[arg(long)]
+    pub wait: bool,
     /// Output directory, instead of the pipeline's output_dir
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
@@ -112,7 +115,9 @@ pub async fn run(args: &RunArgs, global: &GlobalArgs) -> Result<(), Error> {
         return plan::refusal(&doc);
     }
     let store = open_store(args.state.as_ref(), global.sandbox).await?;
-    let result = start(args, global, &conn, &store, &pipeline, doc).await;
+    let run_id = args.run_id.clone().unwrap_or_else(preflight::new_run_id);
+    let _lock = lock(&store, &pipeline.name, &run_id, args.wait).await?;
+    let result = start(args, &run_id, global, &conn, &store, &pipeline, doc).await;
     // Everything is committed already; closing only tidies the WAL, and must not hang an exit.
     let _ = tokio::time::timeout(Duration::from_secs(5), store.close()).await;
     result
@@ -146,16 +151,17 @@ async fn open_store(flag: Option<&PathBuf>, sandbox: bool) -> Result<Store, Erro
 /// is held to what remains by the cap rather than to the whole plan.
 async fn start(
     args: &RunArgs,
+    run_id: &str,
     global: &GlobalArgs,
     conn: &Connection,
     store: &Store,
     pipeline: &Pipeline,
     doc: PlanDocument,
 ) -> Result<(), Error> {
-    let existing = match &args.run_id {
-        Some(id) => store.run(id).await.map_err(|e| Error::Other(e.into()))?,
-        None => None,
-    };
+    let existing = store
+        .run(run_id)
+        .await
+        .map_err(|e| Error::Other(e.into()))?;
     if let Some(run) = &existing
         && run.status == store::RunStatus::Succeeded
     {
@@ -166,11 +172,41 @@ async fn start(
         plan::print(&doc, global)?;
         return plan::refusal(&doc);
     }
-    execute(args, global, conn, store, pipeline, doc, discover).await
+    execute(args, run_id, global, conn, store, pipeline, doc, discover).await
 }
 
+/// One run of a pipeline at a time per state database: exit 5 naming the holder, or wait.
+async fn lock(
+    store: &Store,
+    pipeline: &str,
+    run_id: &str,
+    wait: bool,
+) -> Result<store::lock::RunLock, Error> {
+    let (db, name, id) = (
+        store.path().to_path_buf(),
+        pipeline.to_owned(),
+        run_id.to_owned(),
+    );
+    let taking = tokio::task::spawn_blocking(move || store::lock::acquire(&db, &name, &id, wait));
+    let taken = tokio::select! {
+        taken = taking => taken.map_err(|e| Error::Other(e.into()))?,
+        () = crate::cli::shutdown_signal() => {
+            return Err(Error::Interrupted { detail: Some("nothing was started".into()) });
+        }
+    };
+    taken.map_err(|e| match e {
+        store::lock::LockError::Held { .. } => Error::Locked {
+            message: e.to_string(),
+            hint: "wait for it with --wait; a lock left by a process that died never blocks".into(),
+        },
+        other => Error::Other(other.into()),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn execute(
     args: &RunArgs,
+    run_id: &str,
     global: &GlobalArgs,
     conn: &Connection,
     store: &Store,
@@ -185,15 +221,7 @@ async fn execute(
     let price = doc.prices.generation.credits.unwrap_or(0);
     let mut graph =
         Arc::new(Graph::build(pipeline, price).map_err(|e| Error::Other(anyhow::anyhow!(e)))?);
-    let run = preflight::open_run(
-        store,
-        args.run_id.as_deref(),
-        pipeline,
-        &doc,
-        &graph,
-        &out_dir,
-    )
-    .await?;
+    let run = preflight::open_run(store, run_id, pipeline, &doc, &graph, &out_dir).await?;
     if run.finished {
         return summary::print_finished(store, &run.id, global).await;
     }

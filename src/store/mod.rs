@@ -7,6 +7,7 @@
 //! Schema changes are migrations in `migrations/`, embedded in the binary. A database written
 //! by a newer imgpipe, or one that is not a database at all, is reported and never touched.
 
+pub mod lock;
 mod runs;
 mod tasks;
 

@@ -1491,3 +1491,95 @@ async fn the_api_key_appears_in_no_output_file_database_or_stream() {
     let db = read_db(&state_path(dir)).await;
     assert!(!db.attempts.is_empty());
 }
+
+// ---------------------------------------------------------------------------------------------
+// The run lock
+// ---------------------------------------------------------------------------------------------
+
+/// Waits until a run holds the lock of a pipeline in `dir`'s state database.
+async fn wait_for_lock_holder(dir: &Path) {
+    let locks = dir.join("state.db.locks");
+    for _ in 0..200 {
+        let held = std::fs::read_dir(&locks).ok().is_some_and(|entries| {
+            entries
+                .flatten()
+                .any(|e| std::fs::read(e.path()).is_ok_and(|b| b.starts_with(b"{")))
+        });
+        if held {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no run took the lock in {}", locks.display());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_run_of_a_pipeline_exits_5_naming_the_first_or_waits_its_turn() {
+    let env = start(sandbox::Config {
+        latency: Duration::from_millis(150),
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(3, None));
+    let first = run_command(&env, dir, &["p.yaml", "--run-id", "first"]).output();
+    let first = tokio::spawn(first);
+    wait_for_lock_holder(dir).await;
+
+    let refused = run(&env, dir, &["p.yaml", "--run-id", "second"]).await;
+    assert_exit_without_panic(&refused, 5);
+    let text = stderr(&refused);
+    assert!(text.contains("run first by pid"), "{text}");
+    assert!(text.contains("--wait"), "{text}");
+
+    let waited = run(&env, dir, &["p.yaml", "--run-id", "second", "--wait"]).await;
+    assert_exit_without_panic(&waited, 0);
+    let first = first.await.unwrap().unwrap();
+    assert_exit_without_panic(&first, 0);
+    assert_eq!(
+        env.sandbox.ledger().len(),
+        18,
+        "each run paid once for its 9 calls"
+    );
+
+    let mut conn = SqliteConnectOptions::new()
+        .filename(state_path(dir))
+        .read_only(true)
+        .connect()
+        .await
+        .unwrap();
+    let (first_done,): (i64,) =
+        sqlx::query_as("SELECT MAX(finished_at) FROM attempts WHERE run_id = 'first'")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    let (second_began,): (i64,) =
+        sqlx::query_as("SELECT MIN(started_at) FROM attempts WHERE run_id = 'second'")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert!(
+        second_began >= first_done,
+        "the waiting run called before the first finished"
+    );
+    conn.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lock_left_by_a_killed_run_does_not_block_the_next() {
+    let env = start(sandbox::Config {
+        latency: Duration::from_millis(300),
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(3, None));
+    let mut child = run_command(&env, dir, &["p.yaml", "--run-id", "killed"])
+        .spawn()
+        .unwrap();
+    wait_for_lock_holder(dir).await;
+    child.kill().await.unwrap();
+    let _ = child.wait().await;
+    let next = run(&env, dir, &["p.yaml", "--run-id", "next"]).await;
+    assert_exit_without_panic(&next, 0);
+}

@@ -1,0 +1,149 @@
+//! The run lock: one run of a pipeline at a time per state database, so overlapping cron jobs
+//! cannot both pay for the same work.
+//!
+//! It is an OS file lock (`flock`), which the kernel releases when its process dies however it
+//! dies: a lock left by a dead process never blocks. The file also says who holds it.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Who holds a lock, as its file says.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Holder {
+    pub pid: u32,
+    pub host: String,
+    /// RFC 3339, UTC.
+    pub since: String,
+    pub run_id: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("another imgpipe is running pipeline {pipeline}: {}", describe(holder.as_deref()))]
+    Held {
+        pipeline: String,
+        holder: Option<Box<Holder>>,
+        path: PathBuf,
+    },
+    #[error("cannot take the run lock {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+fn describe(holder: Option<&Holder>) -> String {
+    holder.map_or_else(
+        || "its lock file says nothing more yet".to_owned(),
+        |h| {
+            format!(
+                "run {} by pid {} on {} since {}",
+                h.run_id, h.pid, h.host, h.since
+            )
+        },
+    )
+}
+
+/// A held lock; dropping it releases it.
+#[derive(Debug)]
+pub struct RunLock {
+    _file: File,
+}
+
+/// The lock file of `pipeline` for the database at `db`: beside the database, named by a hash
+/// of the pipeline's name so any name makes a safe file name.
+pub fn lock_path(db: &Path, pipeline: &str) -> PathBuf {
+    let digest = hex::encode(Sha256::digest(pipeline.as_bytes()));
+    let mut dir = db.as_os_str().to_owned();
+    dir.push(".locks");
+    PathBuf::from(dir).join(format!("{}.lock", &digest[..16]))
+}
+
+/// Takes the lock of `pipeline`, or fails at once naming its holder. With `wait`, blocks until
+/// the holder is done instead; run it off the async threads.
+pub fn acquire(db: &Path, pipeline: &str, run_id: &str, wait: bool) -> Result<RunLock, LockError> {
+    let path = lock_path(db, pipeline);
+    let io = |source| LockError::Io {
+        path: path.clone(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    // Not truncated on open: the holder's details must survive a failed attempt.
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(io)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) if wait => {
+            tracing::info!("waiting for {}", describe(read_holder(&mut file).as_ref()));
+            file.lock().map_err(io)?;
+        }
+        Err(TryLockError::WouldBlock) => {
+            return Err(LockError::Held {
+                pipeline: pipeline.to_owned(),
+                holder: read_holder(&mut file).map(Box::new),
+                path,
+            });
+        }
+        Err(TryLockError::Error(e)) => return Err(io(e)),
+    }
+    let holder = Holder {
+        pid: std::process::id(),
+        host: hostname(),
+        since: crate::plan::document::rfc3339(std::time::SystemTime::now()),
+        run_id: run_id.to_owned(),
+    };
+    let body = serde_json::to_vec(&holder).unwrap_or_default();
+    file.set_len(0)
+        .and_then(|()| file.rewind())
+        .and_then(|()| file.write_all(&body))
+        .and_then(|()| file.sync_all())
+        .map_err(io)?;
+    Ok(RunLock { _file: file })
+}
+
+fn read_holder(file: &mut File) -> Option<Holder> {
+    let mut text = String::new();
+    file.rewind().ok()?;
+    file.read_to_string(&mut text).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "an unknown host".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_taker_is_told_who_holds_the_lock_until_it_is_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let first = acquire(&db, "nightly", "r1", false).unwrap();
+        let err = acquire(&db, "nightly", "r2", false).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("run r1 by pid"), "{text}");
+        assert!(text.contains(&std::process::id().to_string()), "{text}");
+        assert!(acquire(&db, "another pipeline", "r3", false).is_ok());
+        drop(first);
+        assert!(acquire(&db, "nightly", "r2", false).is_ok());
+    }
+}
