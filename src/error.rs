@@ -3,6 +3,7 @@
 
 use crate::api::download::DownloadError;
 use crate::api::error::{ApiError, ErrorKind};
+use crate::store::StoreError;
 
 /// Exit codes, documented in README.md.
 pub mod exit {
@@ -59,6 +60,10 @@ pub enum Error {
     #[error("interrupted{}", detail.as_ref().map(|d| format!("; {d}")).unwrap_or_default())]
     Interrupted { detail: Option<String> },
 
+    /// The state database failed: the run cannot be recorded, so it does not go on.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+
     #[error(transparent)]
     Other(#[from] anyhow::Error),
 }
@@ -87,7 +92,7 @@ impl Error {
             Error::Interrupted { .. } => exit::INTERRUPTED,
             Error::TasksFailed { .. } => exit::TASKS_FAILED,
             Error::Locked { .. } => exit::LOCKED,
-            Error::Download { .. } | Error::Other(_) => exit::FAILURE,
+            Error::Download { .. } | Error::Store(_) | Error::Other(_) => exit::FAILURE,
         }
     }
 }

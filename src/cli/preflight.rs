@@ -12,11 +12,7 @@ use crate::pipeline::Pipeline;
 use crate::pipeline::items::check_id;
 use crate::plan::document::{FORMAT, KIND, PlanDocument};
 use crate::plan::{Balance, GenerationPrice, PriceSource};
-use crate::store::{NewRun, NewTask, RunStatus, Store, StoreError, TaskStatus};
-
-fn store_err(e: StoreError) -> Error {
-    Error::Other(e.into())
-}
+use crate::store::{NewRun, NewTask, RunStatus, Store, TaskStatus};
 
 pub fn read_plan(path: &Path) -> Result<PlanDocument, Error> {
     let text = std::fs::read(path).map_err(|e| {
@@ -118,7 +114,7 @@ pub async fn open_run(
 ) -> Result<OpenRun, Error> {
     check_id(id).map_err(|e| Error::usage(format!("--run-id {id:?} {e}"), None))?;
     let id = id.to_owned();
-    if let Some(row) = store.run(&id).await.map_err(store_err)? {
+    if let Some(row) = store.run(&id).await? {
         if row.pipeline_sha256 != pipeline.text_sha256 || row.items_sha256 != doc.items.sha256 {
             return Err(Error::usage(
                 format!("run {id} was started from a different pipeline file or items"),
@@ -130,8 +126,7 @@ pub async fn open_run(
         if !finished {
             store
                 .set_run_status(&id, RunStatus::Running, None, None)
-                .await
-                .map_err(store_err)?;
+                .await?;
             tracing::info!("continuing run {id}");
         }
         return Ok(OpenRun {
@@ -162,12 +157,8 @@ pub async fn open_run(
             credits_planned: doc.costs.known_credits,
             balance_before,
         })
-        .await
-        .map_err(store_err)?;
-    store
-        .insert_tasks(&id, &new_tasks(graph))
-        .await
-        .map_err(store_err)?;
+        .await?;
+    store.insert_tasks(&id, &new_tasks(graph)).await?;
     Ok(OpenRun {
         dir: out_dir.join(&id),
         id,
@@ -214,10 +205,7 @@ pub fn cap_of(doc: &PlanDocument, billed: u64) -> Option<u64> {
         Balance::Known { credits, .. } => Some(u64::try_from(*credits).unwrap_or(0)),
         _ => None,
     };
-    match (budget, balance) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
+    crate::plan::tighter(budget, balance)
 }
 
 pub async fn cap(store: &Store, run_id: &str, doc: &PlanDocument) -> Result<Option<u64>, Error> {
@@ -227,7 +215,7 @@ pub async fn cap(store: &Store, run_id: &str, doc: &PlanDocument) -> Result<Opti
 /// What the run was billed, plus what its unanswered calls may have cost: a budget is never
 /// paid twice for them.
 async fn spent(store: &Store, run_id: &str) -> Result<u64, Error> {
-    let totals = store.totals(run_id).await.map_err(store_err)?;
+    let totals = store.totals(run_id).await?;
     Ok(totals.billed_credits + totals.possibly_billed_credits)
 }
 
@@ -236,7 +224,6 @@ struct Quiet;
 impl Observer for Quiet {
     fn task_succeeded(&self, _: usize, _: u64) {}
     fn task_failed(&self, _: usize, _: &str, _: &str) {}
-    fn downloaded(&self, _: usize) {}
 }
 
 /// Runs one generation alone and prices a 2K image from what it billed.
@@ -278,12 +265,11 @@ pub async fn discover(
         Arc::new(Quiet),
         crate::cli::shutdown_signal(),
     )
-    .await
-    .map_err(store_err)?;
+    .await?;
     if outcome.interrupted {
         return Err(Error::Interrupted { detail: None });
     }
-    let rows = store.tasks(&config.run_id).await.map_err(store_err)?;
+    let rows = store.tasks(&config.run_id).await?;
     let step = graph.step_id(t);
     let row = rows.iter().find(|r| {
         r.step == step
@@ -324,8 +310,5 @@ pub async fn discover(
 
 /// Records the planned price of every task after the price was discovered.
 pub async fn reprice(store: &Store, run_id: &str, graph: &Graph) -> Result<(), Error> {
-    store
-        .update_planned(run_id, &new_tasks(graph))
-        .await
-        .map_err(store_err)
+    Ok(store.update_planned(run_id, &new_tasks(graph)).await?)
 }

@@ -30,7 +30,7 @@ struct Step {
 }
 
 struct Bars {
-    _multi: MultiProgress,
+    multi: MultiProgress,
     steps: Vec<ProgressBar>,
     credits: ProgressBar,
 }
@@ -65,7 +65,7 @@ impl Progress {
             );
             credits.set_prefix("spent");
             Bars {
-                _multi: multi,
+                multi,
                 steps: step_bars,
                 credits,
             }
@@ -158,16 +158,8 @@ impl Observer for Progress {
         let name = self.steps.get(step).map_or("?", |s| s.name.as_str());
         let line = format!("task {item}/{name} failed: {reason}");
         match &self.bars {
-            Some(bars) => bars._multi.suspend(|| tracing::warn!("{line}")),
+            Some(bars) => bars.multi.suspend(|| tracing::warn!("{line}")),
             None => tracing::warn!("{line}"),
-        }
-    }
-
-    fn downloaded(&self, step: usize) {
-        if let Some(bars) = &self.bars
-            && let Some(bar) = bars.steps.get(step)
-        {
-            bar.set_message("");
         }
     }
 }

@@ -102,10 +102,7 @@ pub async fn run(args: &RunArgs, global: &GlobalArgs) -> Result<(), Error> {
         .as_ref()
         .and_then(|d| d.budget.as_ref())
         .map(|b| b.max_credits);
-    let max_credits = match (args.max_credits, saved_budget) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
+    let max_credits = crate::plan::tighter(args.max_credits, saved_budget);
     let doc = plan::document(&pipeline, generation, balance, max_credits);
     if let Some(saved) = &saved {
         preflight::same_as_saved(saved, &doc)?;
@@ -158,10 +155,7 @@ async fn start(
     pipeline: &Pipeline,
     doc: PlanDocument,
 ) -> Result<(), Error> {
-    let existing = store
-        .run(run_id)
-        .await
-        .map_err(|e| Error::Other(e.into()))?;
+    let existing = store.run(run_id).await?;
     if let Some(run) = &existing
         && run.status == store::RunStatus::Succeeded
     {
@@ -244,8 +238,7 @@ async fn execute(
                     Some("the discovered price does not fit"),
                     None,
                 )
-                .await
-                .map_err(|e| Error::Other(e.into()))?;
+                .await?;
             return plan::refusal(&doc);
         }
         // The plan was judged against the balance before the discovering call; what may be
@@ -258,10 +251,7 @@ async fn execute(
             .ok()
             .and_then(|a| a.balance(global.balance_field.as_deref()).ok())
             .map(|f| u64::try_from(f.value).unwrap_or(0));
-        config.cap = match (budget_cap, fresh) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        config.cap = crate::plan::tighter(budget_cap, fresh);
     }
     let steps: Vec<(String, u64)> = doc
         .costs
@@ -275,10 +265,7 @@ async fn execute(
         doc.costs.total_credits.unwrap_or(doc.costs.known_credits),
         live,
     ));
-    let tasks = store
-        .tasks(&run.id)
-        .await
-        .map_err(|e| Error::Other(e.into()))?;
+    let tasks = store.tasks(&run.id).await?;
     progress.resume_from(&tasks);
     tracing::info!(
         "run {} started: {} tasks, {} credits planned, output in {}",
@@ -296,8 +283,7 @@ async fn execute(
         progress.clone(),
         crate::cli::shutdown_signal(),
     )
-    .await
-    .map_err(|e| Error::Other(e.into()))?;
+    .await?;
     progress.finish();
     summary::conclude(
         conn,

@@ -10,7 +10,7 @@ use crate::cli::connect::Connection;
 use crate::cli::preflight::OpenRun;
 use crate::error::Error;
 use crate::exec::{self, Outcome, Stop, manifest};
-use crate::store::{RunStatus, Store, StoreError, TaskStatus, Totals};
+use crate::store::{RunStatus, Store, TaskStatus, Totals};
 
 /// Failures named in the summary; the rest are counted.
 const SHOWN_FAILURES: usize = 10;
@@ -37,10 +37,6 @@ struct Failure {
     reason: String,
 }
 
-fn store_err(e: StoreError) -> Error {
-    Error::Other(e.into())
-}
-
 /// Records how the run ended, prints the summary, and returns the error its exit code needs.
 pub async fn conclude(
     conn: &Connection,
@@ -62,7 +58,7 @@ pub async fn conclude(
         Err(_) => None,
     }
     .or(outcome.last_balance);
-    let totals = store.totals(&run.id).await.map_err(store_err)?;
+    let totals = store.totals(&run.id).await?;
     let troubled = totals.failed > 0 || totals.download_failures > 0;
     let status = if outcome.interrupted {
         RunStatus::Interrupted
@@ -76,8 +72,7 @@ pub async fn conclude(
     let stop_reason = outcome.stop.as_ref().map(Stop::describe);
     store
         .set_run_status(&run.id, status, stop_reason.as_deref(), balance_after)
-        .await
-        .map_err(store_err)?;
+        .await?;
     print_summary(store, &run.id, global).await?;
     let resume = format!("imgpipe run {file} --run-id {}", run.id);
     if outcome.interrupted {
@@ -116,14 +111,12 @@ pub async fn print_finished(store: &Store, run_id: &str, global: &GlobalArgs) ->
 async fn print_summary(store: &Store, run_id: &str, global: &GlobalArgs) -> Result<(), Error> {
     let run = store
         .run(run_id)
-        .await
-        .map_err(store_err)?
+        .await?
         .ok_or_else(|| Error::usage(format!("no run {run_id}"), None))?;
-    let totals = store.totals(run_id).await.map_err(store_err)?;
+    let totals = store.totals(run_id).await?;
     let mut failures: Vec<Failure> = store
         .tasks_where(run_id, Some(TaskStatus::Failed))
-        .await
-        .map_err(store_err)?
+        .await?
         .into_iter()
         .map(|t| Failure {
             task: format!("{}/{}[{}]", t.item, t.step, t.idx),
@@ -138,8 +131,7 @@ async fn print_summary(store: &Store, run_id: &str, global: &GlobalArgs) -> Resu
             });
             Ok(())
         })
-        .await
-        .map_err(store_err)?;
+        .await?;
     let dir = Path::new(&run.output_dir).join(run_id);
     let summary = Summary {
         run_id: run_id.to_owned(),

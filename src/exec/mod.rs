@@ -60,7 +60,6 @@ pub struct Config {
 pub trait Observer: Send + Sync {
     fn task_succeeded(&self, step: usize, credits: u64);
     fn task_failed(&self, step: usize, item: &str, reason: &str);
-    fn downloaded(&self, step: usize);
 }
 
 /// Why a run stopped before its work was done, short of an interruption.
@@ -106,8 +105,6 @@ pub struct Outcome {
     pub interrupted: bool,
     /// The failed tasks: `item/step[idx]` and the reason.
     pub failures: Vec<(String, String)>,
-    /// Downloads that failed, with the reason.
-    pub download_failures: Vec<(String, String)>,
     /// The last `credits_remaining` the service reported.
     pub last_balance: Option<i64>,
 }

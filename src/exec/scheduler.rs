@@ -611,19 +611,15 @@ impl Scheduler {
 
     fn downloaded(&mut self, joined: Result<Fetched, tokio::task::JoinError>) {
         match joined {
-            Ok(Fetched {
-                task,
-                result: Ok(_),
-                ..
-            }) => self.observer.downloaded(self.graph.tasks[task].step.0),
+            Ok(Fetched { result: Ok(_), .. }) => {}
             Ok(Fetched {
                 task,
                 k,
                 result: Err(reason),
             }) => {
                 let name = format!("{} output {k}", self.name(task));
+                // Recorded with the output; the summary reads it from there.
                 tracing::error!("download of {name} failed: {reason}");
-                self.outcome.download_failures.push((name, reason));
             }
             Err(e) => self.fatal(format!("a download's task ended abnormally: {e}")),
         }

@@ -237,6 +237,14 @@ pub fn tool_prices() -> Vec<(String, u64)> {
     out
 }
 
+/// The tighter of two optional limits; either alone when the other is absent.
+pub fn tighter(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// The most a run may spend, and who said so.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Budget {

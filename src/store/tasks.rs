@@ -455,19 +455,17 @@ impl Store {
         mut f: impl FnMut(OutputRow) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
         use futures::TryStreamExt;
-        let sql = if failed_only {
+        let mut rows = sqlx::query(
             "SELECT o.id, o.task_id, t.item, t.step, t.idx, o.k, o.job_id, o.parent_job_id, o.url,
                     o.url_issued_at, o.path, o.sha256, o.bytes, o.download_error, t.credits_billed
              FROM outputs o JOIN tasks t ON t.id = o.task_id
-             WHERE o.run_id = ? AND o.path IS NULL AND o.download_error IS NOT NULL
-             ORDER BY t.id, o.k"
-        } else {
-            "SELECT o.id, o.task_id, t.item, t.step, t.idx, o.k, o.job_id, o.parent_job_id, o.url,
-                    o.url_issued_at, o.path, o.sha256, o.bytes, o.download_error, t.credits_billed
-             FROM outputs o JOIN tasks t ON t.id = o.task_id
-             WHERE o.run_id = ? ORDER BY t.id, o.k"
-        };
-        let mut rows = sqlx::query(sql).bind(run_id).fetch(self.pool());
+             WHERE o.run_id = ?
+               AND (NOT ? OR (o.path IS NULL AND o.download_error IS NOT NULL))
+             ORDER BY t.id, o.k",
+        )
+        .bind(run_id)
+        .bind(failed_only)
+        .fetch(self.pool());
         while let Some(r) = rows.try_next().await? {
             f(OutputRow {
                 id: r.try_get("id")?,
