@@ -271,6 +271,26 @@ pub fn file_sha256(path: &Path) -> io::Result<String> {
     }
 }
 
+/// Copies `from`, whose sha256 is known, to `dest` the way a download lands: through a
+/// temporary file, fsynced, never replacing a different file already at `dest`.
+pub fn copy_checked(from: &Path, dest: &Path, sha256: &str) -> Result<PathBuf, DownloadError> {
+    let dir = dest.parent().unwrap_or(Path::new("."));
+    let stem = dest
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let part = PartFile::create(dir, &stem)?;
+    let io_err = |source| DownloadError::Io {
+        path: dest.to_path_buf(),
+        source,
+    };
+    std::fs::copy(from, &part.path).map_err(io_err)?;
+    std::fs::File::open(&part.path)
+        .and_then(|f| f.sync_all())
+        .map_err(io_err)?;
+    part.persist(dest, sha256)
+}
+
 /// A temporary file next to the destination, removed unless it is persisted.
 struct PartFile {
     path: PathBuf,

@@ -13,6 +13,7 @@ mod output;
 mod plan;
 mod preflight;
 mod progress;
+mod resume;
 mod run;
 mod sandbox;
 mod schema;
@@ -103,6 +104,8 @@ pub enum Command {
     Schema,
     /// Run a pipeline: plan, refuse what cannot be paid for, execute, record, download
     Run(run::RunArgs),
+    /// Resume an interrupted run without paying twice; --dry-run lists what it would pay for
+    Resume(resume::ResumeArgs),
 }
 
 /// Runs a parsed command line and returns the process exit code.
@@ -136,6 +139,7 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
         Command::Schema => return schema::run(),
         // The executor handles SIGINT/SIGTERM itself: it records what is in flight first.
         Command::Run(args) => return run::run(args, &global).await,
+        Command::Resume(args) => return resume::run(args, &global).await,
         _ => {}
     }
     let work = async {
@@ -153,7 +157,8 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
             | Command::Validate(_)
             | Command::Plan(_)
             | Command::Schema
-            | Command::Run(_) => Ok(()),
+            | Command::Run(_)
+            | Command::Resume(_) => Ok(()),
         }
     };
     tokio::select! {

@@ -12,7 +12,7 @@ use crate::pipeline::Pipeline;
 use crate::pipeline::items::check_id;
 use crate::plan::document::{FORMAT, KIND, PlanDocument};
 use crate::plan::{Balance, GenerationPrice, PriceSource};
-use crate::store::{NewRun, NewTask, RunStatus, Store, TaskStatus};
+use crate::store::{self, NewRun, NewTask, RunStatus, Store, TaskStatus};
 
 pub fn read_plan(path: &Path) -> Result<PlanDocument, Error> {
     let text = std::fs::read(path).map_err(|e| {
@@ -99,12 +99,23 @@ pub fn needs_discovery(doc: &PlanDocument, flag: bool) -> Result<bool, Error> {
 pub struct OpenRun {
     pub id: String,
     pub dir: PathBuf,
-    pub finished: bool,
     /// Credits this run was billed, or may have been, before now.
     pub billed: u64,
 }
 
-pub async fn open_run(
+/// A run id names a directory: it must be a safe file name.
+pub fn check_run_id(id: &str) -> Result<(), Error> {
+    check_id(id).map_err(|e| {
+        Error::usage(
+            format!("--run-id {id:?} {e}"),
+            Some("a run id names a directory: letters, digits, `.`, `_` and `-`"),
+        )
+    })
+}
+
+/// Records a new run and its tasks. Its directory is absolute, so that resuming it from
+/// another working directory (cron) finds the same files.
+pub async fn create_run(
     store: &Store,
     id: &str,
     pipeline: &Pipeline,
@@ -112,30 +123,18 @@ pub async fn open_run(
     graph: &Graph,
     out_dir: &Path,
 ) -> Result<OpenRun, Error> {
-    check_id(id).map_err(|e| Error::usage(format!("--run-id {id:?} {e}"), None))?;
-    let id = id.to_owned();
-    if let Some(row) = store.run(&id).await? {
-        if row.pipeline_sha256 != pipeline.text_sha256 || row.items_sha256 != doc.items.sha256 {
-            return Err(Error::usage(
-                format!("run {id} was started from a different pipeline file or items"),
-                Some("give the new work another --run-id"),
-            ));
-        }
-        let billed = spent(store, &id).await?;
-        let finished = row.status == RunStatus::Succeeded;
-        if !finished {
-            store
-                .set_run_status(&id, RunStatus::Running, None, None)
-                .await?;
-            tracing::info!("continuing run {id}");
-        }
-        return Ok(OpenRun {
-            dir: PathBuf::from(row.output_dir).join(&id),
-            id,
-            finished,
-            billed,
-        });
-    }
+    check_run_id(id)?;
+    let out_dir = std::path::absolute(out_dir).map_err(|e| {
+        Error::usage(
+            format!(
+                "cannot resolve the output directory {}: {e}",
+                out_dir.display()
+            ),
+            None,
+        )
+    })?;
+    let file = std::path::absolute(&pipeline.file)
+        .map_or_else(|_| pipeline.file.clone(), |p| p.display().to_string());
     let text = std::fs::read(&pipeline.file)
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_default();
@@ -146,9 +145,9 @@ pub async fn open_run(
     };
     store
         .create_run(&NewRun {
-            id: &id,
+            id,
             pipeline_name: &pipeline.name,
-            pipeline_file: &pipeline.file,
+            pipeline_file: &file,
             pipeline_text: &text,
             pipeline_sha256: &pipeline.text_sha256,
             items_sha256: &doc.items.sha256,
@@ -158,32 +157,45 @@ pub async fn open_run(
             balance_before,
         })
         .await?;
-    store.insert_tasks(&id, &new_tasks(graph)).await?;
+    store.insert_tasks(id, &new_tasks(graph)).await?;
     Ok(OpenRun {
-        dir: out_dir.join(&id),
-        id,
-        finished: false,
+        dir: out_dir.join(id),
+        id: id.to_owned(),
         billed: 0,
     })
 }
 
+/// A recorded run, to continue.
+pub async fn continue_run(store: &Store, row: &store::RunRow) -> Result<OpenRun, Error> {
+    let billed = spent(store, &row.id).await?;
+    store
+        .set_run_status(&row.id, RunStatus::Running, None, None)
+        .await?;
+    tracing::info!("resuming run {}", row.id);
+    Ok(OpenRun {
+        dir: PathBuf::from(&row.output_dir).join(&row.id),
+        id: row.id.clone(),
+        billed,
+    })
+}
+
+pub fn new_task(graph: &Graph, t: usize) -> NewTask {
+    let task = &graph.tasks[t];
+    NewTask {
+        item: graph.item_dir(task.instance).to_owned(),
+        step: graph.step_id(t).to_owned(),
+        idx: task.idx,
+        operation: match &task.work {
+            Work::Generate { .. } => "generate",
+            Work::Tool { params, .. } => params.tool().as_str(),
+        },
+        inputs: graph.describe_inputs(t),
+        planned_credits: task.planned,
+    }
+}
+
 fn new_tasks(graph: &Graph) -> Vec<NewTask> {
-    (0..graph.tasks.len())
-        .map(|t| {
-            let task = &graph.tasks[t];
-            NewTask {
-                item: graph.item_dir(task.instance).to_owned(),
-                step: graph.step_id(t).to_owned(),
-                idx: task.idx,
-                operation: match &task.work {
-                    Work::Generate { .. } => "generate",
-                    Work::Tool { params, .. } => params.tool().as_str(),
-                },
-                inputs: graph.describe_inputs(t),
-                planned_credits: task.planned,
-            }
-        })
-        .collect()
+    (0..graph.tasks.len()).map(|t| new_task(graph, t)).collect()
 }
 
 /// `<UTC date>-<time>-<4 hex>`: sorts by start time, and two runs in one second still differ.
@@ -214,7 +226,7 @@ pub async fn cap(store: &Store, run_id: &str, doc: &PlanDocument) -> Result<Opti
 
 /// What the run was billed, plus what its unanswered calls may have cost: a budget is never
 /// paid twice for them.
-async fn spent(store: &Store, run_id: &str) -> Result<u64, Error> {
+pub async fn spent(store: &Store, run_id: &str) -> Result<u64, Error> {
     let totals = store.totals(run_id).await?;
     Ok(totals.billed_credits + totals.possibly_billed_credits)
 }

@@ -11,7 +11,7 @@ use clap::Args;
 use crate::cli::GlobalArgs;
 use crate::cli::connect::{Connection, seconds};
 use crate::cli::progress::Progress;
-use crate::cli::{plan, preflight, summary, validate};
+use crate::cli::{plan, preflight, resume, summary, validate};
 use crate::error::Error;
 use crate::exec::{self, Graph, OnAmbiguous};
 use crate::pipeline::{self, Pipeline};
@@ -33,19 +33,39 @@ pub struct RunArgs {
     /// Run exactly this saved plan (from `imgpipe plan --save`); refuse if anything changed
     #[arg(long, value_name = "PLAN.json")]
     pub plan: Option<PathBuf>,
-    /// Print the plan and stop, as `imgpipe plan` does
+    /// Print the plan (or, for a run that exists, what resuming it would pay for) and stop
     #[arg(long)]
     pub dry_run: bool,
-    /// The run's id: names its directory under the output directory; continues that run
-    /// when it exists and is unfinished [default: the time and a random suffix]
+    /// The run's id: names its directory under the output directory. An unfinished run of
+    /// that id is resumed; a finished one is only summarised [default: the time and a random
+    /// suffix]
     #[arg(long, value_name = "ID")]
     pub run_id: Option<String>,
-    /// When another run of this pipeline holds the lock, wait for it instead of exiting 5
-    #[arg(long)]
-    pub wait: bool,
     /// Output directory, instead of the pipeline's output_dir
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// When the generation price is unknown, run one generation first and price the plan
+    /// with what it billed
+    #[arg(long)]
+    pub discover_price: bool,
+    #[command(flatten)]
+    pub opts: RunOptions,
+}
+
+/// Options of every command that runs tasks: `run` and `resume`.
+#[derive(Debug, Args)]
+pub struct RunOptions {
+    /// Resume a run even though its pipeline file (or items) changed: tasks whose request and
+    /// input images are unchanged keep their results; the others run again
+    #[arg(long)]
+    pub allow_changes: bool,
+    /// Take the results of tasks that succeeded in earlier runs (same request, same input
+    /// images) instead of paying for them again; also `reuse: true` in the pipeline file
+    #[arg(long)]
+    pub reuse: bool,
+    /// When another run of this pipeline holds the lock, wait for it instead of exiting 5
+    #[arg(long)]
+    pub wait: bool,
     /// Paid calls in flight at once [default: pipeline, else the account's limit, else 4]
     #[arg(long, value_name = "N")]
     pub concurrency: Option<usize>,
@@ -56,13 +76,10 @@ pub struct RunArgs {
     /// Most credits the run may spend; the smaller of this and budget.max_credits applies
     #[arg(long, value_name = "CREDITS")]
     pub max_credits: Option<u64>,
-    /// A call sent without a complete answer may have been billed: call again, or fail the task
+    /// A call sent without a complete answer may have been billed: call again, or fail the
+    /// task (also for calls in flight when an earlier process died)
     #[arg(long, value_enum, default_value = "retry")]
     pub on_ambiguous: OnAmbiguous,
-    /// When the generation price is unknown, run one generation first and price the plan
-    /// with what it billed
-    #[arg(long)]
-    pub discover_price: bool,
     /// The state database [default: $XDG_STATE_HOME/imgpipe/state.db]
     #[arg(long, env = "IMGPIPE_STATE", value_name = "PATH")]
     pub state: Option<PathBuf>,
@@ -95,6 +112,14 @@ pub async fn run(args: &RunArgs, global: &GlobalArgs) -> Result<(), Error> {
         (None, None) => return Err(Error::usage("name a pipeline file or --plan", None)),
     };
     let pipeline = validate::checked(&file, pipeline::load(&file))?;
+    if let Some(id) = &args.run_id {
+        let store = open_store(args.opts.state.as_ref(), global.sandbox).await?;
+        if let Some(row) = store.run(id).await? {
+            let result =
+                resume::existing(&store, row, pipeline, &args.opts, args.dry_run, global).await;
+            return close(store, result).await;
+        }
+    }
     let conn = Connection::open(global).await?;
     let (balance, generation) = plan::ask_service(&conn, &pipeline, global).await?;
     // A saved plan's budget holds unless the command line lowers it.
@@ -102,27 +127,139 @@ pub async fn run(args: &RunArgs, global: &GlobalArgs) -> Result<(), Error> {
         .as_ref()
         .and_then(|d| d.budget.as_ref())
         .map(|b| b.max_credits);
-    let max_credits = crate::plan::tighter(args.max_credits, saved_budget);
+    let max_credits = crate::plan::tighter(args.opts.max_credits, saved_budget);
     let doc = plan::document(&pipeline, generation, balance, max_credits);
     if let Some(saved) = &saved {
         preflight::same_as_saved(saved, &doc)?;
     }
-    if args.dry_run {
+    let reuse = args.opts.reuse || pipeline.reuse;
+    if args.dry_run && !reuse {
         plan::print(&doc, global)?;
         return plan::refusal(&doc);
     }
-    let store = open_store(args.state.as_ref(), global.sandbox).await?;
-    let run_id = args.run_id.clone().unwrap_or_else(preflight::new_run_id);
-    let _lock = lock(&store, &pipeline.name, &run_id, args.wait).await?;
-    let result = start(args, &run_id, global, &conn, &store, &pipeline, doc).await;
-    // Everything is committed already; closing only tidies the WAL, and must not hang an exit.
+    let store = open_store(args.opts.state.as_ref(), global.sandbox).await?;
+    let result = fresh(args, global, &conn, &store, &pipeline, doc, reuse).await;
+    close(store, result).await
+}
+
+/// Everything is committed already; closing only tidies the WAL, and must not hang an exit.
+async fn close(store: Store, result: Result<(), Error>) -> Result<(), Error> {
     let _ = tokio::time::timeout(Duration::from_secs(5), store.close()).await;
     result
 }
 
+/// A new run: refused unless it fits (after what earlier runs' results save), then recorded
+/// and executed.
+async fn fresh(
+    args: &RunArgs,
+    global: &GlobalArgs,
+    conn: &Connection,
+    store: &Store,
+    pipeline: &Pipeline,
+    doc: PlanDocument,
+    reuse: bool,
+) -> Result<(), Error> {
+    let run_id = args.run_id.clone().unwrap_or_else(preflight::new_run_id);
+    preflight::check_run_id(&run_id)?;
+    let graph = build_graph(pipeline, doc.prices.generation.credits.unwrap_or(0))?;
+    let review = if reuse {
+        Some(
+            exec::resume::review(store, &run_id, &graph, None, args.opts.on_ambiguous, true)
+                .await?,
+        )
+    } else {
+        None
+    };
+    let saved = review.as_ref().map_or(0, |r| r.saved_by_reuse(&graph));
+    if args.dry_run {
+        plan::print(&doc, global)?;
+        if let Some(r) = &review {
+            print_reuse(r.reuse.len(), saved, global);
+        }
+        return refusal_after_reuse(&doc, saved);
+    }
+    let _lock = lock(store, &pipeline.name, &run_id, args.opts.wait).await?;
+    // Another process may have started this id while we waited for the lock.
+    if let Some(row) = store.run(&run_id).await? {
+        return resume::existing(store, row, pipeline.clone(), &args.opts, false, global).await;
+    }
+    let discover = preflight::needs_discovery(&doc, args.discover_price)?;
+    if !discover && refusal_after_reuse(&doc, saved).is_err() {
+        plan::print(&doc, global)?;
+        if saved > 0 {
+            print_reuse(review.as_ref().map_or(0, |r| r.reuse.len()), saved, global);
+        }
+        return refusal_after_reuse(&doc, saved);
+    }
+    let out_dir = args
+        .out
+        .clone()
+        .unwrap_or_else(|| pipeline.output_dir.clone());
+    let run = preflight::create_run(store, &run_id, pipeline, &doc, &graph, &out_dir).await?;
+    if let Some(review) = &review {
+        let applied = exec::resume::apply(
+            store,
+            &conn.client,
+            &run.id,
+            &run.dir,
+            &graph,
+            review,
+            |t| preflight::new_task(&graph, t),
+        )
+        .await?;
+        if applied.reused > 0 {
+            tracing::info!(
+                "{} task(s) reused from earlier runs, saving {saved} credits",
+                applied.reused
+            );
+        }
+    }
+    let start = Start {
+        run,
+        graph,
+        doc,
+        discover,
+        resume: format!(
+            "imgpipe run {} --run-id {}",
+            file_for_resume(args, pipeline),
+            run_id
+        ),
+    };
+    execute(&args.opts, global, conn, store, pipeline, start).await
+}
+
+pub fn build_graph(pipeline: &Pipeline, price: u64) -> Result<Arc<Graph>, Error> {
+    Graph::build(pipeline, price)
+        .map(Arc::new)
+        .map_err(|e| Error::Other(anyhow::anyhow!(e)))
+}
+
+/// The plan's verdict, except that credits saved by reuse count: a run whose reused tasks
+/// bring it within the budget and the balance may start.
+fn refusal_after_reuse(doc: &PlanDocument, saved: u64) -> Result<(), Error> {
+    if doc.verdict.fits || saved == 0 {
+        return plan::refusal(doc);
+    }
+    let Some(total) = doc.costs.total_credits else {
+        return plan::refusal(doc);
+    };
+    let needed = total.saturating_sub(saved);
+    match preflight::cap_of(doc, 0) {
+        Some(cap) if needed > cap => plan::refusal(doc),
+        _ => Ok(()),
+    }
+}
+
+fn print_reuse(tasks: usize, credits: u64, global: &GlobalArgs) {
+    if global.json {
+        return;
+    }
+    println!("reuse: {tasks} task(s) from earlier runs, saving {credits} credits");
+}
+
 /// The state database. Runs on the embedded sandbox get their own by default: its jobs vanish
 /// with it, so they must never mix with, or be reused by, runs against the real service.
-async fn open_store(flag: Option<&PathBuf>, sandbox: bool) -> Result<Store, Error> {
+pub async fn open_store(flag: Option<&PathBuf>, sandbox: bool) -> Result<Store, Error> {
     let default = || {
         store::default_path().map(|p| {
             if sandbox {
@@ -144,33 +281,8 @@ async fn open_store(flag: Option<&PathBuf>, sandbox: bool) -> Result<Store, Erro
     })
 }
 
-/// Decides whether the run may start: a finished run is only summarised; a run being continued
-/// is held to what remains by the cap rather than to the whole plan.
-async fn start(
-    args: &RunArgs,
-    run_id: &str,
-    global: &GlobalArgs,
-    conn: &Connection,
-    store: &Store,
-    pipeline: &Pipeline,
-    doc: PlanDocument,
-) -> Result<(), Error> {
-    let existing = store.run(run_id).await?;
-    if let Some(run) = &existing
-        && run.status == store::RunStatus::Succeeded
-    {
-        return summary::print_finished(store, &run.id, global).await;
-    }
-    let discover = preflight::needs_discovery(&doc, args.discover_price)?;
-    if !doc.verdict.fits && !discover && existing.is_none() {
-        plan::print(&doc, global)?;
-        return plan::refusal(&doc);
-    }
-    execute(args, run_id, global, conn, store, pipeline, doc, discover).await
-}
-
 /// One run of a pipeline at a time per state database: exit 5 naming the holder, or wait.
-async fn lock(
+pub async fn lock(
     store: &Store,
     pipeline: &str,
     run_id: &str,
@@ -197,37 +309,37 @@ async fn lock(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn execute(
-    args: &RunArgs,
-    run_id: &str,
+/// A run ready to execute.
+pub struct Start {
+    pub run: preflight::OpenRun,
+    pub graph: Arc<Graph>,
+    pub doc: PlanDocument,
+    pub discover: bool,
+    /// The command that continues the run, when it is interrupted.
+    pub resume: String,
+}
+
+pub async fn execute(
+    opts: &RunOptions,
     global: &GlobalArgs,
     conn: &Connection,
     store: &Store,
     pipeline: &Pipeline,
-    mut doc: PlanDocument,
-    discover: bool,
+    start: Start,
 ) -> Result<(), Error> {
-    let out_dir = args
-        .out
-        .clone()
-        .unwrap_or_else(|| pipeline.output_dir.clone());
-    let price = doc.prices.generation.credits.unwrap_or(0);
-    let mut graph =
-        Arc::new(Graph::build(pipeline, price).map_err(|e| Error::Other(anyhow::anyhow!(e)))?);
-    let run = preflight::open_run(store, run_id, pipeline, &doc, &graph, &out_dir).await?;
-    if run.finished {
-        return summary::print_finished(store, &run.id, global).await;
-    }
-    let mut config = config(args, global, conn, pipeline, &doc, &run).await?;
+    let Start {
+        run,
+        mut graph,
+        mut doc,
+        discover,
+        resume,
+    } = start;
+    let mut config = config(opts, global, conn, pipeline, &doc, &run).await?;
     if discover {
         let found = preflight::discover(conn, store, &graph, &config, &doc.balance).await?;
         let budget = doc.budget.as_ref().map(|b| b.max_credits);
         doc = plan::document(pipeline, found, doc.balance.clone(), budget);
-        graph = Arc::new(
-            Graph::build(pipeline, doc.prices.generation.credits.unwrap_or(0))
-                .map_err(|e| Error::Other(anyhow::anyhow!(e)))?,
-        );
+        graph = build_graph(pipeline, doc.prices.generation.credits.unwrap_or(0))?;
         preflight::reprice(store, &run.id, &graph).await?;
         if !doc.verdict.fits {
             plan::print(&doc, global)?;
@@ -285,16 +397,7 @@ async fn execute(
     )
     .await?;
     progress.finish();
-    summary::conclude(
-        conn,
-        store,
-        &run,
-        &config,
-        &file_for_resume(args, pipeline),
-        outcome,
-        global,
-    )
-    .await
+    summary::conclude(conn, store, &run, &config, &resume, outcome, global).await
 }
 
 fn file_for_resume(args: &RunArgs, pipeline: &Pipeline) -> String {
@@ -304,7 +407,7 @@ fn file_for_resume(args: &RunArgs, pipeline: &Pipeline) -> String {
 }
 
 async fn config(
-    args: &RunArgs,
+    args: &RunOptions,
     global: &GlobalArgs,
     conn: &Connection,
     pipeline: &Pipeline,

@@ -43,7 +43,7 @@ pub async fn conclude(
     store: &Store,
     run: &OpenRun,
     config: &exec::Config,
-    file: &str,
+    resume: &str,
     outcome: Outcome,
     global: &GlobalArgs,
 ) -> Result<(), Error> {
@@ -74,7 +74,6 @@ pub async fn conclude(
         .set_run_status(&run.id, status, stop_reason.as_deref(), balance_after)
         .await?;
     print_summary(store, &run.id, global).await?;
-    let resume = format!("imgpipe run {file} --run-id {}", run.id);
     if outcome.interrupted {
         return Err(Error::Interrupted {
             detail: Some(format!(
@@ -94,7 +93,7 @@ pub async fn conclude(
         }),
         None if troubled || totals.blocked > 0 => Err(Error::TasksFailed {
             message: format!(
-                "{} task(s) failed, {} blocked by them, {} download(s) failed; see the summary above",
+                "{} task(s) failed, {} blocked by them, {} download(s) failed; see the summary above\nhint: `{resume} --dry-run` lists what resuming would pay for again; `{resume}` does it",
                 totals.failed, totals.blocked, totals.download_failures
             ),
         }),

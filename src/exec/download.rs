@@ -42,9 +42,8 @@ async fn fetch(shared: &Shared, task: usize, k: u32) -> Result<PathBuf, String> 
     let mut tries = 0;
     loop {
         tries += 1;
-        let out = shared
-            .url(task, k)
-            .ok_or_else(|| format!("no recorded output {k} of task {task}"))?;
+        // A URL recorded long ago (a resumed run) is refreshed before it is tried.
+        let out = shared.fresh_url(task, k, false).await?;
         match shared.downloader.fetch(&out.url, &dir, &stem).await {
             Ok(done) => {
                 shared

@@ -247,6 +247,16 @@ impl Graph {
     }
 
     /// A task's inputs as the database records them: other tasks' outputs or URLs.
+    /// How the task is recorded: item directory, step id, index.
+    pub fn key(&self, task: usize) -> (String, String, u32) {
+        let t = &self.tasks[task];
+        (
+            self.item_dir(t.instance).to_owned(),
+            self.step_id(task).to_owned(),
+            t.idx,
+        )
+    }
+
     pub fn describe_inputs(&self, task: usize) -> String {
         let parts: Vec<String> = self.tasks[task]
             .sources()

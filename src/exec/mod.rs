@@ -9,8 +9,10 @@ mod attempt;
 pub mod budget;
 mod download;
 pub mod graph;
+pub mod identity;
 pub mod limiter;
 pub mod manifest;
+pub mod resume;
 mod scheduler;
 mod shared;
 

@@ -100,11 +100,24 @@ pub async fn run(
         })
         .collect();
     let mut row_ids = vec![0i64; graph.tasks.len()];
-    let mut done = vec![false; graph.tasks.len()];
+    let mut prior = vec![Prior::Todo; graph.tasks.len()];
     for row in &rows {
         if let Some(&t) = index.get(&(row.item.clone(), row.step.clone(), row.idx)) {
             row_ids[t] = row.id;
-            done[t] = row.status == TaskStatus::Succeeded;
+            prior[t] = match row.status {
+                TaskStatus::Succeeded => Prior::Done,
+                // Possibly billed already, and the user asked not to pay twice.
+                TaskStatus::Failed
+                    if config.on_ambiguous == OnAmbiguous::Fail
+                        && row
+                            .last_attempt
+                            .as_ref()
+                            .is_some_and(|a| a.possibly_billed()) =>
+                {
+                    Prior::Failed
+                }
+                _ => Prior::Todo,
+            };
         }
     }
     if let Some(t) = row_ids.iter().position(|id| *id == 0) {
@@ -115,6 +128,8 @@ pub async fn run(
             config.run_id
         ))));
     }
+    let (outcome_graph, outcome_ids, run_id) =
+        (Arc::clone(&graph), row_ids.clone(), config.run_id.clone());
     let shared = Arc::new(Shared::new(
         client,
         downloader,
@@ -124,12 +139,52 @@ pub async fn run(
         &config,
     ));
     drop(rows);
-    let mut s = Scheduler::new(shared, graph, config, observer, &done);
+    let mut s = Scheduler::new(shared, graph, config, observer, &prior);
     s.restore_outputs(&index).await?;
     // Setup only: a large run should not carry every row's strings to the end.
     drop(index);
     s.main_loop(shutdown).await;
-    Ok(s.finish().await)
+    let outcome = s.finish().await;
+    record_identities(&store, &outcome_graph, &outcome_ids, &run_id).await?;
+    Ok(outcome)
+}
+
+/// What an earlier process settled about a task.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Prior {
+    Todo,
+    Done,
+    /// Failed for good: left failed, its descendants blocked.
+    Failed,
+}
+
+/// Records the identity of every succeeded task whose inputs' bytes are now known, so later
+/// runs and changed pipelines can tell the same work from new work.
+async fn record_identities(
+    store: &Store,
+    graph: &Graph,
+    row_ids: &[i64],
+    run_id: &str,
+) -> Result<(), StoreError> {
+    let hashes = store.output_hashes(run_id).await?;
+    let rows = store
+        .tasks_where(run_id, Some(TaskStatus::Succeeded))
+        .await?;
+    let missing: HashSet<i64> = rows
+        .iter()
+        .filter(|r| r.identity.is_none())
+        .map(|r| r.id)
+        .collect();
+    let found: Vec<(i64, String)> = (0..graph.tasks.len())
+        .filter(|t| missing.contains(&row_ids[*t]))
+        .filter_map(|t| {
+            let id = crate::exec::identity::identity(graph, t, |u, k| {
+                hashes.get(&(row_ids[u], k)).cloned()
+            })?;
+            Some((row_ids[t], id))
+        })
+        .collect();
+    store.set_identities(&found).await
 }
 
 impl Scheduler {
@@ -138,7 +193,7 @@ impl Scheduler {
         graph: Arc<Graph>,
         config: Config,
         observer: Arc<dyn Observer>,
-        done: &[bool],
+        prior: &[Prior],
     ) -> Scheduler {
         let n = graph.tasks.len();
         let mut s = Scheduler {
@@ -162,14 +217,29 @@ impl Scheduler {
             config,
             observer,
         };
+        for (t, p) in prior.iter().enumerate() {
+            if *p == Prior::Failed {
+                s.state[t] = State::Failed;
+                for d in s.graph.descendants(t) {
+                    s.state[d] = State::Blocked;
+                }
+            }
+        }
         for t in 0..n {
             let task = &s.graph.tasks[t];
-            if done[t] {
+            if prior[t] == Prior::Done {
                 s.state[t] = State::Done;
                 continue;
             }
+            if s.state[t] != State::Waiting {
+                continue;
+            }
             *s.instance_cost.entry(task.instance).or_default() += task.planned;
-            s.waiting[t] = task.deps.iter().filter(|d| !done[**d]).count();
+            s.waiting[t] = task
+                .deps
+                .iter()
+                .filter(|d| prior[**d] != Prior::Done)
+                .count();
         }
         for t in 0..n {
             if s.state[t] == State::Waiting && s.waiting[t] == 0 {

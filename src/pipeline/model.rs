@@ -24,6 +24,8 @@ pub struct Pipeline {
     pub generation_price: Option<u64>,
     pub concurrency: Option<NonZeroU32>,
     pub rate_limit: Option<Rate>,
+    /// `reuse: true`: earlier runs' results of the same tasks are taken, not paid for again.
+    pub reuse: bool,
     pub items: Items,
     /// In an order where every step comes after its inputs.
     pub steps: Vec<Step>,

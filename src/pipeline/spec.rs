@@ -35,6 +35,10 @@ pub struct PipelineSpec {
     #[serde(default)]
     #[schemars(regex(pattern = r"^\s*[0-9]+\s*/\s*(s|min|h)\s*$"))]
     pub rate_limit: Option<String>,
+    /// Take the outputs of a task that succeeded in an earlier run (same request, same input
+    /// images) instead of paying for it again, as `--reuse` does.
+    #[serde(default)]
+    pub reuse: Option<bool>,
     /// The items, inline. Each is a mapping of fields that templates use as `{{ item.<field> }}`;
     /// `id` (optional) names the item's output directory.
     #[serde(default)]

@@ -8,6 +8,7 @@
 //! by a newer imgpipe, or one that is not a database at all, is reported and never touched.
 
 pub mod lock;
+mod resume;
 mod runs;
 mod tasks;
 
@@ -19,9 +20,11 @@ use sqlx::SqlitePool;
 use sqlx::migrate::MigrateError;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
+pub use resume::{Reusable, ReusableOutput, SetAside};
 pub use runs::{NewRun, RunRow, RunStatus};
 pub use tasks::{
-    AttemptOutcome, NewTask, OutputRow, Settled, TaskRow, TaskStatus, Totals, UrlIssued,
+    AttemptOutcome, LastAttempt, NewTask, OutputRow, Settled, TaskRow, TaskStatus, Totals,
+    UrlIssued,
 };
 
 /// The directory under the user's state directory that holds the default database.

@@ -59,6 +59,8 @@ pub struct RunRow {
     pub id: String,
     pub pipeline_name: String,
     pub pipeline_file: String,
+    /// The run's own copy of its pipeline file.
+    pub pipeline_text: String,
     pub pipeline_sha256: String,
     pub items_sha256: String,
     pub plan_json: String,
@@ -98,32 +100,54 @@ impl Store {
 
     pub async fn run(&self, id: &str) -> Result<Option<RunRow>, StoreError> {
         let row = sqlx::query(
-            "SELECT id, pipeline_name, pipeline_file, pipeline_sha256, items_sha256, plan_json,
-                    output_dir, status, credits_planned, balance_before, balance_after,
-                    stop_reason, created_at, finished_at
+            "SELECT id, pipeline_name, pipeline_file, pipeline_text, pipeline_sha256, items_sha256,
+                    plan_json, output_dir, status, credits_planned, balance_before,
+                    balance_after, stop_reason, created_at, finished_at
              FROM runs WHERE id = ?",
         )
         .bind(id)
         .fetch_optional(self.pool())
         .await?;
-        let Some(row) = row else { return Ok(None) };
-        let status: String = row.try_get("status")?;
-        Ok(Some(RunRow {
-            id: row.try_get("id")?,
-            pipeline_name: row.try_get("pipeline_name")?,
-            pipeline_file: row.try_get("pipeline_file")?,
-            pipeline_sha256: row.try_get("pipeline_sha256")?,
-            items_sha256: row.try_get("items_sha256")?,
-            plan_json: row.try_get("plan_json")?,
-            output_dir: row.try_get("output_dir")?,
-            status: RunStatus::parse(&status).unwrap_or(RunStatus::Running),
-            credits_planned: row.try_get::<i64, _>("credits_planned")?.max(0) as u64,
-            balance_before: row.try_get("balance_before")?,
-            balance_after: row.try_get("balance_after")?,
-            stop_reason: row.try_get("stop_reason")?,
-            created_at: row.try_get("created_at")?,
-            finished_at: row.try_get("finished_at")?,
-        }))
+        row.as_ref().map(run_row).transpose()
+    }
+
+    /// Every run, the latest first, without their pipeline text and plan.
+    pub async fn runs(&self) -> Result<Vec<RunRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, pipeline_name, pipeline_file, '' AS pipeline_text, pipeline_sha256,
+                    items_sha256, '' AS plan_json, output_dir, status, credits_planned,
+                    balance_before, balance_after, stop_reason, created_at, finished_at
+             FROM runs ORDER BY created_at DESC, id DESC",
+        )
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter().map(run_row).collect()
+    }
+
+    /// Adopts a changed pipeline file (`--allow-changes`): the run keeps the new copy.
+    pub async fn update_run_source(
+        &self,
+        id: &str,
+        text: &str,
+        sha256: &str,
+        items_sha256: &str,
+        plan_json: &str,
+        credits_planned: u64,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE runs SET pipeline_text = ?, pipeline_sha256 = ?, items_sha256 = ?,
+                 plan_json = ?, credits_planned = ?
+             WHERE id = ?",
+        )
+        .bind(text)
+        .bind(sha256)
+        .bind(items_sha256)
+        .bind(plan_json)
+        .bind(i64::try_from(credits_planned).unwrap_or(i64::MAX))
+        .bind(id)
+        .execute(self.pool())
+        .await?;
+        Ok(())
     }
 
     /// Marks the run running again (a continued run) or finished.
@@ -149,4 +173,25 @@ impl Store {
         .await?;
         Ok(())
     }
+}
+
+fn run_row(row: &sqlx::sqlite::SqliteRow) -> Result<RunRow, StoreError> {
+    let status: String = row.try_get("status")?;
+    Ok(RunRow {
+        id: row.try_get("id")?,
+        pipeline_name: row.try_get("pipeline_name")?,
+        pipeline_file: row.try_get("pipeline_file")?,
+        pipeline_text: row.try_get("pipeline_text")?,
+        pipeline_sha256: row.try_get("pipeline_sha256")?,
+        items_sha256: row.try_get("items_sha256")?,
+        plan_json: row.try_get("plan_json")?,
+        output_dir: row.try_get("output_dir")?,
+        status: RunStatus::parse(&status).unwrap_or(RunStatus::Running),
+        credits_planned: row.try_get::<i64, _>("credits_planned")?.max(0) as u64,
+        balance_before: row.try_get("balance_before")?,
+        balance_after: row.try_get("balance_after")?,
+        stop_reason: row.try_get("stop_reason")?,
+        created_at: row.try_get("created_at")?,
+        finished_at: row.try_get("finished_at")?,
+    })
 }

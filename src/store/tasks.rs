@@ -57,6 +57,26 @@ pub struct TaskRow {
     pub credits_billed: u64,
     pub job_id: Option<String>,
     pub error: Option<String>,
+    /// The task's latest attempt, if it made one.
+    pub last_attempt: Option<LastAttempt>,
+    pub identity: Option<String>,
+    /// The earlier task whose outputs this one took instead of paying (`--reuse`).
+    pub reused_from: Option<i64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct LastAttempt {
+    pub id: i64,
+    /// `None` while in flight, or when the process died with the call in flight.
+    pub outcome: Option<String>,
+    pub job_id: Option<String>,
+}
+
+impl LastAttempt {
+    /// Sent without a complete answer: it may have been billed.
+    pub fn possibly_billed(&self) -> bool {
+        self.outcome.as_deref().is_none_or(|o| o == "ambiguous")
+    }
 }
 
 /// A paid call that came back with its job.
@@ -136,11 +156,11 @@ pub struct Totals {
     pub download_failures: u64,
 }
 
-fn to_i64(n: u64) -> i64 {
+pub(crate) fn to_i64(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-fn to_u64(n: i64) -> u64 {
+pub(crate) fn to_u64(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
 }
 
@@ -201,8 +221,13 @@ impl Store {
         status: Option<TaskStatus>,
     ) -> Result<Vec<TaskRow>, StoreError> {
         let rows = sqlx::query(
-            "SELECT id, item, step, idx, status, planned_credits, credits_billed, job_id, error
-             FROM tasks WHERE run_id = ? AND (? IS NULL OR status = ?) ORDER BY id",
+            "SELECT t.id, t.item, t.step, t.idx, t.status, t.planned_credits, t.credits_billed,
+                    t.job_id, t.error, t.identity, t.reused_from,
+                    a.id AS a_id, a.outcome AS a_outcome, a.job_id AS a_job
+             FROM tasks t
+             LEFT JOIN attempts a ON a.id = (SELECT MAX(id) FROM attempts WHERE task_id = t.id)
+             WHERE t.run_id = ? AND t.removed_at IS NULL AND (? IS NULL OR t.status = ?)
+             ORDER BY t.id",
         )
         .bind(run_id)
         .bind(status.map(TaskStatus::as_str))
@@ -221,6 +246,16 @@ impl Store {
                     credits_billed: to_u64(r.try_get("credits_billed")?),
                     job_id: r.try_get("job_id")?,
                     error: r.try_get("error")?,
+                    last_attempt: match r.try_get::<Option<i64>, _>("a_id")? {
+                        Some(id) => Some(LastAttempt {
+                            id,
+                            outcome: r.try_get("a_outcome")?,
+                            job_id: r.try_get("a_job")?,
+                        }),
+                        None => None,
+                    },
+                    identity: r.try_get("identity")?,
+                    reused_from: r.try_get("reused_from")?,
                 })
             })
             .collect()
@@ -496,7 +531,7 @@ impl Store {
                     COALESCE(SUM(status = 'blocked'), 0) AS blocked,
                     COALESCE(SUM(status IN ('pending', 'running')), 0) AS pending,
                     COALESCE(SUM(planned_credits), 0) AS planned
-             FROM tasks WHERE run_id = ?",
+             FROM tasks WHERE run_id = ? AND removed_at IS NULL",
         )
         .bind(run_id)
         .fetch_one(self.pool())

@@ -82,6 +82,7 @@ pub fn check(
         generation_price: spec.pricing.as_ref().map(|p| p.generation),
         concurrency: spec.concurrency.and_then(NonZeroU32::new),
         rate_limit: spec.rate_limit.as_deref().and_then(|r| r.parse().ok()),
+        reuse: spec.reuse.unwrap_or(false),
         items,
         steps,
     };

@@ -1,0 +1,71 @@
+//! A task's identity: what it asks the service for, and the bytes of the images it reads.
+//!
+//! Two tasks with the same identity are the same work, whichever run or pipeline file they
+//! came from; that is what lets a changed pipeline keep its unchanged results and a new run
+//! reuse an old one's. Input images count by their sha256, never their URL, which changes on
+//! every refresh. An image given by URL in the pipeline file counts by its URL: imgpipe never
+//! fetches such images itself.
+
+use sha2::{Digest, Sha256};
+
+use crate::api::types::{GenerationRequest, ToolRequest};
+use crate::exec::graph::{Graph, Source, Work};
+
+/// Bumped whenever the hashed form changes, so old identities stop matching rather than
+/// matching wrongly.
+const VERSION: &str = "imgpipe-task-identity/1";
+
+/// The identity of task `t`, or `None` while an input image's bytes are unknown.
+/// `input(task, k)` is the sha256 of output `k` of `task`, when it is known.
+pub fn identity(
+    graph: &Graph,
+    t: usize,
+    input: impl Fn(usize, u32) -> Option<String>,
+) -> Option<String> {
+    let task = &graph.tasks[t];
+    let mut inputs = Vec::new();
+    for source in task.sources() {
+        inputs.push(match source {
+            Source::Output { task, k } => format!("sha256:{}", input(*task, *k)?),
+            Source::Url(u) => format!("url:{u}"),
+        });
+    }
+    let request = request_body(&task.work);
+    let canonical = serde_json::json!({
+        "version": VERSION,
+        "request": request,
+        "inputs": inputs,
+    });
+    Some(hex::encode(Sha256::digest(
+        canonical.to_string().as_bytes(),
+    )))
+}
+
+/// The request as it goes on the wire, with each input URL replaced by its position.
+fn request_body(work: &Work) -> serde_json::Value {
+    match work {
+        Work::Generate {
+            prompt,
+            n,
+            size,
+            references,
+        } => {
+            let mut req = GenerationRequest::new(prompt.clone());
+            req.n = *n;
+            req.size = *size;
+            req.image_urls = (0..references.len())
+                .map(|i| format!("input:{i}"))
+                .collect();
+            serde_json::json!({ "endpoint": "generations", "body": req.to_body() })
+        }
+        Work::Tool {
+            preserve_alpha,
+            params,
+            ..
+        } => {
+            let mut req = ToolRequest::new("input:0", params.clone());
+            req.preserve_alpha = *preserve_alpha;
+            serde_json::json!({ "endpoint": req.tool().as_str(), "body": req.to_body() })
+        }
+    }
+}

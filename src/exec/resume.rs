@@ -1,0 +1,577 @@
+//! Resuming a run: what is still to pay for and why, what is kept, and what only needs its
+//! file fetched again (never a new paid call).
+//!
+//! [`review`] only reads, so `resume --dry-run` can show it; [`apply`] then makes the record
+//! and the output directory agree with it before the scheduler starts.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use crate::api::Client;
+use crate::api::download::{copy_checked, file_sha256};
+use crate::api::types::STATUS_SUCCEEDED;
+use crate::exec::OnAmbiguous;
+use crate::exec::graph::Graph;
+use crate::exec::identity::identity;
+use crate::store::{
+    AttemptOutcome, NewTask, OutputRow, Reusable, SetAside, Settled, Store, StoreError, TaskRow,
+    TaskStatus,
+};
+
+/// Where outputs that a task no longer has are moved to, under the run's directory. Item ids
+/// start with a letter or digit, so this is never an item's directory.
+pub const SUPERSEDED_DIR: &str = "_superseded";
+
+/// Why a task will be paid for (again).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// Its last call failed.
+    Failed,
+    /// `--allow-changes`: the pipeline now asks something else of it, or it is new.
+    Changed,
+    /// Its last call was sent without a complete answer: it may have been billed already.
+    Ambiguous,
+    /// No call of it was ever answered.
+    NeverStarted,
+    /// An input failed, so it never ran.
+    Blocked,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Failed => "failed",
+            Reason::Changed => "changed",
+            Reason::Ambiguous => "ambiguous",
+            Reason::NeverStarted => "never started",
+            Reason::Blocked => "blocked",
+        }
+    }
+}
+
+/// A task the resumed run will call.
+#[derive(Clone, Debug)]
+pub struct Redo {
+    pub task: usize,
+    pub reason: Reason,
+    pub credits: u64,
+    /// The recorded error, when there is one.
+    pub detail: Option<String>,
+}
+
+/// An output of a kept task whose file is to be fetched again from its job.
+#[derive(Clone, Debug)]
+pub struct Refetch {
+    pub output: OutputRow,
+    /// The file's actual sha256 when it is there but differs from the record.
+    pub modified: Option<String>,
+}
+
+/// The answer of a lost call whose job is known: read it back, free, before paying again.
+#[derive(Clone, Debug)]
+pub struct Recover {
+    pub task: usize,
+    pub attempt_id: i64,
+    pub job_id: String,
+}
+
+#[derive(Default)]
+pub struct Review {
+    pub redo: Vec<Redo>,
+    /// Ambiguous tasks left failed, per `--on-ambiguous fail`.
+    pub left_failed: Vec<Redo>,
+    pub recover: Vec<Recover>,
+    pub refetch: Vec<Refetch>,
+    /// Tasks taken from an earlier run's succeeded task of the same identity (`--reuse`).
+    pub reuse: Vec<(usize, String, Reusable)>,
+    /// Recorded tasks the (changed) pipeline no longer has.
+    pub removed: Vec<TaskRow>,
+    /// Whether the pipeline changed since the tasks were recorded (`--allow-changes`).
+    pub changes: bool,
+    /// Tasks kept as they are (succeeded), by row id.
+    pub kept: std::collections::HashSet<i64>,
+}
+
+impl Review {
+    pub fn credits(&self) -> u64 {
+        self.redo.iter().map(|r| r.credits).sum()
+    }
+
+    pub fn saved_by_reuse(&self, graph: &Graph) -> u64 {
+        self.reuse
+            .iter()
+            .map(|(t, ..)| graph.tasks[*t].planned)
+            .sum()
+    }
+}
+
+/// What the run would do now. `previous` is the graph the run's tasks were recorded from, when
+/// the pipeline changed since (`--allow-changes`); `reuse` looks for earlier runs' results.
+pub async fn review(
+    store: &Store,
+    run_id: &str,
+    graph: &Graph,
+    previous: Option<&Graph>,
+    on_ambiguous: OnAmbiguous,
+    reuse: bool,
+) -> Result<Review, StoreError> {
+    let rows = store.tasks(run_id).await?;
+    let hashes = store.output_hashes(run_id).await?;
+    let by_key: HashMap<(String, String, u32), usize> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| ((r.item.clone(), r.step.clone(), r.idx), i))
+        .collect();
+    let recorded = previous.map(|old| identities_of(old, &rows, &by_key, &hashes));
+    let mut review = Review {
+        changes: previous.is_some(),
+        ..Review::default()
+    };
+    // The sha256 of each output known to be final by now, by (task, k).
+    let mut known: HashMap<(usize, u32), String> = HashMap::new();
+    let mut seen = vec![false; rows.len()];
+    for t in 0..graph.tasks.len() {
+        let key = graph.key(t);
+        let row = by_key.get(&key).map(|&i| {
+            seen[i] = true;
+            &rows[i]
+        });
+        let mine = identity(graph, t, |u, k| known.get(&(u, k)).cloned());
+        let keep = match (row, &recorded) {
+            (Some(r), None) => r.status == TaskStatus::Succeeded,
+            (Some(r), Some(ids)) => {
+                r.status == TaskStatus::Succeeded
+                    && mine.is_some()
+                    && ids.get(&r.id).cloned().flatten() == mine
+            }
+            (None, _) => false,
+        };
+        if keep {
+            let r = row.expect("kept tasks are recorded");
+            review.kept.insert(r.id);
+            for k in 0..graph.tasks[t].outputs() {
+                if let Some(sha) = hashes.get(&(r.id, k)) {
+                    known.insert((t, k), sha.clone());
+                }
+            }
+            continue;
+        }
+        if reuse
+            && let Some(id) = &mine
+            && let Some(found) = store.reusable(id, run_id).await?
+        {
+            for o in &found.outputs {
+                if let Some(sha) = &o.sha256 {
+                    known.insert((t, o.k), sha.clone());
+                }
+            }
+            review.reuse.push((t, id.clone(), found));
+            continue;
+        }
+        let credits = graph.tasks[t].planned;
+        let Some(r) = row else {
+            review.redo.push(Redo {
+                task: t,
+                reason: Reason::Changed,
+                credits,
+                detail: None,
+            });
+            continue;
+        };
+        let detail = r.error.clone();
+        let last = r.last_attempt.as_ref();
+        let reason = if recorded.is_some() && r.status == TaskStatus::Succeeded {
+            Reason::Changed
+        } else if last.is_some_and(|a| a.possibly_billed()) {
+            if let Some(a) = last
+                && let Some(job) = &a.job_id
+            {
+                review.recover.push(Recover {
+                    task: t,
+                    attempt_id: a.id,
+                    job_id: job.clone(),
+                });
+            }
+            Reason::Ambiguous
+        } else {
+            match r.status {
+                TaskStatus::Failed => Reason::Failed,
+                TaskStatus::Blocked => Reason::Blocked,
+                _ => Reason::NeverStarted,
+            }
+        };
+        let redo = Redo {
+            task: t,
+            reason,
+            credits,
+            detail,
+        };
+        if reason == Reason::Ambiguous && on_ambiguous == OnAmbiguous::Fail {
+            review.left_failed.push(redo);
+        } else {
+            review.redo.push(redo);
+        }
+    }
+    review.removed = rows
+        .iter()
+        .zip(&seen)
+        .filter(|(_, s)| !**s)
+        .map(|(r, _)| r.clone())
+        .collect();
+    // Tasks below one left failed are blocked, not paid for.
+    let mut blocked = vec![false; graph.tasks.len()];
+    for f in &review.left_failed {
+        for d in graph.descendants(f.task) {
+            blocked[d] = true;
+        }
+    }
+    review.redo.retain(|r| !blocked[r.task]);
+    review.refetch = check_files(store, run_id, &review.kept).await?;
+    Ok(review)
+}
+
+/// The identity of each recorded task, as recorded or as computed from `graph` (the one the
+/// tasks were made from) and the bytes of their inputs.
+fn identities_of(
+    graph: &Graph,
+    rows: &[TaskRow],
+    by_key: &HashMap<(String, String, u32), usize>,
+    hashes: &HashMap<(i64, u32), String>,
+) -> HashMap<i64, Option<String>> {
+    let row_id: Vec<Option<i64>> = (0..graph.tasks.len())
+        .map(|t| by_key.get(&graph.key(t)).map(|&i| rows[i].id))
+        .collect();
+    let mut out = HashMap::new();
+    for t in 0..graph.tasks.len() {
+        let Some(i) = by_key.get(&graph.key(t)) else {
+            continue;
+        };
+        let r = &rows[*i];
+        let id = r.identity.clone().or_else(|| {
+            identity(graph, t, |u, k| {
+                row_id[u].and_then(|id| hashes.get(&(id, k)).cloned())
+            })
+        });
+        out.insert(r.id, id);
+    }
+    out
+}
+
+/// The outputs of kept tasks whose file is missing or differs from the record.
+async fn check_files(
+    store: &Store,
+    run_id: &str,
+    kept: &std::collections::HashSet<i64>,
+) -> Result<Vec<Refetch>, StoreError> {
+    let mut candidates = Vec::new();
+    store
+        .each_output(run_id, false, |o| {
+            if kept.contains(&o.task_id)
+                && let (Some(path), Some(sha)) = (&o.path, &o.sha256)
+            {
+                candidates.push((o.clone(), PathBuf::from(path), sha.clone()));
+            }
+            Ok(())
+        })
+        .await?;
+    let checked = tokio::task::spawn_blocking(move || {
+        candidates
+            .into_iter()
+            .filter_map(|(o, path, sha)| match file_sha256(&path) {
+                Ok(actual) if actual == sha => None,
+                Ok(actual) => Some(Refetch {
+                    output: o,
+                    modified: Some(actual),
+                }),
+                Err(_) => Some(Refetch {
+                    output: o,
+                    modified: None,
+                }),
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .map_err(|e| StoreError::Query(sqlx::Error::Protocol(e.to_string())))?;
+    Ok(checked)
+}
+
+/// What [`apply`] did.
+#[derive(Debug, Default)]
+pub struct Applied {
+    pub recovered: usize,
+    pub reused: usize,
+    pub refetch: usize,
+    pub set_aside: usize,
+}
+
+/// Makes the record and the output directory agree with `review`: lost answers read back by
+/// job id, outputs of tasks to redo (and modified files) moved under [`SUPERSEDED_DIR`],
+/// changed tasks reset, reused results copied in. Nothing here is a paid call.
+pub async fn apply(
+    store: &Store,
+    client: &Client,
+    run_id: &str,
+    run_dir: &Path,
+    graph: &Graph,
+    review: &Review,
+    describe: impl Fn(usize) -> NewTask,
+) -> Result<Applied, StoreError> {
+    let mut applied = Applied::default();
+    store.settle_orphaned_attempts(run_id).await?;
+    remove_part_files(run_dir);
+    let mut rows: HashMap<(String, String, u32), i64> = store
+        .tasks(run_id)
+        .await?
+        .into_iter()
+        .map(|r| ((r.item, r.step, r.idx), r.id))
+        .collect();
+    // Tasks the pipeline gained under --allow-changes.
+    let new: Vec<NewTask> = review
+        .redo
+        .iter()
+        .filter(|r| !rows.contains_key(&graph.key(r.task)))
+        .map(|r| describe(r.task))
+        .collect();
+    if !new.is_empty() {
+        store.insert_tasks(run_id, &new).await?;
+        rows = store
+            .tasks(run_id)
+            .await?
+            .into_iter()
+            .map(|r| ((r.item, r.step, r.idx), r.id))
+            .collect();
+    }
+    let row = |t: usize| rows.get(&graph.key(t)).copied().unwrap_or(0);
+    let mut recovered = std::collections::HashSet::new();
+    for r in &review.recover {
+        if recover(store, client, run_id, graph, r, row(r.task)).await? {
+            recovered.insert(row(r.task));
+        }
+    }
+    applied.recovered = recovered.len();
+    // Outputs of tasks that run again, or that the pipeline dropped, make way for new ones.
+    let leaving: std::collections::HashSet<i64> = review
+        .redo
+        .iter()
+        .map(|r| row(r.task))
+        .filter(|id| !recovered.contains(id))
+        .chain(review.removed.iter().map(|r| r.id))
+        .collect();
+    let mut old = Vec::new();
+    store
+        .each_output(run_id, false, |o| {
+            if leaving.contains(&o.task_id) {
+                old.push(o);
+            }
+            Ok(())
+        })
+        .await?;
+    let moved: Vec<(i64, Option<String>)> = old
+        .iter()
+        .map(|o| (o.id, move_aside(run_dir, o, None)))
+        .collect();
+    let aside: Vec<SetAside> = moved
+        .iter()
+        .map(|(id, to)| SetAside {
+            output_id: *id,
+            moved_to: to.as_deref(),
+            sha256: None,
+            reason: "the task runs again",
+            refetch: false,
+        })
+        .collect();
+    store.set_aside(run_id, &aside).await?;
+    applied.set_aside = aside.len();
+    refetch(store, run_id, run_dir, &review.refetch).await?;
+    applied.refetch = review.refetch.len();
+    // Under a changed pipeline every task to do is done as the pipeline now says.
+    for r in review
+        .redo
+        .iter()
+        .filter(|r| review.changes || r.reason == Reason::Changed)
+    {
+        store.reset_task(row(r.task), &describe(r.task)).await?;
+    }
+    let removed: Vec<i64> = review.removed.iter().map(|r| r.id).collect();
+    store.remove_tasks(&removed).await?;
+    for f in &review.left_failed {
+        let why = format!(
+            "a call was sent without a complete answer and may have been billed; not called again (--on-ambiguous fail){}",
+            f.detail
+                .as_deref()
+                .map(|d| format!(": {d}"))
+                .unwrap_or_default()
+        );
+        store
+            .set_task_status(&[row(f.task)], TaskStatus::Failed, Some(&why))
+            .await?;
+        let below: Vec<i64> = graph.descendants(f.task).into_iter().map(row).collect();
+        let name = format!("{}/{}", graph.key(f.task).0, graph.key(f.task).1);
+        store
+            .set_task_status(
+                &below,
+                TaskStatus::Blocked,
+                Some(&format!("its input {name} failed")),
+            )
+            .await?;
+    }
+    for (t, id, found) in &review.reuse {
+        let paths = copy_reused(run_dir, graph, *t, found);
+        store.reuse(run_id, row(*t), id, found, &paths).await?;
+        applied.reused += 1;
+    }
+    Ok(applied)
+}
+
+/// Reads back a lost call's job; records it as the attempt's answer when it succeeded.
+async fn recover(
+    store: &Store,
+    client: &Client,
+    run_id: &str,
+    graph: &Graph,
+    r: &Recover,
+    task_id: i64,
+) -> Result<bool, StoreError> {
+    let job = match client.job(&r.job_id).await {
+        Ok(job) => job,
+        Err(e) => {
+            tracing::warn!(job = %r.job_id, "cannot read back a lost answer: {}", client.redact(&e.to_string()));
+            return Ok(false);
+        }
+    };
+    let urls = job.image_urls();
+    let expected = graph.tasks[r.task].outputs() as usize;
+    if job.status() != Some(STATUS_SUCCEEDED) || urls.len() < expected {
+        return Ok(false);
+    }
+    let note = format!(
+        "the answer was lost; recovered on resume from GET /v1/jobs/{}",
+        r.job_id
+    );
+    store
+        .finish_attempt(
+            run_id,
+            task_id,
+            r.attempt_id,
+            &AttemptOutcome::Succeeded(Settled {
+                job_id: &r.job_id,
+                credits_used: job.credits_used().unwrap_or(graph.tasks[r.task].planned),
+                credits_remaining: None,
+                urls: &urls,
+                parent_job_id: None,
+                note: Some(&note),
+            }),
+        )
+        .await?;
+    tracing::info!(job = %r.job_id, "recovered a lost answer by its job id; not paid for again");
+    Ok(true)
+}
+
+/// Moves modified files aside and marks every listed output for download again.
+async fn refetch(
+    store: &Store,
+    run_id: &str,
+    run_dir: &Path,
+    list: &[Refetch],
+) -> Result<(), StoreError> {
+    let moved: Vec<Option<String>> = list
+        .iter()
+        .map(|r| {
+            r.modified
+                .as_ref()
+                .and_then(|_| move_aside(run_dir, &r.output, Some("modified")))
+        })
+        .collect();
+    let aside: Vec<SetAside> = list
+        .iter()
+        .zip(&moved)
+        .map(|(r, to)| {
+            let reason = if r.modified.is_some() {
+                "the file on disk differed from the one downloaded; fetched again"
+            } else {
+                "the file was missing; fetched again"
+            };
+            if r.modified.is_some() {
+                tracing::warn!(
+                    "{} was modified since it was downloaded; moved aside and fetched again",
+                    r.output.path.as_deref().unwrap_or("?")
+                );
+            }
+            SetAside {
+                output_id: r.output.id,
+                moved_to: to.as_deref(),
+                sha256: r.modified.as_deref(),
+                reason,
+                refetch: true,
+            }
+        })
+        .collect();
+    store.set_aside(run_id, &aside).await
+}
+
+/// Moves an output's file to `<run>/_superseded/<item>/<name>.o<output id>[.<tag>].<ext>`;
+/// returns its new path, or `None` when there was no file to move.
+fn move_aside(run_dir: &Path, o: &OutputRow, tag: Option<&str>) -> Option<String> {
+    let from = PathBuf::from(o.path.as_ref()?);
+    let dir = run_dir.join(SUPERSEDED_DIR).join(&o.item);
+    let stem = from.file_stem()?.to_string_lossy().into_owned();
+    let ext = from
+        .extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default();
+    let tag = tag.map(|t| format!(".{t}")).unwrap_or_default();
+    let to = dir.join(format!("{stem}.o{}{tag}{ext}", o.id));
+    let moved = std::fs::create_dir_all(&dir).and_then(|()| std::fs::rename(&from, &to));
+    match moved {
+        Ok(()) => Some(to.to_string_lossy().into_owned()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            tracing::warn!("cannot move {} aside: {e}", from.display());
+            None
+        }
+    }
+}
+
+/// Copies a reused task's files into this run; `None` for each one to fetch from its job
+/// instead (gone, or changed since).
+fn copy_reused(run_dir: &Path, graph: &Graph, t: usize, found: &Reusable) -> Vec<Option<String>> {
+    let dir = run_dir.join(graph.item_dir(graph.tasks[t].instance));
+    found
+        .outputs
+        .iter()
+        .map(|o| {
+            let from = PathBuf::from(o.path.as_ref()?);
+            let ext = from
+                .extension()
+                .map(|e| format!(".{}", e.to_string_lossy()))
+                .unwrap_or_default();
+            let to = dir.join(format!("{}{ext}", graph.file_stem(t, o.k)));
+            let sha = o.sha256.as_ref()?;
+            if file_sha256(&from).ok().as_ref() != Some(sha) {
+                return None;
+            }
+            std::fs::create_dir_all(&dir).ok()?;
+            let done = copy_checked(&from, &to, sha).ok()?;
+            Some(done.to_string_lossy().into_owned())
+        })
+        .collect()
+}
+
+/// Removes the temporary files of downloads a killed process left behind (`.<stem>.<hex>.part`).
+fn remove_part_files(run_dir: &Path) {
+    let Ok(items) = std::fs::read_dir(run_dir) else {
+        return;
+    };
+    for dir in items.flatten().filter(|d| d.path().is_dir()) {
+        let Ok(files) = std::fs::read_dir(dir.path()) else {
+            continue;
+        };
+        for f in files.flatten() {
+            let name = f.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') && name.ends_with(".part") {
+                let _ = std::fs::remove_file(f.path());
+            }
+        }
+    }
+}
