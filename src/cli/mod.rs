@@ -15,6 +15,7 @@ mod preflight;
 mod progress;
 mod resume;
 mod run;
+mod runs;
 mod sandbox;
 mod schema;
 mod summary;
@@ -106,6 +107,11 @@ pub enum Command {
     Run(run::RunArgs),
     /// Resume an interrupted run without paying twice; --dry-run lists what it would pay for
     Resume(resume::ResumeArgs),
+    /// List the runs in the state database
+    Runs(runs::RunsArgs),
+    /// Show one run: per-step counts, failures and their reasons, possibly billed attempts,
+    /// where the outputs are
+    Status(runs::StatusArgs),
 }
 
 /// Runs a parsed command line and returns the process exit code.
@@ -140,6 +146,8 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
         // The executor handles SIGINT/SIGTERM itself: it records what is in flight first.
         Command::Run(args) => return run::run(args, &global).await,
         Command::Resume(args) => return resume::run(args, &global).await,
+        Command::Runs(args) => return runs::runs(args, &global).await,
+        Command::Status(args) => return runs::status(args, &global).await,
         _ => {}
     }
     let work = async {
@@ -158,7 +166,9 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
             | Command::Plan(_)
             | Command::Schema
             | Command::Run(_)
-            | Command::Resume(_) => Ok(()),
+            | Command::Resume(_)
+            | Command::Runs(_)
+            | Command::Status(_) => Ok(()),
         }
     };
     tokio::select! {

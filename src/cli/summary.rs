@@ -16,11 +16,11 @@ use crate::store::{RunStatus, Store, TaskStatus, Totals};
 const SHOWN_FAILURES: usize = 10;
 
 #[derive(Serialize)]
-struct Summary {
+pub struct Summary {
     run_id: String,
     pipeline: String,
     status: &'static str,
-    output_dir: String,
+    pub output_dir: String,
     manifest: String,
     #[serde(flatten)]
     totals: Totals,
@@ -32,7 +32,7 @@ struct Summary {
 }
 
 #[derive(Serialize)]
-struct Failure {
+pub struct Failure {
     task: String,
     reason: String,
 }
@@ -108,6 +108,19 @@ pub async fn print_finished(store: &Store, run_id: &str, global: &GlobalArgs) ->
 }
 
 async fn print_summary(store: &Store, run_id: &str, global: &GlobalArgs) -> Result<(), Error> {
+    let summary = summary_of(store, run_id).await?;
+    if global.json {
+        let text = serde_json::to_string_pretty(&summary)
+            .map_err(|e| Error::Other(anyhow::anyhow!("cannot print the summary: {e}")))?;
+        println!("{text}");
+    } else {
+        print!("{}", render(&summary));
+    }
+    Ok(())
+}
+
+/// A run's summary, from the record alone.
+pub async fn summary_of(store: &Store, run_id: &str) -> Result<Summary, Error> {
     let run = store
         .run(run_id)
         .await?
@@ -144,17 +157,10 @@ async fn print_summary(store: &Store, run_id: &str, global: &GlobalArgs) -> Resu
         failures,
         stopped: run.stop_reason,
     };
-    if global.json {
-        let text = serde_json::to_string_pretty(&summary)
-            .map_err(|e| Error::Other(anyhow::anyhow!("cannot print the summary: {e}")))?;
-        println!("{text}");
-    } else {
-        print!("{}", render(&summary));
-    }
-    Ok(())
+    Ok(summary)
 }
 
-fn render(s: &Summary) -> String {
+pub fn render(s: &Summary) -> String {
     let t = &s.totals;
     let mut out = format!("run {}: {}\n", s.run_id, s.status);
     out += &format!(

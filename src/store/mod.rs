@@ -21,7 +21,7 @@ use sqlx::migrate::MigrateError;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 pub use resume::{Reusable, ReusableOutput, SetAside};
-pub use runs::{NewRun, RunRow, RunStatus};
+pub use runs::{AmbiguousAttempt, NewRun, RunRow, RunStatus, StepCounts};
 pub use tasks::{
     AttemptOutcome, LastAttempt, NewTask, OutputRow, Settled, TaskRow, TaskStatus, Totals,
     UrlIssued,

@@ -195,3 +195,104 @@ fn run_row(row: &sqlx::sqlite::SqliteRow) -> Result<RunRow, StoreError> {
         finished_at: row.try_get("finished_at")?,
     })
 }
+
+/// One step's tasks of a run, by status.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct StepCounts {
+    pub step: String,
+    pub tasks: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub blocked: u64,
+    pub pending: u64,
+    pub planned_credits: u64,
+    pub billed_credits: u64,
+}
+
+/// An attempt sent without a complete answer: it may have been billed.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct AmbiguousAttempt {
+    pub task: String,
+    pub endpoint: String,
+    pub started_at: i64,
+    pub job_id: Option<String>,
+    pub error: Option<String>,
+}
+
+impl Store {
+    /// The run's tasks counted per step, in the order the steps first appear.
+    pub async fn step_counts(&self, run_id: &str) -> Result<Vec<StepCounts>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT step, COUNT(*) AS tasks,
+                    SUM(status = 'succeeded') AS succeeded, SUM(status = 'failed') AS failed,
+                    SUM(status = 'blocked') AS blocked,
+                    SUM(status IN ('pending', 'running')) AS pending,
+                    SUM(planned_credits) AS planned, SUM(credits_billed) AS billed
+             FROM tasks WHERE run_id = ? AND removed_at IS NULL
+             GROUP BY step ORDER BY MIN(id)",
+        )
+        .bind(run_id)
+        .fetch_all(self.pool())
+        .await?;
+        let n = |r: &sqlx::sqlite::SqliteRow, c: &str| -> Result<u64, StoreError> {
+            Ok(r.try_get::<Option<i64>, _>(c)?.unwrap_or(0).max(0) as u64)
+        };
+        rows.iter()
+            .map(|r| {
+                Ok(StepCounts {
+                    step: r.try_get("step")?,
+                    tasks: n(r, "tasks")?,
+                    succeeded: n(r, "succeeded")?,
+                    failed: n(r, "failed")?,
+                    blocked: n(r, "blocked")?,
+                    pending: n(r, "pending")?,
+                    planned_credits: n(r, "planned")?,
+                    billed_credits: n(r, "billed")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Every attempt of the run that may have been billed without a result.
+    pub async fn ambiguous_attempts(
+        &self,
+        run_id: &str,
+    ) -> Result<Vec<AmbiguousAttempt>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT t.item, t.step, t.idx, a.endpoint, a.started_at, a.job_id, a.error
+             FROM attempts a JOIN tasks t ON t.id = a.task_id
+             WHERE a.run_id = ? AND (a.outcome IS NULL OR a.outcome = 'ambiguous')
+             ORDER BY a.id",
+        )
+        .bind(run_id)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(AmbiguousAttempt {
+                    task: format!(
+                        "{}/{}[{}]",
+                        r.try_get::<String, _>("item")?,
+                        r.try_get::<String, _>("step")?,
+                        r.try_get::<i64, _>("idx")?
+                    ),
+                    endpoint: r.try_get("endpoint")?,
+                    started_at: r.try_get("started_at")?,
+                    job_id: r.try_get("job_id")?,
+                    error: r.try_get("error")?,
+                })
+            })
+            .collect()
+    }
+
+    /// How many outputs of the run were moved aside, and into which directory they went.
+    pub async fn superseded_count(&self, run_id: &str) -> Result<u64, StoreError> {
+        let (n,): (i64,) = sqlx::query_as(
+            "SELECT COUNT(*) FROM superseded_outputs WHERE run_id = ? AND path IS NOT NULL",
+        )
+        .bind(run_id)
+        .fetch_one(self.pool())
+        .await?;
+        Ok(n.max(0) as u64)
+    }
+}
