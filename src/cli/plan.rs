@@ -26,6 +26,12 @@ pub struct PlanArgs {
     /// Most credits the run may spend; the smaller of this and budget.max_credits applies
     #[arg(long, value_name = "CREDITS")]
     pub max_credits: Option<u64>,
+    /// Show what earlier runs' results would save (also `reuse: true` in the pipeline file)
+    #[arg(long)]
+    pub reuse: bool,
+    /// The state database that --reuse looks in [default: $XDG_STATE_HOME/imgpipe/state.db]
+    #[arg(long, env = "IMGPIPE_STATE", value_name = "PATH")]
+    pub state: Option<PathBuf>,
 }
 
 pub async fn run(args: &PlanArgs, global: &GlobalArgs) -> Result<(), Error> {
@@ -39,13 +45,18 @@ pub async fn run(args: &PlanArgs, global: &GlobalArgs) -> Result<(), Error> {
         let conn = Connection::open(global).await.map_err(offline_hint)?;
         ask_service(&conn, &pipeline, global).await?
     };
-    let doc = document(&pipeline, generation, balance, args.max_credits);
+    let mut doc = document(&pipeline, generation, balance, args.max_credits);
+    if args.reuse || pipeline.reuse {
+        doc.reuse =
+            crate::cli::run::reuse_estimate(args.state.as_ref(), global.sandbox, &pipeline, &doc)
+                .await?;
+    }
     print(&doc, global)?;
     if let Some(path) = &args.save {
         doc.save(path).map_err(|e| Error::usage(e, None))?;
         tracing::info!("plan saved to {}", path.display());
     }
-    refusal(&doc)
+    crate::cli::run::refusal_after_reuse(&doc)
 }
 
 fn offline_hint(e: Error) -> Error {

@@ -15,7 +15,7 @@ use crate::cli::{plan, preflight, resume, summary, validate};
 use crate::error::Error;
 use crate::exec::{self, Graph, OnAmbiguous};
 use crate::pipeline::{self, Pipeline};
-use crate::plan::document::PlanDocument;
+use crate::plan::document::{PlanDocument, ReuseEstimate};
 use crate::store::{self, Store};
 
 /// When neither flag, pipeline nor account says how many calls may be in flight.
@@ -170,13 +170,13 @@ async fn fresh(
     } else {
         None
     };
-    let saved = review.as_ref().map_or(0, |r| r.saved_by_reuse(&graph));
+    let mut doc = doc;
+    if let Some(r) = &review {
+        doc.reuse = Some(estimate(&doc, r, &graph));
+    }
     if args.dry_run {
         plan::print(&doc, global)?;
-        if let Some(r) = &review {
-            print_reuse(r.reuse.len(), saved, global);
-        }
-        return refusal_after_reuse(&doc, saved);
+        return refusal_after_reuse(&doc);
     }
     let _lock = lock(store, &pipeline.name, &run_id, args.opts.wait).await?;
     // Another process may have started this id while we waited for the lock.
@@ -184,12 +184,9 @@ async fn fresh(
         return resume::existing(store, row, pipeline.clone(), &args.opts, false, global).await;
     }
     let discover = preflight::needs_discovery(&doc, args.discover_price)?;
-    if !discover && refusal_after_reuse(&doc, saved).is_err() {
+    if !discover && refusal_after_reuse(&doc).is_err() {
         plan::print(&doc, global)?;
-        if saved > 0 {
-            print_reuse(review.as_ref().map_or(0, |r| r.reuse.len()), saved, global);
-        }
-        return refusal_after_reuse(&doc, saved);
+        return refusal_after_reuse(&doc);
     }
     let out_dir = args
         .out
@@ -209,8 +206,9 @@ async fn fresh(
         .await?;
         if applied.reused > 0 {
             tracing::info!(
-                "{} task(s) reused from earlier runs, saving {saved} credits",
-                applied.reused
+                "{} task(s) reused from earlier runs, saving {} credits",
+                applied.reused,
+                review.saved_by_reuse(&graph)
             );
         }
     }
@@ -236,7 +234,8 @@ pub fn build_graph(pipeline: &Pipeline, price: u64) -> Result<Arc<Graph>, Error>
 
 /// The plan's verdict, except that credits saved by reuse count: a run whose reused tasks
 /// bring it within the budget and the balance may start.
-fn refusal_after_reuse(doc: &PlanDocument, saved: u64) -> Result<(), Error> {
+pub fn refusal_after_reuse(doc: &PlanDocument) -> Result<(), Error> {
+    let saved = doc.reuse.as_ref().map_or(0, |r| r.credits_saved);
     if doc.verdict.fits || saved == 0 {
         return plan::refusal(doc);
     }
@@ -250,16 +249,40 @@ fn refusal_after_reuse(doc: &PlanDocument, saved: u64) -> Result<(), Error> {
     }
 }
 
-fn print_reuse(tasks: usize, credits: u64, global: &GlobalArgs) {
-    if global.json {
-        return;
+pub fn estimate(doc: &PlanDocument, review: &exec::resume::Review, graph: &Graph) -> ReuseEstimate {
+    let saved = review.saved_by_reuse(graph);
+    ReuseEstimate {
+        tasks: review.reuse.len(),
+        credits_saved: saved,
+        credits_to_pay: doc.costs.total_credits.map(|t| t.saturating_sub(saved)),
     }
-    println!("reuse: {tasks} task(s) from earlier runs, saving {credits} credits");
 }
 
-/// The state database. Runs on the embedded sandbox get their own by default: its jobs vanish
-/// with it, so they must never mix with, or be reused by, runs against the real service.
-pub async fn open_store(flag: Option<&PathBuf>, sandbox: bool) -> Result<Store, Error> {
+/// `plan --reuse`: what the earlier runs in the state database would save, without creating
+/// the database when there is none.
+pub async fn reuse_estimate(
+    state: Option<&PathBuf>,
+    sandbox: bool,
+    pipeline: &Pipeline,
+    doc: &PlanDocument,
+) -> Result<Option<ReuseEstimate>, Error> {
+    let path = state_path(state, sandbox);
+    if !path.as_ref().is_some_and(|p| p.exists()) {
+        return Ok(Some(ReuseEstimate {
+            tasks: 0,
+            credits_saved: 0,
+            credits_to_pay: doc.costs.total_credits,
+        }));
+    }
+    let store = open_store(path.as_ref(), sandbox).await?;
+    let graph = build_graph(pipeline, doc.prices.generation.credits.unwrap_or(0))?;
+    // A run id no run has: every task looks new, and any earlier run may supply it.
+    let review = exec::resume::review(&store, "", &graph, None, OnAmbiguous::Retry, true).await;
+    store.close().await;
+    Ok(Some(estimate(doc, &review?, &graph)))
+}
+
+fn state_path(flag: Option<&PathBuf>, sandbox: bool) -> Option<PathBuf> {
     let default = || {
         store::default_path().map(|p| {
             if sandbox {
@@ -269,7 +292,13 @@ pub async fn open_store(flag: Option<&PathBuf>, sandbox: bool) -> Result<Store, 
             }
         })
     };
-    let path = flag.cloned().or_else(default).ok_or_else(|| {
+    flag.cloned().or_else(default)
+}
+
+/// The state database. Runs on the embedded sandbox get their own by default: its jobs vanish
+/// with it, so they must never mix with, or be reused by, runs against the real service.
+pub async fn open_store(flag: Option<&PathBuf>, sandbox: bool) -> Result<Store, Error> {
+    let path = state_path(flag, sandbox).ok_or_else(|| {
         Error::usage(
             "no place for the state database: HOME and XDG_STATE_HOME are unset",
             Some("pass --state PATH or set IMGPIPE_STATE"),

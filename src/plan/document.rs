@@ -30,6 +30,18 @@ pub struct PlanDocument {
     pub budget: Option<Budget>,
     pub balance: Balance,
     pub verdict: Verdict,
+    /// With `--reuse`: what earlier runs' results would save.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reuse: Option<ReuseEstimate>,
+}
+
+/// Tasks whose results an earlier run in the state database already has.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReuseEstimate {
+    pub tasks: usize,
+    pub credits_saved: u64,
+    /// What the run would pay with them reused, when the total is known.
+    pub credits_to_pay: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -106,6 +118,7 @@ impl PlanDocument {
             budget,
             balance,
             verdict,
+            reuse: None,
         }
     }
 

@@ -87,6 +87,17 @@ pub fn text(doc: &PlanDocument) -> String {
     for warning in &doc.verdict.warnings {
         let _ = writeln!(out, "warning: {warning}");
     }
+    if let Some(r) = &doc.reuse {
+        let _ = writeln!(
+            out,
+            "\nreuse: {} task(s) from earlier runs, saving {} credits{}",
+            r.tasks,
+            r.credits_saved,
+            r.credits_to_pay
+                .map(|c| format!("; {c} credits to pay"))
+                .unwrap_or_default()
+        );
+    }
     if doc.verdict.fits {
         let _ = writeln!(out, "\nverdict  fits: the run may start");
     } else {
