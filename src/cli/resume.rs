@@ -96,6 +96,17 @@ pub async fn existing(
         }
         return summary::print_finished(store, &row.id, global).await;
     }
+    if global.sandbox && store.totals(&row.id).await?.succeeded > 0 {
+        return Err(Error::usage(
+            format!(
+                "run {} cannot be resumed on a new embedded sandbox: the jobs and URLs of its finished tasks ended with the sandbox that made them",
+                row.id
+            ),
+            Some(
+                "for runs you mean to interrupt and resume, start `imgpipe sandbox` once and point IMGPIPE_BASE_URL at it; or start again with a new --run-id",
+            ),
+        ));
+    }
     let conn = Connection::open(global).await?;
     let (balance, generation) = plan::ask_service(&conn, &pipeline, global).await?;
     let doc = plan::document(&pipeline, generation, balance, opts.max_credits);
