@@ -178,11 +178,14 @@ async fn fresh(
         plan::print(&doc, global)?;
         return refusal_after_reuse(&doc);
     }
-    let _lock = lock(store, &pipeline.name, &run_id, args.opts.wait).await?;
-    // Another process may have started this id while we waited for the lock.
+    let held = lock(store, &pipeline.name, &run_id, args.opts.wait).await?;
+    // Another process may have started this id while we waited for the lock: resume it
+    // (which takes the lock again itself).
     if let Some(row) = store.run(&run_id).await? {
+        drop(held);
         return resume::existing(store, row, pipeline.clone(), &args.opts, false, global).await;
     }
+    let _lock = held;
     let discover = preflight::needs_discovery(&doc, args.discover_price)?;
     if !discover && refusal_after_reuse(&doc).is_err() {
         plan::print(&doc, global)?;

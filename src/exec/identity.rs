@@ -69,3 +69,55 @@ fn request_body(work: &Work) -> serde_json::Value {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn graph(text: &str) -> Graph {
+        let loaded = crate::pipeline::load_str("p.yaml", std::path::Path::new("."), text);
+        let pipeline = loaded
+            .pipeline
+            .unwrap_or_else(|| panic!("{:?}", loaded.report));
+        Graph::build(&pipeline, 4).unwrap()
+    }
+
+    fn chain(prompt: &str, increase: u8) -> Graph {
+        graph(&format!(
+            r#"
+version: 1
+name: t
+items: [{{ id: a }}]
+steps:
+  - id: shot
+    generate: {{ prompt: "{prompt}" }}
+  - id: big
+    upscale: {{ from: shot, desired_increase: {increase} }}
+"#
+        ))
+    }
+
+    #[test]
+    fn a_task_is_known_by_its_request_and_its_inputs_bytes() {
+        let g = chain("a mug", 2);
+        let sha = |s: &'static str| move |_: usize, _: u32| Some(s.to_owned());
+        let first = identity(&g, 1, sha("aa")).unwrap();
+        // The same request on the same bytes is the same work, whatever the pipeline file.
+        assert_eq!(identity(&chain("a mug", 2), 1, sha("aa")).unwrap(), first);
+        // Other input bytes, or another parameter, is other work.
+        assert_ne!(identity(&g, 1, sha("bb")).unwrap(), first);
+        assert_ne!(identity(&chain("a mug", 4), 1, sha("aa")).unwrap(), first);
+        // A generation reads no image: its prompt alone decides.
+        let gen_id = identity(&g, 0, |_, _| None).unwrap();
+        assert_ne!(
+            identity(&chain("a lamp", 2), 0, |_, _| None).unwrap(),
+            gen_id
+        );
+    }
+
+    #[test]
+    fn an_input_whose_bytes_are_unknown_leaves_the_identity_unknown() {
+        let g = chain("a mug", 2);
+        assert_eq!(identity(&g, 1, |_, _| None), None);
+    }
+}
