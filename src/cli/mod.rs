@@ -144,8 +144,14 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
         Command::Validate(args) => return validate::run(args, &global),
         Command::Schema => return schema::run(),
         // The executor handles SIGINT/SIGTERM itself: it records what is in flight first.
-        Command::Run(args) => return run::run(args, &global).await,
-        Command::Resume(args) => return resume::run(args, &global).await,
+        Command::Run(args) => {
+            listen_for_shutdown();
+            return run::run(args, &global).await;
+        }
+        Command::Resume(args) => {
+            listen_for_shutdown();
+            return resume::run(args, &global).await;
+        }
         Command::Runs(args) => return runs::runs(args, &global).await,
         Command::Status(args) => return runs::status(args, &global).await,
         _ => {}
@@ -183,7 +189,40 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
 }
 
 /// Completes on SIGINT or SIGTERM.
+/// SIGINT or SIGTERM, latched once [`listen_for_shutdown`] has run: a signal that arrives
+/// between two waits is then never lost.
 pub(crate) async fn shutdown_signal() {
+    match SHUTDOWN.get() {
+        Some(latch) => {
+            let mut latch = latch.clone();
+            if latch.wait_for(|got| *got).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => wait_for_signal().await,
+    }
+}
+
+static SHUTDOWN: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>> =
+    std::sync::OnceLock::new();
+
+/// Takes over SIGINT and SIGTERM for the rest of the process; from then on
+/// [`shutdown_signal`] returns as soon as one has arrived, whenever it is awaited. Commands
+/// that record what they do call this first, so no signal ever kills them unrecorded.
+pub(crate) fn listen_for_shutdown() {
+    SHUTDOWN.get_or_init(|| {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            let _ = tx.send(true);
+            // Keep the sender, so waiting receivers see the latch and not a closed channel.
+            std::future::pending::<()>().await;
+        });
+        rx
+    });
+}
+
+async fn wait_for_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

@@ -144,20 +144,22 @@ pub async fn create_run(
         _ => None,
     };
     store
-        .create_run(&NewRun {
-            id,
-            pipeline_name: &pipeline.name,
-            pipeline_file: &file,
-            pipeline_text: &text,
-            pipeline_sha256: &pipeline.text_sha256,
-            items_sha256: &doc.items.sha256,
-            plan_json: &plan_json,
-            output_dir: &out_dir.to_string_lossy(),
-            credits_planned: doc.costs.known_credits,
-            balance_before,
-        })
+        .create_run(
+            &NewRun {
+                id,
+                pipeline_name: &pipeline.name,
+                pipeline_file: &file,
+                pipeline_text: &text,
+                pipeline_sha256: &pipeline.text_sha256,
+                items_sha256: &doc.items.sha256,
+                plan_json: &plan_json,
+                output_dir: &out_dir.to_string_lossy(),
+                credits_planned: doc.costs.known_credits,
+                balance_before,
+            },
+            &new_tasks(graph),
+        )
         .await?;
-    store.insert_tasks(id, &new_tasks(graph)).await?;
     Ok(OpenRun {
         dir: out_dir.join(id),
         id: id.to_owned(),

@@ -18,6 +18,8 @@ const MIN_FACTOR: f64 = 1.0 / 32.0;
 /// Without a 429 for this long, the rate climbs back by [`RECOVERY_STEP`] of the configured one.
 const RECOVERY_INTERVAL: Duration = Duration::from_secs(2);
 const RECOVERY_STEP: f64 = 0.1;
+/// Growth per recovery interval of a rate inferred from a 429 rather than configured.
+const LEARNED_GROWTH: f64 = 1.25;
 /// When the service gives no `Retry-After`.
 const DEFAULT_PAUSE: Duration = Duration::from_secs(1);
 /// 429s this close together count as one signal, so one burst does not collapse the rate.
@@ -31,6 +33,9 @@ struct Inner {
     /// The configured rate; `None` until known. Without one, the first 429 sets it from the
     /// rate that was being dispatched.
     base: Option<f64>,
+    /// Whether `base` was only inferred from one moment's pace: it may be far below what the
+    /// service allows (a 429 early in a run, after a handful of calls), so it is no ceiling.
+    learned: bool,
     factor: f64,
     limiter: Option<Arc<DefaultDirectRateLimiter>>,
     paused_until: Option<Instant>,
@@ -46,6 +51,7 @@ impl PaidLimiter {
         PaidLimiter {
             inner: Mutex::new(Inner {
                 base: rate,
+                learned: false,
                 factor: 1.0,
                 limiter: rate.and_then(governor_for),
                 paused_until: None,
@@ -108,6 +114,7 @@ impl PaidLimiter {
         inner.last_signal = Some(now);
         if inner.base.is_none() {
             inner.base = Some((inner.recent.len() as f64).max(1.0));
+            inner.learned = true;
             inner.factor = 1.0;
         }
         inner.factor = (inner.factor / BACKOFF_DIVISOR).max(MIN_FACTOR);
@@ -132,10 +139,15 @@ impl Inner {
     }
 
     fn recover(&mut self) {
-        if self.factor >= 1.0 || self.last_change.elapsed() < RECOVERY_INTERVAL {
+        if (self.factor >= 1.0 && !self.learned) || self.last_change.elapsed() < RECOVERY_INTERVAL {
             return;
         }
-        self.factor = (self.factor + RECOVERY_STEP).min(1.0);
+        self.factor = if self.learned {
+            // Probing upwards until the service says no again.
+            self.factor * LEARNED_GROWTH
+        } else {
+            (self.factor + RECOVERY_STEP).min(1.0)
+        };
         self.last_change = Instant::now();
         self.rebuild();
     }
@@ -179,5 +191,11 @@ mod tests {
         }
         limiter.throttled(Some(Duration::ZERO));
         assert_eq!(limiter.rate(), Some(4.0));
+        // An inferred rate is no ceiling: without further 429s it climbs past it.
+        for _ in 0..4 {
+            limiter.lock().last_change = Instant::now() - RECOVERY_INTERVAL;
+            limiter.acquire().await;
+        }
+        assert!(limiter.rate().unwrap() > 8.0, "{:?}", limiter.rate());
     }
 }

@@ -171,9 +171,14 @@ pub async fn review(
         }
         let credits = graph.tasks[t].planned;
         let Some(r) = row else {
+            // New to a changed pipeline; or never recorded at all.
             review.redo.push(Redo {
                 task: t,
-                reason: Reason::Changed,
+                reason: if previous.is_some() {
+                    Reason::Changed
+                } else {
+                    Reason::NeverStarted
+                },
                 credits,
                 detail: None,
             });
@@ -558,8 +563,18 @@ fn copy_reused(run_dir: &Path, graph: &Graph, t: usize, found: &Reusable) -> Vec
         .collect()
 }
 
-/// Removes the temporary files of downloads a killed process left behind (`.<stem>.<hex>.part`).
+/// Removes the temporary files a killed process left behind: downloads
+/// (`<item>/.<stem>.<hex>.part`) and the manifest's (`.tmp<random>`).
 fn remove_part_files(run_dir: &Path) {
+    let Ok(items) = std::fs::read_dir(run_dir) else {
+        return;
+    };
+    for entry in items.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(".tmp") && entry.path().is_file() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
     let Ok(items) = std::fs::read_dir(run_dir) else {
         return;
     };

@@ -10,7 +10,7 @@
 pub mod lock;
 mod resume;
 mod runs;
-mod tasks;
+pub(crate) mod tasks;
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;

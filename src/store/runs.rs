@@ -75,7 +75,13 @@ pub struct RunRow {
 }
 
 impl Store {
-    pub async fn create_run(&self, run: &NewRun<'_>) -> Result<(), StoreError> {
+    /// Records a run with its tasks, in one transaction: a run is never recorded without them.
+    pub async fn create_run(
+        &self,
+        run: &NewRun<'_>,
+        tasks: &[crate::store::NewTask],
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool().begin().await?;
         sqlx::query(
             "INSERT INTO runs (id, pipeline_name, pipeline_file, pipeline_text, pipeline_sha256,
                  items_sha256, plan_json, output_dir, status, credits_planned, balance_before,
@@ -93,8 +99,10 @@ impl Store {
         .bind(i64::try_from(run.credits_planned).unwrap_or(i64::MAX))
         .bind(run.balance_before)
         .bind(now_ms())
-        .execute(self.pool())
+        .execute(&mut *tx)
         .await?;
+        crate::store::tasks::insert_tasks(&mut tx, run.id, tasks).await?;
+        tx.commit().await?;
         Ok(())
     }
 

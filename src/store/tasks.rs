@@ -168,24 +168,7 @@ impl Store {
     /// Records a run's tasks in one transaction; tasks already recorded are kept as they are.
     pub async fn insert_tasks(&self, run_id: &str, tasks: &[NewTask]) -> Result<(), StoreError> {
         let mut tx = self.pool().begin().await?;
-        let now = now_ms();
-        for t in tasks {
-            sqlx::query(
-                "INSERT OR IGNORE INTO tasks (run_id, item, step, idx, operation, inputs,
-                     planned_credits, status, updated_at)
-                 VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?)",
-            )
-            .bind(run_id)
-            .bind(&t.item)
-            .bind(&t.step)
-            .bind(i64::from(t.idx))
-            .bind(t.operation)
-            .bind(&t.inputs)
-            .bind(to_i64(t.planned_credits))
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-        }
+        insert_tasks(&mut tx, run_id, tasks).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -573,4 +556,31 @@ impl Store {
             download_failures: n(&o, "failures")?,
         })
     }
+}
+
+/// Records tasks within `tx`; tasks already recorded are kept as they are.
+pub(crate) async fn insert_tasks(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    run_id: &str,
+    tasks: &[NewTask],
+) -> Result<(), StoreError> {
+    let now = now_ms();
+    for t in tasks {
+        sqlx::query(
+            "INSERT OR IGNORE INTO tasks (run_id, item, step, idx, operation, inputs,
+                 planned_credits, status, updated_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?)",
+        )
+        .bind(run_id)
+        .bind(&t.item)
+        .bind(&t.step)
+        .bind(i64::from(t.idx))
+        .bind(t.operation)
+        .bind(&t.inputs)
+        .bind(to_i64(t.planned_credits))
+        .bind(now)
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
 }

@@ -4,6 +4,7 @@
 mod cli;
 mod client;
 mod common;
+mod crash;
 mod hostile;
 mod plan;
 mod run;
