@@ -113,6 +113,7 @@ pub async fn run(args: &RunArgs, global: &GlobalArgs) -> Result<(), Error> {
     };
     let pipeline = validate::checked(&file, pipeline::load(&file))?;
     if let Some(id) = &args.run_id {
+        preflight::check_run_id(id)?;
         let store = open_store(args.opts.state.as_ref(), global.sandbox).await?;
         if let Some(row) = store.run(id).await? {
             let result =

@@ -382,6 +382,7 @@ pub async fn apply(
             output_id: *id,
             moved_to: to.as_deref(),
             sha256: None,
+            bytes: None,
             reason: "the task runs again",
             refetch: false,
         })
@@ -507,6 +508,10 @@ async fn refetch(
                 output_id: r.output.id,
                 moved_to: to.as_deref(),
                 sha256: r.modified.as_deref(),
+                bytes: to
+                    .as_ref()
+                    .and_then(|p| std::fs::metadata(p).ok())
+                    .map(|m| m.len()),
                 reason,
                 refetch: true,
             }

@@ -220,6 +220,9 @@ pub fn is_device_name(name: &str) -> bool {
             && stem.as_bytes()[3].is_ascii_digit())
 }
 
+/// Files of a run's own beside its item directories, which no id may take.
+const RUN_FILES: [&str; 2] = ["manifest.jsonl", "report.html"];
+
 /// Whether `id` is safe as a directory name everywhere imgpipe may run.
 pub fn check_id(id: &str) -> Result<(), String> {
     if id.is_empty() {
@@ -245,6 +248,9 @@ pub fn check_id(id: &str) -> Result<(), String> {
     }
     if is_device_name(id) {
         return Err("is a reserved device name on Windows".into());
+    }
+    if RUN_FILES.iter().any(|f| f.eq_ignore_ascii_case(id)) {
+        return Err("is the name of a file imgpipe writes in each run's directory".into());
     }
     Ok(())
 }

@@ -88,6 +88,9 @@ impl Store {
             path: path.to_path_buf(),
             reason: e.to_string(),
         };
+        if path.exists() {
+            inspect(path).await?;
+        }
         let options = SqliteConnectOptions::from_str("sqlite:")
             .map_err(open_err)?
             .filename(path)
@@ -144,6 +147,77 @@ impl Store {
 
     pub async fn close(&self) {
         self.pool.close().await;
+    }
+}
+
+/// Looks at an existing database read-only before anything writes to it: one written by a
+/// newer imgpipe, or damaged, must be reported exactly as it was found. Opening it for
+/// writing would already change it (the journal mode is set in its header).
+async fn inspect(path: &Path) -> Result<(), StoreError> {
+    let damaged = |reason: String| StoreError::Open {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let options = SqliteConnectOptions::from_str("sqlite:")
+        .map_err(|e| damaged(e.to_string()))?
+        .filename(path)
+        .read_only(true)
+        .busy_timeout(Duration::from_secs(30));
+    let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect_with(&options)
+        .await
+        .map_err(|e| damaged(e.to_string()))?;
+    let result = inspect_with(&mut conn, path).await;
+    let _ = sqlx::Connection::close(conn).await;
+    result
+}
+
+async fn inspect_with(conn: &mut sqlx::SqliteConnection, path: &Path) -> Result<(), StoreError> {
+    let damaged = |reason: String| StoreError::Open {
+        path: path.to_path_buf(),
+        reason,
+    };
+    // A file cut inside a page still opens, and quick_check does not see the rows it lost.
+    let (page_size,): (i64,) = sqlx::query_as("PRAGMA page_size")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| damaged(e.to_string()))?;
+    let len = std::fs::metadata(path).map_or(0, |m| m.len());
+    if page_size > 0 && !len.is_multiple_of(page_size.unsigned_abs()) {
+        return Err(damaged(format!(
+            "it is damaged: its {len} bytes are not a whole number of {page_size}-byte pages, so it was cut short"
+        )));
+    }
+    let (check,): (String,) = sqlx::query_as("PRAGMA quick_check")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| damaged(e.to_string()))?;
+    if check != "ok" {
+        return Err(damaged(format!("it is damaged ({check})")));
+    }
+    let has_migrations: Option<(String,)> = sqlx::query_as(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(|e| damaged(e.to_string()))?;
+    if has_migrations.is_none() {
+        return Ok(());
+    }
+    let (latest,): (Option<i64>,) = sqlx::query_as("SELECT MAX(version) FROM _sqlx_migrations")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| damaged(e.to_string()))?;
+    let known = sqlx::migrate!("./migrations")
+        .iter()
+        .map(|m| m.version)
+        .max()
+        .unwrap_or(0);
+    match latest {
+        Some(version) if version > known => Err(StoreError::Newer {
+            path: path.to_path_buf(),
+            version,
+        }),
+        _ => Ok(()),
     }
 }
 

@@ -11,8 +11,9 @@ pub struct SetAside<'a> {
     pub output_id: i64,
     /// Where the file now is; `None` when there was no file.
     pub moved_to: Option<&'a str>,
-    /// The sha256 of the moved file, when it differs from the recorded one.
+    /// The sha256 and size of the moved file, when it differs from the recorded one.
     pub sha256: Option<&'a str>,
+    pub bytes: Option<u64>,
     pub reason: &'a str,
     /// Keep the output (its job is still the task's) and fetch its file again; else the
     /// output is dropped with its task's old job, before the task runs again.
@@ -48,12 +49,13 @@ impl Store {
             sqlx::query(
                 "INSERT INTO superseded_outputs (task_id, run_id, k, job_id, path, sha256, bytes,
                      reason, superseded_at)
-                 SELECT task_id, ?, k, job_id, ?, COALESCE(?, sha256), bytes, ?, ?
+                 SELECT task_id, ?, k, job_id, ?, COALESCE(?, sha256), COALESCE(?, bytes), ?, ?
                  FROM outputs WHERE id = ?",
             )
             .bind(run_id)
             .bind(m.moved_to)
             .bind(m.sha256)
+            .bind(m.bytes.map(to_i64))
             .bind(m.reason)
             .bind(now)
             .bind(m.output_id)

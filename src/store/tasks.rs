@@ -133,7 +133,8 @@ pub struct OutputRow {
     pub sha256: Option<String>,
     pub bytes: Option<u64>,
     pub download_error: Option<String>,
-    /// The credits of the call that made it, shared by all of that call's outputs.
+    /// The credits of the call that made it, shared by all of that call's outputs (0 when
+    /// the output was reused from an earlier run).
     pub task_credits: u64,
 }
 
@@ -475,7 +476,11 @@ impl Store {
         use futures::TryStreamExt;
         let mut rows = sqlx::query(
             "SELECT o.id, o.task_id, t.item, t.step, t.idx, o.k, o.job_id, o.parent_job_id, o.url,
-                    o.url_issued_at, o.path, o.sha256, o.bytes, o.download_error, t.credits_billed
+                    o.url_issued_at, o.path, o.sha256, o.bytes, o.download_error,
+                    COALESCE((SELECT a.credits_billed FROM attempts a
+                              WHERE a.task_id = o.task_id AND a.job_id = o.job_id
+                                AND a.outcome = 'succeeded'
+                              ORDER BY a.id DESC LIMIT 1), 0) AS credits_billed
              FROM outputs o JOIN tasks t ON t.id = o.task_id
              WHERE o.run_id = ?
                AND (NOT ? OR (o.path IS NULL AND o.download_error IS NOT NULL))
@@ -567,9 +572,16 @@ pub(crate) async fn insert_tasks(
     let now = now_ms();
     for t in tasks {
         sqlx::query(
-            "INSERT OR IGNORE INTO tasks (run_id, item, step, idx, operation, inputs,
-                 planned_credits, status, updated_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?)",
+            // A task that `--allow-changes` dropped and a later change brought back is the
+            // same row, revived; a live task is left as it is.
+            "INSERT INTO tasks (run_id, item, step, idx, operation, inputs, planned_credits,
+                 status, updated_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?)
+             ON CONFLICT (run_id, item, step, idx) DO UPDATE SET removed_at = NULL,
+                 status = 'pending', operation = excluded.operation, inputs = excluded.inputs,
+                 planned_credits = excluded.planned_credits, identity = NULL, job_id = NULL,
+                 error = NULL, reused_from = NULL, updated_at = excluded.updated_at
+             WHERE removed_at IS NOT NULL",
         )
         .bind(run_id)
         .bind(&t.item)

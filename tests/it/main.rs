@@ -1,12 +1,14 @@
 //! Integration tests: the real client and the real binary against the in-process sandbox.
 //! Everything talks to 127.0.0.1 only.
 
+mod broken;
 mod cli;
 mod client;
 mod common;
 mod crash;
 mod hostile;
 mod plan;
+mod resume;
 mod run;
 mod sandbox_http;
 mod validate;

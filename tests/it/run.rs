@@ -29,9 +29,9 @@ use crate::common::*;
 const SIDE: u32 = 32;
 
 /// erase 2 + upscale 2× 2 + remove_background 5 credits: one item of [`edit_chain`].
-const CHAIN_CREDITS: u64 = 9;
+pub(crate) const CHAIN_CREDITS: u64 = 9;
 
-fn config() -> sandbox::Config {
+pub(crate) fn config() -> sandbox::Config {
     sandbox::Config {
         image_side: SIDE,
         ..sandbox::Config::default()
@@ -45,7 +45,7 @@ fn faults(seed: u64) -> Faults {
     }
 }
 
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+pub(crate) fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, text).unwrap();
     path
@@ -68,7 +68,7 @@ const SAMPLES: [&str; 4] = ["mug", "lamp", "chair", "plant"];
 
 /// An edit-only pipeline of `items` items, each erase → upscale 2× → remove_background
 /// ([`CHAIN_CREDITS`] an item), with an optional budget line.
-fn edit_chain(items: usize, budget: Option<u64>) -> String {
+pub(crate) fn edit_chain(items: usize, budget: Option<u64>) -> String {
     let mut text = String::from("version: 1\nname: chain\noutput_dir: out\n");
     if let Some(b) = budget {
         text += &format!("budget: {{ max_credits: {b} }}\n");
@@ -91,7 +91,7 @@ fn edit_chain(items: usize, budget: Option<u64>) -> String {
     text
 }
 
-fn state_path(dir: &Path) -> PathBuf {
+pub(crate) fn state_path(dir: &Path) -> PathBuf {
     dir.join("state.db")
 }
 
@@ -112,7 +112,7 @@ fn run_command(env: &Env, dir: &Path, args: &[&str]) -> tokio::process::Command 
 }
 
 /// Both streams, for messages that may go to either.
-fn both(o: &Output) -> String {
+pub(crate) fn both(o: &Output) -> String {
     format!("{}\n{}", stdout(o), stderr(o))
 }
 
@@ -284,7 +284,7 @@ async fn read_db(path: &Path) -> Db {
     }
 }
 
-fn manifest(run_dir: &Path) -> Vec<Value> {
+pub(crate) fn manifest(run_dir: &Path) -> Vec<Value> {
     let path = run_dir.join("manifest.jsonl");
     std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -294,7 +294,7 @@ fn manifest(run_dir: &Path) -> Vec<Value> {
 }
 
 /// Every file under `dir`, as paths relative to it.
-fn files_under(dir: &Path) -> BTreeSet<String> {
+pub(crate) fn files_under(dir: &Path) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {

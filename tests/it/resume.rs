@@ -1,0 +1,1504 @@
+//! `imgpipe resume`, `runs` and `status` end to end: runs interrupted by SIGINT, SIGKILL or a
+//! balance running out, then continued, against the in-process sandbox. After each step the
+//! files on disk, the manifest, the state database and the sandbox's ledger are held against
+//! each other: the ledger is the truth about money, and nothing may be paid for twice.
+//!
+//! Every command passes `--state DIR/state.db`; those that run tasks pass `--retry-base-ms 20`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use image::GenericImageView;
+use imgpipe::sandbox::{self, LedgerEntry};
+use serde_json::Value;
+use sqlx::sqlite::SqliteConnectOptions;
+use sqlx::{ConnectOptions, Connection, Row};
+use tokio::time::Instant;
+
+use crate::common::*;
+use crate::run::{
+    CHAIN_CREDITS, both, config, edit_chain, files_under, manifest, state_path, write,
+};
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+type Command = tokio::process::Command;
+
+/// `imgpipe ARGS --state DIR/state.db` in `cwd`, pointed at `base` with `env`'s key.
+fn imgpipe_at(env: &Env, base: &str, state_dir: &Path, cwd: &Path, args: &[&str]) -> Command {
+    let state = state_path(state_dir).to_string_lossy().into_owned();
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--state", &state]);
+    let mut cmd = command(&all, cwd);
+    cmd.env("IMGPIPE_BASE_URL", base)
+        .env("IMGPIPE_API_KEY", env.sandbox.key());
+    cmd
+}
+
+/// A command that runs tasks: `run` or `resume`, with fast retries.
+fn task_command(env: &Env, dir: &Path, sub: &str, args: &[&str]) -> Command {
+    let mut all = vec![sub];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--retry-base-ms", "20"]);
+    imgpipe_at(env, env.sandbox.base_url().as_str(), dir, dir, &all)
+}
+
+async fn run(env: &Env, dir: &Path, args: &[&str]) -> Output {
+    finish(task_command(env, dir, "run", args)).await
+}
+
+async fn resume(env: &Env, dir: &Path, args: &[&str]) -> Output {
+    finish(task_command(env, dir, "resume", args)).await
+}
+
+/// `runs` or `status`: they take only `--state` (and the global flags).
+async fn query(env: &Env, dir: &Path, args: &[&str]) -> Output {
+    finish(imgpipe_at(
+        env,
+        env.sandbox.base_url().as_str(),
+        dir,
+        dir,
+        args,
+    ))
+    .await
+}
+
+/// Waits (at most 10 s) until `cond` holds.
+async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Starts `cmd` with its streams captured, waits until `cond` holds of the sandbox, sends
+/// SIGINT, and returns what the process printed.
+async fn interrupt_when(env: &Env, mut cmd: Command, cond: impl Fn(&Env) -> bool) -> Output {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    wait_until("the run to get under way", || cond(env)).await;
+    let pid = i32::try_from(child.id().expect("still running")).unwrap();
+    // SAFETY: sending a signal to our own child, whose pid we hold.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
+        .await
+        .expect("the run stops after SIGINT")
+        .unwrap()
+}
+
+/// A port on 127.0.0.1 that nothing listens on.
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+fn sandbox_with_latency(ms: u64) -> sandbox::Config {
+    sandbox::Config {
+        latency: Duration::from_millis(ms),
+        ..config()
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Task {
+    id: i64,
+    run_id: String,
+    item: String,
+    step: String,
+    status: String,
+    planned: u64,
+    billed: u64,
+    job_id: Option<String>,
+    error: Option<String>,
+    reused_from: Option<i64>,
+}
+
+impl Task {
+    fn name(&self) -> String {
+        format!("{}/{}", self.item, self.step)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Attempt {
+    task_id: i64,
+    outcome: Option<String>,
+    billed: u64,
+    job_id: Option<String>,
+    error: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+struct Out {
+    id: i64,
+    task_id: i64,
+    run_id: String,
+    job_id: String,
+    path: Option<String>,
+    sha256: Option<String>,
+    bytes: Option<i64>,
+}
+
+#[derive(Debug, Clone)]
+struct Superseded {
+    task_id: i64,
+    job_id: String,
+    path: Option<String>,
+    sha256: Option<String>,
+    bytes: Option<i64>,
+    reason: String,
+}
+
+/// The state database, read while no imgpipe process is running.
+#[derive(Debug)]
+struct Db {
+    /// id → (status, pipeline_text)
+    runs: BTreeMap<String, (String, String)>,
+    tasks: Vec<Task>,
+    attempts: Vec<Attempt>,
+    outputs: Vec<Out>,
+    superseded: Vec<Superseded>,
+}
+
+impl Db {
+    fn tasks_of(&self, run: &str) -> Vec<&Task> {
+        self.tasks.iter().filter(|t| t.run_id == run).collect()
+    }
+
+    fn task(&self, run: &str, item: &str, step: &str) -> &Task {
+        self.tasks
+            .iter()
+            .find(|t| t.run_id == run && t.item == item && t.step == step)
+            .unwrap_or_else(|| panic!("no task {item}/{step} in run {run}"))
+    }
+
+    fn by_id(&self, id: i64) -> &Task {
+        self.tasks.iter().find(|t| t.id == id).unwrap()
+    }
+
+    fn attempts_of(&self, task: i64) -> Vec<&Attempt> {
+        self.attempts.iter().filter(|a| a.task_id == task).collect()
+    }
+
+    fn outputs_of(&self, task: i64) -> Vec<&Out> {
+        self.outputs.iter().filter(|o| o.task_id == task).collect()
+    }
+
+    fn count(&self, run: &str, status: &str) -> usize {
+        self.tasks_of(run)
+            .iter()
+            .filter(|t| t.status == status)
+            .count()
+    }
+
+    fn run_status(&self, run: &str) -> &str {
+        &self.runs[run].0
+    }
+}
+
+fn u(n: i64) -> u64 {
+    u64::try_from(n).unwrap()
+}
+
+async fn connect(dir: &Path) -> sqlx::SqliteConnection {
+    let path = state_path(dir);
+    SqliteConnectOptions::new()
+        .filename(&path)
+        .read_only(true)
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()))
+}
+
+async fn read_db(dir: &Path) -> Db {
+    let mut conn = connect(dir).await;
+    let runs = sqlx::query("SELECT id, status, pipeline_text FROM runs")
+        .fetch_all(&mut conn)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get("id"), (r.get("status"), r.get("pipeline_text"))))
+        .collect();
+    let tasks = sqlx::query(
+        "SELECT id, run_id, item, step, status, planned_credits, credits_billed, job_id, error,
+                reused_from
+         FROM tasks WHERE removed_at IS NULL ORDER BY id",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| Task {
+        id: r.get("id"),
+        run_id: r.get("run_id"),
+        item: r.get("item"),
+        step: r.get("step"),
+        status: r.get("status"),
+        planned: u(r.get("planned_credits")),
+        billed: u(r.get("credits_billed")),
+        job_id: r.get("job_id"),
+        error: r.get("error"),
+        reused_from: r.get("reused_from"),
+    })
+    .collect();
+    let attempts = sqlx::query(
+        "SELECT task_id, outcome, credits_billed, job_id, error FROM attempts ORDER BY id",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| Attempt {
+        task_id: r.get("task_id"),
+        outcome: r.get("outcome"),
+        billed: u(r.get("credits_billed")),
+        job_id: r.get("job_id"),
+        error: r.get("error"),
+    })
+    .collect();
+    let outputs = sqlx::query(
+        "SELECT id, task_id, run_id, job_id, path, sha256, bytes FROM outputs ORDER BY id",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| Out {
+        id: r.get("id"),
+        task_id: r.get("task_id"),
+        run_id: r.get("run_id"),
+        job_id: r.get("job_id"),
+        path: r.get("path"),
+        sha256: r.get("sha256"),
+        bytes: r.get("bytes"),
+    })
+    .collect();
+    let superseded = sqlx::query(
+        "SELECT task_id, job_id, path, sha256, bytes, reason FROM superseded_outputs ORDER BY id",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| Superseded {
+        task_id: r.get("task_id"),
+        job_id: r.get("job_id"),
+        path: r.get("path"),
+        sha256: r.get("sha256"),
+        bytes: r.get("bytes"),
+        reason: r.get("reason"),
+    })
+    .collect();
+    conn.close().await.unwrap();
+    Db {
+        runs,
+        tasks,
+        attempts,
+        outputs,
+        superseded,
+    }
+}
+
+/// Every row of every table of the record, column by column, to tell whether anything at
+/// all was written.
+async fn dump(dir: &Path) -> BTreeMap<String, Vec<String>> {
+    let mut conn = connect(dir).await;
+    let mut all = BTreeMap::new();
+    for table in ["runs", "tasks", "attempts", "outputs", "superseded_outputs"] {
+        let columns: Vec<String> =
+            sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA table_info({table})")))
+                .fetch_all(&mut conn)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get::<String, _>("name"))
+                .collect();
+        let expr = columns
+            .iter()
+            .map(|c| format!("quote({c})"))
+            .collect::<Vec<_>>()
+            .join(" || '|' || ");
+        let rows: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {expr} FROM {table} ORDER BY rowid"
+        )))
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        all.insert(
+            table.to_owned(),
+            rows.into_iter().map(|(r,)| r).collect::<Vec<_>>(),
+        );
+    }
+    conn.close().await.unwrap();
+    all
+}
+
+/// Every file under `dir` with its sha256.
+fn tree(dir: &Path) -> BTreeMap<String, String> {
+    if !dir.exists() {
+        return BTreeMap::new();
+    }
+    files_under(dir)
+        .into_iter()
+        .map(|f| {
+            let digest = sha256_hex(&std::fs::read(dir.join(&f)).unwrap());
+            (f, digest)
+        })
+        .collect()
+}
+
+/// What must not move when nothing is to be spent: the record, the files, the ledger, the
+/// paid requests the sandbox saw.
+struct Still {
+    db: BTreeMap<String, Vec<String>>,
+    files: BTreeMap<String, String>,
+    ledger: Vec<LedgerEntry>,
+    paid_requests: u64,
+}
+
+async fn still(env: &Env, dir: &Path) -> Still {
+    Still {
+        db: dump(dir).await,
+        files: tree(&dir.join("out")),
+        ledger: env.sandbox.ledger(),
+        paid_requests: env.sandbox.stats().paid_requests,
+    }
+}
+
+async fn assert_still(env: &Env, dir: &Path, before: &Still, what: &str) {
+    let after = still(env, dir).await;
+    assert_eq!(after.ledger, before.ledger, "{what}: the ledger moved");
+    assert_eq!(
+        after.paid_requests, before.paid_requests,
+        "{what}: a paid request was sent"
+    );
+    for (table, rows) in &before.db {
+        assert_eq!(&after.db[table], rows, "{what}: table {table} changed");
+    }
+    assert_eq!(after.files, before.files, "{what}: files changed");
+}
+
+fn ledger_by_job(env: &Env) -> HashMap<String, LedgerEntry> {
+    env.sandbox
+        .ledger()
+        .into_iter()
+        .map(|e| (e.job_id.clone(), e))
+        .collect()
+}
+
+/// The ledger against the record of every run in the database: the balance moved by the
+/// ledger's total; each delivered bill is exactly one succeeded attempt with its credits;
+/// each undelivered bill is one attempt possibly billed; every task that succeeded by paying
+/// names a delivered bill, and every reused task names the job of the task it reused.
+#[track_caller]
+fn assert_ledger_agrees(env: &Env, db: &Db) {
+    let total: u64 = env.sandbox.ledger().iter().map(|e| e.credits).sum();
+    assert_eq!(
+        START_BALANCE - env.sandbox.balance(),
+        total as i64,
+        "balance against the ledger"
+    );
+    assert_record_agrees_with_ledger(env, db);
+}
+
+/// [`assert_ledger_agrees`] but for the balance, for a sandbox whose balance was set by hand.
+#[track_caller]
+fn assert_record_agrees_with_ledger(env: &Env, db: &Db) {
+    let ledger = env.sandbox.ledger();
+    for entry in ledger.iter().filter(|e| e.delivered) {
+        let attempts: Vec<_> = db
+            .attempts
+            .iter()
+            .filter(|a| a.job_id.as_deref() == Some(entry.job_id.as_str()))
+            .collect();
+        assert_eq!(attempts.len(), 1, "{entry:?}: {attempts:#?}");
+        assert_eq!(
+            attempts[0].outcome.as_deref(),
+            Some("succeeded"),
+            "{entry:?}"
+        );
+        assert_eq!(attempts[0].billed, entry.credits, "{entry:?}");
+    }
+    let undelivered = ledger.iter().filter(|e| !e.delivered).count();
+    let possibly = db
+        .attempts
+        .iter()
+        .filter(|a| a.outcome.as_deref().is_none_or(|o| o == "ambiguous"))
+        .count();
+    assert_eq!(
+        possibly, undelivered,
+        "possibly billed attempts: {ledger:#?}"
+    );
+    let delivered: u64 = ledger
+        .iter()
+        .filter(|e| e.delivered)
+        .map(|e| e.credits)
+        .sum();
+    assert_eq!(
+        db.attempts.iter().map(|a| a.billed).sum::<u64>(),
+        delivered,
+        "credits of succeeded attempts against delivered bills"
+    );
+    let by_job = ledger_by_job(env);
+    for t in db.tasks.iter().filter(|t| t.status == "succeeded") {
+        let job = t.job_id.as_deref().unwrap_or_else(|| panic!("{t:?}"));
+        match t.reused_from {
+            None => {
+                let entry = by_job
+                    .get(job)
+                    .unwrap_or_else(|| panic!("{t:?} never billed"));
+                assert!(entry.delivered, "{t:?}");
+                assert!(t.billed >= entry.credits, "{t:?} against {entry:?}");
+            }
+            Some(from) => {
+                assert_eq!(db.by_id(from).job_id.as_deref(), Some(job), "{t:?}");
+                assert_eq!(t.billed, 0, "a reused task pays nothing: {t:?}");
+            }
+        }
+    }
+}
+
+/// The files of `run` on disk (outside `_superseded/`), its manifest and its outputs in the
+/// database name the same files with the same digests; every output is downloaded and every
+/// file is a PNG. Returns the manifest's lines.
+#[track_caller]
+fn assert_files_agree(dir: &Path, db: &Db, run: &str) -> Vec<Value> {
+    let run_dir = dir.join("out").join(run);
+    let lines = manifest(&run_dir);
+    let outputs: Vec<&Out> = db
+        .outputs
+        .iter()
+        .filter(|o| o.run_id == run && db.tasks.iter().any(|t| t.id == o.task_id))
+        .collect();
+    assert!(
+        outputs.iter().all(|o| o.path.is_some()),
+        "outputs not downloaded: {outputs:#?}"
+    );
+    assert_eq!(lines.len(), outputs.len(), "{lines:#?}");
+    let mut expected: BTreeSet<String> = lines
+        .iter()
+        .map(|l| l["path"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(expected.len(), lines.len(), "two lines name one file");
+    expected.insert("manifest.jsonl".into());
+    let on_disk: BTreeSet<String> = files_under(&run_dir)
+        .into_iter()
+        .filter(|f| !f.starts_with("_superseded/"))
+        .collect();
+    assert_eq!(on_disk, expected, "files on disk against the manifest");
+    for line in &lines {
+        let file = run_dir.join(line["path"].as_str().unwrap());
+        let bytes = std::fs::read(&file).unwrap();
+        let digest = sha256_hex(&bytes);
+        assert_eq!(line["sha256"], digest.as_str(), "{line}");
+        assert_eq!(line["bytes"], bytes.len(), "{line}");
+        let row = outputs
+            .iter()
+            .find(|o| Path::new(o.path.as_deref().unwrap()) == file)
+            .unwrap_or_else(|| panic!("no output row for {}", file.display()));
+        assert_eq!(row.sha256.as_deref(), Some(digest.as_str()), "{row:?}");
+        assert_eq!(row.bytes, Some(bytes.len() as i64), "{row:?}");
+        assert_eq!(line["job_id"], row.job_id.as_str(), "{line}");
+        let task = db.by_id(row.task_id);
+        assert_eq!(line["item"], task.item.as_str(), "{line}");
+        assert_eq!(line["step"], task.step.as_str(), "{line}");
+        assert_eq!(
+            task.job_id.as_deref(),
+            Some(row.job_id.as_str()),
+            "{task:?}"
+        );
+        assert!(decode(&file).width() > 0);
+    }
+    lines
+}
+
+/// The manifest's `credits` of each output paid for in this run is what the sandbox billed
+/// for the call that made it (README: "the credits of the call").
+#[track_caller]
+fn assert_manifest_credits_are_the_calls(env: &Env, lines: &[Value]) {
+    let by_job = ledger_by_job(env);
+    let wrong: Vec<String> = lines
+        .iter()
+        .filter_map(|l| {
+            let entry = &by_job[l["job_id"].as_str().unwrap()];
+            (l["credits"] != entry.credits).then(|| {
+                format!(
+                    "{}/{}: manifest says {} credits, job {} was billed {}",
+                    l["item"], l["step"], l["credits"], entry.job_id, entry.credits
+                )
+            })
+        })
+        .collect();
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+fn sha_of(path: &Path) -> String {
+    sha256_hex(&std::fs::read(path).unwrap())
+}
+
+/// The ledger's entries for one operation.
+fn billed_for(env: &Env, operation: &str) -> usize {
+    env.sandbox
+        .ledger()
+        .iter()
+        .filter(|e| e.operation == operation)
+        .count()
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1 + 2 + 3. SIGINT, then files deleted and modified, then resume
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_interrupted_run_resumes_paying_only_for_the_rest_and_fetches_lost_files_again() {
+    let env = start(sandbox_with_latency(80)).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(4, None));
+    // One call at a time: i00's chain (3 calls), then i01's erase; SIGINT lets the call in
+    // flight finish.
+    let o = interrupt_when(
+        &env,
+        task_command(
+            &env,
+            dir,
+            "run",
+            &["p.yaml", "--run-id", "r", "--concurrency", "1"],
+        ),
+        |env| env.sandbox.ledger().len() >= 4,
+    )
+    .await;
+    assert_exit_without_panic(&o, 130);
+    let err = stderr(&o);
+    assert!(err.contains("interrupted"), "{err}");
+    assert!(err.contains("continue with"), "{err}");
+    let db = read_db(dir).await;
+    assert_eq!(db.run_status("r"), "interrupted");
+    assert!(db.attempts.iter().all(|a| a.outcome.is_some()), "{db:#?}");
+    assert_ledger_agrees(&env, &db);
+    let done: Vec<Task> = db
+        .tasks_of("r")
+        .into_iter()
+        .filter(|t| t.status == "succeeded")
+        .cloned()
+        .collect();
+    assert!(done.len() >= 4 && done.len() < 12, "{done:#?}");
+    let pending = 12 - done.len();
+    assert_eq!(db.count("r", "pending"), pending);
+    let remaining: u64 = db
+        .tasks_of("r")
+        .iter()
+        .filter(|t| t.status != "succeeded")
+        .map(|t| t.planned)
+        .sum();
+    let ledger_before = env.sandbox.ledger();
+
+    // Between the interruption and the resume: one output deleted, one overwritten.
+    let run_dir = dir.join("out/r");
+    let clean = db.task("r", "i00", "clean");
+    let big = db.task("r", "i00", "big");
+    let clean_sha = db.outputs_of(clean.id)[0].sha256.clone().unwrap();
+    let big_out = db.outputs_of(big.id)[0].clone();
+    let big_sha = big_out.sha256.clone().unwrap();
+    assert_eq!(sha_of(&run_dir.join("i00/clean.png")), clean_sha);
+    std::fs::remove_file(run_dir.join("i00/clean.png")).unwrap();
+    let junk = b"not the picture that was downloaded".to_vec();
+    std::fs::write(run_dir.join("i00/big.png"), &junk).unwrap();
+
+    // `status` reads the record alone.
+    let o = query(&env, dir, &["status", "r", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let status = json_stdout(&o);
+    assert_eq!(status["status"], "interrupted", "{status:#}");
+    assert_eq!(status["succeeded"], done.len(), "{status:#}");
+    assert_eq!(status["pending"], pending, "{status:#}");
+    assert_eq!(
+        status["output_dir"],
+        run_dir.to_str().unwrap(),
+        "{status:#}"
+    );
+    let steps = status["steps"].as_array().unwrap();
+    let names: Vec<&str> = steps.iter().map(|s| s["step"].as_str().unwrap()).collect();
+    assert_eq!(names, ["clean", "big", "cutout"], "{status:#}");
+    for s in steps {
+        assert_eq!(s["tasks"], 4, "{s}");
+        let n = |k: &str| s[k].as_u64().unwrap();
+        assert_eq!(n("succeeded") + n("pending"), 4, "{s}");
+    }
+    assert_eq!(status["ambiguous"], serde_json::json!([]), "{status:#}");
+
+    // The dry run says what resuming pays for, and touches nothing: not even the modified file.
+    let before = still(&env, dir).await;
+    let o = resume(&env, dir, &["r", "--dry-run"]).await;
+    assert_exit_without_panic(&o, 0);
+    let text = stdout(&o);
+    assert!(
+        text.contains(&format!(
+            "{pending} task(s) to pay for, {remaining} credits"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "never started: {pending} task(s), {remaining} credits"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("free: 2 file(s) missing or modified"),
+        "{text}"
+    );
+    let o = resume(&env, dir, &["r", "--dry-run", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let doc = json_stdout(&o);
+    assert_eq!(doc["credits"], remaining, "{doc:#}");
+    assert_eq!(doc["tasks"].as_array().unwrap().len(), pending, "{doc:#}");
+    assert_eq!(
+        doc["by_reason"]["never started"]["tasks"], pending,
+        "{doc:#}"
+    );
+    assert_eq!(doc["by_reason"].as_object().unwrap().len(), 1, "{doc:#}");
+    let refetch = doc["refetch"].as_array().unwrap();
+    assert_eq!(refetch.len(), 2, "{doc:#}");
+    assert_still(&env, dir, &before, "resume --dry-run").await;
+    assert_eq!(std::fs::read(run_dir.join("i00/big.png")).unwrap(), junk);
+
+    // The resume: the rest paid once, the lost files fetched again from their jobs for free.
+    let o = resume(&env, dir, &["r", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let summary = json_stdout(&o);
+    assert_eq!(summary["status"], "succeeded", "{summary:#}");
+    assert_eq!(summary["succeeded"], 12, "{summary:#}");
+    assert_eq!(summary["billed_credits"], 4 * CHAIN_CREDITS, "{summary:#}");
+    let ledger = env.sandbox.ledger();
+    assert_eq!(&ledger[..ledger_before.len()], &ledger_before[..]);
+    assert_eq!(
+        ledger.len(),
+        12,
+        "each task billed exactly once: {ledger:#?}"
+    );
+    let db = read_db(dir).await;
+    assert_eq!(db.run_status("r"), "succeeded");
+    assert_ledger_agrees(&env, &db);
+    for t in &done {
+        let now = db.by_id(t.id);
+        assert_eq!(now.job_id, t.job_id, "{} was paid for again", t.name());
+        assert_eq!(db.attempts_of(t.id).len(), 1, "{} called again", t.name());
+    }
+    let lines = assert_files_agree(dir, &db, "r");
+    assert_eq!(lines.len(), 12);
+    assert_eq!(sha_of(&run_dir.join("i00/clean.png")), clean_sha);
+    assert_eq!(sha_of(&run_dir.join("i00/big.png")), big_sha);
+    // The modified file is kept, not lost.
+    let aside = run_dir.join(format!("_superseded/i00/big.o{}.modified.png", big_out.id));
+    assert_eq!(std::fs::read(&aside).unwrap(), junk, "{}", aside.display());
+    let superseded = files_under(&run_dir.join("_superseded"));
+    assert_eq!(superseded.len(), 1, "{superseded:?}");
+    assert_manifest_credits_are_the_calls(&env, &lines);
+
+    assert_eq!(db.superseded.len(), 2, "{:#?}", db.superseded);
+    let missing = db
+        .superseded
+        .iter()
+        .find(|s| s.task_id == clean.id)
+        .unwrap();
+    assert_eq!(missing.path, None, "{missing:?}");
+    assert!(missing.reason.contains("missing"), "{missing:?}");
+    assert_eq!(Some(&missing.job_id), clean.job_id.as_ref());
+    let modified = db.superseded.iter().find(|s| s.task_id == big.id).unwrap();
+    assert_eq!(modified.job_id, big_out.job_id);
+    assert!(modified.reason.contains("differed"), "{modified:?}");
+    assert_eq!(
+        modified.path.as_deref().map(PathBuf::from),
+        Some(aside.clone()),
+        "{modified:?}"
+    );
+    // The row describes the file it points at: its digest and its size.
+    assert_eq!(
+        modified.sha256.as_deref(),
+        Some(sha256_hex(&junk).as_str()),
+        "{modified:?}"
+    );
+    assert_eq!(modified.bytes, Some(junk.len() as i64), "{modified:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1 + 8. A finished run, an unknown run, and the list of runs
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_finished_run_is_only_summarised_even_offline_and_an_unknown_id_exits_2() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(2, None));
+    let first = run(&env, dir, &["p.yaml", "--run-id", "done"]).await;
+    assert_exit_without_panic(&first, 0);
+    let before = still(&env, dir).await;
+    let api_requests = env.sandbox.stats().api_requests;
+
+    // Against the sandbox: not one request of any kind.
+    let again = run(&env, dir, &["p.yaml", "--run-id", "done"]).await;
+    assert_exit_without_panic(&again, 0);
+    assert_eq!(stdout(&again), stdout(&first));
+    assert_eq!(env.sandbox.stats().api_requests, api_requests);
+
+    // Against a closed port: still exit 0 with the summary, since nothing needs the network.
+    let closed = format!("http://127.0.0.1:{}/", closed_port());
+    for sub in [
+        &["run", "p.yaml", "--run-id", "done"][..],
+        &["resume", "done"][..],
+    ] {
+        let o = finish(imgpipe_at(&env, &closed, dir, dir, sub)).await;
+        assert_exit_without_panic(&o, 0);
+        assert!(
+            stdout(&o).starts_with("run done: succeeded"),
+            "{sub:?}: {}",
+            both(&o)
+        );
+        assert!(
+            stdout(&o).contains(&format!("{} billed of", 2 * CHAIN_CREDITS)),
+            "{}",
+            stdout(&o)
+        );
+    }
+    let o = finish(imgpipe_at(
+        &env,
+        &closed,
+        dir,
+        dir,
+        &["resume", "done", "--dry-run"],
+    ))
+    .await;
+    assert_exit_without_panic(&o, 0);
+    assert!(stdout(&o).contains("nothing to pay for"), "{}", both(&o));
+    assert_still(&env, dir, &before, "a finished run run again").await;
+
+    // An unknown run: exit 2, and a pointer to the list.
+    let o = resume(&env, dir, &["nope"]).await;
+    assert_exit_without_panic(&o, 2);
+    let err = stderr(&o);
+    assert!(err.contains("\"nope\""), "{err}");
+    assert!(err.contains("imgpipe runs"), "{err}");
+    let o = query(&env, dir, &["status", "nope"]).await;
+    assert_exit_without_panic(&o, 2);
+    assert!(stderr(&o).contains("imgpipe runs"), "{}", stderr(&o));
+    assert_still(&env, dir, &before, "an unknown run").await;
+
+    // The list of runs.
+    let o = query(&env, dir, &["runs"]).await;
+    assert_exit_without_panic(&o, 0);
+    let text = stdout(&o);
+    let header = text.lines().next().unwrap();
+    for col in ["ID", "PIPELINE", "STATUS", "PLANNED", "BILLED"] {
+        assert!(header.contains(col), "{text}");
+    }
+    let row: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(
+        row[..5],
+        ["done", "chain", "succeeded", "18", "18"],
+        "{text}"
+    );
+    let o = query(&env, dir, &["runs", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let runs = json_stdout(&o);
+    let runs = runs.as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{runs:#?}");
+    assert_eq!(runs[0]["id"], "done");
+    assert_eq!(runs[0]["pipeline"], "chain");
+    assert_eq!(runs[0]["status"], "succeeded");
+    assert_eq!(runs[0]["credits_planned"], 2 * CHAIN_CREDITS);
+    assert_eq!(runs[0]["credits_billed"], 2 * CHAIN_CREDITS);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1 + 7. The balance runs out; a resume over the budget is refused; a top-up finishes it
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_stopped_by_the_balance_is_refused_over_max_credits_then_finished_after_a_top_up() {
+    let items = 6;
+    let env = start(sandbox_with_latency(60)).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(items, None));
+    let mut cmd = task_command(
+        &env,
+        dir,
+        "run",
+        &["p.yaml", "--run-id", "r", "--concurrency", "2", "--json"],
+    );
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    // Someone else spends the account down once a few calls are billed.
+    wait_until("four bills", || env.sandbox.ledger().len() >= 4).await;
+    env.sandbox.set_balance(1);
+    let o = tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_exit_without_panic(&o, 3);
+    let summary = json_stdout(&o);
+    assert_eq!(summary["status"], "stopped", "{summary:#}");
+    let db = read_db(dir).await;
+    assert_eq!(db.run_status("r"), "stopped");
+    assert_record_agrees_with_ledger(&env, &db);
+    let spent: u64 = env.sandbox.ledger().iter().map(|e| e.credits).sum();
+    let total = items as u64 * CHAIN_CREDITS;
+    let left = total - spent;
+    assert!(left > 0);
+
+    // The list shows it stopped, with what it was billed.
+    let o = query(&env, dir, &["runs", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let runs = json_stdout(&o);
+    assert_eq!(runs[0]["status"], "stopped", "{runs:#}");
+    assert_eq!(runs[0]["credits_billed"], spent, "{runs:#}");
+    assert_eq!(runs[0]["credits_planned"], total, "{runs:#}");
+
+    // Topped up, but the run may now spend only one credit less than it needs: refused whole.
+    env.sandbox.set_balance(1000);
+    let before = still(&env, dir).await;
+    let cap = (spent + left - 1).to_string();
+    let o = resume(&env, dir, &["r", "--max-credits", &cap]).await;
+    assert_exit_without_panic(&o, 3);
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!(
+            "{left} credits, but only {} may be spent",
+            left - 1
+        )),
+        "{err}"
+    );
+    assert!(err.contains("--max-credits"), "{err}");
+    assert_still(&env, dir, &before, "a resume over --max-credits").await;
+
+    // Exactly enough: it finishes, every task paid once over both processes.
+    let cap = total.to_string();
+    let o = resume(&env, dir, &["r", "--max-credits", &cap, "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let summary = json_stdout(&o);
+    assert_eq!(summary["succeeded"], 3 * items, "{summary:#}");
+    assert_eq!(summary["billed_credits"], total, "{summary:#}");
+    let ledger = env.sandbox.ledger();
+    assert_eq!(ledger.len(), 3 * items, "{ledger:#?}");
+    assert_eq!(ledger.iter().map(|e| e.credits).sum::<u64>(), total);
+    let db = read_db(dir).await;
+    assert_eq!(db.run_status("r"), "succeeded");
+    assert_record_agrees_with_ledger(&env, &db);
+    assert_eq!(env.sandbox.balance(), 1000 - (total - spent) as i64);
+    assert_files_agree(dir, &db, "r");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Calls in flight when the process was killed
+// ---------------------------------------------------------------------------------------------
+
+/// Three items, two calls at a time, each call taking 400 ms. Until a bill confirms a step's
+/// price imgpipe sends one call of that step at a time, so i00's erase goes alone; once it is
+/// billed, i00's upscale and i01's erase go together, and the process is killed (SIGKILL)
+/// while both are in flight. The sandbox bills both anyway, undelivered.
+async fn killed_with_two_calls_in_flight(env: &Env) {
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(3, None));
+    let mut child = task_command(
+        env,
+        dir,
+        "run",
+        &["p.yaml", "--run-id", "k", "--concurrency", "2"],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    wait_until("two calls in flight after the first bill", || {
+        env.sandbox.ledger().len() == 1 && env.sandbox.stats().paid_requests >= 3
+    })
+    .await;
+    child.kill().await.unwrap();
+    wait_until("both calls billed", || env.sandbox.stats().abandoned >= 2).await;
+    let ledger = env.sandbox.ledger();
+    let ops: BTreeSet<(&str, bool)> = ledger
+        .iter()
+        .map(|e| (e.operation.as_str(), e.delivered))
+        .collect();
+    assert_eq!(ledger.len(), 3, "{ledger:#?}");
+    assert_eq!(
+        ops,
+        BTreeSet::from([("erase", true), ("upscale", false), ("erase", false)]),
+        "{ledger:#?}"
+    );
+    let db = read_db(dir).await;
+    assert_eq!(db.run_status("k"), "running", "a killed run says nothing");
+    let orphans: Vec<_> = db.attempts.iter().filter(|a| a.outcome.is_none()).collect();
+    assert_eq!(orphans.len(), 2, "{:#?}", db.attempts);
+    assert_eq!(db.task("k", "i00", "clean").status, "succeeded");
+    assert_eq!(db.task("k", "i00", "big").status, "running");
+    assert_eq!(db.task("k", "i01", "clean").status, "running");
+}
+
+/// The two tasks whose calls were in flight at the kill.
+const ORPHANS: [(&str, &str); 2] = [("i00", "big"), ("i01", "clean")];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn calls_in_flight_when_the_process_was_killed_are_ambiguous_and_called_again_by_default() {
+    let env = start(sandbox_with_latency(400)).await;
+    let dir = env.dir.path();
+    killed_with_two_calls_in_flight(&env).await;
+
+    // status and runs show the two calls as possibly billed.
+    let o = query(&env, dir, &["status", "k", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let status = json_stdout(&o);
+    assert_eq!(status["status"], "running", "{status:#}");
+    let ambiguous: BTreeSet<(&str, &str)> = status["ambiguous"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["task"].as_str().unwrap(), a["endpoint"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        ambiguous,
+        BTreeSet::from([
+            ("i00/big[0]", "POST /v1/images/tools/upscale"),
+            ("i01/clean[0]", "POST /v1/images/tools/erase"),
+        ]),
+        "{status:#}"
+    );
+    assert_eq!(status["ambiguous_attempts"], 2, "{status:#}");
+    assert_eq!(status["possibly_billed_credits"], 4, "{status:#}");
+    let o = query(&env, dir, &["status", "k"]).await;
+    assert_exit_without_panic(&o, 0);
+    assert!(
+        stdout(&o).contains("possibly billed: i01/clean[0] POST /v1/images/tools/erase"),
+        "{}",
+        stdout(&o)
+    );
+    let o = query(&env, dir, &["runs", "--json"]).await;
+    let runs = json_stdout(&o);
+    assert_eq!(runs[0]["status"], "running", "{runs:#}");
+    assert_eq!(runs[0]["possibly_billed"], 4, "{runs:#}");
+
+    // The dry run names them ambiguous, and settles nothing.
+    let before = still(&env, dir).await;
+    let o = resume(&env, dir, &["k", "--dry-run", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let doc = json_stdout(&o);
+    assert_eq!(doc["by_reason"]["ambiguous"]["tasks"], 2, "{doc:#}");
+    assert_eq!(doc["by_reason"]["ambiguous"]["credits"], 4, "{doc:#}");
+    assert_eq!(doc["by_reason"]["never started"]["tasks"], 6, "{doc:#}");
+    assert_eq!(doc["credits"], 3 * CHAIN_CREDITS - 2, "{doc:#}");
+    assert_eq!(doc["kept"], 1, "{doc:#}");
+    let o = resume(&env, dir, &["k", "--dry-run"]).await;
+    assert_exit_without_panic(&o, 0);
+    let text = stdout(&o);
+    assert!(text.contains("ambiguous: 2 task(s), 4 credits"), "{text}");
+    for (item, step) in ORPHANS {
+        let line = text
+            .lines()
+            .find(|l| l.contains(&format!("{item}/{step}[0]")))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(line.contains("ambiguous"), "{line}");
+    }
+    assert_still(&env, dir, &before, "resume --dry-run").await;
+
+    // Resumed with the default --on-ambiguous retry: both are called again.
+    let o = resume(&env, dir, &["k", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let summary = json_stdout(&o);
+    assert_eq!(summary["succeeded"], 9, "{summary:#}");
+    assert_eq!(summary["ambiguous_attempts"], 2, "{summary:#}");
+    assert_eq!(summary["billed_credits"], 3 * CHAIN_CREDITS, "{summary:#}");
+    assert_eq!(billed_for(&env, "erase"), 4, "one lost, three delivered");
+    assert_eq!(billed_for(&env, "upscale"), 4, "one lost, three delivered");
+    assert_eq!(env.sandbox.ledger().len(), 11);
+    let db = read_db(dir).await;
+    assert_eq!(db.run_status("k"), "succeeded");
+    assert_ledger_agrees(&env, &db);
+    for (item, step) in ORPHANS {
+        let t = db.task("k", item, step);
+        let attempts = db.attempts_of(t.id);
+        assert_eq!(attempts.len(), 2, "{attempts:#?}");
+        assert_eq!(attempts[0].outcome.as_deref(), Some("ambiguous"));
+        assert!(
+            attempts[0]
+                .error
+                .as_deref()
+                .is_some_and(|e| e.contains("may have been billed")),
+            "{attempts:#?}"
+        );
+        assert_eq!(attempts[1].outcome.as_deref(), Some("succeeded"));
+    }
+    assert_files_agree(dir, &db, "k");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_on_ambiguous_fail_calls_in_flight_at_a_kill_fail_their_task_and_block_its_chain() {
+    let env = start(sandbox_with_latency(400)).await;
+    let dir = env.dir.path();
+    killed_with_two_calls_in_flight(&env).await;
+
+    let o = resume(&env, dir, &["k", "--on-ambiguous", "fail"]).await;
+    assert_exit_without_panic(&o, 4);
+    // Only i02's chain was paid; the two lost calls were not sent again.
+    let ledger = env.sandbox.ledger();
+    assert_eq!(ledger.len(), 6, "{ledger:#?}");
+    assert_eq!(billed_for(&env, "erase"), 3, "{ledger:#?}");
+    assert_eq!(billed_for(&env, "upscale"), 2, "{ledger:#?}");
+    let db = read_db(dir).await;
+    assert_ledger_agrees(&env, &db);
+    let text = stdout(&o);
+    let blocked = [("i00", "cutout"), ("i01", "big"), ("i01", "cutout")];
+    for (item, step) in ORPHANS {
+        let t = db.task("k", item, step);
+        assert_eq!(t.status, "failed", "{t:?}");
+        assert_eq!(db.attempts_of(t.id).len(), 1, "called again: {t:?}");
+        let why = t.error.as_deref().unwrap();
+        assert!(why.contains("--on-ambiguous"), "{why}");
+        assert!(
+            text.contains(&format!("failed    {item}/{step}[0]: ")),
+            "{text}"
+        );
+    }
+    for (item, step) in blocked {
+        let d = db.task("k", item, step);
+        assert_eq!(d.status, "blocked", "{d:?}");
+        assert!(db.attempts_of(d.id).is_empty(), "{d:?}");
+        assert!(d.error.as_deref().unwrap().contains("failed"), "{d:?}");
+    }
+    assert_eq!(db.count("k", "succeeded"), 4);
+    assert_eq!(db.run_status("k"), "failed");
+    assert_files_agree(dir, &db, "k");
+
+    // status names the failures and their reasons.
+    let o = query(&env, dir, &["status", "k", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let status = json_stdout(&o);
+    let failures = status["failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 2, "{status:#}");
+    assert!(
+        failures
+            .iter()
+            .all(|f| f["reason"].as_str().unwrap().contains("--on-ambiguous")),
+        "{status:#}"
+    );
+    let counts: Vec<(String, u64, u64, u64)> = status["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let n = |k: &str| s[k].as_u64().unwrap();
+            (
+                s["step"].as_str().unwrap().to_owned(),
+                n("succeeded"),
+                n("failed"),
+                n("blocked"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        counts,
+        [
+            ("clean".to_owned(), 2, 1, 0),
+            ("big".to_owned(), 1, 1, 1),
+            ("cutout".to_owned(), 1, 0, 2),
+        ],
+        "{status:#}"
+    );
+
+    // The user decides to pay for them after all: resumed with retry, the run finishes.
+    let o = resume(&env, dir, &["k"]).await;
+    assert_exit_without_panic(&o, 0);
+    assert_eq!(env.sandbox.ledger().len(), 11);
+    let db = read_db(dir).await;
+    assert_ledger_agrees(&env, &db);
+    assert_eq!(db.count("k", "succeeded"), 9);
+    assert_files_agree(dir, &db, "k");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. The dry run's reasons for failed and blocked tasks
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn resume_dry_run_lists_failed_and_blocked_tasks_with_their_credits_and_writes_nothing() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    // i01's image is no sample of the sandbox: its erase is refused (400, nothing billed).
+    let text = edit_chain(3, None).replace("assets/lamp.png", "assets/sofa.png");
+    write(dir, "p.yaml", &text);
+    let o = run(&env, dir, &["p.yaml", "--run-id", "r"]).await;
+    assert_exit_without_panic(&o, 4);
+    assert_eq!(env.sandbox.ledger().len(), 6);
+
+    let before = still(&env, dir).await;
+    let o = resume(&env, dir, &["r", "--dry-run"]).await;
+    assert_exit_without_panic(&o, 0);
+    let text = stdout(&o);
+    assert!(text.contains("3 task(s) to pay for, 9 credits"), "{text}");
+    assert!(text.contains("failed: 1 task(s), 2 credits"), "{text}");
+    assert!(text.contains("blocked: 2 task(s), 7 credits"), "{text}");
+    let failed = text.lines().find(|l| l.contains("i01/clean[0]")).unwrap();
+    assert!(
+        failed.contains("failed") && failed.contains("sofa"),
+        "{failed}"
+    );
+    assert!(text.contains("kept: 6 task(s) already done"), "{text}");
+    let o = resume(&env, dir, &["r", "--dry-run", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let doc = json_stdout(&o);
+    assert_eq!(doc["credits"], 9, "{doc:#}");
+    assert_eq!(doc["by_reason"]["failed"]["tasks"], 1, "{doc:#}");
+    assert_eq!(doc["by_reason"]["failed"]["credits"], 2, "{doc:#}");
+    assert_eq!(doc["by_reason"]["blocked"]["tasks"], 2, "{doc:#}");
+    assert_eq!(doc["by_reason"]["blocked"]["credits"], 7, "{doc:#}");
+    let tasks = doc["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 3, "{doc:#}");
+    assert!(
+        tasks
+            .iter()
+            .all(|t| t["item"] == "i01" && t["credits"].as_u64().unwrap() > 0),
+        "{doc:#}"
+    );
+    assert_still(&env, dir, &before, "resume --dry-run").await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. A changed pipeline
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_changed_pipeline_is_refused_and_with_allow_changes_only_what_changed_runs_again() {
+    let env = start(sandbox_with_latency(60)).await;
+    let dir = env.dir.path();
+    let original = edit_chain(3, None);
+    write(dir, "p.yaml", &original);
+    let o = interrupt_when(
+        &env,
+        task_command(
+            &env,
+            dir,
+            "run",
+            &["p.yaml", "--run-id", "r", "--concurrency", "1"],
+        ),
+        |env| env.sandbox.ledger().len() >= 4,
+    )
+    .await;
+    assert_exit_without_panic(&o, 130);
+    let db = read_db(dir).await;
+    let done: Vec<Task> = db
+        .tasks_of("r")
+        .into_iter()
+        .filter(|t| t.status == "succeeded")
+        .cloned()
+        .collect();
+    let old_sha: HashMap<i64, (i64, String)> = db
+        .outputs
+        .iter()
+        .map(|o| (o.task_id, (o.id, o.sha256.clone().unwrap())))
+        .collect();
+    let done_of = |step: &str| done.iter().filter(|t| t.step == step).count();
+    let (clean_done, big_done, cutout_done) = (done_of("clean"), done_of("big"), done_of("cutout"));
+    assert!(big_done >= 1 && cutout_done >= 1, "{done:#?}");
+    let paid_before = env.sandbox.ledger().len();
+
+    // upscale 4× instead of 2×: `big` and everything after it asks for something else.
+    let changed = original.replace("desired_increase: 2", "desired_increase: 4");
+    write(dir, "p.yaml", &changed);
+    let before = still(&env, dir).await;
+    let o = resume(&env, dir, &["r"]).await;
+    assert_exit_without_panic(&o, 3);
+    let err = stderr(&o);
+    assert!(err.contains("the pipeline changed"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "step `big` asks something else of {big_done} task(s)"
+        )),
+        "{err}"
+    );
+    assert!(err.contains("--allow-changes"), "{err}");
+    assert_still(&env, dir, &before, "a refused resume").await;
+
+    let o = resume(&env, dir, &["r", "--dry-run", "--allow-changes", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let doc = json_stdout(&o);
+    assert_eq!(
+        doc["by_reason"]["changed"]["tasks"],
+        big_done + cutout_done,
+        "{doc:#}"
+    );
+    assert_eq!(doc["kept"], clean_done, "{doc:#}");
+    assert_still(&env, dir, &before, "resume --dry-run --allow-changes").await;
+
+    let o = resume(&env, dir, &["r", "--allow-changes", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let summary = json_stdout(&o);
+    assert_eq!(summary["status"], "succeeded", "{summary:#}");
+    assert_eq!(summary["succeeded"], 9, "{summary:#}");
+    // Everything but the erases already done was called (again).
+    let ledger = env.sandbox.ledger();
+    assert_eq!(ledger.len(), paid_before + 9 - clean_done, "{ledger:#?}");
+    let db = read_db(dir).await;
+    assert_ledger_agrees(&env, &db);
+    assert_eq!(db.runs["r"].1, changed, "the run keeps the file it now ran");
+    let run_dir = dir.join("out/r");
+    for t in &done {
+        let now = db.by_id(t.id);
+        if t.step == "clean" {
+            assert_eq!(now.job_id, t.job_id, "{} paid again", t.name());
+            assert_eq!(db.attempts_of(t.id).len(), 1, "{}", t.name());
+            continue;
+        }
+        assert_ne!(now.job_id, t.job_id, "{} not run again", t.name());
+        // Its old output was moved aside, whole.
+        let (out_id, sha) = &old_sha[&t.id];
+        let aside = run_dir.join(format!("_superseded/{}/{}.o{out_id}.png", t.item, t.step));
+        assert_eq!(&sha_of(&aside), sha, "{}", aside.display());
+        let row = db
+            .superseded
+            .iter()
+            .find(|s| s.task_id == t.id)
+            .unwrap_or_else(|| panic!("{:#?}", db.superseded));
+        assert_eq!(row.path.as_deref().map(PathBuf::from), Some(aside));
+        assert_eq!(row.sha256.as_ref(), Some(sha));
+        assert_eq!(Some(&row.job_id), t.job_id.as_ref());
+        assert!(row.reason.contains("runs again"), "{row:?}");
+    }
+    assert_eq!(db.superseded.len(), big_done + cutout_done);
+    assert_eq!(
+        files_under(&run_dir.join("_superseded")).len(),
+        big_done + cutout_done
+    );
+    // The final files are the new pipeline's: every big is 4× its clean.
+    for item in ["i00", "i01", "i02"] {
+        let clean = decode(&run_dir.join(item).join("clean.png")).dimensions();
+        let big = decode(&run_dir.join(item).join("big.png")).dimensions();
+        assert_eq!(big, (4 * clean.0, 4 * clean.1), "{item}");
+    }
+    let lines = assert_files_agree(dir, &db, "r");
+    assert_eq!(lines.len(), 9);
+    assert_manifest_credits_are_the_calls(&env, &lines);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_resumes_from_its_own_copy_of_the_pipeline_when_the_file_is_gone() {
+    let env = start(sandbox_with_latency(60)).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(2, None));
+    let o = interrupt_when(
+        &env,
+        task_command(
+            &env,
+            dir,
+            "run",
+            &["p.yaml", "--run-id", "r", "--concurrency", "1"],
+        ),
+        |env| env.sandbox.ledger().len() >= 2,
+    )
+    .await;
+    assert_exit_without_panic(&o, 130);
+    let paid = env.sandbox.ledger().len();
+    assert!(paid < 6, "{paid}");
+    std::fs::remove_file(dir.join("p.yaml")).unwrap();
+    // From another directory, as cron would.
+    let elsewhere = dir.join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let cmd = imgpipe_at(
+        &env,
+        env.sandbox.base_url().as_str(),
+        dir,
+        &elsewhere,
+        &["resume", "r", "--retry-base-ms", "20"],
+    );
+    let o = finish(cmd).await;
+    assert_exit_without_panic(&o, 0);
+    assert!(stderr(&o).contains("is gone"), "{}", stderr(&o));
+    assert!(stdout(&o).starts_with("run r: succeeded"), "{}", both(&o));
+    assert_eq!(env.sandbox.ledger().len(), 6, "each task paid once");
+    let db = read_db(dir).await;
+    assert_ledger_agrees(&env, &db);
+    assert_eq!(db.count("r", "succeeded"), 6);
+    assert!(
+        files_under(&elsewhere).is_empty(),
+        "nothing written in the cwd"
+    );
+    assert_files_agree(dir, &db, "r");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_item_dropped_by_allow_changes_and_then_put_back_runs_in_the_same_run() {
+    let env = start(sandbox_with_latency(60)).await;
+    let dir = env.dir.path();
+    let original = edit_chain(4, None);
+    write(dir, "p.yaml", &original);
+    let one_at_a_time = ["r", "--concurrency", "1"];
+    let o = interrupt_when(
+        &env,
+        task_command(
+            &env,
+            dir,
+            "run",
+            &["p.yaml", "--run-id", "r", "--concurrency", "1"],
+        ),
+        |env| env.sandbox.ledger().len() >= 4,
+    )
+    .await;
+    assert_exit_without_panic(&o, 130);
+    let db = read_db(dir).await;
+    assert_eq!(db.task("r", "i03", "clean").status, "pending");
+
+    // i03 dropped from the file: refused without --allow-changes, dropped with it.
+    write(dir, "p.yaml", &edit_chain(3, None));
+    let before = still(&env, dir).await;
+    let o = resume(&env, dir, &["r"]).await;
+    assert_exit_without_panic(&o, 3);
+    let err = stderr(&o);
+    assert!(err.contains("0 item(s) added, 1 removed"), "{err}");
+    assert!(err.contains("3 recorded task(s) would be dropped"), "{err}");
+    assert_still(&env, dir, &before, "a refused resume").await;
+    let o = resume(&env, dir, &["r", "--allow-changes", "--dry-run", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    assert_eq!(json_stdout(&o)["removed"], 3);
+    assert_still(&env, dir, &before, "resume --dry-run").await;
+    // Interrupted again once one more call is billed; i02's chain is still to do.
+    let paid = env.sandbox.ledger().len();
+    let mut args = one_at_a_time.to_vec();
+    args.push("--allow-changes");
+    let o = interrupt_when(&env, task_command(&env, dir, "resume", &args), |env| {
+        env.sandbox.ledger().len() > paid
+    })
+    .await;
+    assert_exit_without_panic(&o, 130);
+    let o = query(&env, dir, &["status", "r", "--json"]).await;
+    let status = json_stdout(&o);
+    assert_eq!(status["tasks"], 9, "{status:#}");
+    assert!(
+        status["pending"].as_u64().unwrap() > 0,
+        "work is left: {status:#}"
+    );
+
+    // i03 put back: it is new work again, paid once, and the run finishes.
+    write(dir, "p.yaml", &original);
+    let o = resume(&env, dir, &["r", "--allow-changes", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let summary = json_stdout(&o);
+    assert_eq!(summary["succeeded"], 12, "{summary:#}");
+    assert_eq!(env.sandbox.ledger().len(), 12, "each task paid once");
+    let db = read_db(dir).await;
+    assert_ledger_agrees(&env, &db);
+    assert_files_agree(dir, &db, "r");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Reuse across runs
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reuse_takes_earlier_results_for_free_and_pays_only_downstream_of_a_change() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    let original = edit_chain(3, None);
+    write(dir, "p.yaml", &original);
+    let o = run(&env, dir, &["p.yaml", "--run-id", "a"]).await;
+    assert_exit_without_panic(&o, 0);
+    let full = 3 * CHAIN_CREDITS;
+    assert_eq!(env.sandbox.ledger().len(), 9);
+
+    // The dry run says what reuse saves, and spends nothing.
+    let before = still(&env, dir).await;
+    let o = run(&env, dir, &["p.yaml", "--dry-run", "--reuse"]).await;
+    assert_exit_without_panic(&o, 0);
+    let text = stdout(&o);
+    assert!(
+        text.contains(&format!(
+            "reuse: 9 task(s) from earlier runs, saving {full} credits"
+        )),
+        "{text}"
+    );
+    assert_still(&env, dir, &before, "run --dry-run --reuse").await;
+
+    // A second run of the same pipeline, --reuse: nothing billed, the same files.
+    let o = run(&env, dir, &["p.yaml", "--run-id", "b", "--reuse", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let summary = json_stdout(&o);
+    assert_eq!(summary["succeeded"], 9, "{summary:#}");
+    assert_eq!(summary["billed_credits"], 0, "{summary:#}");
+    assert_eq!(env.sandbox.ledger(), before.ledger, "nothing billed");
+    assert_eq!(env.sandbox.stats().paid_requests, before.paid_requests);
+    let db = read_db(dir).await;
+    assert_ledger_agrees(&env, &db);
+    for t in db.tasks_of("b") {
+        let from = t
+            .reused_from
+            .unwrap_or_else(|| panic!("{} not reused", t.name()));
+        let original = db.by_id(from);
+        assert_eq!(original.run_id, "a");
+        assert_eq!((&original.item, &original.step), (&t.item, &t.step));
+        assert_eq!(t.job_id, original.job_id);
+        assert!(db.attempts_of(t.id).is_empty());
+    }
+    assert_eq!(tree(&dir.join("out/a")).len(), 10);
+    let (a, b) = (tree(&dir.join("out/a")), tree(&dir.join("out/b")));
+    for (file, sha) in a.iter().filter(|(f, _)| f.ends_with(".png")) {
+        assert_eq!(b.get(file), Some(sha), "{file}");
+    }
+    assert_files_agree(dir, &db, "b");
+    // Reused tasks count for nothing against the budget: a run they cover whole fits any.
+    let o = run(
+        &env,
+        dir,
+        &["p.yaml", "--run-id", "b2", "--reuse", "--max-credits", "1"],
+    )
+    .await;
+    assert_exit_without_panic(&o, 0);
+    assert_eq!(env.sandbox.ledger(), before.ledger, "nothing billed");
+
+    // `reuse: true` in the file does the same.
+    write(dir, "p.yaml", &format!("reuse: true\n{original}"));
+    let o = run(&env, dir, &["p.yaml", "--run-id", "c", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    assert_eq!(json_stdout(&o)["billed_credits"], 0);
+    assert_eq!(env.sandbox.ledger(), before.ledger, "nothing billed");
+    let db = read_db(dir).await;
+    assert!(db.tasks_of("c").iter().all(|t| t.reused_from.is_some()));
+    assert_files_agree(dir, &db, "c");
+
+    // One step changed: what is upstream of it is reused, the rest is paid.
+    let changed = original.replace("desired_increase: 2", "desired_increase: 4");
+    write(dir, "p.yaml", &changed);
+    let o = run(&env, dir, &["p.yaml", "--dry-run", "--reuse"]).await;
+    assert_exit_without_panic(&o, 0);
+    assert!(
+        stdout(&o).contains("reuse: 3 task(s) from earlier runs, saving 6 credits"),
+        "{}",
+        stdout(&o)
+    );
+    let o = run(&env, dir, &["p.yaml", "--run-id", "d", "--reuse", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let summary = json_stdout(&o);
+    // 3 × (upscale 4× at 4 + remove_background at 5).
+    assert_eq!(summary["billed_credits"], 27, "{summary:#}");
+    let ledger = env.sandbox.ledger();
+    assert_eq!(ledger.len(), 9 + 6, "{ledger:#?}");
+    assert!(ledger[9..].iter().all(|e| e.operation != "erase"));
+    let db = read_db(dir).await;
+    assert_ledger_agrees(&env, &db);
+    for t in db.tasks_of("d") {
+        assert_eq!(t.reused_from.is_some(), t.step == "clean", "{t:?}");
+    }
+    let lines = assert_files_agree(dir, &db, "d");
+    let run_dir = dir.join("out/d");
+    for item in ["i00", "i01", "i02"] {
+        assert_eq!(
+            sha_of(&run_dir.join(item).join("clean.png")),
+            a[&format!("{item}/clean.png")]
+        );
+        let clean = decode(&run_dir.join(item).join("clean.png")).dimensions();
+        let big = decode(&run_dir.join(item).join("big.png")).dimensions();
+        assert_eq!(big, (4 * clean.0, 4 * clean.1), "{item}");
+    }
+    let paid: Vec<Value> = lines.into_iter().filter(|l| l["step"] != "clean").collect();
+    assert_manifest_credits_are_the_calls(&env, &paid);
+}
