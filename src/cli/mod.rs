@@ -15,7 +15,7 @@ mod preflight;
 mod progress;
 mod resume;
 mod run;
-mod runs;
+pub(crate) mod runs;
 mod sandbox;
 mod schema;
 mod summary;

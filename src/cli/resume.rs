@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::cli::GlobalArgs;
 use crate::cli::connect::Connection;
-use crate::cli::run::{RunOptions, Start, build_graph, execute, lock, open_store};
+use crate::cli::run::{RunOptions, Start, build_graph, close, execute, lock, open_store};
 use crate::cli::{plan, preflight, summary, validate};
 use crate::error::Error;
 use crate::exec::Graph;
@@ -35,23 +35,13 @@ pub struct ResumeArgs {
 pub async fn run(args: &ResumeArgs, global: &GlobalArgs) -> Result<(), Error> {
     let store = open_store(args.opts.state.as_ref(), global.sandbox).await?;
     let result = match store.run(&args.run_id).await? {
-        None => Err(Error::usage(
-            format!(
-                "there is no run {:?} in {}",
-                args.run_id,
-                store.path().display()
-            ),
-            Some(
-                "`imgpipe runs` lists the runs; --state (or IMGPIPE_STATE) picks another database",
-            ),
-        )),
+        None => Err(crate::cli::runs::no_such_run(&store, &args.run_id)),
         Some(row) => match current_pipeline(&row) {
             Ok(pipeline) => existing(&store, row, pipeline, &args.opts, args.dry_run, global).await,
             Err(e) => Err(e),
         },
     };
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), store.close()).await;
-    result
+    close(store, result).await
 }
 
 /// The run's pipeline file as it is now; the run's own copy when the file is gone.
@@ -70,13 +60,13 @@ fn current_pipeline(row: &RunRow) -> Result<Pipeline, Error> {
 /// The pipeline file as the run recorded it (when it started, or last adopted a change).
 fn recorded_pipeline(row: &RunRow) -> Result<Pipeline, Error> {
     let path = Path::new(&row.pipeline_file);
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
     validate::checked(
         path,
-        pipeline::load_str(&row.pipeline_file, dir, &row.pipeline_text),
+        pipeline::load_str(
+            &row.pipeline_file,
+            pipeline::dir_of(path),
+            &row.pipeline_text,
+        ),
     )
 }
 

@@ -144,7 +144,7 @@ pub async fn run(args: &RunArgs, global: &GlobalArgs) -> Result<(), Error> {
 }
 
 /// Everything is committed already; closing only tidies the WAL, and must not hang an exit.
-async fn close(store: Store, result: Result<(), Error>) -> Result<(), Error> {
+pub async fn close(store: Store, result: Result<(), Error>) -> Result<(), Error> {
     let _ = tokio::time::timeout(Duration::from_secs(5), store.close()).await;
     result
 }
@@ -188,9 +188,9 @@ async fn fresh(
     }
     let _lock = held;
     let discover = preflight::needs_discovery(&doc, args.discover_price)?;
-    if !discover && refusal_after_reuse(&doc).is_err() {
+    if !discover && let Err(refused) = refusal_after_reuse(&doc) {
         plan::print(&doc, global)?;
-        return refusal_after_reuse(&doc);
+        return Err(refused);
     }
     let out_dir = args
         .out

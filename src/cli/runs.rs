@@ -155,12 +155,7 @@ pub async fn status(args: &StatusArgs, global: &GlobalArgs) -> Result<(), Error>
 
 async fn status_of(store: &Store, run_id: &str) -> Result<Status, Error> {
     if store.run(run_id).await?.is_none() {
-        return Err(Error::usage(
-            format!("there is no run {run_id:?} in {}", store.path().display()),
-            Some(
-                "`imgpipe runs` lists the runs; --state (or IMGPIPE_STATE) picks another database",
-            ),
-        ));
+        return Err(no_such_run(store, run_id));
     }
     Ok(Status {
         summary: summary::summary_of(store, run_id).await?,
@@ -168,6 +163,13 @@ async fn status_of(store: &Store, run_id: &str) -> Result<Status, Error> {
         ambiguous: store.ambiguous_attempts(run_id).await?,
         superseded_files: store.superseded_count(run_id).await?,
     })
+}
+
+pub fn no_such_run(store: &Store, run_id: &str) -> Error {
+    Error::usage(
+        format!("there is no run {run_id:?} in {}", store.path().display()),
+        Some("`imgpipe runs` lists the runs; --state (or IMGPIPE_STATE) picks another database"),
+    )
 }
 
 fn print_json(value: &impl Serialize) -> Result<(), Error> {

@@ -6,6 +6,8 @@
 //! every refresh. An image given by URL in the pipeline file counts by its URL: imgpipe never
 //! fetches such images itself.
 
+use std::collections::HashMap;
+
 use sha2::{Digest, Sha256};
 
 use crate::api::types::{GenerationRequest, ToolRequest};
@@ -39,6 +41,18 @@ pub fn identity(
     Some(hex::encode(Sha256::digest(
         canonical.to_string().as_bytes(),
     )))
+}
+
+/// The identity of task `t` as recorded: its inputs' bytes are those of the outputs recorded
+/// for them. `row(task)` is the row a graph task is recorded as; `hashes` the sha256 of each
+/// downloaded output by row and output index.
+pub fn from_record(
+    graph: &Graph,
+    t: usize,
+    row: impl Fn(usize) -> Option<i64>,
+    hashes: &HashMap<(i64, u32), String>,
+) -> Option<String> {
+    identity(graph, t, |u, k| hashes.get(&(row(u)?, k)).cloned())
 }
 
 /// The request as it goes on the wire, with each input URL replaced by its position.

@@ -12,7 +12,7 @@ use crate::api::download::{copy_checked, file_sha256};
 use crate::api::types::STATUS_SUCCEEDED;
 use crate::exec::OnAmbiguous;
 use crate::exec::graph::Graph;
-use crate::exec::identity::identity;
+use crate::exec::identity::{from_record, identity};
 use crate::store::{
     AttemptOutcome, NewTask, OutputRow, Reusable, SetAside, Settled, Store, StoreError, TaskRow,
     TaskStatus,
@@ -244,23 +244,21 @@ fn identities_of(
     by_key: &HashMap<(String, String, u32), usize>,
     hashes: &HashMap<(i64, u32), String>,
 ) -> HashMap<i64, Option<String>> {
-    let row_id: Vec<Option<i64>> = (0..graph.tasks.len())
-        .map(|t| by_key.get(&graph.key(t)).map(|&i| rows[i].id))
+    let row_of: Vec<Option<&TaskRow>> = (0..graph.tasks.len())
+        .map(|t| by_key.get(&graph.key(t)).map(|&i| &rows[i]))
         .collect();
-    let mut out = HashMap::new();
-    for t in 0..graph.tasks.len() {
-        let Some(i) = by_key.get(&graph.key(t)) else {
-            continue;
-        };
-        let r = &rows[*i];
-        let id = r.identity.clone().or_else(|| {
-            identity(graph, t, |u, k| {
-                row_id[u].and_then(|id| hashes.get(&(id, k)).cloned())
-            })
-        });
-        out.insert(r.id, id);
-    }
-    out
+    row_of
+        .iter()
+        .enumerate()
+        .filter_map(|(t, r)| {
+            let r = (*r)?;
+            let id = r
+                .identity
+                .clone()
+                .or_else(|| from_record(graph, t, |u| row_of[u].map(|r| r.id), hashes));
+            Some((r.id, id))
+        })
+        .collect()
 }
 
 /// The outputs of kept tasks whose file is missing or differs from the record.

@@ -92,13 +92,7 @@ pub async fn run(
 ) -> Result<Outcome, StoreError> {
     store.settle_orphaned_attempts(&config.run_id).await?;
     let rows = store.tasks(&config.run_id).await?;
-    let index: TaskIndex = (0..graph.tasks.len())
-        .map(|t| {
-            let task = &graph.tasks[t];
-            let item = graph.item_dir(task.instance).to_owned();
-            ((item, graph.step_id(t).to_owned(), task.idx), t)
-        })
-        .collect();
+    let index: TaskIndex = (0..graph.tasks.len()).map(|t| (graph.key(t), t)).collect();
     let mut row_ids = vec![0i64; graph.tasks.len()];
     let mut prior = vec![Prior::Todo; graph.tasks.len()];
     for row in &rows {
@@ -178,9 +172,7 @@ async fn record_identities(
     let found: Vec<(i64, String)> = (0..graph.tasks.len())
         .filter(|t| missing.contains(&row_ids[*t]))
         .filter_map(|t| {
-            let id = crate::exec::identity::identity(graph, t, |u, k| {
-                hashes.get(&(row_ids[u], k)).cloned()
-            })?;
+            let id = crate::exec::identity::from_record(graph, t, |u| Some(row_ids[u]), &hashes)?;
             Some((row_ids[t], id))
         })
         .collect();

@@ -30,19 +30,20 @@ pub struct Loaded {
 /// Reads and checks the pipeline file at `path`, named in messages as the user wrote it.
 pub fn load(path: &Path) -> Loaded {
     let shown = path.display().to_string();
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let dir = if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
-    };
     match std::fs::read(path) {
         Ok(bytes) => match String::from_utf8(bytes) {
-            Ok(text) => load_str(&shown, dir, &text),
+            Ok(text) => load_str(&shown, dir_of(path), &text),
             Err(e) => single(&shown, format!("is not UTF-8 text ({e})")),
         },
         Err(e) => single(&shown, format!("cannot read the pipeline file: {e}")),
     }
+}
+
+/// The directory relative paths in the pipeline file at `path` are resolved against.
+pub fn dir_of(path: &Path) -> &Path {
+    path.parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
 }
 
 /// Checks pipeline `text` as if read from `file`, resolving relative paths against `dir`.
