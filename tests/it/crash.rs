@@ -1371,10 +1371,13 @@ async fn continued_after_its_urls_expired_the_run_pays_nothing_twice() {
         dir,
         sandbox: &sandbox,
         run_id: "ttl",
-        extra: vec!["--url-ttl", "2", "--url-margin", "0.5"],
+        // One call a second while the interruption is set up: an edit then waits on the
+        // limiter long after its generation was billed, so the SIGINT surely lands first.
+        extra: vec!["--url-ttl", "2", "--url-margin", "0.5", "--rate", "1/s"],
         round: 0,
     };
     let (mut child, log) = runner.spawn();
+    runner.extra.truncate(4);
     let driven = drive(
         &runner,
         &mut child,
