@@ -14,6 +14,7 @@ pub mod error;
 pub mod exec;
 pub mod pipeline;
 pub mod plan;
+pub mod report;
 pub mod sandbox;
 pub mod store;
 

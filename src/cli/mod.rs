@@ -13,6 +13,7 @@ mod output;
 mod plan;
 mod preflight;
 mod progress;
+mod report;
 mod resume;
 mod run;
 pub(crate) mod runs;
@@ -109,6 +110,8 @@ pub enum Command {
     Resume(resume::ResumeArgs),
     /// List the runs in the state database
     Runs(runs::RunsArgs),
+    /// Write a run's HTML report: each item's images step by step, and where every credit went
+    Report(report::ReportArgs),
     /// Show one run: per-step counts, failures and their reasons, possibly billed attempts,
     /// where the outputs are
     Status(runs::StatusArgs),
@@ -154,6 +157,7 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
         }
         Command::Runs(args) => return runs::runs(args, &global).await,
         Command::Status(args) => return runs::status(args, &global).await,
+        Command::Report(args) => return report::run(args, &global).await,
         _ => {}
     }
     let work = async {
@@ -174,7 +178,8 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
             | Command::Run(_)
             | Command::Resume(_)
             | Command::Runs(_)
-            | Command::Status(_) => Ok(()),
+            | Command::Status(_)
+            | Command::Report(_) => Ok(()),
         }
     };
     tokio::select! {
@@ -188,7 +193,6 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
     }
 }
 
-/// Completes on SIGINT or SIGTERM.
 /// SIGINT or SIGTERM, latched once [`listen_for_shutdown`] has run: a signal that arrives
 /// between two waits is then never lost.
 pub(crate) async fn shutdown_signal() {

@@ -175,7 +175,7 @@ pub async fn continue_run(store: &Store, row: &store::RunRow) -> Result<OpenRun,
         .await?;
     tracing::info!("resuming run {}", row.id);
     Ok(OpenRun {
-        dir: PathBuf::from(&row.output_dir).join(&row.id),
+        dir: row.dir(),
         id: row.id.clone(),
         billed,
     })

@@ -84,7 +84,7 @@ pub async fn existing(
             println!("run {} is finished: nothing to pay for", row.id);
             return Ok(());
         }
-        return summary::print_finished(store, &row.id, global).await;
+        return summary::print_finished(store, &row.id, opts.report, global).await;
     }
     if global.sandbox && store.totals(&row.id).await?.succeeded > 0 {
         return Err(Error::usage(

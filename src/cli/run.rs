@@ -95,6 +95,9 @@ pub struct RunOptions {
     /// Seconds calls in flight may take to finish after SIGINT/SIGTERM
     #[arg(long, default_value_t = 60.0, value_name = "SECS")]
     pub grace: f64,
+    /// Write the run's HTML report (report.html, next to the manifest) when it ends
+    #[arg(long)]
+    pub report: bool,
     /// First retry delay in milliseconds (tests set it low)
     #[arg(long, default_value_t = 500, hide = true)]
     pub retry_base_ms: u64,
@@ -144,7 +147,7 @@ pub async fn run(args: &RunArgs, global: &GlobalArgs) -> Result<(), Error> {
 }
 
 /// Everything is committed already; closing only tidies the WAL, and must not hang an exit.
-pub async fn close(store: Store, result: Result<(), Error>) -> Result<(), Error> {
+pub async fn close<T>(store: Store, result: Result<T, Error>) -> Result<T, Error> {
     let _ = tokio::time::timeout(Duration::from_secs(5), store.close()).await;
     result
 }
@@ -430,7 +433,11 @@ pub async fn execute(
     )
     .await?;
     progress.finish();
-    summary::conclude(conn, store, &run, &config, &resume, outcome, global).await
+    let after = summary::After {
+        resume: &resume,
+        report: opts.report,
+    };
+    summary::conclude(conn, store, &run, &config, after, outcome, global).await
 }
 
 fn file_for_resume(args: &RunArgs, pipeline: &Pipeline) -> String {

@@ -1,8 +1,6 @@
 //! The end of a run: the manifest written, the run's status recorded, and a summary that
 //! reconciles planned, billed and possibly billed credits with the balance the account shows.
 
-use std::path::Path;
-
 use serde::Serialize;
 
 use crate::cli::GlobalArgs;
@@ -37,16 +35,26 @@ pub struct Failure {
     reason: String,
 }
 
-/// Records how the run ended, prints the summary, and returns the error its exit code needs.
+/// What follows the end of a run.
+pub struct After<'a> {
+    /// The command that continues the run.
+    pub resume: &'a str,
+    /// Write the HTML report.
+    pub report: bool,
+}
+
+/// Records how the run ended, prints the summary, writes the report when asked, and returns
+/// the error its exit code needs.
 pub async fn conclude(
     conn: &Connection,
     store: &Store,
     run: &OpenRun,
     config: &exec::Config,
-    resume: &str,
+    after: After<'_>,
     outcome: Outcome,
     global: &GlobalArgs,
 ) -> Result<(), Error> {
+    let resume = after.resume;
     if let Err(e) = manifest::write(store, &run.id, &config.run_dir).await {
         tracing::error!("{e}");
     }
@@ -74,6 +82,9 @@ pub async fn conclude(
         .set_run_status(&run.id, status, stop_reason.as_deref(), balance_after)
         .await?;
     print_summary(store, &run.id, global).await?;
+    if after.report {
+        write_report(store, &run.id).await;
+    }
     if outcome.interrupted {
         return Err(Error::Interrupted {
             detail: Some(format!(
@@ -101,10 +112,36 @@ pub async fn conclude(
     }
 }
 
-/// For a run that is already finished: its summary, and nothing spent.
-pub async fn print_finished(store: &Store, run_id: &str, global: &GlobalArgs) -> Result<(), Error> {
+/// For a run that is already finished: its summary (and its report when asked), and nothing
+/// spent.
+pub async fn print_finished(
+    store: &Store,
+    run_id: &str,
+    report: bool,
+    global: &GlobalArgs,
+) -> Result<(), Error> {
     tracing::info!("run {run_id} is already finished; nothing to do");
-    print_summary(store, run_id, global).await
+    print_summary(store, run_id, global).await?;
+    if report {
+        write_report(store, run_id).await;
+    }
+    Ok(())
+}
+
+/// Writes the report next to the manifest. The run's own exit code stands either way: a
+/// report that cannot be written is said on stderr, with the command that tries again.
+async fn write_report(store: &Store, run_id: &str) {
+    match crate::report::write(store, run_id, None).await {
+        Ok(w) => tracing::info!(
+            "report written to {} ({} images, {} new thumbnails)",
+            w.path.display(),
+            w.images,
+            w.thumbnails_made
+        ),
+        Err(e) => tracing::error!(
+            "cannot write the report: {e}\nhint: `imgpipe report {run_id}` tries again"
+        ),
+    }
 }
 
 async fn print_summary(store: &Store, run_id: &str, global: &GlobalArgs) -> Result<(), Error> {
@@ -144,7 +181,7 @@ pub async fn summary_of(store: &Store, run_id: &str) -> Result<Summary, Error> {
             Ok(())
         })
         .await?;
-    let dir = Path::new(&run.output_dir).join(run_id);
+    let dir = run.dir();
     let summary = Summary {
         run_id: run_id.to_owned(),
         pipeline: run.pipeline_name,

@@ -246,7 +246,6 @@ impl Graph {
         out
     }
 
-    /// A task's inputs as the database records them: other tasks' outputs or URLs.
     /// How the task is recorded: item directory, step id, index.
     pub fn key(&self, task: usize) -> (String, String, u32) {
         let t = &self.tasks[task];
@@ -257,6 +256,7 @@ impl Graph {
         )
     }
 
+    /// A task's inputs as the database records them: other tasks' outputs or URLs.
     pub fn describe_inputs(&self, task: usize) -> String {
         let parts: Vec<String> = self.tasks[task]
             .sources()

@@ -8,6 +8,7 @@
 //! by a newer imgpipe, or one that is not a database at all, is reported and never touched.
 
 pub mod lock;
+mod report;
 mod resume;
 mod runs;
 pub(crate) mod tasks;
@@ -20,6 +21,7 @@ use sqlx::SqlitePool;
 use sqlx::migrate::MigrateError;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
+pub use report::{ReportTask, Spend};
 pub use resume::{Reusable, ReusableOutput, SetAside};
 pub use runs::{AmbiguousAttempt, NewRun, RunRow, RunStatus, StepCounts};
 pub use tasks::{

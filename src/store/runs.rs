@@ -74,6 +74,13 @@ pub struct RunRow {
     pub finished_at: Option<i64>,
 }
 
+impl RunRow {
+    /// The run's own directory: its outputs, manifest and report.
+    pub fn dir(&self) -> std::path::PathBuf {
+        std::path::Path::new(&self.output_dir).join(&self.id)
+    }
+}
+
 impl Store {
     /// Records a run with its tasks, in one transaction: a run is never recorded without them.
     pub async fn create_run(
@@ -220,11 +227,15 @@ pub struct StepCounts {
 /// An attempt sent without a complete answer: it may have been billed.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct AmbiguousAttempt {
+    #[serde(skip)]
+    pub task_id: i64,
     pub task: String,
     pub endpoint: String,
     pub started_at: i64,
     pub job_id: Option<String>,
     pub error: Option<String>,
+    /// The task's planned price: what the call may have cost.
+    pub credits_at_risk: u64,
 }
 
 impl Store {
@@ -267,7 +278,8 @@ impl Store {
         run_id: &str,
     ) -> Result<Vec<AmbiguousAttempt>, StoreError> {
         let rows = sqlx::query(
-            "SELECT t.item, t.step, t.idx, a.endpoint, a.started_at, a.job_id, a.error
+            "SELECT t.id, t.item, t.step, t.idx, t.planned_credits, a.endpoint, a.started_at,
+                    a.job_id, a.error
              FROM attempts a JOIN tasks t ON t.id = a.task_id
              WHERE a.run_id = ? AND (a.outcome IS NULL OR a.outcome = 'ambiguous')
              ORDER BY a.id",
@@ -278,6 +290,7 @@ impl Store {
         rows.iter()
             .map(|r| {
                 Ok(AmbiguousAttempt {
+                    task_id: r.try_get("id")?,
                     task: format!(
                         "{}/{}[{}]",
                         r.try_get::<String, _>("item")?,
@@ -288,6 +301,7 @@ impl Store {
                     started_at: r.try_get("started_at")?,
                     job_id: r.try_get("job_id")?,
                     error: r.try_get("error")?,
+                    credits_at_risk: crate::store::tasks::to_u64(r.try_get("planned_credits")?),
                 })
             })
             .collect()

@@ -26,7 +26,7 @@ impl TaskStatus {
         }
     }
 
-    fn parse(s: &str) -> TaskStatus {
+    pub(crate) fn parse(s: &str) -> TaskStatus {
         match s {
             "running" => TaskStatus::Running,
             "succeeded" => TaskStatus::Succeeded,

@@ -1,0 +1,610 @@
+//! The page: one HTML file with its style and its one small script inline, and links to the
+//! run's thumbnails and full-size files by relative paths.
+
+use std::fmt::Write;
+use std::path::Path;
+
+use crate::report::chart::{self, Marks};
+use crate::report::lineage::Input;
+use crate::report::links::href;
+use crate::report::model::{Model, Shown, StepCost};
+use crate::store::{ReportTask, TaskStatus};
+
+/// Marks a file as an imgpipe report: only such a file is ever overwritten by another.
+pub const MARKER: &str = "<!-- imgpipe run report -->";
+
+/// Items per page; the script shows one page at a time beyond this.
+pub const PER_PAGE: usize = 100;
+
+/// The page for `model`, to be written into directory `dir`.
+pub fn render(model: &Model, dir: &Path) -> String {
+    let mut page = Page {
+        model,
+        dir,
+        out: String::with_capacity(4096 + model.tasks.len() * 600),
+    };
+    page.document();
+    page.out
+}
+
+struct Page<'a> {
+    model: &'a Model,
+    dir: &'a Path,
+    out: String,
+}
+
+/// Escapes text for HTML content and quoted attributes.
+pub fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn time(ms: i64) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
+    crate::plan::document::rfc3339(at)
+}
+
+fn duration(ms: i64) -> String {
+    let s = ms.max(0) / 1000;
+    match s {
+        0..60 => format!("{s} s"),
+        60..3600 => format!("{} min {} s", s / 60, s % 60),
+        _ => format!("{} h {} min", s / 3600, s / 60 % 60),
+    }
+}
+
+impl Page<'_> {
+    fn w(&mut self, s: &str) {
+        self.out.push_str(s);
+    }
+
+    fn document(&mut self) {
+        let run = &self.model.run;
+        let _ = write!(
+            self.out,
+            "<!DOCTYPE html>\n{MARKER}\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+             <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+             <meta name=\"generator\" content=\"imgpipe {}\">\
+             <title>{} · run {}</title><style>{}</style></head>\n<body data-per-page=\"{PER_PAGE}\">\n",
+            env!("CARGO_PKG_VERSION"),
+            esc(&run.pipeline_name),
+            esc(&run.id),
+            include_str!("page.css"),
+        );
+        let (steps, total, removed) = self.model.costs();
+        self.header(&total);
+        self.w("<main>\n");
+        self.costs(&steps, &total, removed.as_ref());
+        self.problems();
+        self.items();
+        self.w("</main>\n<script>");
+        self.w(include_str!("page.js"));
+        self.w("</script>\n</body></html>\n");
+    }
+
+    fn header(&mut self, total: &StepCost) {
+        let m = self.model;
+        let run = &m.run;
+        let status = run.status.as_str();
+        let _ = write!(
+            self.out,
+            "<header><h1>{}<span class=\"run\">run {}</span></h1>\
+             <span class=\"badge b-{status}\" id=\"run-status\">{status}</span>",
+            esc(&run.pipeline_name),
+            esc(&run.id)
+        );
+        if let Some(why) = &run.stop_reason {
+            let _ = write!(self.out, " <span class=\"why\">{}</span>", esc(why));
+        }
+        if m.in_progress() {
+            let _ = write!(
+                self.out,
+                "<p class=\"banner\">This run was still going when this page was made, at {} \
+                 (or it was killed and has not been resumed yet). Pending tasks show where they \
+                 are; <code>imgpipe report {}</code> makes the page again.</p>",
+                time(m.generated_at),
+                esc(&run.id)
+            );
+        }
+        let images = m.images().filter(|s| s.row.path.is_some()).count();
+        let end = run.finished_at.unwrap_or(m.generated_at);
+        let mut facts = vec![
+            ("Started", time(run.created_at)),
+            (
+                if run.finished_at.is_some() {
+                    "Took"
+                } else {
+                    "Running for"
+                },
+                duration(end - run.created_at),
+            ),
+            (
+                "Tasks done",
+                format!("{} of {}", total.succeeded, total.tasks),
+            ),
+            ("Images on disk", images.to_string()),
+            (
+                "Credits billed",
+                format!("{} of {} planned", total.billed, total.planned),
+            ),
+            ("Balance", self.balance_text()),
+        ];
+        if total.at_risk > 0 {
+            facts.push(("Possibly billed", format!("{} more", total.at_risk)));
+        }
+        self.w("<dl class=\"facts\">");
+        for (k, v) in facts {
+            let _ = write!(self.out, "<div><dt>{k}</dt><dd>{}</dd></div>", esc(&v));
+        }
+        let _ = write!(
+            self.out,
+            "</dl><p>Files in <code>{}</code> · page made {}{}</p>",
+            esc(&run.dir().to_string_lossy()),
+            time(m.generated_at),
+            if m.superseded > 0 {
+                format!(
+                    " · {} earlier file(s) set aside under <code>_superseded/</code>",
+                    m.superseded
+                )
+            } else {
+                String::new()
+            }
+        );
+        let problems = self.problem_count();
+        let _ = write!(
+            self.out,
+            "<nav class=\"jump\"><a href=\"#costs\">Costs</a><a href=\"#problems\">Problems ({problems})</a>\
+             <a href=\"#items\">Items ({})</a></nav></header>",
+            m.lineage.chains.len()
+        );
+    }
+
+    fn balance_text(&self) -> String {
+        let run = &self.model.run;
+        let show = |b: Option<i64>| b.map_or_else(|| "not known".to_owned(), |b| b.to_string());
+        match (run.balance_after, self.model.in_progress()) {
+            (Some(after), _) => format!("{} before, {after} after", show(run.balance_before)),
+            (None, true) => format!(
+                "{} before, {} at the last answer",
+                show(run.balance_before),
+                show(self.model.last_balance)
+            ),
+            (None, false) => format!(
+                "{} before, {} after",
+                show(run.balance_before),
+                show(self.model.last_balance)
+            ),
+        }
+    }
+
+    fn costs(&mut self, steps: &[StepCost], total: &StepCost, removed: Option<&StepCost>) {
+        self.w(
+            "<section id=\"costs\"><h2>Where the credits went</h2><table class=\"costs\"><thead><tr>\
+             <th>Step</th><th class=\"n\">Tasks</th><th class=\"n\">Succeeded</th><th class=\"n\">Failed</th>\
+             <th class=\"n\">Blocked</th><th class=\"n\">Pending</th><th class=\"n\">Reused</th>\
+             <th class=\"n\">Planned</th><th class=\"n\">Billed</th><th class=\"n\">Possibly billed</th>\
+             </tr></thead><tbody>",
+        );
+        for s in steps.iter().chain(removed) {
+            self.cost_row(s, "");
+        }
+        self.cost_row(total, "total");
+        self.w("</tbody></table>");
+        let run = &self.model.run;
+        if run.credits_planned != total.planned {
+            let _ = write!(
+                self.out,
+                "<p>Planned when the run started: {} credits; the plan changed since (a resume with \
+                 <code>--allow-changes</code>, or a price discovered).</p>",
+                run.credits_planned
+            );
+        }
+        if let (Some(before), Some(after)) = (run.balance_before, run.balance_after) {
+            let moved = before - after;
+            if moved != i64::try_from(total.billed).unwrap_or(i64::MAX) {
+                let _ = write!(
+                    self.out,
+                    "<p class=\"note\">The balance moved by {moved} credits while this run was \
+                     billed {}: other use of the account, or top-ups, fall in between.</p>",
+                    total.billed
+                );
+            }
+        }
+        let m = self.model;
+        let end = run.finished_at.unwrap_or(m.generated_at);
+        let svg = chart::spend_svg(
+            &m.spend,
+            run.created_at,
+            end,
+            &Marks {
+                planned: total.planned,
+                budget: m.budget,
+            },
+        );
+        let _ = writeln!(
+            self.out,
+            "<h3>Spend over time</h3>{svg}<p>Credits billed as the answers arrived{}.</p></section>",
+            m.budget
+                .map(|b| format!("; the budget is {b}"))
+                .unwrap_or_default()
+        );
+    }
+
+    fn cost_row(&mut self, s: &StepCost, id: &str) {
+        let cell = |name: &str, v: u64, class: &str| {
+            let ident = if id.is_empty() {
+                String::new()
+            } else {
+                format!(" id=\"{id}-{name}\"")
+            };
+            format!("<td class=\"n{class}\"{ident}>{v}</td>")
+        };
+        let over = if s.billed > s.planned { " over" } else { "" };
+        let risk = if s.at_risk > 0 { " risk" } else { "" };
+        let _ = write!(
+            self.out,
+            "<tr class=\"{id}\" data-step=\"{}\"><td>{}</td>{}{}{}{}{}{}{}{}{}</tr>",
+            esc(&s.step),
+            esc(&s.step),
+            cell("tasks", s.tasks, ""),
+            cell("succeeded", s.succeeded, ""),
+            cell("failed", s.failed, ""),
+            cell("blocked", s.blocked, ""),
+            cell("pending", s.pending, ""),
+            cell("reused", s.reused, ""),
+            cell("planned", s.planned, ""),
+            cell("billed", s.billed, over),
+            cell("at-risk", s.at_risk, risk),
+        );
+    }
+
+    fn problem_count(&self) -> usize {
+        let m = self.model;
+        let failed = m
+            .tasks
+            .iter()
+            .filter(|t| !t.removed && matches!(t.status, TaskStatus::Failed | TaskStatus::Blocked))
+            .count();
+        failed + m.ambiguous.len() + failed_downloads(self.model).len()
+    }
+
+    fn problems(&mut self) {
+        let m = self.model;
+        self.w("<section id=\"problems\"><h2>Problems</h2>");
+        if self.problem_count() == 0 {
+            self.w("<p>None: no failed task, no call that may have been billed without a result, every output downloaded.</p></section>\n");
+            return;
+        }
+        let failed: Vec<&ReportTask> = m
+            .tasks
+            .iter()
+            .filter(|t| !t.removed && matches!(t.status, TaskStatus::Failed | TaskStatus::Blocked))
+            .collect();
+        if !failed.is_empty() {
+            self.w("<h3>Failed and blocked tasks</h3><table id=\"failures\"><thead><tr><th>Task</th><th>Status</th><th>Reason</th></tr></thead><tbody>");
+            for t in failed {
+                let _ = write!(
+                    self.out,
+                    "<tr><td><a href=\"#t{}\">{}</a></td><td><span class=\"badge b-{2}\">{2}</span></td><td>{3}</td></tr>",
+                    t.id,
+                    esc(&label(t)),
+                    t.status.as_str(),
+                    esc(&m.reason(t))
+                );
+            }
+            self.w("</tbody></table>");
+        }
+        if !m.ambiguous.is_empty() {
+            self.w("<h3>Calls that may have been billed</h3><p>Each was sent and got no complete answer: the service may have billed it.</p>\
+                    <table id=\"possibly-billed\"><thead><tr><th>Task</th><th>Sent</th><th>Endpoint</th><th>Job</th><th class=\"n\">Credits</th><th>What then</th></tr></thead><tbody>");
+            for a in &m.ambiguous {
+                let task = m.tasks.iter().find(|t| t.id == a.task_id);
+                let then = match task.map(|t| t.status) {
+                    Some(TaskStatus::Succeeded) => {
+                        "the task succeeded with another call: it may have been paid twice"
+                    }
+                    Some(TaskStatus::Running | TaskStatus::Pending) => "not settled yet",
+                    _ => "the task has no result: it may have been paid for nothing",
+                };
+                let _ = write!(
+                    self.out,
+                    "<tr><td><a href=\"#t{}\">{}</a></td><td>{}</td><td><code>{}</code></td><td><code>{}</code></td><td class=\"n risk\">{}</td><td>{then}{}</td></tr>",
+                    a.task_id,
+                    esc(&a.task),
+                    time(a.started_at),
+                    esc(&a.endpoint),
+                    esc(a.job_id.as_deref().unwrap_or("none")),
+                    a.credits_at_risk,
+                    a.error
+                        .as_deref()
+                        .map(|e| format!("<br><span class=\"why\">{}</span>", esc(e)))
+                        .unwrap_or_default()
+                );
+            }
+            self.w("</tbody></table>");
+        }
+        let downloads = failed_downloads(self.model);
+        if !downloads.is_empty() {
+            self.w("<h3>Downloads that failed</h3><p>These jobs are paid for: <code>imgpipe resume</code> fetches them again without a new call.</p>\
+                    <table id=\"failed-downloads\"><thead><tr><th>Output</th><th>Job</th><th>Error</th></tr></thead><tbody>");
+            for (t, s) in downloads {
+                let _ = write!(
+                    self.out,
+                    "<tr><td><a href=\"#o{}-{}\">{}</a></td><td><code>{}</code></td><td>{}</td></tr>",
+                    t.id,
+                    s.row.k,
+                    esc(&output_label(t, s.row.k)),
+                    esc(&s.row.job_id),
+                    esc(s.row.download_error.as_deref().unwrap_or(""))
+                );
+            }
+            self.w("</tbody></table>");
+        }
+        self.w("</section>\n");
+    }
+
+    fn items(&mut self) {
+        let m = self.model;
+        self.w(
+            "<section id=\"items\"><h2>Items</h2><p>Each item's images from step to step: \
+             click one for the full-size file. A checkerboard shows through transparent parts.</p>\
+             <nav id=\"pages\"></nav>\n",
+        );
+        for chain in &m.lineage.chains {
+            let tasks: Vec<usize> = m
+                .tasks
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| !t.removed && t.item == chain.id)
+                .map(|(i, _)| i)
+                .collect();
+            let count = |s: TaskStatus| tasks.iter().filter(|&&t| m.tasks[t].status == s).count();
+            let billed: u64 = tasks.iter().map(|&t| m.tasks[t].credits_billed).sum();
+            let title = if chain.id == crate::exec::graph::BATCH_DIR {
+                "Batch steps (run once for all items)".to_owned()
+            } else {
+                esc(&chain.id)
+            };
+            let _ = write!(
+                self.out,
+                "<section class=\"item\" id=\"item-{}\"><h3>{title} <span class=\"badge\">{billed} cr</span>",
+                esc(&chain.id)
+            );
+            for status in [
+                TaskStatus::Failed,
+                TaskStatus::Blocked,
+                TaskStatus::Running,
+                TaskStatus::Pending,
+            ] {
+                let n = count(status);
+                if n > 0 {
+                    let _ = write!(
+                        self.out,
+                        "<span class=\"badge b-{0}\">{n} {0}</span>",
+                        status.as_str()
+                    );
+                }
+            }
+            self.w("</h3><div class=\"lineage\">");
+            for &root in &chain.roots {
+                self.task(root);
+            }
+            self.w("</div></section>\n");
+        }
+        self.w("</section>\n");
+    }
+
+    fn task(&mut self, t: usize) {
+        let m = self.model;
+        let task = &m.tasks[t];
+        let shown: &[Shown] = m.outputs.get(&t).map_or(&[], Vec::as_slice);
+        let fan = if shown.len() > 1 { " fan" } else { "" };
+        let _ = write!(
+            self.out,
+            "<div class=\"task st-{}{fan}\" id=\"t{}\">",
+            task.status.as_str(),
+            task.id
+        );
+        let others = self.other_inputs(t);
+        if shown.is_empty() {
+            self.placeholder(task, &others);
+            self.kids(m.lineage.children(t, None));
+        }
+        for s in shown {
+            self.w("<div class=\"slot\">");
+            self.figure(task, s, shown.len(), &others);
+            self.kids(m.lineage.children(t, Some(s.row.k)));
+            self.w("</div>");
+        }
+        if shown.is_empty() {
+            self.w("</div>");
+        }
+        self.w("</div>");
+    }
+
+    fn kids(&mut self, kids: Vec<usize>) {
+        if kids.is_empty() {
+            return;
+        }
+        self.w("<span class=\"arrow\">&rarr;</span><div class=\"kids\">");
+        for kid in kids {
+            self.task(kid);
+        }
+        self.w("</div>");
+    }
+
+    fn placeholder(&mut self, task: &ReportTask, others: &str) {
+        let status = task.status.as_str();
+        let _ = write!(
+            self.out,
+            "<div class=\"slot\"><figure><div class=\"thumb none\"><span class=\"badge b-{status}\">{status}</span>\
+             <span class=\"why\">{}</span></div><figcaption><b>{}</b> · {}<br>planned {} cr{}{}{}</figcaption></figure>",
+            esc(&self.model.reason(task)),
+            esc(&label_in_item(task)),
+            esc(&task.operation),
+            task.planned_credits,
+            if task.credits_billed > 0 {
+                format!(", billed {}", task.credits_billed)
+            } else {
+                String::new()
+            },
+            task.job_id
+                .as_deref()
+                .map(|j| format!("<code title=\"job {0}\">{0}</code>", esc(j)))
+                .unwrap_or_default(),
+            others
+        );
+    }
+
+    fn figure(&mut self, task: &ReportTask, s: &Shown, outputs: usize, others: &str) {
+        let row = &s.row;
+        let p = &s.preview;
+        let full = row.path.as_deref().map(|f| href(self.dir, Path::new(f)));
+        let _ = write!(self.out, "<figure id=\"o{}-{}\">", task.id, row.k);
+        match (&p.thumb, &full) {
+            (Some(thumb), Some(full)) => {
+                let (tw, th) = p.thumb_size.unwrap_or((160, 160));
+                let _ = write!(
+                    self.out,
+                    "<a class=\"thumb{}\" href=\"{}\" target=\"_blank\" title=\"open the full-size image\">\
+                     <img src=\"{}\" width=\"{tw}\" height=\"{th}\" loading=\"lazy\" decoding=\"async\" alt=\"{}\" \
+                     onerror=\"this.parentNode.classList.add('gone')\"></a>",
+                    if p.alpha { " alpha" } else { "" },
+                    esc(full),
+                    esc(&href(self.dir, thumb)),
+                    esc(&output_label(task, row.k)),
+                );
+            }
+            (None, Some(full)) => {
+                let _ = write!(
+                    self.out,
+                    "<a class=\"thumb none\" href=\"{}\"><span class=\"why\">{}</span></a>",
+                    esc(full),
+                    esc(p.note.as_deref().unwrap_or("no preview"))
+                );
+            }
+            (_, None) => {
+                let (badge, why) = match &row.download_error {
+                    Some(e) => ("not downloaded", e.as_str()),
+                    None => ("downloading", "the job succeeded; its file is on its way"),
+                };
+                let _ = write!(
+                    self.out,
+                    "<div class=\"thumb none\"><span class=\"badge b-failed\">{badge}</span><span class=\"why\">{}</span></div>",
+                    esc(why)
+                );
+            }
+        }
+        let size = p
+            .size
+            .map_or_else(|| "size unknown".to_owned(), |(w, h)| format!("{w}×{h}"));
+        let credits = if let Some(from) = &task.reused_from_run {
+            format!("0 cr, reused from run {}", esc(from))
+        } else if outputs > 1 {
+            format!("{} cr for {outputs}", task.credits_billed)
+        } else {
+            format!("{} cr", task.credits_billed)
+        };
+        let calls = if task.attempts > 1 {
+            format!(" · {} calls", task.attempts)
+        } else {
+            String::new()
+        };
+        let note = match (&p.note, &p.thumb) {
+            (Some(n), Some(_)) => format!("<br><span class=\"note\">{}</span>", esc(n)),
+            _ => String::new(),
+        };
+        let _ = write!(
+            self.out,
+            "<figcaption><b>{}</b> · {}<br>{size} · {credits}{calls}<br><code title=\"job {2}\">{2}</code>{note}{others}</figcaption></figure>",
+            esc(&output_label_in_item(task, row.k)),
+            esc(&task.operation),
+            esc(&row.job_id),
+        );
+    }
+
+    /// The inputs a task reads besides the output it is drawn after.
+    fn other_inputs(&self, t: usize) -> String {
+        let m = self.model;
+        let parts: Vec<String> = m
+            .lineage
+            .other_inputs(t, &m.tasks)
+            .into_iter()
+            .map(|input| match input {
+                Input::Output { task, k } => {
+                    let from = &m.tasks[*task];
+                    format!(
+                        "<a href=\"#o{}-{k}\">{}</a>",
+                        from.id,
+                        esc(&output_label(from, *k))
+                    )
+                }
+                Input::Url(u) | Input::Unknown(u) => format!("<code>{}</code>", esc(u)),
+            })
+            .collect();
+        if parts.is_empty() {
+            String::new()
+        } else {
+            format!("<br>also reads {}", parts.join(", "))
+        }
+    }
+}
+
+/// Outputs whose download failed, in task order.
+fn failed_downloads(m: &Model) -> Vec<(&ReportTask, &Shown)> {
+    let mut out: Vec<(&ReportTask, &Shown)> = m
+        .outputs
+        .iter()
+        .flat_map(|(t, shown)| shown.iter().map(move |s| (&m.tasks[*t], s)))
+        .filter(|(_, s)| s.row.path.is_none() && s.row.download_error.is_some())
+        .collect();
+    out.sort_by_key(|(t, s)| (t.id, s.row.k));
+    out
+}
+
+/// `item/step[idx]`.
+fn label(t: &ReportTask) -> String {
+    format!("{}/{}", t.item, label_in_item(t))
+}
+
+fn label_in_item(t: &ReportTask) -> String {
+    format!("{}[{}]", t.step, t.idx)
+}
+
+fn output_label(t: &ReportTask, k: u32) -> String {
+    format!("{}/{}", t.item, output_label_in_item(t, k))
+}
+
+fn output_label_in_item(t: &ReportTask, k: u32) -> String {
+    format!("{}[{}]", t.step, t.idx + k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_markup_and_quotes() {
+        assert_eq!(
+            esc(r#"<a href="x">'&'</a>"#),
+            "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;"
+        );
+    }
+
+    #[test]
+    fn durations_read_naturally() {
+        assert_eq!(duration(59_999), "59 s");
+        assert_eq!(duration(61_000), "1 min 1 s");
+        assert_eq!(duration(3_720_000), "1 h 2 min");
+    }
+}

@@ -1,0 +1,91 @@
+//! Links from the report to the run's files, relative to the report, so the page and the run
+//! directory can be moved, zipped or mailed together.
+
+use std::path::{Component, Path, PathBuf};
+
+/// The href of `target` from a page in `page_dir`; both are made absolute and resolved
+/// first when they exist. A target with no relative path (another drive) gets a file URL.
+pub fn href(page_dir: &Path, target: &Path) -> String {
+    let page_dir = resolve(page_dir);
+    let target = resolve(target);
+    match relative(&page_dir, &target) {
+        Some(rel) => encode(&rel),
+        None => format!("file://{}", encode(&target)),
+    }
+}
+
+fn resolve(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path)
+        .or_else(|_| std::path::absolute(path))
+        .unwrap_or_else(|_| path.to_owned())
+}
+
+/// The path from directory `from` to `to`, when both start at the same root.
+pub fn relative(from: &Path, to: &Path) -> Option<PathBuf> {
+    let from: Vec<Component> = from.components().collect();
+    let to: Vec<Component> = to.components().collect();
+    if from.first() != to.first() {
+        return None;
+    }
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut rel = PathBuf::new();
+    for _ in common..from.len() {
+        rel.push("..");
+    }
+    for c in &to[common..] {
+        rel.push(c.as_os_str());
+    }
+    Some(rel)
+}
+
+/// Percent-encodes each path segment, keeping `/` between them.
+fn encode(path: &Path) -> String {
+    let mut out = String::new();
+    for (i, c) in path.components().enumerate() {
+        match c {
+            Component::RootDir => {
+                out.push('/');
+                continue;
+            }
+            _ if i > 0 && !out.ends_with('/') => out.push('/'),
+            _ => {}
+        }
+        for b in c.as_os_str().as_encoded_bytes() {
+            match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                    out.push(char::from(*b));
+                }
+                _ => out.push_str(&format!("%{b:02X}")),
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_paths_climb_out_and_back_in() {
+        let r = |a: &str, b: &str| relative(Path::new(a), Path::new(b)).unwrap();
+        assert_eq!(
+            r("/runs/r1", "/runs/r1/mug/shot-0.png"),
+            Path::new("mug/shot-0.png")
+        );
+        assert_eq!(
+            r("/home/me/reports", "/runs/r1/_thumbs/ab.png"),
+            Path::new("../../../runs/r1/_thumbs/ab.png")
+        );
+        assert_eq!(r("/a/b", "/a/b"), Path::new(""));
+    }
+
+    #[test]
+    fn hrefs_are_percent_encoded_per_segment() {
+        assert_eq!(
+            encode(Path::new("../my runs/a#1/x?.png")),
+            "../my%20runs/a%231/x%3F.png"
+        );
+        assert_eq!(encode(Path::new("/tmp/é.png")), "/tmp/%C3%A9.png");
+    }
+}

@@ -1,0 +1,233 @@
+//! Thumbnails: small PNGs made once per image and named by the image's sha256, so a report
+//! made again (or for a run in progress) only decodes the images it has not seen, and a file
+//! changed on disk never shows the old picture.
+
+use std::io::{BufWriter, Read};
+use std::path::{Path, PathBuf};
+
+use futures::StreamExt;
+use image::codecs::png::{CompressionType, FilterType, PngEncoder};
+use image::{DynamicImage, ImageDecoder, ImageReader};
+use sha2::{Digest, Sha256};
+
+/// The longest side of a thumbnail, in pixels: sharp at the page's 160 px on a 1.6x screen.
+pub const EDGE: u32 = 256;
+
+/// What one output shows on the page.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Preview {
+    pub thumb: Option<PathBuf>,
+    /// The thumbnail's own size, so the page reserves the space before it loads.
+    pub thumb_size: Option<(u32, u32)>,
+    /// The full image's size.
+    pub size: Option<(u32, u32)>,
+    /// Some pixel is not opaque: the page puts a checkerboard behind it.
+    pub alpha: bool,
+    /// Why there is no picture, or what is odd about the file.
+    pub note: Option<String>,
+    /// A thumbnail was made (not found already made).
+    pub made: bool,
+}
+
+/// Previews of `files` (path and recorded sha256), in their order, decoding at most one image
+/// per core at a time.
+pub async fn previews(dir: &Path, files: Vec<(PathBuf, Option<String>)>) -> Vec<Preview> {
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    futures::stream::iter(files)
+        .map(|(path, sha)| {
+            let dir = dir.to_owned();
+            tokio::task::spawn_blocking(move || preview(&dir, &path, sha.as_deref()))
+        })
+        .buffered(workers)
+        .map(|joined| {
+            joined.unwrap_or_else(|e| Preview {
+                note: Some(format!("no preview: {e}")),
+                ..Preview::default()
+            })
+        })
+        .collect()
+        .await
+}
+
+/// The preview of one file, making its thumbnail in `dir` when it has none yet.
+pub fn preview(dir: &Path, path: &Path, recorded: Option<&str>) -> Preview {
+    let size = probe(path).ok().map(|(w, h, _)| (w, h));
+    // The record is trusted when its thumbnail exists: hashing every full-size image again
+    // would make each report of a large run read gigabytes.
+    if let Some(sha) = recorded
+        && let Some(p) = ready(dir, sha, size)
+    {
+        let gone = !path.is_file();
+        return Preview {
+            note: gone.then(|| "the file is no longer on disk".to_owned()),
+            ..p
+        };
+    }
+    let bytes = match read(path) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            return Preview {
+                note: Some(format!("not on disk: {e}")),
+                ..Preview::default()
+            };
+        }
+    };
+    let actual = hex::encode(Sha256::digest(&bytes));
+    let changed = recorded.is_some_and(|r| !r.eq_ignore_ascii_case(&actual));
+    let note = changed.then(|| "the file changed on disk since it was downloaded".to_owned());
+    if let Some(p) = ready(dir, &actual, size) {
+        return Preview { note, ..p };
+    }
+    match make(dir, &actual, &bytes) {
+        Ok(p) => Preview {
+            note,
+            made: true,
+            ..p
+        },
+        Err(e) => Preview {
+            size,
+            note: Some(note.map_or_else(
+                || format!("no preview: {e}"),
+                |n| format!("{n}; no preview: {e}"),
+            )),
+            ..Preview::default()
+        },
+    }
+}
+
+fn thumb_path(dir: &Path, sha: &str) -> PathBuf {
+    let name: String = sha.chars().take(32).collect();
+    dir.join(format!("{}.png", name.to_ascii_lowercase()))
+}
+
+/// The preview from a thumbnail already made for `sha`.
+fn ready(dir: &Path, sha: &str, size: Option<(u32, u32)>) -> Option<Preview> {
+    let thumb = thumb_path(dir, sha);
+    let (w, h, alpha) = probe(&thumb).ok()?;
+    Some(Preview {
+        thumb: Some(thumb),
+        thumb_size: Some((w, h)),
+        size,
+        alpha,
+        note: None,
+        made: false,
+    })
+}
+
+/// Decodes the image, scales it into [`EDGE`], and writes it next to the others under a
+/// temporary name first, so two reports made at once never see half a file.
+fn make(dir: &Path, sha: &str, bytes: &[u8]) -> Result<Preview, String> {
+    let image = image::load_from_memory(bytes).map_err(|e| e.to_string())?;
+    let size = (image.width(), image.height());
+    let alpha = image.color().has_alpha() && image.to_rgba8().pixels().any(|p| p.0[3] < 255);
+    let small = if size.0 <= EDGE && size.1 <= EDGE {
+        image
+    } else {
+        image.thumbnail(EDGE, EDGE)
+    };
+    let small = if alpha {
+        DynamicImage::ImageRgba8(small.to_rgba8())
+    } else {
+        DynamicImage::ImageRgb8(small.to_rgb8())
+    };
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let path = thumb_path(dir, sha);
+    let tmp = crate::exec::manifest::readable_temp(dir).map_err(|e| e.to_string())?;
+    {
+        let encoder = PngEncoder::new_with_quality(
+            BufWriter::new(tmp.as_file()),
+            CompressionType::Best,
+            FilterType::Adaptive,
+        );
+        small
+            .write_with_encoder(encoder)
+            .map_err(|e| e.to_string())?;
+    }
+    tmp.persist(&path).map_err(|e| e.error.to_string())?;
+    Ok(Preview {
+        thumb: Some(path),
+        thumb_size: Some((small.width(), small.height())),
+        size: Some(size),
+        alpha,
+        note: None,
+        made: false,
+    })
+}
+
+fn read(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Width, height and whether the colour type has alpha, from the header alone.
+fn probe(path: &Path) -> Result<(u32, u32, bool), String> {
+    let decoder = ImageReader::open(path)
+        .and_then(ImageReader::with_guessed_format)
+        .map_err(|e| e.to_string())?
+        .into_decoder()
+        .map_err(|e| e.to_string())?;
+    let (w, h) = decoder.dimensions();
+    Ok((w, h, decoder.color_type().has_alpha()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn png(path: &Path, w: u32, h: u32, alpha: u8) -> String {
+        let img = image::RgbaImage::from_fn(w, h, |x, y| {
+            image::Rgba([(x % 256) as u8, (y % 256) as u8, 90, alpha])
+        });
+        img.save(path).unwrap();
+        hex::encode(Sha256::digest(std::fs::read(path).unwrap()))
+    }
+
+    #[test]
+    fn makes_a_small_thumbnail_once_and_keeps_alpha() {
+        let dir = tempfile::tempdir().unwrap();
+        let thumbs = dir.path().join("_thumbs");
+        let big = dir.path().join("big.png");
+        let sha = png(&big, 1200, 600, 128);
+        let first = preview(&thumbs, &big, Some(&sha));
+        assert!(first.made);
+        assert_eq!(first.size, Some((1200, 600)));
+        assert_eq!(first.thumb_size, Some((EDGE, EDGE / 2)));
+        assert!(first.alpha);
+        assert_eq!(first.note, None);
+        let again = preview(&thumbs, &big, Some(&sha));
+        assert!(!again.made);
+        assert_eq!(again.thumb, first.thumb);
+        assert!(again.alpha);
+    }
+
+    #[test]
+    fn opaque_images_lose_their_alpha_channel_and_small_ones_are_not_enlarged() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = dir.path().join("small.png");
+        let sha = png(&small, 40, 30, 255);
+        let p = preview(dir.path(), &small, Some(&sha));
+        assert!(!p.alpha);
+        assert_eq!(p.thumb_size, Some((40, 30)));
+    }
+
+    #[test]
+    fn a_changed_file_is_said_so_and_a_missing_one_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("x.png");
+        png(&file, 10, 10, 255);
+        let p = preview(dir.path(), &file, Some(&"ab".repeat(32)));
+        assert!(p.note.unwrap().contains("changed on disk"));
+        assert!(p.thumb.is_some());
+        let gone = preview(
+            dir.path(),
+            &dir.path().join("gone.png"),
+            Some(&"cd".repeat(32)),
+        );
+        assert!(gone.note.unwrap().contains("not on disk"));
+        assert_eq!(gone.thumb, None);
+        std::fs::write(&file, b"not an image").unwrap();
+        let bad = preview(dir.path(), &file, None);
+        assert!(bad.note.unwrap().contains("no preview"));
+    }
+}
