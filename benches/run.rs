@@ -19,16 +19,20 @@
 //! Run with `cargo bench --bench run`; IMGPIPE_BENCH_ONLY=TEXT runs only the scenarios whose
 //! name contains TEXT (e.g. `dl`).
 
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sqlx::Connection;
+
+#[path = "support/mod.rs"]
+mod support;
+use support::{Sandbox, binary, env_usize};
 
 const DEFAULT_RUNS: usize = 3;
 const MIB: f64 = 1024.0 * 1024.0;
@@ -158,17 +162,6 @@ fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
 }
 
-fn binary() -> &'static str {
-    env!("CARGO_BIN_EXE_imgpipe")
-}
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn run_once(s: &Scenario) -> Sample {
     let dir = tempfile::tempdir().expect("temp dir");
     let pipeline = write_inputs(dir.path(), s);
@@ -272,29 +265,13 @@ fn measure(mut cmd: Command, stdout: &Path, stderr: &Path, watch: bool) -> Sampl
     let pid = child.id();
     let stop = Arc::new(AtomicBool::new(false));
     let watcher = watch.then(|| watch_downloads(pid, Arc::clone(&stop)));
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is a valid value, and wait4 writes it for our own child.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: pid is our child, not yet reaped; status and usage point at live locals.
-    let reaped = unsafe { libc::wait4(pid as libc::pid_t, &mut status, 0, &mut usage) };
-    let wall = start.elapsed();
+    let usage = support::wait(pid, start, stderr);
     stop.store(true, Ordering::Relaxed);
     let downloads_at_once = watcher.map_or(0, |w| w.join().unwrap_or(0));
-    assert_eq!(reaped, pid as libc::pid_t, "wait4 failed");
-    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
-        let log = std::fs::read_to_string(stderr).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(20).collect();
-        panic!(
-            "imgpipe run failed with status {status}; its last log lines:\n{}",
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        );
-    }
-    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     Sample {
-        wall: wall.as_secs_f64(),
-        cpu: seconds(usage.ru_utime) + seconds(usage.ru_stime),
-        // Linux reports ru_maxrss in KiB.
-        peak_mib: usage.ru_maxrss as f64 / 1024.0,
+        wall: usage.wall,
+        cpu: usage.cpu,
+        peak_mib: usage.peak_mib,
         downloads_at_once,
         ..Sample::default()
     }
@@ -351,72 +328,6 @@ fn recorded(db: &Path) -> (u64, i64, i64, u64) {
             u(bytes.unwrap_or(0)),
         )
     })
-}
-
-/// `imgpipe sandbox` as a child process, killed when dropped.
-struct Sandbox {
-    child: Child,
-    _stdout: BufReader<ChildStdout>,
-    base_url: String,
-    api_key: String,
-}
-
-impl Sandbox {
-    fn start(extra: &[String]) -> Sandbox {
-        let mut child = Command::new(binary())
-            .args(["sandbox", "--json", "--port", "0", "--balance", "100000000"])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn imgpipe sandbox");
-        let mut stdout = BufReader::new(child.stdout.take().expect("sandbox stdout"));
-        let mut line = String::new();
-        stdout
-            .read_line(&mut line)
-            .expect("read the sandbox's line");
-        let hello: Value = serde_json::from_str(&line)
-            .unwrap_or_else(|e| panic!("the sandbox printed {line:?}: {e}"));
-        let field = |k: &str| hello[k].as_str().expect("sandbox field").to_owned();
-        Sandbox {
-            base_url: field("base_url"),
-            api_key: field("api_key"),
-            child,
-            _stdout: stdout,
-        }
-    }
-
-    /// `GET /_sandbox/stats`, over a bare HTTP/1.0 connection.
-    fn stats(&self) -> Value {
-        let url = url::Url::parse(&self.base_url)
-            .and_then(|b| b.join("_sandbox/stats"))
-            .expect("stats URL");
-        let host = url.host_str().expect("sandbox host");
-        let port = url.port().expect("sandbox port");
-        let mut stream = TcpStream::connect((host, port)).expect("connect to the sandbox");
-        write!(
-            stream,
-            "GET {} HTTP/1.0\r\nHost: {host}:{port}\r\nX-API-Key: {}\r\n\r\n",
-            url.path(),
-            self.api_key
-        )
-        .expect("send the stats request");
-        let mut answer = String::new();
-        stream
-            .read_to_string(&mut answer)
-            .expect("read the stats answer");
-        let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
-        assert!(head.contains(" 200 "), "stats: {head}");
-        serde_json::from_str(body).expect("stats are JSON")
-    }
-}
-
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Bytes per second each relayed connection carries towards imgpipe: a 1 MiB image then takes

@@ -16,11 +16,17 @@ pub const MARKER: &str = "<!-- imgpipe run report -->";
 /// Items per page; the script shows one page at a time beyond this.
 pub const PER_PAGE: usize = 100;
 
+/// Thumbnails the page loads by itself; the script loads the others as they come near the
+/// screen. Chromium does not lazy-load images of `file:` pages, so `loading="lazy"` alone would
+/// load every thumbnail of the run at once.
+pub const EAGER: usize = 60;
+
 /// The page for `model`, to be written into directory `dir`.
 pub fn render(model: &Model, dir: &Path) -> String {
     let mut page = Page {
         model,
         dir,
+        eager: EAGER,
         out: String::with_capacity(4096 + model.tasks.len() * 600),
     };
     page.document();
@@ -30,6 +36,8 @@ pub fn render(model: &Model, dir: &Path) -> String {
 struct Page<'a> {
     model: &'a Model,
     dir: &'a Path,
+    /// Thumbnails still to be given a plain `src`.
+    eager: usize,
     out: String,
 }
 
@@ -357,9 +365,16 @@ impl Page<'_> {
         let m = self.model;
         self.w(
             "<section id=\"items\"><h2>Items</h2><p>Each item's images from step to step: \
-             click one for the full-size file. A checkerboard shows through transparent parts.</p>\
-             <nav id=\"pages\"></nav>\n",
+             click one for the full-size file. A checkerboard shows through transparent parts.</p>",
         );
+        if m.images().filter(|s| s.preview.thumb.is_some()).count() > EAGER {
+            let _ = write!(
+                self.out,
+                "<noscript><p class=\"banner\">Thumbnails after the first {EAGER} load with \
+                 JavaScript on; each one's link to the full-size file works either way.</p></noscript>"
+            );
+        }
+        self.w("<nav id=\"pages\"></nav>\n");
         for chain in &m.lineage.chains {
             let tasks: Vec<usize> = m
                 .tasks
@@ -474,10 +489,16 @@ impl Page<'_> {
         match (&p.thumb, &full) {
             (Some(thumb), Some(full)) => {
                 let (tw, th) = p.thumb_size.unwrap_or((160, 160));
+                let src = if self.eager > 0 {
+                    self.eager -= 1;
+                    "src"
+                } else {
+                    "data-src"
+                };
                 let _ = write!(
                     self.out,
                     "<a class=\"thumb{}\" href=\"{}\" target=\"_blank\" title=\"open the full-size image\">\
-                     <img src=\"{}\" width=\"{tw}\" height=\"{th}\" loading=\"lazy\" decoding=\"async\" alt=\"{}\" \
+                     <img {src}=\"{}\" width=\"{tw}\" height=\"{th}\" loading=\"lazy\" decoding=\"async\" alt=\"{}\" \
                      onerror=\"this.parentNode.classList.add('gone')\"></a>",
                     if p.alpha { " alpha" } else { "" },
                     esc(full),

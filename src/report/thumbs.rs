@@ -119,7 +119,7 @@ fn ready(dir: &Path, sha: &str, size: Option<(u32, u32)>) -> Option<Preview> {
 fn make(dir: &Path, sha: &str, bytes: &[u8]) -> Result<Preview, String> {
     let image = image::load_from_memory(bytes).map_err(|e| e.to_string())?;
     let size = (image.width(), image.height());
-    let alpha = image.color().has_alpha() && image.to_rgba8().pixels().any(|p| p.0[3] < 255);
+    let alpha = translucent(&image);
     let small = if size.0 <= EDGE && size.1 <= EDGE {
         image
     } else {
@@ -152,6 +152,19 @@ fn make(dir: &Path, sha: &str, bytes: &[u8]) -> Result<Preview, String> {
         note: None,
         made: false,
     })
+}
+
+/// Whether some pixel is not fully opaque, read in place: a copy of an 8192-pixel image
+/// would cost 256 MiB.
+fn translucent(image: &DynamicImage) -> bool {
+    match image {
+        DynamicImage::ImageRgba8(b) => b.pixels().any(|p| p.0[3] < u8::MAX),
+        DynamicImage::ImageLumaA8(b) => b.pixels().any(|p| p.0[1] < u8::MAX),
+        DynamicImage::ImageRgba16(b) => b.pixels().any(|p| p.0[3] < u16::MAX),
+        DynamicImage::ImageLumaA16(b) => b.pixels().any(|p| p.0[1] < u16::MAX),
+        DynamicImage::ImageRgba32F(b) => b.pixels().any(|p| p.0[3] < 1.0),
+        _ => false,
+    }
 }
 
 fn read(path: &Path) -> std::io::Result<Vec<u8>> {

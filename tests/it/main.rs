@@ -2,12 +2,14 @@
 //! Everything talks to 127.0.0.1 only.
 
 mod broken;
+mod browser;
 mod cli;
 mod client;
 mod common;
 mod crash;
 mod hostile;
 mod plan;
+mod report_page;
 mod resume;
 mod run;
 mod sandbox_http;

@@ -1,0 +1,139 @@
+//! What the benches share: the binary under test, the sandbox as a child process, and the
+//! kernel's account of a child's time and memory.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::Instant;
+
+use serde_json::Value;
+
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_imgpipe")
+}
+
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Wall time, CPU (user + sys) and peak RSS of a child.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Usage {
+    pub wall: f64,
+    pub cpu: f64,
+    pub peak_mib: f64,
+}
+
+/// Reaps child `pid`, started at `start`, and panics with the tail of its log (`stderr`) when
+/// it did not exit 0.
+pub fn wait(pid: u32, start: Instant, stderr: &Path) -> Usage {
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value, and wait4 writes it for our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: pid is our child, not yet reaped; status and usage point at live locals.
+    let reaped = unsafe { libc::wait4(pid as libc::pid_t, &mut status, 0, &mut usage) };
+    let wall = start.elapsed();
+    assert_eq!(reaped, pid as libc::pid_t, "wait4 failed");
+    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+        let log = std::fs::read_to_string(stderr).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+        panic!(
+            "imgpipe failed with status {status}; its last log lines:\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Usage {
+        wall: wall.as_secs_f64(),
+        cpu: seconds(usage.ru_utime) + seconds(usage.ru_stime),
+        // Linux reports ru_maxrss in KiB.
+        peak_mib: usage.ru_maxrss as f64 / 1024.0,
+    }
+}
+
+/// Runs `cmd` to the end with its output in files, and measures it.
+#[allow(clippy::zombie_processes)] // reaped by wait4, which also reads its rusage
+pub fn measure(mut cmd: Command, stdout: &Path, stderr: &Path) -> Usage {
+    let out = std::fs::File::create(stdout).expect("create stdout file");
+    let err = std::fs::File::create(stderr).expect("create stderr file");
+    let start = Instant::now();
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .expect("spawn imgpipe");
+    wait(child.id(), start, stderr)
+}
+
+/// `imgpipe sandbox` as a child process, killed when dropped.
+pub struct Sandbox {
+    child: Child,
+    _stdout: BufReader<ChildStdout>,
+    pub base_url: String,
+    pub api_key: String,
+}
+
+impl Sandbox {
+    pub fn start(extra: &[String]) -> Sandbox {
+        let mut child = Command::new(binary())
+            .args(["sandbox", "--json", "--port", "0", "--balance", "100000000"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn imgpipe sandbox");
+        let mut stdout = BufReader::new(child.stdout.take().expect("sandbox stdout"));
+        let mut line = String::new();
+        stdout
+            .read_line(&mut line)
+            .expect("read the sandbox's line");
+        let hello: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("the sandbox printed {line:?}: {e}"));
+        let field = |k: &str| hello[k].as_str().expect("sandbox field").to_owned();
+        Sandbox {
+            base_url: field("base_url"),
+            api_key: field("api_key"),
+            child,
+            _stdout: stdout,
+        }
+    }
+
+    /// `GET /_sandbox/stats`, over a bare HTTP/1.0 connection.
+    pub fn stats(&self) -> Value {
+        let url = url::Url::parse(&self.base_url)
+            .and_then(|b| b.join("_sandbox/stats"))
+            .expect("stats URL");
+        let host = url.host_str().expect("sandbox host");
+        let port = url.port().expect("sandbox port");
+        let mut stream = TcpStream::connect((host, port)).expect("connect to the sandbox");
+        write!(
+            stream,
+            "GET {} HTTP/1.0\r\nHost: {host}:{port}\r\nX-API-Key: {}\r\n\r\n",
+            url.path(),
+            self.api_key
+        )
+        .expect("send the stats request");
+        let mut answer = String::new();
+        stream
+            .read_to_string(&mut answer)
+            .expect("read the stats answer");
+        let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
+        assert!(head.contains(" 200 "), "stats: {head}");
+        serde_json::from_str(body).expect("stats are JSON")
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

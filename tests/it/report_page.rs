@@ -1,0 +1,155 @@
+//! The run report in a real browser (headless Chromium, see `browser.rs`): every image loads,
+//! large runs are paged, and a screenshot is kept for eyes.
+
+use std::path::{Path, PathBuf};
+
+use imgpipe::sandbox;
+
+use crate::browser::check_page;
+use crate::common::*;
+use crate::run::{config, edit_chain, state_path, write};
+
+/// The screenshot of a report, kept in the target directory for anyone to look at.
+fn screenshot(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.png"))
+}
+
+/// The only report under `dir/out/<run id>/`.
+fn report_in(dir: &Path) -> PathBuf {
+    let runs = entries(&dir.join("out"));
+    assert_eq!(runs.len(), 1, "one run directory: {runs:?}");
+    let report = runs[0].join("report.html");
+    assert!(report.is_file(), "no report at {}", report.display());
+    report
+}
+
+/// Rows of the `outputs` table that have a file.
+async fn downloaded(dir: &Path) -> usize {
+    use sqlx::{ConnectOptions, sqlite::SqliteConnectOptions};
+    let mut db = SqliteConnectOptions::new()
+        .filename(state_path(dir))
+        .read_only(true)
+        .connect()
+        .await
+        .unwrap();
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM outputs WHERE path IS NOT NULL")
+        .fetch_one(&mut db)
+        .await
+        .unwrap();
+    n as usize
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sample_chain_report_loads_in_chromium_without_a_broken_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/product-shots.yaml");
+    std::fs::copy(&sample, dir.path().join("product-shots.yaml")).unwrap();
+    let state = state_path(dir.path()).to_string_lossy().into_owned();
+    let o = imgpipe(
+        None,
+        &[
+            "run",
+            "--sandbox",
+            "--report",
+            "product-shots.yaml",
+            "--state",
+            &state,
+            "--retry-base-ms",
+            "20",
+        ],
+        dir.path(),
+    )
+    .await;
+    assert_exit(&o, 0);
+    let report = report_in(dir.path());
+    let images = downloaded(dir.path()).await;
+    assert_eq!(images, 30, "3 items × (2 shots + 4 steps × 2)");
+    let shot = screenshot("report-product-shots");
+    let Some(page) = check_page(&report, &shot, &[]).await else {
+        return;
+    };
+    assert_eq!(page.images, images, "one <img> per output: {page:?}");
+    assert!(page.broken.is_empty(), "broken images: {:?}", page.broken);
+    assert!(page.title.contains("product-shots"), "{}", page.title);
+    eprintln!("screenshot of the report: {}", page.screenshot.display());
+}
+
+/// On arrival: the item sections in the page, the pager's buttons, the images in the page and
+/// those loaded.
+const ARRIVAL: &str = "return [
+    document.querySelectorAll('section.item').length,
+    [...document.querySelectorAll('#pages button')].map(b => b.textContent),
+    document.images.length,
+    [...document.images].filter(i => i.naturalWidth > 0).length,
+]";
+
+/// Following a link to a task on the second page shows that page.
+const FOLLOW: &str = "location.hash = '#item-i129';
+return new Promise(r => setTimeout(r, 100)).then(() => {
+    const shown = document.querySelectorAll('section.item');
+    return [shown.length, shown[0].id, !!document.getElementById('item-i129')];
+});";
+
+/// The pager's last button shows every item, for the image check that follows.
+const ALL: &str = "document.querySelector('#pages button:last-child').click();
+return document.querySelectorAll('section.item').length";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_of_many_items_is_paged_and_still_loads_every_image() {
+    let env = start(sandbox::Config {
+        balance: 10_000,
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    write(dir, "chain.yaml", &edit_chain(130, None));
+    let state = state_path(dir).to_string_lossy().into_owned();
+    let mut cmd = command(
+        &[
+            "run",
+            "chain.yaml",
+            "--report",
+            "--state",
+            &state,
+            "--retry-base-ms",
+            "20",
+            "--concurrency",
+            "16",
+        ],
+        dir,
+    );
+    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
+        .env("IMGPIPE_API_KEY", env.sandbox.key());
+    let o = finish(cmd).await;
+    assert_exit(&o, 0);
+    let report = report_in(dir);
+    let images = downloaded(dir).await;
+    assert_eq!(images, 390);
+    let Some(page) = check_page(
+        &report,
+        &screenshot("report-paged"),
+        &[ARRIVAL, FOLLOW, ALL],
+    )
+    .await
+    else {
+        return;
+    };
+    let arrival = page.probes[0].as_array().unwrap();
+    assert_eq!(
+        arrival[..3],
+        serde_json::json!([100, ["1–100", "101–130", "all 130"], 300])
+            .as_array()
+            .unwrap()[..],
+        "100 items on the first page, the others out of the document"
+    );
+    let loaded = arrival[3].as_u64().unwrap();
+    assert!(
+        (60..300).contains(&loaded),
+        "the first 60 thumbnails load on arrival, the others only as they come near the \
+         screen; {loaded} loaded"
+    );
+    assert_eq!(page.probes[1], serde_json::json!([30, "item-i100", true]));
+    assert_eq!(page.probes[2], serde_json::json!(130));
+    assert_eq!(page.images, images);
+    assert!(page.broken.is_empty(), "broken images: {:?}", page.broken);
+}
