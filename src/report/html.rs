@@ -573,10 +573,13 @@ impl Page<'_> {
                 Input::Url(u) | Input::Unknown(u) => format!("<code>{}</code>", esc(u)),
             })
             .collect();
+        // A task drawn after none of its inputs (the first of its chain) lists them all.
+        let root = parts.len() == m.tasks[t].inputs.len();
         if parts.is_empty() {
             String::new()
         } else {
-            format!("<br>also reads {}", parts.join(", "))
+            let verb = if root { "reads" } else { "also reads" };
+            format!("<br>{verb} {}", parts.join(", "))
         }
     }
 }
