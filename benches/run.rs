@@ -22,10 +22,10 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 use sqlx::Connection;
@@ -253,15 +253,7 @@ fn write_inputs(dir: &Path, s: &Scenario) -> PathBuf {
 /// downloads seen in progress at once).
 #[allow(clippy::zombie_processes)] // reaped below by wait4, which also reads its rusage
 fn measure(mut cmd: Command, stdout: &Path, stderr: &Path, watch: bool) -> Sample {
-    let out = std::fs::File::create(stdout).expect("create stdout file");
-    let err = std::fs::File::create(stderr).expect("create stderr file");
-    let start = Instant::now();
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .expect("spawn imgpipe run");
+    let (child, start) = support::spawn(&mut cmd, stdout, stderr);
     let pid = child.id();
     let stop = Arc::new(AtomicBool::new(false));
     let watcher = watch.then(|| watch_downloads(pid, Arc::clone(&stop)));

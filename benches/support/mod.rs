@@ -57,9 +57,8 @@ pub fn wait(pid: u32, start: Instant, stderr: &Path) -> Usage {
     }
 }
 
-/// Runs `cmd` to the end with its output in files, and measures it.
-#[allow(clippy::zombie_processes)] // reaped by wait4, which also reads its rusage
-pub fn measure(mut cmd: Command, stdout: &Path, stderr: &Path) -> Usage {
+/// Starts `cmd` with its output in files; [`wait`] measures it.
+pub fn spawn(cmd: &mut Command, stdout: &Path, stderr: &Path) -> (Child, Instant) {
     let out = std::fs::File::create(stdout).expect("create stdout file");
     let err = std::fs::File::create(stderr).expect("create stderr file");
     let start = Instant::now();
@@ -69,6 +68,13 @@ pub fn measure(mut cmd: Command, stdout: &Path, stderr: &Path) -> Usage {
         .stderr(err)
         .spawn()
         .expect("spawn imgpipe");
+    (child, start)
+}
+
+/// Runs `cmd` to the end with its output in files, and measures it.
+#[allow(clippy::zombie_processes)] // reaped by wait4, which also reads its rusage
+pub fn measure(mut cmd: Command, stdout: &Path, stderr: &Path) -> Usage {
+    let (child, start) = spawn(&mut cmd, stdout, stderr);
     wait(child.id(), start, stderr)
 }
 

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::cli::GlobalArgs;
-use crate::cli::run::{close, open_store};
+use crate::cli::run::{close, open_existing_store};
 use crate::error::Error;
 use crate::report;
 
@@ -23,7 +23,7 @@ pub struct ReportArgs {
 }
 
 pub async fn run(args: &ReportArgs, global: &GlobalArgs) -> Result<(), Error> {
-    let store = open_store(args.state.as_ref(), global.sandbox).await?;
+    let store = open_existing_store(args.state.as_ref(), global.sandbox).await?;
     let written = report::write(&store, &args.run_id, args.out.as_deref()).await;
     let written = close(store, written).await?;
     print(&written, global)

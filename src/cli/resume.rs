@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::cli::GlobalArgs;
 use crate::cli::connect::Connection;
-use crate::cli::run::{RunOptions, Start, build_graph, close, execute, lock, open_store};
+use crate::cli::run::{RunOptions, Start, build_graph, close, execute, lock, open_existing_store};
 use crate::cli::{plan, preflight, summary, validate};
 use crate::error::Error;
 use crate::exec::Graph;
@@ -33,7 +33,7 @@ pub struct ResumeArgs {
 }
 
 pub async fn run(args: &ResumeArgs, global: &GlobalArgs) -> Result<(), Error> {
-    let store = open_store(args.opts.state.as_ref(), global.sandbox).await?;
+    let store = open_existing_store(args.opts.state.as_ref(), global.sandbox).await?;
     let result = match store.run(&args.run_id).await? {
         None => Err(crate::cli::runs::no_such_run(&store, &args.run_id)),
         Some(row) => match current_pipeline(&row) {

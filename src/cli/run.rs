@@ -305,13 +305,35 @@ fn state_path(flag: Option<&PathBuf>, sandbox: bool) -> Option<PathBuf> {
 /// The state database. Runs on the embedded sandbox get their own by default: its jobs vanish
 /// with it, so they must never mix with, or be reused by, runs against the real service.
 pub async fn open_store(flag: Option<&PathBuf>, sandbox: bool) -> Result<Store, Error> {
-    let path = state_path(flag, sandbox).ok_or_else(|| {
+    open_at(&store_path(flag, sandbox)?).await
+}
+
+/// The state database of a command that reads what runs recorded: never created, so a
+/// mistyped path is said, not left behind as an empty database.
+pub async fn open_existing_store(flag: Option<&PathBuf>, sandbox: bool) -> Result<Store, Error> {
+    let path = store_path(flag, sandbox)?;
+    if !path.exists() {
+        return Err(Error::usage(
+            format!("there is no state database at {}", path.display()),
+            Some(NO_DATABASE_HINT),
+        ));
+    }
+    open_at(&path).await
+}
+
+pub const NO_DATABASE_HINT: &str = "--state (or IMGPIPE_STATE) names the database the run used; runs made with --sandbox are in sandbox.db beside the default one: add --sandbox";
+
+pub fn store_path(flag: Option<&PathBuf>, sandbox: bool) -> Result<PathBuf, Error> {
+    state_path(flag, sandbox).ok_or_else(|| {
         Error::usage(
             "no place for the state database: HOME and XDG_STATE_HOME are unset",
             Some("pass --state PATH or set IMGPIPE_STATE"),
         )
-    })?;
-    Store::open(&path).await.map_err(|e| Error::Usage {
+    })
+}
+
+async fn open_at(path: &std::path::Path) -> Result<Store, Error> {
+    Store::open(path).await.map_err(|e| Error::Usage {
         hint: e.hint().map(str::to_owned),
         message: e.to_string(),
     })

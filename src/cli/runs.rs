@@ -7,7 +7,7 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::cli::GlobalArgs;
-use crate::cli::run::open_store;
+use crate::cli::run::{open_existing_store, store_path};
 use crate::cli::summary::{self, Summary};
 use crate::error::Error;
 use crate::store::{AmbiguousAttempt, StepCounts, Store};
@@ -41,7 +41,18 @@ struct RunLine {
 }
 
 pub async fn runs(args: &RunsArgs, global: &GlobalArgs) -> Result<(), Error> {
-    let store = open_store(args.state.as_ref(), global.sandbox).await?;
+    let path = store_path(args.state.as_ref(), global.sandbox)?;
+    if !path.exists() {
+        if global.json {
+            return print_json(&Vec::<RunLine>::new());
+        }
+        println!(
+            "no runs yet: there is no state database at {}",
+            path.display()
+        );
+        return Ok(());
+    }
+    let store = open_existing_store(args.state.as_ref(), global.sandbox).await?;
     let mut lines = Vec::new();
     for run in store.runs().await? {
         let totals = store.totals(&run.id).await?;
@@ -106,7 +117,7 @@ struct Status {
 }
 
 pub async fn status(args: &StatusArgs, global: &GlobalArgs) -> Result<(), Error> {
-    let store = open_store(args.state.as_ref(), global.sandbox).await?;
+    let store = open_existing_store(args.state.as_ref(), global.sandbox).await?;
     let result = status_of(&store, &args.run_id).await;
     store.close().await;
     let status = result?;
@@ -168,7 +179,9 @@ async fn status_of(store: &Store, run_id: &str) -> Result<Status, Error> {
 pub fn no_such_run(store: &Store, run_id: &str) -> Error {
     Error::usage(
         format!("there is no run {run_id:?} in {}", store.path().display()),
-        Some("`imgpipe runs` lists the runs; --state (or IMGPIPE_STATE) picks another database"),
+        Some(
+            "`imgpipe runs` lists the runs; --state (or IMGPIPE_STATE) picks another database, and --sandbox the one of runs made with --sandbox",
+        ),
     )
 }
 

@@ -124,7 +124,7 @@ impl Page<'_> {
                 esc(&run.id)
             );
         }
-        let images = m.images().filter(|s| s.row.path.is_some()).count();
+        let images = m.images_on_disk();
         let end = run.finished_at.unwrap_or(m.generated_at);
         let mut facts = vec![
             ("Started", time(run.created_at)),
@@ -208,6 +208,13 @@ impl Page<'_> {
         }
         self.cost_row(total, "total");
         self.w("</tbody></table>");
+        if removed.is_some() {
+            self.w(
+                "<p>Tasks removed from the pipeline by a resume with <code>--allow-changes</code> \
+                 are on a line of their own: what they were billed counts in the total, their \
+                 planned credits no longer do.</p>",
+            );
+        }
         let run = &self.model.run;
         if run.credits_planned != total.planned {
             let _ = write!(
@@ -283,7 +290,8 @@ impl Page<'_> {
             .iter()
             .filter(|t| !t.removed && matches!(t.status, TaskStatus::Failed | TaskStatus::Blocked))
             .count();
-        failed + m.ambiguous.len() + failed_downloads(self.model).len()
+        let unanswered = m.ambiguous.iter().filter(|a| !m.in_flight(a)).count();
+        failed + unanswered + failed_downloads(self.model).len()
     }
 
     fn problems(&mut self) {
@@ -312,10 +320,10 @@ impl Page<'_> {
             }
             self.w("</tbody></table>");
         }
-        if !m.ambiguous.is_empty() {
+        if m.ambiguous.iter().any(|a| !m.in_flight(a)) {
             self.w("<h3>Calls that may have been billed</h3><p>Each was sent and got no complete answer: the service may have billed it.</p>\
                     <table id=\"possibly-billed\"><thead><tr><th>Task</th><th>Sent</th><th>Endpoint</th><th>Job</th><th class=\"n\">Credits</th><th>What then</th></tr></thead><tbody>");
-            for a in &m.ambiguous {
+            for a in m.ambiguous.iter().filter(|a| !m.in_flight(a)) {
                 let task = m.tasks.iter().find(|t| t.id == a.task_id);
                 let then = match task.map(|t| t.status) {
                     Some(TaskStatus::Succeeded) => {
@@ -515,14 +523,26 @@ impl Page<'_> {
                 );
             }
             (_, None) => {
-                let (badge, why) = match &row.download_error {
-                    Some(e) => ("not downloaded", e.as_str()),
-                    None => ("downloading", "the job succeeded; its file is on its way"),
+                let (class, badge, why) = match &row.download_error {
+                    Some(e) => ("failed", "not downloaded", e.clone()),
+                    None if self.model.in_progress() => (
+                        "pending",
+                        "downloading",
+                        "the job succeeded; its file is on its way".to_owned(),
+                    ),
+                    None => (
+                        "failed",
+                        "not downloaded",
+                        format!(
+                            "the run ended before its download; `imgpipe resume {}` fetches it without a new call",
+                            self.model.run.id
+                        ),
+                    ),
                 };
                 let _ = write!(
                     self.out,
-                    "<div class=\"thumb none\"><span class=\"badge b-failed\">{badge}</span><span class=\"why\">{}</span></div>",
-                    esc(why)
+                    "<div class=\"thumb none\"><span class=\"badge b-{class}\">{badge}</span><span class=\"why\">{}</span></div>",
+                    esc(&why)
                 );
             }
         }

@@ -136,14 +136,14 @@ fn resolve(by_step: &HashMap<(&str, &str), Vec<(u32, usize)>>, s: &str) -> Input
 /// Steps in an order where every step comes after those it reads, ties by first record.
 fn step_order(tasks: &[ReportTask], inputs: &[Vec<Input>]) -> Vec<String> {
     let mut steps: Vec<&str> = Vec::new();
-    for t in tasks {
+    for t in tasks.iter().filter(|t| !t.removed) {
         if !steps.contains(&t.step.as_str()) {
             steps.push(&t.step);
         }
     }
     let pos = |s: &str| steps.iter().position(|x| *x == s).unwrap_or(0);
     let mut reads = vec![Vec::new(); steps.len()];
-    for (i, t) in tasks.iter().enumerate() {
+    for (i, t) in tasks.iter().enumerate().filter(|(_, t)| !t.removed) {
         for input in &inputs[i] {
             if let Input::Output { task, .. } = input {
                 let from = pos(&tasks[*task].step);

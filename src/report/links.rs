@@ -3,21 +3,33 @@
 
 use std::path::{Component, Path, PathBuf};
 
-/// The href of `target` from a page in `page_dir`; both are made absolute and resolved
-/// first when they exist. A target with no relative path (another drive) gets a file URL.
+/// The href of `target` from a page in `page_dir`. Both are made absolute and normalised the
+/// way a browser normalises a file URL (`a/../b` is `b`), never by resolving symlinks: the page
+/// is opened by the path it was written to, and its links are resolved against that path.
+/// A target with no relative path (another drive) gets a file URL.
 pub fn href(page_dir: &Path, target: &Path) -> String {
-    let page_dir = resolve(page_dir);
-    let target = resolve(target);
+    let page_dir = normal(page_dir);
+    let target = normal(target);
     match relative(&page_dir, &target) {
         Some(rel) => encode(&rel),
         None => format!("file://{}", encode(&target)),
     }
 }
 
-fn resolve(path: &Path) -> PathBuf {
-    std::fs::canonicalize(path)
-        .or_else(|_| std::path::absolute(path))
-        .unwrap_or_else(|_| path.to_owned())
+/// `path` made absolute, without `.` and with each `..` taking the segment before it.
+pub fn normal(path: &Path) -> PathBuf {
+    let path = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            c => out.push(c.as_os_str()),
+        }
+    }
+    out
 }
 
 /// The path from directory `from` to `to`, when both start at the same root.
@@ -78,6 +90,18 @@ mod tests {
             Path::new("../../../runs/r1/_thumbs/ab.png")
         );
         assert_eq!(r("/a/b", "/a/b"), Path::new(""));
+    }
+
+    #[test]
+    fn paths_are_normalised_like_file_urls_not_through_symlinks() {
+        assert_eq!(normal(Path::new("/a/b/../c/./d")), Path::new("/a/c/d"));
+        assert_eq!(normal(Path::new("/../x")), Path::new("/x"));
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("shared/team/reports");
+        std::fs::create_dir_all(&real).unwrap();
+        std::os::unix::fs::symlink(&real, dir.path().join("reports")).unwrap();
+        let target = dir.path().join("out/r/a.png");
+        assert_eq!(href(&dir.path().join("reports"), &target), "../out/r/a.png");
     }
 
     #[test]

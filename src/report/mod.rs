@@ -41,7 +41,7 @@ pub async fn write(store: &Store, run_id: &str, out: Option<&Path>) -> Result<Wr
     };
     let run_dir = run.dir();
     let out = out.map_or_else(|| run_dir.join(FILE), Path::to_owned);
-    let out = std::path::absolute(&out).unwrap_or(out);
+    let out = links::normal(&out);
     refuse_foreign(&out)?;
     let dir = out.parent().unwrap_or(Path::new("/")).to_owned();
     std::fs::create_dir_all(&dir)
@@ -58,7 +58,7 @@ pub async fn write(store: &Store, run_id: &str, out: Option<&Path>) -> Result<Wr
         path: out,
         run_id: model.run.id.clone(),
         status: model.run.status.as_str(),
-        images: model.images().filter(|s| s.preview.thumb.is_some()).count(),
+        images: model.images_on_disk(),
         thumbnails_made: model.thumbnails_made(),
         bytes: page.len(),
     })

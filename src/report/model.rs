@@ -113,6 +113,12 @@ impl Model {
         self.run.status == RunStatus::Running
     }
 
+    /// A call without an answer yet, of a run still going: not (yet) a possibly billed call.
+    /// A run that died still reads `running`; its calls are counted once it is resumed.
+    pub fn in_flight(&self, a: &AmbiguousAttempt) -> bool {
+        a.in_flight && self.in_progress()
+    }
+
     /// Thumbnails made for this report (not found already made).
     pub fn thumbnails_made(&self) -> usize {
         self.images().filter(|s| s.preview.made).count()
@@ -122,11 +128,16 @@ impl Model {
         self.outputs.values().flatten()
     }
 
+    /// Outputs whose file is where the record says.
+    pub fn images_on_disk(&self) -> usize {
+        self.images().filter(|s| s.preview.on_disk).count()
+    }
+
     /// The cost of each step in lineage order, then the total. Removed tasks only count in
     /// a line of their own (returned apart), since the pipeline no longer has their step.
     pub fn costs(&self) -> (Vec<StepCost>, StepCost, Option<StepCost>) {
         let mut at_risk: HashMap<i64, u64> = HashMap::new();
-        for a in &self.ambiguous {
+        for a in self.ambiguous.iter().filter(|a| !self.in_flight(a)) {
             *at_risk.entry(a.task_id).or_default() += a.credits_at_risk;
         }
         let mut steps: Vec<StepCost> = self
@@ -159,9 +170,7 @@ impl Model {
                 TaskStatus::Pending | TaskStatus::Running => line.pending += 1,
             }
             line.reused += u64::from(t.reused_from_run.is_some());
-            if !t.removed {
-                line.planned += t.planned_credits;
-            }
+            line.planned += t.planned_credits;
             line.billed += t.credits_billed;
             line.at_risk += at_risk.get(&t.id).copied().unwrap_or(0);
         }
@@ -172,6 +181,8 @@ impl Model {
         for s in &steps {
             total.add(s);
         }
+        // Removed tasks' planned credits are no longer part of the plan: only what they were
+        // billed counts in the total.
         let removed = (removed.tasks > 0).then(|| {
             total.billed += removed.billed;
             total.at_risk += removed.at_risk;

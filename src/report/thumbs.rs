@@ -27,6 +27,8 @@ pub struct Preview {
     pub note: Option<String>,
     /// A thumbnail was made (not found already made).
     pub made: bool,
+    /// The file is where the record says.
+    pub on_disk: bool,
 }
 
 /// Previews of `files` (path and recorded sha256), in their order, decoding at most one image
@@ -51,17 +53,30 @@ pub async fn previews(dir: &Path, files: Vec<(PathBuf, Option<String>)>) -> Vec<
 
 /// The preview of one file, making its thumbnail in `dir` when it has none yet.
 pub fn preview(dir: &Path, path: &Path, recorded: Option<&str>) -> Preview {
-    let size = probe(path).ok().map(|(w, h, _)| (w, h));
-    // The record is trusted when its thumbnail exists: hashing every full-size image again
-    // would make each report of a large run read gigabytes.
+    let meta = std::fs::metadata(path)
+        .ok()
+        .filter(std::fs::Metadata::is_file);
+    let size = meta
+        .as_ref()
+        .and_then(|_| probe(path).ok())
+        .map(|(w, h, _)| (w, h));
+    // The record is trusted while the file is older than its thumbnail: hashing every
+    // full-size image again would make each report of a large run read gigabytes.
     if let Some(sha) = recorded
         && let Some(p) = ready(dir, sha, size)
     {
-        let gone = !path.is_file();
-        return Preview {
-            note: gone.then(|| "the file is no longer on disk".to_owned()),
-            ..p
-        };
+        match &meta {
+            None => {
+                return Preview {
+                    note: Some("the file is no longer on disk".to_owned()),
+                    ..p
+                };
+            }
+            Some(m) if !written_after(m, p.thumb.as_deref()) => {
+                return Preview { on_disk: true, ..p };
+            }
+            Some(_) => {}
+        }
     }
     let bytes = match read(path) {
         Ok(bytes) => bytes,
@@ -76,12 +91,17 @@ pub fn preview(dir: &Path, path: &Path, recorded: Option<&str>) -> Preview {
     let changed = recorded.is_some_and(|r| !r.eq_ignore_ascii_case(&actual));
     let note = changed.then(|| "the file changed on disk since it was downloaded".to_owned());
     if let Some(p) = ready(dir, &actual, size) {
-        return Preview { note, ..p };
+        return Preview {
+            note,
+            on_disk: true,
+            ..p
+        };
     }
     match make(dir, &actual, &bytes) {
         Ok(p) => Preview {
             note,
             made: true,
+            on_disk: true,
             ..p
         },
         Err(e) => Preview {
@@ -90,8 +110,18 @@ pub fn preview(dir: &Path, path: &Path, recorded: Option<&str>) -> Preview {
                 || format!("no preview: {e}"),
                 |n| format!("{n}; no preview: {e}"),
             )),
+            on_disk: true,
             ..Preview::default()
         },
+    }
+}
+
+/// Whether the file was modified after `thumb` was made (or that cannot be told).
+fn written_after(file: &std::fs::Metadata, thumb: Option<&Path>) -> bool {
+    let thumb = thumb.and_then(|t| std::fs::metadata(t).ok());
+    match (file.modified(), thumb.map(|t| t.modified())) {
+        (Ok(f), Some(Ok(t))) => f > t,
+        _ => true,
     }
 }
 
@@ -111,6 +141,7 @@ fn ready(dir: &Path, sha: &str, size: Option<(u32, u32)>) -> Option<Preview> {
         alpha,
         note: None,
         made: false,
+        on_disk: false,
     })
 }
 
@@ -136,7 +167,7 @@ fn make(dir: &Path, sha: &str, bytes: &[u8]) -> Result<Preview, String> {
     {
         let encoder = PngEncoder::new_with_quality(
             BufWriter::new(tmp.as_file()),
-            CompressionType::Best,
+            CompressionType::Default,
             FilterType::Adaptive,
         );
         small
@@ -151,6 +182,7 @@ fn make(dir: &Path, sha: &str, bytes: &[u8]) -> Result<Preview, String> {
         alpha,
         note: None,
         made: false,
+        on_disk: false,
     })
 }
 
@@ -210,6 +242,7 @@ mod tests {
         assert_eq!(first.note, None);
         let again = preview(&thumbs, &big, Some(&sha));
         assert!(!again.made);
+        assert!(again.on_disk);
         assert_eq!(again.thumb, first.thumb);
         assert!(again.alpha);
     }
@@ -238,6 +271,7 @@ mod tests {
             Some(&"cd".repeat(32)),
         );
         assert!(gone.note.unwrap().contains("not on disk"));
+        assert!(!gone.on_disk);
         assert_eq!(gone.thumb, None);
         std::fs::write(&file, b"not an image").unwrap();
         let bad = preview(dir.path(), &file, None);

@@ -236,6 +236,8 @@ pub struct AmbiguousAttempt {
     pub error: Option<String>,
     /// The task's planned price: what the call may have cost.
     pub credits_at_risk: u64,
+    /// No outcome recorded: in flight, or its process died.
+    pub in_flight: bool,
 }
 
 impl Store {
@@ -279,7 +281,7 @@ impl Store {
     ) -> Result<Vec<AmbiguousAttempt>, StoreError> {
         let rows = sqlx::query(
             "SELECT t.id, t.item, t.step, t.idx, t.planned_credits, a.endpoint, a.started_at,
-                    a.job_id, a.error
+                    a.job_id, a.error, a.outcome IS NULL AS in_flight
              FROM attempts a JOIN tasks t ON t.id = a.task_id
              WHERE a.run_id = ? AND (a.outcome IS NULL OR a.outcome = 'ambiguous')
              ORDER BY a.id",
@@ -302,6 +304,7 @@ impl Store {
                     job_id: r.try_get("job_id")?,
                     error: r.try_get("error")?,
                     credits_at_risk: crate::store::tasks::to_u64(r.try_get("planned_credits")?),
+                    in_flight: r.try_get("in_flight")?,
                 })
             })
             .collect()

@@ -9,6 +9,7 @@ mod common;
 mod crash;
 mod hostile;
 mod plan;
+mod report;
 mod report_page;
 mod resume;
 mod run;
