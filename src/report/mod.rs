@@ -3,6 +3,7 @@
 //! be made for any run, finished or still going, without the network.
 
 mod chart;
+mod costs;
 mod html;
 mod lineage;
 mod links;
