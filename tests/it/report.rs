@@ -13,14 +13,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use imgpipe::sandbox::faults::Dice;
 use imgpipe::sandbox::{self, Faults};
-use sqlx::sqlite::SqliteConnectOptions;
-use sqlx::{ConnectOptions, Connection, Row};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteRow};
+use sqlx::{ConnectOptions, Connection, Row, SqliteConnection};
+use tokio::process::Child;
 use tokio::time::Instant;
 
 use crate::common::*;
-use crate::run::{both, config, edit_chain, state_path, write};
+use crate::resume::{connect, interrupt_when, sandbox_with_latency};
+use crate::run::{both, config, copy_sample, edit_chain, seed_for, state_path, write};
 
 type Command = tokio::process::Command;
 
@@ -50,10 +51,49 @@ async fn ip(env: Option<&Env>, dir: &Path, args: &[&str]) -> Output {
     finish(cmd(env, dir, dir, args)).await
 }
 
-/// Copies a committed sample pipeline into `dir`.
-fn copy_sample(dir: &Path, name: &str) {
-    let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines");
-    std::fs::copy(from.join(name), dir.join(name)).unwrap();
+/// A sandbox with `config`, and `edit_chain(items)` in `p.yaml` in its directory.
+async fn start_with_chain(config: sandbox::Config, items: usize) -> Env {
+    let env = start(config).await;
+    write(env.dir.path(), "p.yaml", &edit_chain(items, None));
+    env
+}
+
+/// A sandbox with `edit_chain(items)` in `p.yaml`, after its run `r` (`ARGS` added) succeeded.
+async fn after_run_r(items: usize, args: &[&str]) -> Env {
+    let env = start_with_chain(config(), items).await;
+    assert_exit_without_panic(&run_chain(&env, "r", args).await, 0);
+    env
+}
+
+/// `run p.yaml --run-id RUN ARGS`.
+fn run_args<'a>(run: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+    let mut all = vec!["run", "p.yaml", "--run-id", run];
+    all.extend_from_slice(args);
+    all
+}
+
+/// `imgpipe run p.yaml --run-id RUN ARGS` in `env`'s directory, run to completion.
+async fn run_chain(env: &Env, run: &str, args: &[&str]) -> Output {
+    ip(Some(env), env.dir.path(), &run_args(run, args)).await
+}
+
+/// `imgpipe run p.yaml --run-id RUN --concurrency 1 ARGS` in `env`'s directory (one call at a
+/// time), its output captured, to be started by the test.
+fn one_at_a_time(env: &Env, run: &str, args: &[&str]) -> Command {
+    let mut all = run_args(run, &["--concurrency", "1"]);
+    all.extend_from_slice(args);
+    let dir = env.dir.path();
+    let mut c = cmd(Some(env), dir, dir, &all);
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+/// What a started run printed, once it ends (in time).
+async fn ended(child: Child) -> Output {
+    tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
+        .await
+        .expect("the run ends in time")
+        .unwrap()
 }
 
 /// Waits (at most 15 s) until `cond` holds.
@@ -72,18 +112,6 @@ fn signal(child: &tokio::process::Child, sig: i32) {
     let pid = i32::try_from(child.id().expect("still running")).unwrap();
     // SAFETY: sending a signal to our own child, whose pid we hold.
     assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
-}
-
-/// A seed whose first draws with probability `p` are exactly `pattern` (true: the fault
-/// strikes). With one call at a time and only the drop fault on, the sandbox draws once per
-/// billed call, in call order.
-fn seed_for(p: f64, pattern: &[bool]) -> u64 {
-    (0..1_000_000u64)
-        .find(|seed| {
-            let dice = Dice::new(*seed);
-            pattern.iter().all(|want| dice.chance(p) == *want)
-        })
-        .expect("a seed with this pattern")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -187,14 +215,19 @@ impl Db {
     }
 }
 
+/// Every row `sql` selects for the run `run` (its one `?`), each made into a `T`.
+async fn rows<T>(
+    conn: &mut SqliteConnection,
+    sql: &'static str,
+    run: &str,
+    each: impl FnMut(&SqliteRow) -> T,
+) -> Vec<T> {
+    let rows = sqlx::query(sql).bind(run).fetch_all(conn).await.unwrap();
+    rows.iter().map(each).collect()
+}
+
 async fn read_db(dir: &Path, run: &str) -> Db {
-    let path = state_path(dir);
-    let mut conn = SqliteConnectOptions::new()
-        .filename(&path)
-        .read_only(true)
-        .connect()
-        .await
-        .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
+    let mut conn = connect(dir).await;
     let r = sqlx::query(
         "SELECT status, output_dir, credits_planned, balance_before, balance_after
          FROM runs WHERE id = ?",
@@ -210,61 +243,52 @@ async fn read_db(dir: &Path, run: &str) -> Db {
         r.get("balance_before"),
         r.get("balance_after"),
     );
-    let tasks = sqlx::query(
+    let tasks = rows(
+        &mut conn,
         "SELECT id, item, step, idx, status, inputs, planned_credits, credits_billed, error,
                 removed_at IS NOT NULL AS removed, reused_from IS NOT NULL AS reused
          FROM tasks WHERE run_id = ? ORDER BY id",
+        run,
+        |r| Task {
+            id: r.get("id"),
+            item: r.get("item"),
+            step: r.get("step"),
+            idx: u32::try_from(r.get::<i64, _>("idx")).unwrap(),
+            status: r.get("status"),
+            inputs: serde_json::from_str(&r.get::<String, _>("inputs")).unwrap(),
+            planned: u(r.get("planned_credits")),
+            billed: u(r.get("credits_billed")),
+            error: r.get("error"),
+            removed: r.get("removed"),
+            reused: r.get("reused"),
+        },
     )
-    .bind(run)
-    .fetch_all(&mut conn)
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| Task {
-        id: r.get("id"),
-        item: r.get("item"),
-        step: r.get("step"),
-        idx: u32::try_from(r.get::<i64, _>("idx")).unwrap(),
-        status: r.get("status"),
-        inputs: serde_json::from_str(&r.get::<String, _>("inputs")).unwrap(),
-        planned: u(r.get("planned_credits")),
-        billed: u(r.get("credits_billed")),
-        error: r.get("error"),
-        removed: r.get("removed"),
-        reused: r.get("reused"),
-    })
-    .collect();
-    let attempts = sqlx::query(
+    .await;
+    let attempts = rows(
+        &mut conn,
         "SELECT task_id, outcome, credits_billed FROM attempts WHERE run_id = ? ORDER BY id",
+        run,
+        |r| Attempt {
+            task_id: r.get("task_id"),
+            outcome: r.get("outcome"),
+            billed: u(r.get("credits_billed")),
+        },
     )
-    .bind(run)
-    .fetch_all(&mut conn)
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| Attempt {
-        task_id: r.get("task_id"),
-        outcome: r.get("outcome"),
-        billed: u(r.get("credits_billed")),
-    })
-    .collect();
-    let outputs = sqlx::query(
+    .await;
+    let outputs = rows(
+        &mut conn,
         "SELECT task_id, k, path, sha256, download_error FROM outputs
          WHERE run_id = ? ORDER BY task_id, k",
+        run,
+        |r| Out {
+            task_id: r.get("task_id"),
+            k: u32::try_from(r.get::<i64, _>("k")).unwrap(),
+            path: r.get("path"),
+            sha256: r.get("sha256"),
+            download_error: r.get("download_error"),
+        },
     )
-    .bind(run)
-    .fetch_all(&mut conn)
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| Out {
-        task_id: r.get("task_id"),
-        k: u32::try_from(r.get::<i64, _>("k")).unwrap(),
-        path: r.get("path"),
-        sha256: r.get("sha256"),
-        download_error: r.get("download_error"),
-    })
-    .collect();
+    .await;
     conn.close().await.unwrap();
     Db {
         status,
@@ -928,6 +952,14 @@ fn thumb_files(run_dir: &Path) -> BTreeSet<String> {
         .collect()
 }
 
+/// The run's record, and its page at `out/RUN/report.html` held against it.
+async fn record_and_page(dir: &Path, run: &str) -> (Db, Page) {
+    let db = read_db(dir, run).await;
+    let page = Page::read(&dir.join("out").join(run).join("report.html"));
+    assert_page_agrees(&page, &db, run);
+    (db, page)
+}
+
 /// The thumbnail names the database's outputs call for.
 fn wanted_thumbs(db: &Db) -> BTreeSet<String> {
     db.downloaded()
@@ -1053,21 +1085,9 @@ async fn product_shots_report_links_every_output_and_its_costs_are_the_records_a
 
 #[tokio::test(flavor = "multi_thread")]
 async fn report_from_another_directory_links_relative_to_its_out_and_never_replaces_a_user_file() {
-    let env = start(config()).await;
+    let env = after_run_r(2, &["--report"]).await;
     let dir = env.dir.path();
-    write(dir, "p.yaml", &edit_chain(2, None));
-    let o = ip(
-        Some(&env),
-        dir,
-        &["run", "p.yaml", "--run-id", "r", "--report"],
-    )
-    .await;
-    assert_exit_without_panic(&o, 0);
-    let db = read_db(dir, "r").await;
-    let run_dir = dir.join("out/r");
-    let default_report = run_dir.join("report.html");
-    let first = std::fs::read(&default_report).unwrap();
-    assert_page_agrees(&Page::read(&default_report), &db, "r");
+    let (db, first) = record_and_page(dir, "r").await;
     let requests = env.sandbox.stats().api_requests;
 
     // From another working directory, to a relative --out in a directory not made yet.
@@ -1105,8 +1125,8 @@ async fn report_from_another_directory_links_relative_to_its_out_and_never_repla
     );
     assert_page_agrees(&page, &db, "r");
     assert_eq!(
-        std::fs::read(&default_report).unwrap(),
-        first,
+        std::fs::read_to_string(&first.path).unwrap(),
+        first.html,
         "the run's own report untouched"
     );
 
@@ -1173,16 +1193,11 @@ async fn failed_tasks_show_their_reason_in_place_their_chain_blocked_and_the_run
     // upscale and cut-out are blocked.
     let pipeline = edit_chain(3, None).replace("lamp.png", "nope.png");
     write(dir, "p.yaml", &pipeline);
-    let o = ip(
-        Some(&env),
-        dir,
-        &["run", "p.yaml", "--run-id", "f", "--report"],
-    )
-    .await;
+    let o = run_chain(&env, "f", &["--report"]).await;
     assert_exit_without_panic(&o, 4);
     let err = stderr(&o);
     assert!(err.contains("report written to"), "{err}");
-    let db = read_db(dir, "f").await;
+    let (db, page) = record_and_page(dir, "f").await;
     assert_eq!(db.status, "failed");
     assert_eq!(
         (db.count("failed"), db.count("blocked")),
@@ -1190,8 +1205,6 @@ async fn failed_tasks_show_their_reason_in_place_their_chain_blocked_and_the_run
         "{:#?}",
         db.tasks
     );
-    let page = Page::read(&dir.join("out/f/report.html"));
-    assert_page_agrees(&page, &db, "f");
 
     let failed = db.find("i01", "clean", 0);
     let reason = failed.error.as_deref().unwrap();
@@ -1252,29 +1265,12 @@ async fn calls_that_may_have_been_billed_and_failed_downloads_are_listed_with_li
     .await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(2, None));
-    let o = ip(
-        Some(&env),
-        dir,
-        &[
-            "run",
-            "p.yaml",
-            "--run-id",
-            "a",
-            "--report",
-            "--concurrency",
-            "1",
-            "--on-ambiguous",
-            "fail",
-        ],
-    )
-    .await;
-    assert_exit_without_panic(&o, 4);
-    let db = read_db(dir, "a").await;
+    let args = ["--report", "--concurrency", "1", "--on-ambiguous", "fail"];
+    assert_exit_without_panic(&run_chain(&env, "a", &args).await, 4);
+    let (db, page) = record_and_page(dir, "a").await;
     let big = db.find("i00", "big", 0);
     assert_eq!(big.status, "failed", "{:#?}", db.tasks);
     assert_eq!(db.ambiguous().len(), 1);
-    let page = Page::read(&dir.join("out/a/report.html"));
-    assert_page_agrees(&page, &db, "a");
     assert_eq!(
         page.linked_tasks("possibly-billed"),
         BTreeSet::from([big.id])
@@ -1309,22 +1305,14 @@ async fn calls_that_may_have_been_billed_and_failed_downloads_are_listed_with_li
         "p.yaml",
         "version: 1\nname: one\noutput_dir: out\nitems:\n  - { id: a }\n  - { id: b }\nsteps:\n  - id: clean\n    erase: { image_url: \"https://sandbox.invalid/assets/mug.png\", object_name: x }\n",
     );
-    let o = ip(
-        Some(&env),
-        dir,
-        &["run", "p.yaml", "--run-id", "d", "--report"],
-    )
-    .await;
-    assert_exit_without_panic(&o, 4);
-    let db = read_db(dir, "d").await;
+    assert_exit_without_panic(&run_chain(&env, "d", &["--report"]).await, 4);
+    let (db, page) = record_and_page(dir, "d").await;
     assert_eq!(db.count("succeeded"), 2);
     assert!(
         db.outputs.iter().all(|o| o.download_error.is_some()),
         "{:#?}",
         db.outputs
     );
-    let page = Page::read(&dir.join("out/d/report.html"));
-    assert_page_agrees(&page, &db, "d");
     let table = page.element(page.must("table", "failed-downloads").at);
     for t in db.live() {
         assert!(table.contains(&format!("href=\"#o{}-0\"", t.id)), "{table}");
@@ -1341,21 +1329,9 @@ async fn calls_that_may_have_been_billed_and_failed_downloads_are_listed_with_li
 async fn a_report_of_a_run_in_progress_shows_what_is_done_and_what_waits_then_the_finished_run() {
     // One call at a time, each taking 150 ms: the run is caught with a call in flight, and held
     // still (SIGSTOP) while the report is made, so what it shows is exactly the record.
-    let env = start(sandbox::Config {
-        latency: Duration::from_millis(150),
-        ..config()
-    })
-    .await;
+    let env = start_with_chain(sandbox_with_latency(150), 3).await;
     let dir = env.dir.path();
-    write(dir, "p.yaml", &edit_chain(3, None));
-    let mut run = cmd(
-        Some(&env),
-        dir,
-        dir,
-        &["run", "p.yaml", "--run-id", "g", "--concurrency", "1"],
-    );
-    run.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let child = run.spawn().unwrap();
+    let child = one_at_a_time(&env, "g", &[]).spawn().unwrap();
     wait_until("three files and a call in flight", || async {
         let stats = env.sandbox.stats();
         let in_flight = stats.paid_requests > env.sandbox.ledger().len() as u64;
@@ -1406,18 +1382,12 @@ async fn a_report_of_a_run_in_progress_shows_what_is_done_and_what_waits_then_th
         wanted_thumbs(&db).len()
     );
 
-    let out = tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
-        .await
-        .expect("the run finishes")
-        .unwrap();
-    assert_exit_without_panic(&out, 0);
+    assert_exit_without_panic(&ended(child).await, 0);
     let o = ip(Some(&env), dir, &["report", "g", "--json"]).await;
     assert_exit_without_panic(&o, 0);
     let second = json_stdout(&o);
-    let db = read_db(dir, "g").await;
+    let (db, page) = record_and_page(dir, "g").await;
     assert_eq!(db.status, "succeeded");
-    let page = Page::read(&dir.join("out/g/report.html"));
-    assert_page_agrees(&page, &db, "g");
     assert!(!page.html.contains("class=\"banner\""));
     assert_eq!(page.number("total-pending"), 0);
     assert!(!page.html.contains("badge b-pending\""));
@@ -1434,45 +1404,15 @@ async fn a_report_of_a_run_in_progress_shows_what_is_done_and_what_waits_then_th
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_interrupted_run_reports_itself_and_its_resume_replaces_the_report() {
-    let env = start(sandbox::Config {
-        latency: Duration::from_millis(60),
-        ..config()
-    })
-    .await;
+    let env = start_with_chain(sandbox_with_latency(60), 3).await;
     let dir = env.dir.path();
-    write(dir, "p.yaml", &edit_chain(3, None));
-    let mut run = cmd(
-        Some(&env),
-        dir,
-        dir,
-        &[
-            "run",
-            "p.yaml",
-            "--run-id",
-            "s",
-            "--concurrency",
-            "1",
-            "--report",
-        ],
-    );
-    run.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let child = run.spawn().unwrap();
-    wait_until("four calls billed", || async {
-        env.sandbox.ledger().len() >= 4
-    })
-    .await;
-    signal(&child, libc::SIGINT);
-    let o = tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
-        .await
-        .expect("the run stops")
-        .unwrap();
+    let run = one_at_a_time(&env, "s", &["--report"]);
+    // Interrupted once four calls are billed.
+    let o = interrupt_when(&env, run, |env| env.sandbox.ledger().len() >= 4).await;
     assert_exit_without_panic(&o, 130);
     assert!(stderr(&o).contains("report written to"), "{}", stderr(&o));
-    let db = read_db(dir, "s").await;
+    let (db, page) = record_and_page(dir, "s").await;
     assert_eq!(db.status, "interrupted");
-    let report = dir.join("out/s/report.html");
-    let page = Page::read(&report);
-    assert_page_agrees(&page, &db, "s");
     let pending = db.count("pending");
     assert!(pending > 0, "{:#?}", db.tasks);
     assert_eq!(page.number("total-pending"), pending as u64);
@@ -1485,10 +1425,8 @@ async fn an_interrupted_run_reports_itself_and_its_resume_replaces_the_report() 
     let o = ip(Some(&env), dir, &["resume", "s", "--report"]).await;
     assert_exit_without_panic(&o, 0);
     assert!(stderr(&o).contains("report written to"), "{}", both(&o));
-    let db = read_db(dir, "s").await;
+    let (db, page) = record_and_page(dir, "s").await;
     assert_eq!(db.status, "succeeded");
-    let page = Page::read(&report);
-    assert_page_agrees(&page, &db, "s");
     assert_eq!(page.number("total-pending"), 0);
     assert_eq!(page.number("total-billed"), 27);
     assert_eq!(thumb_files(&dir.join("out/s")), wanted_thumbs(&db));
@@ -1500,26 +1438,14 @@ async fn an_interrupted_run_reports_itself_and_its_resume_replaces_the_report() 
 
 #[tokio::test(flavor = "multi_thread")]
 async fn reused_outputs_say_from_which_run_and_cost_nothing() {
-    let env = start(config()).await;
-    let dir = env.dir.path();
-    write(dir, "p.yaml", &edit_chain(2, None));
-    let o = ip(Some(&env), dir, &["run", "p.yaml", "--run-id", "a"]).await;
-    assert_exit_without_panic(&o, 0);
+    let env = start_with_chain(config(), 2).await;
+    assert_exit_without_panic(&run_chain(&env, "a", &[]).await, 0);
     let ledger = env.sandbox.ledger().len();
-    let o = ip(
-        Some(&env),
-        dir,
-        &[
-            "run", "p.yaml", "--run-id", "b", "--reuse", "--report", "--json",
-        ],
-    )
-    .await;
+    let o = run_chain(&env, "b", &["--reuse", "--report", "--json"]).await;
     assert_exit_without_panic(&o, 0);
     assert_eq!(env.sandbox.ledger().len(), ledger, "nothing paid");
-    let db = read_db(dir, "b").await;
+    let (db, page) = record_and_page(env.dir.path(), "b").await;
     assert!(db.live().all(|t| t.reused), "{:#?}", db.tasks);
-    let page = Page::read(&dir.join("out/b/report.html"));
-    assert_page_agrees(&page, &db, "b");
     assert_eq!(page.number("total-reused"), 6);
     assert_eq!(page.number("total-billed"), 0);
     for t in db.live() {
@@ -1533,24 +1459,10 @@ async fn reused_outputs_say_from_which_run_and_cost_nothing() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn links_survive_spaces_hashes_and_percent_signs_in_paths() {
-    let env = start(config()).await;
+    let env = start_with_chain(config(), 1).await;
     let dir = env.dir.path();
-    write(dir, "p.yaml", &edit_chain(1, None));
     let out = dir.join("my shots #1 100%");
-    let o = ip(
-        Some(&env),
-        dir,
-        &[
-            "run",
-            "p.yaml",
-            "--run-id",
-            "r",
-            "--out",
-            out.to_str().unwrap(),
-            "--report",
-        ],
-    )
-    .await;
+    let o = run_chain(&env, "r", &["--out", out.to_str().unwrap(), "--report"]).await;
     assert_exit_without_panic(&o, 0);
     let db = read_db(dir, "r").await;
     let page = Page::read(&out.join("r/report.html"));
@@ -1593,9 +1505,7 @@ async fn a_batch_step_has_its_own_section_and_items_link_to_the_references_they_
     )
     .await;
     assert_exit_without_panic(&o, 0);
-    let db = read_db(dir, "j").await;
-    let page = Page::read(&dir.join("out/j/report.html"));
-    assert_page_agrees(&page, &db, "j");
+    let (db, page) = record_and_page(dir, "j").await;
     let sections: Vec<String> = page
         .tags("section")
         .iter()
@@ -1635,16 +1545,8 @@ async fn a_batch_step_has_its_own_section_and_items_link_to_the_references_they_
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_output_deleted_after_the_run_is_said_to_be_gone_and_the_report_still_made() {
-    let env = start(config()).await;
+    let env = after_run_r(2, &["--report"]).await;
     let dir = env.dir.path();
-    write(dir, "p.yaml", &edit_chain(2, None));
-    let o = ip(
-        Some(&env),
-        dir,
-        &["run", "p.yaml", "--run-id", "r", "--report"],
-    )
-    .await;
-    assert_exit_without_panic(&o, 0);
     let db = read_db(dir, "r").await;
     let run_dir = dir.join("out/r");
     let cutout = db.find("i00", "cutout", 0);
@@ -1669,11 +1571,8 @@ async fn an_output_deleted_after_the_run_is_said_to_be_gone_and_the_report_still
 /// The header's "Images on disk" counts recorded paths, not files on disk.
 #[tokio::test(flavor = "multi_thread")]
 async fn images_on_disk_does_not_count_a_file_deleted_after_the_run() {
-    let env = start(config()).await;
+    let env = after_run_r(2, &[]).await;
     let dir = env.dir.path();
-    write(dir, "p.yaml", &edit_chain(2, None));
-    let o = ip(Some(&env), dir, &["run", "p.yaml", "--run-id", "r"]).await;
-    assert_exit_without_panic(&o, 0);
     std::fs::remove_file(dir.join("out/r/i00/cutout.png")).unwrap();
     let o = ip(Some(&env), dir, &["report", "r", "--json"]).await;
     assert_exit_without_panic(&o, 0);
@@ -1691,16 +1590,8 @@ async fn images_on_disk_does_not_count_a_file_deleted_after_the_run() {
 /// "a file changed on disk never shows the old picture".
 #[tokio::test(flavor = "multi_thread")]
 async fn a_file_changed_after_an_earlier_report_does_not_show_the_old_picture() {
-    let env = start(config()).await;
+    let env = after_run_r(2, &["--report"]).await;
     let dir = env.dir.path();
-    write(dir, "p.yaml", &edit_chain(2, None));
-    let o = ip(
-        Some(&env),
-        dir,
-        &["run", "p.yaml", "--run-id", "r", "--report"],
-    )
-    .await;
-    assert_exit_without_panic(&o, 0);
     let db = read_db(dir, "r").await;
     let run_dir = dir.join("out/r");
     // The user replaces i01's cleaned picture with i00's.
@@ -1733,8 +1624,7 @@ async fn a_step_dropped_by_allow_changes_keeps_its_cost_on_a_line_of_its_own() {
         "p.yaml",
         &edit_chain(2, None).replace("lamp.png", "nope.png"),
     );
-    let o = ip(Some(&env), dir, &["run", "p.yaml", "--run-id", "c"]).await;
-    assert_exit_without_panic(&o, 4);
+    assert_exit_without_panic(&run_chain(&env, "c", &[]).await, 4);
     // i01 mended, and the cut-out step dropped: i00's cut-out was paid for all the same.
     let cut = "  - id: cutout\n    remove_background: { from: big }\n";
     let mended = edit_chain(2, None).replace(cut, "");
@@ -1747,12 +1637,10 @@ async fn a_step_dropped_by_allow_changes_keeps_its_cost_on_a_line_of_its_own() {
     )
     .await;
     assert_exit_without_panic(&o, 0);
-    let db = read_db(dir, "c").await;
+    let (db, page) = record_and_page(dir, "c").await;
     assert_eq!(db.status, "succeeded");
     let removed: Vec<&Task> = db.tasks.iter().filter(|t| t.removed).collect();
     assert_eq!(removed.len(), 2, "{:#?}", db.tasks);
-    let page = Page::read(&dir.join("out/c/report.html"));
-    assert_page_agrees(&page, &db, "c");
     let ledger: u64 = env.sandbox.ledger().iter().map(|e| e.credits).sum();
     assert_eq!(
         page.number("total-billed"),
@@ -1793,12 +1681,9 @@ async fn a_step_dropped_by_allow_changes_keeps_its_cost_on_a_line_of_its_own() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn identical_images_share_one_thumbnail_and_it_is_counted_once() {
-    let env = start(config()).await;
-    let dir = env.dir.path();
     // i00 and i04 are both the mug, edited alike: the same bytes at every step.
-    write(dir, "p.yaml", &edit_chain(5, None));
-    let o = ip(Some(&env), dir, &["run", "p.yaml", "--run-id", "r"]).await;
-    assert_exit_without_panic(&o, 0);
+    let env = after_run_r(5, &[]).await;
+    let dir = env.dir.path();
     let db = read_db(dir, "r").await;
     let distinct = wanted_thumbs(&db);
     assert!(
@@ -1821,18 +1706,12 @@ async fn identical_images_share_one_thumbnail_and_it_is_counted_once() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_report_that_cannot_be_written_leaves_the_runs_exit_code_and_a_finished_run_gets_one() {
-    let env = start(config()).await;
+    let env = start_with_chain(config(), 1).await;
     let dir = env.dir.path();
-    write(dir, "p.yaml", &edit_chain(1, None));
     // Something of the user's already sits where the report goes.
     let report = dir.join("out/r/report.html");
     std::fs::create_dir_all(&report).unwrap();
-    let o = ip(
-        Some(&env),
-        dir,
-        &["run", "p.yaml", "--run-id", "r", "--report"],
-    )
-    .await;
+    let o = run_chain(&env, "r", &["--report"]).await;
     assert_exit_without_panic(&o, 0);
     let err = stderr(&o);
     assert!(err.contains("cannot write the report"), "{err}");
@@ -1843,12 +1722,7 @@ async fn a_report_that_cannot_be_written_leaves_the_runs_exit_code_and_a_finishe
     // The finished run, run again with --report: the page, and not one request.
     std::fs::remove_dir(&report).unwrap();
     let requests = env.sandbox.stats().api_requests;
-    let o = ip(
-        Some(&env),
-        dir,
-        &["run", "p.yaml", "--run-id", "r", "--report"],
-    )
-    .await;
+    let o = run_chain(&env, "r", &["--report"]).await;
     assert_exit_without_panic(&o, 0);
     assert!(stderr(&o).contains("report written to"), "{}", both(&o));
     assert_eq!(env.sandbox.stats().api_requests, requests);
@@ -1869,16 +1743,8 @@ async fn a_report_that_cannot_be_written_leaves_the_runs_exit_code_and_a_finishe
 /// out of the wrong directory and every link of the page breaks.
 #[tokio::test(flavor = "multi_thread")]
 async fn links_work_from_the_path_the_report_was_written_to_even_through_a_symlink() {
-    let env = start(config()).await;
+    let env = after_run_r(1, &["--report"]).await;
     let dir = env.dir.path();
-    write(dir, "p.yaml", &edit_chain(1, None));
-    let o = ip(
-        Some(&env),
-        dir,
-        &["run", "p.yaml", "--run-id", "r", "--report"],
-    )
-    .await;
-    assert_exit_without_panic(&o, 0);
     let db = read_db(dir, "r").await;
     // ~/reports is a link to a shared directory deeper down.
     std::fs::create_dir_all(dir.join("shared/team/reports")).unwrap();
@@ -1898,42 +1764,16 @@ async fn links_work_from_the_path_the_report_was_written_to_even_through_a_symli
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_run_stopped_for_credits_says_why_and_that_the_balance_moved_by_more_than_it_billed() {
-    let env = start(sandbox::Config {
-        latency: Duration::from_millis(40),
-        ..config()
-    })
-    .await;
-    let dir = env.dir.path();
-    write(dir, "p.yaml", &edit_chain(3, None));
-    let mut run = cmd(
-        Some(&env),
-        dir,
-        dir,
-        &[
-            "run",
-            "p.yaml",
-            "--run-id",
-            "b",
-            "--concurrency",
-            "1",
-            "--report",
-        ],
-    );
-    run.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let child = run.spawn().unwrap();
+    let env = start_with_chain(sandbox_with_latency(40), 3).await;
+    let child = one_at_a_time(&env, "b", &["--report"]).spawn().unwrap();
     // Someone else spends the account down after the second bill.
     wait_until("two bills", || async { env.sandbox.ledger().len() >= 2 }).await;
     env.sandbox.set_balance(1);
-    let o = tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
-        .await
-        .expect("the run stops")
-        .unwrap();
+    let o = ended(child).await;
     assert_exit_without_panic(&o, 3);
     assert!(stderr(&o).contains("report written to"), "{}", both(&o));
-    let db = read_db(dir, "b").await;
+    let (db, page) = record_and_page(env.dir.path(), "b").await;
     assert_eq!(db.status, "stopped");
-    let page = Page::read(&dir.join("out/b/report.html"));
-    assert_page_agrees(&page, &db, "b");
     let header = text(page.element(page.tags("header")[0].at));
     assert!(
         header.contains("credits"),
@@ -1958,11 +1798,8 @@ async fn a_run_stopped_for_credits_says_why_and_that_the_balance_moved_by_more_t
 
 #[tokio::test(flavor = "multi_thread")]
 async fn reports_made_at_once_all_succeed_and_leave_no_temporary_file() {
-    let env = start(config()).await;
+    let env = after_run_r(4, &[]).await;
     let dir = env.dir.path();
-    write(dir, "p.yaml", &edit_chain(4, None));
-    let o = ip(Some(&env), dir, &["run", "p.yaml", "--run-id", "r"]).await;
-    assert_exit_without_panic(&o, 0);
     let db = read_db(dir, "r").await;
     let outs: Vec<PathBuf> = (0..3).map(|i| dir.join(format!("r{i}.html"))).collect();
     let runs = outs.iter().map(|out| {

@@ -78,7 +78,11 @@ async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 
 /// Starts `cmd` with its streams captured, waits until `cond` holds of the sandbox, sends
 /// SIGINT, and returns what the process printed.
-async fn interrupt_when(env: &Env, mut cmd: Command, cond: impl Fn(&Env) -> bool) -> Output {
+pub(crate) async fn interrupt_when(
+    env: &Env,
+    mut cmd: Command,
+    cond: impl Fn(&Env) -> bool,
+) -> Output {
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let child = cmd.spawn().unwrap();
     wait_until("the run to get under way", || cond(env)).await;
@@ -97,7 +101,7 @@ fn closed_port() -> u16 {
     listener.local_addr().unwrap().port()
 }
 
-fn sandbox_with_latency(ms: u64) -> sandbox::Config {
+pub(crate) fn sandbox_with_latency(ms: u64) -> sandbox::Config {
     sandbox::Config {
         latency: Duration::from_millis(ms),
         ..config()
@@ -205,7 +209,7 @@ fn u(n: i64) -> u64 {
     u64::try_from(n).unwrap()
 }
 
-async fn connect(dir: &Path) -> sqlx::SqliteConnection {
+pub(crate) async fn connect(dir: &Path) -> sqlx::SqliteConnection {
     let path = state_path(dir);
     SqliteConnectOptions::new()
         .filename(&path)

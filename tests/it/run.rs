@@ -52,7 +52,7 @@ pub(crate) fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 }
 
 /// Copies a committed sample pipeline (and its items file) into `dir`.
-fn copy_sample(dir: &Path, name: &str) {
+pub(crate) fn copy_sample(dir: &Path, name: &str) {
     let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines");
     std::fs::copy(from.join(name), dir.join(name)).unwrap();
     if name == "edit-only.yaml" {
@@ -470,7 +470,7 @@ fn assert_descendants_blocked(db: &Db) {
 /// A seed whose first draws with probability `p` are exactly `pattern` (true: the fault
 /// strikes). With one call at a time and only the drop fault on, the sandbox draws once per
 /// billed call, in call order, so this fixes which calls are dropped.
-fn seed_for(p: f64, pattern: &[bool]) -> u64 {
+pub(crate) fn seed_for(p: f64, pattern: &[bool]) -> u64 {
     (0..1_000_000u64)
         .find(|seed| {
             let dice = Dice::new(*seed);
