@@ -10,6 +10,7 @@ use crate::cli::GlobalArgs;
 use crate::cli::run::{open_existing_store, store_path};
 use crate::cli::summary::{self, Summary};
 use crate::error::Error;
+use crate::plan::document::rfc3339_ms as time;
 use crate::store::{AmbiguousAttempt, StepCounts, Store};
 
 #[derive(Debug, Args)]
@@ -190,10 +191,4 @@ fn print_json(value: &impl Serialize) -> Result<(), Error> {
         .map_err(|e| Error::Other(anyhow::anyhow!("cannot print JSON: {e}")))?;
     println!("{text}");
     Ok(())
-}
-
-/// Unix milliseconds as RFC 3339, UTC, to the second.
-fn time(ms: i64) -> String {
-    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
-    crate::plan::document::rfc3339(at)
 }

@@ -131,7 +131,7 @@ pub async fn print_finished(
 /// Writes the report next to the manifest. The run's own exit code stands either way: a
 /// report that cannot be written is said on stderr, with the command that tries again.
 async fn write_report(store: &Store, run_id: &str) {
-    match crate::report::write(store, run_id, None).await {
+    match crate::cli::report::write(store, run_id, None).await {
         Ok(w) => tracing::info!(
             "report written to {} ({} images, {} new thumbnails)",
             w.path.display(),

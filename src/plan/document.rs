@@ -161,6 +161,11 @@ impl PlanDocument {
     }
 }
 
+/// [`rfc3339`] of a time recorded as unix milliseconds.
+pub fn rfc3339_ms(ms: i64) -> String {
+    rfc3339(SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64))
+}
+
 /// `2026-11-21T09:30:00Z` for a time after 1970.
 pub fn rfc3339(t: SystemTime) -> String {
     let secs = t

@@ -2,10 +2,11 @@
 
 use std::fmt::Write;
 
+use crate::plan::document::rfc3339_ms as time;
 use crate::report::chart::{self, Marks};
-use crate::report::html::{Page, esc, label, output_label, time};
+use crate::report::html::{Page, esc, label, output_label};
 use crate::report::model::{Model, Shown, StepCost};
-use crate::store::{ReportTask, TaskStatus};
+use crate::store::{AmbiguousAttempt, ReportTask, TaskStatus};
 
 impl Page<'_> {
     pub(super) fn costs(
@@ -101,32 +102,21 @@ impl Page<'_> {
         );
     }
 
-    pub(super) fn problem_count(&self) -> usize {
-        let m = self.model;
-        let failed = m
-            .tasks
-            .iter()
-            .filter(|t| !t.removed && matches!(t.status, TaskStatus::Failed | TaskStatus::Blocked))
-            .count();
-        let unanswered = m.ambiguous.iter().filter(|a| !m.in_flight(a)).count();
-        failed + unanswered + failed_downloads(self.model).len()
-    }
-
-    pub(super) fn problems(&mut self) {
+    pub(super) fn problems(&mut self, problems: &Problems) {
         let m = self.model;
         self.w("<section id=\"problems\"><h2>Problems</h2>");
-        if self.problem_count() == 0 {
+        if problems.count() == 0 {
             self.w("<p>None: no failed task, no call that may have been billed without a result, every output downloaded.</p></section>\n");
             return;
         }
-        let failed: Vec<&ReportTask> = m
-            .tasks
-            .iter()
-            .filter(|t| !t.removed && matches!(t.status, TaskStatus::Failed | TaskStatus::Blocked))
-            .collect();
+        let Problems {
+            failed,
+            unanswered,
+            downloads,
+        } = problems;
         if !failed.is_empty() {
             self.w("<h3>Failed and blocked tasks</h3><table id=\"failures\"><thead><tr><th>Task</th><th>Status</th><th>Reason</th></tr></thead><tbody>");
-            for t in failed {
+            for t in failed.iter().copied() {
                 let _ = write!(
                     self.out,
                     "<tr><td><a href=\"#t{}\">{}</a></td><td><span class=\"badge b-{2}\">{2}</span></td><td>{3}</td></tr>",
@@ -138,11 +128,11 @@ impl Page<'_> {
             }
             self.w("</tbody></table>");
         }
-        if m.ambiguous.iter().any(|a| !m.in_flight(a)) {
+        if !unanswered.is_empty() {
             self.w("<h3>Calls that may have been billed</h3><p>Each was sent and got no complete answer: the service may have billed it.</p>\
                     <table id=\"possibly-billed\"><thead><tr><th>Task</th><th>Sent</th><th>Endpoint</th><th>Job</th><th class=\"n\">Credits</th><th>What then</th></tr></thead><tbody>");
-            for a in m.ambiguous.iter().filter(|a| !m.in_flight(a)) {
-                let task = m.tasks.iter().find(|t| t.id == a.task_id);
+            for a in unanswered.iter().copied() {
+                let task = m.task(a.task_id);
                 let then = match task.map(|t| t.status) {
                     Some(TaskStatus::Succeeded) => {
                         "the task succeeded with another call: it may have been paid twice"
@@ -167,11 +157,10 @@ impl Page<'_> {
             }
             self.w("</tbody></table>");
         }
-        let downloads = failed_downloads(self.model);
         if !downloads.is_empty() {
             self.w("<h3>Downloads that failed</h3><p>These jobs are paid for: <code>imgpipe resume</code> fetches them again without a new call.</p>\
                     <table id=\"failed-downloads\"><thead><tr><th>Output</th><th>Job</th><th>Error</th></tr></thead><tbody>");
-            for (t, s) in downloads {
+            for &(t, s) in downloads {
                 let _ = write!(
                     self.out,
                     "<tr><td><a href=\"#o{}-{}\">{}</a></td><td><code>{}</code></td><td>{}</td></tr>",
@@ -185,6 +174,35 @@ impl Page<'_> {
             self.w("</tbody></table>");
         }
         self.w("</section>\n");
+    }
+}
+
+/// What needs a look, gathered once for the header's count and the section.
+pub(super) struct Problems<'a> {
+    /// Failed and blocked tasks.
+    failed: Vec<&'a ReportTask>,
+    /// Calls sent without a complete answer (not those still in flight).
+    unanswered: Vec<&'a AmbiguousAttempt>,
+    downloads: Vec<(&'a ReportTask, &'a Shown)>,
+}
+
+impl<'a> Problems<'a> {
+    pub(super) fn of(m: &'a Model) -> Problems<'a> {
+        Problems {
+            failed: m
+                .tasks
+                .iter()
+                .filter(|t| {
+                    !t.removed && matches!(t.status, TaskStatus::Failed | TaskStatus::Blocked)
+                })
+                .collect(),
+            unanswered: m.ambiguous.iter().filter(|a| !m.in_flight(a)).collect(),
+            downloads: failed_downloads(m),
+        }
+    }
+
+    pub(super) fn count(&self) -> usize {
+        self.failed.len() + self.unanswered.len() + self.downloads.len()
     }
 }
 

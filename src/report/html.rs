@@ -4,6 +4,8 @@
 use std::fmt::Write;
 use std::path::Path;
 
+use crate::plan::document::rfc3339_ms as time;
+use crate::report::costs::Problems;
 use crate::report::lineage::Input;
 use crate::report::links::href;
 use crate::report::model::{Model, Shown, StepCost};
@@ -56,11 +58,6 @@ pub fn esc(s: &str) -> String {
     out
 }
 
-pub(super) fn time(ms: i64) -> String {
-    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
-    crate::plan::document::rfc3339(at)
-}
-
 fn duration(ms: i64) -> String {
     let s = ms.max(0) / 1000;
     match s {
@@ -89,17 +86,18 @@ impl Page<'_> {
             include_str!("page.css"),
         );
         let (steps, total, removed) = self.model.costs();
-        self.header(&total);
+        let problems = Problems::of(self.model);
+        self.header(&total, problems.count());
         self.w("<main>\n");
         self.costs(&steps, &total, removed.as_ref());
-        self.problems();
+        self.problems(&problems);
         self.items();
         self.w("</main>\n<script>");
         self.w(include_str!("page.js"));
         self.w("</script>\n</body></html>\n");
     }
 
-    fn header(&mut self, total: &StepCost) {
+    fn header(&mut self, total: &StepCost, problems: usize) {
         let m = self.model;
         let run = &m.run;
         let status = run.status.as_str();
@@ -167,7 +165,6 @@ impl Page<'_> {
                 String::new()
             }
         );
-        let problems = self.problem_count();
         let _ = write!(
             self.out,
             "<nav class=\"jump\"><a href=\"#costs\">Costs</a><a href=\"#problems\">Problems ({problems})</a>\
@@ -209,13 +206,7 @@ impl Page<'_> {
         }
         self.w("<nav id=\"pages\"></nav>\n");
         for chain in &m.lineage.chains {
-            let tasks: Vec<usize> = m
-                .tasks
-                .iter()
-                .enumerate()
-                .filter(|(_, t)| !t.removed && t.item == chain.id)
-                .map(|(i, _)| i)
-                .collect();
+            let tasks = &chain.tasks;
             let count = |s: TaskStatus| tasks.iter().filter(|&&t| m.tasks[t].status == s).count();
             let billed: u64 = tasks.iter().map(|&t| m.tasks[t].credits_billed).sum();
             let title = if chain.id == crate::exec::graph::BATCH_DIR {

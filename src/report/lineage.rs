@@ -23,6 +23,8 @@ pub struct Chain {
     pub id: String,
     /// Tasks that read no other task of the same chain, in record order.
     pub roots: Vec<usize>,
+    /// Every task of the chain, in record order.
+    pub tasks: Vec<usize>,
 }
 
 pub struct Lineage {
@@ -52,22 +54,32 @@ impl Lineage {
             .map(|t| t.inputs.iter().map(|s| resolve(&by_step, s)).collect())
             .collect();
         let mut chains: Vec<Chain> = Vec::new();
+        let mut chain_of: HashMap<&str, usize> = HashMap::new();
+        let mut members: HashMap<&str, Vec<usize>> = HashMap::new();
         let mut children: HashMap<usize, Vec<(u32, usize)>> = HashMap::new();
         for (i, t) in tasks.iter().enumerate().filter(|(_, t)| !t.removed) {
+            members.entry(&t.item).or_default().push(i);
             let parent = inputs[i].iter().find_map(|input| match input {
                 Input::Output { task, k } if tasks[*task].item == t.item => Some((*task, *k)),
                 _ => None,
             });
             match parent {
                 Some((task, k)) => children.entry(task).or_default().push((k, i)),
-                None => match chains.iter_mut().find(|c| c.id == t.item) {
-                    Some(chain) => chain.roots.push(i),
-                    None => chains.push(Chain {
-                        id: t.item.clone(),
-                        roots: vec![i],
-                    }),
+                None => match chain_of.get(t.item.as_str()) {
+                    Some(&c) => chains[c].roots.push(i),
+                    None => {
+                        chain_of.insert(&t.item, chains.len());
+                        chains.push(Chain {
+                            id: t.item.clone(),
+                            roots: vec![i],
+                            tasks: Vec::new(),
+                        });
+                    }
                 },
             }
+        }
+        for chain in &mut chains {
+            chain.tasks = members.remove(chain.id.as_str()).unwrap_or_default();
         }
         // The batch's chain first: items read it.
         chains.sort_by_key(|c| c.id != crate::exec::graph::BATCH_DIR);

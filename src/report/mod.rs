@@ -13,7 +13,7 @@ pub mod thumbs;
 use std::path::{Path, PathBuf};
 
 use crate::error::Error;
-use crate::store::Store;
+use crate::store::{RunRow, Store};
 
 pub use html::MARKER;
 
@@ -33,13 +33,10 @@ pub struct Written {
     pub bytes: usize,
 }
 
-/// Writes the report of `run_id` to `out` (default: `report.html` in the run directory),
+/// Writes the report of `run` to `out` (default: `report.html` in the run directory),
 /// making the thumbnails it lacks. A file at `out` that is not an imgpipe report is never
 /// replaced.
-pub async fn write(store: &Store, run_id: &str, out: Option<&Path>) -> Result<Written, Error> {
-    let Some(run) = store.run(run_id).await? else {
-        return Err(crate::cli::runs::no_such_run(store, run_id));
-    };
+pub async fn write(store: &Store, run: RunRow, out: Option<&Path>) -> Result<Written, Error> {
     let run_dir = run.dir();
     let out = out.map_or_else(|| run_dir.join(FILE), Path::to_owned);
     let out = links::normal(&out);

@@ -20,6 +20,8 @@ pub struct Model {
     pub generated_at: i64,
     /// Every task, removed ones included (they only count in the costs).
     pub tasks: Vec<ReportTask>,
+    /// Index in `tasks` by task id.
+    by_id: HashMap<i64, usize>,
     /// Outputs by task index, in `k` order.
     pub outputs: HashMap<usize, Vec<Shown>>,
     pub lineage: Lineage,
@@ -64,23 +66,14 @@ impl Model {
     /// Reads the run and makes the thumbnails it lacks under `thumbs`.
     pub async fn load(store: &Store, run: RunRow, thumbs: &Path) -> Result<Model, StoreError> {
         let tasks = store.report_tasks(&run.id).await?;
-        let index: HashMap<i64, usize> = tasks.iter().enumerate().map(|(i, t)| (t.id, i)).collect();
+        let by_id: HashMap<i64, usize> = tasks.iter().enumerate().map(|(i, t)| (t.id, i)).collect();
         let rows = store.outputs(&run.id).await?;
+        // Previews of the downloaded files, in the order of their rows.
         let files: Vec<(PathBuf, Option<String>)> = rows
             .iter()
-            .map(|o| {
-                (
-                    o.path.as_deref().map(PathBuf::from).unwrap_or_default(),
-                    o.sha256.clone(),
-                )
-            })
+            .filter_map(|o| Some((PathBuf::from(o.path.as_deref()?), o.sha256.clone())))
             .collect();
-        let wanted: Vec<usize> = (0..rows.len())
-            .filter(|&i| rows[i].path.is_some())
-            .collect();
-        let mut made = thumbs::previews(thumbs, wanted.iter().map(|&i| files[i].clone()).collect())
-            .await
-            .into_iter();
+        let mut made = thumbs::previews(thumbs, files).await.into_iter();
         let mut outputs: HashMap<usize, Vec<Shown>> = HashMap::new();
         for row in rows {
             let preview = if row.path.is_some() {
@@ -88,7 +81,7 @@ impl Model {
             } else {
                 Preview::default()
             };
-            if let Some(&t) = index.get(&row.task_id) {
+            if let Some(&t) = by_id.get(&row.task_id) {
                 outputs.entry(t).or_default().push(Shown { row, preview });
             }
         }
@@ -105,8 +98,14 @@ impl Model {
             budget,
             outputs,
             tasks,
+            by_id,
             run,
         })
+    }
+
+    /// The task with id `id`.
+    pub fn task(&self, id: i64) -> Option<&ReportTask> {
+        self.by_id.get(&id).map(|&i| &self.tasks[i])
     }
 
     pub fn in_progress(&self) -> bool {
