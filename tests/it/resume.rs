@@ -95,6 +95,20 @@ pub(crate) async fn interrupt_when(
         .unwrap()
 }
 
+/// Runs `p.yaml` in the sandbox's directory as run `r`, one call at a time, and interrupts it
+/// (exit 130) once `calls` calls were billed.
+async fn interrupt_run_r(env: &Env, calls: usize) -> Output {
+    let cmd = task_command(
+        env,
+        env.dir.path(),
+        "run",
+        &["p.yaml", "--run-id", "r", "--concurrency", "1"],
+    );
+    let o = interrupt_when(env, cmd, |env| env.sandbox.ledger().len() >= calls).await;
+    assert_exit_without_panic(&o, 130);
+    o
+}
+
 /// A port on 127.0.0.1 that nothing listens on.
 fn closed_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -565,18 +579,7 @@ async fn an_interrupted_run_resumes_paying_only_for_the_rest_and_fetches_lost_fi
     write(dir, "p.yaml", &edit_chain(4, None));
     // One call at a time: i00's chain (3 calls), then i01's erase; SIGINT lets the call in
     // flight finish.
-    let o = interrupt_when(
-        &env,
-        task_command(
-            &env,
-            dir,
-            "run",
-            &["p.yaml", "--run-id", "r", "--concurrency", "1"],
-        ),
-        |env| env.sandbox.ledger().len() >= 4,
-    )
-    .await;
-    assert_exit_without_panic(&o, 130);
+    let o = interrupt_run_r(&env, 4).await;
     let err = stderr(&o);
     assert!(err.contains("interrupted"), "{err}");
     assert!(err.contains("continue with"), "{err}");
@@ -1179,18 +1182,7 @@ async fn a_changed_pipeline_is_refused_and_with_allow_changes_only_what_changed_
     let dir = env.dir.path();
     let original = edit_chain(3, None);
     write(dir, "p.yaml", &original);
-    let o = interrupt_when(
-        &env,
-        task_command(
-            &env,
-            dir,
-            "run",
-            &["p.yaml", "--run-id", "r", "--concurrency", "1"],
-        ),
-        |env| env.sandbox.ledger().len() >= 4,
-    )
-    .await;
-    assert_exit_without_panic(&o, 130);
+    interrupt_run_r(&env, 4).await;
     let db = read_db(dir).await;
     let done: Vec<Task> = db
         .tasks_of("r")
@@ -1291,18 +1283,7 @@ async fn a_run_resumes_from_its_own_copy_of_the_pipeline_when_the_file_is_gone()
     let env = start(sandbox_with_latency(60)).await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(2, None));
-    let o = interrupt_when(
-        &env,
-        task_command(
-            &env,
-            dir,
-            "run",
-            &["p.yaml", "--run-id", "r", "--concurrency", "1"],
-        ),
-        |env| env.sandbox.ledger().len() >= 2,
-    )
-    .await;
-    assert_exit_without_panic(&o, 130);
+    interrupt_run_r(&env, 2).await;
     let paid = env.sandbox.ledger().len();
     assert!(paid < 6, "{paid}");
     std::fs::remove_file(dir.join("p.yaml")).unwrap();
@@ -1338,18 +1319,7 @@ async fn an_item_dropped_by_allow_changes_and_then_put_back_runs_in_the_same_run
     let original = edit_chain(4, None);
     write(dir, "p.yaml", &original);
     let one_at_a_time = ["r", "--concurrency", "1"];
-    let o = interrupt_when(
-        &env,
-        task_command(
-            &env,
-            dir,
-            "run",
-            &["p.yaml", "--run-id", "r", "--concurrency", "1"],
-        ),
-        |env| env.sandbox.ledger().len() >= 4,
-    )
-    .await;
-    assert_exit_without_panic(&o, 130);
+    interrupt_run_r(&env, 4).await;
     let db = read_db(dir).await;
     assert_eq!(db.task("r", "i03", "clean").status, "pending");
 
