@@ -6,11 +6,12 @@ use std::sync::Arc;
 
 use crate::cli::connect::Connection;
 use crate::error::Error;
-use crate::exec::graph::Work;
-use crate::exec::{self, Graph, Observer};
+use crate::exec::{self, Observer};
 use crate::pipeline::Pipeline;
 use crate::pipeline::items::check_id;
 use crate::plan::document::{FORMAT, KIND, PlanDocument};
+use crate::plan::graph::Graph;
+use crate::plan::graph::Work;
 use crate::plan::{Balance, GenerationPrice, PriceSource};
 use crate::store::{self, NewRun, NewTask, RunStatus, Store, TaskStatus};
 

@@ -12,10 +12,10 @@ use crate::cli::connect::Connection;
 use crate::cli::run::{RunOptions, Start, build_graph, close, execute, lock, open_existing_store};
 use crate::cli::{plan, preflight, summary, validate};
 use crate::error::Error;
-use crate::exec::Graph;
 use crate::exec::resume::{self, Reason, Review};
 use crate::pipeline::{self, Pipeline};
 use crate::plan::document::PlanDocument;
+use crate::plan::graph::Graph;
 use crate::store::{RunRow, RunStatus, Store};
 
 /// Tasks listed one by one by `resume --dry-run` before the rest are only counted.
@@ -100,13 +100,9 @@ pub async fn existing(
     let conn = Connection::open(global).await?;
     let (balance, generation) = plan::ask_service(&conn, &pipeline, global).await?;
     let doc = plan::document(&pipeline, generation, balance, opts.max_credits);
-    let price = doc
-        .prices
-        .generation
-        .credits
-        .or_else(|| recorded_price(&row))
-        .unwrap_or(0);
-    let graph = build_graph(&pipeline, price)?;
+    // A price the service no longer states is the one the run was planned with.
+    let price = priced_at(&doc, &row);
+    let graph = build_graph(&pipeline, &crate::plan::Costs::of(&pipeline, &price))?;
     let changed =
         pipeline.text_sha256 != row.pipeline_sha256 || doc.items.sha256 != row.items_sha256;
     let old = if changed {
@@ -122,7 +118,10 @@ pub async fn existing(
     } else {
         None
     };
-    let previous = old.as_ref().map(|p| build_graph(p, price)).transpose()?;
+    let previous = old
+        .as_ref()
+        .map(|p| build_graph(p, &crate::plan::Costs::of(p, &price)))
+        .transpose()?;
     let _lock = if dry_run {
         None
     } else {
@@ -205,12 +204,21 @@ pub async fn existing(
 }
 
 /// The generation price the run was planned (or discovered) with.
-fn recorded_price(row: &RunRow) -> Option<u64> {
-    serde_json::from_str::<PlanDocument>(&row.plan_json)
-        .ok()?
-        .prices
+fn recorded_price(row: &RunRow) -> Option<crate::plan::GenerationPrice> {
+    let doc = serde_json::from_str::<PlanDocument>(&row.plan_json).ok()?;
+    doc.prices
         .generation
         .credits
+        .is_some()
+        .then_some(doc.prices.generation)
+}
+
+/// The generation price now, else the one the run was planned with.
+fn priced_at(doc: &PlanDocument, row: &RunRow) -> crate::plan::GenerationPrice {
+    match doc.prices.generation.credits {
+        Some(_) => doc.prices.generation.clone(),
+        None => recorded_price(row).unwrap_or_else(|| doc.prices.generation.clone()),
+    }
 }
 
 /// Refuses what remains when it does not fit the budget left or the balance.

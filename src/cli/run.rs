@@ -13,9 +13,10 @@ use crate::cli::connect::{Connection, seconds};
 use crate::cli::progress::Progress;
 use crate::cli::{plan, preflight, resume, summary, validate};
 use crate::error::Error;
-use crate::exec::{self, Graph, OnAmbiguous};
+use crate::exec::{self, OnAmbiguous};
 use crate::pipeline::{self, Pipeline};
 use crate::plan::document::{PlanDocument, ReuseEstimate};
+use crate::plan::graph::Graph;
 use crate::store::{self, Store};
 
 /// When neither flag, pipeline nor account says how many calls may be in flight.
@@ -165,7 +166,7 @@ async fn fresh(
 ) -> Result<(), Error> {
     let run_id = args.run_id.clone().unwrap_or_else(preflight::new_run_id);
     preflight::check_run_id(&run_id)?;
-    let graph = build_graph(pipeline, doc.prices.generation.credits.unwrap_or(0))?;
+    let graph = build_graph(pipeline, &doc.costs)?;
     let review = if reuse {
         Some(
             exec::resume::review(store, &run_id, &graph, None, args.opts.on_ambiguous, true)
@@ -233,8 +234,8 @@ async fn fresh(
     execute(&args.opts, global, conn, store, pipeline, start).await
 }
 
-pub fn build_graph(pipeline: &Pipeline, price: u64) -> Result<Arc<Graph>, Error> {
-    Graph::build(pipeline, price)
+pub fn build_graph(pipeline: &Pipeline, costs: &crate::plan::Costs) -> Result<Arc<Graph>, Error> {
+    Graph::build(pipeline, costs)
         .map(Arc::new)
         .map_err(|e| Error::Other(anyhow::anyhow!(e)))
 }
@@ -282,7 +283,7 @@ pub async fn reuse_estimate(
         }));
     }
     let store = open_store(path.as_ref(), sandbox).await?;
-    let graph = build_graph(pipeline, doc.prices.generation.credits.unwrap_or(0))?;
+    let graph = build_graph(pipeline, &doc.costs)?;
     // A run id no run has: every task looks new, and any earlier run may supply it.
     let review = exec::resume::review(&store, "", &graph, None, OnAmbiguous::Retry, true).await;
     store.close().await;
@@ -397,7 +398,7 @@ pub async fn execute(
         let found = preflight::discover(conn, store, &graph, &config, &doc.balance).await?;
         let budget = doc.budget.as_ref().map(|b| b.max_credits);
         doc = plan::document(pipeline, found, doc.balance.clone(), budget);
-        graph = build_graph(pipeline, doc.prices.generation.credits.unwrap_or(0))?;
+        graph = build_graph(pipeline, &doc.costs)?;
         preflight::reprice(store, &run.id, &graph).await?;
         if !doc.verdict.fits {
             plan::print(&doc, global)?;

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crate::api::types::{GenerationRequest, STATUS_SUCCEEDED, ToolRequest};
 use crate::api::{ApiError, JobRecord};
-use crate::exec::graph::{Source, Work};
 use crate::exec::shared::{OutputUrl, Shared};
+use crate::plan::graph::{Source, Work};
 use crate::store::{AttemptOutcome, Settled, StoreError, now_ms};
 
 pub struct Attempted {

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use sha2::{Digest, Sha256};
 
 use crate::api::types::{GenerationRequest, ToolRequest};
-use crate::exec::graph::{Graph, Source, Work};
+use crate::plan::graph::{Graph, Source, Work};
 
 /// Bumped whenever the hashed form changes, so old identities stop matching rather than
 /// matching wrongly.
@@ -93,7 +93,7 @@ mod tests {
         let pipeline = loaded
             .pipeline
             .unwrap_or_else(|| panic!("{:?}", loaded.report));
-        Graph::build(&pipeline, 4).unwrap()
+        Graph::at_price(&pipeline, 4)
     }
 
     fn chain(prompt: &str, increase: u8) -> Graph {

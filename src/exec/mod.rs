@@ -8,7 +8,6 @@
 mod attempt;
 pub mod budget;
 mod download;
-pub mod graph;
 pub mod identity;
 pub mod limiter;
 pub mod manifest;
@@ -19,7 +18,6 @@ mod shared;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use graph::{BATCH_DIR, Graph, Instance};
 pub use scheduler::run;
 
 /// What to do with a call that was sent and got no complete answer.

@@ -11,8 +11,8 @@ use crate::api::Client;
 use crate::api::download::{copy_checked, file_sha256};
 use crate::api::types::STATUS_SUCCEEDED;
 use crate::exec::OnAmbiguous;
-use crate::exec::graph::Graph;
 use crate::exec::identity::{from_record, identity};
+use crate::plan::graph::Graph;
 use crate::store::{
     AttemptOutcome, NewTask, OutputRow, Reusable, SetAside, Settled, Store, StoreError, TaskRow,
     TaskStatus,

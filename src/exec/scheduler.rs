@@ -17,9 +17,9 @@ use crate::api::{ApiError, Client, Downloader, ErrorKind};
 use crate::exec::attempt::{Attempted, Failure, Success, attempt};
 use crate::exec::budget::Budget;
 use crate::exec::download::{Fetched, download};
-use crate::exec::graph::{Graph, Instance, Source};
 use crate::exec::shared::{OutputUrl, Shared};
 use crate::exec::{Config, Observer, OnAmbiguous, Outcome, Stop};
+use crate::plan::graph::{Graph, Instance, Source};
 use crate::store::{Store, StoreError, TaskStatus};
 
 /// The longest a server's `Retry-After` holds back a retry of one call.

@@ -10,8 +10,8 @@ use tokio::sync::Semaphore;
 
 use crate::api::{ApiError, Client, Downloader};
 use crate::exec::Config;
-use crate::exec::graph::Graph;
 use crate::exec::limiter::PaidLimiter;
+use crate::plan::graph::Graph;
 use crate::store::{Store, UrlIssued, now_ms};
 
 /// Free reads (`GET /v1/jobs`) at once: enough to refresh URLs without crowding the paid calls.

@@ -6,6 +6,7 @@
 //! and the plan says which steps that leaves unpriced instead of guessing.
 
 pub mod document;
+pub mod graph;
 pub mod render;
 
 use serde::{Deserialize, Serialize};

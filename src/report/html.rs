@@ -209,7 +209,7 @@ impl Page<'_> {
             let tasks = &chain.tasks;
             let count = |s: TaskStatus| tasks.iter().filter(|&&t| m.tasks[t].status == s).count();
             let billed: u64 = tasks.iter().map(|&t| m.tasks[t].credits_billed).sum();
-            let title = if chain.id == crate::exec::graph::BATCH_DIR {
+            let title = if chain.id == crate::plan::graph::BATCH_DIR {
                 "Batch steps (run once for all items)".to_owned()
             } else {
                 esc(&chain.id)

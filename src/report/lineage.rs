@@ -82,7 +82,7 @@ impl Lineage {
             chain.tasks = members.remove(chain.id.as_str()).unwrap_or_default();
         }
         // The batch's chain first: items read it.
-        chains.sort_by_key(|c| c.id != crate::exec::graph::BATCH_DIR);
+        chains.sort_by_key(|c| c.id != crate::plan::graph::BATCH_DIR);
         Lineage {
             steps: step_order(tasks, &inputs),
             chains,

@@ -1,9 +1,11 @@
 //! The task graph: a checked pipeline unrolled into one task per paid call, each knowing the
-//! outputs it reads and the tasks that read its own.
+//! outputs it reads and the tasks that read its own, and priced by the plan's costs (the one
+//! place a task's price is computed), so the executor runs exactly what was planned.
 
 use crate::api::types::{Size, ToolParams};
 use crate::pipeline::template::Template;
 use crate::pipeline::{Input, Operation, Pipeline, Reference, StepRef, ToolOp};
+use crate::plan::Costs;
 
 /// The directory of a `once` step's outputs. Item ids start with a letter or digit, so this
 /// can never be an item's.
@@ -85,9 +87,9 @@ pub struct Graph {
 }
 
 impl Graph {
-    /// Unrolls `pipeline`; `generation_price` is the price of a 2K image (0 when unknown, for a
-    /// run that discovers it).
-    pub fn build(pipeline: &Pipeline, generation_price: u64) -> Result<Graph, String> {
+    /// Unrolls `pipeline`, each task priced at its step's price in `costs` (0 while unknown,
+    /// for a run that discovers it).
+    pub fn build(pipeline: &Pipeline, costs: &Costs) -> Result<Graph, GraphError> {
         let mut graph = Graph {
             tasks: Vec::new(),
             item_ids: pipeline.items.iter().map(|i| i.id.clone()).collect(),
@@ -108,6 +110,11 @@ impl Graph {
             } else {
                 &instances
             };
+            let planned = costs
+                .steps
+                .get(r.0)
+                .and_then(|s| s.credits_per_task)
+                .unwrap_or(0);
             for &instance in mine {
                 let of = |from: StepRef| {
                     let inst = if pipeline.step(from).once {
@@ -131,8 +138,6 @@ impl Graph {
                                 ),
                             }
                         }
-                        let planned = generation_price
-                            .saturating_mul(u64::from(g.n) * g.size.price_multiplier());
                         vec![(
                             Work::Generate {
                                 prompt: render(&g.prompt)?,
@@ -160,7 +165,7 @@ impl Graph {
                                     preserve_alpha: t.preserve_alpha,
                                     params: params.clone(),
                                 };
-                                (work, t.params.credits())
+                                (work, planned)
                             })
                             .collect()
                     }
@@ -185,6 +190,17 @@ impl Graph {
         }
         graph.link();
         Ok(graph)
+    }
+
+    /// The graph with a 2K generated image at `credits`: for tests of what reads graphs.
+    #[cfg(test)]
+    pub(crate) fn at_price(pipeline: &Pipeline, credits: u64) -> Graph {
+        let price = crate::plan::GenerationPrice {
+            credits: Some(credits),
+            source: crate::plan::PriceSource::Pipeline,
+            notes: Vec::new(),
+        };
+        Graph::build(pipeline, &Costs::of(pipeline, &price)).expect("checked pipelines unroll")
     }
 
     fn link(&mut self) {
@@ -275,19 +291,33 @@ impl Graph {
     }
 }
 
-fn render(pipeline: &Pipeline, instance: Instance, t: &Template) -> Result<String, String> {
+/// A template that names an item field the item lacks. Checked pipelines never get here; the
+/// type keeps the case honest rather than panicking.
+#[derive(Debug, thiserror::Error)]
+#[error("template {template} names item field {field:?}, which item {item:?} does not have")]
+pub struct GraphError {
+    pub template: String,
+    pub field: String,
+    pub item: String,
+}
+
+fn render(pipeline: &Pipeline, instance: Instance, t: &Template) -> Result<String, GraphError> {
     let item = match instance {
         Instance::Item(i) => pipeline.items.get(i),
         Instance::Batch => None,
     };
     t.render(|field| item.and_then(|item| pipeline.items.value(item, field)))
-        .map_err(|field| format!("template {t} names item field {field:?}, which is missing"))
+        .map_err(|field| GraphError {
+            template: t.to_string(),
+            field: field.to_string(),
+            item: item.map_or_else(|| BATCH_DIR.to_owned(), |i| i.id.clone()),
+        })
 }
 
 fn tool_params(
     op: &ToolOp,
-    render: &impl Fn(&Template) -> Result<String, String>,
-) -> Result<ToolParams, String> {
+    render: &impl Fn(&Template) -> Result<String, GraphError>,
+) -> Result<ToolParams, GraphError> {
     Ok(match op {
         ToolOp::RemoveBackground => ToolParams::RemoveBackground,
         ToolOp::Upscale(i) => ToolParams::Upscale {
@@ -315,7 +345,7 @@ mod tests {
         let pipeline = loaded
             .pipeline
             .unwrap_or_else(|| panic!("{:?}", loaded.report));
-        Graph::build(&pipeline, 4).unwrap()
+        Graph::at_price(&pipeline, 4)
     }
 
     #[test]
