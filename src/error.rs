@@ -3,6 +3,8 @@
 
 use crate::api::download::DownloadError;
 use crate::api::error::{ApiError, ErrorKind};
+use crate::exec::Fatal;
+use crate::plan::graph::GraphError;
 use crate::store::StoreError;
 
 /// Exit codes, documented in README.md.
@@ -57,12 +59,24 @@ pub enum Error {
     #[error("{message}")]
     TasksFailed { message: String },
 
+    /// A run stopped for a cause no retry cures: a refused key, a state database that
+    /// cannot be written.
+    #[error("the run stopped: {cause}\nhint: continue with: {continue_with}")]
+    Stopped { cause: Fatal, continue_with: String },
+
+    /// A pipeline whose tasks cannot be unrolled (a template naming a missing field).
+    #[error(transparent)]
+    Graph(#[from] GraphError),
+
     #[error("interrupted{}", detail.as_ref().map(|d| format!("; {d}")).unwrap_or_default())]
     Interrupted { detail: Option<String> },
 
     /// The state database failed: the run cannot be recorded, so it does not go on.
-    #[error(transparent)]
-    Store(#[from] StoreError),
+    #[error("{source}{}", source.hint().map(|h| format!("\nhint: {h}")).unwrap_or_default())]
+    Store {
+        #[from]
+        source: StoreError,
+    },
 
     #[error(transparent)]
     Other(#[from] anyhow::Error),
@@ -87,12 +101,14 @@ impl Error {
                 },
                 _ => exit::FAILURE,
             },
-            Error::Usage { .. } => exit::INVALID,
+            Error::Usage { .. } | Error::Graph(_) => exit::INVALID,
+            Error::Stopped { .. } => exit::FAILURE,
             Error::Refused { .. } => exit::CREDITS,
             Error::Interrupted { .. } => exit::INTERRUPTED,
             Error::TasksFailed { .. } => exit::TASKS_FAILED,
             Error::Locked { .. } => exit::LOCKED,
-            Error::Download { .. } | Error::Store(_) | Error::Other(_) => exit::FAILURE,
+            Error::Store { source } if source.is_bad_input() => exit::INVALID,
+            Error::Download { .. } | Error::Store { .. } | Error::Other(_) => exit::FAILURE,
         }
     }
 }

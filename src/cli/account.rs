@@ -3,17 +3,41 @@
 use std::fmt::Display;
 
 use crate::api::records::{Found, NotFound};
+use clap::Args;
+
 use crate::cli::GlobalArgs;
-use crate::cli::connect::Connection;
+use crate::cli::args::ServiceArgs;
 use crate::cli::output::print_json;
 use crate::error::Error;
+use crate::runner::{AccountFields, Connection};
 
-pub async fn run(conn: &Connection, args: &GlobalArgs) -> Result<(), Error> {
+#[derive(Debug, Args)]
+pub struct AccountArgs {
+    /// JSON pointer to the balance in the account record, when imgpipe cannot find it (e.g. /credits/balance)
+    #[arg(long, value_name = "POINTER")]
+    pub balance_field: Option<String>,
+    /// JSON pointer to the plan in the account record, when imgpipe cannot find it
+    #[arg(long, value_name = "POINTER")]
+    pub plan_field: Option<String>,
+    /// JSON pointer to the limits object in the account record, when imgpipe cannot find it
+    #[arg(long, value_name = "POINTER")]
+    pub limits_field: Option<String>,
+    #[command(flatten)]
+    pub service: ServiceArgs,
+}
+
+pub async fn run(args: &AccountArgs, global: &GlobalArgs) -> Result<(), Error> {
+    let fields = AccountFields {
+        balance: args.balance_field.clone(),
+        plan: args.plan_field.clone(),
+        limits: args.limits_field.clone(),
+    };
+    let conn = Connection::open(&args.service.settings(fields)?).await?;
     let account = conn.client.account().await?;
     let plan = account.plan(args.plan_field.as_deref());
     let balance = account.balance(args.balance_field.as_deref());
     let limits = account.limits(args.limits_field.as_deref());
-    if args.json {
+    if global.json {
         // The raw record is the answer, but a field the user pointed at must still exist.
         for (found, flag) in [
             (plan.as_ref().err(), &args.plan_field),
@@ -24,7 +48,7 @@ pub async fn run(conn: &Connection, args: &GlobalArgs) -> Result<(), Error> {
                 return Err(Error::usage(e.to_string(), None));
             }
         }
-        return print_json(conn, account.raw());
+        return print_json(&conn, account.raw());
     }
     let lines = [
         line("plan", "", plan, args.plan_field.is_some(), "--plan-field")?,

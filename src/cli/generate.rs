@@ -4,12 +4,14 @@ use std::path::PathBuf;
 
 use crate::api::types::{GenerationRequest, STATUS_SUCCEEDED, Size};
 use crate::cli::GlobalArgs;
-use crate::cli::connect::Connection;
 use crate::cli::output::{Billed, deliver, shown_id};
 use crate::error::Error;
+use crate::runner::Connection;
 
 #[derive(Debug, clap::Args)]
 pub struct GenerateArgs {
+    #[command(flatten)]
+    pub service: crate::cli::args::ServiceArgs,
     /// What to draw (up to 4000 characters)
     #[arg(long)]
     pub prompt: String,

@@ -5,12 +5,14 @@ use std::path::PathBuf;
 use serde_json::json;
 
 use crate::cli::GlobalArgs;
-use crate::cli::connect::Connection;
 use crate::cli::output::{Billed, deliver, print_json};
 use crate::error::Error;
+use crate::runner::Connection;
 
 #[derive(Debug, clap::Args)]
 pub struct JobArgs {
+    #[command(flatten)]
+    pub service: crate::cli::args::ServiceArgs,
     /// Job id, as returned by a call (job_...)
     pub id: String,
     /// Download the job's images into this directory

@@ -4,31 +4,32 @@
 //! `hint:` where there is something to do, and mapped to a documented exit code.
 
 mod account;
-mod connect;
+mod args;
 mod generate;
 mod job;
 mod logging;
 mod models;
 mod output;
 mod plan;
-mod preflight;
 mod progress;
 mod report;
 mod resume;
 mod run;
-pub(crate) mod runs;
+mod runs;
 mod sandbox;
 mod schema;
-mod summary;
+mod status;
 mod tool;
 mod validate;
+mod view;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, exit};
+use crate::runner::{AccountFields, Connection};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -43,36 +44,13 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Options every command that talks to the service understands.
+/// What every command understands: how to print its data and its logs.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Output")]
 pub struct GlobalArgs {
-    /// Base URL of the service (no public default exists)
-    #[arg(long, env = "IMGPIPE_BASE_URL", global = true, value_name = "URL")]
-    pub base_url: Option<String>,
-    /// File holding the API key (else IMGPIPE_API_KEY); keys are never taken on the command line
-    #[arg(long, global = true, value_name = "PATH")]
-    pub api_key_file: Option<PathBuf>,
-    /// Start the embedded sandbox on loopback and talk to it instead: no account, no real credits
-    #[arg(long, global = true)]
-    pub sandbox: bool,
     /// Print machine-readable JSON on stdout
     #[arg(long, global = true)]
     pub json: bool,
-    /// JSON pointer to the balance in the account record, when imgpipe cannot find it (e.g. /credits/balance)
-    #[arg(long, global = true, value_name = "POINTER")]
-    pub balance_field: Option<String>,
-    /// JSON pointer to the plan in the account record, when imgpipe cannot find it
-    #[arg(long, global = true, value_name = "POINTER")]
-    pub plan_field: Option<String>,
-    /// JSON pointer to the limits object in the account record, when imgpipe cannot find it
-    #[arg(long, global = true, value_name = "POINTER")]
-    pub limits_field: Option<String>,
-    /// Seconds to wait for a whole call
-    #[arg(long, global = true, default_value_t = 300.0, value_name = "SECS")]
-    pub timeout: f64,
-    /// Seconds to wait for a connection [default: 10, or --timeout when shorter]
-    #[arg(long, global = true, value_name = "SECS")]
-    pub connect_timeout: Option<f64>,
     /// More log detail on stderr (-vv includes the HTTP stack)
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -87,9 +65,9 @@ pub struct GlobalArgs {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Show the account: plan, credit balance and limits
-    Account,
+    Account(account::AccountArgs),
     /// List the available models and tools
-    Models,
+    Models(models::ModelsArgs),
     /// Show a past job, with fresh result URLs; --out downloads its images
     Job(job::JobArgs),
     /// Generate images from a prompt and download them
@@ -114,7 +92,7 @@ pub enum Command {
     Report(report::ReportArgs),
     /// Show one run: per-step counts, failures and their reasons, possibly billed attempts,
     /// where the outputs are
-    Status(runs::StatusArgs),
+    Status(status::StatusArgs),
 }
 
 /// Runs a parsed command line and returns the process exit code.
@@ -142,49 +120,46 @@ pub fn run(cli: Cli) -> ExitCode {
 
 async fn dispatch(cli: Cli) -> Result<(), Error> {
     let Cli { global, command } = cli;
+    let g = &global;
     match &command {
-        Command::Sandbox(args) => return sandbox::run(args, &global).await,
-        Command::Validate(args) => return validate::run(args, &global),
+        Command::Validate(args) => return validate::run(args, g),
         Command::Schema => return schema::run(),
-        // The executor handles SIGINT/SIGTERM itself: it records what is in flight first.
-        Command::Run(args) => {
-            listen_for_shutdown();
-            return run::run(args, &global).await;
-        }
-        Command::Resume(args) => {
-            listen_for_shutdown();
-            return resume::run(args, &global).await;
-        }
-        Command::Runs(args) => return runs::runs(args, &global).await,
-        Command::Status(args) => return runs::status(args, &global).await,
-        Command::Report(args) => return report::run(args, &global).await,
+        Command::Runs(args) => return runs::run(args, g).await,
+        Command::Status(args) => return status::run(args, g).await,
+        Command::Report(args) => return report::run(args, g).await,
         _ => {}
     }
+    // From here on SIGINT and SIGTERM are latched: a signal is never lost between two waits,
+    // and commands that record what they do stop at a safe point.
+    let shutdown = listen_for_shutdown();
     let work = async {
-        if let Command::Plan(args) = &command {
-            return plan::run(args, &global).await;
-        }
-        let conn = connect::Connection::open(&global).await?;
         match &command {
-            Command::Account => account::run(&conn, &global).await,
-            Command::Models => models::run(&conn, &global).await,
-            Command::Job(args) => job::run(args, &conn, &global).await,
-            Command::Generate(args) => generate::run(args, &conn, &global).await,
-            Command::Tool(args) => tool::run(args, &conn, &global).await,
-            Command::Sandbox(_)
-            | Command::Validate(_)
-            | Command::Plan(_)
+            // The runner handles the signal itself: it records what is in flight first.
+            Command::Run(args) => run::run(args, g, shutdown.clone()).await,
+            Command::Resume(args) => resume::run(args, g, shutdown.clone()).await,
+            Command::Sandbox(args) => sandbox::run(args, g, shutdown.clone()).await,
+            Command::Plan(args) => plan::run(args, g).await,
+            Command::Account(args) => account::run(args, g).await,
+            Command::Models(args) => models::run(args, g).await,
+            Command::Job(args) => job::run(args, &connect(&args.service).await?, g).await,
+            Command::Generate(args) => generate::run(args, &connect(&args.service).await?, g).await,
+            Command::Tool(args) => tool::run(args, &connect(&args.service).await?, g).await,
+            Command::Validate(_)
             | Command::Schema
-            | Command::Run(_)
-            | Command::Resume(_)
             | Command::Runs(_)
             | Command::Status(_)
             | Command::Report(_) => Ok(()),
         }
     };
+    if matches!(
+        command,
+        Command::Run(_) | Command::Resume(_) | Command::Sandbox(_)
+    ) {
+        return work.await;
+    }
     tokio::select! {
         result = work => result,
-        () = shutdown_signal() => Err(Error::Interrupted {
+        () = shutdown.cancelled() => Err(Error::Interrupted {
             detail: Some(
                 "a call in flight may have been billed; a job id logged above can be fetched without paying: imgpipe job <id> --out DIR"
                     .into(),
@@ -193,37 +168,19 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
     }
 }
 
-/// SIGINT or SIGTERM, latched once [`listen_for_shutdown`] has run: a signal that arrives
-/// between two waits is then never lost.
-pub(crate) async fn shutdown_signal() {
-    match SHUTDOWN.get() {
-        Some(latch) => {
-            let mut latch = latch.clone();
-            if latch.wait_for(|got| *got).await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        }
-        None => wait_for_signal().await,
-    }
+async fn connect(service: &args::ServiceArgs) -> Result<Connection, Error> {
+    Connection::open(&service.settings(AccountFields::default())?).await
 }
 
-static SHUTDOWN: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>> =
-    std::sync::OnceLock::new();
-
-/// Takes over SIGINT and SIGTERM for the rest of the process; from then on
-/// [`shutdown_signal`] returns as soon as one has arrived, whenever it is awaited. Commands
-/// that record what they do call this first, so no signal ever kills them unrecorded.
-pub(crate) fn listen_for_shutdown() {
-    SHUTDOWN.get_or_init(|| {
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        tokio::spawn(async move {
-            wait_for_signal().await;
-            let _ = tx.send(true);
-            // Keep the sender, so waiting receivers see the latch and not a closed channel.
-            std::future::pending::<()>().await;
-        });
-        rx
+/// A token cancelled at the first SIGINT or SIGTERM, for the rest of the process.
+fn listen_for_shutdown() -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        cancel.cancel();
     });
+    token
 }
 
 async fn wait_for_signal() {

@@ -1,14 +1,24 @@
 //! `imgpipe models`: the models and tools the service lists.
 
+use clap::Args;
+
 use crate::cli::GlobalArgs;
-use crate::cli::connect::Connection;
+use crate::cli::args::ServiceArgs;
 use crate::cli::output::print_json;
 use crate::error::Error;
+use crate::runner::{AccountFields, Connection};
 
-pub async fn run(conn: &Connection, args: &GlobalArgs) -> Result<(), Error> {
+#[derive(Debug, Args)]
+pub struct ModelsArgs {
+    #[command(flatten)]
+    pub service: ServiceArgs,
+}
+
+pub async fn run(args: &ModelsArgs, global: &GlobalArgs) -> Result<(), Error> {
+    let conn = Connection::open(&args.service.settings(AccountFields::default())?).await?;
     let models = conn.client.models().await?;
-    if args.json {
-        return print_json(conn, models.raw());
+    if global.json {
+        return print_json(&conn, models.raw());
     }
     let list = |items: Vec<String>| {
         if items.is_empty() {

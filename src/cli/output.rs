@@ -12,8 +12,8 @@ use crate::api::Downloaded;
 use crate::api::client::is_job_id;
 use crate::api::download::DownloadError;
 use crate::cli::GlobalArgs;
-use crate::cli::connect::Connection;
 use crate::error::Error;
+use crate::runner::Connection;
 
 /// Tries per image before a download is given up; each retry waits twice as long as the last.
 const DOWNLOAD_ATTEMPTS: u32 = 4;

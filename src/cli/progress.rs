@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::exec::Observer;
-use crate::store::{TaskRow, TaskStatus};
+use crate::store::StepCounts;
 
 /// How often the plain display writes a line.
 const LOG_EVERY: Duration = Duration::from_secs(10);
@@ -89,22 +89,22 @@ impl Progress {
     }
 
     /// Counts the tasks an earlier attempt at this run already finished.
-    pub fn resume_from(&self, tasks: &[TaskRow]) {
-        for t in tasks.iter().filter(|t| t.status == TaskStatus::Succeeded) {
-            self.done.fetch_add(1, Ordering::Relaxed);
-            self.spent.fetch_add(t.credits_billed, Ordering::Relaxed);
-            let Some(i) = self.steps.iter().position(|s| s.name == t.step) else {
+    pub fn resume_from(&self, steps: &[StepCounts]) {
+        for s in steps {
+            let Some(i) = self.steps.iter().position(|p| p.name == s.step) else {
                 continue;
             };
-            self.steps[i].done.fetch_add(1, Ordering::Relaxed);
+            self.done.fetch_add(s.succeeded, Ordering::Relaxed);
+            self.spent.fetch_add(s.billed_credits, Ordering::Relaxed);
+            self.steps[i].done.fetch_add(s.succeeded, Ordering::Relaxed);
             if let Some(bars) = &self.bars {
-                bars.steps[i].inc(1);
-                bars.credits.inc(t.credits_billed);
+                bars.steps[i].inc(s.succeeded);
+                bars.credits.inc(s.billed_credits);
             }
         }
     }
 
-    pub fn finish(&self) {
+    fn end(&self) {
         if let Some(bars) = &self.bars {
             for bar in &bars.steps {
                 bar.abandon();
@@ -137,6 +137,10 @@ impl Progress {
 }
 
 impl Observer for Progress {
+    fn finish(&self) {
+        self.end();
+    }
+
     fn task_succeeded(&self, step: usize, credits: u64) {
         self.done.fetch_add(1, Ordering::Relaxed);
         self.spent.fetch_add(credits, Ordering::Relaxed);

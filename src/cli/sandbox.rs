@@ -5,8 +5,10 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::cli::connect::seconds;
-use crate::cli::{GlobalArgs, shutdown_signal};
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::GlobalArgs;
+use crate::cli::args::seconds;
 use crate::error::Error;
 use crate::sandbox::{self, Faults, RateScope, SAMPLE_HOST, SAMPLE_NAMES, Sandbox};
 
@@ -128,7 +130,11 @@ impl SandboxArgs {
     }
 }
 
-pub async fn run(args: &SandboxArgs, global: &GlobalArgs) -> Result<(), Error> {
+pub async fn run(
+    args: &SandboxArgs,
+    global: &GlobalArgs,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
     let sandbox = Sandbox::start(args.config()?).await.map_err(|e| {
         Error::Other(anyhow::anyhow!(
             "cannot start the sandbox on port {}: {e}",
@@ -149,7 +155,7 @@ pub async fn run(args: &SandboxArgs, global: &GlobalArgs) -> Result<(), Error> {
         println!("sample images: {}", samples.join(" "));
         println!("stop with Ctrl-C");
     }
-    shutdown_signal().await;
+    shutdown.cancelled().await;
     tracing::info!("sandbox stopping");
     sandbox.stop().await.map_err(|e| Error::Other(e.into()))
 }

@@ -7,12 +7,14 @@ use crate::api::types::{
     AspectRatio, Increase, STATUS_SUCCEEDED, ToolName, ToolParams, ToolRequest,
 };
 use crate::cli::GlobalArgs;
-use crate::cli::connect::Connection;
 use crate::cli::output::{Billed, deliver, shown_id};
 use crate::error::Error;
+use crate::runner::Connection;
 
 #[derive(Debug, clap::Args)]
 pub struct ToolArgs {
+    #[command(flatten)]
+    pub service: crate::cli::args::ServiceArgs,
     /// remove_background (5 credits), upscale (2 for 2x, 4 for 4x), expand (5) or erase (2)
     #[arg(value_parser = parse::<ToolName>)]
     pub tool: ToolName,

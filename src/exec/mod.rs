@@ -16,7 +16,10 @@ mod scheduler;
 mod shared;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::store::StoreError;
 
 pub use scheduler::run;
 
@@ -60,10 +63,27 @@ pub struct Config {
 pub trait Observer: Send + Sync {
     fn task_succeeded(&self, step: usize, credits: u64);
     fn task_failed(&self, step: usize, item: &str, reason: &str);
+    /// The run stopped dispatching and everything in flight was settled.
+    fn finish(&self) {}
+}
+
+/// Why nothing more can be done, with its cause kept as a type: a refused key and a state
+/// database that cannot be written call for different remedies.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum Fatal {
+    /// The service refused the key (401/403): every further call would be refused too.
+    #[error("{0}")]
+    Refused(String),
+    /// The state database cannot be written: a call it cannot record must not be sent.
+    #[error("cannot record the run: {0}")]
+    Store(Arc<StoreError>),
+    /// A call's or a download's task ended abnormally (a bug).
+    #[error("{0}")]
+    Crashed(String),
 }
 
 /// Why a run stopped before its work was done, short of an interruption.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum Stop {
     /// The next chain does not fit what the cap leaves.
     Budget { needed: u64, left: u64 },
@@ -76,7 +96,7 @@ pub enum Stop {
     /// The service answered 402.
     Balance(String),
     /// Nothing more can be done: the key was refused, or the record cannot be written.
-    Fatal(String),
+    Fatal(Fatal),
 }
 
 impl Stop {
@@ -93,7 +113,7 @@ impl Stop {
                 "{task} was billed {billed} credits where the plan said {planned}; no call was sent after that bill"
             ),
             Stop::Balance(e) => format!("the service refused a call for lack of credits: {e}"),
-            Stop::Fatal(e) => e.clone(),
+            Stop::Fatal(e) => e.to_string(),
         }
     }
 }

@@ -295,7 +295,7 @@ async fn check_files(
             .collect::<Vec<_>>()
     })
     .await
-    .map_err(|e| StoreError::Query(sqlx::Error::Protocol(e.to_string())))?;
+    .map_err(|e| StoreError::Inconsistent(e.to_string()))?;
     Ok(checked)
 }
 

@@ -6,19 +6,19 @@
 //! remaining cost fits the budget.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::api::{ApiError, Client, Downloader, ErrorKind};
 use crate::exec::attempt::{Attempted, Failure, Success, attempt};
 use crate::exec::budget::Budget;
 use crate::exec::download::{Fetched, download};
 use crate::exec::shared::{OutputUrl, Shared};
-use crate::exec::{Config, Observer, OnAmbiguous, Outcome, Stop};
+use crate::exec::{Config, Fatal, Observer, OnAmbiguous, Outcome, Stop};
 use crate::plan::graph::{Graph, Instance, Source};
 use crate::store::{Store, StoreError, TaskStatus};
 
@@ -77,6 +77,8 @@ struct Scheduler {
     /// Stops admitting new chains; those under way finish.
     closed: Option<Stop>,
     outcome: Outcome,
+    /// Cancelled on SIGINT/SIGTERM: stop dispatching, let what is in flight finish.
+    shutdown: CancellationToken,
 }
 
 /// Runs every unfinished task of the run recorded in `store` until done, stopped or
@@ -88,7 +90,7 @@ pub async fn run(
     downloader: Downloader,
     config: Config,
     observer: Arc<dyn Observer>,
-    shutdown: impl Future<Output = ()>,
+    shutdown: CancellationToken,
 ) -> Result<Outcome, StoreError> {
     store.settle_orphaned_attempts(&config.run_id).await?;
     let rows = store.tasks(&config.run_id).await?;
@@ -115,12 +117,12 @@ pub async fn run(
         }
     }
     if let Some(t) = row_ids.iter().position(|id| *id == 0) {
-        return Err(StoreError::Query(sqlx::Error::Protocol(format!(
+        return Err(StoreError::Inconsistent(format!(
             "task {}/{} is not recorded for run {}",
             graph.item_dir(graph.tasks[t].instance),
             graph.step_id(t),
             config.run_id
-        ))));
+        )));
     }
     let (outcome_graph, outcome_ids, run_id) =
         (Arc::clone(&graph), row_ids.clone(), config.run_id.clone());
@@ -133,11 +135,11 @@ pub async fn run(
         &config,
     ));
     drop(rows);
-    let mut s = Scheduler::new(shared, graph, config, observer, &prior);
+    let mut s = Scheduler::new(shared, graph, config, observer, &prior, shutdown);
     s.restore_outputs(&index).await?;
     // Setup only: a large run should not carry every row's strings to the end.
     drop(index);
-    s.main_loop(shutdown).await;
+    s.main_loop().await;
     let outcome = s.finish().await;
     record_identities(&store, &outcome_graph, &outcome_ids, &run_id).await?;
     Ok(outcome)
@@ -186,6 +188,7 @@ impl Scheduler {
         config: Config,
         observer: Arc<dyn Observer>,
         prior: &[Prior],
+        shutdown: CancellationToken,
     ) -> Scheduler {
         let n = graph.tasks.len();
         let mut s = Scheduler {
@@ -204,6 +207,7 @@ impl Scheduler {
             halt: None,
             closed: None,
             outcome: Outcome::default(),
+            shutdown,
             shared,
             graph,
             config,
@@ -283,8 +287,8 @@ impl Scheduler {
         }
     }
 
-    async fn main_loop(&mut self, shutdown: impl Future<Output = ()>) {
-        tokio::pin!(shutdown);
+    async fn main_loop(&mut self) {
+        let shutdown = self.shutdown.clone();
         let mut deadline: Option<Instant> = None;
         loop {
             if deadline.is_none() {
@@ -299,12 +303,12 @@ impl Scheduler {
             tokio::select! {
                 Some(joined) = self.calls.join_next() => match joined {
                     Ok(attempted) => self.settle(attempted).await,
-                    Err(e) => self.fatal(format!("a call's task ended abnormally: {e}")),
+                    Err(e) => self.fatal(Fatal::Crashed(format!("a call's task ended abnormally: {e}"))),
                 },
                 Some(joined) = self.downloads.join_next(), if !self.downloads.is_empty() => {
                     self.downloaded(joined);
                 }
-                () = &mut shutdown, if deadline.is_none() => {
+                () = shutdown.cancelled(), if deadline.is_none() => {
                     self.shared.stop();
                     tracing::warn!(
                         "interrupted: no new calls; waiting up to {:.0}s for {} in flight",
@@ -331,12 +335,11 @@ impl Scheduler {
     /// Waits for the downloads: all of them, or until the grace period ends after an
     /// interruption.
     async fn drain_downloads(&mut self, mut deadline: Option<Instant>) {
-        let shutdown = crate::cli::shutdown_signal();
-        tokio::pin!(shutdown);
+        let shutdown = self.shutdown.clone();
         while !self.downloads.is_empty() {
             tokio::select! {
                 Some(joined) = self.downloads.join_next() => self.downloaded(joined),
-                () = &mut shutdown, if deadline.is_none() => {
+                () = shutdown.cancelled(), if deadline.is_none() => {
                     self.outcome.interrupted = true;
                     deadline = Some(Instant::now() + self.config.grace);
                 }
@@ -440,7 +443,7 @@ impl Scheduler {
             Err(Failure::Store(e)) => {
                 self.budget.ambiguous(planned);
                 self.state[t] = State::Ready;
-                self.fatal(format!("cannot record the run: {e}"));
+                self.fatal(Fatal::Store(Arc::new(e)));
             }
             Err(Failure::Cancelled) => {
                 self.budget.release(planned);
@@ -542,7 +545,7 @@ impl Scheduler {
             }
             ErrorKind::Auth => {
                 self.put_back(t).await;
-                self.fatal(reason);
+                self.fatal(Fatal::Refused(reason));
             }
             ErrorKind::InvalidRequest if self.reads_outputs(t) && !self.tries[t].refreshed => {
                 // An upstream URL may have expired on the way: nothing was billed, so try
@@ -610,7 +613,7 @@ impl Scheduler {
             .set_task_status(&[id], TaskStatus::Pending, None)
             .await
         {
-            self.fatal(format!("cannot record the run: {e}"));
+            self.fatal(Fatal::Store(Arc::new(e)));
         }
     }
 
@@ -660,14 +663,15 @@ impl Scheduler {
             Err(e) => Err(e),
         };
         if let Err(e) = recorded {
-            self.fatal(format!("cannot record the run: {e}"));
+            self.fatal(Fatal::Store(Arc::new(e)));
         }
     }
 
-    fn fatal(&mut self, reason: String) {
-        tracing::error!("{reason}");
+    /// Stops every dispatch for a cause no retry can cure; the first cause is the one kept.
+    fn fatal(&mut self, cause: Fatal) {
+        tracing::debug!("the run stops: {cause}");
         if !matches!(self.halt, Some(Stop::Fatal(_))) {
-            self.halt = Some(Stop::Fatal(reason));
+            self.halt = Some(Stop::Fatal(cause));
         }
     }
 
@@ -683,7 +687,9 @@ impl Scheduler {
                 // Recorded with the output; the summary reads it from there.
                 tracing::error!("download of {name} failed: {reason}");
             }
-            Err(e) => self.fatal(format!("a download's task ended abnormally: {e}")),
+            Err(e) => self.fatal(Fatal::Crashed(format!(
+                "a download's task ended abnormally: {e}"
+            ))),
         }
     }
 
@@ -695,7 +701,7 @@ impl Scheduler {
                 .settle_orphaned_attempts(&self.config.run_id)
                 .await
         {
-            self.fatal(format!("cannot record the run: {e}"));
+            self.fatal(Fatal::Store(Arc::new(e)));
         }
         self.outcome.stop = self.halt.take().or(self.closed.take());
         self.outcome

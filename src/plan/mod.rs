@@ -342,3 +342,24 @@ impl Verdict {
         }
     }
 }
+
+/// The plan of `pipeline` at the service's word: every step priced, the total held against
+/// the budget (the pipeline's, lowered by `max_credits`) and the balance.
+pub fn make(
+    pipeline: &Pipeline,
+    generation: GenerationPrice,
+    balance: Balance,
+    max_credits: Option<u64>,
+) -> document::PlanDocument {
+    let costs = Costs::of(pipeline, &generation);
+    let budget = Budget::pick(pipeline.max_credits, max_credits);
+    let verdict = Verdict::judge(&costs, budget.as_ref(), &balance);
+    document::PlanDocument::new(
+        pipeline,
+        document::Prices::new(generation),
+        costs,
+        budget,
+        balance,
+        verdict,
+    )
+}

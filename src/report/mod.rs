@@ -8,6 +8,7 @@ mod html;
 mod lineage;
 mod links;
 mod model;
+pub mod summary;
 pub mod thumbs;
 
 use std::path::{Path, PathBuf};

@@ -42,8 +42,15 @@ pub enum StoreError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// The file is there but is no database imgpipe can use (damaged, cut short, not SQLite).
     #[error("cannot open the state database {}: {reason}", path.display())]
     Open { path: PathBuf, reason: String },
+    /// A directory (or another non-file) stands where the database should be.
+    #[error("cannot open the state database {}: it is a directory, not a file", path.display())]
+    NotAFile { path: PathBuf },
+    /// The file could not be opened or created: permissions, a full or failing disk.
+    #[error("cannot open the state database {}: {reason}", path.display())]
+    Io { path: PathBuf, reason: String },
     #[error(
         "the state database {} was written by a newer imgpipe (schema version {version}); it was left untouched",
         path.display()
@@ -53,6 +60,9 @@ pub enum StoreError {
     Migrate { path: PathBuf, reason: String },
     #[error("state database: {0}")]
     Query(#[from] sqlx::Error),
+    /// The record contradicts itself or the pipeline (a bug, or a database edited by hand).
+    #[error("state database: {0}")]
+    Inconsistent(String),
 }
 
 impl StoreError {
@@ -65,8 +75,23 @@ impl StoreError {
             StoreError::Open { .. } | StoreError::Migrate { .. } => Some(
                 "if the file is damaged, move it aside and point --state (or IMGPIPE_STATE) at a new path; imgpipe never overwrites it",
             ),
-            _ => None,
+            StoreError::NotAFile { .. } => {
+                Some("point --state (or IMGPIPE_STATE) at a file, not a directory")
+            }
+            StoreError::Directory { .. } | StoreError::Io { .. } => {
+                Some("check the permissions and free space there, or point --state at another path")
+            }
+            StoreError::Query(_) | StoreError::Inconsistent(_) => None,
         }
+    }
+
+    /// Whether the file the user named is the problem (exit 2: invalid input), rather than
+    /// the machine failing to read or write it (exit 1).
+    pub fn is_bad_input(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Open { .. } | StoreError::NotAFile { .. } | StoreError::Newer { .. }
+        )
     }
 }
 
@@ -86,10 +111,15 @@ impl Store {
                 source,
             })?;
         }
-        let open_err = |e: sqlx::Error| StoreError::Open {
+        let open_err = |e: sqlx::Error| StoreError::Io {
             path: path.to_path_buf(),
             reason: e.to_string(),
         };
+        if path.exists() && !path.is_file() {
+            return Err(StoreError::NotAFile {
+                path: path.to_path_buf(),
+            });
+        }
         if path.exists() {
             inspect(path).await?;
         }

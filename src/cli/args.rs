@@ -1,0 +1,315 @@
+//! Option groups shared by several commands, each resolved into the library's settings, and
+//! the command that continues a run as the user can paste it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::error::Error;
+use crate::exec::OnAmbiguous;
+use crate::runner::{AccountFields, DEFAULT_DOWNLOADS, ServiceSettings, Settings, StateLocation};
+
+/// Where the service is and how long to wait for it.
+#[derive(Clone, Debug, Args)]
+#[command(next_help_heading = "Service")]
+pub struct ServiceArgs {
+    /// Base URL of the service (no public default exists) [default: IMGPIPE_BASE_URL]
+    #[arg(long, value_name = "URL")]
+    pub base_url: Option<String>,
+    /// File holding the API key (else IMGPIPE_API_KEY); keys are never taken on the command line
+    #[arg(long, value_name = "PATH")]
+    pub api_key_file: Option<PathBuf>,
+    /// Start the embedded sandbox on loopback and talk to it instead: no account, no real credits
+    #[arg(long)]
+    pub sandbox: bool,
+    /// Seconds to wait for a whole call
+    #[arg(long, default_value_t = 300.0, value_name = "SECS")]
+    pub timeout: f64,
+    /// Seconds to wait for a connection [default: 10, or --timeout when shorter]
+    #[arg(long, value_name = "SECS")]
+    pub connect_timeout: Option<f64>,
+}
+
+/// Where the balance is in the account record, when imgpipe cannot find it.
+#[derive(Clone, Debug, Default, Args)]
+#[command(next_help_heading = "Service")]
+pub struct BalanceFieldArg {
+    /// JSON pointer to the balance in the account record, when imgpipe cannot find it (e.g. /credits/balance)
+    #[arg(long, value_name = "POINTER")]
+    pub balance_field: Option<String>,
+}
+
+/// Where the limits are in the account record, when imgpipe cannot find them.
+#[derive(Clone, Debug, Default, Args)]
+#[command(next_help_heading = "Service")]
+pub struct LimitsFieldArg {
+    /// JSON pointer to the limits object in the account record, when imgpipe cannot find it
+    #[arg(long, value_name = "POINTER")]
+    pub limits_field: Option<String>,
+}
+
+impl ServiceArgs {
+    pub fn settings(&self, fields: AccountFields) -> Result<ServiceSettings, Error> {
+        Ok(ServiceSettings {
+            base_url: self
+                .base_url
+                .clone()
+                .or_else(|| std::env::var("IMGPIPE_BASE_URL").ok()),
+            api_key_file: self.api_key_file.clone(),
+            sandbox: self.sandbox,
+            timeout: seconds("--timeout", self.timeout)?,
+            connect_timeout: self
+                .connect_timeout
+                .map(|s| seconds("--connect-timeout", s))
+                .transpose()?,
+            fields,
+        })
+    }
+}
+
+/// The state database of a command.
+#[derive(Clone, Debug, Args)]
+pub struct StateArgs {
+    /// The state database [default: IMGPIPE_STATE, else $XDG_STATE_HOME/imgpipe/state.db, else
+    /// ~/.local/state/imgpipe/state.db; sandbox.db beside it with --sandbox]
+    #[arg(long, value_name = "PATH")]
+    pub state: Option<PathBuf>,
+}
+
+impl StateArgs {
+    pub fn location(&self, sandbox: bool) -> Result<StateLocation, Error> {
+        let from_env = || {
+            std::env::var_os("IMGPIPE_STATE")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        StateLocation::resolve(self.state.clone().or_else(from_env).as_deref(), sandbox)
+    }
+}
+
+/// Options of every command that runs tasks: `run` and `resume`.
+#[derive(Clone, Debug, Args)]
+pub struct RunOptions {
+    /// Resume a run even though its pipeline file (or items) changed: tasks whose request and
+    /// input images are unchanged keep their results; the others run again
+    #[arg(long, help_heading = "Run")]
+    pub allow_changes: bool,
+    /// Take the results of tasks that succeeded in earlier runs (same request, same input
+    /// images) instead of paying for them again; also `reuse: true` in the pipeline file
+    #[arg(long, help_heading = "Run")]
+    pub reuse: bool,
+    /// When another run of this pipeline holds the lock, wait for it instead of exiting 5
+    #[arg(long, help_heading = "Run")]
+    pub wait: bool,
+    /// A call sent without a complete answer may have been billed: call again, or fail the
+    /// task (also for calls in flight when an earlier process died)
+    #[arg(long, value_enum, default_value = "retry", help_heading = "Run")]
+    pub on_ambiguous: OnAmbiguous,
+    /// Write the run's HTML report (report.html, next to the manifest) when it ends
+    #[arg(long, help_heading = "Run")]
+    pub report: bool,
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Most credits the run may spend; the smaller of this and budget.max_credits applies
+    #[arg(long, value_name = "CREDITS", help_heading = "Budget")]
+    pub max_credits: Option<u64>,
+    /// Paid calls in flight at once [default: pipeline, else the account's limit, else 4]
+    #[arg(long, value_name = "N", help_heading = "Pace")]
+    pub concurrency: Option<usize>,
+    /// Paid calls per second, minute or hour, e.g. 5/s or 120/min [default: pipeline, else
+    /// the account's limit, else none until the service answers 429]
+    #[arg(long, value_name = "SPEC", help_heading = "Pace")]
+    pub rate: Option<String>,
+    /// Downloads in flight at once
+    #[arg(long, default_value_t = DEFAULT_DOWNLOADS, value_name = "N", help_heading = "Pace")]
+    pub download_concurrency: usize,
+    /// Lifetime of result URLs in seconds (the spec says one hour)
+    #[arg(
+        long,
+        default_value_t = 3600.0,
+        value_name = "SECS",
+        help_heading = "Pace"
+    )]
+    pub url_ttl: f64,
+    /// Refresh an input URL this many seconds before it expires
+    #[arg(
+        long,
+        default_value_t = 300.0,
+        value_name = "SECS",
+        help_heading = "Pace"
+    )]
+    pub url_margin: f64,
+    /// Seconds calls in flight may take to finish after SIGINT/SIGTERM
+    #[arg(
+        long,
+        default_value_t = 60.0,
+        value_name = "SECS",
+        help_heading = "Pace"
+    )]
+    pub grace: f64,
+    /// First retry delay in milliseconds (tests set it low)
+    #[arg(long, default_value_t = 500, hide = true)]
+    pub retry_base_ms: u64,
+    #[command(flatten)]
+    pub service: ServiceArgs,
+    #[command(flatten)]
+    pub balance: BalanceFieldArg,
+    #[command(flatten)]
+    pub limits: LimitsFieldArg,
+}
+
+impl RunOptions {
+    /// The settings, every flag checked: a bad one is exit 2 before anything is asked.
+    pub fn settings(&self) -> Result<(Settings, ServiceSettings), Error> {
+        if self.concurrency == Some(0) {
+            return Err(Error::usage("--concurrency must be at least 1", None));
+        }
+        if self.download_concurrency == 0 {
+            return Err(Error::usage(
+                "--download-concurrency must be at least 1",
+                None,
+            ));
+        }
+        let rate = self
+            .rate
+            .as_deref()
+            .map(|spec| {
+                spec.parse::<crate::pipeline::rate::Rate>()
+                    .map(|r| r.per_second())
+                    .map_err(|e| {
+                        Error::usage(
+                            format!("--rate: {e}"),
+                            Some("write it like 5/s, 120/min or 1000/h"),
+                        )
+                    })
+            })
+            .transpose()?;
+        let url_ttl = seconds("--url-ttl", self.url_ttl)?;
+        let url_margin = Duration::try_from_secs_f64(self.url_margin)
+            .ok()
+            .filter(|m| *m < url_ttl)
+            .ok_or_else(|| {
+                Error::usage(
+                    "--url-margin must be 0 or more and shorter than --url-ttl",
+                    None,
+                )
+            })?;
+        let fields = AccountFields {
+            balance: self.balance.balance_field.clone(),
+            plan: None,
+            limits: self.limits.limits_field.clone(),
+        };
+        let settings = Settings {
+            state: self.state.location(self.service.sandbox)?,
+            allow_changes: self.allow_changes,
+            reuse: self.reuse,
+            wait: self.wait,
+            concurrency: self.concurrency,
+            rate,
+            max_credits: self.max_credits,
+            on_ambiguous: self.on_ambiguous,
+            url_ttl,
+            url_margin,
+            download_concurrency: self.download_concurrency,
+            grace: seconds("--grace", self.grace)?,
+            report: self.report,
+            retry_base: Duration::from_millis(self.retry_base_ms),
+        };
+        Ok((settings, self.service.settings(fields)?))
+    }
+
+    /// The flags that continuing the run must be given again: where the service, the key,
+    /// the state and the budget are, and the choices that shape what is paid for. Flags
+    /// given through the environment need no repeating: the environment is still there.
+    pub fn continue_flags(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut flag = |name: &str, value: Option<String>| {
+            if let Some(v) = value {
+                out.push(name.to_owned());
+                out.push(quote(&v));
+            }
+        };
+        let s = &self.service;
+        flag("--base-url", s.base_url.clone());
+        flag("--api-key-file", s.api_key_file.as_deref().map(path));
+        flag("--state", self.state.state.as_deref().map(path));
+        flag(
+            "--timeout",
+            (s.timeout != 300.0).then(|| s.timeout.to_string()),
+        );
+        flag(
+            "--connect-timeout",
+            s.connect_timeout.map(|t| t.to_string()),
+        );
+        flag("--balance-field", self.balance.balance_field.clone());
+        flag("--limits-field", self.limits.limits_field.clone());
+        flag("--max-credits", self.max_credits.map(|c| c.to_string()));
+        flag("--concurrency", self.concurrency.map(|c| c.to_string()));
+        flag("--rate", self.rate.clone());
+        let on_fail = self.on_ambiguous == OnAmbiguous::Fail;
+        flag("--on-ambiguous", on_fail.then(|| "fail".to_owned()));
+        for (given, name) in [
+            (s.sandbox, "--sandbox"),
+            (self.allow_changes, "--allow-changes"),
+            (self.reuse, "--reuse"),
+            (self.report, "--report"),
+        ] {
+            if given {
+                out.push(name.to_owned());
+            }
+        }
+        out
+    }
+}
+
+fn path(p: &std::path::Path) -> String {
+    p.display().to_string()
+}
+
+/// A word as a POSIX shell reads it back: as is when it is plain, else single-quoted.
+pub fn quote(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// A positive, finite number of seconds from a flag; anything else is a usage error naming it.
+pub fn seconds(flag: &str, secs: f64) -> Result<Duration, Error> {
+    Duration::try_from_secs_f64(secs)
+        .ok()
+        .filter(|d| !d.is_zero() && *d <= MAX_SECONDS)
+        .ok_or_else(|| {
+            Error::usage(
+                format!(
+                    "{flag} must be a positive number of seconds up to {}, got {secs}",
+                    MAX_SECONDS.as_secs()
+                ),
+                None,
+            )
+        })
+}
+
+/// A week: longer than any sensible timeout or URL lifetime, short enough to add to a clock.
+const MAX_SECONDS: Duration = Duration::from_secs(7 * 24 * 3600);
+
+#[cfg(test)]
+mod tests {
+    use super::quote;
+
+    #[test]
+    fn words_are_quoted_only_when_a_shell_would_split_or_expand_them() {
+        assert_eq!(quote("daily.yaml"), "daily.yaml");
+        assert_eq!(quote("/srv/shots/key"), "/srv/shots/key");
+        assert_eq!(quote("my key"), "'my key'");
+        assert_eq!(quote("it's"), r"'it'\''s'");
+        assert_eq!(quote("$HOME"), "'$HOME'");
+        assert_eq!(quote(""), "''");
+    }
+}

@@ -1,0 +1,77 @@
+//! `imgpipe status RUN_ID`: one run as the state database knows it, without any network call.
+
+use clap::Args;
+
+use crate::cli::GlobalArgs;
+use crate::cli::args::StateArgs;
+use crate::cli::view::{print_json, render_summary};
+use crate::error::Error;
+use crate::plan::document::rfc3339_ms as time;
+use crate::report::summary::{Status, status_of};
+use crate::runner::state::{close, no_such_run};
+use crate::store::Store;
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The run (`imgpipe runs` lists them)
+    pub run_id: String,
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Look in the database of runs made with --sandbox
+    #[arg(long)]
+    pub sandbox: bool,
+}
+
+pub async fn run(args: &StatusArgs, global: &GlobalArgs) -> Result<(), Error> {
+    let store = args.state.location(args.sandbox)?.open_existing().await?;
+    let result = read(&store, &args.run_id).await;
+    let status = close(store, result).await?;
+    if global.json {
+        return print_json(&status);
+    }
+    print!("{}", render_summary(&status.summary));
+    println!(
+        "  {:<24} {:>6} {:>9} {:>6} {:>7} {:>7} {:>8} {:>7}",
+        "step", "tasks", "succeeded", "failed", "blocked", "pending", "planned", "billed"
+    );
+    for s in &status.steps {
+        println!(
+            "  {:<24} {:>6} {:>9} {:>6} {:>7} {:>7} {:>8} {:>7}",
+            s.step,
+            s.tasks,
+            s.succeeded,
+            s.failed,
+            s.blocked,
+            s.pending,
+            s.planned_credits,
+            s.billed_credits
+        );
+    }
+    for a in &status.ambiguous {
+        println!(
+            "  possibly billed: {} {} at {}{}: {}",
+            a.task,
+            a.endpoint,
+            time(a.started_at),
+            a.job_id
+                .as_deref()
+                .map(|j| format!(" (job {j})"))
+                .unwrap_or_default(),
+            a.error.as_deref().unwrap_or("no answer")
+        );
+    }
+    if status.superseded_files > 0 {
+        println!(
+            "  {} earlier file(s) kept under {}/_superseded",
+            status.superseded_files, status.summary.output_dir
+        );
+    }
+    Ok(())
+}
+
+async fn read(store: &Store, run_id: &str) -> Result<Status, Error> {
+    if store.run(run_id).await?.is_none() {
+        return Err(no_such_run(store, run_id));
+    }
+    status_of(store, run_id).await
+}

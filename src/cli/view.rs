@@ -1,0 +1,266 @@
+//! How the command line shows what the runner gives it: data on stdout (text, or JSON with
+//! `--json`), diagnostics and progress on stderr.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde_json::json;
+
+use crate::error::Error;
+use crate::exec::Observer;
+use crate::pipeline::Report;
+use crate::plan::document::PlanDocument;
+use crate::plan::render;
+use crate::report::summary::Summary;
+use crate::runner::{Reviewed, View};
+use crate::store::StepCounts;
+
+use super::progress::Progress;
+
+/// Problems printed on stderr before the rest are only counted.
+const SHOWN_ERRORS: usize = 200;
+/// Failures named in the summary; the rest are counted.
+const SHOWN_FAILURES: usize = 10;
+/// Tasks listed one by one by `resume --dry-run` before the rest are only counted.
+const SHOWN_TASKS: usize = 50;
+
+/// The terminal (or the pipe cron reads).
+pub struct Terminal {
+    pub json: bool,
+    pub quiet: bool,
+    /// `imgpipe …` up to the run id, and the flags after it.
+    pub continue_with: Box<dyn Fn(&str) -> String + Send + Sync>,
+}
+
+impl Terminal {
+    /// For commands that never continue a run.
+    pub fn plain(json: bool) -> Terminal {
+        Terminal {
+            json,
+            quiet: false,
+            continue_with: Box::new(|id| format!("imgpipe resume {id}")),
+        }
+    }
+}
+
+impl View for Terminal {
+    fn diagnostics(&self, report: &Report) {
+        print_report(report);
+    }
+
+    fn plan(&self, doc: &PlanDocument) -> Result<(), Error> {
+        if self.json {
+            return print_json(doc);
+        }
+        print!("{}", render::text(doc));
+        Ok(())
+    }
+
+    fn review(&self, reviewed: &Reviewed<'_>) -> Result<(), Error> {
+        print_review(reviewed, self.json)
+    }
+
+    fn finished(&self, run_id: &str) -> Result<(), Error> {
+        println!("run {run_id} is finished: nothing to pay for");
+        Ok(())
+    }
+
+    fn summary(&self, summary: &Summary) -> Result<(), Error> {
+        if self.json {
+            return print_json(summary);
+        }
+        print!("{}", render_summary(summary));
+        Ok(())
+    }
+
+    fn progress(
+        &self,
+        steps: &[(String, u64)],
+        done: &[StepCounts],
+        planned: u64,
+    ) -> Arc<dyn Observer> {
+        let live = std::io::stderr().is_terminal() && !self.quiet && !self.json;
+        let progress = Progress::new(steps, planned, live);
+        progress.resume_from(done);
+        Arc::new(progress)
+    }
+
+    fn continue_command(&self, run_id: &str) -> String {
+        (self.continue_with)(run_id)
+    }
+}
+
+/// Prints a pipeline file's problems on stderr.
+pub fn print_report(report: &Report) {
+    for d in report.errors.iter().take(SHOWN_ERRORS) {
+        eprintln!("error: {d}");
+    }
+    if report.errors.len() > SHOWN_ERRORS {
+        eprintln!(
+            "…and {} more errors (--json lists them all)",
+            report.errors.len() - SHOWN_ERRORS
+        );
+    }
+    for d in &report.warnings {
+        eprintln!("warning: {d}");
+    }
+}
+
+pub fn print_json(value: &impl Serialize) -> Result<(), Error> {
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| Error::Other(anyhow::anyhow!("cannot print JSON: {e}")))?;
+    println!("{text}");
+    Ok(())
+}
+
+pub fn render_summary(s: &Summary) -> String {
+    let t = &s.totals;
+    let mut out = format!("run {}: {}\n", s.run_id, s.status);
+    out += &format!(
+        "  tasks     {} of {} succeeded, {} failed, {} blocked, {} pending\n",
+        t.succeeded, t.tasks, t.failed, t.blocked, t.pending
+    );
+    out += &format!(
+        "  credits   {} billed of {} planned; {} attempt(s) possibly billed without a result\n",
+        t.billed_credits, t.planned_credits, t.ambiguous_attempts
+    );
+    let show = |b: Option<i64>| b.map_or_else(|| "unknown".to_owned(), |b| b.to_string());
+    out += &format!(
+        "  balance   {} before, {} after",
+        show(s.balance_before),
+        show(s.balance_after)
+    );
+    if let (Some(before), Some(after)) = (s.balance_before, s.balance_after) {
+        out += &format!(" ({} spent as the account sees it)", before - after);
+    }
+    out += "\n";
+    out += &format!(
+        "  outputs   {} of {} downloaded to {}\n  manifest  {}\n",
+        t.downloaded, t.outputs, s.output_dir, s.manifest
+    );
+    if let Some(reason) = &s.stopped {
+        out += &format!("  stopped   {reason}\n");
+    }
+    for f in s.failures.iter().take(SHOWN_FAILURES) {
+        out += &format!("  failed    {}: {}\n", f.task, f.reason);
+    }
+    if s.failures.len() > SHOWN_FAILURES {
+        out += &format!(
+            "  ...and {} more failures (imgpipe run --json shows all)\n",
+            s.failures.len() - SHOWN_FAILURES
+        );
+    }
+    out
+}
+
+/// `resume --dry-run`: each task to pay for with its reason and credits, then the totals.
+fn print_review(shown: &Reviewed<'_>, json: bool) -> Result<(), Error> {
+    let Reviewed {
+        row,
+        graph,
+        review,
+        cap,
+    } = shown;
+    let name = |t: usize| {
+        let (item, step, idx) = graph.key(t);
+        format!("{item}/{step}[{idx}]")
+    };
+    let mut by_reason: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
+    for r in &review.redo {
+        let e = by_reason.entry(r.reason.as_str()).or_default();
+        e.0 += 1;
+        e.1 += r.credits;
+    }
+    if json {
+        let tasks: Vec<_> = review
+            .redo
+            .iter()
+            .map(|r| {
+                let (item, step, idx) = graph.key(r.task);
+                json!({"item": item, "step": step, "index": idx, "reason": r.reason,
+                       "credits": r.credits, "detail": r.detail})
+            })
+            .collect();
+        let left: Vec<_> = review
+            .left_failed
+            .iter()
+            .map(|r| json!({"task": name(r.task), "credits": r.credits, "detail": r.detail}))
+            .collect();
+        let doc = json!({
+            "run_id": row.id,
+            "status": row.status.as_str(),
+            "tasks": tasks,
+            "credits": review.credits(),
+            "by_reason": by_reason.iter().map(|(k, (n, c))| (k.to_string(), json!({"tasks": n, "credits": c}))).collect::<serde_json::Map<_, _>>(),
+            "cap": cap,
+            "kept": review.kept.len(),
+            "recover_by_job_id": review.recover.len(),
+            "refetch": review.refetch.iter().map(|r| json!({"path": r.output.path, "modified": r.modified.is_some()})).collect::<Vec<_>>(),
+            "reused": review.reuse.len(),
+            "saved_by_reuse": review.saved_by_reuse(graph),
+            "left_failed": left,
+            "removed": review.removed.len(),
+        });
+        return print_json(&doc);
+    }
+    println!(
+        "run {} ({}): {} task(s) to pay for, {} credits{}",
+        row.id,
+        row.status.as_str(),
+        review.redo.len(),
+        review.credits(),
+        cap.map(|c| format!(" (at most {c} may be spent)"))
+            .unwrap_or_default()
+    );
+    for r in review.redo.iter().take(SHOWN_TASKS) {
+        let detail = r
+            .detail
+            .as_deref()
+            .map(|d| format!("  {d}"))
+            .unwrap_or_default();
+        println!(
+            "  {:<40} {:<14} {:>6} credits{detail}",
+            name(r.task),
+            r.reason.as_str(),
+            r.credits
+        );
+    }
+    if review.redo.len() > SHOWN_TASKS {
+        println!(
+            "  ...and {} more (--json lists all)",
+            review.redo.len() - SHOWN_TASKS
+        );
+    }
+    for (reason, (n, c)) in &by_reason {
+        println!("  {reason}: {n} task(s), {c} credits");
+    }
+    println!("kept: {} task(s) already done", review.kept.len());
+    let free = [
+        (
+            review.recover.len(),
+            "lost answer(s) to read back by job id",
+        ),
+        (
+            review.refetch.len(),
+            "file(s) missing or modified, to fetch again from their job",
+        ),
+        (review.reuse.len(), "task(s) reused from earlier runs"),
+        (
+            review.removed.len(),
+            "recorded task(s) no longer in the pipeline",
+        ),
+    ];
+    for (n, what) in free.iter().filter(|(n, _)| *n > 0) {
+        println!("free: {n} {what}");
+    }
+    for r in &review.left_failed {
+        println!(
+            "not paid again (--on-ambiguous fail): {} ({} credits)",
+            name(r.task),
+            r.credits
+        );
+    }
+    Ok(())
+}

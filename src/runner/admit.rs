@@ -1,0 +1,193 @@
+//! Admission: whether a run may start (or go on) within the budget and the balance, and the
+//! checks of a saved plan. Nothing here spends; every "no" is exit 3 with the figures.
+
+use std::path::Path;
+
+use crate::error::Error;
+use crate::exec::resume::Review;
+use crate::plan::document::{FORMAT, KIND, PlanDocument, ReuseEstimate};
+use crate::plan::graph::Graph;
+use crate::plan::{self, Balance};
+use crate::store::{RunRow, Store};
+
+/// A saved plan (`imgpipe plan --save`), refused unless it is one this imgpipe reads.
+pub fn read_plan(path: &Path) -> Result<PlanDocument, Error> {
+    let text = std::fs::read(path).map_err(|e| {
+        Error::usage(
+            format!("cannot read the plan {}: {e}", path.display()),
+            None,
+        )
+    })?;
+    let value: serde_json::Value = serde_json::from_slice(&text)
+        .map_err(|e| Error::usage(format!("{} is not JSON: {e}", path.display()), None))?;
+    if value.get("kind").and_then(|k| k.as_str()) != Some(KIND) {
+        return Err(Error::usage(
+            format!("{} is not an imgpipe plan", path.display()),
+            Some("save one with `imgpipe plan FILE --save PLAN.json`"),
+        ));
+    }
+    if value.get("format").and_then(|f| f.as_u64()) != Some(u64::from(FORMAT)) {
+        return Err(Error::usage(
+            format!(
+                "{} is a plan in a format this imgpipe does not read",
+                path.display()
+            ),
+            Some("make the plan again with this imgpipe"),
+        ));
+    }
+    serde_json::from_value(value)
+        .map_err(|e| Error::usage(format!("{}: {e}", path.display()), None))
+}
+
+/// Refuses a run whose pipeline, items or prices differ from the saved plan's.
+pub fn same_as_saved(saved: &PlanDocument, now: &PlanDocument) -> Result<(), Error> {
+    let mut changed = Vec::new();
+    if saved.pipeline.sha256 != now.pipeline.sha256 {
+        changed.push(format!("the pipeline file {} changed", now.pipeline.file));
+    }
+    if saved.items.sha256 != now.items.sha256 {
+        changed.push(format!(
+            "the items changed ({} then, {} now)",
+            saved.items.count, now.items.count
+        ));
+    }
+    if saved.prices.sha256 != now.prices.sha256 {
+        let show = |d: &PlanDocument| {
+            d.prices
+                .generation
+                .credits
+                .map_or_else(|| "unknown".to_owned(), |c| c.to_string())
+        };
+        changed.push(format!(
+            "the prices changed (a generated image: {} then, {} now)",
+            show(saved),
+            show(now)
+        ));
+    }
+    if changed.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Refused {
+        message: format!(
+            "the saved plan (made {}) no longer holds: {}",
+            saved.created_at,
+            changed.join("; ")
+        ),
+        hint: Some("plan again with `imgpipe plan FILE --save PLAN.json` and review it".into()),
+    })
+}
+
+/// Whether to discover the generation price: only when it alone stops the run.
+pub fn needs_discovery(doc: &PlanDocument, flag: bool) -> Result<bool, Error> {
+    let unknown = doc.costs.total_credits.is_none();
+    if unknown && !flag {
+        return Err(Error::Refused {
+            message: format!("the run does not fit: {}", doc.verdict.reasons.join("; ")),
+            hint: Some(
+                "set the price of a 2K generated image in the pipeline file (`pricing: { generation: N }`), or pass --discover-price to learn it from one generation"
+                    .into(),
+            ),
+        });
+    }
+    Ok(unknown && doc.verdict.reasons.len() == 1)
+}
+
+/// The plan's verdict as an error when it does not fit.
+pub fn refusal(doc: &PlanDocument) -> Result<(), Error> {
+    if doc.verdict.fits {
+        return Ok(());
+    }
+    let hint = if doc.costs.total_credits.is_none() {
+        "set the price of a 2K generated image in the pipeline file: `pricing: { generation: N }`"
+    } else {
+        "raise budget.max_credits or --max-credits, top up the account, or plan fewer items"
+    };
+    Err(Error::Refused {
+        message: format!("the run does not fit: {}", doc.verdict.reasons.join("; ")),
+        hint: Some(hint.into()),
+    })
+}
+
+/// The plan's verdict, except that credits saved by reuse count: a run whose reused tasks
+/// bring it within the budget and the balance may start.
+pub fn refusal_after_reuse(doc: &PlanDocument) -> Result<(), Error> {
+    let saved = doc.reuse.as_ref().map_or(0, |r| r.credits_saved);
+    if doc.verdict.fits || saved == 0 {
+        return refusal(doc);
+    }
+    let Some(total) = doc.costs.total_credits else {
+        return refusal(doc);
+    };
+    let needed = total.saturating_sub(saved);
+    match cap_of(doc, 0) {
+        Some(cap) if needed > cap => refusal(doc),
+        _ => Ok(()),
+    }
+}
+
+/// What reusing earlier runs' results saves of the plan.
+pub fn estimate(doc: &PlanDocument, review: &Review, graph: &Graph) -> ReuseEstimate {
+    let saved = review.saved_by_reuse(graph);
+    ReuseEstimate {
+        tasks: review.reuse.len(),
+        credits_saved: saved,
+        credits_to_pay: doc.costs.total_credits.map(|t| t.saturating_sub(saved)),
+    }
+}
+
+/// The most the run may still spend: the budget less what it was billed, and the balance.
+pub fn cap_of(doc: &PlanDocument, billed: u64) -> Option<u64> {
+    let budget = doc
+        .budget
+        .as_ref()
+        .map(|b| b.max_credits.saturating_sub(billed));
+    let balance = match &doc.balance {
+        Balance::Known { credits, .. } => Some(u64::try_from(*credits).unwrap_or(0)),
+        _ => None,
+    };
+    plan::tighter(budget, balance)
+}
+
+/// What the run was billed, plus what its unanswered calls may have cost: a budget is never
+/// paid twice for them.
+pub async fn spent(store: &Store, run_id: &str) -> Result<u64, Error> {
+    let totals = store.totals(run_id).await?;
+    Ok(totals.billed_credits + totals.possibly_billed_credits)
+}
+
+/// Refuses what remains of a run when it does not fit the budget left or the balance.
+pub fn over_cap(
+    row: &RunRow,
+    review: &Review,
+    cap: Option<u64>,
+    doc: &PlanDocument,
+) -> Result<(), Error> {
+    let needed = review.credits();
+    match cap {
+        Some(cap) if needed > cap => Err(Error::Refused {
+            message: format!(
+                "resuming run {} would pay for {} task(s), {needed} credits, but only {cap} may be spent ({})",
+                row.id,
+                review.redo.len(),
+                limits(doc)
+            ),
+            hint: Some(
+                "raise the budget (--max-credits or budget.max_credits) or top up the account, then resume"
+                    .into(),
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn limits(doc: &PlanDocument) -> String {
+    let budget = doc.budget.as_ref().map_or_else(
+        || "no budget".to_owned(),
+        |b| format!("budget {}", b.max_credits),
+    );
+    let balance = match &doc.balance {
+        Balance::Known { credits, .. } => format!("balance {credits}"),
+        _ => "balance unknown".to_owned(),
+    };
+    format!("{budget} less what the run spent, {balance}")
+}

@@ -1,0 +1,262 @@
+//! Continuing a recorded run (`resume`, or `run --run-id` of a run that exists): a finished
+//! run is only summarised; an unfinished one is reviewed, so that nothing is paid for twice,
+//! and its pipeline compared with the file as it is now.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::error::Error;
+use crate::exec::resume::{self, Reason, Review};
+use crate::pipeline::{self, Pipeline};
+use crate::plan::document::PlanDocument;
+use crate::plan::graph::Graph;
+use crate::plan::{Costs, GenerationPrice};
+use crate::runner::{Connection, Reviewed, Runner, admit, checked, execute, record, state};
+use crate::store::{RunRow, RunStatus, Store};
+
+impl Runner<'_> {
+    /// Continues the recorded run `row`; `pipeline` is the file as given now, else the one
+    /// the run recorded is read again (or its own copy, when the file is gone).
+    pub(super) async fn continued(
+        &self,
+        store: &Store,
+        row: RunRow,
+        pipeline: Option<Pipeline>,
+        dry_run: bool,
+    ) -> Result<(), Error> {
+        if row.status == RunStatus::Succeeded {
+            return self.finished(store, &row.id, dry_run).await;
+        }
+        let pipeline = match pipeline {
+            Some(p) => p,
+            None => self.current_pipeline(&row)?,
+        };
+        if self.service.sandbox && store.totals(&row.id).await?.succeeded > 0 {
+            return Err(Error::usage(
+                format!(
+                    "run {} cannot be resumed on a new embedded sandbox: the jobs and URLs of its finished tasks ended with the sandbox that made them",
+                    row.id
+                ),
+                Some(
+                    "for runs you mean to interrupt and resume, start `imgpipe sandbox` once and point IMGPIPE_BASE_URL at it; or start again with a new --run-id",
+                ),
+            ));
+        }
+        let _lock = if dry_run {
+            None
+        } else {
+            let (name, wait) = (&row.pipeline_name, self.settings.wait);
+            Some(state::lock(store, name, &row.id, wait, &self.shutdown).await?)
+        };
+        // While this process waited for the lock, the holder may have finished the run.
+        let row = store.run(&row.id).await?.unwrap_or(row);
+        if row.status == RunStatus::Succeeded {
+            return self.finished(store, &row.id, dry_run).await;
+        }
+        let conn = Connection::open(self.service).await?;
+        let (balance, generation) = conn.ask(&pipeline).await?;
+        let doc = crate::plan::make(&pipeline, generation, balance, self.settings.max_credits);
+        // A price the service no longer states is the one the run was planned with.
+        let price = priced_at(&doc, &row);
+        let graph = Arc::new(Graph::build(&pipeline, &Costs::of(&pipeline, &price))?);
+        let changed =
+            pipeline.text_sha256 != row.pipeline_sha256 || doc.items.sha256 != row.items_sha256;
+        let old = if changed {
+            Some(self.recorded_pipeline(&row).map_err(|_| {
+                Error::usage(
+                    format!(
+                        "run {} kept a copy of its pipeline file that no longer reads",
+                        row.id
+                    ),
+                    Some("resume it with the file it started from, or start a new run"),
+                )
+            })?)
+        } else {
+            None
+        };
+        let previous = old
+            .as_ref()
+            .map(|p| Graph::build(p, &Costs::of(p, &price)))
+            .transpose()?;
+        let reuse = self.settings.reuse || pipeline.reuse;
+        let on_ambiguous = self.settings.on_ambiguous;
+        let review = resume::review(
+            store,
+            &row.id,
+            &graph,
+            previous.as_ref(),
+            on_ambiguous,
+            reuse,
+        )
+        .await?;
+        if let Some(old) = &old
+            && !self.settings.allow_changes
+        {
+            return Err(Error::Refused {
+                message: format!(
+                    "the pipeline changed since run {} started: {}",
+                    row.id,
+                    describe_changes(old, &pipeline, &graph, &review)
+                ),
+                hint: Some(
+                    "resume with --allow-changes to keep the unchanged tasks' results and run the rest again, or give the new work another --run-id"
+                        .into(),
+                ),
+            });
+        }
+        let cap = admit::cap_of(&doc, admit::spent(store, &row.id).await?);
+        if dry_run {
+            let (graph, review) = (&graph, &review);
+            self.view.review(&Reviewed {
+                row: &row,
+                graph,
+                review,
+                cap,
+            })?;
+            return admit::over_cap(&row, review, cap, &doc);
+        }
+        admit::over_cap(&row, &review, cap, &doc)?;
+        let run = record::reopen(store, &row).await?;
+        let applied = resume::apply(
+            store,
+            &conn.client,
+            &row.id,
+            &run.dir,
+            &graph,
+            &review,
+            |t| record::new_task(&graph, t),
+        )
+        .await?;
+        tracing::info!(
+            "resuming run {}: {} task(s) to pay for ({} credits), {} kept, {} recovered by job id, {} file(s) to fetch again, {} reused",
+            row.id,
+            review.redo.len(),
+            review.credits(),
+            review.kept.len(),
+            applied.recovered,
+            applied.refetch,
+            applied.reused,
+        );
+        if changed {
+            let text = std::fs::read_to_string(&pipeline.file).unwrap_or(row.pipeline_text.clone());
+            store
+                .update_run_source(
+                    &row.id,
+                    &text,
+                    &pipeline.text_sha256,
+                    &doc.items.sha256,
+                    &serde_json::to_string(&doc).unwrap_or_default(),
+                    doc.costs.known_credits,
+                )
+                .await?;
+        }
+        let start = execute::Start {
+            run,
+            graph,
+            doc,
+            discover: false,
+        };
+        self.execute(&conn, store, &pipeline, start).await
+    }
+
+    /// A finished run: its summary (and its report when asked), and nothing spent.
+    async fn finished(&self, store: &Store, run_id: &str, dry_run: bool) -> Result<(), Error> {
+        if dry_run {
+            return self.view.finished(run_id);
+        }
+        tracing::info!("run {run_id} is already finished; nothing to do");
+        self.view
+            .summary(&crate::report::summary::summary_of(store, run_id).await?)?;
+        if self.settings.report {
+            execute::write_report(store, run_id).await;
+        }
+        Ok(())
+    }
+
+    /// The run's pipeline file as it is now; the run's own copy when the file is gone.
+    fn current_pipeline(&self, row: &RunRow) -> Result<Pipeline, Error> {
+        let path = Path::new(&row.pipeline_file);
+        if path.exists() {
+            return checked(self.view, path, pipeline::load(path));
+        }
+        tracing::warn!(
+            "{} is gone; resuming from the run's own copy of it",
+            row.pipeline_file
+        );
+        self.recorded_pipeline(row)
+    }
+
+    /// The pipeline file as the run recorded it (when it started, or last adopted a change).
+    fn recorded_pipeline(&self, row: &RunRow) -> Result<Pipeline, Error> {
+        let path = Path::new(&row.pipeline_file);
+        let loaded = pipeline::load_str(
+            &row.pipeline_file,
+            pipeline::dir_of(path),
+            &row.pipeline_text,
+        );
+        checked(self.view, path, loaded)
+    }
+}
+
+/// The generation price now, else the one the run was planned (or discovered) with.
+fn priced_at(doc: &PlanDocument, row: &RunRow) -> GenerationPrice {
+    if doc.prices.generation.credits.is_some() {
+        return doc.prices.generation.clone();
+    }
+    serde_json::from_str::<PlanDocument>(&row.plan_json)
+        .ok()
+        .map(|d| d.prices.generation)
+        .filter(|g| g.credits.is_some())
+        .unwrap_or_else(|| doc.prices.generation.clone())
+}
+
+/// A short account of what changed: steps and items added, removed or changed, and what
+/// that costs.
+fn describe_changes(old: &Pipeline, new: &Pipeline, graph: &Graph, review: &Review) -> String {
+    let ids = |p: &Pipeline| -> BTreeSet<String> { p.steps.iter().map(|s| s.id.clone()).collect() };
+    let (before, after) = (ids(old), ids(new));
+    let mut parts = Vec::new();
+    let list = |set: Vec<&String>| {
+        set.iter()
+            .map(|s| format!("`{s}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let added: Vec<&String> = after.difference(&before).collect();
+    if !added.is_empty() {
+        parts.push(format!("step(s) {} added", list(added)));
+    }
+    let removed: Vec<&String> = before.difference(&after).collect();
+    if !removed.is_empty() {
+        parts.push(format!("step(s) {} removed", list(removed)));
+    }
+    let mut by_step: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in review.redo.iter().filter(|r| r.reason == Reason::Changed) {
+        let step = graph.step_id(r.task);
+        if before.contains(step) {
+            *by_step.entry(step).or_default() += 1;
+        }
+    }
+    for (step, n) in by_step {
+        parts.push(format!("step `{step}` asks something else of {n} task(s)"));
+    }
+    let items =
+        |p: &Pipeline| -> BTreeSet<String> { p.items.iter().map(|i| i.id.clone()).collect() };
+    let (was, is) = (items(old), items(new));
+    let (gained, lost) = (is.difference(&was).count(), was.difference(&is).count());
+    if gained + lost > 0 {
+        parts.push(format!("{gained} item(s) added, {lost} removed"));
+    }
+    if parts.is_empty() {
+        parts.push("the file's text differs, but no task changed".into());
+    }
+    format!(
+        "{}; {} task(s) would run again for {} credits, {} keep their results, {} recorded task(s) would be dropped",
+        parts.join("; "),
+        review.redo.len(),
+        review.credits(),
+        review.kept.len(),
+        review.removed.len()
+    )
+}

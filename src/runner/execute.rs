@@ -1,0 +1,213 @@
+//! Executing a recorded run and concluding it: the executor's configuration from the
+//! settings, the pipeline and the account; a discovered price when asked; then the run's
+//! status, manifest, summary and report, and the error its exit code needs.
+
+use std::sync::Arc;
+
+use crate::error::Error;
+use crate::exec::{self, Outcome, Stop, manifest};
+use crate::pipeline::Pipeline;
+use crate::plan::document::PlanDocument;
+use crate::plan::graph::Graph;
+use crate::runner::record::{self, OpenRun};
+use crate::runner::{Connection, DEFAULT_CONCURRENCY, Runner, admit, discover};
+use crate::store::{RunStatus, Store};
+
+/// A recorded run ready to execute.
+pub(super) struct Start {
+    pub run: OpenRun,
+    pub graph: Arc<Graph>,
+    pub doc: PlanDocument,
+    /// Run one generation first to learn its price.
+    pub discover: bool,
+}
+
+impl Runner<'_> {
+    pub(super) async fn execute(
+        &self,
+        conn: &Connection,
+        store: &Store,
+        pipeline: &Pipeline,
+        start: Start,
+    ) -> Result<(), Error> {
+        let Start {
+            run,
+            mut graph,
+            mut doc,
+            discover,
+        } = start;
+        let mut config = self.config(conn, pipeline, &doc, &run).await;
+        if discover {
+            let found =
+                discover::price(conn, store, &graph, &config, &doc.balance, &self.shutdown).await?;
+            let budget = doc.budget.as_ref().map(|b| b.max_credits);
+            doc = crate::plan::make(pipeline, found, doc.balance.clone(), budget);
+            graph = Arc::new(Graph::build(pipeline, &doc.costs)?);
+            record::reprice(store, &run.id, &graph).await?;
+            if !doc.verdict.fits {
+                self.view.plan(&doc)?;
+                store
+                    .set_run_status(
+                        &run.id,
+                        RunStatus::Stopped,
+                        Some("the discovered price does not fit"),
+                        None,
+                    )
+                    .await?;
+                return admit::refusal(&doc);
+            }
+            // The plan was judged against the balance before the discovering call; what may
+            // be spent now is bounded by the balance after it.
+            let budget_cap = admit::cap_of(&doc, admit::spent(store, &run.id).await?);
+            let fresh = conn
+                .balance_now()
+                .await
+                .map(|b| u64::try_from(b).unwrap_or(0));
+            config.cap = crate::plan::tighter(budget_cap, fresh);
+        }
+        let steps: Vec<(String, u64)> = doc
+            .costs
+            .steps
+            .iter()
+            .map(|s| (s.step.clone(), s.tasks))
+            .collect();
+        let progress = self.view.progress(
+            &steps,
+            &store.step_counts(&run.id).await?,
+            doc.costs.total_credits.unwrap_or(doc.costs.known_credits),
+        );
+        tracing::info!(
+            "run {} started: {} tasks, {} credits planned, output in {}",
+            run.id,
+            doc.costs.tasks,
+            doc.costs.known_credits,
+            config.run_dir.display()
+        );
+        let outcome = exec::run(
+            Arc::clone(&graph),
+            store.clone(),
+            conn.client.clone(),
+            conn.downloader.clone(),
+            config,
+            Arc::clone(&progress),
+            self.shutdown.clone(),
+        )
+        .await?;
+        progress.finish();
+        self.conclude(conn, store, &run, outcome).await
+    }
+
+    /// What the run may do: the settings first, then the pipeline, then the account's word.
+    async fn config(
+        &self,
+        conn: &Connection,
+        pipeline: &Pipeline,
+        doc: &PlanDocument,
+        run: &OpenRun,
+    ) -> exec::Config {
+        let mut config = self.exec_config(run);
+        let limits = conn.fields.limits.as_deref();
+        let account = conn.client.account().await.ok();
+        config.concurrency = match (self.settings.concurrency, pipeline.concurrency) {
+            (Some(n), _) => n,
+            (None, Some(n)) => n.get() as usize,
+            (None, None) => account
+                .as_ref()
+                .and_then(|a| a.max_concurrency(limits))
+                .map_or(DEFAULT_CONCURRENCY, |f| f.value.min(256) as usize),
+        };
+        config.rate = match (self.settings.rate, pipeline.rate_limit) {
+            (Some(rate), _) => Some(rate),
+            (None, Some(rate)) => Some(rate.per_second()),
+            (None, None) => account
+                .as_ref()
+                .and_then(|a| a.requests_per_second(limits))
+                .map(|f| f.value),
+        };
+        config.cap = admit::cap_of(doc, run.billed);
+        config
+    }
+
+    /// Records how the run ended, shows the summary, writes the report when asked, and
+    /// returns the error its exit code needs.
+    async fn conclude(
+        &self,
+        conn: &Connection,
+        store: &Store,
+        run: &OpenRun,
+        outcome: Outcome,
+    ) -> Result<(), Error> {
+        let resume = self.view.continue_command(&run.id);
+        if let Err(e) = manifest::write(store, &run.id, &run.dir).await {
+            tracing::error!("{e}");
+        }
+        let balance_after = conn.balance_now().await.or(outcome.last_balance);
+        let totals = store.totals(&run.id).await?;
+        let troubled = totals.failed > 0 || totals.download_failures > 0;
+        let status = if outcome.interrupted {
+            RunStatus::Interrupted
+        } else if outcome.stop.is_some() {
+            RunStatus::Stopped
+        } else if troubled || totals.pending > 0 || totals.blocked > 0 {
+            RunStatus::Failed
+        } else {
+            RunStatus::Succeeded
+        };
+        let stop_reason = outcome.stop.as_ref().map(Stop::describe);
+        store
+            .set_run_status(&run.id, status, stop_reason.as_deref(), balance_after)
+            .await?;
+        self.view
+            .summary(&crate::report::summary::summary_of(store, &run.id).await?)?;
+        if self.settings.report {
+            write_report(store, &run.id).await;
+        }
+        if outcome.interrupted {
+            return Err(Error::Interrupted {
+                detail: Some(format!(
+                    "everything done so far is recorded; continue with: {resume}"
+                )),
+            });
+        }
+        match outcome.stop {
+            Some(Stop::Fatal(cause)) => Err(Error::Stopped {
+                cause,
+                continue_with: resume,
+            }),
+            Some(stop) => Err(Error::Refused {
+                message: format!("the run stopped: {}", stop.describe()),
+                hint: Some(format!(
+                    "raise the budget or top up the account, then continue with: {resume}"
+                )),
+            }),
+            None if troubled || totals.blocked > 0 => Err(Error::TasksFailed {
+                message: format!(
+                    "{} task(s) failed, {} blocked by them, {} download(s) failed; see the summary above\nhint: `{resume} --dry-run` lists what resuming would pay for again; `{resume}` does it",
+                    totals.failed, totals.blocked, totals.download_failures
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Writes the report next to the manifest. The run's own exit code stands either way: a
+/// report that cannot be written is said on stderr, with the command that tries again.
+pub(super) async fn write_report(store: &Store, run_id: &str) {
+    let written = match store.run(run_id).await {
+        Ok(Some(row)) => crate::report::write(store, row, None).await,
+        Ok(None) => return,
+        Err(e) => Err(e.into()),
+    };
+    match written {
+        Ok(w) => tracing::info!(
+            "report written to {} ({} images, {} new thumbnails)",
+            w.path.display(),
+            w.images,
+            w.thumbnails_made
+        ),
+        Err(e) => tracing::error!(
+            "cannot write the report: {e}\nhint: `imgpipe report {run_id}` tries again"
+        ),
+    }
+}

@@ -1,0 +1,334 @@
+//! The lifecycle of a run, as explicit stages in the order they happen:
+//!
+//! 1. **load** the pipeline file (or the run's own copy of it);
+//! 2. **open** the state database and find whether the run id is recorded;
+//! 3. **plan** against the service: the balance and the generation price ([`service`]);
+//! 4. **lock** the pipeline in the state database ([`state`]);
+//! 5. **record** a fresh run ([`record`]), or **review** a recorded one for what resuming it
+//!    would pay for ([`continued`]);
+//! 6. **admit** what is to be paid for against the budget and the balance ([`admit`]);
+//! 7. **discover** the generation price by one call, when asked ([`discover`]);
+//! 8. **execute** the tasks and **conclude**: status, manifest, summary, report ([`execute`]).
+//!
+//! `run`, `resume` and `plan --reuse` all come through here; the command line only parses
+//! its arguments and renders what a [`View`] is given.
+
+pub mod admit;
+mod continued;
+mod discover;
+mod execute;
+pub mod record;
+pub mod service;
+pub mod state;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Error;
+use crate::exec::resume::Review;
+use crate::exec::{self, Observer, OnAmbiguous};
+use crate::pipeline::{self, Loaded, Pipeline, Report};
+use crate::plan::document::{PlanDocument, ReuseEstimate};
+use crate::plan::graph::Graph;
+use crate::report::summary::Summary;
+use crate::store::{RunRow, StepCounts};
+
+pub use service::{AccountFields, Connection, ServiceSettings};
+pub use state::StateLocation;
+
+/// When neither flag, pipeline nor account says how many calls may be in flight.
+pub const DEFAULT_CONCURRENCY: usize = 4;
+/// Downloads in flight: they cost nothing and take no API rate, but each holds a connection.
+pub const DEFAULT_DOWNLOADS: usize = 8;
+/// Retries of a call after server errors or connection failures.
+const MAX_RETRIES: u32 = 5;
+
+/// How to run, resolved and checked from the command line.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub state: StateLocation,
+    pub allow_changes: bool,
+    pub reuse: bool,
+    pub wait: bool,
+    /// Paid calls in flight; else the pipeline's, the account's, or [`DEFAULT_CONCURRENCY`].
+    pub concurrency: Option<usize>,
+    /// Paid calls per second; else the pipeline's, or the account's.
+    pub rate: Option<f64>,
+    pub max_credits: Option<u64>,
+    pub on_ambiguous: OnAmbiguous,
+    pub url_ttl: Duration,
+    pub url_margin: Duration,
+    pub download_concurrency: usize,
+    pub grace: Duration,
+    pub report: bool,
+    pub retry_base: Duration,
+}
+
+/// What `imgpipe run` was asked.
+#[derive(Clone, Debug, Default)]
+pub struct RunRequest {
+    /// The pipeline file; with only `saved_plan`, the file the plan names.
+    pub file: Option<PathBuf>,
+    pub saved_plan: Option<PathBuf>,
+    pub run_id: Option<String>,
+    pub out: Option<PathBuf>,
+    pub discover_price: bool,
+    pub dry_run: bool,
+}
+
+/// A recorded run reviewed for resuming: what `resume --dry-run` shows.
+pub struct Reviewed<'a> {
+    pub row: &'a RunRow,
+    pub graph: &'a Graph,
+    pub review: &'a Review,
+    /// The most that may be spent now.
+    pub cap: Option<u64>,
+}
+
+/// What the command line renders; the runner decides when.
+pub trait View: Send + Sync {
+    /// The problems of a pipeline file, each with its line.
+    fn diagnostics(&self, report: &Report);
+    /// The plan: a dry run, or a run refused before it started.
+    fn plan(&self, doc: &PlanDocument) -> Result<(), Error>;
+    /// What resuming a run would pay for (`--dry-run`).
+    fn review(&self, reviewed: &Reviewed<'_>) -> Result<(), Error>;
+    /// A dry run of a run that is finished: nothing to pay for.
+    fn finished(&self, run_id: &str) -> Result<(), Error>;
+    /// The run's summary when it ends, or when it was already finished.
+    fn summary(&self, summary: &Summary) -> Result<(), Error>;
+    /// Live progress of the execution: each step's name and task count, in pipeline order,
+    /// and what earlier attempts at the run already did.
+    fn progress(
+        &self,
+        steps: &[(String, u64)],
+        done: &[StepCounts],
+        planned: u64,
+    ) -> Arc<dyn Observer>;
+    /// The command that continues run `run_id`, as it can be pasted.
+    fn continue_command(&self, run_id: &str) -> String;
+}
+
+/// One command's run of the lifecycle.
+pub struct Runner<'a> {
+    pub settings: &'a Settings,
+    pub service: &'a ServiceSettings,
+    pub view: &'a dyn View,
+    /// Cancelled on SIGINT/SIGTERM.
+    pub shutdown: CancellationToken,
+}
+
+impl Runner<'_> {
+    /// `imgpipe run`: a fresh run, or the recorded run of that id continued.
+    pub async fn run(&self, request: &RunRequest) -> Result<(), Error> {
+        let saved = request
+            .saved_plan
+            .as_deref()
+            .map(admit::read_plan)
+            .transpose()?;
+        let file = match (&request.file, &saved) {
+            (Some(f), _) => f.clone(),
+            (None, Some(doc)) => PathBuf::from(&doc.pipeline.file),
+            (None, None) => return Err(Error::usage("name a pipeline file or --plan", None)),
+        };
+        let pipeline = checked(self.view, &file, pipeline::load(&file))?;
+        if let Some(id) = &request.run_id {
+            record::check_run_id(id)?;
+            let store = self.settings.state.open().await?;
+            if let Some(row) = store.run(id).await? {
+                let result = self
+                    .continued(&store, row, Some(pipeline), request.dry_run)
+                    .await;
+                return state::close(store, result).await;
+            }
+            state::close(store, Ok(())).await?;
+        }
+        let conn = Connection::open(self.service).await?;
+        let (balance, generation) = conn.ask(&pipeline).await?;
+        // A saved plan's budget holds unless the command line lowers it.
+        let saved_budget = saved
+            .as_ref()
+            .and_then(|d| d.budget.as_ref())
+            .map(|b| b.max_credits);
+        let max_credits = crate::plan::tighter(self.settings.max_credits, saved_budget);
+        let doc = crate::plan::make(&pipeline, generation, balance, max_credits);
+        if let Some(saved) = &saved {
+            admit::same_as_saved(saved, &doc)?;
+        }
+        let reuse = self.settings.reuse || pipeline.reuse;
+        if request.dry_run && !reuse {
+            self.view.plan(&doc)?;
+            return admit::refusal(&doc);
+        }
+        let store = self.settings.state.open().await?;
+        let fresh = Fresh {
+            request,
+            conn: &conn,
+            store: &store,
+            pipeline: &pipeline,
+            reuse,
+        };
+        let result = self.fresh(fresh, doc).await;
+        state::close(store, result).await
+    }
+
+    /// `imgpipe resume RUN_ID`.
+    pub async fn resume(&self, run_id: &str, dry_run: bool) -> Result<(), Error> {
+        let store = self.settings.state.open_existing().await?;
+        let result = match store.run(run_id).await {
+            Err(e) => Err(e.into()),
+            Ok(None) => Err(state::no_such_run(&store, run_id)),
+            Ok(Some(row)) => self.continued(&store, row, None, dry_run).await,
+        };
+        state::close(store, result).await
+    }
+}
+
+/// `plan --reuse`: what the earlier runs in the state database would save, without creating
+/// the database when there is none.
+pub async fn reuse_estimate(
+    state: &StateLocation,
+    pipeline: &Pipeline,
+    doc: &PlanDocument,
+) -> Result<ReuseEstimate, Error> {
+    if !state.exists() {
+        return Ok(ReuseEstimate {
+            tasks: 0,
+            credits_saved: 0,
+            credits_to_pay: doc.costs.total_credits,
+        });
+    }
+    let store = state.open().await?;
+    let graph = Graph::build(pipeline, &doc.costs)?;
+    // A run id no run has: every task looks new, and any earlier run may supply it.
+    let review = exec::resume::review(&store, "", &graph, None, OnAmbiguous::Retry, true).await;
+    let review = state::close(store, review.map_err(Error::from)).await?;
+    Ok(admit::estimate(doc, &review, &graph))
+}
+
+/// Shows the file's problems and gives the pipeline, or exit 2 when anything is wrong.
+pub fn checked(view: &dyn View, file: &Path, loaded: Loaded) -> Result<Pipeline, Error> {
+    view.diagnostics(&loaded.report);
+    verdict(file, &loaded.report)?;
+    loaded
+        .pipeline
+        .ok_or_else(|| Error::usage(format!("{} could not be read", file.display()), None))
+}
+
+/// Exit 2 naming the count of errors, when the file has any.
+pub fn verdict(file: &Path, report: &Report) -> Result<(), Error> {
+    match report.errors.len() {
+        0 => Ok(()),
+        n => Err(Error::usage(
+            format!(
+                "{} has {n} error{}; nothing was sent",
+                file.display(),
+                if n == 1 { "" } else { "s" }
+            ),
+            None,
+        )),
+    }
+}
+
+/// A fresh run's inputs, gathered by [`Runner::run`].
+struct Fresh<'a> {
+    request: &'a RunRequest,
+    conn: &'a Connection,
+    store: &'a crate::store::Store,
+    pipeline: &'a Pipeline,
+    reuse: bool,
+}
+
+impl Runner<'_> {
+    /// A new run: refused unless it fits (after what earlier runs' results save), then
+    /// recorded and executed.
+    async fn fresh(&self, f: Fresh<'_>, mut doc: PlanDocument) -> Result<(), Error> {
+        let run_id = f.request.run_id.clone().unwrap_or_else(record::new_run_id);
+        record::check_run_id(&run_id)?;
+        let graph = Arc::new(Graph::build(f.pipeline, &doc.costs)?);
+        let on_ambiguous = self.settings.on_ambiguous;
+        let review = if f.reuse {
+            Some(exec::resume::review(f.store, &run_id, &graph, None, on_ambiguous, true).await?)
+        } else {
+            None
+        };
+        if let Some(r) = &review {
+            doc.reuse = Some(admit::estimate(&doc, r, &graph));
+        }
+        if f.request.dry_run {
+            self.view.plan(&doc)?;
+            return admit::refusal_after_reuse(&doc);
+        }
+        let wait = self.settings.wait;
+        let held = state::lock(f.store, &f.pipeline.name, &run_id, wait, &self.shutdown).await?;
+        // Another process may have started this id while we waited for the lock: continue
+        // it (which takes the lock again itself).
+        if let Some(row) = f.store.run(&run_id).await? {
+            drop(held);
+            return self
+                .continued(f.store, row, Some(f.pipeline.clone()), false)
+                .await;
+        }
+        let _lock = held;
+        let discover = admit::needs_discovery(&doc, f.request.discover_price)?;
+        if !discover && let Err(refused) = admit::refusal_after_reuse(&doc) {
+            self.view.plan(&doc)?;
+            return Err(refused);
+        }
+        let out_dir = f
+            .request
+            .out
+            .clone()
+            .unwrap_or_else(|| f.pipeline.output_dir.clone());
+        let run = record::create(f.store, &run_id, f.pipeline, &doc, &graph, &out_dir).await?;
+        if let Some(review) = &review {
+            let applied = exec::resume::apply(
+                f.store,
+                &f.conn.client,
+                &run.id,
+                &run.dir,
+                &graph,
+                review,
+                |t| record::new_task(&graph, t),
+            )
+            .await?;
+            if applied.reused > 0 {
+                tracing::info!(
+                    "{} task(s) reused from earlier runs, saving {} credits",
+                    applied.reused,
+                    review.saved_by_reuse(&graph)
+                );
+            }
+        }
+        let start = execute::Start {
+            run,
+            graph,
+            doc,
+            discover,
+        };
+        self.execute(f.conn, f.store, f.pipeline, start).await
+    }
+
+    /// The exec configuration's fixed part, from the settings.
+    fn exec_config(&self, run: &record::OpenRun) -> exec::Config {
+        let s = self.settings;
+        exec::Config {
+            run_id: run.id.clone(),
+            run_dir: run.dir.clone(),
+            concurrency: s.concurrency.unwrap_or(DEFAULT_CONCURRENCY),
+            rate: s.rate,
+            download_concurrency: s.download_concurrency,
+            on_ambiguous: s.on_ambiguous,
+            url_ttl: s.url_ttl,
+            url_margin: s.url_margin,
+            retry_base: s.retry_base,
+            max_retries: MAX_RETRIES,
+            grace: s.grace,
+            cap: None,
+            only: None,
+        }
+    }
+}

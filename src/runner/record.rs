@@ -1,0 +1,132 @@
+//! Recording a run in the state database: a new run with every task, or a recorded one
+//! marked running again. Directories and files are recorded as absolute paths, so a resume
+//! from another working directory (cron) finds the same files.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::Error;
+use crate::pipeline::Pipeline;
+use crate::pipeline::items::check_id;
+use crate::plan::Balance;
+use crate::plan::document::PlanDocument;
+use crate::plan::graph::{Graph, Work};
+use crate::runner::admit;
+use crate::store::{NewRun, NewTask, RunRow, RunStatus, Store};
+
+/// The run to execute: newly recorded, or found to continue.
+pub struct OpenRun {
+    pub id: String,
+    pub dir: PathBuf,
+    /// Credits this run was billed, or may have been, before now.
+    pub billed: u64,
+}
+
+/// A run id names a directory: it must be a safe file name.
+pub fn check_run_id(id: &str) -> Result<(), Error> {
+    check_id(id).map_err(|e| {
+        Error::usage(
+            format!("--run-id {id:?} {e}"),
+            Some("a run id names a directory: letters, digits, `.`, `_` and `-`"),
+        )
+    })
+}
+
+/// `<UTC date>-<time>-<4 hex>`: sorts by start time, and two runs in one second still differ.
+pub fn new_run_id() -> String {
+    let stamp = crate::plan::document::rfc3339(std::time::SystemTime::now());
+    let digits: String = stamp.chars().filter(char::is_ascii_digit).collect();
+    let mut nonce = [0u8; 2];
+    let _ = getrandom::fill(&mut nonce);
+    format!("{}-{}-{}", &digits[..8], &digits[8..14], hex::encode(nonce))
+}
+
+/// Records a new run and its tasks, in one transaction.
+pub async fn create(
+    store: &Store,
+    id: &str,
+    pipeline: &Pipeline,
+    doc: &PlanDocument,
+    graph: &Graph,
+    out_dir: &Path,
+) -> Result<OpenRun, Error> {
+    check_run_id(id)?;
+    let out_dir = std::path::absolute(out_dir).map_err(|e| {
+        Error::usage(
+            format!(
+                "cannot resolve the output directory {}: {e}",
+                out_dir.display()
+            ),
+            None,
+        )
+    })?;
+    let file = std::path::absolute(&pipeline.file)
+        .map_or_else(|_| pipeline.file.clone(), |p| p.display().to_string());
+    let text = std::fs::read(&pipeline.file)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    let plan_json = serde_json::to_string(doc).unwrap_or_default();
+    let balance_before = match &doc.balance {
+        Balance::Known { credits, .. } => Some(*credits),
+        _ => None,
+    };
+    store
+        .create_run(
+            &NewRun {
+                id,
+                pipeline_name: &pipeline.name,
+                pipeline_file: &file,
+                pipeline_text: &text,
+                pipeline_sha256: &pipeline.text_sha256,
+                items_sha256: &doc.items.sha256,
+                plan_json: &plan_json,
+                output_dir: &out_dir.to_string_lossy(),
+                credits_planned: doc.costs.known_credits,
+                balance_before,
+            },
+            &new_tasks(graph),
+        )
+        .await?;
+    Ok(OpenRun {
+        dir: out_dir.join(id),
+        id: id.to_owned(),
+        billed: 0,
+    })
+}
+
+/// A recorded run, marked running again.
+pub async fn reopen(store: &Store, row: &RunRow) -> Result<OpenRun, Error> {
+    let billed = admit::spent(store, &row.id).await?;
+    store
+        .set_run_status(&row.id, RunStatus::Running, None, None)
+        .await?;
+    Ok(OpenRun {
+        dir: row.dir(),
+        id: row.id.clone(),
+        billed,
+    })
+}
+
+/// How task `t` of `graph` is recorded.
+pub fn new_task(graph: &Graph, t: usize) -> NewTask {
+    let task = &graph.tasks[t];
+    NewTask {
+        item: graph.item_dir(task.instance).to_owned(),
+        step: graph.step_id(t).to_owned(),
+        idx: task.idx,
+        operation: match &task.work {
+            Work::Generate { .. } => "generate",
+            Work::Tool { params, .. } => params.tool().as_str(),
+        },
+        inputs: graph.describe_inputs(t),
+        planned_credits: task.planned,
+    }
+}
+
+fn new_tasks(graph: &Graph) -> Vec<NewTask> {
+    (0..graph.tasks.len()).map(|t| new_task(graph, t)).collect()
+}
+
+/// Records the planned price of every task after the price was discovered.
+pub async fn reprice(store: &Store, run_id: &str, graph: &Graph) -> Result<(), Error> {
+    Ok(store.update_planned(run_id, &new_tasks(graph)).await?)
+}
