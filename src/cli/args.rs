@@ -70,6 +70,7 @@ impl ServiceArgs {
 
 /// The state database of a command.
 #[derive(Clone, Debug, Args)]
+#[command(next_help_heading = "State")]
 pub struct StateArgs {
     /// The state database [default: IMGPIPE_STATE, else $XDG_STATE_HOME/imgpipe/state.db, else
     /// ~/.local/state/imgpipe/state.db; sandbox.db beside it with --sandbox]
