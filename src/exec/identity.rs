@@ -89,11 +89,7 @@ mod tests {
     use super::*;
 
     fn graph(text: &str) -> Graph {
-        let loaded = crate::pipeline::load_str("p.yaml", std::path::Path::new("."), text);
-        let pipeline = loaded
-            .pipeline
-            .unwrap_or_else(|| panic!("{:?}", loaded.report));
-        Graph::at_price(&pipeline, 4)
+        Graph::of_text(text)
     }
 
     fn chain(prompt: &str, increase: u8) -> Graph {

@@ -192,15 +192,20 @@ impl Graph {
         Ok(graph)
     }
 
-    /// The graph with a 2K generated image at `credits`: for tests of what reads graphs.
+    /// The graph of a pipeline file's text, a 2K generated image at 4 credits: for tests of
+    /// what reads graphs.
     #[cfg(test)]
-    pub(crate) fn at_price(pipeline: &Pipeline, credits: u64) -> Graph {
+    pub(crate) fn of_text(text: &str) -> Graph {
+        let loaded = crate::pipeline::load_str("p.yaml", std::path::Path::new("."), text);
+        let pipeline = loaded
+            .pipeline
+            .unwrap_or_else(|| panic!("{:?}", loaded.report));
         let price = crate::plan::GenerationPrice {
-            credits: Some(credits),
+            credits: Some(4),
             source: crate::plan::PriceSource::Pipeline,
             notes: Vec::new(),
         };
-        Graph::build(pipeline, &Costs::of(pipeline, &price)).expect("checked pipelines unroll")
+        Graph::build(&pipeline, &Costs::of(&pipeline, &price)).expect("checked pipelines unroll")
     }
 
     fn link(&mut self) {
@@ -341,11 +346,7 @@ mod tests {
     use super::*;
 
     fn graph(text: &str) -> Graph {
-        let loaded = crate::pipeline::load_str("p.yaml", std::path::Path::new("."), text);
-        let pipeline = loaded
-            .pipeline
-            .unwrap_or_else(|| panic!("{:?}", loaded.report));
-        Graph::at_price(&pipeline, 4)
+        Graph::of_text(text)
     }
 
     #[test]
