@@ -19,6 +19,7 @@
 //! - [`cli`]: the command line: one file per subcommand that parses, calls the library and
 //!   renders.
 //! - [`error`]: the top-level error and the stable exit codes.
+//! - [`time`]: times as RFC 3339, the same in plans, locks, logs and reports.
 
 pub mod api;
 pub mod cli;
@@ -30,5 +31,6 @@ pub mod report;
 pub mod runner;
 pub mod sandbox;
 pub mod store;
+pub mod time;
 
 pub use error::{Error, exit};

@@ -7,8 +7,8 @@ use crate::cli::GlobalArgs;
 use crate::cli::args::StateArgs;
 use crate::cli::view::print_json;
 use crate::error::Error;
-use crate::plan::document::rfc3339_ms as time;
 use crate::runner::state::{NO_DATABASE_HINT, close};
+use crate::time::rfc3339_ms as time;
 
 #[derive(Debug, Args)]
 pub struct RunsArgs {

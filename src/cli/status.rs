@@ -6,10 +6,10 @@ use crate::cli::GlobalArgs;
 use crate::cli::args::StateArgs;
 use crate::cli::view::{print_json, render_summary};
 use crate::error::Error;
-use crate::plan::document::rfc3339_ms as time;
 use crate::report::summary::{Status, status_of};
 use crate::runner::state::{close, no_such_run};
 use crate::store::Store;
+use crate::time::rfc3339_ms as time;
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {

@@ -2,11 +2,11 @@
 
 use std::fmt::Write;
 
-use crate::plan::document::rfc3339_ms as time;
 use crate::report::chart::{self, Marks};
 use crate::report::html::{Page, esc, label, output_label};
 use crate::report::model::{Model, Shown, StepCost};
 use crate::store::{AmbiguousAttempt, ReportTask, TaskStatus};
+use crate::time::rfc3339_ms as time;
 
 impl Page<'_> {
     pub(super) fn costs(

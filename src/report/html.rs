@@ -4,12 +4,12 @@
 use std::fmt::Write;
 use std::path::Path;
 
-use crate::plan::document::rfc3339_ms as time;
 use crate::report::costs::Problems;
 use crate::report::lineage::Input;
 use crate::report::links::href;
 use crate::report::model::{Model, Shown, StepCost};
 use crate::store::{ReportTask, TaskStatus};
+use crate::time::rfc3339_ms as time;
 
 /// Marks a file as an imgpipe report: only such a file is ever overwritten by another.
 pub const MARKER: &str = "<!-- imgpipe run report -->";

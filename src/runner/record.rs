@@ -33,7 +33,7 @@ pub fn check_run_id(id: &str) -> Result<(), Error> {
 
 /// `<UTC date>-<time>-<4 hex>`: sorts by start time, and two runs in one second still differ.
 pub fn new_run_id() -> String {
-    let stamp = crate::plan::document::rfc3339(std::time::SystemTime::now());
+    let stamp = crate::time::rfc3339(std::time::SystemTime::now());
     let digits: String = stamp.chars().filter(char::is_ascii_digit).collect();
     let mut nonce = [0u8; 2];
     let _ = getrandom::fill(&mut nonce);

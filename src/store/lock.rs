@@ -100,7 +100,7 @@ pub fn acquire(db: &Path, pipeline: &str, run_id: &str, wait: bool) -> Result<Ru
     let holder = Holder {
         pid: std::process::id(),
         host: hostname(),
-        since: crate::plan::document::rfc3339(std::time::SystemTime::now()),
+        since: crate::time::rfc3339(std::time::SystemTime::now()),
         run_id: run_id.to_owned(),
     };
     let body = serde_json::to_vec(&holder).unwrap_or_default();
