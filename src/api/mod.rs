@@ -4,8 +4,10 @@
 pub mod client;
 pub mod download;
 pub mod error;
+pub mod fetch;
 pub mod key;
 pub mod records;
+pub mod retry;
 pub mod rules;
 pub mod types;
 
@@ -14,6 +16,7 @@ pub use download::{Downloaded, Downloader};
 pub use error::{ApiError, Billing, ErrorKind};
 pub use key::ApiKey;
 pub use records::{Account, JobRecord, Models};
+pub use retry::RetryPolicy;
 pub use types::{
     GenerationJob, GenerationRequest, Size, ToolJob, ToolName, ToolParams, ToolRequest,
 };

@@ -2,10 +2,11 @@
 
 use std::path::PathBuf;
 
+use crate::api::client::shown_id;
 use crate::api::types::{GenerationRequest, STATUS_SUCCEEDED, Size};
 use crate::cli::GlobalArgs;
 use crate::cli::connect::Connection;
-use crate::cli::output::{Billed, deliver, shown_id};
+use crate::cli::output::{Billed, deliver};
 use crate::error::Error;
 
 #[derive(Debug, clap::Args)]

@@ -2,13 +2,14 @@
 
 use std::path::PathBuf;
 
+use crate::api::client::shown_id;
 use crate::api::rules::InvalidField;
 use crate::api::types::{
     AspectRatio, Increase, STATUS_SUCCEEDED, ToolName, ToolParams, ToolRequest,
 };
 use crate::cli::GlobalArgs;
 use crate::cli::connect::Connection;
-use crate::cli::output::{Billed, deliver, shown_id};
+use crate::cli::output::{Billed, deliver};
 use crate::error::Error;
 
 #[derive(Debug, clap::Args)]
