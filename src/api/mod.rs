@@ -9,6 +9,7 @@ pub mod key;
 pub mod records;
 pub mod retry;
 pub mod rules;
+pub mod temp;
 pub mod types;
 
 pub use client::{Client, ClientConfig};
