@@ -2,7 +2,6 @@
 //! latest URL of every output, refreshed before it expires.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,6 +11,7 @@ use crate::api::fetch::DOWNLOAD_TRIES;
 use crate::api::{ApiError, Client, Downloader, RetryPolicy};
 use crate::exec::Config;
 use crate::exec::limiter::PaidLimiter;
+use crate::layout::RunDir;
 use crate::plan::graph::Graph;
 use crate::store::{Store, UrlIssued, now_ms};
 
@@ -37,7 +37,7 @@ pub struct Shared {
     /// The database id of every task, by graph index.
     pub row_ids: Vec<i64>,
     pub run_id: String,
-    pub run_dir: PathBuf,
+    pub run_dir: RunDir,
     pub limiter: PaidLimiter,
     pub downloads: Semaphore,
     pub url_ttl: Duration,
@@ -70,7 +70,7 @@ impl Shared {
             graph,
             row_ids,
             run_id: config.run_id.clone(),
-            run_dir: config.run_dir.clone(),
+            run_dir: RunDir::at(config.run_dir.clone()),
             limiter: PaidLimiter::new(config.rate),
             downloads: Semaphore::new(config.download_concurrency.max(1)),
             url_ttl: config.url_ttl,
