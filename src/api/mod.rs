@@ -1,5 +1,6 @@
 //! Everything about talking to the image service: the wire types and their rules, the HTTP
-//! client, the classification of failures by billing, the undocumented records, and downloads.
+//! client, the classification of failures by billing, the undocumented records, the one retry
+//! policy, and downloads (with their temporary files and the refresh of refused URLs).
 
 pub mod client;
 pub mod download;
