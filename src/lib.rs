@@ -25,6 +25,7 @@ pub mod api;
 pub mod cli;
 pub mod error;
 pub mod exec;
+pub mod layout;
 pub mod pipeline;
 pub mod plan;
 pub mod report;

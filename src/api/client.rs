@@ -12,9 +12,10 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use url::Url;
 
-use crate::api::error::{ApiError, ErrorKind, excerpt, parse_retry_after};
+use crate::api::error::{ApiError, ErrorKind, excerpt};
 use crate::api::key::ApiKey;
 use crate::api::records::{Account, JobRecord, Models};
+use crate::api::retry::parse_retry_after;
 use crate::api::rules::{self, InvalidField};
 use crate::api::types::{GenerationJob, GenerationRequest, ToolJob, ToolRequest};
 
@@ -274,6 +275,16 @@ pub fn is_job_id(id: &str) -> bool {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
         && !id.starts_with('-')
+}
+
+/// A job id as it may be shown: as is when it is plainly an id, quoted and escaped otherwise,
+/// so a hostile id cannot smuggle control sequences onto the terminal.
+pub fn shown_id(job_id: &str) -> String {
+    if is_job_id(job_id) {
+        job_id.to_owned()
+    } else {
+        format!("{job_id:?}")
+    }
 }
 
 /// The error and its causes on one line: reqwest's top-level message alone rarely says why.

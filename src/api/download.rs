@@ -10,10 +10,12 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
+use tempfile::NamedTempFile;
 use tokio::io::AsyncWriteExt;
 
 use crate::api::client::error_chain;
 use crate::api::error::excerpt;
+use crate::api::temp;
 
 /// Larger than any image the service documents, small enough to stop a runaway body.
 pub const DEFAULT_MAX_BYTES: u64 = 256 * 1024 * 1024;
@@ -138,7 +140,7 @@ impl Downloader {
                 path: dir.to_path_buf(),
                 source,
             })?;
-        let part = PartFile::create(dir, stem)?;
+        let part = part_file(dir, stem)?;
         let seen = self.stream_into(&part, response, expected).await?;
         let ext = image_extension(&seen.head).ok_or_else(|| DownloadError::NotImage {
             start: String::from_utf8_lossy(&seen.head).into_owned(),
@@ -150,7 +152,7 @@ impl Downloader {
             });
         }
         let sha256 = hex::encode(seen.hasher.finalize());
-        let path = part.persist(&dir.join(format!("{stem}.{ext}")), &sha256)?;
+        let path = persist(part, &dir.join(format!("{stem}.{ext}")), &sha256)?;
         Ok(Downloaded {
             path,
             bytes: seen.bytes,
@@ -162,15 +164,16 @@ impl Downloader {
     /// for the format checks; the file is fsynced before this returns.
     async fn stream_into(
         &self,
-        part: &PartFile,
+        part: &NamedTempFile,
         response: reqwest::Response,
         expected: Option<u64>,
     ) -> Result<Seen, DownloadError> {
         let io_err = |source| DownloadError::Io {
-            path: part.path.clone(),
+            path: part.path().to_path_buf(),
             source,
         };
-        let mut file = tokio::io::BufWriter::new(part.file().await?);
+        let handle = part.as_file().try_clone().map_err(io_err)?;
+        let mut file = tokio::io::BufWriter::new(tokio::fs::File::from_std(handle));
         let mut seen = Seen {
             hasher: Sha256::new(),
             bytes: 0,
@@ -279,76 +282,49 @@ pub fn copy_checked(from: &Path, dest: &Path, sha256: &str) -> Result<PathBuf, D
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let part = PartFile::create(dir, &stem)?;
+    let part = part_file(dir, &stem)?;
     let io_err = |source| DownloadError::Io {
         path: dest.to_path_buf(),
         source,
     };
-    std::fs::copy(from, &part.path).map_err(io_err)?;
-    std::fs::File::open(&part.path)
-        .and_then(|f| f.sync_all())
-        .map_err(io_err)?;
-    part.persist(dest, sha256)
+    std::fs::copy(from, part.path()).map_err(io_err)?;
+    part.as_file().sync_all().map_err(io_err)?;
+    persist(part, dest, sha256)
 }
 
-/// A temporary file next to the destination, removed unless it is persisted.
-struct PartFile {
-    path: PathBuf,
-    persisted: bool,
+/// A download's temporary file next to its destination (see [`temp::part_file`]); removed
+/// when dropped unless it is persisted.
+fn part_file(dir: &Path, stem: &str) -> Result<NamedTempFile, DownloadError> {
+    temp::part_file(dir, stem).map_err(|source| DownloadError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })
 }
 
-impl PartFile {
-    fn create(dir: &Path, stem: &str) -> Result<Self, DownloadError> {
-        let mut nonce = [0u8; 6];
-        getrandom::fill(&mut nonce).map_err(|e| DownloadError::Io {
-            path: dir.to_path_buf(),
-            source: io::Error::other(e.to_string()),
-        })?;
-        let path = dir.join(format!(".{stem}.{}.part", hex::encode(nonce)));
-        Ok(PartFile {
-            path,
-            persisted: false,
-        })
-    }
-
-    async fn file(&self) -> Result<tokio::fs::File, DownloadError> {
-        tokio::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&self.path)
-            .await
-            .map_err(|source| DownloadError::Io {
-                path: self.path.clone(),
-                source,
-            })
-    }
-
-    /// Moves the file to `dest` without ever replacing an existing file: a hard link fails
-    /// when `dest` exists, where a rename would silently overwrite it. An existing file with
-    /// the very same bytes is a download already done, not a conflict.
-    fn persist(mut self, dest: &Path, sha256: &str) -> Result<PathBuf, DownloadError> {
-        match std::fs::hard_link(&self.path, dest) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                if file_sha256(dest).is_ok_and(|existing| existing == sha256) {
-                    return Ok(dest.to_path_buf());
-                }
-                return Err(DownloadError::Exists {
-                    path: dest.to_path_buf(),
-                });
+/// Moves the temporary file to `dest` without ever replacing an existing file (`tempfile`
+/// links or renames with no-replace; a rename alone would silently overwrite). An existing
+/// file with the very same bytes is a download already done, not a conflict.
+fn persist(part: NamedTempFile, dest: &Path, sha256: &str) -> Result<PathBuf, DownloadError> {
+    match part.persist_noclobber(dest) {
+        Ok(_) => {}
+        Err(e) if e.error.kind() == io::ErrorKind::AlreadyExists => {
+            if file_sha256(dest).is_ok_and(|existing| existing == sha256) {
+                return Ok(dest.to_path_buf());
             }
-            // A file system without hard links: copy into a file that must not exist yet.
-            Err(_) => copy_new(&self.path, dest)?,
+            return Err(DownloadError::Exists {
+                path: dest.to_path_buf(),
+            });
         }
-        self.persisted = true;
-        let _ = std::fs::remove_file(&self.path);
-        if let Some(dir) = dest.parent() {
-            // Make the new directory entry durable too; a failure here loses nothing already
-            // written, so it is not an error.
-            let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
-        }
-        Ok(dest.to_path_buf())
+        // A file system without hard links or a no-replace rename: copy into a file that must
+        // not exist yet; the temporary file goes when `e` is dropped.
+        Err(e) => copy_new(e.file.path(), dest)?,
     }
+    if let Some(dir) = dest.parent() {
+        // Make the new directory entry durable too; a failure here loses nothing already
+        // written, so it is not an error.
+        let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+    }
+    Ok(dest.to_path_buf())
 }
 
 /// Copies `from` to `dest`, creating `dest` and failing if it exists; fsyncs the copy.
@@ -378,14 +354,6 @@ fn copy_new(from: &Path, dest: &Path) -> Result<(), DownloadError> {
         return Err(io_err(e));
     }
     Ok(())
-}
-
-impl Drop for PartFile {
-    fn drop(&mut self) {
-        if !self.persisted {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
 }
 
 #[cfg(test)]

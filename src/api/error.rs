@@ -192,28 +192,6 @@ pub fn excerpt(body: &str) -> String {
     out
 }
 
-/// The longest wait a `Retry-After` is believed for; anything longer is read as this.
-pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
-
-/// Reads `Retry-After` as seconds or as an HTTP date. A server's header must never crash the
-/// client: absurd values are capped, malformed ones ignored.
-pub fn parse_retry_after(value: &str) -> Option<Duration> {
-    let value = value.trim();
-    if let Ok(secs) = value.parse::<f64>() {
-        if secs.is_nan() || secs < 0.0 {
-            return None;
-        }
-        return Some(
-            Duration::try_from_secs_f64(secs).map_or(MAX_RETRY_AFTER, |d| d.min(MAX_RETRY_AFTER)),
-        );
-    }
-    let at = httpdate::parse_http_date(value).ok()?;
-    let wait = at
-        .duration_since(std::time::SystemTime::now())
-        .unwrap_or(Duration::ZERO);
-    Some(wait.min(MAX_RETRY_AFTER))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,19 +228,6 @@ mod tests {
         assert!(read.is_transient());
         assert!(!read.to_string().contains("billed"));
         assert_eq!(read.billing(), Billing::Ambiguous);
-    }
-
-    #[test]
-    fn retry_after_reads_seconds_and_dates() {
-        assert_eq!(parse_retry_after("2"), Some(Duration::from_secs(2)));
-        assert_eq!(parse_retry_after("0.5"), Some(Duration::from_millis(500)));
-        assert_eq!(parse_retry_after("-1"), None);
-        let past = "Wed, 21 Oct 2015 07:28:00 GMT";
-        assert_eq!(parse_retry_after(past), Some(Duration::ZERO));
-        assert_eq!(parse_retry_after("soon"), None);
-        assert_eq!(parse_retry_after("NaN"), None);
-        assert_eq!(parse_retry_after("1e30"), Some(MAX_RETRY_AFTER));
-        assert_eq!(parse_retry_after("inf"), Some(MAX_RETRY_AFTER));
     }
 
     #[test]

@@ -1,12 +1,16 @@
 //! Everything about talking to the image service: the wire types and their rules, the HTTP
-//! client, the classification of failures by billing, the undocumented records, and downloads.
+//! client, the classification of failures by billing, the undocumented records, the one retry
+//! policy, and downloads (with their temporary files and the refresh of refused URLs).
 
 pub mod client;
 pub mod download;
 pub mod error;
+pub mod fetch;
 pub mod key;
 pub mod records;
+pub mod retry;
 pub mod rules;
+pub mod temp;
 pub mod types;
 
 pub use client::{Client, ClientConfig};
@@ -14,6 +18,7 @@ pub use download::{Downloaded, Downloader};
 pub use error::{ApiError, Billing, ErrorKind};
 pub use key::ApiKey;
 pub use records::{Account, JobRecord, Models};
+pub use retry::RetryPolicy;
 pub use types::{
     GenerationJob, GenerationRequest, Size, ToolJob, ToolName, ToolParams, ToolRequest,
 };

@@ -2,9 +2,10 @@
 
 use std::path::PathBuf;
 
+use crate::api::client::shown_id;
 use crate::api::types::{GenerationRequest, STATUS_SUCCEEDED, Size};
 use crate::cli::GlobalArgs;
-use crate::cli::output::{Billed, deliver, shown_id};
+use crate::cli::output::{Billed, deliver};
 use crate::error::Error;
 use crate::runner::Connection;
 

@@ -62,8 +62,10 @@ pub async fn run(args: &StatusArgs, global: &GlobalArgs) -> Result<(), Error> {
     }
     if status.superseded_files > 0 {
         println!(
-            "  {} earlier file(s) kept under {}/_superseded",
-            status.superseded_files, status.summary.output_dir
+            "  {} earlier file(s) kept under {}/{}",
+            status.superseded_files,
+            status.summary.output_dir,
+            crate::layout::SUPERSEDED
         );
     }
     Ok(())

@@ -2,12 +2,13 @@
 
 use std::path::PathBuf;
 
+use crate::api::client::shown_id;
 use crate::api::rules::InvalidField;
 use crate::api::types::{
     AspectRatio, Increase, STATUS_SUCCEEDED, ToolName, ToolParams, ToolRequest,
 };
 use crate::cli::GlobalArgs;
-use crate::cli::output::{Billed, deliver, shown_id};
+use crate::cli::output::{Billed, deliver};
 use crate::error::Error;
 use crate::runner::Connection;
 

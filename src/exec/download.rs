@@ -4,10 +4,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::api::fetch::{FetchError, Retrying, fetch_with_refresh};
 use crate::exec::shared::Shared;
-
-/// Tries of one download before it is reported failed.
-const TRIES: u32 = 4;
 
 pub struct Fetched {
     pub task: usize,
@@ -37,41 +35,51 @@ async fn fetch(shared: &Shared, task: usize, k: u32) -> Result<PathBuf, String> 
     let graph = &shared.graph;
     let dir = shared
         .run_dir
-        .join(graph.item_dir(graph.tasks[task].instance));
+        .item(graph.item_dir(graph.tasks[task].instance));
     let stem = graph.file_stem(task, k);
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        // A URL recorded long ago (a resumed run) is refreshed before it is tried.
-        let out = shared.fresh_url(task, k, false).await?;
-        match shared.downloader.fetch(&out.url, &dir, &stem).await {
-            Ok(done) => {
-                shared
-                    .store
-                    .record_download(
-                        out.output_id,
-                        &done.path.to_string_lossy(),
-                        &done.sha256,
-                        done.bytes,
-                    )
-                    .await
-                    .map_err(|e| e.to_string())?;
-                return Ok(done.path);
+    // A URL recorded long ago (a resumed run) is refreshed before it is tried.
+    let out = shared.fresh_url(task, k, false).await?;
+    let job_id = out.job_id.as_str();
+    let fetched = fetch_with_refresh(
+        &shared.downloader,
+        shared.download_retry,
+        out.url.clone(),
+        (&dir, &stem),
+        || async {
+            shared.refresh(task, job_id).await?;
+            shared
+                .url(task, k)
+                .map(|fresh| fresh.url)
+                .ok_or_else(|| format!("no recorded output {k} of task {task}"))
+        },
+        |retrying| match retrying {
+            Retrying::Refused(e) => {
+                tracing::debug!(job = %job_id, "download refused ({e}); fetching a fresh URL");
             }
-            Err(e) if tries < TRIES && e.needs_fresh_url() => {
-                tracing::debug!(job = %out.job_id, "download refused ({e}); fetching a fresh URL");
-                shared.refresh(task, &out.job_id).await?;
+            Retrying::Transient { error, .. } => {
+                tracing::debug!(job = %job_id, "download failed ({error}); trying again");
             }
-            Err(e) if tries < TRIES && e.is_transient() => {
-                tracing::debug!(job = %out.job_id, "download failed ({e}); trying again");
-                tokio::time::sleep(shared.backoff(tries)).await;
-            }
-            Err(e) => {
-                return Err(format!(
-                    "{e}; the job is paid for: `imgpipe job {} --out DIR` fetches it again",
-                    out.job_id
-                ));
-            }
+        },
+    )
+    .await;
+    let done = match fetched {
+        Ok(done) => done,
+        Err(FetchError::Refresh { source, .. }) => return Err(source),
+        Err(FetchError::Download(e)) => {
+            return Err(format!(
+                "{e}; the job is paid for: `imgpipe job {job_id} --out DIR` fetches it again"
+            ));
         }
-    }
+    };
+    shared
+        .store
+        .record_download(
+            out.output_id,
+            &done.path.to_string_lossy(),
+            &done.sha256,
+            done.bytes,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(done.path)
 }

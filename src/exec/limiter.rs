@@ -12,6 +12,8 @@ use std::time::Duration;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use tokio::time::Instant;
 
+use crate::api::retry::honoured;
+
 /// Each 429 divides the rate by this, down to [`MIN_FACTOR`] of the configured rate.
 const BACKOFF_DIVISOR: f64 = 2.0;
 const MIN_FACTOR: f64 = 1.0 / 32.0;
@@ -99,11 +101,13 @@ impl PaidLimiter {
         }
     }
 
-    /// The service answered 429: pause everyone and slow down.
+    /// The service answered 429: pause everyone for its `Retry-After` (as far as the retry
+    /// policy honours one) and slow down.
     pub fn throttled(&self, retry_after: Option<Duration>) {
+        let pause = honoured(retry_after).unwrap_or(DEFAULT_PAUSE);
         let mut inner = self.lock();
         let now = Instant::now();
-        let until = now + retry_after.unwrap_or(DEFAULT_PAUSE);
+        let until = now + pause;
         inner.paused_until = Some(inner.paused_until.map_or(until, |u| u.max(until)));
         if inner
             .last_signal
@@ -122,7 +126,7 @@ impl PaidLimiter {
         inner.rebuild();
         tracing::info!(
             "rate limited by the service; pausing {:.1}s and slowing to {:.2} calls/s",
-            retry_after.unwrap_or(DEFAULT_PAUSE).as_secs_f64(),
+            pause.as_secs_f64(),
             inner.rate().unwrap_or(0.0)
         );
     }

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::api::temp;
+use crate::layout::RunDir;
 use crate::store::{OutputRow, Store, StoreError};
-
-pub const FILE: &str = "manifest.jsonl";
 
 #[derive(Serialize)]
 struct Line<'a> {
@@ -28,10 +28,10 @@ struct Line<'a> {
 /// Writes the manifest of `run_id` into `run_dir` through a temporary file and a rename,
 /// streaming rows from the database to the file.
 pub async fn write(store: &Store, run_id: &str, run_dir: &Path) -> Result<PathBuf, String> {
-    let path = run_dir.join(FILE);
+    let path = RunDir::at(run_dir).manifest();
     let fail = |e: &dyn std::fmt::Display| format!("cannot write {}: {e}", path.display());
     std::fs::create_dir_all(run_dir).map_err(|e| fail(&e))?;
-    let tmp = readable_temp(run_dir).map_err(|e| fail(&e))?;
+    let tmp = temp::readable(run_dir).map_err(|e| fail(&e))?;
     let mut out = std::io::BufWriter::new(tmp);
     store
         .each_output(run_id, false, |o| {
@@ -68,16 +68,4 @@ fn line<'a>(o: &'a OutputRow, run_dir: &Path) -> Line<'a> {
         path,
         credits: o.task_credits,
     }
-}
-
-/// A temporary file in `dir` that becomes readable by others (as the umask allows) once
-/// persisted: a manifest or a report is meant to be read, served or mailed.
-pub fn readable_temp(dir: &Path) -> std::io::Result<tempfile::NamedTempFile> {
-    let mut builder = tempfile::Builder::new();
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        builder.permissions(std::fs::Permissions::from_mode(0o644));
-    }
-    builder.tempfile_in(dir)
 }

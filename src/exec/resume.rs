@@ -12,15 +12,12 @@ use crate::api::download::{copy_checked, file_sha256};
 use crate::api::types::STATUS_SUCCEEDED;
 use crate::exec::OnAmbiguous;
 use crate::exec::identity::{from_record, identity};
+use crate::layout::RunDir;
 use crate::plan::graph::Graph;
 use crate::store::{
     AttemptOutcome, NewTask, OutputRow, Reusable, SetAside, Settled, Store, StoreError, TaskRow,
     TaskStatus,
 };
-
-/// Where outputs that a task no longer has are moved to, under the run's directory. Item ids
-/// start with a letter or digit, so this is never an item's directory.
-pub const SUPERSEDED_DIR: &str = "_superseded";
 
 /// Why a task will be paid for (again).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -309,7 +306,7 @@ pub struct Applied {
 }
 
 /// Makes the record and the output directory agree with `review`: lost answers read back by
-/// job id, outputs of tasks to redo (and modified files) moved under [`SUPERSEDED_DIR`],
+/// job id, outputs of tasks to redo (and modified files) moved under [`crate::layout::SUPERSEDED`],
 /// changed tasks reset, reused results copied in. Nothing here is a paid call.
 pub async fn apply(
     store: &Store,
@@ -322,7 +319,7 @@ pub async fn apply(
 ) -> Result<Applied, StoreError> {
     let mut applied = Applied::default();
     store.settle_orphaned_attempts(run_id).await?;
-    remove_part_files(run_dir);
+    RunDir::at(run_dir).remove_leftovers();
     let mut rows: HashMap<(String, String, u32), i64> = store
         .tasks(run_id)
         .await?
@@ -522,7 +519,7 @@ async fn refetch(
 /// returns its new path, or `None` when there was no file to move.
 fn move_aside(run_dir: &Path, o: &OutputRow, tag: Option<&str>) -> Option<String> {
     let from = PathBuf::from(o.path.as_ref()?);
-    let dir = run_dir.join(SUPERSEDED_DIR).join(&o.item);
+    let dir = RunDir::at(run_dir).superseded(&o.item);
     let stem = from.file_stem()?.to_string_lossy().into_owned();
     let ext = from
         .extension()
@@ -544,7 +541,7 @@ fn move_aside(run_dir: &Path, o: &OutputRow, tag: Option<&str>) -> Option<String
 /// Copies a reused task's files into this run; `None` for each one to fetch from its job
 /// instead (gone, or changed since).
 fn copy_reused(run_dir: &Path, graph: &Graph, t: usize, found: &Reusable) -> Vec<Option<String>> {
-    let dir = run_dir.join(graph.item_dir(graph.tasks[t].instance));
+    let dir = RunDir::at(run_dir).item(graph.item_dir(graph.tasks[t].instance));
     found
         .outputs
         .iter()
@@ -564,32 +561,4 @@ fn copy_reused(run_dir: &Path, graph: &Graph, t: usize, found: &Reusable) -> Vec
             Some(done.to_string_lossy().into_owned())
         })
         .collect()
-}
-
-/// Removes the temporary files a killed process left behind: downloads
-/// (`<item>/.<stem>.<hex>.part`) and the manifest's (`.tmp<random>`).
-fn remove_part_files(run_dir: &Path) {
-    let Ok(items) = std::fs::read_dir(run_dir) else {
-        return;
-    };
-    for entry in items.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with(".tmp") && entry.path().is_file() {
-            let _ = std::fs::remove_file(entry.path());
-        }
-    }
-    let Ok(items) = std::fs::read_dir(run_dir) else {
-        return;
-    };
-    for dir in items.flatten().filter(|d| d.path().is_dir()) {
-        let Ok(files) = std::fs::read_dir(dir.path()) else {
-            continue;
-        };
-        for f in files.flatten() {
-            let name = f.file_name().to_string_lossy().into_owned();
-            if name.starts_with('.') && name.ends_with(".part") {
-                let _ = std::fs::remove_file(f.path());
-            }
-        }
-    }
 }

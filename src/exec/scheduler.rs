@@ -22,9 +22,6 @@ use crate::exec::{Config, Fatal, Observer, OnAmbiguous, Outcome, Stop};
 use crate::plan::graph::{Graph, Instance, Source};
 use crate::store::{Store, StoreError, TaskStatus};
 
-/// The longest a server's `Retry-After` holds back a retry of one call.
-const MAX_RETRY_WAIT: Duration = Duration::from_secs(300);
-
 /// 429s one task may meet before it fails: the limiter slows down long before this.
 const MAX_THROTTLED: u32 = 30;
 
@@ -564,11 +561,11 @@ impl Scheduler {
             "--on-ambiguous fail"
         } else if !fits {
             "another try would not fit the budget"
-        } else if self.tries[t].ambiguous > self.config.max_retries {
+        } else if !self.shared.paid_retry.allows(self.tries[t].ambiguous) {
             "too many tries"
         } else {
             tracing::warn!("{}: {reason}; trying again", self.name(t));
-            let delay = self.shared.backoff(self.tries[t].ambiguous);
+            let delay = self.shared.paid_retry.backoff(self.tries[t].ambiguous);
             return self.requeue(t, delay, false);
         };
         self.fail(t, &format!("{reason} (not tried again: {why})"), fits)
@@ -578,15 +575,13 @@ impl Scheduler {
     async fn retry_or_fail(&mut self, t: usize, after: Option<Duration>, reason: &str) {
         self.tries[t].retries += 1;
         let n = self.tries[t].retries;
-        if n > self.config.max_retries {
+        if !self.shared.paid_retry.allows(n) {
             return self
                 .fail(t, &format!("{reason} (after {} tries)", n), true)
                 .await;
         }
         tracing::debug!("{}: {reason}; retry {n}", self.name(t));
-        let delay = after
-            .map(|d| d.min(MAX_RETRY_WAIT))
-            .unwrap_or_else(|| self.shared.backoff(n));
+        let delay = self.shared.paid_retry.delay(n, after);
         self.requeue(t, delay, false);
     }
 

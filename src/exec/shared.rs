@@ -2,15 +2,16 @@
 //! latest URL of every output, refreshed before it expires.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
-use crate::api::{ApiError, Client, Downloader};
+use crate::api::fetch::DOWNLOAD_TRIES;
+use crate::api::{ApiError, Client, Downloader, RetryPolicy};
 use crate::exec::Config;
 use crate::exec::limiter::PaidLimiter;
+use crate::layout::RunDir;
 use crate::plan::graph::Graph;
 use crate::store::{Store, UrlIssued, now_ms};
 
@@ -36,12 +37,16 @@ pub struct Shared {
     /// The database id of every task, by graph index.
     pub row_ids: Vec<i64>,
     pub run_id: String,
-    pub run_dir: PathBuf,
+    pub run_dir: RunDir,
     pub limiter: PaidLimiter,
     pub downloads: Semaphore,
     pub url_ttl: Duration,
     pub url_margin: Duration,
-    pub retry_base: Duration,
+    /// Paid calls: `max_retries` retries after the first try.
+    pub paid_retry: RetryPolicy,
+    /// Downloads of outputs, refreshes of their URLs aside.
+    pub download_retry: RetryPolicy,
+    free_retry: RetryPolicy,
     /// Set when dispatch stops (interruption, budget, balance): calls still waiting for their
     /// retry delay or the limiter then give up without being sent.
     stop: tokio::sync::watch::Sender<bool>,
@@ -65,12 +70,14 @@ impl Shared {
             graph,
             row_ids,
             run_id: config.run_id.clone(),
-            run_dir: config.run_dir.clone(),
+            run_dir: RunDir::at(config.run_dir.clone()),
             limiter: PaidLimiter::new(config.rate),
             downloads: Semaphore::new(config.download_concurrency.max(1)),
             url_ttl: config.url_ttl,
             url_margin: config.url_margin,
-            retry_base: config.retry_base,
+            paid_retry: RetryPolicy::new(config.max_retries.saturating_add(1), config.retry_base),
+            download_retry: RetryPolicy::new(DOWNLOAD_TRIES, config.retry_base),
+            free_retry: RetryPolicy::new(FREE_TRIES, config.retry_base),
             stop: tokio::sync::watch::Sender::new(false),
             free: Semaphore::new(FREE_CONCURRENCY),
             urls: Mutex::new(HashMap::new()),
@@ -163,24 +170,11 @@ impl Shared {
             tries += 1;
             match call().await {
                 Ok(v) => return Ok(v),
-                Err(e) if e.is_transient() && tries < FREE_TRIES => {
-                    let wait = e.retry_after().unwrap_or_else(|| self.backoff(tries));
-                    tokio::time::sleep(wait).await;
+                Err(e) if e.is_transient() && self.free_retry.allows(tries) => {
+                    tokio::time::sleep(self.free_retry.delay(tries, e.retry_after())).await;
                 }
                 Err(e) => return Err(e),
             }
         }
-    }
-
-    /// Exponential backoff with full jitter: `retry_base × 2^(try-1)`, scaled by a random
-    /// factor in 0.5..1.0 so retries of many calls spread out.
-    pub fn backoff(&self, tries: u32) -> Duration {
-        let exp = self
-            .retry_base
-            .saturating_mul(1 << tries.saturating_sub(1).min(10));
-        let mut byte = [0u8; 1];
-        let _ = getrandom::fill(&mut byte);
-        exp.mul_f64(0.5 + f64::from(byte[0]) / 510.0)
-            .min(Duration::from_secs(60))
     }
 }

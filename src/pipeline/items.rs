@@ -10,6 +10,7 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
+use crate::layout;
 use crate::pipeline::diag::{Diagnostic, Report};
 use crate::pipeline::yaml::Mark;
 
@@ -220,9 +221,6 @@ pub fn is_device_name(name: &str) -> bool {
             && stem.as_bytes()[3].is_ascii_digit())
 }
 
-/// Files of a run's own beside its item directories, which no id may take.
-const RUN_FILES: [&str; 2] = ["manifest.jsonl", "report.html"];
-
 /// Whether `id` is safe as a directory name everywhere imgpipe may run.
 pub fn check_id(id: &str) -> Result<(), String> {
     if id.is_empty() {
@@ -249,7 +247,7 @@ pub fn check_id(id: &str) -> Result<(), String> {
     if is_device_name(id) {
         return Err("is a reserved device name on Windows".into());
     }
-    if RUN_FILES.iter().any(|f| f.eq_ignore_ascii_case(id)) {
+    if layout::RUN_FILES.iter().any(|f| f.eq_ignore_ascii_case(id)) {
         return Err("is the name of a file imgpipe writes in each run's directory".into());
     }
     Ok(())

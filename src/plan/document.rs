@@ -9,6 +9,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::api::temp;
 use crate::pipeline::Pipeline;
 use crate::plan::{Balance, Budget, Costs, GenerationPrice, Verdict, tool_prices};
 use crate::time::rfc3339;
@@ -152,7 +153,7 @@ impl PlanDocument {
         let mut body = serde_json::to_vec_pretty(self).map_err(|e| e.to_string())?;
         body.push(b'\n');
         let write = || -> std::io::Result<()> {
-            let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+            let mut tmp = temp::readable(dir)?;
             tmp.write_all(&body)?;
             tmp.as_file().sync_all()?;
             tmp.persist(path).map_err(|e| e.error)?;

@@ -3,13 +3,10 @@
 //! place a task's price is computed), so the executor runs exactly what was planned.
 
 use crate::api::types::{Size, ToolParams};
+use crate::layout;
 use crate::pipeline::template::Template;
 use crate::pipeline::{Input, Operation, Pipeline, Reference, StepRef, ToolOp};
 use crate::plan::Costs;
-
-/// The directory of a `once` step's outputs. Item ids start with a letter or digit, so this
-/// can never be an item's.
-pub const BATCH_DIR: &str = "_batch";
 
 /// Whose chain a task belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -78,7 +75,7 @@ impl Task {
 
 pub struct Graph {
     pub tasks: Vec<Task>,
-    /// Directory names of the instances: item ids, and [`BATCH_DIR`].
+    /// Directory names of the instances: item ids, and [`layout::BATCH`].
     item_ids: Vec<String>,
     /// Step ids, by [`StepRef`].
     pub step_ids: Vec<String>,
@@ -229,7 +226,7 @@ impl Graph {
 
     pub fn item_dir(&self, instance: Instance) -> &str {
         match instance {
-            Instance::Batch => BATCH_DIR,
+            Instance::Batch => layout::BATCH,
             Instance::Item(i) => &self.item_ids[i],
         }
     }
@@ -315,7 +312,7 @@ fn render(pipeline: &Pipeline, instance: Instance, t: &Template) -> Result<Strin
         .map_err(|field| GraphError {
             template: t.to_string(),
             field: field.to_string(),
-            item: item.map_or_else(|| BATCH_DIR.to_owned(), |i| i.id.clone()),
+            item: item.map_or_else(|| layout::BATCH.to_owned(), |i| i.id.clone()),
         })
 }
 
@@ -381,7 +378,7 @@ steps:
         let stems: Vec<String> = ups.iter().map(|t| g.file_stem(*t, 0)).collect();
         assert_eq!(stems, ["big-0", "big-1"]);
         assert_eq!(g.item_dir(g.tasks[ups[0]].instance), "b");
-        assert_eq!(g.item_dir(Instance::Batch), BATCH_DIR);
+        assert_eq!(g.item_dir(Instance::Batch), layout::BATCH);
         assert_eq!(g.file_stem(0, 0), "style");
         assert_eq!(g.descendants(0).len(), 6);
         assert_eq!(g.describe_inputs(ups[1]), r#"["b/shot[1]"]"#);

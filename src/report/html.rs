@@ -4,6 +4,7 @@
 use std::fmt::Write;
 use std::path::Path;
 
+use crate::layout;
 use crate::report::costs::Problems;
 use crate::report::lineage::Input;
 use crate::report::links::href;
@@ -209,7 +210,7 @@ impl Page<'_> {
             let tasks = &chain.tasks;
             let count = |s: TaskStatus| tasks.iter().filter(|&&t| m.tasks[t].status == s).count();
             let billed: u64 = tasks.iter().map(|&t| m.tasks[t].credits_billed).sum();
-            let title = if chain.id == crate::plan::graph::BATCH_DIR {
+            let title = if chain.id == layout::BATCH {
                 "Batch steps (run once for all items)".to_owned()
             } else {
                 esc(&chain.id)

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use crate::layout;
 use crate::store::ReportTask;
 
 /// What one input of a task is.
@@ -82,7 +83,7 @@ impl Lineage {
             chain.tasks = members.remove(chain.id.as_str()).unwrap_or_default();
         }
         // The batch's chain first: items read it.
-        chains.sort_by_key(|c| c.id != crate::plan::graph::BATCH_DIR);
+        chains.sort_by_key(|c| c.id != layout::BATCH);
         Lineage {
             steps: step_order(tasks, &inputs),
             chains,

@@ -13,15 +13,12 @@ pub mod thumbs;
 
 use std::path::{Path, PathBuf};
 
+use crate::api::temp;
 use crate::error::Error;
+use crate::layout::RunDir;
 use crate::store::{RunRow, Store};
 
 pub use html::MARKER;
-
-/// The report's file name in the run directory.
-pub const FILE: &str = "report.html";
-/// Where thumbnails go, in the run directory. Item ids never start with `_`.
-pub const THUMBS_DIR: &str = "_thumbs";
 
 /// What a written report holds.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -38,19 +35,19 @@ pub struct Written {
 /// making the thumbnails it lacks. A file at `out` that is not an imgpipe report is never
 /// replaced.
 pub async fn write(store: &Store, run: RunRow, out: Option<&Path>) -> Result<Written, Error> {
-    let run_dir = run.dir();
-    let out = out.map_or_else(|| run_dir.join(FILE), Path::to_owned);
+    let run_dir = RunDir::at(run.dir());
+    let out = out.map_or_else(|| run_dir.report(), Path::to_owned);
     let out = links::normal(&out);
     refuse_foreign(&out)?;
     let dir = out.parent().unwrap_or(Path::new("/")).to_owned();
     std::fs::create_dir_all(&dir)
         .map_err(|e| Error::Other(anyhow::anyhow!("cannot create {}: {e}", dir.display())))?;
-    let model = model::Model::load(store, run, &run_dir.join(THUMBS_DIR)).await?;
+    let model = model::Model::load(store, run, &run_dir.thumbs()).await?;
     let page = html::render(&model, &dir);
     let fail = |e: &dyn std::fmt::Display| {
         Error::Other(anyhow::anyhow!("cannot write {}: {e}", out.display()))
     };
-    let tmp = crate::exec::manifest::readable_temp(&dir).map_err(|e| fail(&e))?;
+    let tmp = temp::readable(&dir).map_err(|e| fail(&e))?;
     std::fs::write(tmp.path(), &page).map_err(|e| fail(&e))?;
     tmp.persist(&out).map_err(|e| fail(&e.error))?;
     Ok(Written {

@@ -70,7 +70,10 @@ pub async fn summary_of(store: &Store, run_id: &str) -> Result<Summary, Error> {
         run_id: run_id.to_owned(),
         pipeline: run.pipeline_name,
         status: run.status.as_str(),
-        manifest: dir.join(crate::exec::manifest::FILE).display().to_string(),
+        manifest: crate::layout::RunDir::at(&dir)
+            .manifest()
+            .display()
+            .to_string(),
         output_dir: dir.display().to_string(),
         totals,
         balance_before: run.balance_before,

@@ -10,6 +10,8 @@ use image::codecs::png::{CompressionType, FilterType, PngEncoder};
 use image::{DynamicImage, ImageDecoder, ImageReader};
 use sha2::{Digest, Sha256};
 
+use crate::api::temp;
+
 /// The longest side of a thumbnail, in pixels: sharp at the page's 160 px on a 1.6x screen.
 pub const EDGE: u32 = 256;
 
@@ -163,7 +165,7 @@ fn make(dir: &Path, sha: &str, bytes: &[u8]) -> Result<Preview, String> {
     };
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let path = thumb_path(dir, sha);
-    let tmp = crate::exec::manifest::readable_temp(dir).map_err(|e| e.to_string())?;
+    let tmp = temp::readable(dir).map_err(|e| e.to_string())?;
     {
         let encoder = PngEncoder::new_with_quality(
             BufWriter::new(tmp.as_file()),

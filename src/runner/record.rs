@@ -87,7 +87,7 @@ pub async fn create(
         )
         .await?;
     Ok(OpenRun {
-        dir: out_dir.join(id),
+        dir: crate::layout::RunDir::new(&out_dir, id).into_path(),
         id: id.to_owned(),
         billed: 0,
     })

@@ -1,7 +1,10 @@
 //! Runs: one row per `imgpipe run`, holding the pipeline text and the plan it started from.
 
+use std::path::Path;
+
 use sqlx::Row;
 
+use crate::layout::RunDir;
 use crate::store::{Store, StoreError, now_ms};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,7 +80,7 @@ pub struct RunRow {
 impl RunRow {
     /// The run's own directory: its outputs, manifest and report.
     pub fn dir(&self) -> std::path::PathBuf {
-        std::path::Path::new(&self.output_dir).join(&self.id)
+        RunDir::new(Path::new(&self.output_dir), &self.id).into_path()
     }
 }
 

@@ -19,7 +19,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 use imgpipe::api::download::{DEFAULT_MAX_BYTES, DownloadError};
-use imgpipe::api::error::MAX_RETRY_AFTER;
+use imgpipe::api::retry::MAX_RETRY_AFTER;
 use imgpipe::api::{
     ApiError, ApiKey, Billing, Client, ClientConfig, Downloader, ErrorKind, GenerationRequest,
     ToolParams, ToolRequest,
