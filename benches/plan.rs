@@ -6,6 +6,10 @@
 //! (from the kernel's rusage of the child). Run with `cargo bench --bench plan`; set
 //! IMGPIPE_BENCH_ITEMS or IMGPIPE_BENCH_RUNS to change the size or the number of runs.
 
+// Benchmarks and tests report on stdout and stderr by design, and share helpers between
+// their own modules.
+#![allow(clippy::print_stdout, clippy::print_stderr, unreachable_pub)]
+
 use std::io::{BufWriter, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};

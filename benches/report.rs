@@ -11,6 +11,10 @@
 //! read off the disk. Medians of IMGPIPE_BENCH_RUNS runs (default 3). Run with
 //! `cargo bench --bench report`.
 
+// Benchmarks and tests report on stdout and stderr by design, and share helpers between
+// their own modules.
+#![allow(clippy::print_stdout, clippy::print_stderr, unreachable_pub)]
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -19,6 +19,10 @@
 //! Run with `cargo bench --bench run`; IMGPIPE_BENCH_ONLY=TEXT runs only the scenarios whose
 //! name contains TEXT (e.g. `dl`).
 
+// Benchmarks and tests report on stdout and stderr by design, and share helpers between
+// their own modules.
+#![allow(clippy::print_stdout, clippy::print_stderr, unreachable_pub)]
+
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

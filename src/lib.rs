@@ -21,6 +21,9 @@
 //! - [`error`]: the top-level error and the stable exit codes.
 //! - [`time`]: times as RFC 3339, the same in plans, locks, logs and reports.
 
+// The library needs no unsafe code; the test and bench harnesses call libc themselves.
+#![forbid(unsafe_code)]
+
 pub mod api;
 pub mod cli;
 pub mod error;

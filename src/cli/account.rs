@@ -26,7 +26,7 @@ pub struct AccountArgs {
     pub service: ServiceArgs,
 }
 
-pub async fn run(args: &AccountArgs, global: &GlobalArgs) -> Result<(), Error> {
+pub(super) async fn run(args: &AccountArgs, global: &GlobalArgs) -> Result<(), Error> {
     let fields = AccountFields {
         balance: args.balance_field.clone(),
         plan: args.plan_field.clone(),

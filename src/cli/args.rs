@@ -269,7 +269,7 @@ fn path(p: &std::path::Path) -> String {
 }
 
 /// A word as a POSIX shell reads it back: as is when it is plain, else single-quoted.
-pub fn quote(word: &str) -> String {
+pub(super) fn quote(word: &str) -> String {
     let plain = !word.is_empty()
         && word
             .chars()
@@ -282,7 +282,7 @@ pub fn quote(word: &str) -> String {
 }
 
 /// A positive, finite number of seconds from a flag; anything else is a usage error naming it.
-pub fn seconds(flag: &str, secs: f64) -> Result<Duration, Error> {
+pub(super) fn seconds(flag: &str, secs: f64) -> Result<Duration, Error> {
     Duration::try_from_secs_f64(secs)
         .ok()
         .filter(|d| !d.is_zero() && *d <= MAX_SECONDS)

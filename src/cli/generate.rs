@@ -35,7 +35,11 @@ fn parse_size(s: &str) -> Result<Size, String> {
         .map_err(|e: crate::api::rules::InvalidField| e.message)
 }
 
-pub async fn run(args: &GenerateArgs, conn: &Connection, global: &GlobalArgs) -> Result<(), Error> {
+pub(super) async fn run(
+    args: &GenerateArgs,
+    conn: &Connection,
+    global: &GlobalArgs,
+) -> Result<(), Error> {
     let request = GenerationRequest {
         prompt: args.prompt.clone(),
         n: args.n,

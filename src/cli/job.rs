@@ -20,7 +20,11 @@ pub struct JobArgs {
     pub out: Option<PathBuf>,
 }
 
-pub async fn run(args: &JobArgs, conn: &Connection, global: &GlobalArgs) -> Result<(), Error> {
+pub(super) async fn run(
+    args: &JobArgs,
+    conn: &Connection,
+    global: &GlobalArgs,
+) -> Result<(), Error> {
     let job = conn.client.job(&args.id).await?;
     let urls = job.image_urls();
     let mut lines = vec![

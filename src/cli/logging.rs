@@ -13,7 +13,7 @@ pub enum LogFormat {
     Json,
 }
 
-pub fn init(args: &GlobalArgs) {
+pub(super) fn init(args: &GlobalArgs) {
     let default = match (args.quiet, args.verbose) {
         (true, _) => "warn",
         (false, 0) => "warn,imgpipe=info",

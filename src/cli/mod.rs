@@ -2,6 +2,9 @@
 //!
 //! Data goes to stdout, logs and progress to stderr. Every error is printed once, here, with a
 //! `hint:` where there is something to do, and mapped to a documented exit code.
+//!
+//! This is the one layer that prints: the library returns values and logs.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod account;
 mod args;

@@ -14,7 +14,7 @@ pub struct ModelsArgs {
     pub service: ServiceArgs,
 }
 
-pub async fn run(args: &ModelsArgs, global: &GlobalArgs) -> Result<(), Error> {
+pub(super) async fn run(args: &ModelsArgs, global: &GlobalArgs) -> Result<(), Error> {
     let conn = Connection::open(&args.service.settings(AccountFields::default())?).await?;
     let models = conn.client.models().await?;
     if global.json {

@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::runner::Connection;
 
 /// A job the service answered, and what to print about it.
-pub struct Billed<'a> {
+pub(super) struct Billed<'a> {
     /// The response as received, printed under `job` with `--json`.
     pub response: Value,
     pub job_id: &'a str,
@@ -29,7 +29,7 @@ pub struct Billed<'a> {
 /// Downloads every image of a billed job into `dir`, carrying on past a failed image, then
 /// prints the result (also on failure, so a script still learns the job id) and returns the
 /// first failure.
-pub async fn deliver(
+pub(super) async fn deliver(
     conn: &Connection,
     global: &GlobalArgs,
     dir: &Path,
@@ -74,7 +74,7 @@ pub async fn deliver(
     failure.map_or(Ok(()), Err)
 }
 
-pub fn files_json(files: &[Downloaded]) -> Value {
+pub(super) fn files_json(files: &[Downloaded]) -> Value {
     files
         .iter()
         .map(|f| json!({"path": f.path, "bytes": f.bytes, "sha256": f.sha256}))
@@ -82,7 +82,7 @@ pub fn files_json(files: &[Downloaded]) -> Value {
 }
 
 /// Prints JSON on stdout with the key scrubbed: a record may echo what it was sent.
-pub fn print_json(conn: &Connection, value: &impl Serialize) -> Result<(), Error> {
+pub(super) fn print_json(conn: &Connection, value: &impl Serialize) -> Result<(), Error> {
     let text = serde_json::to_string_pretty(value).map_err(|e| Error::Other(e.into()))?;
     println!("{}", conn.redact(&text));
     Ok(())

@@ -38,7 +38,7 @@ pub struct PlanArgs {
     pub balance: BalanceFieldArg,
 }
 
-pub async fn run(args: &PlanArgs, global: &GlobalArgs) -> Result<(), Error> {
+pub(super) async fn run(args: &PlanArgs, global: &GlobalArgs) -> Result<(), Error> {
     let view = Terminal::plain(global.json);
     let pipeline = runner::checked(&view, &args.file, pipeline::load(&args.file))?;
     let (balance, generation) = if args.offline {

@@ -13,7 +13,7 @@ use crate::store::StepCounts;
 /// How often the plain display writes a line.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
-pub struct Progress {
+pub(super) struct Progress {
     steps: Vec<Step>,
     planned: u64,
     spent: AtomicU64,
@@ -37,7 +37,7 @@ struct Bars {
 
 impl Progress {
     /// `steps`: each step's name and task count; `live`: draw bars (stderr is a terminal).
-    pub fn new(steps: &[(String, u64)], planned: u64, live: bool) -> Progress {
+    pub(super) fn new(steps: &[(String, u64)], planned: u64, live: bool) -> Progress {
         let total = steps.iter().map(|s| s.1).sum();
         let bars = live.then(|| {
             let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
@@ -89,7 +89,7 @@ impl Progress {
     }
 
     /// Counts the tasks an earlier attempt at this run already finished.
-    pub fn resume_from(&self, steps: &[StepCounts]) {
+    pub(super) fn resume_from(&self, steps: &[StepCounts]) {
         for s in steps {
             let Some(i) = self.steps.iter().position(|p| p.name == s.step) else {
                 continue;

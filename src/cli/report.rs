@@ -27,7 +27,7 @@ pub struct ReportArgs {
     pub sandbox: bool,
 }
 
-pub async fn run(args: &ReportArgs, global: &GlobalArgs) -> Result<(), Error> {
+pub(super) async fn run(args: &ReportArgs, global: &GlobalArgs) -> Result<(), Error> {
     let store = args.state.location(args.sandbox)?.open_existing().await?;
     let written = write(&store, args).await;
     let written = close(store, written).await?;

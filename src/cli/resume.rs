@@ -21,7 +21,7 @@ pub struct ResumeArgs {
     pub opts: RunOptions,
 }
 
-pub async fn run(
+pub(super) async fn run(
     args: &ResumeArgs,
     global: &GlobalArgs,
     shutdown: CancellationToken,

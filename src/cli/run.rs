@@ -39,7 +39,7 @@ pub struct RunArgs {
     pub opts: RunOptions,
 }
 
-pub async fn run(
+pub(super) async fn run(
     args: &RunArgs,
     global: &GlobalArgs,
     shutdown: CancellationToken,

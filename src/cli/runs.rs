@@ -31,7 +31,7 @@ struct RunLine {
     finished: Option<String>,
 }
 
-pub async fn run(args: &RunsArgs, global: &GlobalArgs) -> Result<(), Error> {
+pub(super) async fn run(args: &RunsArgs, global: &GlobalArgs) -> Result<(), Error> {
     let location = args.state.location(args.sandbox)?;
     if !location.exists() {
         if global.json {

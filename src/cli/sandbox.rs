@@ -130,7 +130,7 @@ impl SandboxArgs {
     }
 }
 
-pub async fn run(
+pub(super) async fn run(
     args: &SandboxArgs,
     global: &GlobalArgs,
     shutdown: CancellationToken,

@@ -2,7 +2,7 @@
 
 use crate::error::Error;
 
-pub fn run() -> Result<(), Error> {
+pub(super) fn run() -> Result<(), Error> {
     let schema = crate::pipeline::spec::json_schema();
     let text = serde_json::to_string_pretty(&schema)
         .map_err(|e| Error::Other(anyhow::anyhow!("cannot print the schema: {e}")))?;

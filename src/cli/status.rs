@@ -22,7 +22,7 @@ pub struct StatusArgs {
     pub sandbox: bool,
 }
 
-pub async fn run(args: &StatusArgs, global: &GlobalArgs) -> Result<(), Error> {
+pub(super) async fn run(args: &StatusArgs, global: &GlobalArgs) -> Result<(), Error> {
     let store = args.state.location(args.sandbox)?.open_existing().await?;
     let result = read(&store, &args.run_id).await;
     let status = close(store, result).await?;

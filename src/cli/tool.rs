@@ -83,7 +83,11 @@ impl ToolArgs {
     }
 }
 
-pub async fn run(args: &ToolArgs, conn: &Connection, global: &GlobalArgs) -> Result<(), Error> {
+pub(super) async fn run(
+    args: &ToolArgs,
+    conn: &Connection,
+    global: &GlobalArgs,
+) -> Result<(), Error> {
     let request = ToolRequest {
         image_url: args.image_url.clone(),
         preserve_alpha: args.preserve_alpha,

@@ -17,7 +17,7 @@ pub struct ValidateArgs {
     pub file: PathBuf,
 }
 
-pub fn run(args: &ValidateArgs, global: &GlobalArgs) -> Result<(), Error> {
+pub(super) fn run(args: &ValidateArgs, global: &GlobalArgs) -> Result<(), Error> {
     let loaded = pipeline::load(&args.file);
     if global.json {
         let summary = loaded.pipeline.as_ref().map(|p| {

@@ -27,7 +27,7 @@ const SHOWN_FAILURES: usize = 10;
 const SHOWN_TASKS: usize = 50;
 
 /// The terminal (or the pipe cron reads).
-pub struct Terminal {
+pub(super) struct Terminal {
     pub json: bool,
     pub quiet: bool,
     /// `imgpipe …` up to the run id, and the flags after it.
@@ -36,7 +36,7 @@ pub struct Terminal {
 
 impl Terminal {
     /// For commands that never continue a run.
-    pub fn plain(json: bool) -> Terminal {
+    pub(super) fn plain(json: bool) -> Terminal {
         Terminal {
             json,
             quiet: false,
@@ -93,7 +93,7 @@ impl View for Terminal {
 }
 
 /// Prints a pipeline file's problems on stderr.
-pub fn print_report(report: &Report) {
+pub(super) fn print_report(report: &Report) {
     for d in report.errors.iter().take(SHOWN_ERRORS) {
         eprintln!("error: {d}");
     }
@@ -108,14 +108,14 @@ pub fn print_report(report: &Report) {
     }
 }
 
-pub fn print_json(value: &impl Serialize) -> Result<(), Error> {
+pub(super) fn print_json(value: &impl Serialize) -> Result<(), Error> {
     let text = serde_json::to_string_pretty(value)
         .map_err(|e| Error::Other(anyhow::anyhow!("cannot print JSON: {e}")))?;
     println!("{text}");
     Ok(())
 }
 
-pub fn render_summary(s: &Summary) -> String {
+pub(super) fn render_summary(s: &Summary) -> String {
     let t = &s.totals;
     let mut out = format!("run {}: {}\n", s.run_id, s.status);
     out += &format!(

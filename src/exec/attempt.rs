@@ -10,19 +10,19 @@ use crate::exec::shared::{OutputUrl, Shared};
 use crate::plan::graph::{Source, Work};
 use crate::store::{AttemptOutcome, Settled, StoreError, now_ms};
 
-pub struct Attempted {
+pub(super) struct Attempted {
     pub task: usize,
     pub result: Result<Success, Failure>,
 }
 
-pub struct Success {
+pub(super) struct Success {
     pub job_id: String,
     pub credits: u64,
     pub credits_remaining: Option<i64>,
     pub outputs: Vec<OutputUrl>,
 }
 
-pub enum Failure {
+pub(super) enum Failure {
     /// The call failed; what that means for billing is in the error.
     Api(ApiError),
     /// An input URL could not be refreshed; nothing was sent.
@@ -37,7 +37,7 @@ pub enum Failure {
 
 /// Runs one attempt of `task` after `delay` and the limiter; `force_refresh` fetches fresh
 /// input URLs first. URLs are resolved after the wait, so a long pause cannot stale them.
-pub async fn attempt(
+pub(super) async fn attempt(
     shared: Arc<Shared>,
     task: usize,
     delay: Duration,

@@ -7,13 +7,13 @@ use std::sync::Arc;
 use crate::api::fetch::{FetchError, Retrying, fetch_with_refresh};
 use crate::exec::shared::Shared;
 
-pub struct Fetched {
+pub(super) struct Fetched {
     pub task: usize,
     pub k: u32,
     pub result: Result<PathBuf, String>,
 }
 
-pub async fn download(shared: Arc<Shared>, task: usize, k: u32) -> Fetched {
+pub(super) async fn download(shared: Arc<Shared>, task: usize, k: u32) -> Fetched {
     let result = fetch(&shared, task, k).await;
     if let (Err(error), Some(out)) = (&result, shared.url(task, k))
         && let Err(e) = shared

@@ -22,14 +22,14 @@ const FREE_TRIES: u32 = 5;
 
 /// The current URL of one output.
 #[derive(Clone, Debug)]
-pub struct OutputUrl {
+pub(super) struct OutputUrl {
     pub output_id: i64,
     pub job_id: String,
     pub url: String,
     pub issued_ms: i64,
 }
 
-pub struct Shared {
+pub(super) struct Shared {
     pub client: Client,
     pub downloader: Downloader,
     pub store: Store,
@@ -55,7 +55,7 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new(
+    pub(super) fn new(
         client: Client,
         downloader: Downloader,
         store: Store,
@@ -84,16 +84,16 @@ impl Shared {
         }
     }
 
-    pub fn stop(&self) {
+    pub(super) fn stop(&self) {
         self.stop.send_replace(true);
     }
 
-    pub fn is_stopping(&self) -> bool {
+    pub(super) fn is_stopping(&self) -> bool {
         *self.stop.borrow()
     }
 
     /// Completes once the run stops dispatching.
-    pub async fn stopped(&self) {
+    pub(super) async fn stopped(&self) {
         let mut rx = self.stop.subscribe();
         let _ = rx.wait_for(|stop| *stop).await;
     }
@@ -102,17 +102,22 @@ impl Shared {
         self.urls.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn set_url(&self, task: usize, k: u32, url: OutputUrl) {
+    pub(super) fn set_url(&self, task: usize, k: u32, url: OutputUrl) {
         self.urls().insert((task, k), url);
     }
 
-    pub fn url(&self, task: usize, k: u32) -> Option<OutputUrl> {
+    pub(super) fn url(&self, task: usize, k: u32) -> Option<OutputUrl> {
         self.urls().get(&(task, k)).cloned()
     }
 
     /// The output's URL, fetched anew from its job when it is within the margin of expiry
     /// (or `force`): never by calling the tool again.
-    pub async fn fresh_url(&self, task: usize, k: u32, force: bool) -> Result<OutputUrl, String> {
+    pub(super) async fn fresh_url(
+        &self,
+        task: usize,
+        k: u32,
+        force: bool,
+    ) -> Result<OutputUrl, String> {
         let current = self
             .url(task, k)
             .ok_or_else(|| format!("no recorded output {k} of task {task}"))?;
@@ -126,7 +131,7 @@ impl Shared {
     }
 
     /// Fetches fresh URLs for every output of `task` from `GET /v1/jobs/{job_id}`.
-    pub async fn refresh(&self, task: usize, job_id: &str) -> Result<(), String> {
+    pub(super) async fn refresh(&self, task: usize, job_id: &str) -> Result<(), String> {
         let record = self
             .free_call(|| self.client.job(job_id))
             .await
@@ -159,7 +164,7 @@ impl Shared {
     }
 
     /// A free read with its own concurrency and retries, so it never waits behind paid calls.
-    pub async fn free_call<T, F, Fut>(&self, call: F) -> Result<T, ApiError>
+    pub(super) async fn free_call<T, F, Fut>(&self, call: F) -> Result<T, ApiError>
     where
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<T, ApiError>>,

@@ -293,6 +293,5 @@ mod tests {
         ] {
             assert!(text.contains(needle), "{needle} missing from {text}");
         }
-        println!("{}", serde_json::to_string_pretty(&schema).unwrap());
     }
 }

@@ -12,13 +12,13 @@ const TOP: f64 = 12.0;
 const BOTTOM: f64 = 28.0;
 
 /// Lines drawn across the chart besides the spend.
-pub struct Marks {
+pub(super) struct Marks {
     pub planned: u64,
     pub budget: Option<u64>,
 }
 
 /// Cumulative credits billed from `start` to `end` (unix ms) as a step line.
-pub fn spend_svg(spend: &[Spend], start: i64, end: i64, marks: &Marks) -> String {
+pub(super) fn spend_svg(spend: &[Spend], start: i64, end: i64, marks: &Marks) -> String {
     let total: u64 = spend.iter().map(|s| s.credits).sum();
     let reach = total.max(marks.planned);
     // A budget far above the spend would flatten the line: it is only drawn when close.

@@ -16,15 +16,15 @@ use crate::time::rfc3339_ms as time;
 pub const MARKER: &str = "<!-- imgpipe run report -->";
 
 /// Items per page; the script shows one page at a time beyond this.
-pub const PER_PAGE: usize = 100;
+pub(super) const PER_PAGE: usize = 100;
 
 /// Thumbnails the page loads by itself; the script loads the others as they come near the
 /// screen. Chromium does not lazy-load images of `file:` pages, so `loading="lazy"` alone would
 /// load every thumbnail of the run at once.
-pub const EAGER: usize = 60;
+pub(super) const EAGER: usize = 60;
 
 /// The page for `model`, to be written into directory `dir`.
-pub fn render(model: &Model, dir: &Path) -> String {
+pub(super) fn render(model: &Model, dir: &Path) -> String {
     let mut page = Page {
         model,
         dir,
@@ -44,7 +44,7 @@ pub(super) struct Page<'a> {
 }
 
 /// Escapes text for HTML content and quoted attributes.
-pub fn esc(s: &str) -> String {
+pub(super) fn esc(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {

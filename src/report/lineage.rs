@@ -9,7 +9,7 @@ use crate::store::ReportTask;
 
 /// What one input of a task is.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Input {
+pub(super) enum Input {
     /// Output `k` of the task at this index.
     Output { task: usize, k: u32 },
     /// A URL the pipeline wrote.
@@ -20,7 +20,7 @@ pub enum Input {
 
 /// One chain of the run: an item, or the batch's `once` steps.
 #[derive(Debug)]
-pub struct Chain {
+pub(super) struct Chain {
     pub id: String,
     /// Tasks that read no other task of the same chain, in record order.
     pub roots: Vec<usize>,
@@ -28,7 +28,7 @@ pub struct Chain {
     pub tasks: Vec<usize>,
 }
 
-pub struct Lineage {
+pub(super) struct Lineage {
     pub chains: Vec<Chain>,
     /// Step ids, producers before consumers.
     pub steps: Vec<String>,
@@ -39,7 +39,7 @@ pub struct Lineage {
 
 impl Lineage {
     /// The lineage of `tasks`, leaving out removed ones.
-    pub fn build(tasks: &[ReportTask]) -> Lineage {
+    pub(super) fn build(tasks: &[ReportTask]) -> Lineage {
         let mut by_step: HashMap<(&str, &str), Vec<(u32, usize)>> = HashMap::new();
         for (i, t) in tasks.iter().enumerate().filter(|(_, t)| !t.removed) {
             by_step
@@ -93,7 +93,7 @@ impl Lineage {
     }
 
     /// The tasks under output `k` of `task`, or under any of its outputs.
-    pub fn children(&self, task: usize, k: Option<u32>) -> Vec<usize> {
+    pub(super) fn children(&self, task: usize, k: Option<u32>) -> Vec<usize> {
         self.children.get(&task).map_or_else(Vec::new, |list| {
             list.iter()
                 .filter(|(kk, _)| k.is_none_or(|k| k == *kk))
@@ -103,7 +103,7 @@ impl Lineage {
     }
 
     /// The inputs of `task` other than the output it hangs under.
-    pub fn other_inputs(&self, task: usize, tasks: &[ReportTask]) -> Vec<&Input> {
+    pub(super) fn other_inputs(&self, task: usize, tasks: &[ReportTask]) -> Vec<&Input> {
         let mut skipped = false;
         self.inputs[task]
             .iter()

@@ -7,7 +7,7 @@ use std::path::{Component, Path, PathBuf};
 /// way a browser normalises a file URL (`a/../b` is `b`), never by resolving symlinks: the page
 /// is opened by the path it was written to, and its links are resolved against that path.
 /// A target with no relative path (another drive) gets a file URL.
-pub fn href(page_dir: &Path, target: &Path) -> String {
+pub(super) fn href(page_dir: &Path, target: &Path) -> String {
     let page_dir = normal(page_dir);
     let target = normal(target);
     match relative(&page_dir, &target) {
@@ -17,7 +17,7 @@ pub fn href(page_dir: &Path, target: &Path) -> String {
 }
 
 /// `path` made absolute, without `.` and with each `..` taking the segment before it.
-pub fn normal(path: &Path) -> PathBuf {
+pub(super) fn normal(path: &Path) -> PathBuf {
     let path = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
     let mut out = PathBuf::new();
     for c in path.components() {
@@ -33,7 +33,7 @@ pub fn normal(path: &Path) -> PathBuf {
 }
 
 /// The path from directory `from` to `to`, when both start at the same root.
-pub fn relative(from: &Path, to: &Path) -> Option<PathBuf> {
+pub(super) fn relative(from: &Path, to: &Path) -> Option<PathBuf> {
     let from: Vec<Component> = from.components().collect();
     let to: Vec<Component> = to.components().collect();
     if from.first() != to.first() {

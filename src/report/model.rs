@@ -10,12 +10,12 @@ use crate::store::{AmbiguousAttempt, OutputRow, ReportTask, RunRow, Spend, Store
 use crate::store::{RunStatus, TaskStatus};
 
 /// One output with its preview.
-pub struct Shown {
+pub(super) struct Shown {
     pub row: OutputRow,
     pub preview: Preview,
 }
 
-pub struct Model {
+pub(super) struct Model {
     pub run: RunRow,
     pub generated_at: i64,
     /// Every task, removed ones included (they only count in the costs).
@@ -34,7 +34,7 @@ pub struct Model {
 
 /// One line of the cost table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StepCost {
+pub(super) struct StepCost {
     pub step: String,
     pub tasks: u64,
     pub succeeded: u64,
@@ -64,7 +64,11 @@ impl StepCost {
 
 impl Model {
     /// Reads the run and makes the thumbnails it lacks under `thumbs`.
-    pub async fn load(store: &Store, run: RunRow, thumbs: &Path) -> Result<Model, StoreError> {
+    pub(super) async fn load(
+        store: &Store,
+        run: RunRow,
+        thumbs: &Path,
+    ) -> Result<Model, StoreError> {
         let tasks = store.report_tasks(&run.id).await?;
         let by_id: HashMap<i64, usize> = tasks.iter().enumerate().map(|(i, t)| (t.id, i)).collect();
         let rows = store.outputs(&run.id).await?;
@@ -104,37 +108,37 @@ impl Model {
     }
 
     /// The task with id `id`.
-    pub fn task(&self, id: i64) -> Option<&ReportTask> {
+    pub(super) fn task(&self, id: i64) -> Option<&ReportTask> {
         self.by_id.get(&id).map(|&i| &self.tasks[i])
     }
 
-    pub fn in_progress(&self) -> bool {
+    pub(super) fn in_progress(&self) -> bool {
         self.run.status == RunStatus::Running
     }
 
     /// A call without an answer yet, of a run still going: not (yet) a possibly billed call.
     /// A run that died still reads `running`; its calls are counted once it is resumed.
-    pub fn in_flight(&self, a: &AmbiguousAttempt) -> bool {
+    pub(super) fn in_flight(&self, a: &AmbiguousAttempt) -> bool {
         a.in_flight && self.in_progress()
     }
 
     /// Thumbnails made for this report (not found already made).
-    pub fn thumbnails_made(&self) -> usize {
+    pub(super) fn thumbnails_made(&self) -> usize {
         self.images().filter(|s| s.preview.made).count()
     }
 
-    pub fn images(&self) -> impl Iterator<Item = &Shown> {
+    pub(super) fn images(&self) -> impl Iterator<Item = &Shown> {
         self.outputs.values().flatten()
     }
 
     /// Outputs whose file is where the record says.
-    pub fn images_on_disk(&self) -> usize {
+    pub(super) fn images_on_disk(&self) -> usize {
         self.images().filter(|s| s.preview.on_disk).count()
     }
 
     /// The cost of each step in lineage order, then the total. Removed tasks only count in
     /// a line of their own (returned apart), since the pipeline no longer has their step.
-    pub fn costs(&self) -> (Vec<StepCost>, StepCost, Option<StepCost>) {
+    pub(super) fn costs(&self) -> (Vec<StepCost>, StepCost, Option<StepCost>) {
         let mut at_risk: HashMap<i64, u64> = HashMap::new();
         for a in self.ambiguous.iter().filter(|a| !self.in_flight(a)) {
             *at_risk.entry(a.task_id).or_default() += a.credits_at_risk;
@@ -191,7 +195,7 @@ impl Model {
     }
 
     /// Why a task shows no picture.
-    pub fn reason(&self, t: &ReportTask) -> String {
+    pub(super) fn reason(&self, t: &ReportTask) -> String {
         let recorded = t.error.clone();
         match t.status {
             TaskStatus::Failed => recorded.unwrap_or_else(|| "failed".into()),

@@ -10,16 +10,16 @@ use crate::sandbox::state::SAMPLE_HOST;
 
 /// The largest side the sandbox will produce; beyond it a call is refused before billing,
 /// rather than spending gigabytes of memory on one image.
-pub const MAX_SIDE: u32 = 8192;
+pub(super) const MAX_SIDE: u32 = 8192;
 
 /// Folds `text` into `seed` (FNV-1a), so references steer what a generation draws.
-pub fn mix(seed: u64, text: &str) -> u64 {
+pub(super) fn mix(seed: u64, text: &str) -> u64 {
     text.bytes().fold(seed ^ 0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
 }
 
-pub fn draw_all(prompt: &str, n: u8, reference_seed: u64, side: u32) -> Vec<Vec<u8>> {
+pub(super) fn draw_all(prompt: &str, n: u8, reference_seed: u64, side: u32) -> Vec<Vec<u8>> {
     (0..u32::from(n))
         .map(|i| images::encode_png(&images::draw_generation(prompt, i, reference_seed, side)))
         .collect()
@@ -27,7 +27,11 @@ pub fn draw_all(prompt: &str, n: u8, reference_seed: u64, side: u32) -> Vec<Vec<
 
 /// Applies a tool. With `keep_alpha` false the result is flattened onto white, except for
 /// remove_background, whose whole point is transparency.
-pub fn apply(input: &[u8], params: &ToolParams, keep_alpha: bool) -> Result<Vec<u8>, InvalidField> {
+pub(super) fn apply(
+    input: &[u8],
+    params: &ToolParams,
+    keep_alpha: bool,
+) -> Result<Vec<u8>, InvalidField> {
     let img = images::decode_png(input).map_err(|e| {
         InvalidField::new(
             "image_url",
@@ -90,6 +94,6 @@ fn too_large(field: &str, w: u32, h: u32) -> Result<(), InvalidField> {
 }
 
 /// How to name an image the sandbox can edit, for error messages.
-pub fn sample_hint(base: &Url) -> String {
+pub(super) fn sample_hint(base: &Url) -> String {
     format!("e.g. https://{SAMPLE_HOST}/assets/mug.png or {base}assets/mug.png")
 }

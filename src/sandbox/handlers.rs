@@ -27,7 +27,7 @@ use crate::sandbox::{RateScope, edit, files};
 
 pub(super) type App = Shared<Arc<State>>;
 
-pub fn router(state: Arc<State>) -> Router {
+pub(super) fn router(state: Arc<State>) -> Router {
     Router::new()
         .route("/v1/images/generations", post(generate))
         .route("/v1/images/tools/{tool}", post(tool))

@@ -8,7 +8,7 @@ use sha2::Sha256;
 
 type HmacSha256 = Hmac<Sha256>;
 
-pub struct Signer {
+pub(super) struct Signer {
     secret: [u8; 32],
 }
 
@@ -20,7 +20,7 @@ pub enum Refusal {
 }
 
 impl Signer {
-    pub fn new(secret: [u8; 32]) -> Self {
+    pub(super) fn new(secret: [u8; 32]) -> Self {
         Signer { secret }
     }
 
@@ -34,13 +34,18 @@ impl Signer {
     }
 
     /// The query string (`expires=..&sig=..`) for `image_id`, valid until `expires_ms`.
-    pub fn sign(&self, image_id: &str, expires_ms: u64) -> String {
+    pub(super) fn sign(&self, image_id: &str, expires_ms: u64) -> String {
         let sig = hex::encode(self.mac(image_id, expires_ms).finalize().into_bytes());
         format!("expires={expires_ms}&sig={sig}")
     }
 
     /// Checks a signature in constant time, then the expiry.
-    pub fn verify(&self, image_id: &str, expires_ms: u64, sig_hex: &str) -> Result<(), Refusal> {
+    pub(super) fn verify(
+        &self,
+        image_id: &str,
+        expires_ms: u64,
+        sig_hex: &str,
+    ) -> Result<(), Refusal> {
         let sig = hex::decode(sig_hex).map_err(|_| Refusal::Forged)?;
         self.mac(image_id, expires_ms)
             .verify_slice(&sig)
@@ -52,7 +57,7 @@ impl Signer {
     }
 }
 
-pub fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)

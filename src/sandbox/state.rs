@@ -20,7 +20,7 @@ use crate::sandbox::faults::Dice;
 use crate::sandbox::signing::{Refusal, Signer, now_ms};
 
 /// The model the sandbox reports for every generation.
-pub const MODEL_ID: &str = "sandbox-image-1";
+pub(super) const MODEL_ID: &str = "sandbox-image-1";
 /// Host of the sample images that every sandbox resolves without any network, whatever its
 /// port: `.invalid` can never resolve (RFC 2606), so pipelines can name samples portably.
 pub const SAMPLE_HOST: &str = "sandbox.invalid";

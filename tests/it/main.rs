@@ -1,6 +1,10 @@
 //! Integration tests: the real client and the real binary against the in-process sandbox.
 //! Everything talks to 127.0.0.1 only.
 
+// Benchmarks and tests report on stdout and stderr by design, and share helpers between
+// their own modules.
+#![allow(clippy::print_stdout, clippy::print_stderr, unreachable_pub)]
+
 mod broken;
 mod browser;
 mod cli;
