@@ -2,47 +2,45 @@
 
 use std::fmt::Display;
 
-use crate::api::records::{Found, NotFound};
 use clap::Args;
 
+use crate::api::records::{Found, NotFound};
 use crate::cli::GlobalArgs;
-use crate::cli::args::ServiceArgs;
+use crate::cli::args::{BalanceFieldArg, LimitsFieldArg, ServiceArgs};
 use crate::cli::output::print_json;
 use crate::error::Error;
 use crate::runner::{AccountFields, Connection};
 
 #[derive(Debug, Args)]
 pub struct AccountArgs {
-    /// JSON pointer to the balance in the account record, when imgpipe cannot find it (e.g. /credits/balance)
-    #[arg(long, value_name = "POINTER")]
-    pub balance_field: Option<String>,
+    #[command(flatten)]
+    pub balance: BalanceFieldArg,
     /// JSON pointer to the plan in the account record, when imgpipe cannot find it
-    #[arg(long, value_name = "POINTER")]
+    #[arg(long, value_name = "POINTER", help_heading = "Service")]
     pub plan_field: Option<String>,
-    /// JSON pointer to the limits object in the account record, when imgpipe cannot find it
-    #[arg(long, value_name = "POINTER")]
-    pub limits_field: Option<String>,
+    #[command(flatten)]
+    pub limits: LimitsFieldArg,
     #[command(flatten)]
     pub service: ServiceArgs,
 }
 
 pub(super) async fn run(args: &AccountArgs, global: &GlobalArgs) -> Result<(), Error> {
     let fields = AccountFields {
-        balance: args.balance_field.clone(),
+        balance: args.balance.balance_field.clone(),
         plan: args.plan_field.clone(),
-        limits: args.limits_field.clone(),
+        limits: args.limits.limits_field.clone(),
     };
-    let conn = Connection::open(&args.service.settings(fields)?).await?;
+    let conn = Connection::open(&args.service.settings(fields.clone())?).await?;
     let account = conn.client.account().await?;
-    let plan = account.plan(args.plan_field.as_deref());
-    let balance = account.balance(args.balance_field.as_deref());
-    let limits = account.limits(args.limits_field.as_deref());
+    let plan = account.plan(fields.plan.as_deref());
+    let balance = account.balance(fields.balance.as_deref());
+    let limits = account.limits(fields.limits.as_deref());
     if global.json {
         // The raw record is the answer, but a field the user pointed at must still exist.
         for (found, flag) in [
-            (plan.as_ref().err(), &args.plan_field),
-            (balance.as_ref().err(), &args.balance_field),
-            (limits.as_ref().err(), &args.limits_field),
+            (plan.as_ref().err(), &fields.plan),
+            (balance.as_ref().err(), &fields.balance),
+            (limits.as_ref().err(), &fields.limits),
         ] {
             if let (Some(e), Some(_)) = (found, flag) {
                 return Err(Error::usage(e.to_string(), None));
@@ -51,19 +49,19 @@ pub(super) async fn run(args: &AccountArgs, global: &GlobalArgs) -> Result<(), E
         return print_json(&conn, account.raw());
     }
     let lines = [
-        line("plan", "", plan, args.plan_field.is_some(), "--plan-field")?,
+        line("plan", "", plan, fields.plan.is_some(), "--plan-field")?,
         line(
             "balance",
             " credits",
             balance,
-            args.balance_field.is_some(),
+            fields.balance.is_some(),
             "--balance-field",
         )?,
         line(
             "limits",
             "",
             limits,
-            args.limits_field.is_some(),
+            fields.limits.is_some(),
             "--limits-field",
         )?,
     ];
