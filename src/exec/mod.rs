@@ -57,6 +57,9 @@ pub struct Config {
     pub cap: Option<u64>,
     /// Run this task alone (a generation that discovers the price), nothing else.
     pub only: Option<usize>,
+    /// By step: whether its price is known to be what the service bills (stated by the
+    /// service or the spec, or billed before), so no single call has to confirm it first.
+    pub known_prices: Vec<bool>,
 }
 
 /// Live news of the run, for the progress display or log lines.

@@ -66,6 +66,12 @@ struct Scheduler {
     /// By step: whether a bill confirmed its planned price, and whether a call is testing it.
     confirmed: Vec<bool>,
     probing: Vec<bool>,
+    /// By task: the longest chain of calls from it to the end of its item, itself included.
+    reach: Vec<u32>,
+    /// The longest `reach` of all.
+    depth: u32,
+    /// Tasks still to run (not done, failed or blocked).
+    unfinished: usize,
     budget: Budget,
     calls: JoinSet<Attempted>,
     downloads: JoinSet<Fetched>,
@@ -196,8 +202,13 @@ impl Scheduler {
             new_ready: BTreeSet::new(),
             admitted: HashSet::new(),
             instance_cost: HashMap::new(),
-            confirmed: vec![false; graph.step_ids.len()],
+            confirmed: (0..graph.step_ids.len())
+                .map(|s| config.known_prices.get(s).copied().unwrap_or(false))
+                .collect(),
             probing: vec![false; graph.step_ids.len()],
+            reach: reach(&graph),
+            depth: 0,
+            unfinished: 0,
             budget: Budget::new(config.cap),
             calls: JoinSet::new(),
             downloads: JoinSet::new(),
@@ -239,6 +250,12 @@ impl Scheduler {
                 s.push_ready(t);
             }
         }
+        s.unfinished = s
+            .state
+            .iter()
+            .filter(|st| matches!(st, State::Waiting | State::Ready))
+            .count();
+        s.depth = s.reach.iter().copied().max().unwrap_or(0);
         s
     }
 
@@ -350,20 +367,33 @@ impl Scheduler {
 
     fn dispatch(&mut self) {
         while self.halt.is_none() && self.calls.len() < self.config.concurrency {
-            let next = self
-                .admitted_ready
-                .iter()
-                .find(|k| self.may_send(k.3))
-                .copied();
-            let key = match next {
-                Some(key) => key,
-                None => match self.new_ready.first().copied() {
-                    Some(key) if self.closed.is_none() && self.may_send(key.3) => {
-                        self.admit(key.0);
-                        continue;
-                    }
-                    _ => return,
-                },
+            let next = if self.in_tail() {
+                self.longest_ready()
+            } else {
+                self.admitted_ready
+                    .iter()
+                    .find(|k| self.may_send(k.3))
+                    .copied()
+            };
+            let fresh = self
+                .new_ready
+                .first()
+                .copied()
+                .filter(|k| self.closed.is_none() && self.may_send(k.3));
+            // Near the end a new chain goes first when it is longer than any under way:
+            // otherwise the last chains to start would end the run alone, slots idle.
+            let longer = |new: &Key, old: &Key| self.reach[new.3] > self.reach[old.3];
+            let key = match (next, fresh) {
+                (Some(old), Some(new)) if self.in_tail() && longer(&new, &old) => {
+                    self.admit(new.0);
+                    continue;
+                }
+                (Some(key), _) => key,
+                (None, Some(new)) => {
+                    self.admit(new.0);
+                    continue;
+                }
+                (None, None) => return,
             };
             let t = key.3;
             let planned = self.graph.tasks[t].planned;
@@ -392,6 +422,26 @@ impl Scheduler {
             self.calls
                 .spawn(attempt(Arc::clone(&self.shared), t, delay, force));
         }
+    }
+
+    /// Whether the work left is within a few rounds of the slots: from then on, the
+    /// longest chain left goes first (critical path), so none ends the run alone. Before, a
+    /// chain under way goes first (depth-first), so each item finishes while its URLs are
+    /// fresh; that order costs no time while there is more work than slots.
+    fn in_tail(&self) -> bool {
+        self.unfinished <= self.config.concurrency.saturating_mul(self.depth as usize)
+    }
+
+    /// The ready task of an admitted chain with the longest chain still ahead of it; the
+    /// depth-first order breaks ties.
+    fn longest_ready(&self) -> Option<Key> {
+        let mut best: Option<Key> = None;
+        for k in self.admitted_ready.iter().filter(|k| self.may_send(k.3)) {
+            if best.is_none_or(|b| self.reach[k.3] > self.reach[b.3]) {
+                best = Some(*k);
+            }
+        }
+        best
     }
 
     /// Until a bill has confirmed a step's price, one call of that step at a time: a plan
@@ -491,6 +541,7 @@ impl Scheduler {
             return;
         }
         self.state[t] = State::Done;
+        self.unfinished = self.unfinished.saturating_sub(1);
         self.observer.task_succeeded(step, success.credits);
         let children = self.graph.tasks[t].children.clone();
         for c in children {
@@ -617,6 +668,7 @@ impl Scheduler {
     /// spent, or possibly spent, with no retry left to pay for).
     async fn fail(&mut self, t: usize, reason: &str, committed: bool) {
         self.state[t] = State::Failed;
+        self.unfinished = self.unfinished.saturating_sub(1);
         if committed {
             self.budget.abandon(self.graph.tasks[t].planned);
         }
@@ -634,6 +686,7 @@ impl Scheduler {
                 self.admitted_ready.remove(&key);
                 self.new_ready.remove(&key);
                 self.state[d] = State::Blocked;
+                self.unfinished = self.unfinished.saturating_sub(1);
                 let (instance, planned) =
                     (self.graph.tasks[d].instance, self.graph.tasks[d].planned);
                 if self.admitted.contains(&instance) {
@@ -701,6 +754,22 @@ impl Scheduler {
         self.outcome.stop = self.halt.take().or(self.closed.take());
         self.outcome
     }
+}
+
+/// Each task's longest chain of calls to the end of its item, itself included. A task's
+/// readers always come after it in the graph, so one pass from the end sees them first.
+fn reach(graph: &Graph) -> Vec<u32> {
+    let mut reach = vec![1u32; graph.tasks.len()];
+    for t in (0..graph.tasks.len()).rev() {
+        let longest = graph.tasks[t]
+            .children
+            .iter()
+            .map(|c| reach[*c])
+            .max()
+            .unwrap_or(0);
+        reach[t] = longest + 1;
+    }
+    reach
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

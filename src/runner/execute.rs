@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::error::Error;
 use crate::exec::{self, Outcome, Stop, manifest};
 use crate::pipeline::Pipeline;
+use crate::plan::PriceSource;
 use crate::plan::document::PlanDocument;
 use crate::plan::graph::Graph;
 use crate::runner::record::{self, OpenRun};
@@ -37,6 +38,7 @@ impl Runner<'_> {
             discover,
         } = start;
         let mut config = self.config(conn, pipeline, &doc, &run).await;
+        config.known_prices = known_prices(store, &doc).await?;
         if discover {
             let found =
                 discover::price(conn, store, &graph, &config, &doc.balance, &self.shutdown).await?;
@@ -44,6 +46,7 @@ impl Runner<'_> {
             doc = crate::plan::make(pipeline, found, doc.balance.clone(), budget);
             graph = Arc::new(Graph::build(pipeline, &doc.costs)?);
             record::reprice(store, &run.id, &graph).await?;
+            config.known_prices = known_prices(store, &doc).await?;
             if !doc.verdict.fits {
                 self.view.plan(&doc)?;
                 store
@@ -189,6 +192,24 @@ impl Runner<'_> {
             None => Ok(()),
         }
     }
+}
+
+/// By step, whether its price needs no single call to confirm it: a price the service
+/// states, or a discovering call billed, or one an earlier call of the same kind (in any run
+/// of the state database) was billed exactly. A price that is only written down, in the
+/// pipeline file or in the spec, is tested by one call before the others go.
+async fn known_prices(store: &Store, doc: &PlanDocument) -> Result<Vec<bool>, Error> {
+    let mut known = Vec::with_capacity(doc.costs.steps.len());
+    for step in &doc.costs.steps {
+        known.push(match (&step.price_source, step.credits_per_task) {
+            (_, None) | (PriceSource::Unknown { .. }, _) => false,
+            (PriceSource::Models { .. } | PriceSource::Discovered { .. }, _) => true,
+            (PriceSource::Pipeline | PriceSource::Spec, Some(credits)) => {
+                store.billed_as_planned(&step.operation, credits).await?
+            }
+        });
+    }
+    Ok(known)
 }
 
 /// Writes the report next to the manifest. The run's own exit code stands either way: a

@@ -329,6 +329,7 @@ impl Runner<'_> {
             grace: s.grace,
             cap: None,
             only: None,
+            known_prices: Vec::new(),
         }
     }
 }

@@ -17,9 +17,9 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sqlx::SqlitePool;
 use sqlx::migrate::MigrateError;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{ConnectOptions, SqlitePool};
 
 pub use report::{ReportTask, Spend};
 pub use resume::{Reusable, ReusableOutput, SetAside};
@@ -131,7 +131,11 @@ impl Store {
             // FULL: a commit is on disk before the paid call it announces is sent.
             .synchronous(SqliteSynchronous::Full)
             .foreign_keys(true)
-            .busy_timeout(Duration::from_secs(30));
+            .busy_timeout(Duration::from_secs(30))
+            // Statements are the store's business: their text goes to -vv, never to the
+            // user's default log, and a slow one is a debug note, not a warning.
+            .log_statements(log::LevelFilter::Trace)
+            .log_slow_statements(log::LevelFilter::Debug, Duration::from_secs(1));
         // One connection: every write is serialised anyway, and one connection never waits on
         // another's lock.
         let pool = SqlitePoolOptions::new()

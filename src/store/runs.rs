@@ -323,4 +323,22 @@ impl Store {
         .await?;
         Ok(n.max(0) as u64)
     }
+
+    /// Whether a call of `operation` planned at `credits` was ever billed exactly that, in
+    /// any run: the price is then the service's word, not only the pipeline file's.
+    pub async fn billed_as_planned(
+        &self,
+        operation: &str,
+        credits: u64,
+    ) -> Result<bool, StoreError> {
+        let found: Option<(i64,)> = sqlx::query_as(
+            "SELECT 1 FROM tasks WHERE operation = ? AND planned_credits = ?
+                 AND credits_billed = planned_credits AND status = 'succeeded' LIMIT 1",
+        )
+        .bind(operation)
+        .bind(i64::try_from(credits).unwrap_or(i64::MAX))
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(found.is_some())
+    }
 }
