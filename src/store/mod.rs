@@ -7,6 +7,7 @@
 //! Schema changes are migrations in `migrations/`, embedded in the binary. A database written
 //! by a newer imgpipe, or one that is not a database at all, is reported and never touched.
 
+mod group;
 pub mod lock;
 mod report;
 mod resume;
@@ -63,6 +64,9 @@ pub enum StoreError {
     /// The record contradicts itself or the pipeline (a bug, or a database edited by hand).
     #[error("state database: {0}")]
     Inconsistent(String),
+    /// A grouped write could not be committed.
+    #[error("state database: cannot write: {0}")]
+    Write(String),
 }
 
 impl StoreError {
@@ -81,7 +85,7 @@ impl StoreError {
             StoreError::Directory { .. } | StoreError::Io { .. } => {
                 Some("check the permissions and free space there, or point --state at another path")
             }
-            StoreError::Query(_) | StoreError::Inconsistent(_) => None,
+            StoreError::Query(_) | StoreError::Inconsistent(_) | StoreError::Write(_) => None,
         }
     }
 
@@ -100,6 +104,7 @@ impl StoreError {
 pub struct Store {
     pool: SqlitePool,
     path: PathBuf,
+    writer: group::Writer,
 }
 
 impl Store {
@@ -144,6 +149,7 @@ impl Store {
             .await
             .map_err(open_err)?;
         let store = Store {
+            writer: group::Writer::start(pool.clone()),
             pool,
             path: path.to_path_buf(),
         };

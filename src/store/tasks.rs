@@ -2,6 +2,7 @@
 
 use sqlx::Row;
 
+use crate::store::group::Written;
 use crate::store::{Store, StoreError, now_ms};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -111,6 +112,7 @@ pub enum AttemptOutcome<'a> {
 }
 
 /// A freshly signed URL for an output.
+#[derive(Clone, Debug)]
 pub struct UrlIssued {
     pub output_id: i64,
     pub url: String,
@@ -252,25 +254,36 @@ impl Store {
         task_id: i64,
         endpoint: &str,
     ) -> Result<i64, StoreError> {
-        let mut tx = self.pool().begin().await?;
-        let now = now_ms();
-        let id = sqlx::query(
-            "INSERT INTO attempts (task_id, run_id, endpoint, started_at) VALUES (?, ?, ?, ?)",
-        )
-        .bind(task_id)
-        .bind(run_id)
-        .bind(endpoint)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?
-        .last_insert_rowid();
-        sqlx::query("UPDATE tasks SET status = 'running', updated_at = ? WHERE id = ?")
-            .bind(now)
-            .bind(task_id)
-            .execute(&mut *tx)
+        let (run_id, endpoint) = (run_id.to_owned(), endpoint.to_owned());
+        let written = self
+            .writer
+            .write(Box::new(move |conn| {
+                Box::pin(async move {
+                    let now = now_ms();
+                    let id = sqlx::query(
+                        "INSERT INTO attempts (task_id, run_id, endpoint, started_at)
+                         VALUES (?, ?, ?, ?)",
+                    )
+                    .bind(task_id)
+                    .bind(&run_id)
+                    .bind(&endpoint)
+                    .bind(now)
+                    .execute(&mut *conn)
+                    .await?
+                    .last_insert_rowid();
+                    sqlx::query("UPDATE tasks SET status = 'running', updated_at = ? WHERE id = ?")
+                        .bind(now)
+                        .bind(task_id)
+                        .execute(&mut *conn)
+                        .await?;
+                    Ok(Written::Id(id))
+                })
+            }))
             .await?;
-        tx.commit().await?;
-        Ok(id)
+        Ok(match written {
+            Written::Id(id) => id,
+            _ => 0,
+        })
     }
 
     /// The result, written right after the call returns. A success also settles the task and
@@ -282,16 +295,15 @@ impl Store {
         attempt_id: i64,
         outcome: &AttemptOutcome<'_>,
     ) -> Result<Vec<i64>, StoreError> {
-        let mut tx = self.pool().begin().await?;
-        let now = now_ms();
+        let owned = |v: Option<&str>| v.map(str::to_owned);
         let (name, status, credits, remaining, job, error) = match outcome {
             AttemptOutcome::Succeeded(s) => (
                 "succeeded",
                 None,
                 to_i64(s.credits_used),
                 s.credits_remaining,
-                Some(s.job_id),
-                s.note,
+                Some(s.job_id.to_owned()),
+                owned(s.note),
             ),
             AttemptOutcome::Answered { status, error } => (
                 "answered_error",
@@ -299,68 +311,96 @@ impl Store {
                 0,
                 None,
                 None,
-                Some(*error),
+                Some((*error).to_owned()),
             ),
-            AttemptOutcome::NotSent { error } => ("not_sent", None, 0, None, None, Some(*error)),
-            AttemptOutcome::Ambiguous { error, job_id } => {
-                ("ambiguous", None, 0, None, *job_id, Some(*error))
+            AttemptOutcome::NotSent { error } => {
+                ("not_sent", None, 0, None, None, Some((*error).to_owned()))
             }
+            AttemptOutcome::Ambiguous { error, job_id } => (
+                "ambiguous",
+                None,
+                0,
+                None,
+                owned(*job_id),
+                Some((*error).to_owned()),
+            ),
         };
-        sqlx::query(
-            "UPDATE attempts SET finished_at = ?, outcome = ?, http_status = ?, credits_billed = ?,
-                 credits_remaining = ?, job_id = ?, error = ?
-             WHERE id = ?",
-        )
-        .bind(now)
-        .bind(name)
-        .bind(status)
-        .bind(credits)
-        .bind(remaining)
-        .bind(job)
-        .bind(error)
-        .bind(attempt_id)
-        .execute(&mut *tx)
-        .await?;
-        let mut ids = Vec::new();
-        if let AttemptOutcome::Succeeded(s) = outcome {
-            sqlx::query(
-                "UPDATE tasks SET status = 'succeeded', job_id = ?, error = NULL,
-                     credits_billed = credits_billed + ?, updated_at = ?
-                 WHERE id = ?",
-            )
-            .bind(s.job_id)
-            .bind(credits)
-            .bind(now)
-            .bind(task_id)
-            .execute(&mut *tx)
-            .await?;
-            for (k, url) in s.urls.iter().enumerate() {
-                // A task that runs again (its first job fell short) replaces its outputs'
-                // records whole: the old job's file facts must not stick to the new job.
-                let (id,): (i64,) = sqlx::query_as(
-                    "INSERT INTO outputs (task_id, run_id, k, job_id, parent_job_id, url,
-                         url_issued_at)
-                     VALUES (?, ?, ?, ?, ?, ?, ?)
-                     ON CONFLICT (task_id, k) DO UPDATE SET job_id = excluded.job_id,
-                         parent_job_id = excluded.parent_job_id, url = excluded.url,
-                         url_issued_at = excluded.url_issued_at, path = NULL, sha256 = NULL,
-                         bytes = NULL, downloaded_at = NULL, download_error = NULL
-                     RETURNING id",
-                )
-                .bind(task_id)
-                .bind(run_id)
-                .bind(k as i64)
-                .bind(s.job_id)
-                .bind(s.parent_job_id)
-                .bind(url)
-                .bind(now)
-                .fetch_one(&mut *tx)
-                .await?;
-                ids.push(id);
+        let settled = match outcome {
+            AttemptOutcome::Succeeded(s) => {
+                Some((s.urls.to_vec(), owned(s.parent_job_id), s.job_id.to_owned()))
             }
-        }
-        tx.commit().await?;
-        Ok(ids)
+            _ => None,
+        };
+        let run_id = run_id.to_owned();
+        let written = self
+            .writer
+            .write(Box::new(move |conn| {
+                Box::pin(async move {
+                    let now = now_ms();
+                    sqlx::query(
+                        "UPDATE attempts SET finished_at = ?, outcome = ?, http_status = ?,
+                             credits_billed = ?, credits_remaining = ?, job_id = ?, error = ?
+                         WHERE id = ?",
+                    )
+                    .bind(now)
+                    .bind(name)
+                    .bind(status)
+                    .bind(credits)
+                    .bind(remaining)
+                    .bind(&job)
+                    .bind(&error)
+                    .bind(attempt_id)
+                    .execute(&mut *conn)
+                    .await?;
+                    let mut ids = Vec::new();
+                    let Some((urls, parent, job_id)) = settled else {
+                        return Ok(Written::Ids(ids));
+                    };
+                    sqlx::query(
+                        "UPDATE tasks SET status = 'succeeded', job_id = ?, error = NULL,
+                             credits_billed = credits_billed + ?, updated_at = ?
+                         WHERE id = ?",
+                    )
+                    .bind(&job_id)
+                    .bind(credits)
+                    .bind(now)
+                    .bind(task_id)
+                    .execute(&mut *conn)
+                    .await?;
+                    for (k, url) in urls.iter().enumerate() {
+                        // A task that runs again (its first job fell short) replaces its
+                        // outputs' records whole: the old job's file facts must not stick to
+                        // the new job.
+                        let (id,): (i64,) = sqlx::query_as(
+                            "INSERT INTO outputs (task_id, run_id, k, job_id, parent_job_id, url,
+                                 url_issued_at)
+                             VALUES (?, ?, ?, ?, ?, ?, ?)
+                             ON CONFLICT (task_id, k) DO UPDATE SET job_id = excluded.job_id,
+                                 parent_job_id = excluded.parent_job_id, url = excluded.url,
+                                 url_issued_at = excluded.url_issued_at, path = NULL,
+                                 sha256 = NULL, bytes = NULL, downloaded_at = NULL,
+                                 download_error = NULL
+                             RETURNING id",
+                        )
+                        .bind(task_id)
+                        .bind(&run_id)
+                        .bind(k as i64)
+                        .bind(&job_id)
+                        .bind(&parent)
+                        .bind(url)
+                        .bind(now)
+                        .fetch_one(&mut *conn)
+                        .await?;
+                        ids.push(id);
+                    }
+                    Ok(Written::Ids(ids))
+                })
+            }))
+            .await?;
+        Ok(match written {
+            Written::Ids(ids) => ids,
+            _ => Vec::new(),
+        })
     }
 
     /// Marks a task pending, failed or blocked, with the reason.
@@ -370,18 +410,26 @@ impl Store {
         status: TaskStatus,
         error: Option<&str>,
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool().begin().await?;
-        let now = now_ms();
-        for id in task_ids {
-            sqlx::query("UPDATE tasks SET status = ?, error = ?, updated_at = ? WHERE id = ?")
-                .bind(status.as_str())
-                .bind(error)
-                .bind(now)
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
+        let (ids, error) = (task_ids.to_vec(), error.map(str::to_owned));
+        self.writer
+            .write(Box::new(move |conn| {
+                Box::pin(async move {
+                    let now = now_ms();
+                    for id in ids {
+                        sqlx::query(
+                            "UPDATE tasks SET status = ?, error = ?, updated_at = ? WHERE id = ?",
+                        )
+                        .bind(status.as_str())
+                        .bind(&error)
+                        .bind(now)
+                        .bind(id)
+                        .execute(&mut *conn)
+                        .await?;
+                    }
+                    Ok(Written::Done)
+                })
+            }))
+            .await?;
         Ok(())
     }
 
@@ -413,18 +461,26 @@ impl Store {
         sha256: &str,
         bytes: u64,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE outputs SET path = ?, sha256 = ?, bytes = ?, downloaded_at = ?,
-                 download_error = NULL
-             WHERE id = ?",
-        )
-        .bind(path)
-        .bind(sha256)
-        .bind(to_i64(bytes))
-        .bind(now_ms())
-        .bind(output_id)
-        .execute(self.pool())
-        .await?;
+        let (path, sha256) = (path.to_owned(), sha256.to_owned());
+        self.writer
+            .write(Box::new(move |conn| {
+                Box::pin(async move {
+                    sqlx::query(
+                        "UPDATE outputs SET path = ?, sha256 = ?, bytes = ?, downloaded_at = ?,
+                             download_error = NULL
+                         WHERE id = ?",
+                    )
+                    .bind(&path)
+                    .bind(&sha256)
+                    .bind(to_i64(bytes))
+                    .bind(now_ms())
+                    .bind(output_id)
+                    .execute(&mut *conn)
+                    .await?;
+                    Ok(Written::Done)
+                })
+            }))
+            .await?;
         Ok(())
     }
 
@@ -433,25 +489,39 @@ impl Store {
         output_id: i64,
         error: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE outputs SET download_error = ? WHERE id = ?")
-            .bind(error)
-            .bind(output_id)
-            .execute(self.pool())
+        let error = error.to_owned();
+        self.writer
+            .write(Box::new(move |conn| {
+                Box::pin(async move {
+                    sqlx::query("UPDATE outputs SET download_error = ? WHERE id = ?")
+                        .bind(&error)
+                        .bind(output_id)
+                        .execute(&mut *conn)
+                        .await?;
+                    Ok(Written::Done)
+                })
+            }))
             .await?;
         Ok(())
     }
 
     pub async fn refresh_urls(&self, fresh: &[UrlIssued]) -> Result<(), StoreError> {
-        let mut tx = self.pool().begin().await?;
-        for f in fresh {
-            sqlx::query("UPDATE outputs SET url = ?, url_issued_at = ? WHERE id = ?")
-                .bind(&f.url)
-                .bind(f.issued_at)
-                .bind(f.output_id)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
+        let fresh = fresh.to_vec();
+        self.writer
+            .write(Box::new(move |conn| {
+                Box::pin(async move {
+                    for f in fresh {
+                        sqlx::query("UPDATE outputs SET url = ?, url_issued_at = ? WHERE id = ?")
+                            .bind(&f.url)
+                            .bind(f.issued_at)
+                            .bind(f.output_id)
+                            .execute(&mut *conn)
+                            .await?;
+                    }
+                    Ok(Written::Done)
+                })
+            }))
+            .await?;
         Ok(())
     }
 
