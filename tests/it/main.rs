@@ -17,5 +17,6 @@ mod report;
 mod report_page;
 mod resume;
 mod run;
+mod runner;
 mod sandbox_http;
 mod validate;
