@@ -11,8 +11,11 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-pub fn binary() -> &'static str {
-    env!("CARGO_BIN_EXE_imgpipe")
+/// The binary measured: this build's, or `IMGPIPE_BENCH_BINARY` (another build, to compare
+/// two versions on the same machine at the same time).
+pub fn binary() -> String {
+    std::env::var("IMGPIPE_BENCH_BINARY")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_imgpipe").to_owned())
 }
 
 pub fn env_usize(name: &str, default: usize) -> usize {
