@@ -280,10 +280,12 @@ impl Store {
                 })
             }))
             .await?;
-        Ok(match written {
-            Written::Id(id) => id,
-            _ => 0,
-        })
+        match written {
+            Written::Id(id) => Ok(id),
+            _ => Err(StoreError::Inconsistent(
+                "recording an attempt gave no attempt id".into(),
+            )),
+        }
     }
 
     /// The result, written right after the call returns. A success also settles the task and
@@ -397,10 +399,12 @@ impl Store {
                 })
             }))
             .await?;
-        Ok(match written {
-            Written::Ids(ids) => ids,
-            _ => Vec::new(),
-        })
+        match written {
+            Written::Ids(ids) => Ok(ids),
+            _ => Err(StoreError::Inconsistent(
+                "recording a result gave no output ids".into(),
+            )),
+        }
     }
 
     /// Marks a task pending, failed or blocked, with the reason.
