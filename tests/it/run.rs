@@ -1583,3 +1583,145 @@ async fn a_lock_left_by_a_killed_run_does_not_block_the_next() {
     let next = run(&env, dir, &["p.yaml", "--run-id", "next"]).await;
     assert_exit_without_panic(&next, 0);
 }
+
+/// A second process given the same run id with `--wait` waits for the first, then finds the
+/// run finished: it says so and pays nothing, rather than "resuming" it.
+#[tokio::test(flavor = "multi_thread")]
+async fn waiting_for_a_run_that_then_finishes_says_it_is_finished_and_pays_nothing() {
+    let env = start(sandbox::Config {
+        latency: Duration::from_millis(150),
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(3, None));
+    let first = tokio::spawn(run_command(&env, dir, &["p.yaml", "--run-id", "same"]).output());
+    wait_for_lock_holder(dir).await;
+    let waited = run(&env, dir, &["p.yaml", "--run-id", "same", "--wait"]).await;
+    assert_exit_without_panic(&waited, 0);
+    let first = first.await.unwrap().unwrap();
+    assert_exit_without_panic(&first, 0);
+    let text = stderr(&waited);
+    assert!(text.contains("run same is already finished"), "{text}");
+    assert!(!text.contains("resuming run"), "{text}");
+    assert!(!text.contains("started:"), "{text}");
+    assert!(
+        stdout(&waited).contains("run same: succeeded"),
+        "{}",
+        stdout(&waited)
+    );
+    assert_eq!(env.sandbox.ledger().len(), 9, "the run was paid for once");
+}
+
+/// The command printed after Ctrl-C works as pasted: it carries the key file, the service's
+/// address and the state database that were given as flags, with no environment to help.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_continue_command_printed_after_an_interruption_works_when_pasted() {
+    let env = start(sandbox::Config {
+        latency: Duration::from_millis(100),
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(3, None));
+    write(dir, "key", env.sandbox.key());
+    let base = env.sandbox.base_url().to_string();
+    let flags = [
+        "--run-id",
+        "night2",
+        "--api-key-file",
+        "key",
+        "--base-url",
+        base.as_str(),
+        "--state",
+        "my state.db",
+        "--concurrency",
+        "1",
+    ];
+    let mut args = vec!["run", "p.yaml"];
+    args.extend_from_slice(&flags);
+    let child = command(&args, dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    for _ in 0..400 {
+        if env.sandbox.ledger().len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let pid = child.id().unwrap() as i32;
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let interrupted = finish_child(child).await;
+    assert_exit_without_panic(&interrupted, 130);
+    let text = stderr(&interrupted);
+    let printed = text
+        .lines()
+        .find_map(|l| l.split("continue with: ").nth(1))
+        .unwrap_or_else(|| panic!("no continue command in:\n{text}"))
+        .trim()
+        .to_owned();
+    assert!(
+        printed.starts_with("imgpipe run p.yaml --run-id night2"),
+        "{printed}"
+    );
+    assert!(printed.contains("'my state.db'"), "{printed}");
+    let billed_before = env.sandbox.ledger().len();
+    assert!(billed_before < 9, "the run was interrupted before its end");
+    // Pasted into a shell, with no IMGPIPE_* in the environment.
+    let binary = env!("CARGO_BIN_EXE_imgpipe");
+    let line = printed.replacen("imgpipe", &format!("'{binary}'"), 1);
+    let pasted = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(&line)
+        .current_dir(dir)
+        .env_remove("IMGPIPE_BASE_URL")
+        .env_remove("IMGPIPE_API_KEY")
+        .env_remove("IMGPIPE_STATE")
+        .stdin(std::process::Stdio::null())
+        .output();
+    let pasted = tokio::time::timeout(RUN_LIMIT, pasted)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_exit_without_panic(&pasted, 0);
+    assert!(
+        stdout(&pasted).contains("run night2: succeeded"),
+        "{}",
+        stdout(&pasted)
+    );
+    assert!(dir.join("my state.db").exists());
+    // The call in flight at the interruption was let finish and recorded: each of the nine
+    // tasks was paid for exactly once.
+    let ledger = env.sandbox.ledger();
+    assert_eq!(ledger.len(), 9, "{ledger:#?}");
+    assert!(ledger.iter().all(|e| e.delivered), "{ledger:#?}");
+}
+
+async fn finish_child(child: tokio::process::Child) -> Output {
+    tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
+        .await
+        .expect("imgpipe finishes in time")
+        .expect("imgpipe runs")
+}
+
+/// `runs` where there is no database says where it looked and how to look elsewhere,
+/// `--sandbox` included (the README's first command records its run in sandbox.db).
+#[tokio::test]
+async fn runs_without_a_database_says_where_to_look() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let mut cmd = command(&["runs"], dir.path());
+    cmd.env("HOME", &home).env_remove("XDG_STATE_HOME");
+    let o = finish(cmd).await;
+    assert_exit_without_panic(&o, 0);
+    let text = stdout(&o);
+    assert!(
+        text.contains("no runs yet: there is no state database at"),
+        "{text}"
+    );
+    assert!(text.contains("state.db"), "{text}");
+    assert!(text.contains("add --sandbox"), "{text}");
+    assert!(!home.exists(), "looking created nothing");
+}
