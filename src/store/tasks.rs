@@ -206,7 +206,7 @@ impl Store {
         run_id: &str,
         status: Option<TaskStatus>,
     ) -> Result<Vec<TaskRow>, StoreError> {
-        let rows = sqlx::query(
+        let mut rows = sqlx::query(
             "SELECT t.id, t.item, t.step, t.idx, t.status, t.planned_credits, t.credits_billed,
                     t.job_id, t.error, t.identity, t.reused_from,
                     a.id AS a_id, a.outcome AS a_outcome, a.job_id AS a_job
@@ -218,33 +218,13 @@ impl Store {
         .bind(run_id)
         .bind(status.map(TaskStatus::as_str))
         .bind(status.map(TaskStatus::as_str))
-        .fetch_all(self.pool())
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(TaskRow {
-                    id: r.try_get("id")?,
-                    item: r.try_get("item")?,
-                    step: r.try_get("step")?,
-                    idx: u32::try_from(r.try_get::<i64, _>("idx")?).unwrap_or(0),
-                    status: TaskStatus::parse(r.try_get("status")?),
-                    planned_credits: to_u64(r.try_get("planned_credits")?),
-                    credits_billed: to_u64(r.try_get("credits_billed")?),
-                    job_id: r.try_get("job_id")?,
-                    error: r.try_get("error")?,
-                    last_attempt: match r.try_get::<Option<i64>, _>("a_id")? {
-                        Some(id) => Some(LastAttempt {
-                            id,
-                            outcome: r.try_get("a_outcome")?,
-                            job_id: r.try_get("a_job")?,
-                        }),
-                        None => None,
-                    },
-                    identity: r.try_get("identity")?,
-                    reused_from: r.try_get("reused_from")?,
-                })
-            })
-            .collect()
+        .fetch(self.pool());
+        // Row by row: a large run's rows are never held twice, raw and decoded.
+        let mut out = Vec::new();
+        while let Some(r) = futures::TryStreamExt::try_next(&mut rows).await? {
+            out.push(task_row(&r)?);
+        }
+        Ok(out)
     }
 
     /// The intent: written and committed before the paid call is sent.
@@ -635,6 +615,31 @@ impl Store {
             download_failures: n(&o, "failures")?,
         })
     }
+}
+
+/// A task row as [`Store::tasks_where`] selects it.
+fn task_row(r: &sqlx::sqlite::SqliteRow) -> Result<TaskRow, StoreError> {
+    Ok(TaskRow {
+        id: r.try_get("id")?,
+        item: r.try_get("item")?,
+        step: r.try_get("step")?,
+        idx: u32::try_from(r.try_get::<i64, _>("idx")?).unwrap_or(0),
+        status: TaskStatus::parse(r.try_get("status")?),
+        planned_credits: to_u64(r.try_get("planned_credits")?),
+        credits_billed: to_u64(r.try_get("credits_billed")?),
+        job_id: r.try_get("job_id")?,
+        error: r.try_get("error")?,
+        last_attempt: match r.try_get::<Option<i64>, _>("a_id")? {
+            Some(id) => Some(LastAttempt {
+                id,
+                outcome: r.try_get("a_outcome")?,
+                job_id: r.try_get("a_job")?,
+            }),
+            None => None,
+        },
+        identity: r.try_get("identity")?,
+        reused_from: r.try_get("reused_from")?,
+    })
 }
 
 /// Rows per INSERT: one statement per row made recording a large batch's tasks take seconds
