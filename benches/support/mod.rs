@@ -36,6 +36,15 @@ pub struct Usage {
 /// Reaps child `pid`, started at `start`, and panics with the tail of its log (`stderr`) when
 /// it did not exit 0.
 pub fn wait(pid: u32, start: Instant, stderr: &Path) -> Usage {
+    let (usage, status) = reap(pid, start);
+    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+        failed(status, stderr);
+    }
+    usage
+}
+
+/// Reaps child `pid`, started at `start`, whatever its end: its usage and its raw wait status.
+pub fn reap(pid: u32, start: Instant) -> (Usage, libc::c_int) {
     let mut status = 0;
     // SAFETY: an all-zero rusage is a valid value, and wait4 writes it for our own child.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -43,21 +52,24 @@ pub fn wait(pid: u32, start: Instant, stderr: &Path) -> Usage {
     let reaped = unsafe { libc::wait4(pid as libc::pid_t, &mut status, 0, &mut usage) };
     let wall = start.elapsed();
     assert_eq!(reaped, pid as libc::pid_t, "wait4 failed");
-    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
-        let log = std::fs::read_to_string(stderr).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(20).collect();
-        panic!(
-            "imgpipe failed with status {status}; its last log lines:\n{}",
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        );
-    }
     let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    Usage {
+    let usage = Usage {
         wall: wall.as_secs_f64(),
         cpu: seconds(usage.ru_utime) + seconds(usage.ru_stime),
         // Linux reports ru_maxrss in KiB.
         peak_mib: usage.ru_maxrss as f64 / 1024.0,
-    }
+    };
+    (usage, status)
+}
+
+/// Panics with wait status `status` and the tail of the child's log (`stderr`).
+pub fn failed(status: libc::c_int, stderr: &Path) -> ! {
+    let log = std::fs::read_to_string(stderr).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(20).collect();
+    panic!(
+        "imgpipe failed with status {status}; its last log lines:\n{}",
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    );
 }
 
 /// Starts `cmd` with its output in files; [`wait`] measures it.
@@ -91,8 +103,13 @@ pub struct Sandbox {
 
 impl Sandbox {
     pub fn start(extra: &[String]) -> Sandbox {
+        Sandbox::start_with_balance("100000000", extra)
+    }
+
+    /// [`Sandbox::start`] with another starting balance (the sandbox takes `--balance` once).
+    pub fn start_with_balance(balance: &str, extra: &[String]) -> Sandbox {
         let mut child = Command::new(binary())
-            .args(["sandbox", "--json", "--port", "0", "--balance", "100000000"])
+            .args(["sandbox", "--json", "--port", "0", "--balance", balance])
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -1,0 +1,552 @@
+//! A run at batch scale (the issue "the executor at batch scale"): IMGPIPE_BENCH_ITEMS items
+//! (default 100,000) from JSONL through the chain of `pipelines/product-shots.yaml` (generate
+//! `n: 2` → erase → expand 16:9 → upscale 4× → remove_background: 9 tasks an item, no budget),
+//! run by `imgpipe run --concurrency 16` (release) against `imgpipe sandbox` (32-pixel images,
+//! no latency, no rate limit) in separate processes:
+//!
+//! - start-up: from spawning `imgpipe run` to its first paid call, i.e. the `started_at` of the
+//!   first attempt it records (the state database polled read-only every 50 ms) less the
+//!   spawn's wall-clock time. Goal: at most 1 s more than one read of the items file, timed
+//!   here as reading the file and parsing every line;
+//! - memory: the run's peak RSS, sampled (VmHWM) every 100 ms while it calls, and the kernel's
+//!   final figure (wait4) once it has stopped. IMGPIPE_BENCH_RUN_SECS seconds (default 10)
+//!   after its first call the run gets SIGINT, as from a user at the terminal. Goal: 100 MB;
+//! - then, on that interrupted run: `resume --dry-run` (goal 2 s and 100 MB), `status` and
+//!   `report` (goal 2 s each): wall time and peak RSS from wait4.
+//!
+//! Every run gets its own sandbox, state database and output directory. Medians of
+//! IMGPIPE_BENCH_RUNS runs (default 1: a run of 100,000 items takes minutes). Run with
+//! `cargo bench --bench scale`; IMGPIPE_BENCH_BINARY=PATH measures another build.
+
+// Benchmarks and tests report on stdout and stderr by design, and share helpers between
+// their own modules.
+#![allow(clippy::print_stdout, clippy::print_stderr, unreachable_pub)]
+
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+use sqlx::Connection;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
+
+#[path = "support/mod.rs"]
+mod support;
+use support::{Sandbox, Usage, binary, env_usize};
+
+const DEFAULT_ITEMS: usize = 100_000;
+const DEFAULT_RUNS: usize = 1;
+const DEFAULT_RUN_SECS: usize = 10;
+/// generate `n: 2`, then four tool steps on each of its two images.
+const TASKS_PER_ITEM: usize = 9;
+const CONCURRENCY: &str = "16";
+const IMAGE_SIDE: &str = "32";
+/// Enough for any size this bench makes: the run must never stop for want of credits.
+const BALANCE: &str = "1000000000000";
+const MIB: f64 = 1024.0 * 1024.0;
+/// The issue's memory goal, 100 MB, in MiB.
+const GOAL_MIB: f64 = 100e6 / MIB;
+/// Start-up allowed on top of one read of the items file.
+const GOAL_FIRST_CALL_S: f64 = 1.0;
+const GOAL_COMMAND_S: f64 = 2.0;
+const POLL: Duration = Duration::from_millis(50);
+/// VmHWM is read every this many polls (100 ms).
+const SAMPLE_EVERY: u32 = 2;
+/// Longest wait for the first paid call before the bench gives up.
+const FIRST_CALL_TIMEOUT: Duration = Duration::from_secs(900);
+/// Longest wait for the run to stop after SIGINT (its `--grace` is 60 s) before SIGKILL.
+const STOP_TIMEOUT: Duration = Duration::from_secs(120);
+
+const PIPELINE: &str = r#"version: 1
+name: scale-bench
+pricing: { generation: 4 }
+items_from: items.jsonl
+steps:
+  - id: shot
+    generate: { prompt: "Studio photo of {{ item.subject }} on a white backdrop", n: 2, size: 2K }
+  - id: clean
+    erase: { from: shot, object_name: "{{ item.remove }}" }
+  - id: wide
+    expand: { from: clean, aspect_ratio: "16:9", prompt: extend the backdrop }
+  - id: big
+    upscale: { from: wide, desired_increase: 4 }
+  - id: cutout
+    remove_background: { from: big }
+"#;
+
+const SUBJECTS: [&str; 4] = [
+    "a ceramic coffee mug",
+    "a brass desk lamp",
+    "an oak dining chair",
+    "a linen cushion",
+];
+const REMOVALS: [&str; 4] = [
+    "the price sticker",
+    "the power cable",
+    "the floor scuff",
+    "the loose thread",
+];
+
+/// One run's figures.
+#[derive(Clone, Copy, Default)]
+struct Sample {
+    /// Seconds to read the items file and parse every line, in this process.
+    items_read: f64,
+    /// Seconds from spawning `imgpipe run` to its first paid call.
+    first_call: f64,
+    /// VmHWM when the bench saw the first call (MiB).
+    hwm_at_first_mib: f64,
+    /// The most VmHWM sampled before SIGINT (MiB).
+    sampled_peak_mib: f64,
+    /// The run as the kernel accounted it, SIGINT and shutdown included.
+    run: Usage,
+    /// Seconds from SIGINT to the run's exit.
+    stop: f64,
+    tasks: u64,
+    succeeded: u64,
+    attempts: u64,
+    resume: Usage,
+    status: Usage,
+    report: Usage,
+}
+
+fn main() {
+    let items = env_usize("IMGPIPE_BENCH_ITEMS", DEFAULT_ITEMS).max(1);
+    let runs = env_usize("IMGPIPE_BENCH_RUNS", DEFAULT_RUNS).max(1);
+    let run_secs = env_usize("IMGPIPE_BENCH_RUN_SECS", DEFAULT_RUN_SECS) as u64;
+    println!(
+        "{items} items x {TASKS_PER_ITEM} tasks, concurrency {CONCURRENCY}, SIGINT {run_secs} s \
+         after the first paid call, {runs} run(s), binary: {}",
+        binary()
+    );
+    let samples: Vec<Sample> = (1..=runs)
+        .map(|i| {
+            let s = run_once(items, Duration::from_secs(run_secs));
+            print_sample(i, &s);
+            s
+        })
+        .collect();
+    report(&median(&samples), runs);
+}
+
+fn run_once(items: usize, run_for: Duration) -> Sample {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = dir.path();
+    let pipeline = write_inputs(dir, items);
+    let items_read = read_items(&dir.join("items.jsonl"), items);
+    let sandbox =
+        Sandbox::start_with_balance(BALANCE, &["--image-side".to_owned(), IMAGE_SIDE.to_owned()]);
+    let state = dir.join("state.db");
+
+    let mut run = imgpipe(Some(&sandbox));
+    run.arg("run")
+        .arg(&pipeline)
+        .arg("--state")
+        .arg(&state)
+        .arg("--out")
+        .arg(dir.join("out"))
+        .args(["--concurrency", CONCURRENCY]);
+    let watched = run_and_interrupt(run, &state, dir, run_for);
+    let record = recorded(&state);
+
+    let mut resume = imgpipe(Some(&sandbox));
+    resume
+        .args(["resume", &record.run_id, "--dry-run", "--state"])
+        .arg(&state);
+    let resume = measure(resume, dir, "resume");
+    let mut status = imgpipe(None);
+    status
+        .args(["status", &record.run_id, "--state"])
+        .arg(&state);
+    let status = measure(status, dir, "status");
+    let mut report = imgpipe(None);
+    report
+        .args(["report", &record.run_id, "--state"])
+        .arg(&state)
+        .arg("--out")
+        .arg(dir.join("report.html"));
+    let report = measure(report, dir, "report");
+
+    Sample {
+        items_read,
+        first_call: watched.first_call,
+        hwm_at_first_mib: watched.hwm_at_first_mib,
+        sampled_peak_mib: watched.sampled_peak_mib,
+        run: watched.usage,
+        stop: watched.stop,
+        tasks: record.tasks,
+        succeeded: record.succeeded,
+        attempts: record.attempts,
+        resume,
+        status,
+        report,
+    }
+}
+
+/// The binary, told the sandbox's address and key when given one; never the user's state
+/// database or log settings.
+fn imgpipe(sandbox: Option<&Sandbox>) -> Command {
+    let mut cmd = Command::new(binary());
+    cmd.env_remove("IMGPIPE_LOG")
+        .env_remove("IMGPIPE_STATE")
+        .env_remove("IMGPIPE_BASE_URL")
+        .env_remove("IMGPIPE_API_KEY");
+    if let Some(s) = sandbox {
+        cmd.env("IMGPIPE_BASE_URL", &s.base_url)
+            .env("IMGPIPE_API_KEY", &s.api_key);
+    }
+    cmd
+}
+
+/// Runs `cmd` to its end, output in `dir/NAME.out` and `dir/NAME.log`; panics unless it exits 0.
+fn measure(cmd: Command, dir: &Path, name: &str) -> Usage {
+    support::measure(
+        cmd,
+        &dir.join(format!("{name}.out")),
+        &dir.join(format!("{name}.log")),
+    )
+}
+
+fn write_inputs(dir: &Path, items: usize) -> PathBuf {
+    let file = dir.join("bench.yaml");
+    std::fs::write(&file, PIPELINE).expect("write pipeline");
+    let out = std::fs::File::create(dir.join("items.jsonl")).expect("create items");
+    let mut out = BufWriter::new(out);
+    for i in 1..=items {
+        let line = serde_json::json!({
+            "id": format!("p{i:06}"),
+            "subject": format!("{} (model {i})", SUBJECTS[i % SUBJECTS.len()]),
+            "remove": REMOVALS[i % REMOVALS.len()],
+        });
+        writeln!(out, "{line}").expect("write item");
+    }
+    out.flush().expect("flush items");
+    file
+}
+
+/// Seconds to read the items file and parse each line, as any reader of it must at least once.
+fn read_items(path: &Path, items: usize) -> f64 {
+    let start = Instant::now();
+    let bytes = std::fs::read(path).expect("read items");
+    let mut parsed = 0;
+    for line in bytes.split(|&b| b == b'\n').filter(|line| !line.is_empty()) {
+        let item: Value = serde_json::from_slice(line).expect("an item is JSON");
+        std::hint::black_box(item);
+        parsed += 1;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    assert_eq!(parsed, items, "items read back");
+    seconds
+}
+
+/// What [`run_and_interrupt`] saw of the run.
+struct Watched {
+    first_call: f64,
+    hwm_at_first_mib: f64,
+    sampled_peak_mib: f64,
+    usage: Usage,
+    stop: f64,
+}
+
+/// Kills and reaps a child the bench has not reaped itself, e.g. when it panics.
+struct Reaper {
+    pid: u32,
+    reaped: bool,
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        if !self.reaped {
+            let pid = self.pid as libc::pid_t;
+            // SAFETY: pid is our child and not reaped, so it names no other process.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // SAFETY: as above; a null status pointer is allowed.
+            unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+        }
+    }
+}
+
+/// Spawns the run, waits for its first paid call, lets it call for `run_for`, sends SIGINT and
+/// reaps it; samples its VmHWM all along.
+fn run_and_interrupt(mut cmd: Command, state: &Path, dir: &Path, run_for: Duration) -> Watched {
+    let stderr = dir.join("run.log");
+    let spawned_ms = unix_ms();
+    let (child, start) = support::spawn(&mut cmd, &dir.join("run.out"), &stderr);
+    let mut reaper = Reaper {
+        pid: child.id(),
+        reaped: false,
+    };
+    let pid = child.id();
+    let mut db = Poller::new(state);
+    let mut first: Option<(f64, Instant)> = None;
+    let (mut hwm_at_first, mut sampled_peak) = (0.0_f64, 0.0_f64);
+    let mut sigint: Option<Instant> = None;
+    let mut killed = false;
+    let mut tick = 0_u32;
+    loop {
+        let sample_now = tick.is_multiple_of(SAMPLE_EVERY);
+        tick += 1;
+        if sample_now {
+            match proc_hwm_mib(pid) {
+                Some(hwm) => {
+                    if sigint.is_none() {
+                        sampled_peak = sampled_peak.max(hwm);
+                    }
+                }
+                None => break, // exited: a zombie until reaped below
+            }
+        }
+        let now = Instant::now();
+        match (first, sigint) {
+            (None, _) => {
+                if let Some(started_ms) = db.first_call() {
+                    let after = (started_ms - spawned_ms).max(0) as f64 / 1000.0;
+                    let deadline = start + Duration::from_secs_f64(after) + run_for;
+                    first = Some((after, deadline));
+                    hwm_at_first = proc_hwm_mib(pid).unwrap_or(sampled_peak);
+                    sampled_peak = sampled_peak.max(hwm_at_first);
+                } else if now - start > FIRST_CALL_TIMEOUT {
+                    panic!("no paid call within {FIRST_CALL_TIMEOUT:?}: see {stderr:?}");
+                }
+            }
+            (Some((_, deadline)), None) if now >= deadline => {
+                // SAFETY: pid is our child and not reaped, so it names no other process.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
+                sigint = Some(now);
+            }
+            (Some(_), Some(at)) if !killed && now - at > STOP_TIMEOUT => {
+                // SAFETY: as above.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+                killed = true;
+                eprintln!("the run did not stop within {STOP_TIMEOUT:?} of SIGINT: killed");
+            }
+            _ => {}
+        }
+        std::thread::sleep(POLL);
+    }
+    let (usage, status) = support::reap(pid, start);
+    reaper.reaped = true;
+    let ended = Instant::now();
+    let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+    // 130: interrupted, as asked; 0: it finished all its work before the signal.
+    if !matches!(code, Some(0 | 130)) {
+        support::failed(status, &stderr);
+    }
+    let Some((first_call, _)) = first else {
+        panic!("the run ended before its first paid call: see {stderr:?}");
+    };
+    Watched {
+        first_call,
+        hwm_at_first_mib: hwm_at_first,
+        sampled_peak_mib: sampled_peak,
+        usage,
+        stop: sigint.map_or(0.0, |at| (ended - at).as_secs_f64()),
+    }
+}
+
+fn unix_ms() -> i64 {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("a clock after 1970");
+    i64::try_from(since.as_millis()).expect("milliseconds fit")
+}
+
+/// The child's VmHWM in MiB, or `None` once it has exited (a zombie has no memory lines).
+fn proc_hwm_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
+/// A read-only look at the state database while the run writes it.
+struct Poller {
+    runtime: tokio::runtime::Runtime,
+    options: SqliteConnectOptions,
+    conn: Option<SqliteConnection>,
+}
+
+impl Poller {
+    fn new(db: &Path) -> Poller {
+        Poller {
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime"),
+            options: SqliteConnectOptions::new()
+                .filename(db)
+                .read_only(true)
+                // Never hold the loop up: a busy database is asked again at the next poll.
+                .busy_timeout(Duration::from_millis(10)),
+            conn: None,
+        }
+    }
+
+    /// `MIN(started_at)` of the attempts (unix ms), once there is one. Until the run has made
+    /// the database (and its tables) every error means "not yet"; the connection is opened
+    /// again after one.
+    fn first_call(&mut self) -> Option<i64> {
+        let Poller {
+            runtime,
+            options,
+            conn,
+        } = self;
+        runtime.block_on(async {
+            if conn.is_none() {
+                *conn = SqliteConnection::connect_with(options).await.ok();
+            }
+            let answer =
+                sqlx::query_as::<_, (Option<i64>,)>("SELECT MIN(started_at) FROM attempts")
+                    .fetch_one(conn.as_mut()?)
+                    .await;
+            match answer {
+                Ok((first,)) => first,
+                Err(_) => {
+                    if let Some(c) = conn.take() {
+                        let _ = c.close().await;
+                    }
+                    None
+                }
+            }
+        })
+    }
+}
+
+/// What the state database holds once the run has stopped.
+struct Record {
+    run_id: String,
+    tasks: u64,
+    succeeded: u64,
+    attempts: u64,
+}
+
+fn recorded(db: &Path) -> Record {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async {
+        let options = SqliteConnectOptions::new().filename(db).read_only(true);
+        let mut conn = SqliteConnection::connect_with(&options)
+            .await
+            .expect("open the state database");
+        let ids: Vec<(String,)> = sqlx::query_as("SELECT id FROM runs")
+            .fetch_all(&mut conn)
+            .await
+            .expect("read runs");
+        assert_eq!(ids.len(), 1, "one run in the state database");
+        let (tasks, succeeded): (i64, i64) =
+            sqlx::query_as("SELECT COUNT(*), COALESCE(SUM(status = 'succeeded'), 0) FROM tasks")
+                .fetch_one(&mut conn)
+                .await
+                .expect("read tasks");
+        let (attempts,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM attempts")
+            .fetch_one(&mut conn)
+            .await
+            .expect("read attempts");
+        let _ = conn.close().await;
+        let u = |n: i64| u64::try_from(n).unwrap_or(0);
+        Record {
+            run_id: ids[0].0.clone(),
+            tasks: u(tasks),
+            succeeded: u(succeeded),
+            attempts: u(attempts),
+        }
+    })
+}
+
+fn print_sample(i: usize, s: &Sample) {
+    println!(
+        "  run {i}: items read {:.3} s; first paid call {:.2} s after spawn (VmHWM then {:.1} MiB); \
+         {} of {} tasks succeeded, {} attempts; run peak RSS {:.1} MiB sampled before SIGINT, \
+         {:.1} MiB (wait4), wall {:.2} s, cpu {:.2} s, exit {:.2} s after SIGINT; \
+         resume --dry-run {:.2} s {:.1} MiB; status {:.2} s {:.1} MiB; report {:.2} s {:.1} MiB",
+        s.items_read,
+        s.first_call,
+        s.hwm_at_first_mib,
+        s.succeeded,
+        s.tasks,
+        s.attempts,
+        s.sampled_peak_mib,
+        s.run.peak_mib,
+        s.run.wall,
+        s.run.cpu,
+        s.stop,
+        s.resume.wall,
+        s.resume.peak_mib,
+        s.status.wall,
+        s.status.peak_mib,
+        s.report.wall,
+        s.report.peak_mib,
+    );
+}
+
+fn median(samples: &[Sample]) -> Sample {
+    let pick = |f: &dyn Fn(&Sample) -> f64| {
+        let mut v: Vec<f64> = samples.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let usage = |f: &dyn Fn(&Sample) -> Usage| Usage {
+        wall: pick(&|s| f(s).wall),
+        cpu: pick(&|s| f(s).cpu),
+        peak_mib: pick(&|s| f(s).peak_mib),
+    };
+    Sample {
+        items_read: pick(&|s| s.items_read),
+        first_call: pick(&|s| s.first_call),
+        hwm_at_first_mib: pick(&|s| s.hwm_at_first_mib),
+        sampled_peak_mib: pick(&|s| s.sampled_peak_mib),
+        run: usage(&|s| s.run),
+        stop: pick(&|s| s.stop),
+        tasks: pick(&|s| s.tasks as f64) as u64,
+        succeeded: pick(&|s| s.succeeded as f64) as u64,
+        attempts: pick(&|s| s.attempts as f64) as u64,
+        resume: usage(&|s| s.resume),
+        status: usage(&|s| s.status),
+        report: usage(&|s| s.report),
+    }
+}
+
+fn report(m: &Sample, runs: usize) {
+    let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
+    let first_goal = GOAL_FIRST_CALL_S + m.items_read;
+    println!("\ngoals (medians of {runs} run(s); 100 MB = {GOAL_MIB:.1} MiB)");
+    println!(
+        "  first paid call   {:.2} s after spawn (goal {GOAL_FIRST_CALL_S} s + {:.2} s to read \
+         the items file = {first_goal:.2} s): {}",
+        m.first_call,
+        m.items_read,
+        verdict(m.first_call <= first_goal)
+    );
+    println!(
+        "  run memory        peak RSS {:.1} MiB (wait4; sampled before SIGINT {:.1} MiB, at the \
+         first call {:.1} MiB; goal 100 MB, held against the larger): {}; {} tasks succeeded",
+        m.run.peak_mib,
+        m.sampled_peak_mib,
+        m.hwm_at_first_mib,
+        verdict(m.run.peak_mib.max(m.sampled_peak_mib) <= GOAL_MIB),
+        m.succeeded
+    );
+    println!(
+        "  resume --dry-run  {:.2} s, peak RSS {:.1} MiB (goal {GOAL_COMMAND_S} s and 100 MB): {}",
+        m.resume.wall,
+        m.resume.peak_mib,
+        verdict(m.resume.wall <= GOAL_COMMAND_S && m.resume.peak_mib <= GOAL_MIB)
+    );
+    for (name, u) in [("status", m.status), ("report", m.report)] {
+        println!(
+            "  {name:<17} {:.2} s, peak RSS {:.1} MiB (goal {GOAL_COMMAND_S} s): {}",
+            u.wall,
+            u.peak_mib,
+            verdict(u.wall <= GOAL_COMMAND_S)
+        );
+    }
+}
