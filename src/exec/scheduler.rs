@@ -778,3 +778,43 @@ async fn sleep_until(deadline: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::reach;
+    use crate::plan::graph::Graph;
+
+    #[test]
+    fn reach_counts_the_longest_chain_of_calls_ahead_of_each_task() {
+        // Per item: a generation of two images, each erased, then upscaled: 5 tasks, chains
+        // of three calls; the batch step's style feeds every item's generation.
+        let g = Graph::of_text(
+            r#"
+version: 1
+name: t
+items: [{ id: a }, { id: b }]
+steps:
+  - id: style
+    once: true
+    generate: { prompt: a style }
+  - id: shot
+    generate: { prompt: "shot {{ item.id }}", n: 2, image_urls: [{ from: style }] }
+  - id: clean
+    erase: { from: shot, object_name: a scuff }
+  - id: big
+    upscale: { from: clean, desired_increase: 2 }
+"#,
+        );
+        let reach = reach(&g);
+        let of = |step: &str| -> Vec<u32> {
+            (0..g.tasks.len())
+                .filter(|t| g.step_id(*t) == step)
+                .map(|t| reach[t])
+                .collect()
+        };
+        assert_eq!(of("style"), [4]);
+        assert_eq!(of("shot"), [3, 3]);
+        assert_eq!(of("clean"), [2, 2, 2, 2]);
+        assert_eq!(of("big"), [1, 1, 1, 1]);
+    }
+}

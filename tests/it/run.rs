@@ -1725,3 +1725,87 @@ async fn runs_without_a_database_says_where_to_look() {
     assert!(text.contains("add --sandbox"), "{text}");
     assert!(!home.exists(), "looking created nothing");
 }
+
+/// Whether the run's first two calls overlapped: the second was sent before the first
+/// answered. A step whose price is only the file's word sends one call first.
+async fn first_calls_overlap(dir: &Path, run_id: &str) -> bool {
+    let mut conn = SqliteConnectOptions::new()
+        .filename(state_path(dir))
+        .read_only(true)
+        .connect()
+        .await
+        .unwrap();
+    let rows: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT started_at, finished_at FROM attempts WHERE run_id = ? ORDER BY started_at LIMIT 2",
+    )
+    .bind(run_id)
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    rows[1].0 < rows[0].1
+}
+
+const FOUR_GENERATIONS: &str = r#"
+version: 1
+name: gens
+pricing: { generation: 4 }
+items: [{ id: a }, { id: b }, { id: c }, { id: d }]
+steps:
+  - id: shot
+    generate: { prompt: "a {{ item.id }}" }
+"#;
+
+/// The price test costs one lone call only while the price is the file's word: not when the
+/// service states it, nor once a call of the same kind was billed that price before.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_price_the_service_states_or_billed_before_needs_no_lone_first_call() {
+    let slow = |advertise_price| sandbox::Config {
+        latency: Duration::from_millis(200),
+        advertise_price,
+        ..config()
+    };
+    // The file's word alone, on a fresh state database: one call first.
+    let env = start(slow(false)).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", FOUR_GENERATIONS);
+    let o = run(
+        &env,
+        dir,
+        &["p.yaml", "--run-id", "first", "--concurrency", "4"],
+    )
+    .await;
+    assert_exit_without_panic(&o, 0);
+    assert!(
+        !first_calls_overlap(dir, "first").await,
+        "the price was not tested alone"
+    );
+    // The same price billed before, in the same database: all four go at once.
+    let o = run(
+        &env,
+        dir,
+        &["p.yaml", "--run-id", "second", "--concurrency", "4"],
+    )
+    .await;
+    assert_exit_without_panic(&o, 0);
+    assert!(first_calls_overlap(dir, "second").await);
+    assert_eq!(env.sandbox.ledger().len(), 8);
+
+    // The service states the price (and the file agrees): no lone first call either.
+    let env = start(slow(true)).await;
+    let dir = env.dir.path();
+    write(
+        dir,
+        "p.yaml",
+        &FOUR_GENERATIONS.replace("pricing: { generation: 4 }\n", ""),
+    );
+    let o = run(
+        &env,
+        dir,
+        &["p.yaml", "--run-id", "stated", "--concurrency", "4"],
+    )
+    .await;
+    assert_exit_without_panic(&o, 0);
+    assert!(first_calls_overlap(dir, "stated").await);
+}
