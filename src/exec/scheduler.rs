@@ -28,8 +28,9 @@ const MAX_THROTTLED: u32 = 30;
 /// Ready-queue order: instance (the batch first, then items in file order), step, index.
 type Key = (Instance, usize, u32, usize);
 
-/// Graph index of a task by its recorded identity: item directory, step id, index.
-type TaskIndex = HashMap<(String, String, u32), usize>;
+/// Graph index of a task by its recorded identity: item directory, step id, index, borrowed
+/// from the graph.
+type TaskIndex<'g> = HashMap<(&'g str, &'g str, u32), usize>;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -96,12 +97,18 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<Outcome, StoreError> {
     store.settle_orphaned_attempts(&config.run_id).await?;
-    let rows = store.tasks(&config.run_id).await?;
-    let index: TaskIndex = (0..graph.tasks.len()).map(|t| (graph.key(t), t)).collect();
+    let keys = Arc::clone(&graph);
+    let index: TaskIndex<'_> = (0..keys.tasks.len())
+        .map(|t| (keys.key_ref(t), t))
+        .collect();
     let mut row_ids = vec![0i64; graph.tasks.len()];
     let mut prior = vec![Prior::Todo; graph.tasks.len()];
-    for row in &rows {
-        if let Some(&t) = index.get(&(row.item.clone(), row.step.clone(), row.idx)) {
+    // Rows stream: a large run's rows are looked up one at a time, never all held at once.
+    store
+        .each_task(&config.run_id, |row| {
+            let Some(&t) = index.get(&(row.item.as_str(), row.step.as_str(), row.idx)) else {
+                return;
+            };
             row_ids[t] = row.id;
             prior[t] = match row.status {
                 TaskStatus::Succeeded => Prior::Done,
@@ -117,8 +124,8 @@ pub async fn run(
                 }
                 _ => Prior::Todo,
             };
-        }
-    }
+        })
+        .await?;
     if let Some(t) = row_ids.iter().position(|id| *id == 0) {
         return Err(StoreError::Inconsistent(format!(
             "task {}/{} is not recorded for run {}",
@@ -137,7 +144,6 @@ pub async fn run(
         row_ids,
         &config,
     ));
-    drop(rows);
     let mut s = Scheduler::new(shared, graph, config, observer, &prior, shutdown);
     s.restore_outputs(&index).await?;
     // Setup only: a large run should not carry every row's strings to the end.
@@ -260,27 +266,31 @@ impl Scheduler {
     }
 
     /// Loads the outputs of tasks that succeeded earlier, and downloads those not on disk.
-    async fn restore_outputs(&mut self, index: &TaskIndex) -> Result<(), StoreError> {
-        for o in self.shared.store.outputs(&self.config.run_id).await? {
-            let Some(&t) = index.get(&(o.item.clone(), o.step.clone(), o.idx)) else {
-                continue;
-            };
-            self.shared.set_url(
-                t,
-                o.k,
-                OutputUrl {
-                    output_id: o.id,
-                    job_id: o.job_id.clone(),
-                    url: o.url.clone(),
-                    issued_ms: o.url_issued_at,
-                },
-            );
-            if o.path.is_none() {
-                self.downloads
-                    .spawn(download(Arc::clone(&self.shared), t, o.k));
-            }
-        }
-        Ok(())
+    async fn restore_outputs(&mut self, index: &TaskIndex<'_>) -> Result<(), StoreError> {
+        let store = self.shared.store.clone();
+        store
+            .each_output(&self.config.run_id, false, |o| {
+                let Some(&t) = index.get(&(o.item.as_str(), o.step.as_str(), o.idx)) else {
+                    return Ok(());
+                };
+                let missing = o.path.is_none();
+                self.shared.set_url(
+                    t,
+                    o.k,
+                    OutputUrl {
+                        output_id: o.id,
+                        job_id: o.job_id,
+                        url: o.url,
+                        issued_ms: o.url_issued_at,
+                    },
+                );
+                if missing {
+                    self.downloads
+                        .spawn(download(Arc::clone(&self.shared), t, o.k));
+                }
+                Ok(())
+            })
+            .await
     }
 
     fn key(&self, t: usize) -> Key {

@@ -274,6 +274,12 @@ impl Graph {
         )
     }
 
+    /// [`Graph::key`] borrowed from the graph: an index of every task by it costs no strings.
+    pub fn key_ref(&self, task: usize) -> (&str, &str, u32) {
+        let t = &self.tasks[task];
+        (self.item_dir(t.instance), self.step_id(task), t.idx)
+    }
+
     /// A task's inputs as the database records them: other tasks' outputs or URLs.
     pub fn describe_inputs(&self, task: usize) -> String {
         let parts: Vec<String> = self.tasks[task]

@@ -227,6 +227,29 @@ impl Store {
         Ok(out)
     }
 
+    /// Calls `f` with each task of the run in order, one row in memory at a time.
+    pub async fn each_task(
+        &self,
+        run_id: &str,
+        mut f: impl FnMut(TaskRow),
+    ) -> Result<(), StoreError> {
+        let mut rows = sqlx::query(
+            "SELECT t.id, t.item, t.step, t.idx, t.status, t.planned_credits, t.credits_billed,
+                    t.job_id, t.error, t.identity, t.reused_from,
+                    a.id AS a_id, a.outcome AS a_outcome, a.job_id AS a_job
+             FROM tasks t
+             LEFT JOIN attempts a ON a.id = (SELECT MAX(id) FROM attempts WHERE task_id = t.id)
+             WHERE t.run_id = ? AND t.removed_at IS NULL
+             ORDER BY t.id",
+        )
+        .bind(run_id)
+        .fetch(self.pool());
+        while let Some(r) = futures::TryStreamExt::try_next(&mut rows).await? {
+            f(task_row(&r)?);
+        }
+        Ok(())
+    }
+
     /// The intent: written and committed before the paid call is sent.
     pub async fn begin_attempt(
         &self,
