@@ -115,10 +115,11 @@ pub async fn review(
 ) -> Result<Review, StoreError> {
     let rows = store.tasks(run_id).await?;
     let hashes = store.output_hashes(run_id).await?;
-    let by_key: HashMap<(String, String, u32), usize> = rows
+    // Keys borrowed from the rows: a large run's index costs no strings of its own.
+    let by_key: HashMap<(&str, &str, u32), usize> = rows
         .iter()
         .enumerate()
-        .map(|(i, r)| ((r.item.clone(), r.step.clone(), r.idx), i))
+        .map(|(i, r)| ((r.item.as_str(), r.step.as_str(), r.idx), i))
         .collect();
     let recorded = previous.map(|old| identities_of(old, &rows, &by_key, &hashes));
     let mut review = Review {
@@ -129,8 +130,7 @@ pub async fn review(
     let mut known: HashMap<(usize, u32), String> = HashMap::new();
     let mut seen = vec![false; rows.len()];
     for t in 0..graph.tasks.len() {
-        let key = graph.key(t);
-        let row = by_key.get(&key).map(|&i| {
+        let row = by_key.get(&graph.key_ref(t)).map(|&i| {
             seen[i] = true;
             &rows[i]
         });
@@ -233,16 +233,32 @@ pub async fn review(
     Ok(review)
 }
 
+/// The database id of each task of `graph` (0 where it is not recorded), read row by row.
+async fn row_ids(store: &Store, run_id: &str, graph: &Graph) -> Result<Vec<i64>, StoreError> {
+    let index: HashMap<(&str, &str, u32), usize> = (0..graph.tasks.len())
+        .map(|t| (graph.key_ref(t), t))
+        .collect();
+    let mut ids = vec![0i64; graph.tasks.len()];
+    store
+        .each_task(run_id, |r| {
+            if let Some(&t) = index.get(&(r.item.as_str(), r.step.as_str(), r.idx)) {
+                ids[t] = r.id;
+            }
+        })
+        .await?;
+    Ok(ids)
+}
+
 /// The identity of each recorded task, as recorded or as computed from `graph` (the one the
 /// tasks were made from) and the bytes of their inputs.
 fn identities_of(
     graph: &Graph,
     rows: &[TaskRow],
-    by_key: &HashMap<(String, String, u32), usize>,
+    by_key: &HashMap<(&str, &str, u32), usize>,
     hashes: &HashMap<(i64, u32), String>,
 ) -> HashMap<i64, Option<String>> {
     let row_of: Vec<Option<&TaskRow>> = (0..graph.tasks.len())
-        .map(|t| by_key.get(&graph.key(t)).map(|&i| &rows[i]))
+        .map(|t| by_key.get(&graph.key_ref(t)).map(|&i| &rows[i]))
         .collect();
     row_of
         .iter()
@@ -320,29 +336,19 @@ pub async fn apply(
     let mut applied = Applied::default();
     store.settle_orphaned_attempts(run_id).await?;
     RunDir::at(run_dir).remove_leftovers();
-    let mut rows: HashMap<(String, String, u32), i64> = store
-        .tasks(run_id)
-        .await?
-        .into_iter()
-        .map(|r| ((r.item, r.step, r.idx), r.id))
-        .collect();
+    let mut rows = row_ids(store, run_id, graph).await?;
     // Tasks the pipeline gained under --allow-changes.
     let new: Vec<NewTask> = review
         .redo
         .iter()
-        .filter(|r| !rows.contains_key(&graph.key(r.task)))
+        .filter(|r| rows[r.task] == 0)
         .map(|r| describe(r.task))
         .collect();
     if !new.is_empty() {
         store.insert_tasks(run_id, &new).await?;
-        rows = store
-            .tasks(run_id)
-            .await?
-            .into_iter()
-            .map(|r| ((r.item, r.step, r.idx), r.id))
-            .collect();
+        rows = row_ids(store, run_id, graph).await?;
     }
-    let row = |t: usize| rows.get(&graph.key(t)).copied().unwrap_or(0);
+    let row = |t: usize| rows[t];
     let mut recovered = std::collections::HashSet::new();
     for r in &review.recover {
         if recover(store, client, run_id, graph, r, row(r.task)).await? {
