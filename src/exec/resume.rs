@@ -240,7 +240,7 @@ async fn row_ids(store: &Store, run_id: &str, graph: &Graph) -> Result<Vec<i64>,
         .collect();
     let mut ids = vec![0i64; graph.tasks.len()];
     store
-        .each_task(run_id, |r| {
+        .each_task(run_id, None, |r| {
             if let Some(&t) = index.get(&(r.item.as_str(), r.step.as_str(), r.idx)) {
                 ids[t] = r.id;
             }

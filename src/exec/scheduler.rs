@@ -105,7 +105,7 @@ pub async fn run(
     let mut prior = vec![Prior::Todo; graph.tasks.len()];
     // Rows stream: a large run's rows are looked up one at a time, never all held at once.
     store
-        .each_task(&config.run_id, |row| {
+        .each_task(&config.run_id, None, |row| {
             let Some(&t) = index.get(&(row.item.as_str(), row.step.as_str(), row.idx)) else {
                 return;
             };

@@ -64,14 +64,17 @@ pub(super) async fn price(
     if outcome.interrupted {
         return Err(Error::Interrupted { detail: None });
     }
-    let rows = store.tasks(&config.run_id).await?;
-    let step = graph.step_id(t);
-    let row = rows.iter().find(|r| {
-        r.step == step
-            && r.idx == graph.tasks[t].idx
-            && r.item == graph.item_dir(graph.tasks[t].instance)
-    });
-    let Some(row) = row.filter(|r| r.status == TaskStatus::Succeeded) else {
+    // The discovering task's row, read among the succeeded ones without holding the rest.
+    let (item, step, idx) = graph.key_ref(t);
+    let mut found = None;
+    store
+        .each_task(&config.run_id, Some(TaskStatus::Succeeded), |r| {
+            if r.item == item && r.step == step && r.idx == idx {
+                found = Some(r);
+            }
+        })
+        .await?;
+    let Some(row) = found else {
         let why = outcome
             .failures
             .first()

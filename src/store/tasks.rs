@@ -206,6 +206,19 @@ impl Store {
         run_id: &str,
         status: Option<TaskStatus>,
     ) -> Result<Vec<TaskRow>, StoreError> {
+        let mut out = Vec::new();
+        self.each_task(run_id, status, |row| out.push(row)).await?;
+        Ok(out)
+    }
+
+    /// Calls `f` with each task of the run (or only those with `status`) in order, one row in
+    /// memory at a time: a large run's rows are never held all at once, raw and decoded.
+    pub async fn each_task(
+        &self,
+        run_id: &str,
+        status: Option<TaskStatus>,
+        mut f: impl FnMut(TaskRow),
+    ) -> Result<(), StoreError> {
         let mut rows = sqlx::query(
             "SELECT t.id, t.item, t.step, t.idx, t.status, t.planned_credits, t.credits_billed,
                     t.job_id, t.error, t.identity, t.reused_from,
@@ -218,31 +231,6 @@ impl Store {
         .bind(run_id)
         .bind(status.map(TaskStatus::as_str))
         .bind(status.map(TaskStatus::as_str))
-        .fetch(self.pool());
-        // Row by row: a large run's rows are never held twice, raw and decoded.
-        let mut out = Vec::new();
-        while let Some(r) = futures::TryStreamExt::try_next(&mut rows).await? {
-            out.push(task_row(&r)?);
-        }
-        Ok(out)
-    }
-
-    /// Calls `f` with each task of the run in order, one row in memory at a time.
-    pub async fn each_task(
-        &self,
-        run_id: &str,
-        mut f: impl FnMut(TaskRow),
-    ) -> Result<(), StoreError> {
-        let mut rows = sqlx::query(
-            "SELECT t.id, t.item, t.step, t.idx, t.status, t.planned_credits, t.credits_billed,
-                    t.job_id, t.error, t.identity, t.reused_from,
-                    a.id AS a_id, a.outcome AS a_outcome, a.job_id AS a_job
-             FROM tasks t
-             LEFT JOIN attempts a ON a.id = (SELECT MAX(id) FROM attempts WHERE task_id = t.id)
-             WHERE t.run_id = ? AND t.removed_at IS NULL
-             ORDER BY t.id",
-        )
-        .bind(run_id)
         .fetch(self.pool());
         while let Some(r) = futures::TryStreamExt::try_next(&mut rows).await? {
             f(task_row(&r)?);
