@@ -168,15 +168,14 @@ fn print_review(shown: &Reviewed<'_>, json: bool) -> Result<(), Error> {
         format!("{item}/{step}[{idx}]")
     };
     let mut by_reason: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
-    for r in &review.redo {
+    for r in review.each_redo(graph) {
         let e = by_reason.entry(r.reason.as_str()).or_default();
         e.0 += 1;
         e.1 += r.credits;
     }
     if json {
         let tasks: Vec<_> = review
-            .redo
-            .iter()
+            .each_redo(graph)
             .map(|r| {
                 let (item, step, idx) = graph.key(r.task);
                 json!({"item": item, "step": step, "index": idx, "reason": r.reason,
@@ -209,12 +208,12 @@ fn print_review(shown: &Reviewed<'_>, json: bool) -> Result<(), Error> {
         "run {} ({}): {} task(s) to pay for, {} credits{}",
         row.id,
         row.status.as_str(),
-        review.redo.len(),
+        review.to_pay(),
         review.credits(),
         cap.map(|c| format!(" (at most {c} may be spent)"))
             .unwrap_or_default()
     );
-    for r in review.redo.iter().take(SHOWN_TASKS) {
+    for r in review.each_redo(graph).take(SHOWN_TASKS) {
         let detail = r
             .detail
             .as_deref()
@@ -227,10 +226,10 @@ fn print_review(shown: &Reviewed<'_>, json: bool) -> Result<(), Error> {
             r.credits
         );
     }
-    if review.redo.len() > SHOWN_TASKS {
+    if review.to_pay() > SHOWN_TASKS {
         println!(
             "  ...and {} more (--json lists all)",
-            review.redo.len() - SHOWN_TASKS
+            review.to_pay() - SHOWN_TASKS
         );
     }
     for (reason, (n, c)) in &by_reason {

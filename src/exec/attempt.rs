@@ -40,6 +40,7 @@ pub(super) enum Failure {
 pub(super) async fn attempt(
     shared: Arc<Shared>,
     task: usize,
+    row: i64,
     delay: Duration,
     force_refresh: bool,
 ) -> Attempted {
@@ -50,18 +51,25 @@ pub(super) async fn attempt(
         shared.limiter.acquire().await;
     };
     let result = tokio::select! {
-        () = ready => run(&shared, task, force_refresh).await,
+        () = ready => run(&shared, task, row, force_refresh).await,
         () = shared.stopped() => Err(Failure::Cancelled),
     };
     Attempted { task, result }
 }
 
-async fn run(shared: &Shared, task: usize, force_refresh: bool) -> Result<Success, Failure> {
-    let graph = &shared.graph;
-    let t = &graph.tasks[task];
+async fn run(
+    shared: &Shared,
+    task: usize,
+    task_id: i64,
+    force_refresh: bool,
+) -> Result<Success, Failure> {
+    let work = shared
+        .graph
+        .work(task)
+        .map_err(|e| Failure::Input(e.to_string()))?;
     let mut parent = None;
     let mut urls = Vec::new();
-    for source in t.sources() {
+    for source in work.sources() {
         match source {
             Source::Url(u) => urls.push(u.clone()),
             Source::Output { task: from, k } => {
@@ -74,13 +82,13 @@ async fn run(shared: &Shared, task: usize, force_refresh: bool) -> Result<Succes
             }
         }
     }
-    let (endpoint, generate, tool) = match &t.work {
+    let (endpoint, generate, tool) = match work {
         Work::Generate {
             prompt, n, size, ..
         } => {
-            let mut req = GenerationRequest::new(prompt.clone());
-            req.n = *n;
-            req.size = *size;
+            let mut req = GenerationRequest::new(prompt);
+            req.n = n;
+            req.size = size;
             req.image_urls = urls;
             ("POST /v1/images/generations".to_owned(), Some(req), None)
         }
@@ -89,8 +97,8 @@ async fn run(shared: &Shared, task: usize, force_refresh: bool) -> Result<Succes
             params,
             ..
         } => {
-            let mut req = ToolRequest::new(urls.pop().unwrap_or_default(), params.clone());
-            req.preserve_alpha = *preserve_alpha;
+            let mut req = ToolRequest::new(urls.pop().unwrap_or_default(), params);
+            req.preserve_alpha = preserve_alpha;
             let endpoint = format!("POST /v1/images/tools/{}", req.tool());
             (endpoint, None, Some(req))
         }
@@ -98,7 +106,9 @@ async fn run(shared: &Shared, task: usize, force_refresh: bool) -> Result<Succes
     if shared.is_stopping() {
         return Err(Failure::Cancelled);
     }
-    let task_id = task_row_id(shared, task)?;
+    if task_id == 0 {
+        return Err(Failure::Input(format!("task {task} has no database row")));
+    }
     let attempt_id = shared
         .store
         .begin_attempt(&shared.run_id, task_id, &endpoint)
@@ -151,7 +161,9 @@ async fn run(shared: &Shared, task: usize, force_refresh: bool) -> Result<Succes
         Answer::Job((id, _, credits, remaining, urls)) => (id, credits, remaining, urls, None),
         Answer::Recovered(id, job) => {
             let note = format!("the answer was lost; recovered from GET /v1/jobs/{id}");
-            let credits = job.credits_used().unwrap_or(t.planned);
+            let credits = job
+                .credits_used()
+                .unwrap_or(shared.graph.task(task).planned);
             (id, credits, None, job.image_urls(), Some(note))
         }
         Answer::Failed(e) => {
@@ -231,12 +243,4 @@ enum Answer {
 async fn recover(shared: &Shared, job_id: &str) -> Option<JobRecord> {
     let job = shared.free_call(|| shared.client.job(job_id)).await.ok()?;
     (!job.image_urls().is_empty()).then_some(job)
-}
-
-fn task_row_id(shared: &Shared, task: usize) -> Result<i64, Failure> {
-    shared
-        .row_ids
-        .get(task)
-        .copied()
-        .ok_or_else(|| Failure::Input(format!("task {task} has no database row")))
 }

@@ -24,15 +24,15 @@ pub fn identity(
     t: usize,
     input: impl Fn(usize, u32) -> Option<String>,
 ) -> Option<String> {
-    let task = &graph.tasks[t];
+    let work = graph.work(t).ok()?;
     let mut inputs = Vec::new();
-    for source in task.sources() {
+    for source in work.sources() {
         inputs.push(match source {
             Source::Output { task, k } => format!("sha256:{}", input(*task, *k)?),
             Source::Url(u) => format!("url:{u}"),
         });
     }
-    let request = request_body(&task.work);
+    let request = request_body(&work);
     let canonical = serde_json::json!({
         "version": VERSION,
         "request": request,

@@ -12,6 +12,7 @@ pub mod identity;
 pub mod limiter;
 pub mod manifest;
 pub mod resume;
+mod rows;
 mod scheduler;
 mod shared;
 
@@ -21,6 +22,7 @@ use std::time::Duration;
 
 use crate::store::StoreError;
 
+pub use rows::new_task;
 pub use scheduler::run;
 
 /// What to do with a call that was sent and got no complete answer.

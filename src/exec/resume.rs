@@ -13,7 +13,7 @@ use crate::api::types::STATUS_SUCCEEDED;
 use crate::exec::OnAmbiguous;
 use crate::exec::identity::{from_record, identity};
 use crate::layout::RunDir;
-use crate::plan::graph::Graph;
+use crate::plan::graph::{Graph, Instance};
 use crate::store::{
     AttemptOutcome, NewTask, OutputRow, Reusable, SetAside, Settled, Store, StoreError, TaskRow,
     TaskStatus,
@@ -75,7 +75,11 @@ pub struct Recover {
 
 #[derive(Default)]
 pub struct Review {
+    /// Recorded tasks to pay for, and under `--reuse` every task without a reusable result.
     pub redo: Vec<Redo>,
+    /// Items the run never recorded (it records an item's tasks as it comes near them): all
+    /// their tasks are to pay for, and are counted rather than listed.
+    pub unrecorded: Unrecorded,
     /// Ambiguous tasks left failed, per `--on-ambiguous fail`.
     pub left_failed: Vec<Redo>,
     pub recover: Vec<Recover>,
@@ -86,25 +90,115 @@ pub struct Review {
     pub removed: Vec<TaskRow>,
     /// Whether the pipeline changed since the tasks were recorded (`--allow-changes`).
     pub changes: bool,
-    /// Tasks kept as they are (succeeded), by row id.
-    pub kept: std::collections::HashSet<i64>,
+    /// Tasks kept as they are (succeeded), by row id, sorted.
+    pub kept: Vec<i64>,
+}
+
+/// The tasks of items with no recorded task.
+#[derive(Default)]
+pub struct Unrecorded {
+    pub instances: Vec<Instance>,
+    pub tasks: usize,
+    pub credits: u64,
 }
 
 impl Review {
+    /// Tasks to pay for.
+    pub fn to_pay(&self) -> usize {
+        self.redo.len() + self.unrecorded.tasks
+    }
+
     pub fn credits(&self) -> u64 {
-        self.redo.iter().map(|r| r.credits).sum()
+        self.redo.iter().map(|r| r.credits).sum::<u64>() + self.unrecorded.credits
+    }
+
+    /// Every task to pay for: the recorded ones, then those of unrecorded items.
+    pub fn each_redo<'a>(&'a self, graph: &'a Graph) -> impl Iterator<Item = Redo> + 'a {
+        let unrecorded = self.unrecorded.instances.iter().flat_map(move |i| {
+            graph.instance_tasks(*i).map(move |t| Redo {
+                task: t,
+                reason: Reason::NeverStarted,
+                credits: graph.task(t).planned,
+                detail: None,
+            })
+        });
+        self.redo.iter().cloned().chain(unrecorded)
+    }
+
+    pub fn is_kept(&self, row_id: i64) -> bool {
+        self.kept.binary_search(&row_id).is_ok()
     }
 
     pub fn saved_by_reuse(&self, graph: &Graph) -> u64 {
         self.reuse
             .iter()
-            .map(|(t, ..)| graph.tasks[*t].planned)
+            .map(|(t, ..)| graph.task(*t).planned)
             .sum()
+    }
+}
+
+/// The run's rows matched to the graph, read one at a time: a row id per task, and the whole
+/// row only for those not succeeded (few: what failed, and what is under way).
+struct Recorded {
+    ids: Vec<i64>,
+    open: HashMap<usize, TaskRow>,
+    /// Succeeded rows' recorded identities, when asked for.
+    identities: HashMap<usize, String>,
+    removed: Vec<TaskRow>,
+    /// Whether each item has a recorded task (the batch, at the end).
+    has_rows: Vec<bool>,
+}
+
+impl Recorded {
+    async fn load(
+        store: &Store,
+        run_id: &str,
+        graph: &Graph,
+        identities: bool,
+    ) -> Result<Recorded, StoreError> {
+        let mut r = Recorded {
+            ids: vec![0; graph.len()],
+            open: HashMap::new(),
+            identities: HashMap::new(),
+            removed: Vec::new(),
+            has_rows: vec![false; graph.instances() + 1],
+        };
+        let index = graph.index();
+        let batch = graph.instances();
+        store
+            .each_task(run_id, None, |row| {
+                let Some(t) = index.get(&row.item, &row.step, row.idx) else {
+                    r.removed.push(row);
+                    return;
+                };
+                r.ids[t] = row.id;
+                let i = match graph.task(t).instance {
+                    Instance::Item(i) => i,
+                    Instance::Batch => batch,
+                };
+                r.has_rows[i] = true;
+                if row.status != TaskStatus::Succeeded {
+                    r.open.insert(t, row);
+                } else if identities && let Some(id) = row.identity {
+                    r.identities.insert(t, id);
+                }
+            })
+            .await?;
+        Ok(r)
+    }
+
+    fn has_rows(&self, instance: Instance) -> bool {
+        match instance {
+            Instance::Item(i) => self.has_rows[i],
+            Instance::Batch => self.has_rows[self.has_rows.len() - 1],
+        }
     }
 }
 
 /// What the run would do now. `previous` is the graph the run's tasks were recorded from, when
 /// the pipeline changed since (`--allow-changes`); `reuse` looks for earlier runs' results.
+/// Without either, no identity is computed and no hash read: a large run's review holds a
+/// few bytes per task.
 pub async fn review(
     store: &Store,
     run_id: &str,
@@ -113,43 +207,60 @@ pub async fn review(
     on_ambiguous: OnAmbiguous,
     reuse: bool,
 ) -> Result<Review, StoreError> {
-    let rows = store.tasks(run_id).await?;
-    let hashes = store.output_hashes(run_id).await?;
-    // Keys borrowed from the rows: a large run's index costs no strings of its own.
-    let by_key: HashMap<(&str, &str, u32), usize> = rows
-        .iter()
-        .enumerate()
-        .map(|(i, r)| ((r.item.as_str(), r.step.as_str(), r.idx), i))
-        .collect();
-    let recorded = previous.map(|old| identities_of(old, &rows, &by_key, &hashes));
+    let identities = previous.is_some() || reuse;
+    let rec = Recorded::load(store, run_id, graph, identities).await?;
+    let hashes = if identities {
+        store.output_hashes(run_id).await?
+    } else {
+        HashMap::new()
+    };
+    let recorded = match previous {
+        Some(old) => {
+            let rows = store.tasks(run_id).await?;
+            let by_key: HashMap<(&str, &str, u32), usize> = rows
+                .iter()
+                .enumerate()
+                .map(|(i, r)| ((r.item.as_str(), r.step.as_str(), r.idx), i))
+                .collect();
+            Some(identities_of(old, &rows, &by_key, &hashes))
+        }
+        None => None,
+    };
     let mut review = Review {
         changes: previous.is_some(),
         ..Review::default()
     };
     // The sha256 of each output known to be final by now, by (task, k).
     let mut known: HashMap<(usize, u32), String> = HashMap::new();
-    let mut seen = vec![false; rows.len()];
-    for t in 0..graph.tasks.len() {
-        let row = by_key.get(&graph.key_ref(t)).map(|&i| {
-            seen[i] = true;
-            &rows[i]
-        });
-        let mine = identity(graph, t, |u, k| known.get(&(u, k)).cloned());
-        let keep = match (row, &recorded) {
-            (Some(r), None) => r.status == TaskStatus::Succeeded,
-            (Some(r), Some(ids)) => {
-                r.status == TaskStatus::Succeeded
-                    && mine.is_some()
-                    && ids.get(&r.id).cloned().flatten() == mine
+    for t in 0..graph.len() {
+        let task = graph.task(t);
+        let id = rec.ids[t];
+        if id == 0 && !reuse && !rec.has_rows(task.instance) {
+            if task.instance != Instance::Batch && t == graph.instance_tasks(task.instance).start {
+                review.unrecorded.instances.push(task.instance);
             }
-            (None, _) => false,
+            review.unrecorded.tasks += 1;
+            review.unrecorded.credits += task.planned;
+            continue;
+        }
+        let open = rec.open.get(&t);
+        let succeeded = id != 0 && open.is_none();
+        let mine = if identities {
+            identity(graph, t, |u, k| known.get(&(u, k)).cloned())
+        } else {
+            None
+        };
+        let keep = match &recorded {
+            None => succeeded,
+            Some(ids) => succeeded && mine.is_some() && ids.get(&id).cloned().flatten() == mine,
         };
         if keep {
-            let r = row.expect("kept tasks are recorded");
-            review.kept.insert(r.id);
-            for k in 0..graph.tasks[t].outputs() {
-                if let Some(sha) = hashes.get(&(r.id, k)) {
-                    known.insert((t, k), sha.clone());
+            review.kept.push(id);
+            if identities {
+                for k in 0..graph.outputs(t) {
+                    if let Some(sha) = hashes.get(&(id, k)) {
+                        known.insert((t, k), sha.clone());
+                    }
                 }
             }
             continue;
@@ -166,8 +277,8 @@ pub async fn review(
             review.reuse.push((t, id.clone(), found));
             continue;
         }
-        let credits = graph.tasks[t].planned;
-        let Some(r) = row else {
+        let credits = task.planned;
+        if id == 0 {
             // New to a changed pipeline; or never recorded at all.
             review.redo.push(Redo {
                 task: t,
@@ -180,34 +291,17 @@ pub async fn review(
                 detail: None,
             });
             continue;
-        };
-        let detail = r.error.clone();
-        let last = r.last_attempt.as_ref();
-        let reason = if recorded.is_some() && r.status == TaskStatus::Succeeded {
-            Reason::Changed
-        } else if last.is_some_and(|a| a.possibly_billed()) {
-            if let Some(a) = last
-                && let Some(job) = &a.job_id
-            {
-                review.recover.push(Recover {
-                    task: t,
-                    attempt_id: a.id,
-                    job_id: job.clone(),
-                });
-            }
-            Reason::Ambiguous
-        } else {
-            match r.status {
-                TaskStatus::Failed => Reason::Failed,
-                TaskStatus::Blocked => Reason::Blocked,
-                _ => Reason::NeverStarted,
-            }
+        }
+        let reason = match open {
+            // Succeeded, but the changed pipeline asks something else of it.
+            None => Reason::Changed,
+            Some(r) => reason_of(r, t, &mut review.recover),
         };
         let redo = Redo {
             task: t,
             reason,
             credits,
-            detail,
+            detail: open.and_then(|r| r.error.clone()),
         };
         if reason == Reason::Ambiguous && on_ambiguous == OnAmbiguous::Fail {
             review.left_failed.push(redo);
@@ -215,33 +309,50 @@ pub async fn review(
             review.redo.push(redo);
         }
     }
-    review.removed = rows
-        .iter()
-        .zip(&seen)
-        .filter(|(_, s)| !**s)
-        .map(|(r, _)| r.clone())
-        .collect();
+    review.kept.sort_unstable();
+    review.removed = rec.removed;
     // Tasks below one left failed are blocked, not paid for.
-    let mut blocked = vec![false; graph.tasks.len()];
-    for f in &review.left_failed {
-        for d in graph.descendants(f.task) {
-            blocked[d] = true;
+    if !review.left_failed.is_empty() {
+        let mut blocked = vec![false; graph.len()];
+        for f in &review.left_failed {
+            for d in graph.descendants(f.task) {
+                blocked[d] = true;
+            }
         }
+        review.redo.retain(|r| !blocked[r.task]);
     }
-    review.redo.retain(|r| !blocked[r.task]);
-    review.refetch = check_files(store, run_id, &review.kept).await?;
+    review.refetch = check_files(store, run_id, &review).await?;
     Ok(review)
+}
+
+/// Why a recorded task that did not succeed runs again; a lost answer whose job is known is
+/// listed for reading back.
+fn reason_of(r: &TaskRow, t: usize, recover: &mut Vec<Recover>) -> Reason {
+    let last = r.last_attempt.as_ref();
+    if let Some(a) = last.filter(|a| a.possibly_billed()) {
+        if let Some(job) = &a.job_id {
+            recover.push(Recover {
+                task: t,
+                attempt_id: a.id,
+                job_id: job.clone(),
+            });
+        }
+        return Reason::Ambiguous;
+    }
+    match r.status {
+        TaskStatus::Failed => Reason::Failed,
+        TaskStatus::Blocked => Reason::Blocked,
+        _ => Reason::NeverStarted,
+    }
 }
 
 /// The database id of each task of `graph` (0 where it is not recorded), read row by row.
 async fn row_ids(store: &Store, run_id: &str, graph: &Graph) -> Result<Vec<i64>, StoreError> {
-    let index: HashMap<(&str, &str, u32), usize> = (0..graph.tasks.len())
-        .map(|t| (graph.key_ref(t), t))
-        .collect();
-    let mut ids = vec![0i64; graph.tasks.len()];
+    let index = graph.index();
+    let mut ids = vec![0i64; graph.len()];
     store
         .each_task(run_id, None, |r| {
-            if let Some(&t) = index.get(&(r.item.as_str(), r.step.as_str(), r.idx)) {
+            if let Some(t) = index.get(&r.item, &r.step, r.idx) {
                 ids[t] = r.id;
             }
         })
@@ -257,7 +368,7 @@ fn identities_of(
     by_key: &HashMap<(&str, &str, u32), usize>,
     hashes: &HashMap<(i64, u32), String>,
 ) -> HashMap<i64, Option<String>> {
-    let row_of: Vec<Option<&TaskRow>> = (0..graph.tasks.len())
+    let row_of: Vec<Option<&TaskRow>> = (0..graph.len())
         .map(|t| by_key.get(&graph.key_ref(t)).map(|&i| &rows[i]))
         .collect();
     row_of
@@ -278,12 +389,12 @@ fn identities_of(
 async fn check_files(
     store: &Store,
     run_id: &str,
-    kept: &std::collections::HashSet<i64>,
+    review: &Review,
 ) -> Result<Vec<Refetch>, StoreError> {
     let mut candidates = Vec::new();
     store
         .each_output(run_id, false, |o| {
-            if kept.contains(&o.task_id)
+            if review.is_kept(o.task_id)
                 && let (Some(path), Some(sha)) = (&o.path, &o.sha256)
             {
                 candidates.push((o.clone(), PathBuf::from(path), sha.clone()));
@@ -337,12 +448,15 @@ pub async fn apply(
     store.settle_orphaned_attempts(run_id).await?;
     RunDir::at(run_dir).remove_leftovers();
     let mut rows = row_ids(store, run_id, graph).await?;
-    // Tasks the pipeline gained under --allow-changes.
-    let new: Vec<NewTask> = review
-        .redo
-        .iter()
-        .filter(|r| rows[r.task] == 0)
-        .map(|r| describe(r.task))
+    // Tasks the pipeline gained under --allow-changes, and those reused: the others are
+    // recorded by the executor as it comes near them.
+    let gained = review.redo.iter().filter(|r| r.reason == Reason::Changed);
+    let reused = review.reuse.iter().map(|(t, ..)| *t);
+    let new: Vec<NewTask> = gained
+        .map(|r| r.task)
+        .chain(reused)
+        .filter(|t| rows[*t] == 0)
+        .map(&describe)
         .collect();
     if !new.is_empty() {
         store.insert_tasks(run_id, &new).await?;
@@ -361,7 +475,7 @@ pub async fn apply(
         .redo
         .iter()
         .map(|r| row(r.task))
-        .filter(|id| !recovered.contains(id))
+        .filter(|id| *id != 0 && !recovered.contains(id))
         .chain(review.removed.iter().map(|r| r.id))
         .collect();
     let mut old = Vec::new();
@@ -397,6 +511,7 @@ pub async fn apply(
         .redo
         .iter()
         .filter(|r| review.changes || r.reason == Reason::Changed)
+        .filter(|r| row(r.task) != 0)
     {
         store.reset_task(row(r.task), &describe(r.task)).await?;
     }
@@ -413,7 +528,8 @@ pub async fn apply(
         store
             .set_task_status(&[row(f.task)], TaskStatus::Failed, Some(&why))
             .await?;
-        let below: Vec<i64> = graph.descendants(f.task).into_iter().map(row).collect();
+        let below = graph.descendants(f.task).into_iter().map(row);
+        let below: Vec<i64> = below.filter(|id| *id != 0).collect();
         let name = format!("{}/{}", graph.key(f.task).0, graph.key(f.task).1);
         store
             .set_task_status(
@@ -448,7 +564,7 @@ async fn recover(
         }
     };
     let urls = job.image_urls();
-    let expected = graph.tasks[r.task].outputs() as usize;
+    let expected = graph.outputs(r.task) as usize;
     if job.status() != Some(STATUS_SUCCEEDED) || urls.len() < expected {
         return Ok(false);
     }
@@ -463,7 +579,7 @@ async fn recover(
             r.attempt_id,
             &AttemptOutcome::Succeeded(Settled {
                 job_id: &r.job_id,
-                credits_used: job.credits_used().unwrap_or(graph.tasks[r.task].planned),
+                credits_used: job.credits_used().unwrap_or(graph.task(r.task).planned),
                 credits_remaining: None,
                 urls: &urls,
                 parent_job_id: None,
@@ -547,7 +663,7 @@ fn move_aside(run_dir: &Path, o: &OutputRow, tag: Option<&str>) -> Option<String
 /// Copies a reused task's files into this run; `None` for each one to fetch from its job
 /// instead (gone, or changed since).
 fn copy_reused(run_dir: &Path, graph: &Graph, t: usize, found: &Reusable) -> Vec<Option<String>> {
-    let dir = RunDir::at(run_dir).item(graph.item_dir(graph.tasks[t].instance));
+    let dir = RunDir::at(run_dir).item(graph.item_dir(graph.task(t).instance));
     found
         .outputs
         .iter()

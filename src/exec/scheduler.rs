@@ -5,7 +5,7 @@
 //! upstream URLs well inside their lifetime; a new chain is admitted only when its whole
 //! remaining cost fits the budget.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,20 +17,14 @@ use crate::api::{ApiError, Client, Downloader, ErrorKind};
 use crate::exec::attempt::{Attempted, Failure, Success, attempt};
 use crate::exec::budget::Budget;
 use crate::exec::download::{Fetched, download};
+use crate::exec::rows::{Prior, Rows, record_identities};
 use crate::exec::shared::{OutputUrl, Shared};
 use crate::exec::{Config, Fatal, Observer, OnAmbiguous, Outcome, Stop};
-use crate::plan::graph::{Graph, Instance, Source};
+use crate::plan::graph::{Graph, Instance};
 use crate::store::{Store, StoreError, TaskStatus};
 
 /// 429s one task may meet before it fails: the limiter slows down long before this.
 const MAX_THROTTLED: u32 = 30;
-
-/// Ready-queue order: instance (the batch first, then items in file order), step, index.
-type Key = (Instance, usize, u32, usize);
-
-/// Graph index of a task by its recorded identity: item directory, step id, index, borrowed
-/// from the graph.
-type TaskIndex<'g> = HashMap<(&'g str, &'g str, u32), usize>;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -52,27 +46,35 @@ struct Tries {
     force_refresh: bool,
 }
 
+/// Per task, a few bytes (state, inputs outstanding, row id): everything else exists only
+/// while a task is ready, in flight or being downloaded. Ready sets hold task numbers, whose
+/// order is the depth-first order (instance, step, index).
 struct Scheduler {
     shared: Arc<Shared>,
     graph: Arc<Graph>,
     config: Config,
     observer: Arc<dyn Observer>,
     state: Vec<State>,
-    waiting: Vec<usize>,
-    tries: Vec<Tries>,
-    admitted_ready: BTreeSet<Key>,
-    new_ready: BTreeSet<Key>,
-    admitted: HashSet<Instance>,
-    instance_cost: HashMap<Instance, u64>,
+    /// Inputs not yet made, by task.
+    waiting: Vec<u8>,
+    rows: Rows,
+    /// Only tasks that have been tried and not settled.
+    tries: HashMap<usize, Tries>,
+    admitted_ready: BTreeSet<usize>,
+    new_ready: BTreeSet<usize>,
+    batch_admitted: bool,
+    admitted_items: Vec<bool>,
     /// By step: whether a bill confirmed its planned price, and whether a call is testing it.
     confirmed: Vec<bool>,
     probing: Vec<bool>,
-    /// By task: the longest chain of calls from it to the end of its item, itself included.
-    reach: Vec<u32>,
-    /// The longest `reach` of all.
+    /// The longest chain of calls of the graph.
     depth: u32,
     /// Tasks still to run (not done, failed or blocked).
     unfinished: usize,
+    /// Downloads in flight, by task: its URLs are kept until they end.
+    downloading: HashMap<usize, u32>,
+    /// Tasks that succeeded in this process, for their identities at the end.
+    succeeded: Vec<usize>,
     budget: Budget,
     calls: JoinSet<Attempted>,
     downloads: JoinSet<Fetched>,
@@ -97,97 +99,21 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<Outcome, StoreError> {
     store.settle_orphaned_attempts(&config.run_id).await?;
-    let keys = Arc::clone(&graph);
-    let index: TaskIndex<'_> = (0..keys.tasks.len())
-        .map(|t| (keys.key_ref(t), t))
-        .collect();
-    let mut row_ids = vec![0i64; graph.tasks.len()];
-    let mut prior = vec![Prior::Todo; graph.tasks.len()];
-    // Rows stream: a large run's rows are looked up one at a time, never all held at once.
-    store
-        .each_task(&config.run_id, None, |row| {
-            let Some(&t) = index.get(&(row.item.as_str(), row.step.as_str(), row.idx)) else {
-                return;
-            };
-            row_ids[t] = row.id;
-            prior[t] = match row.status {
-                TaskStatus::Succeeded => Prior::Done,
-                // Possibly billed already, and the user asked not to pay twice.
-                TaskStatus::Failed
-                    if config.on_ambiguous == OnAmbiguous::Fail
-                        && row
-                            .last_attempt
-                            .as_ref()
-                            .is_some_and(|a| a.possibly_billed()) =>
-                {
-                    Prior::Failed
-                }
-                _ => Prior::Todo,
-            };
-        })
-        .await?;
-    if let Some(t) = row_ids.iter().position(|id| *id == 0) {
-        return Err(StoreError::Inconsistent(format!(
-            "task {}/{} is not recorded for run {}",
-            graph.item_dir(graph.tasks[t].instance),
-            graph.step_id(t),
-            config.run_id
-        )));
-    }
-    let (outcome_graph, outcome_ids, run_id) =
-        (Arc::clone(&graph), row_ids.clone(), config.run_id.clone());
+    let (rows, prior) = Rows::load(&store, &graph, &config).await?;
     let shared = Arc::new(Shared::new(
         client,
         downloader,
         store.clone(),
         Arc::clone(&graph),
-        row_ids,
         &config,
     ));
-    let mut s = Scheduler::new(shared, graph, config, observer, &prior, shutdown);
-    s.restore_outputs(&index).await?;
-    // Setup only: a large run should not carry every row's strings to the end.
-    drop(index);
+    let mut s = Scheduler::new(shared, graph, config, observer, rows, &prior, shutdown);
+    drop(prior);
+    s.restore_outputs().await?;
     s.main_loop().await;
-    let outcome = s.finish().await;
-    record_identities(&store, &outcome_graph, &outcome_ids, &run_id).await?;
+    let (outcome, graph, rows, succeeded) = s.finish().await;
+    record_identities(&store, &graph, &rows.ids, &succeeded).await?;
     Ok(outcome)
-}
-
-/// What an earlier process settled about a task.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Prior {
-    Todo,
-    Done,
-    /// Failed for good: left failed, its descendants blocked.
-    Failed,
-}
-
-/// Records the identity of every succeeded task whose inputs' bytes are now known, so later
-/// runs and changed pipelines can tell the same work from new work.
-async fn record_identities(
-    store: &Store,
-    graph: &Graph,
-    row_ids: &[i64],
-    run_id: &str,
-) -> Result<(), StoreError> {
-    let hashes = store.output_hashes(run_id).await?;
-    let rows = store
-        .tasks_where(run_id, Some(TaskStatus::Succeeded))
-        .await?;
-    let missing: HashSet<i64> = rows
-        .iter()
-        .filter(|r| r.identity.is_none())
-        .map(|r| r.id)
-        .collect();
-    let found: Vec<(i64, String)> = (0..graph.tasks.len())
-        .filter(|t| missing.contains(&row_ids[*t]))
-        .filter_map(|t| {
-            let id = crate::exec::identity::from_record(graph, t, |u| Some(row_ids[u]), &hashes)?;
-            Some((row_ids[t], id))
-        })
-        .collect();
-    store.set_identities(&found).await
 }
 
 impl Scheduler {
@@ -196,25 +122,28 @@ impl Scheduler {
         graph: Arc<Graph>,
         config: Config,
         observer: Arc<dyn Observer>,
+        rows: Rows,
         prior: &[Prior],
         shutdown: CancellationToken,
     ) -> Scheduler {
-        let n = graph.tasks.len();
+        let n = graph.len();
         let mut s = Scheduler {
             state: vec![State::Waiting; n],
             waiting: vec![0; n],
-            tries: vec![Tries::default(); n],
+            rows,
+            tries: HashMap::new(),
             admitted_ready: BTreeSet::new(),
             new_ready: BTreeSet::new(),
-            admitted: HashSet::new(),
-            instance_cost: HashMap::new(),
+            batch_admitted: false,
+            admitted_items: vec![false; graph.instances()],
             confirmed: (0..graph.step_ids.len())
                 .map(|s| config.known_prices.get(s).copied().unwrap_or(false))
                 .collect(),
             probing: vec![false; graph.step_ids.len()],
-            reach: reach(&graph),
-            depth: 0,
+            depth: graph.depth(),
             unfinished: 0,
+            downloading: HashMap::new(),
+            succeeded: Vec::new(),
             budget: Budget::new(config.cap),
             calls: JoinSet::new(),
             downloads: JoinSet::new(),
@@ -236,7 +165,6 @@ impl Scheduler {
             }
         }
         for t in 0..n {
-            let task = &s.graph.tasks[t];
             if prior[t] == Prior::Done {
                 s.state[t] = State::Done;
                 continue;
@@ -244,36 +172,46 @@ impl Scheduler {
             if s.state[t] != State::Waiting {
                 continue;
             }
-            *s.instance_cost.entry(task.instance).or_default() += task.planned;
-            s.waiting[t] = task
-                .deps
-                .iter()
-                .filter(|d| prior[**d] != Prior::Done)
-                .count();
+            s.unfinished += 1;
+            let deps = s.graph.deps(t);
+            let open = deps.iter().filter(|d| prior[**d] != Prior::Done).count();
+            s.waiting[t] = u8::try_from(open).unwrap_or(u8::MAX);
         }
         for t in 0..n {
             if s.state[t] == State::Waiting && s.waiting[t] == 0 {
                 s.push_ready(t);
             }
         }
-        s.unfinished = s
-            .state
-            .iter()
-            .filter(|st| matches!(st, State::Waiting | State::Ready))
-            .count();
-        s.depth = s.reach.iter().copied().max().unwrap_or(0);
         s
     }
 
-    /// Loads the outputs of tasks that succeeded earlier, and downloads those not on disk.
-    async fn restore_outputs(&mut self, index: &TaskIndex<'_>) -> Result<(), StoreError> {
+    fn settled(&self, t: usize) -> bool {
+        matches!(self.state[t], State::Done | State::Failed | State::Blocked)
+    }
+
+    /// Whether a task's URLs are still needed: a task that reads them is not settled. The
+    /// batch's are kept: they are few, and read by every item.
+    fn still_read(&self, t: usize) -> bool {
+        self.graph.task(t).instance == Instance::Batch
+            || self.graph.children(t).iter().any(|c| !self.settled(*c))
+    }
+
+    /// Loads the URLs of earlier outputs that a task still to run reads, and downloads those
+    /// not on disk: the others are not held at all.
+    async fn restore_outputs(&mut self) -> Result<(), StoreError> {
         let store = self.shared.store.clone();
+        let graph = Arc::clone(&self.graph);
+        let index = graph.index();
+        let run_id = self.config.run_id.clone();
         store
-            .each_output(&self.config.run_id, false, |o| {
-                let Some(&t) = index.get(&(o.item.as_str(), o.step.as_str(), o.idx)) else {
+            .each_output(&run_id, false, |o| {
+                let Some(t) = index.get(&o.item, &o.step, o.idx) else {
                     return Ok(());
                 };
                 let missing = o.path.is_none();
+                if !missing && !self.still_read(t) {
+                    return Ok(());
+                }
                 self.shared.set_url(
                     t,
                     o.k,
@@ -285,17 +223,38 @@ impl Scheduler {
                     },
                 );
                 if missing {
-                    self.downloads
-                        .spawn(download(Arc::clone(&self.shared), t, o.k));
+                    self.spawn_download(t, o.k);
                 }
                 Ok(())
             })
             .await
     }
 
-    fn key(&self, t: usize) -> Key {
-        let task = &self.graph.tasks[t];
-        (task.instance, task.step.0, task.idx, t)
+    fn spawn_download(&mut self, t: usize, k: u32) {
+        *self.downloading.entry(t).or_default() += 1;
+        self.downloads
+            .spawn(download(Arc::clone(&self.shared), t, k));
+    }
+
+    /// Forgets a task's URLs once nothing will read them: not its downloads, not its readers.
+    fn release(&mut self, t: usize) {
+        if !self.downloading.contains_key(&t) && !self.still_read(t) {
+            self.shared.forget(t, self.graph.outputs(t));
+        }
+    }
+
+    /// After `t` settled: the URLs of what it read may be needed no more.
+    fn release_inputs(&mut self, t: usize) {
+        for d in self.graph.deps(t) {
+            self.release(d);
+        }
+    }
+
+    fn is_admitted(&self, instance: Instance) -> bool {
+        match instance {
+            Instance::Batch => self.batch_admitted,
+            Instance::Item(i) => self.admitted_items.get(i).copied().unwrap_or(false),
+        }
     }
 
     fn push_ready(&mut self, t: usize) {
@@ -303,11 +262,30 @@ impl Scheduler {
             return;
         }
         self.state[t] = State::Ready;
-        let key = self.key(t);
-        if self.admitted.contains(&key.0) {
-            self.admitted_ready.insert(key);
+        if self.is_admitted(self.graph.task(t).instance) {
+            self.admitted_ready.insert(t);
         } else {
-            self.new_ready.insert(key);
+            self.new_ready.insert(t);
+        }
+    }
+
+    /// Records the tasks of the next items to admit, before they are admitted.
+    async fn record_ahead(&mut self) {
+        let Some(&next) = self.new_ready.first() else {
+            return;
+        };
+        let Instance::Item(i) = self.graph.task(next).instance else {
+            return;
+        };
+        let ahead = self.config.concurrency.saturating_mul(4);
+        let store = self.shared.store.clone();
+        let (graph, run_id) = (Arc::clone(&self.graph), self.config.run_id.clone());
+        if let Err(e) = self
+            .rows
+            .record_ahead(&store, &graph, &run_id, i, ahead)
+            .await
+        {
+            self.fatal(Fatal::Store(Arc::new(e)));
         }
     }
 
@@ -315,6 +293,9 @@ impl Scheduler {
         let shutdown = self.shutdown.clone();
         let mut deadline: Option<Instant> = None;
         loop {
+            if deadline.is_none() && self.halt.is_none() && self.closed.is_none() {
+                self.record_ahead().await;
+            }
             if deadline.is_none() {
                 self.dispatch();
             }
@@ -382,32 +363,32 @@ impl Scheduler {
             } else {
                 self.admitted_ready
                     .iter()
-                    .find(|k| self.may_send(k.3))
+                    .find(|t| self.may_send(**t))
                     .copied()
             };
-            let fresh = self
-                .new_ready
-                .first()
-                .copied()
-                .filter(|k| self.closed.is_none() && self.may_send(k.3));
+            // A chain is admitted once its tasks are recorded (see `record_ahead`).
+            let fresh = self.new_ready.first().copied().filter(|t| {
+                self.closed.is_none()
+                    && self.may_send(*t)
+                    && self.rows.is_recorded(self.graph.task(*t).instance)
+            });
             // Near the end a new chain goes first when it is longer than any under way:
             // otherwise the last chains to start would end the run alone, slots idle.
-            let longer = |new: &Key, old: &Key| self.reach[new.3] > self.reach[old.3];
-            let key = match (next, fresh) {
-                (Some(old), Some(new)) if self.in_tail() && longer(&new, &old) => {
-                    self.admit(new.0);
+            let longer = |new: usize, old: usize| self.graph.reach(new) > self.graph.reach(old);
+            let t = match (next, fresh) {
+                (Some(old), Some(new)) if self.in_tail() && longer(new, old) => {
+                    self.admit(self.graph.task(new).instance);
                     continue;
                 }
-                (Some(key), _) => key,
+                (Some(t), _) => t,
                 (None, Some(new)) => {
-                    self.admit(new.0);
+                    self.admit(self.graph.task(new).instance);
                     continue;
                 }
                 (None, None) => return,
             };
-            let t = key.3;
-            let planned = self.graph.tasks[t].planned;
-            if !self.budget.reserve(planned) {
+            let task = self.graph.task(t);
+            if !self.budget.reserve(task.planned) {
                 if self.calls.is_empty() {
                     let left = self
                         .budget
@@ -415,22 +396,25 @@ impl Scheduler {
                         .unwrap_or(0)
                         .saturating_sub(self.budget.spent());
                     self.halt = Some(Stop::Budget {
-                        needed: planned,
+                        needed: task.planned,
                         left,
                     });
                 }
                 return;
             }
-            self.admitted_ready.remove(&key);
+            self.admitted_ready.remove(&t);
             self.state[t] = State::Running;
-            let (delay, force) = (self.tries[t].delay, self.tries[t].force_refresh);
+            let (delay, force) = self.tries.get_mut(&t).map_or((Duration::ZERO, false), |x| {
+                let once = (x.delay, x.force_refresh);
+                (x.delay, x.force_refresh) = (Duration::ZERO, false);
+                once
+            });
             // A retry sleeping out its delay is no probe: a sibling may test the price.
-            let step = self.graph.tasks[t].step.0;
+            let step = task.step.0;
             self.probing[step] |= !self.confirmed[step] && delay.is_zero();
-            self.tries[t].delay = Duration::ZERO;
-            self.tries[t].force_refresh = false;
+            let row = self.rows.ids[t];
             self.calls
-                .spawn(attempt(Arc::clone(&self.shared), t, delay, force));
+                .spawn(attempt(Arc::clone(&self.shared), t, row, delay, force));
         }
     }
 
@@ -444,11 +428,11 @@ impl Scheduler {
 
     /// The ready task of an admitted chain with the longest chain still ahead of it; the
     /// depth-first order breaks ties.
-    fn longest_ready(&self) -> Option<Key> {
-        let mut best: Option<Key> = None;
-        for k in self.admitted_ready.iter().filter(|k| self.may_send(k.3)) {
-            if best.is_none_or(|b| self.reach[k.3] > self.reach[b.3]) {
-                best = Some(*k);
+    fn longest_ready(&self) -> Option<usize> {
+        let mut best: Option<usize> = None;
+        for &t in self.admitted_ready.iter().filter(|t| self.may_send(**t)) {
+            if best.is_none_or(|b| self.graph.reach(t) > self.graph.reach(b)) {
+                best = Some(t);
             }
         }
         best
@@ -457,13 +441,18 @@ impl Scheduler {
     /// Until a bill has confirmed a step's price, one call of that step at a time: a plan
     /// priced too low must not overspend by a whole round of concurrent calls.
     fn may_send(&self, t: usize) -> bool {
-        let step = self.graph.tasks[t].step.0;
+        let step = self.graph.task(t).step.0;
         self.confirmed[step] || !self.probing[step]
     }
 
-    /// Admits `instance` when its remaining chain fits; else closes admission.
+    /// Admits `instance` when what is left of its chain fits; else closes admission.
     fn admit(&mut self, instance: Instance) {
-        let cost = self.instance_cost.get(&instance).copied().unwrap_or(0);
+        let tasks = self.graph.instance_tasks(instance);
+        let cost: u64 = tasks
+            .clone()
+            .filter(|t| matches!(self.state[*t], State::Waiting | State::Ready))
+            .map(|t| self.graph.task(t).planned)
+            .sum();
         if !self.budget.admit(cost) {
             self.closed = Some(Stop::Budget {
                 needed: cost,
@@ -471,18 +460,19 @@ impl Scheduler {
             });
             return;
         }
-        self.admitted.insert(instance);
-        let lo = (instance, 0, 0, 0);
-        let hi = (instance, usize::MAX, u32::MAX, usize::MAX);
-        let moving: Vec<Key> = self.new_ready.range(lo..=hi).copied().collect();
-        for key in moving {
-            self.new_ready.remove(&key);
-            self.admitted_ready.insert(key);
+        match instance {
+            Instance::Batch => self.batch_admitted = true,
+            Instance::Item(i) => self.admitted_items[i] = true,
+        }
+        let moving: Vec<usize> = self.new_ready.range(tasks).copied().collect();
+        for t in moving {
+            self.new_ready.remove(&t);
+            self.admitted_ready.insert(t);
         }
     }
 
     fn name(&self, t: usize) -> String {
-        let task = &self.graph.tasks[t];
+        let task = self.graph.task(t);
         format!(
             "{}/{}[{}]",
             self.graph.item_dir(task.instance),
@@ -493,8 +483,8 @@ impl Scheduler {
 
     async fn settle(&mut self, attempted: Attempted) {
         let t = attempted.task;
-        let planned = self.graph.tasks[t].planned;
-        self.probing[self.graph.tasks[t].step.0] = false;
+        let planned = self.graph.task(t).planned;
+        self.probing[self.graph.task(t).step.0] = false;
         match attempted.result {
             Ok(success) => self.succeeded(t, planned, success).await,
             Err(Failure::Store(e)) => {
@@ -521,7 +511,7 @@ impl Scheduler {
     async fn succeeded(&mut self, t: usize, planned: u64, success: Success) {
         self.budget.settle(planned, success.credits);
         if success.credits <= planned {
-            self.confirmed[self.graph.tasks[t].step.0] = true;
+            self.confirmed[self.graph.task(t).step.0] = true;
         }
         if success.credits_remaining.is_some() {
             self.outcome.last_balance = success.credits_remaining;
@@ -533,14 +523,13 @@ impl Scheduler {
                 billed: success.credits,
             });
         }
-        let expected = self.graph.tasks[t].outputs();
+        let expected = self.graph.outputs(t);
         let got = success.outputs.len() as u32;
         for (k, out) in success.outputs.into_iter().enumerate() {
             self.shared.set_url(t, k as u32, out);
-            self.downloads
-                .spawn(download(Arc::clone(&self.shared), t, k as u32));
+            self.spawn_download(t, k as u32);
         }
-        let step = self.graph.tasks[t].step.0;
+        let step = self.graph.task(t).step.0;
         if got < expected {
             let reason = format!(
                 "job {} returned {got} image(s) where {expected} were asked for",
@@ -551,10 +540,12 @@ impl Scheduler {
             return;
         }
         self.state[t] = State::Done;
+        self.tries.remove(&t);
+        self.succeeded.push(t);
         self.unfinished = self.unfinished.saturating_sub(1);
         self.observer.task_succeeded(step, success.credits);
-        let children = self.graph.tasks[t].children.clone();
-        for c in children {
+        self.release_inputs(t);
+        for c in self.graph.children(t) {
             self.waiting[c] = self.waiting[c].saturating_sub(1);
             if self.waiting[c] == 0 && self.state[c] == State::Waiting {
                 self.push_ready(c);
@@ -589,8 +580,8 @@ impl Scheduler {
         match kind {
             ErrorKind::RateLimited => {
                 self.shared.limiter.throttled(e.retry_after());
-                self.tries[t].throttled += 1;
-                if self.tries[t].throttled <= MAX_THROTTLED {
+                self.tries.entry(t).or_default().throttled += 1;
+                if self.tries.entry(t).or_default().throttled <= MAX_THROTTLED {
                     self.requeue(t, Duration::ZERO, false);
                 } else {
                     self.fail(t, &reason, true).await;
@@ -605,10 +596,12 @@ impl Scheduler {
                 self.put_back(t).await;
                 self.fatal(Fatal::Refused(reason));
             }
-            ErrorKind::InvalidRequest if self.reads_outputs(t) && !self.tries[t].refreshed => {
+            ErrorKind::InvalidRequest
+                if self.reads_outputs(t) && !self.tries.entry(t).or_default().refreshed =>
+            {
                 // An upstream URL may have expired on the way: nothing was billed, so try
                 // once more with fresh ones.
-                self.tries[t].refreshed = true;
+                self.tries.entry(t).or_default().refreshed = true;
                 self.requeue(t, Duration::ZERO, true);
             }
             _ => self.fail(t, &reason, true).await,
@@ -617,16 +610,23 @@ impl Scheduler {
 
     async fn ambiguous(&mut self, t: usize, planned: u64, reason: &str) {
         let fits = self.budget.ambiguous(planned);
-        self.tries[t].ambiguous += 1;
+        self.tries.entry(t).or_default().ambiguous += 1;
         let why = if self.config.on_ambiguous == OnAmbiguous::Fail {
             "--on-ambiguous fail"
         } else if !fits {
             "another try would not fit the budget"
-        } else if !self.shared.paid_retry.allows(self.tries[t].ambiguous) {
+        } else if !self
+            .shared
+            .paid_retry
+            .allows(self.tries.entry(t).or_default().ambiguous)
+        {
             "too many tries"
         } else {
             tracing::warn!("{}: {reason}; trying again", self.name(t));
-            let delay = self.shared.paid_retry.backoff(self.tries[t].ambiguous);
+            let delay = self
+                .shared
+                .paid_retry
+                .backoff(self.tries.entry(t).or_default().ambiguous);
             return self.requeue(t, delay, false);
         };
         self.fail(t, &format!("{reason} (not tried again: {why})"), fits)
@@ -634,8 +634,8 @@ impl Scheduler {
     }
 
     async fn retry_or_fail(&mut self, t: usize, after: Option<Duration>, reason: &str) {
-        self.tries[t].retries += 1;
-        let n = self.tries[t].retries;
+        self.tries.entry(t).or_default().retries += 1;
+        let n = self.tries.entry(t).or_default().retries;
         if !self.shared.paid_retry.allows(n) {
             return self
                 .fail(t, &format!("{reason} (after {} tries)", n), true)
@@ -647,22 +647,19 @@ impl Scheduler {
     }
 
     fn reads_outputs(&self, t: usize) -> bool {
-        self.graph.tasks[t]
-            .sources()
-            .iter()
-            .any(|s| matches!(s, Source::Output { .. }))
+        self.graph.reads_outputs(t)
     }
 
     fn requeue(&mut self, t: usize, delay: Duration, force_refresh: bool) {
-        self.tries[t].delay = delay;
-        self.tries[t].force_refresh |= force_refresh;
+        self.tries.entry(t).or_default().delay = delay;
+        self.tries.entry(t).or_default().force_refresh |= force_refresh;
         self.push_ready(t);
     }
 
     /// A task that could not be tried, back to pending for a later run.
     async fn put_back(&mut self, t: usize) {
         self.state[t] = State::Ready;
-        let id = self.shared.row_ids[t];
+        let id = self.rows.ids[t];
         if let Err(e) = self
             .shared
             .store
@@ -678,38 +675,41 @@ impl Scheduler {
     /// spent, or possibly spent, with no retry left to pay for).
     async fn fail(&mut self, t: usize, reason: &str, committed: bool) {
         self.state[t] = State::Failed;
+        self.tries.remove(&t);
         self.unfinished = self.unfinished.saturating_sub(1);
+        let task = self.graph.task(t);
         if committed {
-            self.budget.abandon(self.graph.tasks[t].planned);
+            self.budget.abandon(task.planned);
         }
         let name = self.name(t);
-        let step = self.graph.tasks[t].step.0;
-        let item = self.graph.item_dir(self.graph.tasks[t].instance).to_owned();
-        self.observer.task_failed(step, &item, reason);
+        let item = self.graph.item_dir(task.instance).to_owned();
+        self.observer.task_failed(task.step.0, &item, reason);
         self.outcome
             .failures
             .push((name.clone(), reason.to_owned()));
         let mut blocked = Vec::new();
         for d in self.graph.descendants(t) {
             if matches!(self.state[d], State::Waiting | State::Ready) {
-                let key = self.key(d);
-                self.admitted_ready.remove(&key);
-                self.new_ready.remove(&key);
+                self.admitted_ready.remove(&d);
+                self.new_ready.remove(&d);
                 self.state[d] = State::Blocked;
                 self.unfinished = self.unfinished.saturating_sub(1);
-                let (instance, planned) =
-                    (self.graph.tasks[d].instance, self.graph.tasks[d].planned);
-                if self.admitted.contains(&instance) {
-                    self.budget.abandon(planned);
-                } else if let Some(cost) = self.instance_cost.get_mut(&instance) {
-                    *cost = cost.saturating_sub(planned);
+                let below = self.graph.task(d);
+                // An admitted chain's cost is committed; another's is counted at admission.
+                if self.is_admitted(below.instance) {
+                    self.budget.abandon(below.planned);
                 }
-                blocked.push(self.shared.row_ids[d]);
+                // A task not recorded yet is recorded pending, and blocked again on resume.
+                if self.rows.ids[d] != 0 {
+                    blocked.push(self.rows.ids[d]);
+                }
             }
         }
+        self.release_inputs(t);
+        self.release(t);
         let store = &self.shared.store;
         let recorded = match store
-            .set_task_status(&[self.shared.row_ids[t]], TaskStatus::Failed, Some(reason))
+            .set_task_status(&[self.rows.ids[t]], TaskStatus::Failed, Some(reason))
             .await
         {
             Ok(()) => {
@@ -734,24 +734,31 @@ impl Scheduler {
     }
 
     fn downloaded(&mut self, joined: Result<Fetched, tokio::task::JoinError>) {
-        match joined {
-            Ok(Fetched { result: Ok(_), .. }) => {}
-            Ok(Fetched {
-                task,
-                k,
-                result: Err(reason),
-            }) => {
-                let name = format!("{} output {k}", self.name(task));
-                // Recorded with the output; the summary reads it from there.
-                tracing::error!("download of {name} failed: {reason}");
+        let fetched = match joined {
+            Ok(fetched) => fetched,
+            Err(e) => {
+                return self.fatal(Fatal::Crashed(format!(
+                    "a download's task ended abnormally: {e}"
+                )));
             }
-            Err(e) => self.fatal(Fatal::Crashed(format!(
-                "a download's task ended abnormally: {e}"
-            ))),
+        };
+        if let Err(reason) = &fetched.result {
+            let name = format!("{} output {}", self.name(fetched.task), fetched.k);
+            // Recorded with the output; the summary reads it from there.
+            tracing::error!("download of {name} failed: {reason}");
+        }
+        let t = fetched.task;
+        if let Some(n) = self.downloading.get_mut(&t) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.downloading.remove(&t);
+                self.release(t);
+            }
         }
     }
 
-    async fn finish(mut self) -> Outcome {
+    /// The outcome, and what the identities of this process's results are recorded from.
+    async fn finish(mut self) -> (Outcome, Arc<Graph>, Rows, Vec<usize>) {
         if self.outcome.interrupted
             && let Err(e) = self
                 .shared
@@ -762,24 +769,8 @@ impl Scheduler {
             self.fatal(Fatal::Store(Arc::new(e)));
         }
         self.outcome.stop = self.halt.take().or(self.closed.take());
-        self.outcome
+        (self.outcome, self.graph, self.rows, self.succeeded)
     }
-}
-
-/// Each task's longest chain of calls to the end of its item, itself included. A task's
-/// readers always come after it in the graph, so one pass from the end sees them first.
-fn reach(graph: &Graph) -> Vec<u32> {
-    let mut reach = vec![1u32; graph.tasks.len()];
-    for t in (0..graph.tasks.len()).rev() {
-        let longest = graph.tasks[t]
-            .children
-            .iter()
-            .map(|c| reach[*c])
-            .max()
-            .unwrap_or(0);
-        reach[t] = longest + 1;
-    }
-    reach
 }
 
 async fn sleep_until(deadline: Option<Instant>) {
@@ -791,7 +782,6 @@ async fn sleep_until(deadline: Option<Instant>) {
 
 #[cfg(test)]
 mod tests {
-    use super::reach;
     use crate::plan::graph::Graph;
 
     #[test]
@@ -815,16 +805,16 @@ steps:
     upscale: { from: clean, desired_increase: 2 }
 "#,
         );
-        let reach = reach(&g);
         let of = |step: &str| -> Vec<u32> {
-            (0..g.tasks.len())
+            (0..g.len())
                 .filter(|t| g.step_id(*t) == step)
-                .map(|t| reach[t])
+                .map(|t| g.reach(t))
                 .collect()
         };
         assert_eq!(of("style"), [4]);
         assert_eq!(of("shot"), [3, 3]);
         assert_eq!(of("clean"), [2, 2, 2, 2]);
         assert_eq!(of("big"), [1, 1, 1, 1]);
+        assert_eq!(g.depth(), 4);
     }
 }

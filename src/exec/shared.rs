@@ -34,8 +34,6 @@ pub(super) struct Shared {
     pub downloader: Downloader,
     pub store: Store,
     pub graph: Arc<Graph>,
-    /// The database id of every task, by graph index.
-    pub row_ids: Vec<i64>,
     pub run_id: String,
     pub run_dir: RunDir,
     pub limiter: PaidLimiter,
@@ -60,7 +58,6 @@ impl Shared {
         downloader: Downloader,
         store: Store,
         graph: Arc<Graph>,
-        row_ids: Vec<i64>,
         config: &Config,
     ) -> Shared {
         Shared {
@@ -68,7 +65,6 @@ impl Shared {
             downloader,
             store,
             graph,
-            row_ids,
             run_id: config.run_id.clone(),
             run_dir: RunDir::at(config.run_dir.clone()),
             limiter: PaidLimiter::new(config.rate),
@@ -104,6 +100,14 @@ impl Shared {
 
     pub(super) fn set_url(&self, task: usize, k: u32, url: OutputUrl) {
         self.urls().insert((task, k), url);
+    }
+
+    /// Drops a task's URLs: nothing reads them any more.
+    pub(super) fn forget(&self, task: usize, outputs: u32) {
+        let mut urls = self.urls();
+        for k in 0..outputs {
+            urls.remove(&(task, k));
+        }
     }
 
     pub(super) fn url(&self, task: usize, k: u32) -> Option<OutputUrl> {

@@ -26,7 +26,8 @@ pub struct Pipeline {
     pub rate_limit: Option<Rate>,
     /// `reuse: true`: earlier runs' results of the same tasks are taken, not paid for again.
     pub reuse: bool,
-    pub items: Items,
+    /// Shared: a task graph renders its templates from them, and a batch holds them once.
+    pub items: std::sync::Arc<Items>,
     /// In an order where every step comes after its inputs.
     pub steps: Vec<Step>,
 }

@@ -42,11 +42,22 @@ pub struct Status {
 
 /// The summary of run `run_id`, which must be in `store`.
 pub async fn summary_of(store: &Store, run_id: &str) -> Result<Summary, Error> {
+    let steps = store.step_counts(run_id).await?;
+    summary_from(store, run_id, &steps).await
+}
+
+/// The summary, given the counts of the run's recorded tasks per step.
+async fn summary_from(store: &Store, run_id: &str, steps: &[StepCounts]) -> Result<Summary, Error> {
     let run = store
         .run(run_id)
         .await?
         .ok_or_else(|| Error::usage(format!("no run {run_id}"), None))?;
-    let totals = store.totals(run_id).await?;
+    let mut totals = store.totals(run_id).await?;
+    for step in unrecorded(&run.plan_json, steps) {
+        totals.tasks += step.tasks;
+        totals.pending += step.pending;
+        totals.planned_credits += step.planned_credits;
+    }
     let mut failures: Vec<Failure> = store
         .tasks_where(run_id, Some(TaskStatus::Failed))
         .await?
@@ -85,10 +96,64 @@ pub async fn summary_of(store: &Store, run_id: &str) -> Result<Summary, Error> {
 
 /// The status of run `run_id`, which must be in `store`.
 pub async fn status_of(store: &Store, run_id: &str) -> Result<Status, Error> {
+    let mut steps = store.step_counts(run_id).await?;
+    let summary = summary_from(store, run_id, &steps).await?;
+    let plan_json = store
+        .run(run_id)
+        .await?
+        .map(|r| r.plan_json)
+        .unwrap_or_default();
+    let extras = unrecorded(&plan_json, &steps);
+    for extra in extras {
+        match steps.iter_mut().find(|s| s.step == extra.step) {
+            Some(s) => {
+                s.tasks += extra.tasks;
+                s.pending += extra.pending;
+                s.planned_credits += extra.planned_credits;
+            }
+            None => steps.push(extra),
+        }
+    }
     Ok(Status {
-        summary: summary_of(store, run_id).await?,
-        steps: store.step_counts(run_id).await?,
+        summary,
+        steps,
         ambiguous: store.ambiguous_attempts(run_id).await?,
         superseded_files: store.superseded_count(run_id).await?,
     })
+}
+
+/// The tasks the run has not recorded yet, per step: a run records an item's tasks only as
+/// it comes near the item, so those of items it has not reached are counted from its plan.
+/// They are all pending.
+fn unrecorded(plan_json: &str, recorded: &[StepCounts]) -> Vec<StepCounts> {
+    let plan = serde_json::from_str::<serde_json::Value>(plan_json).unwrap_or_default();
+    let Some(steps) = plan.pointer("/costs/steps").and_then(|s| s.as_array()) else {
+        return Vec::new();
+    };
+    steps
+        .iter()
+        .filter_map(|s| {
+            let step = s.get("step")?.as_str()?;
+            let planned = s.get("tasks")?.as_u64()?;
+            let have = recorded
+                .iter()
+                .find(|r| r.step == step)
+                .map_or(0, |r| r.tasks);
+            let missing = planned.checked_sub(have).filter(|m| *m > 0)?;
+            let price = s
+                .get("credits_per_task")
+                .and_then(|c| c.as_u64())
+                .unwrap_or(0);
+            Some(StepCounts {
+                step: step.to_owned(),
+                tasks: missing,
+                succeeded: 0,
+                failed: 0,
+                blocked: 0,
+                pending: missing,
+                planned_credits: missing * price,
+                billed_credits: 0,
+            })
+        })
+        .collect()
 }

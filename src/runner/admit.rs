@@ -168,7 +168,7 @@ pub fn over_cap(
             message: format!(
                 "resuming run {} would pay for {} task(s), {needed} credits, but only {cap} may be spent ({})",
                 row.id,
-                review.redo.len(),
+                review.to_pay(),
                 limits(doc)
             ),
             hint: Some(

@@ -125,13 +125,13 @@ impl Runner<'_> {
             &run.dir,
             &graph,
             &review,
-            |t| record::new_task(&graph, t),
+            |t| crate::exec::new_task(&graph, t),
         )
         .await?;
         tracing::info!(
             "resuming run {}: {} task(s) to pay for ({} credits), {} kept, {} recovered by job id, {} file(s) to fetch again, {} reused",
             row.id,
-            review.redo.len(),
+            review.to_pay(),
             review.credits(),
             review.kept.len(),
             applied.recovered,
@@ -254,7 +254,7 @@ fn describe_changes(old: &Pipeline, new: &Pipeline, graph: &Graph, review: &Revi
     format!(
         "{}; {} task(s) would run again for {} credits, {} keep their results, {} recorded task(s) would be dropped",
         parts.join("; "),
-        review.redo.len(),
+        review.to_pay(),
         review.credits(),
         review.kept.len(),
         review.removed.len()

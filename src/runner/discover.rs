@@ -29,18 +29,19 @@ pub(super) async fn price(
     balance: &Balance,
     shutdown: &CancellationToken,
 ) -> Result<GenerationPrice, Error> {
-    let Some(t) = (0..graph.tasks.len()).find(|t| {
-        matches!(graph.tasks[*t].work, Work::Generate { .. }) && graph.tasks[*t].deps.is_empty()
-    }) else {
+    let Some((t, n, size)) = (0..graph.len())
+        .filter(|t| !graph.reads_outputs(*t))
+        .find_map(|t| match graph.work(t) {
+            Ok(Work::Generate { n, size, .. }) => Some((t, n, size)),
+            _ => None,
+        })
+    else {
         return Err(Error::usage(
             "--discover-price needs a generate step that reads no other step",
             Some("set `pricing: { generation: N }` in the pipeline file"),
         ));
     };
-    let Work::Generate { n, size, .. } = &graph.tasks[t].work else {
-        return Err(Error::usage("--discover-price found no generation", None));
-    };
-    let images = u64::from(*n) * size.price_multiplier();
+    let images = u64::from(n) * size.price_multiplier();
     tracing::info!("discovering the generation price with one call ({n} image(s) at {size})");
     let mut alone = config.clone();
     alone.only = Some(t);

@@ -292,7 +292,7 @@ impl Runner<'_> {
                 &run.dir,
                 &graph,
                 review,
-                |t| record::new_task(&graph, t),
+                |t| exec::new_task(&graph, t),
             )
             .await?;
             if applied.reused > 0 {

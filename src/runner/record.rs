@@ -5,11 +5,12 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::Error;
+use crate::exec;
 use crate::pipeline::Pipeline;
 use crate::pipeline::items::check_id;
 use crate::plan::Balance;
 use crate::plan::document::PlanDocument;
-use crate::plan::graph::{Graph, Work};
+use crate::plan::graph::{Graph, Instance};
 use crate::runner::admit;
 use crate::store::{NewRun, NewTask, RunRow, RunStatus, Store};
 
@@ -40,7 +41,8 @@ pub fn new_run_id() -> String {
     format!("{}-{}-{}", &digits[..8], &digits[8..14], hex::encode(nonce))
 }
 
-/// Records a new run and its tasks, in one transaction.
+/// Records a new run and the batch's tasks, in one transaction; each item's tasks are
+/// recorded by the executor as it comes near them.
 pub async fn create(
     store: &Store,
     id: &str,
@@ -83,7 +85,7 @@ pub async fn create(
                 credits_planned: doc.costs.known_credits,
                 balance_before,
             },
-            &new_tasks(graph),
+            &batch_tasks(graph),
         )
         .await?;
     Ok(OpenRun {
@@ -106,27 +108,23 @@ pub async fn reopen(store: &Store, row: &RunRow) -> Result<OpenRun, Error> {
     })
 }
 
-/// How task `t` of `graph` is recorded.
-pub fn new_task(graph: &Graph, t: usize) -> NewTask {
-    let task = &graph.tasks[t];
-    NewTask {
-        item: graph.item_dir(task.instance).to_owned(),
-        step: graph.step_id(t).to_owned(),
-        idx: task.idx,
-        operation: match &task.work {
-            Work::Generate { .. } => "generate",
-            Work::Tool { params, .. } => params.tool().as_str(),
-        },
-        inputs: graph.describe_inputs(t),
-        planned_credits: task.planned,
-    }
-}
-
-fn new_tasks(graph: &Graph) -> Vec<NewTask> {
-    (0..graph.tasks.len()).map(|t| new_task(graph, t)).collect()
-}
-
 /// Records the planned price of every task after the price was discovered.
+/// Only recorded tasks are updated: the others are recorded at their new price.
 pub async fn reprice(store: &Store, run_id: &str, graph: &Graph) -> Result<(), Error> {
-    Ok(store.update_planned(run_id, &new_tasks(graph)).await?)
+    let mut recorded = Vec::new();
+    let index = graph.index();
+    store
+        .each_task(run_id, None, |r| {
+            if let Some(t) = index.get(&r.item, &r.step, r.idx) {
+                recorded.push(t);
+            }
+        })
+        .await?;
+    let tasks: Vec<NewTask> = recorded.iter().map(|t| exec::new_task(graph, *t)).collect();
+    Ok(store.update_planned(run_id, &tasks).await?)
+}
+
+fn batch_tasks(graph: &Graph) -> Vec<NewTask> {
+    let batch = graph.instance_tasks(Instance::Batch);
+    batch.map(|t| exec::new_task(graph, t)).collect()
 }

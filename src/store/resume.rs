@@ -220,6 +220,36 @@ impl Store {
         Ok(())
     }
 
+    /// The sha256 of each downloaded output of these tasks, by task row and output index.
+    pub async fn output_hashes_of(
+        &self,
+        task_ids: &[i64],
+    ) -> Result<std::collections::HashMap<(i64, u32), String>, StoreError> {
+        let mut out = std::collections::HashMap::new();
+        for chunk in task_ids.chunks(500) {
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let sql = format!(
+                "SELECT task_id, k, sha256 FROM outputs
+                 WHERE task_id IN ({marks}) AND sha256 IS NOT NULL"
+            );
+            // Built from a fixed placeholder list: no value is ever part of the text.
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for id in chunk {
+                query = query.bind(id);
+            }
+            for r in query.fetch_all(self.pool()).await? {
+                out.insert(
+                    (
+                        r.try_get::<i64, _>("task_id")?,
+                        u32::try_from(r.try_get::<i64, _>("k")?).unwrap_or(0),
+                    ),
+                    r.try_get("sha256")?,
+                );
+            }
+        }
+        Ok(out)
+    }
+
     /// The sha256 of every downloaded output of a run, by task id and output index.
     pub async fn output_hashes(
         &self,

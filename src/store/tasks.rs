@@ -176,6 +176,19 @@ impl Store {
         Ok(())
     }
 
+    /// Records tasks in one transaction and gives the row id of each one recorded (or revived
+    /// after `--allow-changes` had dropped it), with its key.
+    pub async fn record_tasks(
+        &self,
+        run_id: &str,
+        tasks: &[NewTask],
+    ) -> Result<Vec<(i64, String, String, u32)>, StoreError> {
+        let mut tx = self.pool().begin().await?;
+        let ids = insert_tasks(&mut tx, run_id, tasks).await?;
+        tx.commit().await?;
+        Ok(ids)
+    }
+
     /// Sets the planned price of tasks (after the price was discovered).
     pub async fn update_planned(&self, run_id: &str, tasks: &[NewTask]) -> Result<(), StoreError> {
         let mut tx = self.pool().begin().await?;
@@ -663,8 +676,9 @@ pub(crate) async fn insert_tasks(
     tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
     run_id: &str,
     tasks: &[NewTask],
-) -> Result<(), StoreError> {
+) -> Result<Vec<(i64, String, String, u32)>, StoreError> {
     let now = now_ms();
+    let mut ids = Vec::with_capacity(tasks.len());
     for chunk in tasks.chunks(ROWS_PER_INSERT) {
         let values = vec!["(?, ?, ?, ?, ?, ?, ?, 'pending', ?)"; chunk.len()].join(", ");
         // A task that `--allow-changes` dropped and a later change brought back is the same
@@ -677,7 +691,8 @@ pub(crate) async fn insert_tasks(
                  status = 'pending', operation = excluded.operation, inputs = excluded.inputs,
                  planned_credits = excluded.planned_credits, identity = NULL, job_id = NULL,
                  error = NULL, reused_from = NULL, updated_at = excluded.updated_at
-             WHERE removed_at IS NOT NULL"
+             WHERE removed_at IS NOT NULL
+             RETURNING id, item, step, idx"
         );
         // Built from a fixed placeholder list: no value is ever part of the text.
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
@@ -692,7 +707,14 @@ pub(crate) async fn insert_tasks(
                 .bind(to_i64(t.planned_credits))
                 .bind(now);
         }
-        query.execute(&mut **tx).await?;
+        for row in query.fetch_all(&mut **tx).await? {
+            ids.push((
+                row.try_get("id")?,
+                row.try_get("item")?,
+                row.try_get("step")?,
+                u32::try_from(row.try_get::<i64, _>("idx")?).unwrap_or(0),
+            ));
+        }
     }
-    Ok(())
+    Ok(ids)
 }

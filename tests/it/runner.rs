@@ -124,11 +124,10 @@ impl View for Recorder {
         let graph = reviewed.graph;
         let redo = reviewed
             .review
-            .redo
-            .iter()
+            .each_redo(graph)
             .map(|r| {
                 (
-                    graph.item_dir(graph.tasks[r.task].instance).to_owned(),
+                    graph.item_dir(graph.task(r.task).instance).to_owned(),
                     graph.step_id(r.task).to_owned(),
                     r.reason,
                     r.credits,

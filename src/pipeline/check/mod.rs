@@ -83,7 +83,7 @@ pub fn check(
         concurrency: spec.concurrency.and_then(NonZeroU32::new),
         rate_limit: spec.rate_limit.as_deref().and_then(|r| r.parse().ok()),
         reuse: spec.reuse.unwrap_or(false),
-        items,
+        items: std::sync::Arc::new(items),
         steps,
     };
     if pipeline.items.is_empty() && pipeline.steps.iter().any(|s| !s.once) {

@@ -1,0 +1,191 @@
+//! The executor's link to the task rows: what an earlier process settled, each task's row id,
+//! and the recording of tasks as the scheduler comes near them.
+//!
+//! A run is recorded lazily: creating it records the run and the batch's tasks, and each
+//! item's tasks are recorded, a chunk of items in one transaction, shortly before the
+//! scheduler admits the first of them. So a batch of 100,000 items makes its first call at
+//! once, and the database holds only the items a run reached. An item with no rows is simply
+//! pending: a crash at any instant loses nothing, since nothing of an unrecorded item was
+//! sent (a paid call is sent only after its attempt, on its task's row, is durable).
+
+use std::collections::HashMap;
+
+use crate::exec::{Config, OnAmbiguous};
+use crate::plan::graph::{Graph, Instance, Work};
+use crate::store::{NewTask, Store, StoreError, TaskStatus};
+
+/// Items recorded in one transaction: a few hundred milliseconds' work at most.
+const CHUNK_ITEMS: usize = 1024;
+
+/// What an earlier process settled about a task.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Prior {
+    Todo,
+    Done,
+    /// Failed for good: left failed, its descendants blocked.
+    Failed,
+}
+
+/// How task `t` of `graph` is recorded.
+pub fn new_task(graph: &Graph, t: usize) -> NewTask {
+    let task = graph.task(t);
+    let (item, step, idx) = graph.key(t);
+    NewTask {
+        item,
+        step,
+        idx,
+        operation: match graph.work(t) {
+            Ok(Work::Tool { params, .. }) => params.tool().as_str(),
+            _ => "generate",
+        },
+        inputs: graph.describe_inputs(t),
+        planned_credits: task.planned,
+    }
+}
+
+/// Each task's row id (0 while unrecorded), and how far recording has gone.
+pub(super) struct Rows {
+    pub ids: Vec<i64>,
+    /// Items below this have every task recorded.
+    recorded_items: usize,
+}
+
+impl Rows {
+    /// Reads the run's rows, one at a time: each task's row id and what it came to.
+    pub(super) async fn load(
+        store: &Store,
+        graph: &Graph,
+        config: &Config,
+    ) -> Result<(Rows, Vec<Prior>), StoreError> {
+        let mut ids = vec![0i64; graph.len()];
+        let mut prior = vec![Prior::Todo; graph.len()];
+        let index = graph.index();
+        store
+            .each_task(&config.run_id, None, |row| {
+                let Some(t) = index.get(&row.item, &row.step, row.idx) else {
+                    return;
+                };
+                ids[t] = row.id;
+                prior[t] = match row.status {
+                    TaskStatus::Succeeded => Prior::Done,
+                    // Possibly billed already, and the user asked not to pay twice.
+                    TaskStatus::Failed
+                        if config.on_ambiguous == OnAmbiguous::Fail
+                            && row
+                                .last_attempt
+                                .as_ref()
+                                .is_some_and(|a| a.possibly_billed()) =>
+                    {
+                        Prior::Failed
+                    }
+                    _ => Prior::Todo,
+                };
+            })
+            .await?;
+        let batch = graph.instance_tasks(Instance::Batch);
+        if let Some(t) = batch.clone().find(|t| ids[*t] == 0) {
+            return Err(StoreError::Inconsistent(format!(
+                "task {}/{} is not recorded for run {}",
+                graph.item_dir(Instance::Batch),
+                graph.step_id(t),
+                config.run_id
+            )));
+        }
+        let rows = Rows {
+            ids,
+            recorded_items: 0,
+        };
+        Ok((rows, prior))
+    }
+
+    pub(super) fn is_recorded(&self, instance: Instance) -> bool {
+        match instance {
+            Instance::Batch => true,
+            Instance::Item(i) => i < self.recorded_items,
+        }
+    }
+
+    /// Records the tasks not recorded yet of the items up to `ahead` past item `from`, a
+    /// chunk of items per transaction: the scheduler may then admit them.
+    pub(super) async fn record_ahead(
+        &mut self,
+        store: &Store,
+        graph: &Graph,
+        run_id: &str,
+        from: usize,
+        ahead: usize,
+    ) -> Result<(), StoreError> {
+        let items = graph.instances();
+        let want = from.saturating_add(ahead).min(items);
+        while self.recorded_items < want {
+            let start = self.recorded_items;
+            let end = start.saturating_add(CHUNK_ITEMS.max(ahead)).min(items);
+            let first = graph.instance_tasks(Instance::Item(start)).start;
+            let last = graph.instance_tasks(Instance::Item(end - 1)).end;
+            let missing: Vec<usize> = (first..last).filter(|t| self.ids[*t] == 0).collect();
+            if !missing.is_empty() {
+                self.record(store, graph, run_id, &missing).await?;
+            }
+            self.recorded_items = end;
+        }
+        Ok(())
+    }
+
+    async fn record(
+        &mut self,
+        store: &Store,
+        graph: &Graph,
+        run_id: &str,
+        missing: &[usize],
+    ) -> Result<(), StoreError> {
+        let tasks: Vec<NewTask> = missing.iter().map(|t| new_task(graph, *t)).collect();
+        let chunk: HashMap<(&str, &str, u32), usize> = tasks
+            .iter()
+            .zip(missing)
+            .map(|(n, t)| ((n.item.as_str(), n.step.as_str(), n.idx), *t))
+            .collect();
+        for (id, item, step, idx) in store.record_tasks(run_id, &tasks).await? {
+            if let Some(t) = chunk.get(&(item.as_str(), step.as_str(), idx)) {
+                self.ids[*t] = id;
+            }
+        }
+        match missing.iter().find(|t| self.ids[**t] == 0) {
+            None => Ok(()),
+            Some(t) => Err(StoreError::Inconsistent(format!(
+                "task {}/{} of run {run_id} was not recorded",
+                graph.item_dir(graph.task(*t).instance),
+                graph.step_id(*t),
+            ))),
+        }
+    }
+}
+
+/// Records the identity of every task that succeeded in this process and whose inputs' bytes
+/// are known, so later runs and changed pipelines can tell the same work from new work. A
+/// chunk at a time: the hashes held are only those of the chunk's inputs.
+pub(super) async fn record_identities(
+    store: &Store,
+    graph: &Graph,
+    rows: &[i64],
+    succeeded: &[usize],
+) -> Result<(), StoreError> {
+    for chunk in succeeded.chunks(512) {
+        let mut inputs: Vec<i64> = chunk
+            .iter()
+            .flat_map(|t| graph.deps(*t))
+            .map(|u| rows[u])
+            .collect();
+        inputs.sort_unstable();
+        inputs.dedup();
+        let hashes: HashMap<(i64, u32), String> = store.output_hashes_of(&inputs).await?;
+        let found: Vec<(i64, String)> = chunk
+            .iter()
+            .filter_map(|&t| {
+                let id = crate::exec::identity::from_record(graph, t, |u| Some(rows[u]), &hashes)?;
+                Some((rows[t], id))
+            })
+            .collect();
+        store.set_identities(&found).await?;
+    }
+    Ok(())
+}
