@@ -89,7 +89,8 @@ async fn lines(store: &crate::store::Store) -> Result<Vec<RunLine>, Error> {
         let totals = store.totals(&run.id).await?;
         lines.push(RunLine {
             status: run.status.as_str(),
-            credits_planned: totals.planned_credits,
+            // A run records an item's tasks only as it reaches the item: the plan has the rest.
+            credits_planned: totals.planned_credits.max(run.credits_planned),
             credits_billed: totals.billed_credits,
             possibly_billed: totals.possibly_billed_credits,
             started: time(run.created_at),

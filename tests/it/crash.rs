@@ -1106,25 +1106,29 @@ async fn killed_24_times_under_every_fault_the_run_finishes_without_paying_twice
     p.assert_none("after 24 kills");
 }
 
-/// A new run is recorded in two steps: the run, then its tasks. Killed between the two, it
-/// must still be continued.
+/// A run records its items' tasks lazily, a chunk of 1,024 items at a time, as the scheduler
+/// comes near them. 1,100 items (5,500 tasks) killed as soon as the first chunk is recorded
+/// leave the others unrecorded: the continued run records the rest, pays for each task once,
+/// and the books, files and database agree.
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_as_the_run_is_being_recorded_it_is_continued() {
+    const ITEMS: usize = 1100;
+    const TASKS: usize = ITEMS * 5;
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    std::fs::write(dir.join("p.yaml"), pipeline(40)).unwrap();
-    let sandbox = External::start(dir, &["--image-side", "32"]).await;
+    std::fs::write(dir.join("p.yaml"), pipeline(ITEMS)).unwrap();
+    let sandbox = External::start(dir, &["--image-side", "16"]).await;
     let mut runner = Runner {
         dir,
         sandbox: &sandbox,
         run_id: "early",
-        extra: vec![],
+        extra: vec!["--rate", "2000/s", "--concurrency", "16"],
         round: 0,
     };
     let (mut child, _) = runner.spawn();
     let state = runner.state();
     let started = Instant::now();
-    // Kill as soon as the run's row is committed.
+    // Kill as soon as the first chunk of tasks is committed.
     loop {
         let rows = async {
             let mut conn = SqliteConnectOptions::new()
@@ -1133,7 +1137,7 @@ async fn killed_as_the_run_is_being_recorded_it_is_continued() {
                 .connect()
                 .await
                 .ok()?;
-            let n: Option<(i64,)> = sqlx::query_as("SELECT COUNT(*) FROM runs")
+            let n: Option<(i64,)> = sqlx::query_as("SELECT COUNT(*) FROM tasks")
                 .fetch_optional(&mut conn)
                 .await
                 .ok()?;
@@ -1144,27 +1148,38 @@ async fn killed_as_the_run_is_being_recorded_it_is_continued() {
             break;
         }
         assert!(child.try_wait().unwrap().is_none(), "the run ended first");
-        assert!(started.elapsed() < ROUND_LIMIT, "no run was recorded");
+        assert!(started.elapsed() < ROUND_LIMIT, "no task was recorded");
         tokio::time::sleep(Duration::from_micros(200)).await;
     }
     child.start_kill().unwrap();
     child.wait().await.unwrap();
-    let recorded = read_db(&state).await.tasks.len();
-    eprintln!("crash (recording): killed with {recorded} of 200 tasks recorded");
-
-    let (status, log) = runner.finish(Duration::from_secs(60)).await;
-    assert_eq!(
-        status.code(),
-        Some(0),
-        "continuing a run killed with {recorded} of its 200 tasks recorded:\n{log}"
+    let first = read_db(&state).await;
+    let recorded = first.tasks.len();
+    eprintln!("crash (recording): killed with {recorded} of {TASKS} tasks recorded");
+    assert!(
+        recorded > 0 && recorded <= 1024 * 5,
+        "{recorded} tasks recorded at first: not one chunk of items"
     );
+    assert!(
+        first.attempts.len() < TASKS,
+        "the killed run had all but finished"
+    );
+
+    let finishing = finish_run(&mut runner).await;
     let stats = sandbox.stats().await;
     let db = read_db(&runner.state()).await;
     let mut p = Problems::default();
-    check_db(&db, "early", 200, &mut p);
-    check_books(&db, &stats, &mut p);
+    check_db(&db, "early", TASKS, &mut p);
+    let books = check_books(&db, &stats, &mut p);
+    // No fault is injected: every task is billed exactly once.
+    let billed = ledger_of(&stats).len();
+    p.check(billed == TASKS, || {
+        format!("{billed} calls billed for {TASKS} tasks")
+    });
     check_outputs(dir, &runner.run_dir(), &db, &sandbox, &mut p).await;
-    p.assert_none("after a kill while recording the run");
+    p.assert_none(&format!(
+        "after a kill with {recorded} of {TASKS} tasks recorded, and {finishing} run(s) to finish ({books:?})"
+    ));
 }
 
 // ---------------------------------------------------------------------------------------------

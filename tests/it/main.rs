@@ -19,4 +19,5 @@ mod resume;
 mod run;
 mod runner;
 mod sandbox_http;
+mod scale;
 mod validate;
