@@ -177,6 +177,22 @@ impl Model {
             line.billed += t.credits_billed;
             line.at_risk += at_risk.get(&t.id).copied().unwrap_or(0);
         }
+        // Items the run has not reached have no rows yet: their tasks are pending, per the plan.
+        let recorded: Vec<crate::store::StepCounts> = steps
+            .iter()
+            .map(|s| crate::store::StepCounts {
+                step: s.step.clone(),
+                tasks: s.tasks,
+                ..Default::default()
+            })
+            .collect();
+        for extra in super::summary::unrecorded(&self.run.plan_json, &recorded) {
+            if let Some(line) = steps.iter_mut().find(|s| s.step == extra.step) {
+                line.tasks += extra.tasks;
+                line.pending += extra.pending;
+                line.planned += extra.planned_credits;
+            }
+        }
         let mut total = StepCost {
             step: "total".into(),
             ..StepCost::default()

@@ -125,7 +125,7 @@ pub async fn status_of(store: &Store, run_id: &str) -> Result<Status, Error> {
 /// The tasks the run has not recorded yet, per step: a run records an item's tasks only as
 /// it comes near the item, so those of items it has not reached are counted from its plan.
 /// They are all pending.
-fn unrecorded(plan_json: &str, recorded: &[StepCounts]) -> Vec<StepCounts> {
+pub(super) fn unrecorded(plan_json: &str, recorded: &[StepCounts]) -> Vec<StepCounts> {
     let plan = serde_json::from_str::<serde_json::Value>(plan_json).unwrap_or_default();
     let Some(steps) = plan.pointer("/costs/steps").and_then(|s| s.as_array()) else {
         return Vec::new();

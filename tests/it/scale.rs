@@ -131,6 +131,39 @@ async fn run_and_review(items: usize) -> (i64, i64) {
         .await
         .unwrap();
     assert_eq!(code, Some(0), "{items} items: resume --dry-run's exit");
+    // Only the items the run reached are recorded; status counts the others from the plan.
+    let o = imgpipe(dir, &base, &key, &["status", "big", "--json"])
+        .stdout(Stdio::piped())
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let n = |k: &str| {
+        doc[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("status has {k}: {doc}"))
+    };
+    assert_eq!(n("tasks"), items as u64 * 5, "{doc}");
+    assert_eq!(n("planned_credits"), items as u64 * 16, "{doc}");
+    assert!(n("succeeded") >= CALLS as u64 / 2, "{doc}");
+    assert_eq!(n("succeeded") + n("pending"), n("tasks"), "{doc}");
+    let steps = doc["steps"].as_array().unwrap();
+    let per_step: Vec<u64> = steps.iter().map(|s| s["tasks"].as_u64().unwrap()).collect();
+    assert_eq!(
+        per_step,
+        [items as u64, 2 * items as u64, 2 * items as u64],
+        "{doc}"
+    );
+    let o = imgpipe(dir, &base, &key, &["report", "big", "--out", "r.html"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let page = std::fs::read_to_string(dir.join("r.html")).unwrap();
+    let done = format!("{} of {}", n("succeeded"), items * 5);
+    let planned = format!("of {} planned", items * 16);
+    assert!(
+        page.contains(&done) && page.contains(&planned),
+        "report lacks {done:?}, {planned:?}"
+    );
     (run, dry)
 }
 
