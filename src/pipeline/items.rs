@@ -105,93 +105,133 @@ impl Items {
     /// `declared` are field names known even without items (a CSV header), so a template's
     /// typo shows before the first night the file has rows.
     pub fn build(file: &str, declared: &[String], raw: Vec<RawItem>, report: &mut Report) -> Items {
-        let mut items = Items {
-            file: file.to_owned(),
-            ..Items::default()
-        };
-        for name in declared.iter().filter(|n| *n != "id") {
-            if !items.index.contains_key(name) {
-                items.fields.push(name.clone());
-                items.index.insert(name.clone(), items.fields.len() - 1);
-            }
+        let mut builder = Builder::new(file);
+        builder.declare(declared);
+        for item in raw {
+            builder.push(item);
         }
-        let mut derived_seen: HashMap<String, usize> = HashMap::new();
-        let mut taken: HashMap<String, (String, usize)> = HashMap::new();
-        items.rows.reserve(raw.len());
-        for raw_item in raw {
-            let mut values: Vec<Option<Box<str>>> = vec![None; items.fields.len()];
-            let mut id = None;
-            for (name, value) in &raw_item.fields {
-                if name == "id" {
-                    id = Some(value.clone());
-                    continue;
-                }
-                let i = match items.index.get(name) {
-                    Some(i) => *i,
-                    None => {
-                        items.fields.push(name.clone());
-                        items.index.insert(name.clone(), items.fields.len() - 1);
-                        items.fields.len() - 1
-                    }
-                };
-                if values.len() <= i {
-                    values.resize(i + 1, None);
-                }
-                values[i] = Some(value.as_str().into());
-            }
-            let id = match id {
-                Some(id) => {
-                    let at = raw_item.id_mark.unwrap_or(raw_item.mark);
-                    if is_derived_form(&id) {
-                        report.error(Diagnostic::new(
-                            file,
-                            at,
-                            format!("item id {}: ids of the form item-<12 hex digits> are kept for items written without an id", shown(&id)),
-                        ));
-                    } else if let Err(why) = check_id(&id) {
-                        report.error(
-                            Diagnostic::new(file, at, format!("item id {}: {why}", shown(&id)))
-                                .hint("ids name output directories: letters, digits, `.`, `_` and `-`, starting with a letter or digit"),
-                        );
-                    }
-                    id
-                }
-                None => {
-                    let base = derive_id(&raw_item.fields);
-                    let n = derived_seen.entry(base.clone()).or_insert(0);
-                    *n += 1;
-                    match *n {
-                        1 => base,
-                        n => format!("{base}-{n}"),
-                    }
-                }
-            };
-            match taken.get(&id.to_lowercase()) {
-                Some((first, line)) => {
-                    let what = if *first == id {
-                        "is used twice".to_owned()
-                    } else {
-                        format!(
-                            "differs from {} only in case, and both would share one directory on case-insensitive file systems",
-                            shown(first)
-                        )
-                    };
-                    report.error(Diagnostic::new(
-                        file,
-                        raw_item.id_mark.unwrap_or(raw_item.mark),
-                        format!("item id {} {what} (first at line {line})", shown(&id)),
+        builder.finish(report)
+    }
+}
+
+/// Builds [`Items`] one item at a time as a file is read, so a large file is never held as
+/// raw items and as the table at once: its peak is about the table's size.
+pub struct Builder {
+    items: Items,
+    derived_seen: HashMap<String, usize>,
+    /// Each id, lowercased, to the row that first had it.
+    taken: HashMap<Box<str>, usize>,
+    /// Problems, reported at the end after the reader's own.
+    problems: Vec<Diagnostic>,
+}
+
+impl Builder {
+    pub fn new(file: &str) -> Builder {
+        Builder {
+            items: Items {
+                file: file.to_owned(),
+                ..Items::default()
+            },
+            derived_seen: HashMap::new(),
+            taken: HashMap::new(),
+            problems: Vec::new(),
+        }
+    }
+
+    /// Field names known even without items (a CSV header).
+    pub fn declare(&mut self, names: &[String]) {
+        for name in names.iter().filter(|n| *n != "id") {
+            self.field(name);
+        }
+    }
+
+    fn field(&mut self, name: &str) -> usize {
+        let items = &mut self.items;
+        if let Some(i) = items.index.get(name) {
+            return *i;
+        }
+        items.fields.push(name.to_owned());
+        items.index.insert(name.to_owned(), items.fields.len() - 1);
+        items.fields.len() - 1
+    }
+
+    pub fn push(&mut self, raw_item: RawItem) {
+        let id = match raw_item.fields.iter().find(|(k, _)| k == "id") {
+            Some((_, id)) => {
+                let at = raw_item.id_mark.unwrap_or(raw_item.mark);
+                if is_derived_form(id) {
+                    self.problems.push(Diagnostic::new(
+                        &self.items.file,
+                        at,
+                        format!("item id {}: ids of the form item-<12 hex digits> are kept for items written without an id", shown(id)),
                     ));
+                } else if let Err(why) = check_id(id) {
+                    self.problems.push(
+                        Diagnostic::new(&self.items.file, at, format!("item id {}: {why}", shown(id)))
+                            .hint("ids name output directories: letters, digits, `.`, `_` and `-`, starting with a letter or digit"),
+                    );
                 }
-                None => {
-                    taken.insert(id.to_lowercase(), (id.clone(), raw_item.mark.line));
+                id.clone()
+            }
+            None => {
+                let base = derive_id(&raw_item.fields);
+                let n = self.derived_seen.entry(base.clone()).or_insert(0);
+                *n += 1;
+                match *n {
+                    1 => base,
+                    n => format!("{base}-{n}"),
                 }
             }
-            items.rows.push(Item {
-                id,
-                values: values.into_boxed_slice(),
-                mark: raw_item.mark,
-            });
+        };
+        let mut values: Vec<Option<Box<str>>> = vec![None; self.items.fields.len()];
+        for (name, value) in raw_item.fields {
+            if name == "id" {
+                continue;
+            }
+            let i = self.field(&name);
+            if values.len() <= i {
+                values.resize(i + 1, None);
+            }
+            values[i] = Some(value.into_boxed_str());
         }
+        let row = self.items.rows.len();
+        let lower: Box<str> = id.to_lowercase().into();
+        match self.taken.get(&lower) {
+            Some(&first) => {
+                let first = &self.items.rows[first];
+                let what = if first.id == id {
+                    "is used twice".to_owned()
+                } else {
+                    format!(
+                        "differs from {} only in case, and both would share one directory on case-insensitive file systems",
+                        shown(&first.id)
+                    )
+                };
+                let line = first.mark.line;
+                self.problems.push(Diagnostic::new(
+                    &self.items.file,
+                    raw_item.id_mark.unwrap_or(raw_item.mark),
+                    format!("item id {} {what} (first at line {line})", shown(&id)),
+                ));
+            }
+            None => {
+                self.taken.insert(lower, row);
+            }
+        }
+        self.items.rows.push(Item {
+            id,
+            values: values.into_boxed_slice(),
+            mark: raw_item.mark,
+        });
+    }
+
+    /// The table, its problems added to `report`.
+    pub fn finish(self, report: &mut Report) -> Items {
+        for d in self.problems {
+            report.error(d);
+        }
+        let mut items = self.items;
+        items.rows.shrink_to_fit();
         items
     }
 }
@@ -285,7 +325,7 @@ pub fn shown(id: &str) -> impl fmt::Display + '_ {
 }
 
 /// Declared field names (a CSV header) and the items, from a file's bytes.
-type ItemsReader = fn(&[u8], &str, &mut Report) -> (Vec<String>, Vec<RawItem>);
+type ItemsReader = fn(&[u8], &str, &mut Report, &mut Builder);
 
 /// Reads an items file, `.jsonl` or `.csv`, as raw items. Problems inside it go to `report`
 /// against `shown_path`; a file that cannot be read at all is the error.
@@ -293,7 +333,8 @@ pub fn read_file(
     path: &Path,
     shown_path: &str,
     report: &mut Report,
-) -> Result<(Vec<String>, Vec<RawItem>), String> {
+    into: &mut Builder,
+) -> Result<(), String> {
     let ext = path
         .extension()
         .and_then(|e| e.to_str())
@@ -308,10 +349,11 @@ pub fn read_file(
         }
     };
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
-    Ok(reader(&bytes, shown_path, report))
+    reader(&bytes, shown_path, report, into);
+    Ok(())
 }
 
-fn read_jsonl(bytes: &[u8], file: &str, report: &mut Report) -> (Vec<String>, Vec<RawItem>) {
+fn read_jsonl(bytes: &[u8], file: &str, report: &mut Report, into: &mut Builder) {
     let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
     let Ok(text) = std::str::from_utf8(bytes) else {
         report.error(Diagnostic::new(
@@ -319,9 +361,8 @@ fn read_jsonl(bytes: &[u8], file: &str, report: &mut Report) -> (Vec<String>, Ve
             Mark { line: 1, col: 1 },
             "is not UTF-8 text",
         ));
-        return (Vec::new(), Vec::new());
+        return;
     };
-    let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let mark = Mark {
             line: i + 1,
@@ -370,13 +411,12 @@ fn read_jsonl(bytes: &[u8], file: &str, report: &mut Report) -> (Vec<String>, Ve
             fields.push((key, text));
         }
         let id_mark = fields.iter().any(|(k, _)| k == "id").then_some(mark);
-        out.push(RawItem {
+        into.push(RawItem {
             fields,
             mark,
             id_mark,
         });
     }
-    (Vec::new(), out)
 }
 
 /// serde_json's message without its " at line 1 column N": the line is the file's, given apart.
@@ -390,7 +430,7 @@ fn without_position(e: &serde_json::Error) -> String {
 
 /// Reads a CSV items file. Header names are trimmed; an empty cell is a missing field, as a
 /// JSON `null` is, so a template never fills a hole with nothing.
-fn read_csv(bytes: &[u8], file: &str, report: &mut Report) -> (Vec<String>, Vec<RawItem>) {
+fn read_csv(bytes: &[u8], file: &str, report: &mut Report, into: &mut Builder) {
     let mut lines = LineCounter::new(bytes);
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(true)
@@ -399,7 +439,7 @@ fn read_csv(bytes: &[u8], file: &str, report: &mut Report) -> (Vec<String>, Vec<
         Ok(h) => h.iter().map(|n| n.trim().to_owned()).collect(),
         Err(e) => {
             report.error(csv_error(file, &e, &mut lines));
-            return (Vec::new(), Vec::new());
+            return;
         }
     };
     let mut seen = HashMap::new();
@@ -426,7 +466,7 @@ fn read_csv(bytes: &[u8], file: &str, report: &mut Report) -> (Vec<String>, Vec<
             ));
         }
     }
-    let mut out = Vec::new();
+    into.declare(&headers);
     for record in reader.records() {
         let record = match record {
             Ok(r) => r,
@@ -449,13 +489,12 @@ fn read_csv(bytes: &[u8], file: &str, report: &mut Report) -> (Vec<String>, Vec<
             .map(|(k, v)| (k.clone(), v.to_owned()))
             .collect();
         let id_mark = fields.iter().any(|(k, _)| k == "id").then_some(mark);
-        out.push(RawItem {
+        into.push(RawItem {
             fields,
             mark,
             id_mark,
         });
     }
-    (headers, out)
 }
 
 /// Line numbers from byte offsets, counting `\n` only: the csv crate counts a `\r\n` twice.
@@ -529,6 +568,12 @@ mod tests {
         }
     }
 
+    fn read(reader: ItemsReader, bytes: &[u8], file: &str, report: &mut Report) -> Items {
+        let mut into = Builder::new(file);
+        reader(bytes, file, report, &mut into);
+        into.finish(report)
+    }
+
     #[test]
     fn unsafe_ids_are_refused() {
         for bad in [
@@ -598,10 +643,12 @@ mod tests {
     fn csv_lines_count_crlf_once_and_empty_cells_are_missing() {
         let mut report = Report::default();
         let csv = b"id,url, subject\r\na,https://x/a.png,\r\n\r\nb,https://x/b.png,mug,extra\r\n";
-        let (header, rows) = read_csv(csv, "i.csv", &mut report);
-        assert_eq!(header, ["id", "url", "subject"]);
-        assert_eq!(rows[0].mark.line, 2);
-        assert!(!rows[0].fields.iter().any(|(k, _)| k == "subject"));
+        let rows = read(read_csv, csv, "i.csv", &mut report);
+        let names: Vec<&str> = rows.field_names().collect();
+        assert_eq!(names, ["url", "subject"]);
+        let first = rows.get(0).unwrap();
+        assert_eq!(first.mark.line, 2);
+        assert_eq!(rows.value(first, "subject"), None);
         assert_eq!(report.errors[0].line, 4, "{:?}", report.errors);
         assert!(is_derived_form("item-0123456789ab") && is_derived_form("item-0123456789ab-2"));
         assert!(!is_derived_form("item-0123456789ab-") && !is_derived_form("item-mug"));
@@ -610,11 +657,12 @@ mod tests {
     #[test]
     fn csv_and_jsonl_report_bad_rows_by_line() {
         let mut report = Report::default();
-        let (_, rows) = read_csv(b"id,url\na,https://x/a.png\nb\n", "i.csv", &mut report);
+        let rows = read(read_csv, b"id,url\na,https://x/a.png\nb\n", "i.csv", &mut report);
         assert_eq!(rows.len(), 1);
         assert_eq!(report.errors[0].line, 3, "{:?}", report.errors);
         let mut report = Report::default();
-        let (_, rows) = read_jsonl(b"{\"a\": 1}\n\n[1]\n{\"b\": [2]}\n", "i.jsonl", &mut report);
+        let text = b"{\"a\": 1}\n\n[1]\n{\"b\": [2]}\n";
+        let rows = read(read_jsonl, text, "i.jsonl", &mut report);
         assert_eq!(rows.len(), 2);
         let lines: Vec<usize> = report.errors.iter().map(|d| d.line).collect();
         assert_eq!(lines, [3, 4]);

@@ -227,10 +227,9 @@ impl Checker<'_> {
                     .join(rel)
                     .display()
                     .to_string();
-                match items::read_file(&src.dir.join(rel), &shown_path, self.report) {
-                    Ok((declared, raw)) => {
-                        return Items::build(&shown_path, &declared, raw, self.report);
-                    }
+                let mut into = items::Builder::new(&shown_path);
+                match items::read_file(&src.dir.join(rel), &shown_path, self.report, &mut into) {
+                    Ok(()) => return into.finish(self.report),
                     Err(why) => {
                         self.error(mark, format!("items_from: {shown_path}: {why}"));
                         return Items::default();
