@@ -325,7 +325,6 @@ pub fn shown(id: &str) -> impl fmt::Display + '_ {
 }
 
 /// Declared field names (a CSV header) and the items, from a file's bytes.
-type ItemsReader = fn(&[u8], &str, &mut Report, &mut Builder);
 
 /// Reads an items file, `.jsonl` or `.csv`, as raw items. Problems inside it go to `report`
 /// against `shown_path`; a file that cannot be read at all is the error.
@@ -339,9 +338,14 @@ pub fn read_file(
         .extension()
         .and_then(|e| e.to_str())
         .map(str::to_ascii_lowercase);
-    let reader: ItemsReader = match ext.as_deref() {
-        Some("jsonl") | Some("ndjson") => read_jsonl,
-        Some("csv") => read_csv,
+    match ext.as_deref() {
+        Some("jsonl") | Some("ndjson") => {
+            // Read a line at a time: a large file is never held whole.
+            let file = std::fs::File::open(path).map_err(|e| format!("cannot read it: {e}"))?;
+            read_jsonl(std::io::BufReader::new(file), shown_path, report, into);
+            return Ok(());
+        }
+        Some("csv") => {}
         _ => {
             return Err(
                 "an items file must be .jsonl (one JSON object per line) or .csv (a header row, then one item per row)".into(),
@@ -349,24 +353,39 @@ pub fn read_file(
         }
     };
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
-    reader(&bytes, shown_path, report, into);
+    read_csv(&bytes, shown_path, report, into);
     Ok(())
 }
 
-fn read_jsonl(bytes: &[u8], file: &str, report: &mut Report, into: &mut Builder) {
-    let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
-    let Ok(text) = std::str::from_utf8(bytes) else {
-        report.error(Diagnostic::new(
-            file,
-            Mark { line: 1, col: 1 },
-            "is not UTF-8 text",
-        ));
-        return;
-    };
-    for (i, line) in text.lines().enumerate() {
+fn read_jsonl(
+    mut reader: impl std::io::BufRead,
+    file: &str,
+    report: &mut Report,
+    into: &mut Builder,
+) {
+    let mut buf = Vec::new();
+    for i in 0.. {
+        buf.clear();
         let mark = Mark {
             line: i + 1,
             col: 1,
+        };
+        match reader.read_until(b'\n', &mut buf) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) => {
+                report.error(Diagnostic::new(file, mark, format!("cannot read it: {e}")));
+                return;
+            }
+        }
+        let mut bytes = buf.strip_suffix(b"\n").unwrap_or(&buf);
+        bytes = bytes.strip_suffix(b"\r").unwrap_or(bytes);
+        if i == 0 {
+            bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
+        }
+        let Ok(line) = std::str::from_utf8(bytes) else {
+            report.error(Diagnostic::new(file, mark, "is not UTF-8 text"));
+            return;
         };
         if line.trim().is_empty() {
             continue;
@@ -568,7 +587,12 @@ mod tests {
         }
     }
 
-    fn read(reader: ItemsReader, bytes: &[u8], file: &str, report: &mut Report) -> Items {
+    fn read(
+        reader: fn(&[u8], &str, &mut Report, &mut Builder),
+        bytes: &[u8],
+        file: &str,
+        report: &mut Report,
+    ) -> Items {
         let mut into = Builder::new(file);
         reader(bytes, file, report, &mut into);
         into.finish(report)
@@ -657,14 +681,42 @@ mod tests {
     #[test]
     fn csv_and_jsonl_report_bad_rows_by_line() {
         let mut report = Report::default();
-        let rows = read(read_csv, b"id,url\na,https://x/a.png\nb\n", "i.csv", &mut report);
+        let rows = read(
+            read_csv,
+            b"id,url\na,https://x/a.png\nb\n",
+            "i.csv",
+            &mut report,
+        );
         assert_eq!(rows.len(), 1);
         assert_eq!(report.errors[0].line, 3, "{:?}", report.errors);
         let mut report = Report::default();
         let text = b"{\"a\": 1}\n\n[1]\n{\"b\": [2]}\n";
-        let rows = read(read_jsonl, text, "i.jsonl", &mut report);
+        let rows = read(
+            |b, f, r, i| read_jsonl(b, f, r, i),
+            text,
+            "i.jsonl",
+            &mut report,
+        );
         assert_eq!(rows.len(), 2);
         let lines: Vec<usize> = report.errors.iter().map(|d| d.line).collect();
         assert_eq!(lines, [3, 4]);
+    }
+
+    #[test]
+    fn jsonl_is_read_a_line_at_a_time_with_bom_crlf_and_bad_bytes_by_line() {
+        let mut report = Report::default();
+        let text =
+            b"\xef\xbb\xbf{\"id\": \"a\"}\r\n{\"id\": \"b\"}\n{\"id\": \"\xff\"}\n{\"id\": \"d\"}";
+        let rows = read(
+            |b, f, r, i| read_jsonl(b, f, r, i),
+            text,
+            "i.jsonl",
+            &mut report,
+        );
+        let ids: Vec<&str> = rows.iter().map(|i| i.id.as_str()).collect();
+        assert_eq!(ids, ["a", "b"], "the reading stops at the bad line");
+        assert_eq!(report.errors.len(), 1, "{:?}", report.errors);
+        assert_eq!(report.errors[0].line, 3);
+        assert!(report.errors[0].message.contains("not UTF-8"));
     }
 }
