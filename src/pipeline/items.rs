@@ -324,9 +324,7 @@ pub fn shown(id: &str) -> impl fmt::Display + '_ {
     Shown(id)
 }
 
-/// Declared field names (a CSV header) and the items, from a file's bytes.
-
-/// Reads an items file, `.jsonl` or `.csv`, as raw items. Problems inside it go to `report`
+/// Reads an items file, `.jsonl` or `.csv`, into `into`. Problems inside it go to `report`
 /// against `shown_path`; a file that cannot be read at all is the error.
 pub fn read_file(
     path: &Path,
