@@ -235,8 +235,10 @@ pub async fn review(
     for t in 0..graph.len() {
         let task = graph.task(t);
         let id = rec.ids[t];
-        if id == 0 && !reuse && !rec.has_rows(task.instance) {
-            if task.instance != Instance::Batch && t == graph.instance_tasks(task.instance).start {
+        // The batch's tasks are recorded with the run: one it lacks is new to the pipeline.
+        let unreached = task.instance != Instance::Batch && !rec.has_rows(task.instance);
+        if id == 0 && !reuse && unreached {
+            if t == graph.instance_tasks(task.instance).start {
                 review.unrecorded.instances.push(task.instance);
             }
             review.unrecorded.tasks += 1;

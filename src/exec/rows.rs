@@ -82,19 +82,16 @@ impl Rows {
                 };
             })
             .await?;
-        let batch = graph.instance_tasks(Instance::Batch);
-        if let Some(t) = batch.clone().find(|t| ids[*t] == 0) {
-            return Err(StoreError::Inconsistent(format!(
-                "task {}/{} is not recorded for run {}",
-                graph.item_dir(Instance::Batch),
-                graph.step_id(t),
-                config.run_id
-            )));
-        }
-        let rows = Rows {
+        let mut rows = Rows {
             ids,
             recorded_items: 0,
         };
+        // A `once` step that `--allow-changes` added has no row yet.
+        let batch = graph.instance_tasks(Instance::Batch);
+        let missing: Vec<usize> = batch.filter(|t| rows.ids[*t] == 0).collect();
+        if !missing.is_empty() {
+            rows.record(store, graph, &config.run_id, &missing).await?;
+        }
         Ok((rows, prior))
     }
 

@@ -1476,3 +1476,39 @@ async fn reuse_takes_earlier_results_for_free_and_pays_only_downstream_of_a_chan
     let paid: Vec<Value> = lines.into_iter().filter(|l| l["step"] != "clean").collect();
     assert_manifest_credits_are_the_calls(&env, &paid);
 }
+
+/// A `once` step added to an interrupted run (`--allow-changes`): the batch's new task is
+/// recorded and paid for once, and the items' chains finish.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_once_step_added_under_allow_changes_is_recorded_and_run_once() {
+    let env = start(sandbox_with_latency(30)).await;
+    let dir = env.dir.path();
+    let original = edit_chain(3, None);
+    write(dir, "p.yaml", &original);
+    interrupt_run_r(&env, 2).await;
+    let changed = original.replace(
+        "output_dir: out\n",
+        "output_dir: out\npricing: { generation: 4 }\n",
+    ) + "  - id: style\n    once: true\n    generate: { prompt: a style }\n";
+    write(dir, "p.yaml", &changed);
+    let o = resume(&env, dir, &["r", "--allow-changes", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let summary = json_stdout(&o);
+    assert_eq!(summary["status"], "succeeded", "{summary:#}");
+    assert_eq!(summary["succeeded"], 10, "{summary:#}");
+    assert_eq!(
+        billed_for(&env, "generate"),
+        1,
+        "{:#?}",
+        env.sandbox.ledger()
+    );
+    let db = read_db(dir).await;
+    assert_ledger_agrees(&env, &db);
+    let style: Vec<_> = db
+        .tasks_of("r")
+        .into_iter()
+        .filter(|t| t.step == "style")
+        .collect();
+    assert_eq!(style.len(), 1, "{style:#?}");
+    assert_eq!(style[0].status, "succeeded");
+}
