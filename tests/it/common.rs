@@ -183,3 +183,25 @@ pub fn decode(path: &Path) -> image::DynamicImage {
     );
     image::load_from_memory_with_format(&bytes, image::ImageFormat::Png).unwrap()
 }
+
+/// The rows of `table` in the state database at `state`, read-only while a run writes it; 0
+/// while the database does not exist yet.
+pub async fn rows_in(state: &Path, table: &str) -> i64 {
+    use sqlx::{ConnectOptions, Connection};
+    let count = async {
+        let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(state)
+            .read_only(true)
+            .connect()
+            .await
+            .ok()?;
+        let sql = format!("SELECT COUNT(*) FROM {table}");
+        let n: Option<(i64,)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .fetch_optional(&mut conn)
+            .await
+            .ok()?;
+        let _ = conn.close().await;
+        n.map(|n| n.0)
+    };
+    count.await.unwrap_or(0)
+}

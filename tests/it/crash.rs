@@ -1130,21 +1130,7 @@ async fn killed_as_the_run_is_being_recorded_it_is_continued() {
     let started = Instant::now();
     // Kill as soon as the first chunk of tasks is committed.
     loop {
-        let rows = async {
-            let mut conn = SqliteConnectOptions::new()
-                .filename(&state)
-                .read_only(true)
-                .connect()
-                .await
-                .ok()?;
-            let n: Option<(i64,)> = sqlx::query_as("SELECT COUNT(*) FROM tasks")
-                .fetch_optional(&mut conn)
-                .await
-                .ok()?;
-            let _ = conn.close().await;
-            n.map(|n| n.0)
-        };
-        if rows.await.unwrap_or(0) > 0 {
+        if crate::common::rows_in(&state, "tasks").await > 0 {
             break;
         }
         assert!(child.try_wait().unwrap().is_none(), "the run ended first");

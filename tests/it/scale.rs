@@ -7,10 +7,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sqlx::sqlite::SqliteConnectOptions;
-use sqlx::{ConnectOptions, Connection};
-
-use crate::common::start;
+use crate::common::{rows_in, start};
 
 /// Paid calls each run makes before it is interrupted.
 const CALLS: i64 = 300;
@@ -57,24 +54,6 @@ fn reap(pid: u32) -> (i64, Option<i32>) {
     (usage.ru_maxrss, code)
 }
 
-async fn attempts(state: &Path) -> i64 {
-    let count = async {
-        let mut conn = SqliteConnectOptions::new()
-            .filename(state)
-            .read_only(true)
-            .connect()
-            .await
-            .ok()?;
-        let n: Option<(i64,)> = sqlx::query_as("SELECT COUNT(*) FROM attempts")
-            .fetch_optional(&mut conn)
-            .await
-            .ok()?;
-        let _ = conn.close().await;
-        n.map(|n| n.0)
-    };
-    count.await.unwrap_or(0)
-}
-
 fn imgpipe(dir: &Path, base: &str, key: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_imgpipe"));
     cmd.args(args)
@@ -110,7 +89,7 @@ async fn run_and_review(items: usize) -> (i64, i64) {
     let child = imgpipe(dir, &base, &key, &args).spawn().unwrap();
     let pid = child.id();
     let started = Instant::now();
-    while attempts(&dir.join("state.db")).await < CALLS {
+    while rows_in(&dir.join("state.db"), "attempts").await < CALLS {
         assert!(
             started.elapsed() < Duration::from_secs(120),
             "{items} items: fewer than {CALLS} calls in 120 s"
