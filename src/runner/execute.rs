@@ -45,7 +45,7 @@ impl Runner<'_> {
             let budget = doc.budget.as_ref().map(|b| b.max_credits);
             doc = crate::plan::make(pipeline, found, doc.balance.clone(), budget);
             graph = Arc::new(Graph::build(pipeline, &doc.costs)?);
-            record::reprice(store, &run.id, &graph).await?;
+            record::reprice(store, &run.id, &graph, &doc).await?;
             config.known_prices = known_prices(store, &doc).await?;
             if !doc.verdict.fits {
                 self.view.plan(&doc)?;

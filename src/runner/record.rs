@@ -109,8 +109,18 @@ pub async fn reopen(store: &Store, row: &RunRow) -> Result<OpenRun, Error> {
 }
 
 /// Records the planned price of every task after the price was discovered.
-/// Only recorded tasks are updated: the others are recorded at their new price.
-pub async fn reprice(store: &Store, run_id: &str, graph: &Graph) -> Result<(), Error> {
+/// Only recorded tasks are updated: the others are recorded at their new price, and counted
+/// from the plan, which is recorded anew.
+pub async fn reprice(
+    store: &Store,
+    run_id: &str,
+    graph: &Graph,
+    doc: &PlanDocument,
+) -> Result<(), Error> {
+    let plan_json = serde_json::to_string(doc).unwrap_or_default();
+    store
+        .set_run_plan(run_id, &plan_json, doc.costs.known_credits)
+        .await?;
     let mut recorded = Vec::new();
     let index = graph.index();
     store

@@ -168,6 +168,23 @@ impl Store {
         Ok(())
     }
 
+    /// Records the run's plan anew, once the generation price was discovered: the tasks not
+    /// recorded yet are counted from it.
+    pub async fn set_run_plan(
+        &self,
+        id: &str,
+        plan_json: &str,
+        credits_planned: u64,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE runs SET plan_json = ?, credits_planned = ? WHERE id = ?")
+            .bind(plan_json)
+            .bind(i64::try_from(credits_planned).unwrap_or(i64::MAX))
+            .bind(id)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
     /// Marks the run running again (a continued run) or finished.
     pub async fn set_run_status(
         &self,

@@ -1327,6 +1327,15 @@ async fn discover_price_plans_the_discovering_generation_too() {
     for t in db.tasks.iter().filter(|t| t.step == "shot") {
         assert_eq!(t.planned, 12, "{t:?}");
     }
+    // The run's own plan is the discovered one: tasks not recorded yet are counted from it.
+    assert_eq!(
+        crate::common::rows_in(
+            &state_path(env.dir.path()),
+            "runs WHERE credits_planned = 132"
+        )
+        .await,
+        1
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
