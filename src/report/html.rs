@@ -428,16 +428,18 @@ impl<'a> Page<'a> {
         match (&p.thumb, &full) {
             (Some(thumb), Some(full)) => {
                 let (tw, th) = p.thumb_size.unwrap_or((160, 160));
+                // The first few load with the page (not `loading="lazy"`: Chromium would hold
+                // back those below the fold); the script gives the others theirs.
                 let src = if self.eager > 0 {
                     self.eager -= 1;
                     "src"
                 } else {
-                    "data-src"
+                    "loading=\"lazy\" data-src"
                 };
                 let _ = write!(
                     self.out,
                     "<a class=\"thumb{}\" href=\"{}\" target=\"_blank\" title=\"open the full-size image\">\
-                     <img {src}=\"{}\" width=\"{tw}\" height=\"{th}\" loading=\"lazy\" decoding=\"async\" alt=\"{}\" \
+                     <img {src}=\"{}\" width=\"{tw}\" height=\"{th}\" decoding=\"async\" alt=\"{}\" \
                      onerror=\"this.parentNode.classList.add('gone')\"></a>",
                     if p.alpha { " alpha" } else { "" },
                     esc(full),

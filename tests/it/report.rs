@@ -1881,7 +1881,15 @@ async fn a_mistyped_state_path_is_reported_and_not_created() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_run_of_more_items_than_a_page_writes_linked_pages_each_holding_its_items_images() {
-    let env = after_run_r(210, &["--concurrency", "16"]).await;
+    let env = start_with_chain(
+        sandbox::Config {
+            balance: 10_000,
+            ..config()
+        },
+        210,
+    )
+    .await;
+    assert_exit_without_panic(&run_chain(&env, "r", &["--concurrency", "16"]).await, 0);
     let dir = env.dir.path();
     let db = read_db(dir, "r").await;
     let run_dir = db.run_dir("r");
