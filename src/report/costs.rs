@@ -1,11 +1,13 @@
 //! The page's cost and problem sections: where every credit went, and what needs a look.
 
-use std::fmt::Write;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::Write;
 
 use crate::report::chart::{self, Marks};
 use crate::report::html::{Page, esc, label, output_label};
-use crate::report::model::{Model, Shown, StepCost};
-use crate::store::{AmbiguousAttempt, ReportTask, TaskStatus};
+use crate::report::model::{Model, Shared, StepCost};
+use crate::store::{AmbiguousAttempt, TaskStatus};
 use crate::time::rfc3339_ms as time;
 
 impl Page<'_> {
@@ -34,7 +36,7 @@ impl Page<'_> {
                  planned credits no longer do.</p>",
             );
         }
-        let run = &self.model.run;
+        let run = &self.shared.run;
         if run.credits_planned != total.planned {
             let _ = write!(
                 self.out,
@@ -54,7 +56,7 @@ impl Page<'_> {
                 );
             }
         }
-        let m = self.model;
+        let m = self.shared;
         let end = run.finished_at.unwrap_or(m.generated_at);
         let svg = chart::spend_svg(
             &m.spend,
@@ -102,118 +104,162 @@ impl Page<'_> {
         );
     }
 
-    pub(super) fn problems(&mut self, problems: &Problems) {
-        let m = self.model;
+    /// The problems section, its long lists copied in from the files they were gathered in.
+    pub(super) fn problems(
+        &mut self,
+        problems: &mut Problems,
+        out: &mut impl Write,
+    ) -> std::io::Result<()> {
+        let m = self.shared;
         self.w("<section id=\"problems\"><h2>Problems</h2>");
-        if problems.count() == 0 {
+        if problems.count(m) == 0 {
             self.w("<p>None: no failed task, no call that may have been billed without a result, every output downloaded.</p></section>\n");
-            return;
+            return Ok(());
         }
-        let Problems {
-            failed,
-            unanswered,
-            downloads,
-        } = problems;
-        if !failed.is_empty() {
+        if problems.failed.rows > 0 {
             self.w("<h3>Failed and blocked tasks</h3><table id=\"failures\"><thead><tr><th>Task</th><th>Status</th><th>Reason</th></tr></thead><tbody>");
-            for t in failed.iter().copied() {
-                let _ = write!(
-                    self.out,
-                    "<tr><td><a href=\"#t{}\">{}</a></td><td><span class=\"badge b-{2}\">{2}</span></td><td>{3}</td></tr>",
-                    t.id,
-                    esc(&label(t)),
-                    t.status.as_str(),
-                    esc(&m.reason(t))
-                );
-            }
+            out.write_all(self.take().as_bytes())?;
+            problems.failed.copy_to(out)?;
             self.w("</tbody></table>");
         }
+        let unanswered: Vec<&AmbiguousAttempt> =
+            m.ambiguous.iter().filter(|a| !m.in_flight(a)).collect();
         if !unanswered.is_empty() {
             self.w("<h3>Calls that may have been billed</h3><p>Each was sent and got no complete answer: the service may have billed it.</p>\
                     <table id=\"possibly-billed\"><thead><tr><th>Task</th><th>Sent</th><th>Endpoint</th><th>Job</th><th class=\"n\">Credits</th><th>What then</th></tr></thead><tbody>");
-            for a in unanswered.iter().copied() {
-                let task = m.task(a.task_id);
-                let then = match task.map(|t| t.status) {
+            for a in unanswered {
+                let seen = problems.asked.get(&a.task_id).copied();
+                let then = match seen.map(|(status, _)| status) {
                     Some(TaskStatus::Succeeded) => {
                         "the task succeeded with another call: it may have been paid twice"
                     }
                     Some(TaskStatus::Running | TaskStatus::Pending) => "not settled yet",
                     _ => "the task has no result: it may have been paid for nothing",
                 };
-                let _ = write!(
-                    self.out,
-                    "<tr><td><a href=\"#t{}\">{}</a></td><td>{}</td><td><code>{}</code></td><td><code>{}</code></td><td class=\"n risk\">{}</td><td>{then}{}</td></tr>",
-                    a.task_id,
-                    esc(&a.task),
-                    time(a.started_at),
-                    esc(&a.endpoint),
-                    esc(a.job_id.as_deref().unwrap_or("none")),
-                    a.credits_at_risk,
-                    a.error
-                        .as_deref()
-                        .map(|e| format!("<br><span class=\"why\">{}</span>", esc(e)))
-                        .unwrap_or_default()
+                let link = self.link(seen.map_or(1, |(_, page)| page), &format!("t{}", a.task_id));
+                let _ = write_str(
+                    &mut self.out,
+                    format_args!(
+                        "<tr><td><a href=\"{}\">{}</a></td><td>{}</td><td><code>{}</code></td><td><code>{}</code></td><td class=\"n risk\">{}</td><td>{then}{}</td></tr>",
+                        esc(&link),
+                        esc(&a.task),
+                        time(a.started_at),
+                        esc(&a.endpoint),
+                        esc(a.job_id.as_deref().unwrap_or("none")),
+                        a.credits_at_risk,
+                        a.error
+                            .as_deref()
+                            .map(|e| format!("<br><span class=\"why\">{}</span>", esc(e)))
+                            .unwrap_or_default()
+                    ),
                 );
             }
             self.w("</tbody></table>");
         }
-        if !downloads.is_empty() {
+        if problems.downloads.rows > 0 {
             self.w("<h3>Downloads that failed</h3><p>These jobs are paid for: <code>imgpipe resume</code> fetches them again without a new call.</p>\
                     <table id=\"failed-downloads\"><thead><tr><th>Output</th><th>Job</th><th>Error</th></tr></thead><tbody>");
-            for &(t, s) in downloads {
-                let _ = write!(
-                    self.out,
-                    "<tr><td><a href=\"#o{}-{}\">{}</a></td><td><code>{}</code></td><td>{}</td></tr>",
-                    t.id,
-                    s.row.k,
-                    esc(&output_label(t, s.row.k)),
-                    esc(&s.row.job_id),
-                    esc(s.row.download_error.as_deref().unwrap_or(""))
-                );
-            }
+            out.write_all(self.take().as_bytes())?;
+            problems.downloads.copy_to(out)?;
             self.w("</tbody></table>");
         }
         self.w("</section>\n");
+        Ok(())
     }
-}
 
-/// What needs a look, gathered once for the header's count and the section.
-pub(super) struct Problems<'a> {
-    /// Failed and blocked tasks.
-    failed: Vec<&'a ReportTask>,
-    /// Calls sent without a complete answer (not those still in flight).
-    unanswered: Vec<&'a AmbiguousAttempt>,
-    downloads: Vec<(&'a ReportTask, &'a Shown)>,
-}
-
-impl<'a> Problems<'a> {
-    pub(super) fn of(m: &'a Model) -> Problems<'a> {
-        Problems {
-            failed: m
-                .tasks
-                .iter()
-                .filter(|t| {
-                    !t.removed && matches!(t.status, TaskStatus::Failed | TaskStatus::Blocked)
-                })
-                .collect(),
-            unanswered: m.ambiguous.iter().filter(|a| !m.in_flight(a)).collect(),
-            downloads: failed_downloads(m),
+    /// Adds this page's failed tasks and downloads to `problems`, linked to where they are.
+    pub(super) fn gather(&self, m: &Model, problems: &mut Problems) -> std::io::Result<()> {
+        let link = |fragment: String| esc(&self.link(m.page, &fragment));
+        for (i, t) in m.tasks.iter().enumerate().skip(m.borrowed) {
+            if problems.asked.contains_key(&t.id) {
+                problems.asked.insert(t.id, (t.status, m.page));
+            }
+            if !t.removed && matches!(t.status, TaskStatus::Failed | TaskStatus::Blocked) {
+                problems.failed.row(format_args!(
+                    "<tr><td><a href=\"{}\">{}</a></td><td><span class=\"badge b-{2}\">{2}</span></td><td>{3}</td></tr>",
+                    link(format!("t{}", t.id)),
+                    esc(&label(t)),
+                    t.status.as_str(),
+                    esc(&m.reason(t))
+                ))?;
+            }
+            for s in m.outputs.get(&i).map_or(&[][..], Vec::as_slice) {
+                if s.row.path.is_none() && s.row.download_error.is_some() {
+                    problems.downloads.row(format_args!(
+                        "<tr><td><a href=\"{}\">{}</a></td><td><code>{}</code></td><td>{}</td></tr>",
+                        link(format!("o{}-{}", t.id, s.row.k)),
+                        esc(&output_label(t, s.row.k)),
+                        esc(&s.row.job_id),
+                        esc(s.row.download_error.as_deref().unwrap_or(""))
+                    ))?;
+                }
+            }
         }
-    }
-
-    pub(super) fn count(&self) -> usize {
-        self.failed.len() + self.unanswered.len() + self.downloads.len()
+        Ok(())
     }
 }
 
-/// Outputs whose download failed, in task order.
-fn failed_downloads(m: &Model) -> Vec<(&ReportTask, &Shown)> {
-    let mut out: Vec<(&ReportTask, &Shown)> = m
-        .outputs
-        .iter()
-        .flat_map(|(t, shown)| shown.iter().map(move |s| (&m.tasks[*t], s)))
-        .filter(|(_, s)| s.row.path.is_none() && s.row.download_error.is_some())
-        .collect();
-    out.sort_by_key(|(t, s)| (t.id, s.row.k));
-    out
+fn write_str(out: &mut String, args: std::fmt::Arguments) -> std::fmt::Result {
+    std::fmt::Write::write_fmt(out, args)
+}
+
+/// Rows of one problem table, kept in an unnamed temporary file while the pages are written:
+/// a run where everything failed has as many rows as tasks.
+pub(super) struct Rows {
+    file: std::io::BufWriter<std::fs::File>,
+    pub rows: usize,
+}
+
+impl Rows {
+    fn new() -> std::io::Result<Rows> {
+        Ok(Rows {
+            file: std::io::BufWriter::new(tempfile::tempfile()?),
+            rows: 0,
+        })
+    }
+
+    fn row(&mut self, args: std::fmt::Arguments) -> std::io::Result<()> {
+        self.rows += 1;
+        self.file.write_fmt(args)
+    }
+
+    fn copy_to(&mut self, out: &mut impl Write) -> std::io::Result<()> {
+        use std::io::Seek;
+        self.file.flush()?;
+        let file = self.file.get_mut();
+        file.seek(std::io::SeekFrom::Start(0))?;
+        std::io::copy(file, out)?;
+        Ok(())
+    }
+}
+
+/// What needs a look, gathered page by page for the first page's section and header count.
+pub(super) struct Problems {
+    /// Failed and blocked tasks, in page order.
+    failed: Rows,
+    /// Outputs whose download failed, in page order.
+    downloads: Rows,
+    /// The status and page of each task with a call that may have been billed.
+    asked: HashMap<i64, (TaskStatus, usize)>,
+}
+
+impl Problems {
+    pub(super) fn new(m: &Shared) -> std::io::Result<Problems> {
+        Ok(Problems {
+            failed: Rows::new()?,
+            downloads: Rows::new()?,
+            asked: m
+                .ambiguous
+                .iter()
+                .filter(|a| !m.in_flight(a))
+                .map(|a| (a.task_id, (TaskStatus::Pending, 1)))
+                .collect(),
+        })
+    }
+
+    /// Calls without an answer are counted one per call, like the rows of their table.
+    pub(super) fn count(&self, m: &Shared) -> usize {
+        let unanswered = m.ambiguous.iter().filter(|a| !m.in_flight(a)).count();
+        self.failed.rows + unanswered + self.downloads.rows
+    }
 }

@@ -5,39 +5,35 @@ use std::fmt::Write;
 use std::path::Path;
 
 use crate::layout;
-use crate::report::costs::Problems;
 use crate::report::lineage::Input;
 use crate::report::links::href;
-use crate::report::model::{Model, Shown, StepCost};
+use crate::report::model::{Model, Shared, Shown, StepCost};
 use crate::store::{ReportTask, TaskStatus};
 use crate::time::rfc3339_ms as time;
 
 /// Marks a file as an imgpipe report: only such a file is ever overwritten by another.
 pub const MARKER: &str = "<!-- imgpipe run report -->";
 
-/// Items per page; the script shows one page at a time beyond this.
+/// Items per page file: a page stays light in the browser and in memory while it is made.
 pub(super) const PER_PAGE: usize = 100;
+
+/// Up to this many pages the pager links every one; beyond, the first, the last and the
+/// neighbours of the page shown.
+const PAGER_ALL: usize = 12;
 
 /// Thumbnails the page loads by itself; the script loads the others as they come near the
 /// screen. Chromium does not lazy-load images of `file:` pages, so `loading="lazy"` alone would
 /// load every thumbnail of the run at once.
 pub(super) const EAGER: usize = 60;
 
-/// The page for `model`, to be written into directory `dir`.
-pub(super) fn render(model: &Model, dir: &Path) -> String {
-    let mut page = Page {
-        model,
-        dir,
-        eager: EAGER,
-        out: String::with_capacity(4096 + model.tasks.len() * 600),
-    };
-    page.document();
-    page.out
-}
-
+/// Builds a page's markup; the caller writes it out in pieces, so the first page's problem
+/// lists (gathered while the later pages were written) are copied in from their files.
 pub(super) struct Page<'a> {
-    pub(super) model: &'a Model,
-    dir: &'a Path,
+    pub(super) shared: &'a Shared,
+    /// The directory the page is written into: links are relative to it.
+    pub(super) dir: &'a Path,
+    /// 1-based.
+    pub(super) page: usize,
     /// Thumbnails still to be given a plain `src`.
     eager: usize,
     pub(super) out: String,
@@ -68,38 +64,77 @@ fn duration(ms: i64) -> String {
     }
 }
 
-impl Page<'_> {
+impl<'a> Page<'a> {
+    pub(super) fn new(shared: &'a Shared, dir: &'a Path, page: usize) -> Page<'a> {
+        Page {
+            shared,
+            dir,
+            page,
+            eager: EAGER,
+            out: String::with_capacity(64 * 1024),
+        }
+    }
+
     pub(super) fn w(&mut self, s: &str) {
         self.out.push_str(s);
     }
 
-    fn document(&mut self) {
-        let run = &self.model.run;
+    /// The markup so far, leaving the page empty for what follows.
+    pub(super) fn take(&mut self) -> String {
+        std::mem::take(&mut self.out)
+    }
+
+    /// The link to `fragment` on page `page`: bare on this page, the file's name on another.
+    pub(super) fn link(&self, page: usize, fragment: &str) -> String {
+        if page == self.page {
+            format!("#{fragment}")
+        } else {
+            format!(
+                "{}#{fragment}",
+                href(self.dir, &self.shared.pages.path(page))
+            )
+        }
+    }
+
+    /// From the doctype to the opening of `<main>`.
+    pub(super) fn open(&mut self) {
+        let run = &self.shared.run;
+        let pages = self.shared.pages.count();
+        let part = if self.page > 1 {
+            format!(" · page {} of {pages}", self.page)
+        } else {
+            String::new()
+        };
         let _ = write!(
             self.out,
             "<!DOCTYPE html>\n{MARKER}\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
              <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
              <meta name=\"generator\" content=\"imgpipe {}\">\
-             <title>{} · run {}</title><style>{}</style></head>\n<body data-per-page=\"{PER_PAGE}\">\n",
+             <title>{} · run {}{part}</title><style>{}</style></head>\n<body data-page=\"{}\" data-pages=\"{pages}\">\n",
             env!("CARGO_PKG_VERSION"),
             esc(&run.pipeline_name),
             esc(&run.id),
             include_str!("page.css"),
+            self.page,
         );
-        let (steps, total, removed) = self.model.costs();
-        let problems = Problems::of(self.model);
-        self.header(&total, problems.count());
-        self.w("<main>\n");
-        self.costs(&steps, &total, removed.as_ref());
-        self.problems(&problems);
-        self.items();
+    }
+
+    /// From the end of `<main>` to the end of the document.
+    pub(super) fn close(&mut self) {
         self.w("</main>\n<script>");
         self.w(include_str!("page.js"));
         self.w("</script>\n</body></html>\n");
     }
 
-    fn header(&mut self, total: &StepCost, problems: usize) {
-        let m = self.model;
+    /// The first page's header: the run at a glance.
+    pub(super) fn header(
+        &mut self,
+        total: &StepCost,
+        problems: usize,
+        images: usize,
+        items: usize,
+    ) {
+        let m = self.shared;
         let run = &m.run;
         let status = run.status.as_str();
         let _ = write!(
@@ -122,7 +157,6 @@ impl Page<'_> {
                 esc(&run.id)
             );
         }
-        let images = m.images_on_disk();
         let end = run.finished_at.unwrap_or(m.generated_at);
         let mut facts = vec![
             ("Started", time(run.created_at)),
@@ -169,31 +203,107 @@ impl Page<'_> {
         let _ = write!(
             self.out,
             "<nav class=\"jump\"><a href=\"#costs\">Costs</a><a href=\"#problems\">Problems ({problems})</a>\
-             <a href=\"#items\">Items ({})</a></nav></header>",
-            m.lineage.chains.len()
+             <a href=\"#items\">Items ({items})</a></nav></header>"
         );
     }
 
+    /// A later page's header: which items it holds, and the way back to the costs.
+    pub(super) fn later_header(&mut self) {
+        let m = self.shared;
+        let run = &m.run;
+        let status = run.status.as_str();
+        let (from, to) = self.item_range(self.page);
+        let _ = write!(
+            self.out,
+            "<header><h1>{}<span class=\"run\">run {}</span></h1>\
+             <span class=\"badge b-{status}\" id=\"run-status\">{status}</span>\
+             <p>Items {from}–{to} of {}, page {} of {} · page made {}</p>\
+             <nav class=\"jump\"><a href=\"{first}#costs\">Costs</a><a href=\"{first}#problems\">Problems</a>\
+             <a href=\"#items\">Items ({})</a></nav></header>",
+            esc(&run.pipeline_name),
+            esc(&run.id),
+            m.items,
+            self.page,
+            m.pages.count(),
+            time(m.generated_at),
+            m.items,
+            first = href(self.dir, &m.pages.path(1)),
+        );
+    }
+
+    /// The 1-based numbers of the first and last items of page `page`.
+    fn item_range(&self, page: usize) -> (u64, u64) {
+        let per = PER_PAGE as u64;
+        let page = page as u64;
+        ((page - 1) * per + 1, (page * per).min(self.shared.items))
+    }
+
+    /// Links to the other pages: all of them when few, else the first, the last and those
+    /// near this one, so a page's weight does not grow with the run.
+    fn pager(&mut self, id: &str) {
+        let count = self.shared.pages.count();
+        if count <= 1 {
+            return;
+        }
+        let _ = write!(self.out, "<nav class=\"pages\" id=\"{id}\">");
+        if self.page > 1 {
+            let prev = self.link(self.page - 1, "items");
+            let _ = write!(
+                self.out,
+                "<a rel=\"prev\" href=\"{}\">‹ previous</a>",
+                esc(&prev)
+            );
+        }
+        let mut gap = false;
+        for p in 1..=count {
+            let shown = count <= PAGER_ALL || p == 1 || p == count || p.abs_diff(self.page) <= 2;
+            if !shown {
+                if !gap {
+                    self.w("<span class=\"gap\">…</span>");
+                }
+                gap = true;
+                continue;
+            }
+            gap = false;
+            let (from, to) = self.item_range(p);
+            if p == self.page {
+                let _ = write!(self.out, "<b class=\"on\">{from}–{to}</b>");
+            } else {
+                let to_page = self.link(p, "items");
+                let _ = write!(self.out, "<a href=\"{}\">{from}–{to}</a>", esc(&to_page));
+            }
+        }
+        if self.page < count {
+            let next = self.link(self.page + 1, "items");
+            let _ = write!(
+                self.out,
+                "<a rel=\"next\" href=\"{}\">next ›</a>",
+                esc(&next)
+            );
+        }
+        self.w("</nav>\n");
+    }
+
     fn balance_text(&self) -> String {
-        let run = &self.model.run;
+        let run = &self.shared.run;
         let show = |b: Option<i64>| b.map_or_else(|| "not known".to_owned(), |b| b.to_string());
-        match (run.balance_after, self.model.in_progress()) {
+        match (run.balance_after, self.shared.in_progress()) {
             (Some(after), _) => format!("{} before, {after} after", show(run.balance_before)),
             (None, true) => format!(
                 "{} before, {} at the last answer",
                 show(run.balance_before),
-                show(self.model.last_balance)
+                show(self.shared.last_balance)
             ),
             (None, false) => format!(
                 "{} before, {} after",
                 show(run.balance_before),
-                show(self.model.last_balance)
+                show(self.shared.last_balance)
             ),
         }
     }
 
-    fn items(&mut self) {
-        let m = self.model;
+    /// The page's items, with the pager above and below them.
+    pub(super) fn items(&mut self, m: &Model) {
         self.w(
             "<section id=\"items\"><h2>Items</h2><p>Each item's images from step to step: \
              click one for the full-size file. A checkerboard shows through transparent parts.</p>",
@@ -205,9 +315,13 @@ impl Page<'_> {
                  JavaScript on; each one's link to the full-size file works either way.</p></noscript>"
             );
         }
-        self.w("<nav id=\"pages\"></nav>\n");
+        self.pager("pages");
         for chain in &m.lineage.chains {
             let tasks = &chain.tasks;
+            // The batch's chain is drawn on the first page; later ones only link to it.
+            if tasks.iter().all(|&t| t < m.borrowed) {
+                continue;
+            }
             let count = |s: TaskStatus| tasks.iter().filter(|&&t| m.tasks[t].status == s).count();
             let billed: u64 = tasks.iter().map(|&t| m.tasks[t].credits_billed).sum();
             let title = if chain.id == layout::BATCH {
@@ -237,15 +351,15 @@ impl Page<'_> {
             }
             self.w("</h3><div class=\"lineage\">");
             for &root in &chain.roots {
-                self.task(root);
+                self.task(m, root);
             }
             self.w("</div></section>\n");
         }
+        self.pager("pages-end");
         self.w("</section>\n");
     }
 
-    fn task(&mut self, t: usize) {
-        let m = self.model;
+    fn task(&mut self, m: &Model, t: usize) {
         let task = &m.tasks[t];
         let shown: &[Shown] = m.outputs.get(&t).map_or(&[], Vec::as_slice);
         let fan = if shown.len() > 1 { " fan" } else { "" };
@@ -255,15 +369,15 @@ impl Page<'_> {
             task.status.as_str(),
             task.id
         );
-        let others = self.other_inputs(t);
+        let others = self.other_inputs(m, t);
         if shown.is_empty() {
             self.placeholder(task, &others);
-            self.kids(m.lineage.children(t, None));
+            self.kids(m, m.lineage.children(t, None));
         }
         for s in shown {
             self.w("<div class=\"slot\">");
             self.figure(task, s, shown.len(), &others);
-            self.kids(m.lineage.children(t, Some(s.row.k)));
+            self.kids(m, m.lineage.children(t, Some(s.row.k)));
             self.w("</div>");
         }
         if shown.is_empty() {
@@ -272,13 +386,13 @@ impl Page<'_> {
         self.w("</div>");
     }
 
-    fn kids(&mut self, kids: Vec<usize>) {
+    fn kids(&mut self, m: &Model, kids: Vec<usize>) {
         if kids.is_empty() {
             return;
         }
         self.w("<span class=\"arrow\">&rarr;</span><div class=\"kids\">");
         for kid in kids {
-            self.task(kid);
+            self.task(m, kid);
         }
         self.w("</div>");
     }
@@ -289,7 +403,7 @@ impl Page<'_> {
             self.out,
             "<div class=\"slot\"><figure><div class=\"thumb none\"><span class=\"badge b-{status}\">{status}</span>\
              <span class=\"why\">{}</span></div><figcaption><b>{}</b> · {}<br>planned {} cr{}{}{}</figcaption></figure>",
-            esc(&self.model.reason(task)),
+            esc(&self.shared.reason(task)),
             esc(&label_in_item(task)),
             esc(&task.operation),
             task.planned_credits,
@@ -314,16 +428,18 @@ impl Page<'_> {
         match (&p.thumb, &full) {
             (Some(thumb), Some(full)) => {
                 let (tw, th) = p.thumb_size.unwrap_or((160, 160));
+                // The first few load with the page (not `loading="lazy"`: Chromium would hold
+                // back those below the fold); the script gives the others theirs.
                 let src = if self.eager > 0 {
                     self.eager -= 1;
                     "src"
                 } else {
-                    "data-src"
+                    "loading=\"lazy\" data-src"
                 };
                 let _ = write!(
                     self.out,
                     "<a class=\"thumb{}\" href=\"{}\" target=\"_blank\" title=\"open the full-size image\">\
-                     <img {src}=\"{}\" width=\"{tw}\" height=\"{th}\" loading=\"lazy\" decoding=\"async\" alt=\"{}\" \
+                     <img {src}=\"{}\" width=\"{tw}\" height=\"{th}\" decoding=\"async\" alt=\"{}\" \
                      onerror=\"this.parentNode.classList.add('gone')\"></a>",
                     if p.alpha { " alpha" } else { "" },
                     esc(full),
@@ -342,7 +458,7 @@ impl Page<'_> {
             (_, None) => {
                 let (class, badge, why) = match &row.download_error {
                     Some(e) => ("failed", "not downloaded", e.clone()),
-                    None if self.model.in_progress() => (
+                    None if self.shared.in_progress() => (
                         "pending",
                         "downloading",
                         "the job succeeded; its file is on its way".to_owned(),
@@ -352,7 +468,7 @@ impl Page<'_> {
                         "not downloaded",
                         format!(
                             "the run ended before its download; `imgpipe resume {}` fetches it without a new call",
-                            self.model.run.id
+                            self.shared.run.id
                         ),
                     ),
                 };
@@ -392,8 +508,7 @@ impl Page<'_> {
     }
 
     /// The inputs a task reads besides the output it is drawn after.
-    fn other_inputs(&self, t: usize) -> String {
-        let m = self.model;
+    fn other_inputs(&self, m: &Model, t: usize) -> String {
         let parts: Vec<String> = m
             .lineage
             .other_inputs(t, &m.tasks)
@@ -401,9 +516,11 @@ impl Page<'_> {
             .map(|input| match input {
                 Input::Output { task, k } => {
                     let from = &m.tasks[*task];
+                    // A borrowed task (the batch's) is drawn on the first page.
+                    let page = if *task < m.borrowed { 1 } else { self.page };
                     format!(
-                        "<a href=\"#o{}-{k}\">{}</a>",
-                        from.id,
+                        "<a href=\"{}\">{}</a>",
+                        esc(&self.link(page, &format!("o{}-{k}", from.id))),
                         esc(&output_label(from, *k))
                     )
                 }

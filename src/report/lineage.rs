@@ -30,8 +30,6 @@ pub(super) struct Chain {
 
 pub(super) struct Lineage {
     pub chains: Vec<Chain>,
-    /// Step ids, producers before consumers.
-    pub steps: Vec<String>,
     inputs: Vec<Vec<Input>>,
     /// The tasks under each task, with the output `k` each reads.
     children: HashMap<usize, Vec<(u32, usize)>>,
@@ -85,11 +83,18 @@ impl Lineage {
         // The batch's chain first: items read it.
         chains.sort_by_key(|c| c.id != layout::BATCH);
         Lineage {
-            steps: step_order(tasks, &inputs),
             chains,
             inputs,
             children,
         }
+    }
+
+    /// Which step reads which among `tasks` (those the lineage was built from).
+    pub(super) fn reads<'a>(
+        &'a self,
+        tasks: &'a [ReportTask],
+    ) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
+        step_reads(tasks, &self.inputs)
     }
 
     /// The tasks under output `k` of `task`, or under any of its outputs.
@@ -146,25 +151,40 @@ fn resolve(by_step: &HashMap<(&str, &str), Vec<(u32, usize)>>, s: &str) -> Input
         )
 }
 
-/// Steps in an order where every step comes after those it reads, ties by first record.
-fn step_order(tasks: &[ReportTask], inputs: &[Vec<Input>]) -> Vec<String> {
-    let mut steps: Vec<&str> = Vec::new();
-    for t in tasks.iter().filter(|t| !t.removed) {
-        if !steps.contains(&t.step.as_str()) {
-            steps.push(&t.step);
-        }
-    }
-    let pos = |s: &str| steps.iter().position(|x| *x == s).unwrap_or(0);
-    let mut reads = vec![Vec::new(); steps.len()];
-    for (i, t) in tasks.iter().enumerate().filter(|(_, t)| !t.removed) {
-        for input in &inputs[i] {
-            if let Input::Output { task, .. } = input {
-                let from = pos(&tasks[*task].step);
-                let to = pos(&t.step);
-                if from != to && !reads[to].contains(&from) {
-                    reads[to].push(from);
+/// Which step reads which: `(from, to)` for every task reading another step's output.
+fn step_reads<'a>(
+    tasks: &'a [ReportTask],
+    inputs: &'a [Vec<Input>],
+) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
+    tasks
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| !t.removed)
+        .flat_map(move |(i, t)| {
+            inputs[i].iter().filter_map(move |input| match input {
+                Input::Output { task, .. } if tasks[*task].step != t.step => {
+                    Some((tasks[*task].step.as_str(), t.step.as_str()))
                 }
-            }
+                _ => None,
+            })
+        })
+}
+
+/// `steps` (in the order first recorded) reordered so that each comes after the steps it
+/// reads, by the `(from, to)` pairs of `reads`.
+pub(super) fn order<'a, S: AsRef<str>>(
+    steps: &[S],
+    reads_pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Vec<String> {
+    let steps: Vec<&str> = steps.iter().map(AsRef::as_ref).collect();
+    let pos = |s: &str| steps.iter().position(|x| *x == s);
+    let mut reads = vec![Vec::new(); steps.len()];
+    for (from, to) in reads_pairs {
+        if let (Some(from), Some(to)) = (pos(from), pos(to))
+            && from != to
+            && !reads[to].contains(&from)
+        {
+            reads[to].push(from);
         }
     }
     let mut done = vec![false; steps.len()];
@@ -186,6 +206,17 @@ fn step_order(tasks: &[ReportTask], inputs: &[Vec<Input>]) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::store::TaskStatus;
+
+    /// Steps in an order where every step comes after those it reads, ties by first record.
+    fn steps(tasks: &[ReportTask]) -> Vec<String> {
+        let mut recorded: Vec<&str> = Vec::new();
+        for t in tasks.iter().filter(|t| !t.removed) {
+            if !recorded.contains(&t.step.as_str()) {
+                recorded.push(&t.step);
+            }
+        }
+        order(&recorded, Lineage::build(tasks).reads(tasks))
+    }
 
     fn task(item: &str, step: &str, idx: u32, inputs: &[&str]) -> ReportTask {
         ReportTask {
@@ -222,7 +253,7 @@ mod tests {
         assert_eq!(l.children(0, Some(1)), vec![2]);
         assert_eq!(l.children(0, None), vec![1, 2]);
         assert_eq!(l.children(2, Some(0)), vec![4]);
-        assert_eq!(l.steps, vec!["shot", "clean", "big"]);
+        assert_eq!(steps(&tasks), vec!["shot", "clean", "big"]);
     }
 
     #[test]
@@ -263,6 +294,6 @@ mod tests {
             task("a", "late", 0, &["a/early[0]"]),
             task("a", "early", 0, &[]),
         ];
-        assert_eq!(Lineage::build(&tasks).steps, vec!["early", "late"]);
+        assert_eq!(steps(&tasks), vec!["early", "late"]);
     }
 }

@@ -8,32 +8,49 @@ mod html;
 mod lineage;
 mod links;
 mod model;
+mod pages;
 pub mod summary;
 pub mod thumbs;
 
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
 use std::path::{Path, PathBuf};
+
+use futures::TryStreamExt;
 
 use crate::api::temp;
 use crate::error::Error;
-use crate::layout::RunDir;
-use crate::store::{RunRow, Store};
+use crate::layout::{self, RunDir};
+use crate::report::costs::Problems;
+use crate::report::html::{PER_PAGE, Page};
+use crate::report::lineage::Lineage;
+use crate::report::model::{Model, Shared, Shown};
+use crate::store::{ReportOutput, ReportRow, ReportTask, RunRow, Store};
 
 pub use html::MARKER;
 
 /// What a written report holds.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Written {
+    /// The first page; later ones are its siblings (`report-2.html`, …).
     pub path: PathBuf,
     pub run_id: String,
     pub status: &'static str,
     pub images: usize,
     pub thumbnails_made: usize,
+    /// Page files written.
+    pub pages: usize,
+    /// Their size, all together.
     pub bytes: usize,
 }
 
-/// Writes the report of `run` to `out` (default: `report.html` in the run directory),
-/// making the thumbnails it lacks. A file at `out` that is not an imgpipe report is never
-/// replaced.
+/// Writes the report of `run` to `out` (default: `report.html` in the run directory) and, past
+/// [`PER_PAGE`] items, to its numbered siblings, making the thumbnails it lacks. A file that
+/// is not an imgpipe report is never replaced.
+///
+/// The run is read item by item from the database and each later page written as soon as its
+/// items are read, thumbnails made for that page only; the first page, which holds the costs
+/// and problems of the whole run, is written last. Memory holds one page, whatever the run.
 pub async fn write(store: &Store, run: RunRow, out: Option<&Path>) -> Result<Written, Error> {
     let run_dir = RunDir::at(run.dir());
     let out = out.map_or_else(|| run_dir.report(), Path::to_owned);
@@ -42,33 +59,267 @@ pub async fn write(store: &Store, run: RunRow, out: Option<&Path>) -> Result<Wri
     let dir = out.parent().unwrap_or(Path::new("/")).to_owned();
     std::fs::create_dir_all(&dir)
         .map_err(|e| Error::Other(anyhow::anyhow!("cannot create {}: {e}", dir.display())))?;
-    let model = model::Model::load(store, run, &run_dir.thumbs()).await?;
-    let page = html::render(&model, &dir);
-    let fail = |e: &dyn std::fmt::Display| {
-        Error::Other(anyhow::anyhow!("cannot write {}: {e}", out.display()))
+    let shared = Shared::load(store, run, &out).await?;
+    // Every page's name is checked before any is written: a refusal leaves no half report.
+    for n in 2..=shared.pages.count() {
+        refuse_foreign(&shared.pages.path(n))?;
+    }
+    let mut book = Book {
+        problems: Problems::new(&shared).map_err(|e| cannot_write(&out, &e))?,
+        shared: &shared,
+        dir: &dir,
+        thumbs: run_dir.thumbs(),
+        batch: Vec::new(),
+        reads: HashSet::new(),
+        images: 0,
+        made: 0,
+        bytes: 0,
+        first_items: String::new(),
+        items: 0,
     };
-    let tmp = temp::readable(&dir).map_err(|e| fail(&e))?;
-    std::fs::write(tmp.path(), &page).map_err(|e| fail(&e))?;
-    tmp.persist(&out).map_err(|e| fail(&e.error))?;
+    let mut rows = store.report_rows(&shared.run.id);
+    let mut page = 1;
+    let mut on_page: Vec<ReportRow> = Vec::new();
+    let mut items = 0;
+    let mut item: Option<String> = None;
+    while let Some(row) = rows.try_next().await? {
+        if item.as_deref() != Some(row.task.item.as_str()) {
+            if items == PER_PAGE {
+                book.page(page, std::mem::take(&mut on_page)).await?;
+                page += 1;
+                items = 0;
+            }
+            items += 1;
+            book.items += 1;
+            item = Some(row.task.item.clone());
+        }
+        on_page.push(row);
+    }
+    drop(rows);
+    book.page(page, on_page).await?;
+    book.first_page(&out)?;
+    for stale in shared.pages.stale(page) {
+        // A page an earlier, longer report left would still be found next to the new ones.
+        std::fs::remove_file(&stale).map_err(|e| cannot_write(&stale, &e))?;
+    }
     Ok(Written {
         path: out,
-        run_id: model.run.id.clone(),
-        status: model.run.status.as_str(),
-        images: model.images_on_disk(),
-        thumbnails_made: model.thumbnails_made(),
-        bytes: page.len(),
+        run_id: shared.run.id.clone(),
+        status: shared.run.status.as_str(),
+        images: book.images,
+        thumbnails_made: book.made,
+        pages: page,
+        bytes: book.bytes,
     })
+}
+
+fn cannot_write(path: &Path, e: &dyn std::fmt::Display) -> Error {
+    Error::Other(anyhow::anyhow!("cannot write {}: {e}", path.display()))
+}
+
+/// The report being written: what the first page gathers from the others.
+struct Book<'a> {
+    shared: &'a Shared,
+    dir: &'a Path,
+    thumbs: PathBuf,
+    problems: Problems,
+    /// The batch's tasks (first page), which items on later pages may read.
+    batch: Vec<ReportTask>,
+    /// Which step reads which, for the cost table's order.
+    reads: HashSet<(String, String)>,
+    /// Outputs whose file is where the record says.
+    images: usize,
+    made: usize,
+    bytes: usize,
+    /// The first page's items, kept until its costs and problems are known.
+    first_items: String,
+    /// Items read.
+    items: usize,
+}
+
+impl Book<'_> {
+    /// Makes the thumbnails of page `page` and writes it (the first page's items are kept
+    /// for [`Book::first_page`]).
+    async fn page(&mut self, page: usize, mut rows: Vec<ReportRow>) -> Result<(), Error> {
+        // Rows of one item come together: number the items, then order each one's tasks as
+        // recorded and each task's outputs by index.
+        let mut order: HashMap<String, usize> = HashMap::new();
+        let mut keyed: Vec<(usize, i64, u32, ReportRow)> = rows
+            .drain(..)
+            .map(|r| {
+                let n = order.len();
+                let item = *order.entry(r.task.item.clone()).or_insert(n);
+                let k = r.output.as_ref().map_or(0, |o| o.k);
+                (item, r.task.id, k, r)
+            })
+            .collect();
+        keyed.sort_unstable_by_key(|(item, id, k, _)| (*item, *id, *k));
+        let borrowed = if page > 1 { self.batch.len() } else { 0 };
+        let mut tasks: Vec<ReportTask> = if page > 1 {
+            self.batch.clone()
+        } else {
+            Vec::new()
+        };
+        let mut outputs: Vec<(usize, ReportOutput)> = Vec::new();
+        for (_, id, _, row) in keyed {
+            if tasks.len() == borrowed || tasks.last().is_none_or(|t| t.id != id) {
+                tasks.push(row.task);
+            }
+            if let Some(o) = row.output {
+                outputs.push((tasks.len() - 1, o));
+            }
+        }
+        if page == 1 {
+            self.batch = tasks
+                .iter()
+                .filter(|t| t.item == layout::BATCH)
+                .cloned()
+                .collect();
+        }
+        let files: Vec<(PathBuf, Option<String>)> = outputs
+            .iter()
+            .filter_map(|(_, o)| Some((PathBuf::from(o.path.as_deref()?), o.sha256.clone())))
+            .collect();
+        let mut made = thumbs::previews(&self.thumbs, files).await.into_iter();
+        let mut shown: HashMap<usize, Vec<Shown>> = HashMap::new();
+        for (t, row) in outputs {
+            let preview = if row.path.is_some() {
+                made.next().unwrap_or_default()
+            } else {
+                thumbs::Preview::default()
+            };
+            self.images += usize::from(preview.on_disk);
+            self.made += usize::from(preview.made);
+            shown.entry(t).or_default().push(Shown { row, preview });
+        }
+        let lineage = Lineage::build(&tasks);
+        for (from, to) in lineage.reads(&tasks) {
+            if !self.reads.contains(&(from.to_owned(), to.to_owned())) {
+                self.reads.insert((from.to_owned(), to.to_owned()));
+            }
+        }
+        let model = Model {
+            shared: self.shared,
+            page,
+            borrowed,
+            tasks,
+            outputs: shown,
+            lineage,
+        };
+        let mut html = Page::new(self.shared, self.dir, page);
+        let path = self.shared.pages.path(page);
+        html.gather(&model, &mut self.problems)
+            .map_err(|e| cannot_write(&path, &e))?;
+        if page == 1 {
+            html.items(&model);
+            self.first_items = html.take();
+            return Ok(());
+        }
+        html.open();
+        html.later_header();
+        html.w("<main>\n");
+        html.items(&model);
+        html.close();
+        let text = html.take();
+        self.bytes += text.len();
+        persist(self.dir, &path, |w| w.write_all(text.as_bytes()))
+    }
+
+    /// Writes the first page: the run's header, costs and problems, then its items.
+    fn first_page(&mut self, out: &Path) -> Result<(), Error> {
+        let recorded: Vec<&str> = self
+            .shared
+            .step_totals
+            .iter()
+            .filter(|s| !s.removed)
+            .map(|s| s.step.as_str())
+            .collect();
+        let order = lineage::order(
+            &recorded,
+            self.reads.iter().map(|(a, b)| (a.as_str(), b.as_str())),
+        );
+        let (steps, total, removed) = self.shared.costs(&order);
+        let mut html = Page::new(self.shared, self.dir, 1);
+        html.open();
+        html.header(
+            &total,
+            self.problems.count(self.shared),
+            self.images,
+            self.items,
+        );
+        html.w("<main>\n");
+        html.costs(&steps, &total, removed.as_ref());
+        let problems = &mut self.problems;
+        let items = std::mem::take(&mut self.first_items);
+        let mut bytes = 0;
+        persist(self.dir, out, |w| {
+            let mut w = Counted { inner: w, bytes: 0 };
+            html.problems(problems, &mut w)?;
+            html.w(&items);
+            html.close();
+            w.write_all(html.take().as_bytes())?;
+            bytes = w.bytes;
+            Ok(())
+        })?;
+        self.bytes += bytes;
+        Ok(())
+    }
+}
+
+/// A writer that counts what went through it.
+struct Counted<W> {
+    inner: W,
+    bytes: usize,
+}
+
+impl<W: Write> Write for Counted<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.bytes += n;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Writes a page under a temporary name in `dir` and renames it to `path`, so a reader never
+/// sees half a page; a file at `path` that is not a report is left alone.
+fn persist(
+    dir: &Path,
+    path: &Path,
+    fill: impl FnOnce(&mut std::io::BufWriter<&std::fs::File>) -> std::io::Result<()>,
+) -> Result<(), Error> {
+    refuse_foreign(path)?;
+    let tmp = temp::readable(dir).map_err(|e| cannot_write(path, &e))?;
+    let mut w = std::io::BufWriter::with_capacity(256 * 1024, tmp.as_file());
+    fill(&mut w)
+        .and_then(|()| w.flush())
+        .map_err(|e| cannot_write(path, &e))?;
+    drop(w);
+    tmp.persist(path)
+        .map_err(|e| cannot_write(path, &e.error))?;
+    Ok(())
+}
+
+/// Whether `path` is a file an imgpipe report wrote.
+fn is_report(path: &Path) -> bool {
+    use std::io::Read;
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    let mut head = Vec::new();
+    let _ = file.take(256).read_to_end(&mut head);
+    !path.is_dir() && String::from_utf8_lossy(&head).contains(MARKER)
 }
 
 /// Refuses to replace a file that is not an earlier report.
 fn refuse_foreign(out: &Path) -> Result<(), Error> {
-    use std::io::Read;
-    let Ok(file) = std::fs::File::open(out) else {
+    if std::fs::File::open(out).is_err() {
         return Ok(());
-    };
-    let mut head = Vec::new();
-    let _ = file.take(256).read_to_end(&mut head);
-    if out.is_dir() || !String::from_utf8_lossy(&head).contains(MARKER) {
+    }
+    if !is_report(out) {
         return Err(Error::usage(
             format!(
                 "--out {} exists and is not an imgpipe report; it was left as it is",

@@ -1,35 +1,56 @@
-//! Everything the page shows, read from the state database (and the run's files) alone: a
-//! report needs neither the pipeline file nor the network, and works while the run goes on.
+//! What the pages show, read from the state database (and the run's files) alone: a report
+//! needs neither the pipeline file nor the network, and works while the run goes on.
+//!
+//! [`Shared`] is what every page knows of the run (its row, the costs summed by the database,
+//! the calls that may have been billed); [`Model`] is one page's items: their tasks, outputs
+//! and lineage. Only one page's items are ever held at once.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::report::lineage::Lineage;
-use crate::report::thumbs::{self, Preview};
-use crate::store::{AmbiguousAttempt, OutputRow, ReportTask, RunRow, Spend, Store, StoreError};
-use crate::store::{RunStatus, TaskStatus};
+use crate::report::pages::Pages;
+use crate::report::thumbs::Preview;
+use crate::store::{AmbiguousAttempt, ReportOutput, ReportTask, RunRow, Spend, Store, StoreError};
+use crate::store::{RunStatus, StepTotals, TaskStatus};
+
+/// Points of the spend chart: finer than its width in pixels, and a fixed number whatever the
+/// run's calls.
+const SPEND_BUCKETS: i64 = 1024;
 
 /// One output with its preview.
 pub(super) struct Shown {
-    pub row: OutputRow,
+    pub row: ReportOutput,
     pub preview: Preview,
 }
 
-pub(super) struct Model {
+/// What every page of the report knows of the run.
+pub(super) struct Shared {
     pub run: RunRow,
     pub generated_at: i64,
-    /// Every task, removed ones included (they only count in the costs).
-    pub tasks: Vec<ReportTask>,
-    /// Index in `tasks` by task id.
-    by_id: HashMap<i64, usize>,
-    /// Outputs by task index, in `k` order.
-    pub outputs: HashMap<usize, Vec<Shown>>,
-    pub lineage: Lineage,
     pub ambiguous: Vec<AmbiguousAttempt>,
     pub spend: Vec<Spend>,
     pub last_balance: Option<i64>,
     pub superseded: u64,
     pub budget: Option<u64>,
+    /// Per step, in the order first recorded, removed tasks apart.
+    pub step_totals: Vec<StepTotals>,
+    /// Items shown (the batch's `once` steps count as one).
+    pub items: u64,
+    pub pages: Pages,
+}
+
+/// One page: its items' tasks (after those of the batch it may link to), outputs and lineage.
+pub(super) struct Model<'a> {
+    pub shared: &'a Shared,
+    /// 1-based.
+    pub page: usize,
+    /// `tasks[..borrowed]` are the batch's, drawn on the first page: only linked from here.
+    pub borrowed: usize,
+    pub tasks: Vec<ReportTask>,
+    /// Outputs by task index, in `k` order.
+    pub outputs: HashMap<usize, Vec<Shown>>,
+    pub lineage: Lineage,
 }
 
 /// One line of the cost table.
@@ -49,7 +70,7 @@ pub(super) struct StepCost {
 }
 
 impl StepCost {
-    fn add(&mut self, other: &StepCost) {
+    fn add(&mut self, other: &StepTotals) {
         self.tasks += other.tasks;
         self.succeeded += other.succeeded;
         self.failed += other.failed;
@@ -60,56 +81,43 @@ impl StepCost {
         self.billed += other.billed;
         self.at_risk += other.at_risk;
     }
+
+    fn named(step: &str) -> StepCost {
+        StepCost {
+            step: step.to_owned(),
+            ..StepCost::default()
+        }
+    }
 }
 
-impl Model {
-    /// Reads the run and makes the thumbnails it lacks under `thumbs`.
+impl Shared {
+    /// Reads what every page needs: sums and short lists, never a row per task.
     pub(super) async fn load(
         store: &Store,
         run: RunRow,
-        thumbs: &Path,
-    ) -> Result<Model, StoreError> {
-        let tasks = store.report_tasks(&run.id).await?;
-        let by_id: HashMap<i64, usize> = tasks.iter().enumerate().map(|(i, t)| (t.id, i)).collect();
-        let rows = store.outputs(&run.id).await?;
-        // Previews of the downloaded files, in the order of their rows.
-        let files: Vec<(PathBuf, Option<String>)> = rows
-            .iter()
-            .filter_map(|o| Some((PathBuf::from(o.path.as_deref()?), o.sha256.clone())))
-            .collect();
-        let mut made = thumbs::previews(thumbs, files).await.into_iter();
-        let mut outputs: HashMap<usize, Vec<Shown>> = HashMap::new();
-        for row in rows {
-            let preview = if row.path.is_some() {
-                made.next().unwrap_or_default()
-            } else {
-                Preview::default()
-            };
-            if let Some(&t) = by_id.get(&row.task_id) {
-                outputs.entry(t).or_default().push(Shown { row, preview });
-            }
-        }
+        first_page: &Path,
+    ) -> Result<Shared, StoreError> {
+        let generated_at = crate::store::now_ms();
+        let in_progress = run.status == RunStatus::Running;
         let budget = serde_json::from_str::<serde_json::Value>(&run.plan_json)
             .ok()
             .and_then(|v| v.pointer("/budget/max_credits").and_then(|b| b.as_u64()));
-        Ok(Model {
-            lineage: Lineage::build(&tasks),
+        let end = run.finished_at.unwrap_or(generated_at);
+        let items = store.report_items(&run.id).await?;
+        Ok(Shared {
             ambiguous: store.ambiguous_attempts(&run.id).await?,
-            spend: store.spend(&run.id).await?,
+            spend: store
+                .spend(&run.id, run.created_at, end, SPEND_BUCKETS)
+                .await?,
             last_balance: store.last_reported_balance(&run.id).await?,
             superseded: store.superseded_count(&run.id).await?,
-            generated_at: crate::store::now_ms(),
+            step_totals: store.step_totals(&run.id, !in_progress).await?,
+            pages: Pages::new(first_page, items),
+            generated_at,
             budget,
-            outputs,
-            tasks,
-            by_id,
+            items,
             run,
         })
-    }
-
-    /// The task with id `id`.
-    pub(super) fn task(&self, id: i64) -> Option<&ReportTask> {
-        self.by_id.get(&id).map(|&i| &self.tasks[i])
     }
 
     pub(super) fn in_progress(&self) -> bool {
@@ -122,60 +130,18 @@ impl Model {
         a.in_flight && self.in_progress()
     }
 
-    /// Thumbnails made for this report (not found already made).
-    pub(super) fn thumbnails_made(&self) -> usize {
-        self.images().filter(|s| s.preview.made).count()
-    }
-
-    pub(super) fn images(&self) -> impl Iterator<Item = &Shown> {
-        self.outputs.values().flatten()
-    }
-
-    /// Outputs whose file is where the record says.
-    pub(super) fn images_on_disk(&self) -> usize {
-        self.images().filter(|s| s.preview.on_disk).count()
-    }
-
-    /// The cost of each step in lineage order, then the total. Removed tasks only count in
-    /// a line of their own (returned apart), since the pipeline no longer has their step.
-    pub(super) fn costs(&self) -> (Vec<StepCost>, StepCost, Option<StepCost>) {
-        let mut at_risk: HashMap<i64, u64> = HashMap::new();
-        for a in self.ambiguous.iter().filter(|a| !self.in_flight(a)) {
-            *at_risk.entry(a.task_id).or_default() += a.credits_at_risk;
-        }
-        let mut steps: Vec<StepCost> = self
-            .lineage
-            .steps
-            .iter()
-            .map(|s| StepCost {
-                step: s.clone(),
-                ..StepCost::default()
-            })
-            .collect();
-        let mut removed = StepCost {
-            step: "removed from the pipeline".into(),
-            ..StepCost::default()
-        };
-        for t in &self.tasks {
-            let line = if t.removed {
-                &mut removed
-            } else {
-                match steps.iter_mut().find(|s| s.step == t.step) {
-                    Some(line) => line,
-                    None => continue,
-                }
-            };
-            line.tasks += 1;
-            match t.status {
-                TaskStatus::Succeeded => line.succeeded += 1,
-                TaskStatus::Failed => line.failed += 1,
-                TaskStatus::Blocked => line.blocked += 1,
-                TaskStatus::Pending | TaskStatus::Running => line.pending += 1,
+    /// The cost of each step in `order` (producers first), then the total. Removed tasks only
+    /// count in a line of their own (returned apart), since the pipeline no longer has their
+    /// step.
+    pub(super) fn costs(&self, order: &[String]) -> (Vec<StepCost>, StepCost, Option<StepCost>) {
+        let mut steps: Vec<StepCost> = order.iter().map(|s| StepCost::named(s)).collect();
+        let mut removed = StepCost::named("removed from the pipeline");
+        for t in &self.step_totals {
+            if t.removed {
+                removed.add(t);
+            } else if let Some(line) = steps.iter_mut().find(|s| s.step == t.step) {
+                line.add(t);
             }
-            line.reused += u64::from(t.reused_from_run.is_some());
-            line.planned += t.planned_credits;
-            line.billed += t.credits_billed;
-            line.at_risk += at_risk.get(&t.id).copied().unwrap_or(0);
         }
         // Items the run has not reached have no rows yet: their tasks are pending, per the plan.
         let recorded: Vec<crate::store::StepCounts> = steps
@@ -193,12 +159,17 @@ impl Model {
                 line.planned += extra.planned_credits;
             }
         }
-        let mut total = StepCost {
-            step: "total".into(),
-            ..StepCost::default()
-        };
+        let mut total = StepCost::named("total");
         for s in &steps {
-            total.add(s);
+            total.tasks += s.tasks;
+            total.succeeded += s.succeeded;
+            total.failed += s.failed;
+            total.blocked += s.blocked;
+            total.pending += s.pending;
+            total.reused += s.reused;
+            total.planned += s.planned;
+            total.billed += s.billed;
+            total.at_risk += s.at_risk;
         }
         // Removed tasks' planned credits are no longer part of the plan: only what they were
         // billed counts in the total.
@@ -229,5 +200,15 @@ impl Model {
             },
             TaskStatus::Succeeded => "succeeded, but no output is recorded".into(),
         }
+    }
+}
+
+impl Model<'_> {
+    pub(super) fn reason(&self, t: &ReportTask) -> String {
+        self.shared.reason(t)
+    }
+
+    pub(super) fn images(&self) -> impl Iterator<Item = &Shown> {
+        self.outputs.values().flatten()
     }
 }

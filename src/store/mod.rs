@@ -22,7 +22,7 @@ use sqlx::migrate::MigrateError;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions, SqlitePool};
 
-pub use report::{ReportTask, Spend};
+pub use report::{ReportOutput, ReportRow, ReportTask, Spend, StepTotals};
 pub use resume::{Reusable, ReusableOutput, SetAside};
 pub use runs::{AmbiguousAttempt, NewRun, RunRow, RunStatus, StepCounts};
 pub use tasks::{

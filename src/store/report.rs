@@ -1,6 +1,9 @@
-//! What the run report reads beyond the executor's own queries: every task with its inputs
-//! (lineage), the removed ones (their cost stays on record), and the billed calls over time.
+//! What the run report reads beyond the executor's own queries: the run's tasks item by item
+//! with their inputs (lineage) and outputs, streamed, the cost of each step and the billed
+//! calls over time, both summed by the database: a report of a large run holds one page of
+//! rows at a time, never the run.
 
+use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 use sqlx::Row;
 
 use crate::store::tasks::{TaskStatus, to_u64};
@@ -28,6 +31,41 @@ pub struct ReportTask {
     pub attempts: u32,
 }
 
+/// One output as the report shows it.
+#[derive(Clone, Debug)]
+pub struct ReportOutput {
+    pub k: u32,
+    pub job_id: String,
+    pub path: Option<String>,
+    pub sha256: Option<String>,
+    pub download_error: Option<String>,
+}
+
+/// One row of [`Store::report_rows`]: a task, and one of its outputs when it has any.
+#[derive(Clone, Debug)]
+pub struct ReportRow {
+    pub task: ReportTask,
+    pub output: Option<ReportOutput>,
+}
+
+/// The tasks of one step summed by the database, apart for tasks removed from the pipeline.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepTotals {
+    pub step: String,
+    pub removed: bool,
+    pub tasks: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub blocked: u64,
+    /// Pending and running.
+    pub pending: u64,
+    pub reused: u64,
+    pub planned: u64,
+    pub billed: u64,
+    /// The planned price of the step's calls sent without a complete answer.
+    pub at_risk: u64,
+}
+
 /// One billed call: when its answer arrived and what it cost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Spend {
@@ -36,49 +74,146 @@ pub struct Spend {
 }
 
 impl Store {
-    /// Every task of the run, removed ones included, in the order they were recorded.
-    pub async fn report_tasks(&self, run_id: &str) -> Result<Vec<ReportTask>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT t.id, t.item, t.step, t.idx, t.operation, t.inputs, t.status,
+    /// The run's live tasks item by item (the batch's `once` steps first, then the items in
+    /// the order their first task was recorded), each task followed by its outputs. The rows of
+    /// one item come together, in no set order among themselves.
+    ///
+    /// Tasks are recorded step by step, so an item's rows are spread over the table: the list
+    /// of items is made first (from the `(run_id, item, …)` index alone), then each item's
+    /// tasks are looked up by that index. `CROSS JOIN` keeps the items as the outer loop,
+    /// which is what keeps an item's rows together; sorting the whole result instead would
+    /// cost a sort of every task.
+    pub fn report_rows<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxStream<'a, Result<ReportRow, StoreError>> {
+        sqlx::query(
+            "WITH items AS MATERIALIZED (
+                 SELECT item, MIN(id) AS first FROM tasks WHERE run_id = ?1
+                 GROUP BY item ORDER BY item <> '_batch', first)
+             SELECT t.id, t.item, t.step, t.idx, t.operation, t.inputs, t.status,
                     t.planned_credits, t.credits_billed, t.job_id, t.error,
-                    t.removed_at IS NOT NULL AS removed, r.run_id AS reused_run,
-                    (SELECT COUNT(*) FROM attempts a WHERE a.task_id = t.id) AS attempts
-             FROM tasks t LEFT JOIN tasks r ON r.id = t.reused_from
-             WHERE t.run_id = ? ORDER BY t.id",
+                    0 AS removed, r.run_id AS reused_run,
+                    (SELECT COUNT(*) FROM attempts a WHERE a.task_id = t.id) AS attempts,
+                    o.k, o.job_id AS o_job, o.path, o.sha256, o.download_error
+             FROM items i
+             CROSS JOIN tasks t ON t.run_id = ?1 AND t.item = i.item
+             LEFT JOIN tasks r ON r.id = t.reused_from
+             LEFT JOIN outputs o ON o.task_id = t.id
+             WHERE t.removed_at IS NULL",
+        )
+        .bind(run_id)
+        .fetch(self.pool())
+        .map_err(StoreError::from)
+        .and_then(|r| async move {
+            let output = match r.try_get::<Option<i64>, _>("k")? {
+                Some(k) => Some(ReportOutput {
+                    k: u32::try_from(k).unwrap_or(0),
+                    job_id: r.try_get("o_job")?,
+                    path: r.try_get("path")?,
+                    sha256: r.try_get("sha256")?,
+                    download_error: r.try_get("download_error")?,
+                }),
+                None => None,
+            };
+            Ok(ReportRow {
+                task: report_task(&r)?,
+                output,
+            })
+        })
+        .boxed()
+    }
+
+    /// How many items the run has (the batch's `once` steps count as one), read from the
+    /// index alone: an item whose every task was removed from the pipeline still counts.
+    pub async fn report_items(&self, run_id: &str) -> Result<u64, StoreError> {
+        let (n,): (i64,) =
+            sqlx::query_as("SELECT COUNT(DISTINCT item) FROM tasks WHERE run_id = ?")
+                .bind(run_id)
+                .fetch_one(self.pool())
+                .await?;
+        Ok(to_u64(n))
+    }
+
+    /// Each step's tasks summed, in the order the steps were first recorded, removed tasks on
+    /// lines of their own. Calls without an answer count at risk only with `unanswered`: while
+    /// the run goes on they are in flight, not (yet) possibly billed.
+    pub async fn step_totals(
+        &self,
+        run_id: &str,
+        unanswered: bool,
+    ) -> Result<Vec<StepTotals>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT step, removed_at IS NOT NULL AS removed, MIN(id) AS first, COUNT(*) AS tasks,
+                    SUM(status = 'succeeded') AS succeeded, SUM(status = 'failed') AS failed,
+                    SUM(status = 'blocked') AS blocked,
+                    SUM(status IN ('pending', 'running')) AS pending,
+                    SUM(reused_from IS NOT NULL) AS reused,
+                    SUM(planned_credits) AS planned, SUM(credits_billed) AS billed
+             FROM tasks WHERE run_id = ? GROUP BY step, removed ORDER BY first",
         )
         .bind(run_id)
         .fetch_all(self.pool())
         .await?;
+        let risk: Vec<(String, bool, i64)> = sqlx::query_as(
+            "SELECT t.step, t.removed_at IS NOT NULL, SUM(t.planned_credits)
+             FROM attempts a JOIN tasks t ON t.id = a.task_id
+             WHERE a.run_id = ? AND (a.outcome = 'ambiguous' OR (a.outcome IS NULL AND ?))
+             GROUP BY 1, 2",
+        )
+        .bind(run_id)
+        .bind(unanswered)
+        .fetch_all(self.pool())
+        .await?;
+        let n = |r: &sqlx::sqlite::SqliteRow, c: &str| -> Result<u64, StoreError> {
+            Ok(to_u64(r.try_get::<Option<i64>, _>(c)?.unwrap_or(0)))
+        };
         rows.iter()
             .map(|r| {
-                let inputs: String = r.try_get("inputs")?;
-                Ok(ReportTask {
-                    id: r.try_get("id")?,
-                    item: r.try_get("item")?,
-                    step: r.try_get("step")?,
-                    idx: u32::try_from(r.try_get::<i64, _>("idx")?).unwrap_or(0),
-                    operation: r.try_get("operation")?,
-                    inputs: serde_json::from_str(&inputs).unwrap_or_default(),
-                    status: TaskStatus::parse(r.try_get("status")?),
-                    planned_credits: to_u64(r.try_get("planned_credits")?),
-                    credits_billed: to_u64(r.try_get("credits_billed")?),
-                    job_id: r.try_get("job_id")?,
-                    error: r.try_get("error")?,
-                    removed: r.try_get("removed")?,
-                    reused_from_run: r.try_get("reused_run")?,
-                    attempts: u32::try_from(r.try_get::<i64, _>("attempts")?).unwrap_or(0),
+                let step: String = r.try_get("step")?;
+                let removed: bool = r.try_get("removed")?;
+                let at_risk = risk
+                    .iter()
+                    .filter(|(s, rm, _)| *s == step && *rm == removed)
+                    .map(|(_, _, c)| to_u64(*c))
+                    .sum();
+                Ok(StepTotals {
+                    tasks: n(r, "tasks")?,
+                    succeeded: n(r, "succeeded")?,
+                    failed: n(r, "failed")?,
+                    blocked: n(r, "blocked")?,
+                    pending: n(r, "pending")?,
+                    reused: n(r, "reused")?,
+                    planned: n(r, "planned")?,
+                    billed: n(r, "billed")?,
+                    at_risk,
+                    step,
+                    removed,
                 })
             })
             .collect()
     }
 
-    /// Every call of the run that billed credits, in the order the answers arrived.
-    pub async fn spend(&self, run_id: &str) -> Result<Vec<Spend>, StoreError> {
+    /// The run's billed calls in the order the answers arrived, those answered within the same
+    /// `1/buckets` of the time from `start` to `end` summed into one: the chart draws no finer,
+    /// and a large run's every call would weigh on the page.
+    pub async fn spend(
+        &self,
+        run_id: &str,
+        start: i64,
+        end: i64,
+        buckets: i64,
+    ) -> Result<Vec<Spend>, StoreError> {
+        let width = ((end - start) / buckets.max(1)).max(1);
         let rows: Vec<(i64, i64)> = sqlx::query_as(
-            "SELECT COALESCE(finished_at, started_at), credits_billed FROM attempts
-             WHERE run_id = ? AND credits_billed > 0 ORDER BY 1, id",
+            "SELECT MAX(at), SUM(credits_billed) FROM
+                (SELECT COALESCE(finished_at, started_at) AS at, credits_billed FROM attempts
+                 WHERE run_id = ? AND credits_billed > 0)
+             GROUP BY (at - ?) / ? ORDER BY 1",
         )
         .bind(run_id)
+        .bind(start)
+        .bind(width)
         .fetch_all(self.pool())
         .await?;
         Ok(rows
@@ -102,4 +237,25 @@ impl Store {
         .await?;
         Ok(row.map(|(b,)| b))
     }
+}
+
+/// A task as [`Store::report_rows`] selects it.
+fn report_task(r: &sqlx::sqlite::SqliteRow) -> Result<ReportTask, StoreError> {
+    let inputs: String = r.try_get("inputs")?;
+    Ok(ReportTask {
+        id: r.try_get("id")?,
+        item: r.try_get("item")?,
+        step: r.try_get("step")?,
+        idx: u32::try_from(r.try_get::<i64, _>("idx")?).unwrap_or(0),
+        operation: r.try_get("operation")?,
+        inputs: serde_json::from_str(&inputs).unwrap_or_default(),
+        status: TaskStatus::parse(r.try_get("status")?),
+        planned_credits: to_u64(r.try_get("planned_credits")?),
+        credits_billed: to_u64(r.try_get("credits_billed")?),
+        job_id: r.try_get("job_id")?,
+        error: r.try_get("error")?,
+        removed: r.try_get("removed")?,
+        reused_from_run: r.try_get("reused_run")?,
+        attempts: u32::try_from(r.try_get::<i64, _>("attempts")?).unwrap_or(0),
+    })
 }

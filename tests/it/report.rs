@@ -1878,3 +1878,104 @@ async fn a_mistyped_state_path_is_reported_and_not_created() {
     assert!(stdout(&o).contains("no runs yet"), "{}", stdout(&o));
     assert!(!dir.join("sate").exists(), "runs created it");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_of_more_items_than_a_page_writes_linked_pages_each_holding_its_items_images() {
+    let env = start_with_chain(
+        sandbox::Config {
+            balance: 10_000,
+            ..config()
+        },
+        210,
+    )
+    .await;
+    assert_exit_without_panic(&run_chain(&env, "r", &["--concurrency", "16"]).await, 0);
+    let dir = env.dir.path();
+    let db = read_db(dir, "r").await;
+    let run_dir = db.run_dir("r");
+    // An earlier, longer report's last page, and a user's file past it: the first goes, the
+    // second stays.
+    let stale = run_dir.join("report-4.html");
+    std::fs::write(&stale, "<!DOCTYPE html>\n<!-- imgpipe run report -->\nold").unwrap();
+    std::fs::write(run_dir.join("report-5.html"), "my notes").unwrap();
+    let o = ip(Some(&env), dir, &["report", "r", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let written = json_stdout(&o);
+    assert_eq!(written["pages"], 3, "{written:#}");
+    assert!(!stale.exists(), "the stale page is removed");
+    assert_eq!(
+        std::fs::read_to_string(run_dir.join("report-5.html")).unwrap(),
+        "my notes"
+    );
+    let names = ["report.html", "report-2.html", "report-3.html"];
+    let pages: Vec<Page> = names.iter().map(|n| Page::read(&run_dir.join(n))).collect();
+    for (i, page) in pages.iter().enumerate() {
+        assert!(
+            page.html
+                .starts_with("<!DOCTYPE html>\n<!-- imgpipe run report -->\n")
+        );
+        assert!(
+            page.html.trim_end().ends_with("</html>"),
+            "{} is cut short",
+            names[i]
+        );
+        let sections = page.html.matches("<section class=\"item\"").count();
+        assert_eq!(sections, [100, 100, 10][i], "items on {}", names[i]);
+        let links: Vec<String> = page
+            .tags("a")
+            .iter()
+            .filter(|a| a.attrs.get("rel").map(String::as_str) == Some("next"))
+            .map(|a| a.attr("href").to_owned())
+            .collect();
+        match names.get(i + 1) {
+            Some(next) => assert!(
+                links.contains(&format!("{next}#items")),
+                "{} links to {next}: {links:?}",
+                names[i]
+            ),
+            None => assert!(links.is_empty(), "the last page links no next: {links:?}"),
+        }
+    }
+    // Every task on exactly one page, with its item; every downloaded output's figure links
+    // its file, on that page and no other.
+    let mut items_seen = BTreeSet::new();
+    for t in db.live() {
+        let on: Vec<usize> = (0..3)
+            .filter(|&i| pages[i].by_id("div", &format!("t{}", t.id)).is_some())
+            .collect();
+        assert_eq!(on.len(), 1, "t{} is on pages {on:?}", t.id);
+        let page = &pages[on[0]];
+        let section = page.must("section", &format!("item-{}", t.item));
+        items_seen.insert((on[0], t.item.clone()));
+        for out in db.outputs_of(t.id) {
+            let fig = page.must("figure", &format!("o{}-{}", t.id, out.k));
+            assert!(page.range(section.at).contains(&fig.at));
+            let a = &page.inner(fig.at, "a")[0];
+            let file = PathBuf::from(out.path.as_deref().unwrap());
+            assert!(same_file(&page.target(a.attr("href")), &file), "{a:?}");
+            let img = &page.inner(fig.at, "img")[0];
+            let src = img
+                .attrs
+                .get("src")
+                .or_else(|| img.attrs.get("data-src"))
+                .unwrap();
+            assert!(
+                page.target(src).is_file(),
+                "thumbnail {src} of {}",
+                names[on[0]]
+            );
+        }
+    }
+    let per_page: Vec<usize> = (0..3)
+        .map(|i| items_seen.iter().filter(|(p, _)| *p == i).count())
+        .collect();
+    assert_eq!(per_page, [100, 100, 10]);
+    let figures: usize = pages
+        .iter()
+        .map(|p| p.html.matches("<figure id=\"o").count())
+        .sum();
+    assert_eq!(figures, db.downloaded().len(), "every output once");
+    // The costs and problems are the whole run's, on the first page only.
+    assert_eq!(pages[0].number("total-tasks"), db.live().count() as u64);
+    assert!(pages[1].by_id("section", "costs").is_none());
+}
