@@ -465,7 +465,7 @@ fn recorded(db: &Path) -> Record {
 fn print_sample(i: usize, s: &Sample) {
     println!(
         "  run {i}: items read {:.3} s; first paid call {:.2} s after spawn (VmHWM then {:.1} MiB); \
-         {} of {} tasks succeeded, {} attempts; run peak RSS {:.1} MiB sampled before SIGINT, \
+         {} of {} tasks recorded so far succeeded, {} attempts; run peak RSS {:.1} MiB sampled before SIGINT, \
          {:.1} MiB (wait4), wall {:.2} s, cpu {:.2} s, exit {:.2} s after SIGINT; \
          resume --dry-run {:.2} s {:.1} MiB; status {:.2} s {:.1} MiB; report {:.2} s {:.1} MiB",
         s.items_read,
