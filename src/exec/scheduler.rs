@@ -278,13 +278,10 @@ impl Scheduler {
             return;
         };
         let ahead = self.config.concurrency.saturating_mul(4);
-        let store = self.shared.store.clone();
-        let (graph, run_id) = (Arc::clone(&self.graph), self.config.run_id.clone());
-        if let Err(e) = self
-            .rows
-            .record_ahead(&store, &graph, &run_id, i, ahead)
-            .await
-        {
+        // Runs before every dispatch: borrows, no clones, and nothing to do most times.
+        let (store, graph, run_id) = (&self.shared.store, &self.graph, &self.config.run_id);
+        let recorded = self.rows.record_ahead(store, graph, run_id, i, ahead).await;
+        if let Err(e) = recorded {
             self.fatal(Fatal::Store(Arc::new(e)));
         }
     }

@@ -144,15 +144,9 @@ impl Shared {
             }
         }
         // Items the run has not reached have no rows yet: their tasks are pending, per the plan.
-        let recorded: Vec<crate::store::StepCounts> = steps
-            .iter()
-            .map(|s| crate::store::StepCounts {
-                step: s.step.clone(),
-                tasks: s.tasks,
-                ..Default::default()
-            })
-            .collect();
-        for extra in super::summary::unrecorded(&self.run.plan_json, &recorded) {
+        let recorded = |step: &str| steps.iter().find(|s| s.step == step).map_or(0, |s| s.tasks);
+        let extras = super::summary::unrecorded(&self.run.plan_json, recorded);
+        for extra in extras {
             if let Some(line) = steps.iter_mut().find(|s| s.step == extra.step) {
                 line.tasks += extra.tasks;
                 line.pending += extra.pending;

@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use crate::error::Error;
-use crate::store::{AmbiguousAttempt, StepCounts, Store, TaskStatus, Totals};
+use crate::store::{AmbiguousAttempt, RunRow, StepCounts, Store, TaskStatus, Totals};
 
 /// How a run stands: its tasks, credits, balance and failures.
 #[derive(Serialize)]
@@ -42,18 +42,32 @@ pub struct Status {
 
 /// The summary of run `run_id`, which must be in `store`.
 pub async fn summary_of(store: &Store, run_id: &str) -> Result<Summary, Error> {
+    let run = run_row(store, run_id).await?;
     let steps = store.step_counts(run_id).await?;
-    summary_from(store, run_id, &steps).await
+    let extras = unrecorded(&run.plan_json, |step| recorded_in(&steps, step));
+    summary_from(store, run, &extras).await
 }
 
-/// The summary, given the counts of the run's recorded tasks per step.
-async fn summary_from(store: &Store, run_id: &str, steps: &[StepCounts]) -> Result<Summary, Error> {
-    let run = store
+async fn run_row(store: &Store, run_id: &str) -> Result<RunRow, Error> {
+    store
         .run(run_id)
         .await?
-        .ok_or_else(|| Error::usage(format!("no run {run_id}"), None))?;
+        .ok_or_else(|| Error::usage(format!("no run {run_id}"), None))
+}
+
+fn recorded_in(steps: &[StepCounts], step: &str) -> u64 {
+    steps.iter().find(|s| s.step == step).map_or(0, |s| s.tasks)
+}
+
+/// The summary of `run`, given the tasks it has not recorded yet.
+async fn summary_from(
+    store: &Store,
+    run: RunRow,
+    unrecorded: &[StepCounts],
+) -> Result<Summary, Error> {
+    let run_id = run.id.as_str();
     let mut totals = store.totals(run_id).await?;
-    for step in unrecorded(&run.plan_json, steps) {
+    for step in unrecorded {
         totals.tasks += step.tasks;
         totals.pending += step.pending;
         totals.planned_credits += step.planned_credits;
@@ -78,7 +92,7 @@ async fn summary_from(store: &Store, run_id: &str, steps: &[StepCounts]) -> Resu
         .await?;
     let dir = run.dir();
     Ok(Summary {
-        run_id: run_id.to_owned(),
+        run_id: run.id.clone(),
         pipeline: run.pipeline_name,
         status: run.status.as_str(),
         manifest: crate::layout::RunDir::at(&dir)
@@ -96,14 +110,10 @@ async fn summary_from(store: &Store, run_id: &str, steps: &[StepCounts]) -> Resu
 
 /// The status of run `run_id`, which must be in `store`.
 pub async fn status_of(store: &Store, run_id: &str) -> Result<Status, Error> {
+    let run = run_row(store, run_id).await?;
     let mut steps = store.step_counts(run_id).await?;
-    let summary = summary_from(store, run_id, &steps).await?;
-    let plan_json = store
-        .run(run_id)
-        .await?
-        .map(|r| r.plan_json)
-        .unwrap_or_default();
-    let extras = unrecorded(&plan_json, &steps);
+    let extras = unrecorded(&run.plan_json, |step| recorded_in(&steps, step));
+    let summary = summary_from(store, run, &extras).await?;
     for extra in extras {
         match steps.iter_mut().find(|s| s.step == extra.step) {
             Some(s) => {
@@ -124,8 +134,8 @@ pub async fn status_of(store: &Store, run_id: &str) -> Result<Status, Error> {
 
 /// The tasks the run has not recorded yet, per step: a run records an item's tasks only as
 /// it comes near the item, so those of items it has not reached are counted from its plan.
-/// They are all pending.
-pub(super) fn unrecorded(plan_json: &str, recorded: &[StepCounts]) -> Vec<StepCounts> {
+/// They are all pending. `recorded(step)`: the step's tasks the run has recorded.
+pub(super) fn unrecorded(plan_json: &str, recorded: impl Fn(&str) -> u64) -> Vec<StepCounts> {
     let plan = serde_json::from_str::<serde_json::Value>(plan_json).unwrap_or_default();
     let Some(steps) = plan.pointer("/costs/steps").and_then(|s| s.as_array()) else {
         return Vec::new();
@@ -135,10 +145,7 @@ pub(super) fn unrecorded(plan_json: &str, recorded: &[StepCounts]) -> Vec<StepCo
         .filter_map(|s| {
             let step = s.get("step")?.as_str()?;
             let planned = s.get("tasks")?.as_u64()?;
-            let have = recorded
-                .iter()
-                .find(|r| r.step == step)
-                .map_or(0, |r| r.tasks);
+            let have = recorded(step);
             let missing = planned.checked_sub(have).filter(|m| *m > 0)?;
             let price = s
                 .get("credits_per_task")
