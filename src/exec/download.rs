@@ -35,7 +35,7 @@ async fn fetch(shared: &Shared, task: usize, k: u32) -> Result<PathBuf, String> 
     let graph = &shared.graph;
     let dir = shared
         .run_dir
-        .item(graph.item_dir(graph.task(task).instance));
+        .item(&graph.item_dir(graph.task(task).instance));
     let stem = graph.file_stem(task, k);
     // A URL recorded long ago (a resumed run) is refreshed before it is tried.
     let out = shared.fresh_url(task, k, false).await?;

@@ -371,7 +371,10 @@ fn identities_of(
     hashes: &HashMap<(i64, u32), String>,
 ) -> HashMap<i64, Option<String>> {
     let row_of: Vec<Option<&TaskRow>> = (0..graph.len())
-        .map(|t| by_key.get(&graph.key_ref(t)).map(|&i| &rows[i]))
+        .map(|t| {
+            let (item, step, idx) = graph.key_ref(t);
+            by_key.get(&(item.as_ref(), step, idx)).map(|&i| &rows[i])
+        })
         .collect();
     row_of
         .iter()
@@ -665,7 +668,7 @@ fn move_aside(run_dir: &Path, o: &OutputRow, tag: Option<&str>) -> Option<String
 /// Copies a reused task's files into this run; `None` for each one to fetch from its job
 /// instead (gone, or changed since).
 fn copy_reused(run_dir: &Path, graph: &Graph, t: usize, found: &Reusable) -> Vec<Option<String>> {
-    let dir = RunDir::at(run_dir).item(graph.item_dir(graph.task(t).instance));
+    let dir = RunDir::at(run_dir).item(&graph.item_dir(graph.task(t).instance));
     found
         .outputs
         .iter()

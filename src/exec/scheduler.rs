@@ -679,7 +679,7 @@ impl Scheduler {
             self.budget.abandon(task.planned);
         }
         let name = self.name(t);
-        let item = self.graph.item_dir(task.instance).to_owned();
+        let item = self.graph.item_dir(task.instance);
         self.observer.task_failed(task.step.0, &item, reason);
         self.outcome
             .failures

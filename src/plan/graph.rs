@@ -9,6 +9,8 @@
 //! Tasks are numbered the batch's first, then item by item in file order, each item's in step
 //! order: the number order is the order of the chain's keys (instance, step, index).
 
+use std::borrow::Cow;
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
@@ -281,7 +283,7 @@ impl Graph {
         templates.dedup_by(|a, b| std::ptr::eq(*a, *b));
         for item in self.items.iter().take(self.instances()) {
             for t in &templates {
-                if let Some(field) = t.fields().find(|f| self.items.value(item, f).is_none()) {
+                if let Some(field) = t.fields().find(|f| self.items.value(&item, f).is_none()) {
                     return Err(GraphError {
                         template: t.to_string(),
                         field: field.to_owned(),
@@ -458,18 +460,21 @@ impl Graph {
             Instance::Item(i) => self.items.get(i),
             Instance::Batch => None,
         };
-        t.render(|field| item.and_then(|item| self.items.value(item, field)))
+        t.render(|field| item.as_ref().and_then(|item| self.items.value(item, field)))
             .map_err(|field| GraphError {
                 template: t.to_string(),
                 field,
-                item: item.map_or_else(|| layout::BATCH.to_owned(), |i| i.id.clone()),
+                item: item.map_or_else(|| layout::BATCH.to_owned(), |i| i.id),
             })
     }
 
-    pub fn item_dir(&self, instance: Instance) -> &str {
+    /// The instance's directory: its item's id, read back from where the items are kept.
+    pub fn item_dir(&self, instance: Instance) -> Cow<'static, str> {
         match instance {
-            Instance::Batch => layout::BATCH,
-            Instance::Item(i) => self.items.get(i).map_or("", |item| item.id.as_str()),
+            Instance::Batch => Cow::Borrowed(layout::BATCH),
+            Instance::Item(i) => {
+                Cow::Owned(self.items.get(i).map_or_else(String::new, |item| item.id))
+            }
         }
     }
 
@@ -526,11 +531,11 @@ impl Graph {
     /// How the task is recorded: item directory, step id, index.
     pub fn key(&self, task: usize) -> (String, String, u32) {
         let (item, step, idx) = self.key_ref(task);
-        (item.to_owned(), step.to_owned(), idx)
+        (item.into_owned(), step.to_owned(), idx)
     }
 
-    /// [`Graph::key`] borrowed from the graph.
-    pub fn key_ref(&self, task: usize) -> (&str, &str, u32) {
+    /// [`Graph::key`] with the step's id borrowed from the graph.
+    pub fn key_ref(&self, task: usize) -> (Cow<'static, str>, &str, u32) {
         let (instance, slot) = self.locate(task);
         (
             self.item_dir(instance),
@@ -543,9 +548,7 @@ impl Graph {
     pub fn index(&self) -> KeyIndex<'_> {
         KeyIndex {
             graph: self,
-            items: (0..self.instances())
-                .map(|i| (self.item_dir(Instance::Item(i)), i))
-                .collect(),
+            last: RefCell::new(None),
             steps: self
                 .step_ids
                 .iter()
@@ -595,11 +598,27 @@ fn shape_below(chain: &[Slot], from: impl Iterator<Item = usize>) -> Vec<usize> 
 /// A graph's tasks by recorded key (item directory, step id, index).
 pub struct KeyIndex<'g> {
     graph: &'g Graph,
-    items: HashMap<&'g str, usize>,
+    /// The last item found: rows come item by item, so most lookups are the one before.
+    last: RefCell<Option<(String, usize)>>,
     steps: HashMap<&'g str, StepRef>,
 }
 
 impl KeyIndex<'_> {
+    fn item(&self, id: &str) -> Option<usize> {
+        let mut last = self.last.borrow_mut();
+        if let Some((last_id, i)) = last.as_ref()
+            && last_id == id
+        {
+            return Some(*i);
+        }
+        let i = self.graph.items.position(id)?;
+        if i >= self.graph.instances() {
+            return None;
+        }
+        *last = Some((id.to_owned(), i));
+        Some(i)
+    }
+
     pub fn get(&self, item: &str, step: &str, idx: u32) -> Option<usize> {
         let step = *self.steps.get(step)?;
         let slot = *self.graph.slot_index.get(&(step, idx))?;
@@ -607,7 +626,7 @@ impl KeyIndex<'_> {
         match (once, item == layout::BATCH) {
             (true, true) => Some(slot),
             (false, false) => {
-                let i = *self.items.get(item)?;
+                let i = self.item(item)?;
                 Some(self.graph.id(Instance::Item(i), Part::Item, slot))
             }
             _ => None,
@@ -712,7 +731,7 @@ steps:
         let index = g.index();
         for t in 0..g.len() {
             let (item, step, idx) = g.key_ref(t);
-            assert_eq!(index.get(item, step, idx), Some(t));
+            assert_eq!(index.get(&item, step, idx), Some(t));
         }
         assert_eq!(index.get("a", "style", 0), None);
         assert_eq!(index.get("c", "shot", 0), None);

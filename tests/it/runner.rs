@@ -127,7 +127,7 @@ impl View for Recorder {
             .each_redo(graph)
             .map(|r| {
                 (
-                    graph.item_dir(graph.task(r.task).instance).to_owned(),
+                    graph.item_dir(graph.task(r.task).instance).into_owned(),
                     graph.step_id(r.task).to_owned(),
                     r.reason,
                     r.credits,

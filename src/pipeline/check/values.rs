@@ -99,7 +99,7 @@ impl Checker<'_> {
         let mut shown_count = 0;
         let mut more = 0;
         for item in items.iter() {
-            let problem = match t.render(|f| items.value(item, f)) {
+            let problem = match t.render(|f| items.value(&item, f)) {
                 Err(missing) => Some(format!("has no field `{missing}`, which `{t}` uses")),
                 Ok(value) => rule.check(&value).err(),
             };
