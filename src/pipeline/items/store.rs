@@ -221,8 +221,11 @@ impl Reader<'_> {
         let len = self.number() as usize;
         let (s, rest) = self.0.split_at(len);
         self.0 = rest;
-        // Written from a `str` by `encode`.
-        String::from_utf8_lossy(s).into_owned()
+        // Written from a `str` by `encode`: the check passes, and is cheap.
+        match std::str::from_utf8(s) {
+            Ok(s) => s.to_owned(),
+            Err(_) => String::from_utf8_lossy(s).into_owned(),
+        }
     }
 }
 
