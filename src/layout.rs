@@ -8,6 +8,38 @@
 
 use std::path::{Path, PathBuf};
 
+/// Where a place the user names for state or outputs is a URL (`scheme://…`): its scheme.
+/// imgpipe writes only local files, so a URL must never be taken for a relative path (that
+/// would create `./s3:/bucket/` and go on as if nothing were wrong).
+pub fn url_scheme(place: &str) -> Option<&str> {
+    let (scheme, _) = place.split_once("://")?;
+    let mut chars = scheme.chars();
+    let valid = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    valid.then_some(scheme)
+}
+
+/// A local path from what the user wrote: `file:///abs/path` is that path, any other URL is
+/// refused with what to do instead; `what` names the option or field in the message.
+pub fn local_path(place: &str, what: &str) -> Result<PathBuf, String> {
+    match url_scheme(place) {
+        None => Ok(PathBuf::from(place)),
+        Some(scheme) if scheme.eq_ignore_ascii_case("file") => {
+            let path = &place[scheme.len() + 3..];
+            if path.starts_with('/') {
+                Ok(PathBuf::from(path))
+            } else {
+                Err(format!(
+                    "{what} `{place}`: a file:// URL names an absolute path (file:///…); or give the path itself"
+                ))
+            }
+        }
+        Some(scheme) => Err(format!(
+            "{what} `{place}` is a {scheme}:// URL, and imgpipe reads and writes only local files: give a local path (a mounted directory works)"
+        )),
+    }
+}
+
 /// The manifest: one line per downloaded output.
 pub const MANIFEST: &str = "manifest.jsonl";
 /// The HTML report's default place.

@@ -74,18 +74,32 @@ impl ServiceArgs {
 pub struct StateArgs {
     /// The state database [default: IMGPIPE_STATE, else $XDG_STATE_HOME/imgpipe/state.db, else
     /// ~/.local/state/imgpipe/state.db; sandbox.db beside it with --sandbox]
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", value_parser = state_path)]
     pub state: Option<PathBuf>,
+}
+
+/// `--state`: a local file; a URL is refused (exit 2) rather than taken for a relative path.
+fn state_path(s: &str) -> Result<PathBuf, String> {
+    crate::layout::local_path(s, "the state database")
+}
+
+/// `--out`: a local directory or file; a URL is refused (exit 2) rather than created as
+/// `./scheme:/…`.
+pub(crate) fn out_path(s: &str) -> Result<PathBuf, String> {
+    crate::layout::local_path(s, "the output place")
 }
 
 impl StateArgs {
     pub fn location(&self, sandbox: bool) -> Result<StateLocation, Error> {
-        let from_env = || {
-            std::env::var_os("IMGPIPE_STATE")
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
+        let from_env = std::env::var_os("IMGPIPE_STATE").filter(|v| !v.is_empty());
+        let from_env = match from_env {
+            None => None,
+            Some(v) => Some(
+                crate::layout::local_path(&v.to_string_lossy(), "IMGPIPE_STATE")
+                    .map_err(|why| Error::usage(why, Some("unset it or give a file path")))?,
+            ),
         };
-        StateLocation::resolve(self.state.clone().or_else(from_env).as_deref(), sandbox)
+        StateLocation::resolve(self.state.clone().or(from_env).as_deref(), sandbox)
     }
 }
 

@@ -26,7 +26,7 @@ pub struct GenerateArgs {
     #[arg(long = "image-url", value_name = "URL")]
     pub image_urls: Vec<String>,
     /// Directory for the downloaded images (created when missing)
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", value_parser = crate::cli::args::out_path)]
     pub out: PathBuf,
 }
 

@@ -16,7 +16,7 @@ pub struct JobArgs {
     /// Job id, as returned by a call (job_...)
     pub id: String,
     /// Download the job's images into this directory
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", value_parser = crate::cli::args::out_path)]
     pub out: Option<PathBuf>,
 }
 

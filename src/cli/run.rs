@@ -29,7 +29,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "ID", help_heading = "Run")]
     pub run_id: Option<String>,
     /// Output directory, instead of the pipeline's output_dir
-    #[arg(long, value_name = "DIR", help_heading = "Run")]
+    #[arg(long, value_name = "DIR", help_heading = "Run", value_parser = crate::cli::args::out_path)]
     pub out: Option<PathBuf>,
     /// When the generation price is unknown, run one generation first and price the plan
     /// with what it billed

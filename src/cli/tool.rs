@@ -38,7 +38,7 @@ pub struct ToolArgs {
     #[arg(long, value_name = "BOOL")]
     pub preserve_alpha: Option<bool>,
     /// Directory for the downloaded image (created when missing)
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", value_parser = crate::cli::args::out_path)]
     pub out: PathBuf,
 }
 

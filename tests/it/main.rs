@@ -12,6 +12,7 @@ mod client;
 mod common;
 mod crash;
 mod hostile;
+mod places;
 mod plan;
 mod report;
 mod report_page;

@@ -77,7 +77,10 @@ pub fn check(
         name: spec.name.trim().to_owned(),
         file: src.file.to_owned(),
         text_sha256: src.text_sha256.clone(),
-        output_dir: src.dir.join(spec.output_dir.as_deref().unwrap_or("out")),
+        output_dir: src.dir.join(spec.output_dir.as_deref().map_or_else(
+            || "out".into(),
+            |d| crate::layout::local_path(d, "output_dir").unwrap_or_else(|_| d.into()),
+        )),
         max_credits: spec.budget.as_ref().map(|b| b.max_credits),
         generation_price: spec.pricing.as_ref().map(|p| p.generation),
         concurrency: spec.concurrency.and_then(NonZeroU32::new),
@@ -174,6 +177,12 @@ impl Checker<'_> {
         if spec.output_dir.as_deref().is_some_and(|d| d.contains("{{")) {
             let mark = self.at(&["output_dir"]);
             self.error(mark, "output_dir is a path, not a template; outputs already go to <output_dir>/<run>/<item>/");
+        }
+        if let Some(dir) = spec.output_dir.as_deref()
+            && let Err(why) = crate::layout::local_path(dir, "output_dir")
+        {
+            let mark = self.at(&["output_dir"]);
+            self.error(mark, why);
         }
         if spec
             .output_dir
