@@ -1109,6 +1109,7 @@ async fn under_every_fault_everything_arrives_and_possibly_billed_calls_are_coun
             rate_limit: 0.03,
             drop_after_billing: 0.1,
             gateway_timeout: 0.08,
+            partial_answer: 0.0,
             truncate_download: 0.08,
             seed: 42,
         },
