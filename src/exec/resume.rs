@@ -6,10 +6,11 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use crate::api::Client;
 use crate::api::download::{copy_checked, file_sha256};
 use crate::api::types::STATUS_SUCCEEDED;
+use crate::api::{ApiError, Client, JobRecord, RetryPolicy};
 use crate::exec::OnAmbiguous;
 use crate::exec::identity::{from_record, identity};
 use crate::layout::RunDir;
@@ -549,6 +550,23 @@ pub async fn apply(
     Ok(applied)
 }
 
+/// Tries at reading back a lost answer's job. The job is paid for and the alternative is to pay
+/// again, so a passing failure (a 429, a server error, a lost connection) is waited out.
+const READ_BACK: RetryPolicy = RetryPolicy::new(5, Duration::from_millis(500));
+
+async fn read_back(client: &Client, job_id: &str) -> Result<JobRecord, ApiError> {
+    let mut failures = 0;
+    loop {
+        match client.job(job_id).await {
+            Err(e) if e.is_transient() && READ_BACK.allows(failures + 1) => {
+                failures += 1;
+                tokio::time::sleep(READ_BACK.delay(failures, e.retry_after())).await;
+            }
+            answer => return answer,
+        }
+    }
+}
+
 /// Reads back a lost call's job; records it as the attempt's answer when it succeeded.
 async fn recover(
     store: &Store,
@@ -558,7 +576,7 @@ async fn recover(
     r: &Recover,
     task_id: i64,
 ) -> Result<bool, StoreError> {
-    let job = match client.job(&r.job_id).await {
+    let job = match read_back(client, &r.job_id).await {
         Ok(job) => job,
         Err(e) => {
             tracing::warn!(job = %r.job_id, "cannot read back a lost answer: {}", client.redact(&e.to_string()));
