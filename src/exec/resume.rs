@@ -14,7 +14,7 @@ use crate::api::{ApiError, Client, JobRecord, RetryPolicy};
 use crate::exec::OnAmbiguous;
 use crate::exec::identity::{from_record, identity};
 use crate::layout::RunDir;
-use crate::plan::graph::{Graph, Instance};
+use crate::plan::graph::{Graph, Instance, Source};
 use crate::store::{
     AttemptOutcome, NewTask, OutputRow, Reusable, SetAside, Settled, Store, StoreError, TaskRow,
     TaskStatus,
@@ -468,7 +468,7 @@ pub async fn apply(
     let row = |t: usize| rows[t];
     let mut recovered = std::collections::HashSet::new();
     for r in &review.recover {
-        if recover(store, client, run_id, graph, r, row(r.task)).await? {
+        if recover(store, client, run_id, graph, r, &rows).await? {
             recovered.insert(row(r.task));
         }
     }
@@ -574,8 +574,9 @@ async fn recover(
     run_id: &str,
     graph: &Graph,
     r: &Recover,
-    task_id: i64,
+    rows: &[i64],
 ) -> Result<bool, StoreError> {
+    let task_id = rows[r.task];
     let job = match read_back(client, &r.job_id).await {
         Ok(job) => job,
         Err(e) => {
@@ -592,6 +593,17 @@ async fn recover(
         "the answer was lost; recovered on resume from GET /v1/jobs/{}",
         r.job_id
     );
+    // The lineage, as the call would have recorded it: the job of the output it read.
+    let upstream = graph.work(r.task).ok().and_then(|work| {
+        work.sources().into_iter().find_map(|s| match s {
+            Source::Output { task, .. } => Some(*task),
+            Source::Url(_) => None,
+        })
+    });
+    let parent = match upstream.map(|u| rows[u]).filter(|id| *id != 0) {
+        Some(id) => store.task_job(id).await?,
+        None => None,
+    };
     store
         .finish_attempt(
             run_id,
@@ -602,7 +614,7 @@ async fn recover(
                 credits_used: job.credits_used().unwrap_or(graph.task(r.task).planned),
                 credits_remaining: None,
                 urls: &urls,
-                parent_job_id: None,
+                parent_job_id: parent.as_deref(),
                 note: Some(&note),
             }),
         )
