@@ -1042,7 +1042,7 @@ const FAULTS: [&str; 12] = [
     "--fault-gateway-timeout",
     "0.02",
     "--fault-partial",
-    "0.03",
+    "0.05",
     "--fault-truncate",
     "0.05",
 ];
