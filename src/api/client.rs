@@ -14,6 +14,7 @@ use url::Url;
 
 use crate::api::error::{ApiError, ErrorKind, excerpt};
 use crate::api::key::ApiKey;
+use crate::api::partial::job_id_in;
 use crate::api::records::{Account, JobRecord, Models};
 use crate::api::retry::parse_retry_after;
 use crate::api::rules::{self, InvalidField};
@@ -196,7 +197,7 @@ impl Client {
             .get(RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(parse_retry_after);
-        let bytes = response.bytes().await;
+        let bytes = read_body(response).await;
         tracing::debug!(%endpoint, status = status.as_u16(), "response");
         if paid && matches!(status.as_u16(), 502 | 504) {
             return Err(ApiError::Ambiguous {
@@ -220,14 +221,15 @@ impl Client {
                 ),
             });
         }
-        let bytes = bytes.map_err(|e| self.transport_error(&endpoint, e))?;
+        let bytes = bytes.map_err(|(start, e)| self.cut_answer(&endpoint, &start, e))?;
         serde_json::from_slice(&bytes).map_err(|e| ApiError::Ambiguous {
             endpoint,
             reason: format!(
                 "HTTP {status} with a body that is not JSON ({e}): {}",
                 text(&bytes)
             ),
-            job_id: None,
+            // A body cut short on a connection closed in good order looks whole.
+            job_id: job_id_in(&bytes),
         })
     }
 
@@ -248,6 +250,20 @@ impl Client {
         })
     }
 
+    /// A success whose body stopped short: ambiguous, naming the job when its start did.
+    fn cut_answer(&self, endpoint: &str, start: &[u8], e: reqwest::Error) -> ApiError {
+        match self.transport_error(endpoint, e) {
+            ApiError::Ambiguous {
+                endpoint, reason, ..
+            } => ApiError::Ambiguous {
+                endpoint,
+                reason: format!("the answer was cut after {} bytes: {reason}", start.len()),
+                job_id: job_id_in(start),
+            },
+            other => other,
+        }
+    }
+
     /// A connect failure never reached the server; anything later may have been processed.
     fn transport_error(&self, endpoint: &str, e: reqwest::Error) -> ApiError {
         let not_sent = e.is_connect() || e.is_builder();
@@ -263,6 +279,19 @@ impl Client {
                 reason,
                 job_id: None,
             }
+        }
+    }
+}
+
+/// The whole body, or what arrived of it and why the rest did not: the start of a cut answer
+/// may still name the job.
+async fn read_body(mut response: reqwest::Response) -> Result<Vec<u8>, (Vec<u8>, reqwest::Error)> {
+    let mut body = Vec::new();
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            Ok(None) => return Ok(body),
+            Err(e) => return Err((body, e)),
         }
     }
 }

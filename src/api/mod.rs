@@ -7,6 +7,7 @@ pub mod download;
 pub mod error;
 pub mod fetch;
 pub mod key;
+pub mod partial;
 pub mod records;
 pub mod retry;
 pub mod rules;

@@ -62,6 +62,10 @@ pub struct SandboxArgs {
     /// Probability that a paid call is billed and a gateway then answers 504
     #[arg(long, default_value_t = 0.0, value_name = "P")]
     pub fault_gateway_timeout: f64,
+    /// Probability that a paid call is billed, its answer starts naming the job, and the
+    /// connection is then cut
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    pub fault_partial: f64,
     /// Probability that a download stops half way
     #[arg(long, default_value_t = 0.0, value_name = "P")]
     pub fault_truncate: f64,
@@ -123,6 +127,7 @@ impl SandboxArgs {
                     "--fault-gateway-timeout",
                     self.fault_gateway_timeout,
                 )?,
+                partial_answer: probability("--fault-partial", self.fault_partial)?,
                 truncate_download: probability("--fault-truncate", self.fault_truncate)?,
                 seed: self.seed,
             },

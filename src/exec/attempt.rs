@@ -135,14 +135,25 @@ async fn run(
             endpoint,
             reason,
             job_id: Some(id),
-        }) => match recover(shared, &id).await {
-            Some(job) => Answer::Recovered(id, job),
-            None => Answer::Failed(ApiError::Ambiguous {
+        }) => {
+            let e = ApiError::Ambiguous {
                 endpoint,
                 reason,
-                job_id: Some(id),
-            }),
-        },
+                job_id: Some(id.clone()),
+            };
+            // The job goes on record before it is read back: a process killed in between
+            // leaves a call that `resume` reads back for free instead of paying again.
+            let error = shared.client.redact(&e.to_string());
+            let named = AttemptOutcome::Ambiguous {
+                error: &error,
+                job_id: Some(&id),
+            };
+            record(shared, task_id, attempt_id, named).await?;
+            match recover(shared, &id).await {
+                Some(job) => Answer::Recovered(id, job),
+                None => Answer::Failed(e),
+            }
+        }
         Err(e) => Answer::Failed(e),
         Ok(job) => Answer::Job(job),
     };

@@ -6,14 +6,15 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use crate::api::Client;
 use crate::api::download::{copy_checked, file_sha256};
 use crate::api::types::STATUS_SUCCEEDED;
+use crate::api::{ApiError, Client, JobRecord, RetryPolicy};
 use crate::exec::OnAmbiguous;
 use crate::exec::identity::{from_record, identity};
 use crate::layout::RunDir;
-use crate::plan::graph::{Graph, Instance};
+use crate::plan::graph::{Graph, Instance, Source};
 use crate::store::{
     AttemptOutcome, NewTask, OutputRow, Reusable, SetAside, Settled, Store, StoreError, TaskRow,
     TaskStatus,
@@ -470,7 +471,7 @@ pub async fn apply(
     let row = |t: usize| rows[t];
     let mut recovered = std::collections::HashSet::new();
     for r in &review.recover {
-        if recover(store, client, run_id, graph, r, row(r.task)).await? {
+        if recover(store, client, run_id, graph, r, &rows).await? {
             recovered.insert(row(r.task));
         }
     }
@@ -552,6 +553,23 @@ pub async fn apply(
     Ok(applied)
 }
 
+/// Tries at reading back a lost answer's job. The job is paid for and the alternative is to pay
+/// again, so a passing failure (a 429, a server error, a lost connection) is waited out.
+const READ_BACK: RetryPolicy = RetryPolicy::new(5, Duration::from_millis(500));
+
+async fn read_back(client: &Client, job_id: &str) -> Result<JobRecord, ApiError> {
+    let mut failures = 0;
+    loop {
+        match client.job(job_id).await {
+            Err(e) if e.is_transient() && READ_BACK.allows(failures + 1) => {
+                failures += 1;
+                tokio::time::sleep(READ_BACK.delay(failures, e.retry_after())).await;
+            }
+            answer => return answer,
+        }
+    }
+}
+
 /// Reads back a lost call's job; records it as the attempt's answer when it succeeded.
 async fn recover(
     store: &Store,
@@ -559,9 +577,10 @@ async fn recover(
     run_id: &str,
     graph: &Graph,
     r: &Recover,
-    task_id: i64,
+    rows: &[i64],
 ) -> Result<bool, StoreError> {
-    let job = match client.job(&r.job_id).await {
+    let task_id = rows[r.task];
+    let job = match read_back(client, &r.job_id).await {
         Ok(job) => job,
         Err(e) => {
             tracing::warn!(job = %r.job_id, "cannot read back a lost answer: {}", client.redact(&e.to_string()));
@@ -577,6 +596,17 @@ async fn recover(
         "the answer was lost; recovered on resume from GET /v1/jobs/{}",
         r.job_id
     );
+    // The lineage, as the call would have recorded it: the job of the output it read.
+    let upstream = graph.work(r.task).ok().and_then(|work| {
+        work.sources().into_iter().find_map(|s| match s {
+            Source::Output { task, .. } => Some(*task),
+            Source::Url(_) => None,
+        })
+    });
+    let parent = match upstream.map(|u| rows[u]).filter(|id| *id != 0) {
+        Some(id) => store.task_job(id).await?,
+        None => None,
+    };
     store
         .finish_attempt(
             run_id,
@@ -587,7 +617,7 @@ async fn recover(
                 credits_used: job.credits_used().unwrap_or(graph.task(r.task).planned),
                 credits_remaining: None,
                 urls: &urls,
-                parent_job_id: None,
+                parent_job_id: parent.as_deref(),
                 note: Some(&note),
             }),
         )

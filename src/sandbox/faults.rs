@@ -15,6 +15,9 @@ pub struct Faults {
     pub drop_after_billing: f64,
     /// The call is billed, then a gateway in front answers 504: also ambiguous.
     pub gateway_timeout: f64,
+    /// The call is billed and its answer starts, naming the job, then the connection is cut:
+    /// ambiguous, but the job can be read back for free.
+    pub partial_answer: f64,
     /// A download stops half way.
     pub truncate_download: f64,
     pub seed: u64,
@@ -26,6 +29,7 @@ impl Faults {
             || self.rate_limit > 0.0
             || self.drop_after_billing > 0.0
             || self.gateway_timeout > 0.0
+            || self.partial_answer > 0.0
             || self.truncate_download > 0.0
     }
 }

@@ -17,6 +17,7 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
@@ -276,7 +277,6 @@ async fn finish(
     let books = Arc::clone(state);
     let latency = state.latency();
     tokio::spawn(async move {
-        let _slot = slot;
         let (pngs, ()) = tokio::join!(
             tokio::task::spawn_blocking(work),
             tokio::time::sleep(latency)
@@ -285,13 +285,14 @@ async fn finish(
             Err(e) => Err(server_fault(&e)),
             Ok(Err(e)) => Err(invalid(&books, e)),
             Ok(Ok(pngs)) => books
-                .bill(kind, credits, pngs)
+                .bill(&slot, kind, credits, pngs)
                 .map_err(|balance| insufficient(credits, balance)),
         };
         if let Err(Ok(job)) = tx.send(result) {
-            books.mark_undelivered(&job.id);
+            books.mark_undelivered(&job.id, false);
             books.count(|s| s.abandoned += 1);
         }
+        drop(slot);
     });
     rx.await.unwrap_or_else(|_| {
         Err(Reply::new(
@@ -311,11 +312,12 @@ fn server_fault(e: &tokio::task::JoinError) -> Reply {
 }
 
 /// Answers a billed call, unless a fault strikes after billing: the connection dies before
-/// the answer, or a gateway answers 504. Either way the call stays billed.
+/// the answer, a gateway answers 504, or the answer is cut after it named the job. Either way
+/// the call stays billed.
 fn deliver(state: &State, job: &Job) -> Response {
     let faults = &state.config.faults;
     if state.dice.chance(faults.drop_after_billing) {
-        state.mark_undelivered(&job.id);
+        state.mark_undelivered(&job.id, false);
         state.count(|s| s.dropped_after_billing += 1);
         let dead = futures::stream::iter([Err::<Bytes, _>(io::Error::other(
             "connection dropped (injected fault)",
@@ -326,7 +328,7 @@ fn deliver(state: &State, job: &Job) -> Response {
             .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
     }
     if state.dice.chance(faults.gateway_timeout) {
-        state.mark_undelivered(&job.id);
+        state.mark_undelivered(&job.id, false);
         state.count(|s| s.gateway_timeouts += 1);
         return Reply::new(
             StatusCode::GATEWAY_TIMEOUT,
@@ -335,7 +337,34 @@ fn deliver(state: &State, job: &Job) -> Response {
         )
         .into_response();
     }
+    if state.dice.chance(faults.partial_answer) {
+        state.mark_undelivered(&job.id, true);
+        state.count(|s| s.partial_answers += 1);
+        return partial(job);
+    }
     axum::Json(state.job_json(job)).into_response()
+}
+
+/// A 200 whose JSON body starts as the service's would, naming the job, then stops: the
+/// connection is cut before the rest. The pause lets the start leave before the cut, as it
+/// would over a real network.
+fn partial(job: &Job) -> Response {
+    let start = format!(
+        "{{\"id\":{},\"status\":\"succeeded\",\"credits_used\":{},",
+        Value::from(job.id.as_str()),
+        job.credits_used
+    );
+    let cut = async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        Err::<Bytes, _>(io::Error::other(
+            "connection cut mid-answer (injected fault)",
+        ))
+    };
+    let body = futures::stream::iter([Ok(Bytes::from(start))]).chain(futures::stream::once(cut));
+    Response::builder()
+        .header(CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(body))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
 async fn job(Shared(state): App, Path(id): Path<String>) -> Result<Response, Reply> {

@@ -13,9 +13,17 @@ use image::{
     imageops::FilterType,
 };
 
-/// Largest per-channel step the background flood fill follows: generated gradients move by a
-/// few levels per pixel, while subject and object edges jump by about 100.
-const FILL_TOLERANCE: u8 = 16;
+/// How far, per channel, a colour may lie from the colours on the border and still be
+/// background. Sandbox backdrops are light (every channel 160 or more; an `expand` tint moves
+/// them at most 51 towards its colour), subjects dark (64 or less) and objects vivid (one
+/// channel 60 or less): a gradient's colour is within 48 of one of its ends, a subject at least
+/// 64 from any backdrop colour.
+const BACKGROUND_DISTANCE: usize = 48;
+/// Colours are compared in cells of this many levels per channel, so the test is a table look-up:
+/// a colour within [`BACKGROUND_DISTANCE`] of a border colour always counts, one more than
+/// `BACKGROUND_DISTANCE + CELL - 1` away never does.
+const CELL: usize = 8;
+const CELLS: usize = 256 / CELL;
 
 /// FNV-1a over several fields; a 0xFF separator (never valid UTF-8) keeps `("ab", "c")` and
 /// `("a", "bc")` apart.
@@ -142,9 +150,12 @@ fn replicate<P: Pixel<Subpixel = u8>>(
     ImageBuffer::from_raw(w * factor, h * factor, out).expect("sized for the output")
 }
 
-/// Background removal as a flood fill from the border: it follows smooth gradients but stops
-/// at sharp edges, which is exactly how sandbox pictures separate subject from background.
-/// Returns RGBA8; pixels that were already transparent stay transparent.
+/// Background removal: the background is the region connected to the border whose colours are
+/// close to the border's own (a flood fill from the border, by colour distance to the border's
+/// colours); it becomes transparent, and whatever it encloses stays as it was. Comparing with
+/// the border's colours rather than with each neighbour keeps the fill out of a subject that an
+/// edit joined to the backdrop by a smooth ramp (as `erase` does). Returns RGBA8; pixels that
+/// were already transparent stay transparent.
 pub fn remove_background(img: &DynamicImage) -> DynamicImage {
     let mut rgba = img.to_rgba8();
     let background = flood_from_border(&rgba);
@@ -164,13 +175,12 @@ fn flood_from_border(img: &RgbaImage) -> Vec<bool> {
         return seen;
     }
     let px = img.as_raw();
-    let close = |a: usize, b: usize| {
-        (0..3).all(|c| px[4 * a + c].abs_diff(px[4 * b + c]) <= FILL_TOLERANCE)
-    };
+    let colour = |i: usize| [px[4 * i], px[4 * i + 1], px[4 * i + 2]];
     let columns = (0..w).flat_map(|x| [x, (h - 1) * w + x]);
     let mut stack: Vec<usize> = columns
         .chain((0..h).flat_map(|y| [y * w, y * w + w - 1]))
         .collect();
+    let backdrop = Backdrop::of(stack.iter().map(|&i| colour(i)));
     stack.iter().for_each(|&i| seen[i] = true);
     while let Some(i) = stack.pop() {
         let (x, y) = (i % w, i / w);
@@ -181,13 +191,49 @@ fn flood_from_border(img: &RgbaImage) -> Vec<bool> {
             (y + 1 < h).then_some(i + w),
         ];
         for n in neighbours.into_iter().flatten() {
-            if !seen[n] && close(i, n) {
+            if !seen[n] && backdrop.contains(colour(n)) {
                 seen[n] = true;
                 stack.push(n);
             }
         }
     }
     seen
+}
+
+/// The colours near those of a picture's border, as a table of colour cells.
+struct Backdrop {
+    cells: Vec<bool>,
+}
+
+impl Backdrop {
+    fn of(colours: impl Iterator<Item = [u8; 3]>) -> Backdrop {
+        let mut cells = vec![false; CELLS * CELLS * CELLS];
+        for c in colours {
+            cells[Self::cell(c)] = true;
+        }
+        // Grow the set by the distance along each axis in turn: a cell is marked when some
+        // border cell is within `reach` cells of it on every axis.
+        let reach = BACKGROUND_DISTANCE / CELL;
+        for stride in [1, CELLS, CELLS * CELLS] {
+            let before = cells.clone();
+            for (i, marked) in cells.iter_mut().enumerate() {
+                let at = (i / stride) % CELLS;
+                let lo = at.saturating_sub(reach);
+                let hi = (at + reach).min(CELLS - 1);
+                *marked = (lo..=hi).any(|k| before[i - at * stride + k * stride]);
+            }
+        }
+        Backdrop { cells }
+    }
+
+    fn cell([r, g, b]: [u8; 3]) -> usize {
+        let [r, g, b] = [r, g, b].map(|c| usize::from(c) / CELL);
+        (r * CELLS + g) * CELLS + b
+    }
+
+    fn contains(&self, colour: [u8; 3]) -> bool {
+        self.cells[Self::cell(colour)]
+    }
 }
 
 /// Runs an RGBA transform but hands back the input's kind (RGB8 in, RGB8 out), because
@@ -363,6 +409,49 @@ mod tests {
                 assert_eq!(out.get_pixel(x, y)[3], 0);
             }
             assert_eq!(out.get_pixel(w / 2, h / 2)[3], 255);
+        }
+    }
+
+    /// The sample pipeline's chain: erase, expand to 16:9 with a prompt, upscale 4×, cut out.
+    /// The subject (the dark circle in the middle, with the object over it) stays opaque.
+    #[test]
+    fn remove_background_keeps_the_subject_at_the_end_of_a_chain() {
+        let subjects = [
+            ("a ceramic coffee mug", "the price sticker"),
+            ("a brass desk lamp", "the power cable"),
+            ("an oak dining chair", "the floor scuff"),
+        ];
+        for (subject, object) in subjects {
+            let prompt = format!("Studio photo of {subject} on a white backdrop");
+            for index in 0..2 {
+                let shot = draw_generation(&prompt, index, 0, 64);
+                let wide = expand(
+                    &erase(&shot, object),
+                    Some((16, 9)),
+                    Some("extend the backdrop"),
+                );
+                let out = remove_background(&upscale(&wide, 4)).to_rgba8();
+                let (w, h) = out.dimensions();
+                // The circle's radius is a quarter of the shot's side, which is `h` here; a
+                // square of 0.3 h around the centre lies inside it.
+                let half = h * 15 / 100;
+                let centre: Vec<u8> = (h / 2 - half..h / 2 + half)
+                    .flat_map(|y| (w / 2 - half..w / 2 + half).map(move |x| (x, y)))
+                    .map(|(x, y)| out.get_pixel(x, y)[3])
+                    .collect();
+                let opaque = centre.iter().filter(|a| **a == 255).count();
+                assert!(
+                    opaque * 100 >= centre.len() * 90,
+                    "{subject} {index}: {opaque} of {} centre pixels opaque",
+                    centre.len()
+                );
+                let border = (0..w)
+                    .flat_map(|x| [(x, 0), (x, h - 1)])
+                    .chain((0..h).flat_map(|y| [(0, y), (w - 1, y)]));
+                for (x, y) in border {
+                    assert_eq!(out.get_pixel(x, y)[3], 0, "{subject} {index}: ({x}, {y})");
+                }
+            }
         }
     }
 

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde::Serialize;
@@ -35,6 +35,12 @@ pub struct LedgerEntry {
     pub credits: u64,
     /// False when the connection was dropped after billing: the caller never saw the answer.
     pub delivered: bool,
+    /// The answer was cut after its start had named the job (`delivered` is then false): the
+    /// caller can read the job back instead of paying again.
+    pub partial: bool,
+    /// When the call reached the sandbox, in microseconds since the sandbox started (a
+    /// monotonic clock), for checking how a client paces its calls.
+    pub received_us: u64,
 }
 
 /// Counters of what the sandbox saw and answered.
@@ -53,6 +59,8 @@ pub struct Stats {
     pub dropped_after_billing: u64,
     /// Billed calls answered 504 by the gateway fault.
     pub gateway_timeouts: u64,
+    /// Billed calls whose answer was cut after naming the job.
+    pub partial_answers: u64,
     /// Billed calls whose caller hung up before the answer (a client timeout, say).
     pub abandoned: u64,
     pub downloads: u64,
@@ -105,6 +113,8 @@ pub struct State {
     id_salt: u64,
     books: Mutex<Books>,
     in_flight: AtomicUsize,
+    /// The origin of the ledger's `received_us`.
+    started: Instant,
     /// Paid requests per second, when the sandbox is told to limit them.
     pub limiter: Option<governor::DefaultDirectRateLimiter>,
     samples: HashMap<&'static str, Bytes>,
@@ -135,6 +145,7 @@ impl State {
                 secret[7],
             ]),
             in_flight: AtomicUsize::new(0),
+            started: Instant::now(),
             limiter: config.rate_limit.and_then(limiter),
             samples,
             config,
@@ -177,7 +188,11 @@ impl State {
             return None;
         }
         self.count(|s| s.peak_in_flight = s.peak_in_flight.max(now));
-        Some(InFlight(Arc::clone(self)))
+        let received_us = self.started.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
+        Some(InFlight {
+            state: Arc::clone(self),
+            received_us,
+        })
     }
 
     /// A fresh id, allocated under the lock the caller already holds.
@@ -273,9 +288,15 @@ impl State {
         }
     }
 
-    /// Bills `credits` and stores the job and its images in one step. `Err(balance)` when the
-    /// balance cannot pay: then nothing is billed.
-    pub fn bill(&self, kind: JobKind, credits: u64, images: Vec<Vec<u8>>) -> Result<Job, i64> {
+    /// Bills `credits` and stores the job and its images in one step, for the call `slot`
+    /// admitted. `Err(balance)` when the balance cannot pay: then nothing is billed.
+    pub fn bill(
+        &self,
+        slot: &InFlight,
+        kind: JobKind,
+        credits: u64,
+        images: Vec<Vec<u8>>,
+    ) -> Result<Job, i64> {
         let mut books = self.books();
         let cost = i64::try_from(credits).unwrap_or(i64::MAX);
         if books.balance < cost {
@@ -308,16 +329,20 @@ impl State {
             operation,
             credits,
             delivered: true,
+            partial: false,
+            received_us: slot.received_us,
         });
         books.stats.billed += 1;
         Ok(job)
     }
 
-    /// Records that the answer for `job_id` never reached the caller.
-    pub fn mark_undelivered(&self, job_id: &str) {
+    /// Records that the answer for `job_id` never reached the caller whole; `partial` when
+    /// its start, naming the job, did.
+    pub fn mark_undelivered(&self, job_id: &str, partial: bool) {
         let mut books = self.books();
         if let Some(entry) = books.ledger.iter_mut().rev().find(|e| e.job_id == job_id) {
             entry.delivered = false;
+            entry.partial = partial;
         }
     }
 
@@ -377,10 +402,14 @@ fn limiter(rate: f64) -> Option<governor::DefaultDirectRateLimiter> {
 }
 
 /// A paid call in flight; frees its slot when dropped.
-pub struct InFlight(Arc<State>);
+pub struct InFlight {
+    state: Arc<State>,
+    /// When the call was admitted, as the ledger records it.
+    received_us: u64,
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }

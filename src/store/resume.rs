@@ -220,6 +220,17 @@ impl Store {
         Ok(())
     }
 
+    /// The job of a task's result, if it has one: the parent, in the lineage, of a call that
+    /// read the task's output.
+    pub async fn task_job(&self, task_id: i64) -> Result<Option<String>, StoreError> {
+        let job: Option<(Option<String>,)> =
+            sqlx::query_as("SELECT job_id FROM tasks WHERE id = ?")
+                .bind(task_id)
+                .fetch_optional(self.pool())
+                .await?;
+        Ok(job.and_then(|j| j.0))
+    }
+
     /// The sha256 of each downloaded output of these tasks, by task row and output index.
     pub async fn output_hashes_of(
         &self,

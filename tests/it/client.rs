@@ -528,7 +528,7 @@ async fn a_wrong_key_is_an_auth_error_that_never_shows_the_key() {
         let text = format!("{err} {err:?} {err:#?}");
         assert!(!text.contains(wrong), "the key leaked: {text}");
         assert!(!text.contains(env.sandbox.key()), "the key leaked: {text}");
-        assert!(text.contains("401"), "{text}");
+        assert!(text.contains("(HTTP 401)"), "{text}");
     }
     assert_eq!(env.sandbox.stats().unauthorized, 2);
     assert_nothing_billed(&env);
@@ -658,6 +658,54 @@ async fn a_connection_dropped_after_billing_is_ambiguous_and_was_billed() {
     })
     .await;
     assert_eq!(env.sandbox.stats().dropped_after_billing, 1);
+}
+
+#[tokio::test]
+async fn a_connection_dropped_after_billing_names_no_job() {
+    let (_, err) = billed_but_unanswered(Faults {
+        drop_after_billing: 1.0,
+        ..Faults::default()
+    })
+    .await;
+    assert!(
+        matches!(err, ApiError::Ambiguous { job_id: None, .. }),
+        "{err:?}"
+    );
+}
+
+/// The answer starts, naming the job, and the connection is cut: ambiguous, but the job is
+/// named, and reading it back gives its images without paying again.
+#[tokio::test]
+async fn an_answer_cut_after_naming_its_job_names_the_job_to_read_back() {
+    let (env, err) = billed_but_unanswered(Faults {
+        partial_answer: 1.0,
+        ..Faults::default()
+    })
+    .await;
+    let ledger = env.sandbox.ledger();
+    assert!(ledger[0].partial, "{ledger:?}");
+    assert_eq!(env.sandbox.stats().partial_answers, 1);
+    let job = ledger[0].job_id.as_str();
+    match &err {
+        ApiError::Ambiguous { job_id, .. } => assert_eq!(job_id.as_deref(), Some(job), "{err}"),
+        other => panic!("expected an ambiguous answer, got {other:?}"),
+    }
+    assert!(
+        err.to_string().contains("the answer was cut after"),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains(&format!("`imgpipe job {job} --out DIR` fetches its images")),
+        "{err}"
+    );
+    let record = env.client.job(job).await.unwrap();
+    assert_eq!(record.image_urls().len(), 1);
+    assert_eq!(
+        env.sandbox.ledger().len(),
+        1,
+        "reading the job back is free"
+    );
 }
 
 #[tokio::test]
@@ -794,7 +842,7 @@ async fn a_gateway_timeout_after_billing_is_ambiguous_and_was_billed() {
         ..Faults::default()
     })
     .await;
-    assert!(err.to_string().contains("504"), "{err}");
+    assert!(has_phrase(&err.to_string(), "HTTP 504"), "{err}");
     let stats = env.sandbox.stats();
     assert_eq!(stats.gateway_timeouts, 1);
     assert_eq!(stats.dropped_after_billing, 0);

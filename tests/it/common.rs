@@ -160,6 +160,15 @@ pub fn json_stdout(o: &Output) -> Value {
         .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", stdout(o)))
 }
 
+/// Whether `text` holds `phrase` with no digit right before or after it, so that a number at
+/// either end of the phrase does not match within a longer one (`budget of 100` in `budget of
+/// 1000`, `8 credits` in `28 credits`).
+pub fn has_phrase(text: &str, phrase: &str) -> bool {
+    let digit = |c: char| c.is_ascii_digit();
+    text.match_indices(phrase)
+        .any(|(i, _)| !text[..i].ends_with(digit) && !text[i + phrase.len()..].starts_with(digit))
+}
+
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }

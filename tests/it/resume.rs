@@ -410,9 +410,10 @@ fn ledger_by_job(env: &Env) -> HashMap<String, LedgerEntry> {
 }
 
 /// The ledger against the record of every run in the database: the balance moved by the
-/// ledger's total; each delivered bill is exactly one succeeded attempt with its credits;
-/// each undelivered bill is one attempt possibly billed; every task that succeeded by paying
-/// names a delivered bill, and every reused task names the job of the task it reused.
+/// ledger's total; each bill whose answer named its job (whole, or cut after the job id) is
+/// exactly one succeeded attempt with its credits, a cut one read back by its id; each other
+/// undelivered bill is one attempt possibly billed; every task that succeeded by paying names
+/// such a bill, and every reused task names the job of the task it reused.
 #[track_caller]
 fn assert_ledger_agrees(env: &Env, db: &Db) {
     let total: u64 = env.sandbox.ledger().iter().map(|e| e.credits).sum();
@@ -428,7 +429,8 @@ fn assert_ledger_agrees(env: &Env, db: &Db) {
 #[track_caller]
 fn assert_record_agrees_with_ledger(env: &Env, db: &Db) {
     let ledger = env.sandbox.ledger();
-    for entry in ledger.iter().filter(|e| e.delivered) {
+    let named = |e: &&LedgerEntry| e.delivered || e.partial;
+    for entry in ledger.iter().filter(named) {
         let attempts: Vec<_> = db
             .attempts
             .iter()
@@ -441,8 +443,14 @@ fn assert_record_agrees_with_ledger(env: &Env, db: &Db) {
             "{entry:?}"
         );
         assert_eq!(attempts[0].billed, entry.credits, "{entry:?}");
+        let note = attempts[0].error.as_deref().unwrap_or_default();
+        assert_eq!(
+            note.contains(&format!("from GET /v1/jobs/{}", entry.job_id)),
+            entry.partial,
+            "{entry:?}: {note}"
+        );
     }
-    let undelivered = ledger.iter().filter(|e| !e.delivered).count();
+    let undelivered = ledger.iter().filter(|e| !named(e)).count();
     let possibly = db
         .attempts
         .iter()
@@ -452,11 +460,7 @@ fn assert_record_agrees_with_ledger(env: &Env, db: &Db) {
         possibly, undelivered,
         "possibly billed attempts: {ledger:#?}"
     );
-    let delivered: u64 = ledger
-        .iter()
-        .filter(|e| e.delivered)
-        .map(|e| e.credits)
-        .sum();
+    let delivered: u64 = ledger.iter().filter(named).map(|e| e.credits).sum();
     assert_eq!(
         db.attempts.iter().map(|a| a.billed).sum::<u64>(),
         delivered,
@@ -470,7 +474,7 @@ fn assert_record_agrees_with_ledger(env: &Env, db: &Db) {
                 let entry = by_job
                     .get(job)
                     .unwrap_or_else(|| panic!("{t:?} never billed"));
-                assert!(entry.delivered, "{t:?}");
+                assert!(named(&entry), "{t:?}");
                 assert!(t.billed >= entry.credits, "{t:?} against {entry:?}");
             }
             Some(from) => {
@@ -1041,6 +1045,173 @@ async fn calls_in_flight_when_the_process_was_killed_are_ambiguous_and_called_ag
     assert_files_agree(dir, &db, "k");
 }
 
+/// Half the answers are cut after their start named the job. Interrupted (SIGINT) mid-run and
+/// resumed, the run reads every cut answer back by its id: each task is billed once, and every
+/// file is there.
+#[tokio::test(flavor = "multi_thread")]
+async fn answers_cut_after_naming_their_job_across_an_interruption_are_never_paid_for_twice() {
+    let items = 4;
+    let env = start(sandbox::Config {
+        latency: Duration::from_millis(50),
+        faults: sandbox::Faults {
+            partial_answer: 0.5,
+            seed: 5,
+            ..sandbox::Faults::default()
+        },
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(items, None));
+    let cmd = task_command(
+        &env,
+        dir,
+        "run",
+        &["p.yaml", "--run-id", "r", "--concurrency", "2"],
+    );
+    let o = interrupt_when(&env, cmd, |env| {
+        env.sandbox.stats().partial_answers >= 1 && env.sandbox.ledger().len() >= 3
+    })
+    .await;
+    assert_exit_without_panic(&o, 130);
+    let o = resume(&env, dir, &["r", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let summary = json_stdout(&o);
+    assert_eq!(summary["succeeded"], 3 * items, "{summary:#}");
+    assert_eq!(
+        summary["billed_credits"],
+        items as u64 * CHAIN_CREDITS,
+        "{summary:#}"
+    );
+    assert_eq!(summary["ambiguous_attempts"], 0, "{summary:#}");
+    let ledger = env.sandbox.ledger();
+    assert_eq!(ledger.len(), 3 * items, "one bill per task: {ledger:#?}");
+    assert!(
+        ledger.iter().filter(|e| e.partial).count() >= 3,
+        "{ledger:#?}"
+    );
+    let db = read_db(dir).await;
+    assert_eq!(db.run_status("r"), "succeeded");
+    assert_ledger_agrees(&env, &db);
+    assert_files_agree(dir, &db, "r");
+}
+
+/// The attempts recorded as possibly billed that name their job, by step, once the database
+/// exists.
+async fn named_lost_calls(dir: &Path) -> Vec<(String, String)> {
+    if !state_path(dir).exists() {
+        return Vec::new();
+    }
+    let mut conn = connect(dir).await;
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "SELECT t.step, a.job_id FROM attempts a JOIN tasks t ON t.id = a.task_id
+         WHERE a.outcome = 'ambiguous' AND a.job_id IS NOT NULL",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap_or_default();
+    let _ = conn.close().await;
+    rows
+}
+
+/// Every answer is cut after naming its job, and the process is killed (SIGKILL) while it reads
+/// back the upscale's job: the sandbox takes one call a second, so the read right after the
+/// paid call is refused with a 429 and waits. The attempt is on record with its job id, and
+/// `resume` reads the job back for free instead of calling again, keeping its lineage.
+#[tokio::test(flavor = "multi_thread")]
+async fn killed_while_reading_back_a_cut_answer_the_resume_reads_it_back_for_free() {
+    let env = start(sandbox::Config {
+        rate_limit: Some(1.0),
+        faults: sandbox::Faults {
+            partial_answer: 1.0,
+            ..sandbox::Faults::default()
+        },
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(1, None));
+    let mut child = task_command(&env, dir, "run", &["p.yaml", "--run-id", "k"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let lost = loop {
+        let lost = named_lost_calls(dir).await;
+        if lost.iter().any(|(step, _)| step == "big") {
+            break lost;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "the run ended first");
+        assert!(Instant::now() < deadline, "no cut upscale was recorded");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    child.kill().await.unwrap();
+    assert_eq!(
+        lost.len(),
+        1,
+        "the erase was read back by the run: {lost:?}"
+    );
+    let job = lost[0].1.clone();
+    assert_eq!(
+        named_lost_calls(dir).await,
+        lost,
+        "killed before the read-back"
+    );
+    let ledger = env.sandbox.ledger();
+    assert_eq!(ledger.len(), 2, "{ledger:#?}");
+    assert!(ledger.iter().all(|e| e.partial), "{ledger:#?}");
+    assert_eq!(ledger[1].job_id, job, "{ledger:#?}");
+
+    // Each command reads the account once as it starts, without waiting out a 429: let the
+    // sandbox's second pass first.
+    let turn = Duration::from_millis(1100);
+    tokio::time::sleep(turn).await;
+    let o = resume(&env, dir, &["k", "--dry-run", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let doc = json_stdout(&o);
+    assert_eq!(doc["recover_by_job_id"], 1, "{doc:#}");
+
+    tokio::time::sleep(turn).await;
+    let o = resume(&env, dir, &["k", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let summary = json_stdout(&o);
+    assert_eq!(summary["succeeded"], 3, "{summary:#}");
+    assert_eq!(summary["billed_credits"], CHAIN_CREDITS, "{summary:#}");
+    let ledger = env.sandbox.ledger();
+    assert_eq!(ledger.len(), 3, "one bill per task: {ledger:#?}");
+    assert_eq!(
+        billed_for(&env, "upscale"),
+        1,
+        "the cut upscale was not paid for again"
+    );
+    let db = read_db(dir).await;
+    let big = db.task("k", "i00", "big");
+    assert_eq!(big.job_id.as_deref(), Some(job.as_str()));
+    // Calls the sandbox refused with a 429 billed nothing; one call was sent and billed.
+    let attempts: Vec<_> = db
+        .attempts_of(big.id)
+        .into_iter()
+        .filter(|a| a.outcome.as_deref() != Some("answered_error"))
+        .collect();
+    assert_eq!(attempts.len(), 1, "{attempts:#?}");
+    assert_eq!(attempts[0].outcome.as_deref(), Some("succeeded"));
+    let note = attempts[0].error.as_deref().unwrap_or_default();
+    assert!(
+        note.contains(&format!("recovered on resume from GET /v1/jobs/{job}")),
+        "{attempts:#?}"
+    );
+    assert_ledger_agrees(&env, &db);
+    let lines = assert_files_agree(dir, &db, "k");
+    // The lineage survives the read-back: the upscale was made from the erase's output.
+    let clean = db.task("k", "i00", "clean").job_id.clone().unwrap();
+    let line = lines
+        .iter()
+        .find(|l| l["step"] == "big")
+        .unwrap_or_else(|| panic!("{lines:#?}"));
+    assert_eq!(line["parent_job_id"], clean.as_str(), "{line}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn with_on_ambiguous_fail_calls_in_flight_at_a_kill_fail_their_task_and_block_its_chain() {
     let env = start(sandbox_with_latency(400)).await;
@@ -1144,7 +1315,10 @@ async fn resume_dry_run_lists_failed_and_blocked_tasks_with_their_credits_and_wr
     let o = resume(&env, dir, &["r", "--dry-run"]).await;
     assert_exit_without_panic(&o, 0);
     let text = stdout(&o);
-    assert!(text.contains("3 task(s) to pay for, 9 credits"), "{text}");
+    assert!(
+        has_phrase(&text, "3 task(s) to pay for, 9 credits"),
+        "{text}"
+    );
     assert!(text.contains("failed: 1 task(s), 2 credits"), "{text}");
     assert!(text.contains("blocked: 2 task(s), 7 credits"), "{text}");
     let failed = text.lines().find(|l| l.contains("i01/clean[0]")).unwrap();
@@ -1329,8 +1503,11 @@ async fn an_item_dropped_by_allow_changes_and_then_put_back_runs_in_the_same_run
     let o = resume(&env, dir, &["r"]).await;
     assert_exit_without_panic(&o, 3);
     let err = stderr(&o);
-    assert!(err.contains("0 item(s) added, 1 removed"), "{err}");
-    assert!(err.contains("3 recorded task(s) would be dropped"), "{err}");
+    assert!(has_phrase(&err, "0 item(s) added, 1 removed"), "{err}");
+    assert!(
+        has_phrase(&err, "3 recorded task(s) would be dropped"),
+        "{err}"
+    );
     assert_still(&env, dir, &before, "a refused resume").await;
     let o = resume(&env, dir, &["r", "--allow-changes", "--dry-run", "--json"]).await;
     assert_exit_without_panic(&o, 0);

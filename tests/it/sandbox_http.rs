@@ -488,7 +488,8 @@ async fn an_existing_file_is_never_overwritten() {
     assert_eq!(files_in(env.dir.path()), ["keep.png"]);
 }
 
-/// What a raw caller sees of one call: the status, or "dropped" when the answer never came.
+/// What a raw caller sees of one call: the status, "dropped" when the answer never came, or
+/// "cut <start>" when it stopped after its start.
 async fn outcome(env: &Env) -> String {
     let response = http()
         .post(env.sandbox.base_url().join(GENERATIONS).unwrap())
@@ -500,9 +501,15 @@ async fn outcome(env: &Env) -> String {
         Err(_) => "dropped".into(),
         Ok(response) => {
             let status = response.status().as_u16();
-            match response.bytes().await {
-                Ok(_) => status.to_string(),
-                Err(_) => "dropped".into(),
+            let mut response = response;
+            let mut start = Vec::new();
+            loop {
+                match response.chunk().await {
+                    Ok(Some(chunk)) => start.extend_from_slice(&chunk),
+                    Ok(None) => return status.to_string(),
+                    Err(_) if start.is_empty() => return "dropped".into(),
+                    Err(_) => return format!("cut {}", String::from_utf8_lossy(&start)),
+                }
             }
         }
     }
@@ -515,6 +522,7 @@ async fn seeded_faults_replay_the_same_outcomes() {
         rate_limit: 0.15,
         drop_after_billing: 0.2,
         gateway_timeout: 0.1,
+        partial_answer: 0.2,
         truncate_download: 0.0,
         seed,
     };
@@ -525,6 +533,10 @@ async fn seeded_faults_replay_the_same_outcomes() {
         for _ in 0..20 {
             outcomes.push(outcome(&env).await);
         }
+        let cut: Vec<&str> = outcomes
+            .iter()
+            .filter_map(|o| o.strip_prefix("cut "))
+            .collect();
         let billed = outcomes
             .iter()
             .filter(|o| matches!(o.as_str(), "200" | "dropped" | "504"));
@@ -533,8 +545,29 @@ async fn seeded_faults_replay_the_same_outcomes() {
             .filter(|o| matches!(o.as_str(), "dropped" | "504"))
             .count();
         let ledger = env.sandbox.ledger();
-        assert_eq!(ledger.len(), billed.count(), "{outcomes:?}");
-        assert_eq!(ledger.iter().filter(|e| !e.delivered).count(), dropped);
+        assert_eq!(ledger.len(), billed.count() + cut.len(), "{outcomes:?}");
+        assert_eq!(
+            ledger.iter().filter(|e| !e.delivered && !e.partial).count(),
+            dropped
+        );
+        // A cut answer starts as the service's would, naming its job, and nothing more.
+        let partial: Vec<String> = ledger
+            .iter()
+            .filter(|e| e.partial)
+            .map(|e| {
+                format!(
+                    "{{\"id\":\"{}\",\"status\":\"succeeded\",\"credits_used\":4,",
+                    e.job_id
+                )
+            })
+            .collect();
+        assert_eq!(cut, partial, "{outcomes:?}");
+        // Job ids differ between sandboxes; what happened to each call must not.
+        for o in &mut outcomes {
+            if o.starts_with("cut ") {
+                *o = "cut".into();
+            }
+        }
         assert_eq!(
             env.sandbox.balance(),
             START_BALANCE - 4 * ledger.len() as i64
@@ -546,6 +579,11 @@ async fn seeded_faults_replay_the_same_outcomes() {
     assert!(
         kinds.len() >= 3,
         "too few kinds of outcome to prove anything: {kinds:?}"
+    );
+    assert!(
+        runs[0].iter().any(|o| o == "cut"),
+        "no answer was cut: {:?}",
+        runs[0]
     );
     assert_ne!(runs[0], runs[2], "the seed makes no difference");
 }
