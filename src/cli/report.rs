@@ -7,6 +7,7 @@ use clap::Args;
 
 use crate::cli::GlobalArgs;
 use crate::cli::args::StateArgs;
+use crate::cli::stdio;
 use crate::cli::view::print_json;
 use crate::error::Error;
 use crate::report::{self, Written};
@@ -34,14 +35,14 @@ pub(super) async fn run(args: &ReportArgs, global: &GlobalArgs) -> Result<(), Er
     if global.json {
         return print_json(&written);
     }
-    println!(
+    stdio::line(format_args!(
         "report of run {} ({}): {} ({} images, {} new thumbnails)",
         written.run_id,
         written.status,
         written.path.display(),
         written.images,
         written.thumbnails_made
-    );
+    ))?;
     Ok(())
 }
 

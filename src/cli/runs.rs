@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use crate::cli::GlobalArgs;
 use crate::cli::args::StateArgs;
+use crate::cli::stdio;
 use crate::cli::view::print_json;
 use crate::error::Error;
 use crate::runner::state::{NO_DATABASE_HINT, close};
@@ -37,10 +38,10 @@ pub(super) async fn run(args: &RunsArgs, global: &GlobalArgs) -> Result<(), Erro
         if global.json {
             return print_json(&Vec::<RunLine>::new());
         }
-        println!(
+        stdio::line(format_args!(
             "no runs yet: there is no state database at {}\nhint: {NO_DATABASE_HINT}",
             location.path().display()
-        );
+        ))?;
         return Ok(());
     }
     let store = location.open_existing().await?;
@@ -49,7 +50,7 @@ pub(super) async fn run(args: &RunsArgs, global: &GlobalArgs) -> Result<(), Erro
         return print_json(&lines);
     }
     if lines.is_empty() {
-        println!("no runs yet in {}", store.path().display());
+        stdio::line(format_args!("no runs yet in {}", store.path().display()))?;
         return Ok(());
     }
     let width = lines.iter().map(|l| l.id.len()).max().unwrap_or(2).max(2);
@@ -59,17 +60,17 @@ pub(super) async fn run(args: &RunsArgs, global: &GlobalArgs) -> Result<(), Erro
         .max()
         .unwrap_or(8)
         .max(8);
-    println!(
+    stdio::line(format_args!(
         "{:<width$}  {:<pwidth$}  {:<11}  {:>8}  {:>8}  {:<20}  FINISHED",
         "ID", "PIPELINE", "STATUS", "PLANNED", "BILLED", "STARTED"
-    );
+    ))?;
     for l in &lines {
         let billed = if l.possibly_billed > 0 {
             format!("{}+{}?", l.credits_billed, l.possibly_billed)
         } else {
             l.credits_billed.to_string()
         };
-        println!(
+        stdio::line(format_args!(
             "{:<width$}  {:<pwidth$}  {:<11}  {:>8}  {:>8}  {:<20}  {}",
             l.id,
             l.pipeline,
@@ -78,7 +79,7 @@ pub(super) async fn run(args: &RunsArgs, global: &GlobalArgs) -> Result<(), Erro
             billed,
             l.started,
             l.finished.as_deref().unwrap_or("-")
-        );
+        ))?;
     }
     Ok(())
 }

@@ -4,6 +4,7 @@ use clap::Args;
 
 use crate::cli::GlobalArgs;
 use crate::cli::args::StateArgs;
+use crate::cli::stdio;
 use crate::cli::view::{print_json, render_summary};
 use crate::error::Error;
 use crate::report::summary::{Status, status_of};
@@ -29,13 +30,13 @@ pub(super) async fn run(args: &StatusArgs, global: &GlobalArgs) -> Result<(), Er
     if global.json {
         return print_json(&status);
     }
-    print!("{}", render_summary(&status.summary));
-    println!(
+    stdio::print(&render_summary(&status.summary))?;
+    stdio::line(format_args!(
         "  {:<24} {:>6} {:>9} {:>6} {:>7} {:>7} {:>8} {:>7}",
         "step", "tasks", "succeeded", "failed", "blocked", "pending", "planned", "billed"
-    );
+    ))?;
     for s in &status.steps {
-        println!(
+        stdio::line(format_args!(
             "  {:<24} {:>6} {:>9} {:>6} {:>7} {:>7} {:>8} {:>7}",
             s.step,
             s.tasks,
@@ -45,10 +46,10 @@ pub(super) async fn run(args: &StatusArgs, global: &GlobalArgs) -> Result<(), Er
             s.pending,
             s.planned_credits,
             s.billed_credits
-        );
+        ))?;
     }
     for a in &status.ambiguous {
-        println!(
+        stdio::line(format_args!(
             "  possibly billed: {} {} at {}{}: {}",
             a.task,
             a.endpoint,
@@ -58,15 +59,15 @@ pub(super) async fn run(args: &StatusArgs, global: &GlobalArgs) -> Result<(), Er
                 .map(|j| format!(" (job {j})"))
                 .unwrap_or_default(),
             a.error.as_deref().unwrap_or("no answer")
-        );
+        ))?;
     }
     if status.superseded_files > 0 {
-        println!(
+        stdio::line(format_args!(
             "  {} earlier file(s) kept under {}/{}",
             status.superseded_files,
             status.summary.output_dir,
             crate::layout::SUPERSEDED
-        );
+        ))?;
     }
     Ok(())
 }
