@@ -60,6 +60,7 @@ pub async fn write(store: &Store, run: RunRow, out: Option<&Path>) -> Result<Wri
     std::fs::create_dir_all(&dir)
         .map_err(|e| Error::Other(anyhow::anyhow!("cannot create {}: {e}", dir.display())))?;
     let shared = Shared::load(store, run, &out).await?;
+    let _writing = thumbs::Writing::start(&run_dir.thumbs());
     // Every page's name is checked before any is written: a refusal leaves no half report.
     for n in 2..=shared.pages.count() {
         refuse_foreign(&shared.pages.path(n))?;
