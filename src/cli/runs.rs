@@ -8,6 +8,7 @@ use crate::cli::args::StateArgs;
 use crate::cli::stdio;
 use crate::cli::view::print_json;
 use crate::error::Error;
+use crate::report::live::{Process, observe};
 use crate::runner::state::{NO_DATABASE_HINT, close};
 use crate::time::rfc3339_ms as time;
 
@@ -30,6 +31,12 @@ struct RunLine {
     possibly_billed: u64,
     started: String,
     finished: Option<String>,
+    /// For a run recorded as `running`: whether its process is still going.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    process: Option<Process>,
+    /// The command that continues a run whose process is gone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    continue_with: Option<String>,
 }
 
 pub(super) async fn run(args: &RunsArgs, global: &GlobalArgs) -> Result<(), Error> {
@@ -45,7 +52,7 @@ pub(super) async fn run(args: &RunsArgs, global: &GlobalArgs) -> Result<(), Erro
         return Ok(());
     }
     let store = location.open_existing().await?;
-    let lines = close(store.clone(), lines(&store).await).await?;
+    let lines = close(store.clone(), lines(&store, args).await).await?;
     if global.json {
         return print_json(&lines);
     }
@@ -81,13 +88,28 @@ pub(super) async fn run(args: &RunsArgs, global: &GlobalArgs) -> Result<(), Erro
             l.finished.as_deref().unwrap_or("-")
         ))?;
     }
+    for l in &lines {
+        if let (Some(process), Some(command)) = (&l.process, &l.continue_with) {
+            stdio::line(format_args!(
+                "run {}: process {}\nhint: continue it with: {command}",
+                l.id,
+                process.describe()
+            ))?;
+        }
+    }
     Ok(())
 }
 
-async fn lines(store: &crate::store::Store) -> Result<Vec<RunLine>, Error> {
+async fn lines(store: &crate::store::Store, args: &RunsArgs) -> Result<Vec<RunLine>, Error> {
     let mut lines = Vec::new();
     for run in store.runs().await? {
+        let (run, process) = observe(store, run).await?;
         let totals = store.totals(&run.id).await?;
+        // Said for a run whose process is gone; other unfinished runs said so when they ended.
+        let continue_with = process
+            .as_ref()
+            .filter(|p| !p.alive)
+            .map(|_| args.state.resume_command(&run.id, args.sandbox));
         lines.push(RunLine {
             status: run.status.as_str(),
             // A run records an item's tasks only as it reaches the item: the plan has the rest.
@@ -96,6 +118,8 @@ async fn lines(store: &crate::store::Store) -> Result<Vec<RunLine>, Error> {
             possibly_billed: totals.possibly_billed_credits,
             started: time(run.created_at),
             finished: run.finished_at.map(time),
+            process,
+            continue_with,
             pipeline: run.pipeline_name,
             id: run.id,
         });

@@ -7,6 +7,7 @@ use crate::cli::args::StateArgs;
 use crate::cli::stdio;
 use crate::cli::view::{print_json, render_summary};
 use crate::error::Error;
+use crate::report::live::observe;
 use crate::report::summary::{Status, status_of};
 use crate::runner::state::{close, no_such_run};
 use crate::store::Store;
@@ -25,7 +26,7 @@ pub struct StatusArgs {
 
 pub(super) async fn run(args: &StatusArgs, global: &GlobalArgs) -> Result<(), Error> {
     let store = args.state.location(args.sandbox)?.open_existing().await?;
-    let result = read(&store, &args.run_id).await;
+    let result = read(&store, args).await;
     let status = close(store, result).await?;
     if global.json {
         return print_json(&status);
@@ -72,9 +73,17 @@ pub(super) async fn run(args: &StatusArgs, global: &GlobalArgs) -> Result<(), Er
     Ok(())
 }
 
-async fn read(store: &Store, run_id: &str) -> Result<Status, Error> {
-    if store.run(run_id).await?.is_none() {
-        return Err(no_such_run(store, run_id));
-    }
-    status_of(store, run_id).await
+async fn read(store: &Store, args: &StatusArgs) -> Result<Status, Error> {
+    let Some(run) = store.run(&args.run_id).await? else {
+        return Err(no_such_run(store, &args.run_id));
+    };
+    let (run, process) = observe(store, run).await?;
+    let continue_with = run
+        .status
+        .unfinished()
+        .then(|| args.state.resume_command(&run.id, args.sandbox));
+    let mut status = status_of(store, run).await?;
+    status.summary.process = process;
+    status.summary.continue_with = continue_with;
+    Ok(status)
 }

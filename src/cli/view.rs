@@ -119,6 +119,9 @@ pub(super) fn print_json(value: &impl Serialize) -> Result<(), Error> {
 pub(super) fn render_summary(s: &Summary) -> String {
     let t = &s.totals;
     let mut out = format!("run {}: {}\n", s.run_id, s.status);
+    if let Some(process) = &s.process {
+        out += &format!("  process   {}\n", process.describe());
+    }
     out += &format!(
         "  tasks     {} of {} succeeded, {} failed, {} blocked, {} pending\n",
         t.succeeded, t.tasks, t.failed, t.blocked, t.pending
@@ -152,6 +155,9 @@ pub(super) fn render_summary(s: &Summary) -> String {
             "  ...and {} more failures (imgpipe run --json shows all)\n",
             s.failures.len() - SHOWN_FAILURES
         );
+    }
+    if let Some(command) = &s.continue_with {
+        out += &format!("  continue  {command}\n");
     }
     out
 }

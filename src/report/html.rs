@@ -147,14 +147,33 @@ impl<'a> Page<'a> {
         if let Some(why) = &run.stop_reason {
             let _ = write!(self.out, " <span class=\"why\">{}</span>", esc(why));
         }
+        let process = m.observed.process.as_ref();
         if m.in_progress() {
+            let who = match process {
+                Some(p) => format!(" ({})", p.describe()),
+                None => String::new(),
+            };
             let _ = write!(
                 self.out,
-                "<p class=\"banner\">This run was still going when this page was made, at {} \
-                 (or it was killed and has not been resumed yet). Pending tasks show where they \
-                 are; <code>imgpipe report {}</code> makes the page again.</p>",
+                "<p class=\"banner\" id=\"run-process\">This run was still going when this page was made, at {}{}. \
+                 Pending tasks show where they are; <code>imgpipe report {}</code> makes the page again.</p>",
                 time(m.generated_at),
+                esc(&who),
                 esc(&run.id)
+            );
+        } else if let Some(p) = process.filter(|p| !p.alive) {
+            let _ = write!(
+                self.out,
+                "<p class=\"gone\" id=\"run-process\">The run is recorded as running, but its process is {}: \
+                 calls it had in flight may have been billed.</p>",
+                esc(&p.describe())
+            );
+        }
+        if let Some(command) = &m.observed.continue_with {
+            let _ = write!(
+                self.out,
+                "<p class=\"continue\">Continue it with <code id=\"continue-with\">{}</code></p>",
+                esc(command)
             );
         }
         let end = run.finished_at.unwrap_or(m.generated_at);
