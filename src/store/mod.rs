@@ -339,6 +339,14 @@ async fn inspect(path: &Path) -> Result<Mark, StoreError> {
         path: path.to_path_buf(),
         reason,
     };
+    // Another application's id in the header is refused before SQLite opens the file: even a
+    // read-only connection leaves `-wal` and `-shm` files beside a database in WAL mode.
+    if let Some(id) = header_application_id(path)
+        && id != 0
+        && id != APPLICATION_ID
+    {
+        return Err(foreign_id(path, id));
+    }
     let options = SqliteConnectOptions::from_str("sqlite:")
         .map_err(|e| damaged(e.to_string()))?
         .filename(path)
@@ -403,6 +411,34 @@ async fn inspect_with(conn: &mut sqlx::SqliteConnection, path: &Path) -> Result<
     }
 }
 
+/// The `application_id` in the header of a SQLite file (bytes 68 to 71), when the header
+/// is a sound one: a damaged file is SQLite's to describe.
+fn header_application_id(path: &Path) -> Option<i32> {
+    use std::io::Read;
+    let mut header = [0_u8; 100];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut header))
+        .ok()?;
+    let page_size = u16::from_be_bytes([header[16], header[17]]);
+    let sound = header.starts_with(b"SQLite format 3\0")
+        && (page_size == 1 || (page_size >= 512 && page_size.is_power_of_two()))
+        && (1..=2).contains(&header[18])
+        && (1..=2).contains(&header[19])
+        // The payload fractions, fixed by the file format.
+        && header[21..24] == [64, 32, 32];
+    sound.then(|| i32::from_be_bytes([header[68], header[69], header[70], header[71]]))
+}
+
+fn foreign_id(path: &Path, id: i32) -> StoreError {
+    StoreError::Foreign {
+        path: path.to_path_buf(),
+        reason: format!(
+            "its application id is {:#010x}, imgpipe's is {APPLICATION_ID:#010x}",
+            id.cast_unsigned()
+        ),
+    }
+}
+
 /// Whose database this is: imgpipe's (marked, or from before the mark), or refused as
 /// another application's.
 async fn whose(conn: &mut sqlx::SqliteConnection, path: &Path) -> Result<Mark, StoreError> {
@@ -422,9 +458,7 @@ async fn whose(conn: &mut sqlx::SqliteConnection, path: &Path) -> Result<Mark, S
         return Ok(Mark::Present);
     }
     if id != 0 {
-        return Err(foreign(format!(
-            "its application id is {id:#010x}, imgpipe's is {APPLICATION_ID:#010x}"
-        )));
+        return Err(foreign_id(path, i32::try_from(id).unwrap_or_default()));
     }
     let migrator = sqlx::migrate!("./migrations");
     let first = migrator.iter().min_by_key(|m| m.version);

@@ -1482,6 +1482,21 @@ async fn another_applications_sqlite_database_is_refused_and_left_untouched() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n\n"));
 
+    // One that says it is another application's is refused from its header alone: even in
+    // WAL mode, nothing is left beside it.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.yaml"), one_step("mug", "big")).unwrap();
+    let state = dir.path().join("state.db");
+    std::fs::write(&state, sqlite_with(&marked, SqliteJournalMode::Wal).await).unwrap();
+    let o = run_with_state(&env, dir.path(), &state, &["p.yaml", "--run-id", "r"]).await;
+    assert_exit_without_panic(&o, 2);
+    assert!(
+        stderr(&o).contains("its application id is 0x5f4d544e"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(tree(dir.path()), paths(&["p.yaml", "state.db"]));
+
     // The commands that only read refuse it the same way, and leave it as it is.
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("app.db");
