@@ -7,6 +7,7 @@ use std::path::Path;
 use crate::layout;
 use crate::report::lineage::Input;
 use crate::report::links::href;
+use crate::report::live::{GONE, Process};
 use crate::report::model::{Model, Shared, Shown, StepCost};
 use crate::store::{ReportTask, TaskStatus};
 use crate::time::rfc3339_ms as time;
@@ -149,10 +150,10 @@ impl<'a> Page<'a> {
         }
         let process = m.observed.process.as_ref();
         if m.in_progress() {
-            let who = match process {
-                Some(p) => format!(" ({})", p.describe()),
-                None => String::new(),
-            };
+            let who = process
+                .and_then(Process::holder)
+                .map(|h| format!(", by {h}"))
+                .unwrap_or_default();
             let _ = write!(
                 self.out,
                 "<p class=\"banner\" id=\"run-process\">This run was still going when this page was made, at {}{}. \
@@ -161,12 +162,12 @@ impl<'a> Page<'a> {
                 esc(&who),
                 esc(&run.id)
             );
-        } else if let Some(p) = process.filter(|p| !p.alive) {
+        } else if process.is_some_and(|p| !p.alive) {
             let _ = write!(
                 self.out,
-                "<p class=\"gone\" id=\"run-process\">The run is recorded as running, but its process is {}: \
-                 calls it had in flight may have been billed.</p>",
-                esc(&p.describe())
+                "<p class=\"gone\" id=\"run-process\">The run is recorded as running, but its process is gone: \
+                 {}. Calls it had in flight may have been billed.</p>",
+                esc(GONE)
             );
         }
         if let Some(command) = &m.observed.continue_with {

@@ -22,18 +22,26 @@ pub struct Process {
     pub since: Option<String>,
 }
 
+/// Why a run's process is gone, when the record says it is running.
+pub const GONE: &str = "it ended without recording its end (killed, or its machine stopped)";
+
 impl Process {
-    /// One line of text: `pid 12 on host since …`, or that it is gone.
+    /// `pid 12 on host since …`, when the lock file named the holder.
+    pub fn holder(&self) -> Option<String> {
+        match (self.pid, &self.host, &self.since) {
+            (Some(pid), Some(host), Some(since)) => {
+                Some(format!("pid {pid} on {host} since {since}"))
+            }
+            _ => None,
+        }
+    }
+
+    /// One line of text: `going: pid 12 on host since …`, or `gone: …`.
     pub fn describe(&self) -> String {
-        match (self.alive, self.pid, &self.host, &self.since) {
-            (true, Some(pid), Some(host), Some(since)) => {
-                format!("going: pid {pid} on {host} since {since}")
-            }
-            (true, ..) => "going: its process holds the run lock".to_owned(),
-            (false, ..) => {
-                "gone: it ended without recording its end (killed, or its machine stopped)"
-                    .to_owned()
-            }
+        match (self.alive, self.holder()) {
+            (true, Some(holder)) => format!("going: {holder}"),
+            (true, None) => "going: its process holds the run lock".to_owned(),
+            (false, _) => format!("gone: {GONE}"),
         }
     }
 }
