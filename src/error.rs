@@ -78,6 +78,13 @@ pub enum Error {
         source: StoreError,
     },
 
+    /// The command's output could not be written (a full disk); a closed pipe is no error.
+    #[error("cannot write to {stream}: {source}")]
+    Output {
+        stream: &'static str,
+        source: std::io::Error,
+    },
+
     #[error(transparent)]
     Other(#[from] anyhow::Error),
 }
@@ -108,7 +115,10 @@ impl Error {
             Error::TasksFailed { .. } => exit::TASKS_FAILED,
             Error::Locked { .. } => exit::LOCKED,
             Error::Store { source } if source.is_bad_input() => exit::INVALID,
-            Error::Download { .. } | Error::Store { .. } | Error::Other(_) => exit::FAILURE,
+            Error::Download { .. }
+            | Error::Store { .. }
+            | Error::Output { .. }
+            | Error::Other(_) => exit::FAILURE,
         }
     }
 }

@@ -8,6 +8,7 @@ use crate::api::records::{Found, NotFound};
 use crate::cli::GlobalArgs;
 use crate::cli::args::{BalanceFieldArg, LimitsFieldArg, ServiceArgs};
 use crate::cli::output::print_json;
+use crate::cli::stdio;
 use crate::error::Error;
 use crate::runner::{AccountFields, Connection};
 
@@ -65,7 +66,7 @@ pub(super) async fn run(args: &AccountArgs, global: &GlobalArgs) -> Result<(), E
             "--limits-field",
         )?,
     ];
-    println!("{}", conn.redact(&lines.join("\n")));
+    stdio::line(conn.redact(&lines.join("\n")))?;
     Ok(())
 }
 
@@ -86,9 +87,9 @@ fn line<T: Display>(
         )),
         Err(e) => {
             tracing::warn!("{e}");
-            eprintln!(
+            stdio::note(format_args!(
                 "hint: name the field with {flag} /json/pointer (see `imgpipe account --json`)"
-            );
+            ));
             Ok(format!("{name:<8} unknown"))
         }
     }

@@ -101,6 +101,18 @@ impl StateArgs {
         };
         StateLocation::resolve(self.state.clone().or(from_env).as_deref(), sandbox)
     }
+
+    /// `imgpipe resume RUN_ID` with the flags that find this database again.
+    pub fn resume_command(&self, run_id: &str, sandbox: bool) -> String {
+        let mut command = format!("imgpipe resume {}", quote(run_id));
+        if let Some(state) = &self.state {
+            command += &format!(" --state {}", quote(&path(state)));
+        }
+        if sandbox {
+            command += " --sandbox";
+        }
+        command
+    }
 }
 
 /// Options of every command that runs tasks: `run` and `resume`.

@@ -6,6 +6,7 @@ use serde_json::json;
 
 use crate::cli::GlobalArgs;
 use crate::cli::output::{Billed, deliver, print_json};
+use crate::cli::stdio;
 use crate::error::Error;
 use crate::runner::Connection;
 
@@ -45,7 +46,7 @@ pub(super) async fn run(
         if global.json {
             return print_json(conn, &json!({"job": job.raw(), "files": []}));
         }
-        println!("{}", conn.redact(&lines.join("\n")));
+        stdio::line(conn.redact(&lines.join("\n")))?;
         return Ok(());
     };
     let billed = Billed {

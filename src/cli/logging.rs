@@ -24,6 +24,9 @@ pub(super) fn init(args: &GlobalArgs) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // A log line that cannot be written (stderr closed or full) is dropped: by default
+        // the subscriber would say so with `eprintln!`, which panics on that same stderr.
+        .log_internal_errors(false)
         .with_target(args.verbose > 0);
     let _ = match args.log_format {
         LogFormat::Json => builder.json().try_init(),

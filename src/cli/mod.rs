@@ -4,7 +4,6 @@
 //! `hint:` where there is something to do, and mapped to a documented exit code.
 //!
 //! This is the one layer that prints: the library returns values and logs.
-#![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod account;
 mod args;
@@ -22,6 +21,7 @@ mod runs;
 mod sandbox;
 mod schema;
 mod status;
+mod stdio;
 mod tool;
 mod validate;
 mod view;
@@ -211,6 +211,6 @@ fn report(e: &Error) -> ExitCode {
         }
         source = cause.source();
     }
-    eprintln!("{text}");
+    stdio::note(&text);
     ExitCode::from(e.exit_code())
 }

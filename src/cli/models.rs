@@ -5,6 +5,7 @@ use clap::Args;
 use crate::cli::GlobalArgs;
 use crate::cli::args::ServiceArgs;
 use crate::cli::output::print_json;
+use crate::cli::stdio;
 use crate::error::Error;
 use crate::runner::{AccountFields, Connection};
 
@@ -27,14 +28,14 @@ pub(super) async fn run(args: &ModelsArgs, global: &GlobalArgs) -> Result<(), Er
             items.join(", ")
         }
     };
-    println!("models   {}", list(models.model_ids()));
-    println!("tools    {}", list(models.tool_names()));
+    stdio::line(format_args!("models   {}", list(models.model_ids())))?;
+    stdio::line(format_args!("tools    {}", list(models.tool_names())))?;
     match models.generation_price() {
-        Some(p) => println!(
+        Some(p) => stdio::line(format_args!(
             "generation price  {} credits per 2K image  (from {})",
             p.value, p.pointer
-        ),
-        None => println!("generation price  not stated by the service"),
+        ))?,
+        None => stdio::line(format_args!("generation price  not stated by the service"))?,
     }
     Ok(())
 }

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use crate::api::Downloaded;
 use crate::api::fetch::{Delivery, deliver_job};
 use crate::cli::GlobalArgs;
+use crate::cli::stdio;
 use crate::error::Error;
 use crate::runner::Connection;
 
@@ -61,14 +62,14 @@ pub(super) async fn deliver(
             &json!({"job": job.response, "files": files_json(&files), "error": error}),
         )?;
     } else {
-        println!("{}", conn.redact(&job.summary));
+        stdio::line(conn.redact(&job.summary))?;
         for f in &files {
-            println!(
+            stdio::line(format_args!(
                 "saved {} ({} bytes, sha256 {})",
                 f.path.display(),
                 f.bytes,
                 &f.sha256[..16]
-            );
+            ))?;
         }
     }
     failure.map_or(Ok(()), Err)
@@ -84,6 +85,6 @@ pub(super) fn files_json(files: &[Downloaded]) -> Value {
 /// Prints JSON on stdout with the key scrubbed: a record may echo what it was sent.
 pub(super) fn print_json(conn: &Connection, value: &impl Serialize) -> Result<(), Error> {
     let text = serde_json::to_string_pretty(value).map_err(|e| Error::Other(e.into()))?;
-    println!("{}", conn.redact(&text));
+    stdio::line(conn.redact(&text))?;
     Ok(())
 }

@@ -7,8 +7,10 @@ use clap::Args;
 
 use crate::cli::GlobalArgs;
 use crate::cli::args::StateArgs;
+use crate::cli::stdio;
 use crate::cli::view::print_json;
 use crate::error::Error;
+use crate::report::live::{Observed, observe};
 use crate::report::{self, Written};
 use crate::runner::state::{close, no_such_run};
 use crate::store::Store;
@@ -34,14 +36,25 @@ pub(super) async fn run(args: &ReportArgs, global: &GlobalArgs) -> Result<(), Er
     if global.json {
         return print_json(&written);
     }
-    println!(
+    stdio::line(format_args!(
         "report of run {} ({}): {} ({} images, {} new thumbnails)",
         written.run_id,
         written.status,
         written.path.display(),
         written.images,
         written.thumbnails_made
-    );
+    ))?;
+    let observed = &written.observed;
+    if let (Some(process), Some(command)) = (
+        observed.process.as_ref().filter(|p| !p.alive),
+        &observed.continue_with,
+    ) {
+        stdio::line(format_args!(
+            "run {}: process {}\nhint: continue it with: {command}",
+            written.run_id,
+            process.describe()
+        ))?;
+    }
     Ok(())
 }
 
@@ -49,5 +62,14 @@ async fn write(store: &Store, args: &ReportArgs) -> Result<Written, Error> {
     let Some(run) = store.run(&args.run_id).await? else {
         return Err(no_such_run(store, &args.run_id));
     };
-    report::write(store, run, args.out.as_deref()).await
+    let (run, process) = observe(store, run).await?;
+    let continue_with = run
+        .status
+        .unfinished()
+        .then(|| args.state.resume_command(&run.id, args.sandbox));
+    let observed = Observed {
+        process,
+        continue_with,
+    };
+    report::write(store, run, args.out.as_deref(), observed).await
 }

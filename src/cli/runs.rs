@@ -5,8 +5,10 @@ use serde::Serialize;
 
 use crate::cli::GlobalArgs;
 use crate::cli::args::StateArgs;
+use crate::cli::stdio;
 use crate::cli::view::print_json;
 use crate::error::Error;
+use crate::report::live::{Process, observe};
 use crate::runner::state::{NO_DATABASE_HINT, close};
 use crate::time::rfc3339_ms as time;
 
@@ -29,6 +31,12 @@ struct RunLine {
     possibly_billed: u64,
     started: String,
     finished: Option<String>,
+    /// For a run recorded as `running`: whether its process is still going.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    process: Option<Process>,
+    /// The command that continues a run whose process is gone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    continue_with: Option<String>,
 }
 
 pub(super) async fn run(args: &RunsArgs, global: &GlobalArgs) -> Result<(), Error> {
@@ -37,19 +45,19 @@ pub(super) async fn run(args: &RunsArgs, global: &GlobalArgs) -> Result<(), Erro
         if global.json {
             return print_json(&Vec::<RunLine>::new());
         }
-        println!(
+        stdio::line(format_args!(
             "no runs yet: there is no state database at {}\nhint: {NO_DATABASE_HINT}",
             location.path().display()
-        );
+        ))?;
         return Ok(());
     }
     let store = location.open_existing().await?;
-    let lines = close(store.clone(), lines(&store).await).await?;
+    let lines = close(store.clone(), lines(&store, args).await).await?;
     if global.json {
         return print_json(&lines);
     }
     if lines.is_empty() {
-        println!("no runs yet in {}", store.path().display());
+        stdio::line(format_args!("no runs yet in {}", store.path().display()))?;
         return Ok(());
     }
     let width = lines.iter().map(|l| l.id.len()).max().unwrap_or(2).max(2);
@@ -59,17 +67,17 @@ pub(super) async fn run(args: &RunsArgs, global: &GlobalArgs) -> Result<(), Erro
         .max()
         .unwrap_or(8)
         .max(8);
-    println!(
+    stdio::line(format_args!(
         "{:<width$}  {:<pwidth$}  {:<11}  {:>8}  {:>8}  {:<20}  FINISHED",
         "ID", "PIPELINE", "STATUS", "PLANNED", "BILLED", "STARTED"
-    );
+    ))?;
     for l in &lines {
         let billed = if l.possibly_billed > 0 {
             format!("{}+{}?", l.credits_billed, l.possibly_billed)
         } else {
             l.credits_billed.to_string()
         };
-        println!(
+        stdio::line(format_args!(
             "{:<width$}  {:<pwidth$}  {:<11}  {:>8}  {:>8}  {:<20}  {}",
             l.id,
             l.pipeline,
@@ -78,15 +86,30 @@ pub(super) async fn run(args: &RunsArgs, global: &GlobalArgs) -> Result<(), Erro
             billed,
             l.started,
             l.finished.as_deref().unwrap_or("-")
-        );
+        ))?;
+    }
+    for l in &lines {
+        if let (Some(process), Some(command)) = (&l.process, &l.continue_with) {
+            stdio::line(format_args!(
+                "run {}: process {}\nhint: continue it with: {command}",
+                l.id,
+                process.describe()
+            ))?;
+        }
     }
     Ok(())
 }
 
-async fn lines(store: &crate::store::Store) -> Result<Vec<RunLine>, Error> {
+async fn lines(store: &crate::store::Store, args: &RunsArgs) -> Result<Vec<RunLine>, Error> {
     let mut lines = Vec::new();
     for run in store.runs().await? {
+        let (run, process) = observe(store, run).await?;
         let totals = store.totals(&run.id).await?;
+        // Said for a run whose process is gone; other unfinished runs said so when they ended.
+        let continue_with = process
+            .as_ref()
+            .filter(|p| !p.alive)
+            .map(|_| args.state.resume_command(&run.id, args.sandbox));
         lines.push(RunLine {
             status: run.status.as_str(),
             // A run records an item's tasks only as it reaches the item: the plan has the rest.
@@ -95,6 +118,8 @@ async fn lines(store: &crate::store::Store) -> Result<Vec<RunLine>, Error> {
             possibly_billed: totals.possibly_billed_credits,
             started: time(run.created_at),
             finished: run.finished_at.map(time),
+            process,
+            continue_with,
             pipeline: run.pipeline_name,
             id: run.id,
         });

@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::GlobalArgs;
 use crate::cli::args::seconds;
+use crate::cli::stdio;
 use crate::error::Error;
 use crate::sandbox::{self, Faults, RateScope, SAMPLE_HOST, SAMPLE_NAMES, Sandbox};
 
@@ -148,17 +149,19 @@ pub(super) async fn run(
     })?;
     let base = sandbox.base_url().to_string();
     if global.json {
-        println!("{}", json!({"base_url": base, "api_key": sandbox.key()}));
+        stdio::line(json!({"base_url": base, "api_key": sandbox.key()}))?;
     } else {
-        println!("imgpipe sandbox listening on {base} (credits are not real)");
-        println!("export IMGPIPE_BASE_URL={base}");
-        println!("export IMGPIPE_API_KEY={}", sandbox.key());
+        stdio::line(format_args!(
+            "imgpipe sandbox listening on {base} (credits are not real)"
+        ))?;
+        stdio::line(format_args!("export IMGPIPE_BASE_URL={base}"))?;
+        stdio::line(format_args!("export IMGPIPE_API_KEY={}", sandbox.key()))?;
         let samples: Vec<String> = SAMPLE_NAMES
             .iter()
             .map(|n| format!("https://{SAMPLE_HOST}/assets/{n}.png"))
             .collect();
-        println!("sample images: {}", samples.join(" "));
-        println!("stop with Ctrl-C");
+        stdio::line(format_args!("sample images: {}", samples.join(" ")))?;
+        stdio::line(format_args!("stop with Ctrl-C"))?;
     }
     shutdown.cancelled().await;
     tracing::info!("sandbox stopping");

@@ -4,8 +4,10 @@ use clap::Args;
 
 use crate::cli::GlobalArgs;
 use crate::cli::args::StateArgs;
+use crate::cli::stdio;
 use crate::cli::view::{print_json, render_summary};
 use crate::error::Error;
+use crate::report::live::observe;
 use crate::report::summary::{Status, status_of};
 use crate::runner::state::{close, no_such_run};
 use crate::store::Store;
@@ -24,18 +26,18 @@ pub struct StatusArgs {
 
 pub(super) async fn run(args: &StatusArgs, global: &GlobalArgs) -> Result<(), Error> {
     let store = args.state.location(args.sandbox)?.open_existing().await?;
-    let result = read(&store, &args.run_id).await;
+    let result = read(&store, args).await;
     let status = close(store, result).await?;
     if global.json {
         return print_json(&status);
     }
-    print!("{}", render_summary(&status.summary));
-    println!(
+    stdio::print(&render_summary(&status.summary))?;
+    stdio::line(format_args!(
         "  {:<24} {:>6} {:>9} {:>6} {:>7} {:>7} {:>8} {:>7}",
         "step", "tasks", "succeeded", "failed", "blocked", "pending", "planned", "billed"
-    );
+    ))?;
     for s in &status.steps {
-        println!(
+        stdio::line(format_args!(
             "  {:<24} {:>6} {:>9} {:>6} {:>7} {:>7} {:>8} {:>7}",
             s.step,
             s.tasks,
@@ -45,10 +47,10 @@ pub(super) async fn run(args: &StatusArgs, global: &GlobalArgs) -> Result<(), Er
             s.pending,
             s.planned_credits,
             s.billed_credits
-        );
+        ))?;
     }
     for a in &status.ambiguous {
-        println!(
+        stdio::line(format_args!(
             "  possibly billed: {} {} at {}{}: {}",
             a.task,
             a.endpoint,
@@ -58,22 +60,30 @@ pub(super) async fn run(args: &StatusArgs, global: &GlobalArgs) -> Result<(), Er
                 .map(|j| format!(" (job {j})"))
                 .unwrap_or_default(),
             a.error.as_deref().unwrap_or("no answer")
-        );
+        ))?;
     }
     if status.superseded_files > 0 {
-        println!(
+        stdio::line(format_args!(
             "  {} earlier file(s) kept under {}/{}",
             status.superseded_files,
             status.summary.output_dir,
             crate::layout::SUPERSEDED
-        );
+        ))?;
     }
     Ok(())
 }
 
-async fn read(store: &Store, run_id: &str) -> Result<Status, Error> {
-    if store.run(run_id).await?.is_none() {
-        return Err(no_such_run(store, run_id));
-    }
-    status_of(store, run_id).await
+async fn read(store: &Store, args: &StatusArgs) -> Result<Status, Error> {
+    let Some(run) = store.run(&args.run_id).await? else {
+        return Err(no_such_run(store, &args.run_id));
+    };
+    let (run, process) = observe(store, run).await?;
+    let continue_with = run
+        .status
+        .unfinished()
+        .then(|| args.state.resume_command(&run.id, args.sandbox));
+    let mut status = status_of(store, run).await?;
+    status.summary.process = process;
+    status.summary.continue_with = continue_with;
+    Ok(status)
 }

@@ -6,6 +6,7 @@ use clap::Args;
 use serde_json::json;
 
 use crate::cli::GlobalArgs;
+use crate::cli::stdio;
 use crate::cli::view::Terminal;
 use crate::error::Error;
 use crate::pipeline;
@@ -31,16 +32,16 @@ pub(super) fn run(args: &ValidateArgs, global: &GlobalArgs) -> Result<(), Error>
             "warnings": loaded.report.warnings,
             "pipeline": summary,
         });
-        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        stdio::line(serde_json::to_string_pretty(&doc).unwrap_or_default())?;
         return runner::verdict(&args.file, &loaded.report);
     }
     let pipeline = runner::checked(&Terminal::plain(false), &args.file, loaded)?;
     let tasks: u64 = pipeline.step_refs().map(|r| pipeline.tasks(r)).sum();
-    println!(
+    stdio::line(format_args!(
         "{} is valid: {} steps, {} items, {tasks} tasks",
         args.file.display(),
         pipeline.steps.len(),
         pipeline.items.len()
-    );
+    ))?;
     Ok(())
 }

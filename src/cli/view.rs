@@ -18,6 +18,7 @@ use crate::runner::{Reviewed, View};
 use crate::store::StepCounts;
 
 use super::progress::Progress;
+use crate::cli::stdio;
 
 /// Problems printed on stderr before the rest are only counted.
 const SHOWN_ERRORS: usize = 200;
@@ -54,7 +55,7 @@ impl View for Terminal {
         if self.json {
             return print_json(doc);
         }
-        print!("{}", render::text(doc));
+        stdio::print(&render::text(doc))?;
         Ok(())
     }
 
@@ -63,7 +64,7 @@ impl View for Terminal {
     }
 
     fn finished(&self, run_id: &str) -> Result<(), Error> {
-        println!("run {run_id} is finished: nothing to pay for");
+        stdio::line(format_args!("run {run_id} is finished: nothing to pay for"))?;
         Ok(())
     }
 
@@ -71,7 +72,7 @@ impl View for Terminal {
         if self.json {
             return print_json(summary);
         }
-        print!("{}", render_summary(summary));
+        stdio::print(&render_summary(summary))?;
         Ok(())
     }
 
@@ -95,29 +96,32 @@ impl View for Terminal {
 /// Prints a pipeline file's problems on stderr.
 pub(super) fn print_report(report: &Report) {
     for d in report.errors.iter().take(SHOWN_ERRORS) {
-        eprintln!("error: {d}");
+        stdio::note(format_args!("error: {d}"));
     }
     if report.errors.len() > SHOWN_ERRORS {
-        eprintln!(
+        stdio::note(format_args!(
             "…and {} more errors (--json lists them all)",
             report.errors.len() - SHOWN_ERRORS
-        );
+        ));
     }
     for d in &report.warnings {
-        eprintln!("warning: {d}");
+        stdio::note(format_args!("warning: {d}"));
     }
 }
 
 pub(super) fn print_json(value: &impl Serialize) -> Result<(), Error> {
     let text = serde_json::to_string_pretty(value)
         .map_err(|e| Error::Other(anyhow::anyhow!("cannot print JSON: {e}")))?;
-    println!("{text}");
+    stdio::line(&text)?;
     Ok(())
 }
 
 pub(super) fn render_summary(s: &Summary) -> String {
     let t = &s.totals;
     let mut out = format!("run {}: {}\n", s.run_id, s.status);
+    if let Some(process) = &s.process {
+        out += &format!("  process   {}\n", process.describe());
+    }
     out += &format!(
         "  tasks     {} of {} succeeded, {} failed, {} blocked, {} pending\n",
         t.succeeded, t.tasks, t.failed, t.blocked, t.pending
@@ -151,6 +155,9 @@ pub(super) fn render_summary(s: &Summary) -> String {
             "  ...and {} more failures (imgpipe run --json shows all)\n",
             s.failures.len() - SHOWN_FAILURES
         );
+    }
+    if let Some(command) = &s.continue_with {
+        out += &format!("  continue  {command}\n");
     }
     out
 }
@@ -204,7 +211,7 @@ fn print_review(shown: &Reviewed<'_>, json: bool) -> Result<(), Error> {
         });
         return print_json(&doc);
     }
-    println!(
+    stdio::line(format_args!(
         "run {} ({}): {} task(s) to pay for, {} credits{}",
         row.id,
         row.status.as_str(),
@@ -212,30 +219,33 @@ fn print_review(shown: &Reviewed<'_>, json: bool) -> Result<(), Error> {
         review.credits(),
         cap.map(|c| format!(" (at most {c} may be spent)"))
             .unwrap_or_default()
-    );
+    ))?;
     for r in review.each_redo(graph).take(SHOWN_TASKS) {
         let detail = r
             .detail
             .as_deref()
             .map(|d| format!("  {d}"))
             .unwrap_or_default();
-        println!(
+        stdio::line(format_args!(
             "  {:<40} {:<14} {:>6} credits{detail}",
             name(r.task),
             r.reason.as_str(),
             r.credits
-        );
+        ))?;
     }
     if review.to_pay() > SHOWN_TASKS {
-        println!(
+        stdio::line(format_args!(
             "  ...and {} more (--json lists all)",
             review.to_pay() - SHOWN_TASKS
-        );
+        ))?;
     }
     for (reason, (n, c)) in &by_reason {
-        println!("  {reason}: {n} task(s), {c} credits");
+        stdio::line(format_args!("  {reason}: {n} task(s), {c} credits"))?;
     }
-    println!("kept: {} task(s) already done", review.kept.len());
+    stdio::line(format_args!(
+        "kept: {} task(s) already done",
+        review.kept.len()
+    ))?;
     let free = [
         (
             review.recover.len(),
@@ -252,14 +262,14 @@ fn print_review(shown: &Reviewed<'_>, json: bool) -> Result<(), Error> {
         ),
     ];
     for (n, what) in free.iter().filter(|(n, _)| *n > 0) {
-        println!("free: {n} {what}");
+        stdio::line(format_args!("free: {n} {what}"))?;
     }
     for r in &review.left_failed {
-        println!(
+        stdio::line(format_args!(
             "not paid again (--on-ambiguous fail): {} ({} credits)",
             name(r.task),
             r.credits
-        );
+        ))?;
     }
     Ok(())
 }

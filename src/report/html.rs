@@ -7,6 +7,7 @@ use std::path::Path;
 use crate::layout;
 use crate::report::lineage::Input;
 use crate::report::links::href;
+use crate::report::live::{GONE, Process};
 use crate::report::model::{Model, Shared, Shown, StepCost};
 use crate::store::{ReportTask, TaskStatus};
 use crate::time::rfc3339_ms as time;
@@ -147,14 +148,33 @@ impl<'a> Page<'a> {
         if let Some(why) = &run.stop_reason {
             let _ = write!(self.out, " <span class=\"why\">{}</span>", esc(why));
         }
+        let process = m.observed.process.as_ref();
         if m.in_progress() {
+            let who = process
+                .and_then(Process::holder)
+                .map(|h| format!(", by {h}"))
+                .unwrap_or_default();
             let _ = write!(
                 self.out,
-                "<p class=\"banner\">This run was still going when this page was made, at {} \
-                 (or it was killed and has not been resumed yet). Pending tasks show where they \
-                 are; <code>imgpipe report {}</code> makes the page again.</p>",
+                "<p class=\"banner\" id=\"run-process\">This run was still going when this page was made, at {}{}. \
+                 Pending tasks show where they are; <code>imgpipe report {}</code> makes the page again.</p>",
                 time(m.generated_at),
+                esc(&who),
                 esc(&run.id)
+            );
+        } else if process.is_some_and(|p| !p.alive) {
+            let _ = write!(
+                self.out,
+                "<p class=\"gone\" id=\"run-process\">The run is recorded as running, but its process is gone: \
+                 {}. Calls it had in flight may have been billed.</p>",
+                esc(GONE)
+            );
+        }
+        if let Some(command) = &m.observed.continue_with {
+            let _ = write!(
+                self.out,
+                "<p class=\"continue\">Continue it with <code id=\"continue-with\">{}</code></p>",
+                esc(command)
             );
         }
         let end = run.finished_at.unwrap_or(m.generated_at);

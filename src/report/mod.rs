@@ -7,6 +7,7 @@ mod costs;
 mod html;
 mod lineage;
 mod links;
+pub mod live;
 mod model;
 mod pages;
 pub mod summary;
@@ -24,6 +25,7 @@ use crate::layout::{self, RunDir};
 use crate::report::costs::Problems;
 use crate::report::html::{PER_PAGE, Page};
 use crate::report::lineage::Lineage;
+use crate::report::live::Observed;
 use crate::report::model::{Model, Shared, Shown};
 use crate::store::{ReportOutput, ReportRow, ReportTask, RunRow, Store};
 
@@ -42,6 +44,10 @@ pub struct Written {
     pub pages: usize,
     /// Their size, all together.
     pub bytes: usize,
+    /// Whether the run's process is going, for a run recorded as `running`, and how to
+    /// continue a run that is not.
+    #[serde(flatten)]
+    pub observed: Observed,
 }
 
 /// Writes the report of `run` to `out` (default: `report.html` in the run directory) and, past
@@ -51,7 +57,15 @@ pub struct Written {
 /// The run is read item by item from the database and each later page written as soon as its
 /// items are read, thumbnails made for that page only; the first page, which holds the costs
 /// and problems of the whole run, is written last. Memory holds one page, whatever the run.
-pub async fn write(store: &Store, run: RunRow, out: Option<&Path>) -> Result<Written, Error> {
+///
+/// `observed` is what the caller learnt beyond the record ([`live::observe`]): `run`'s status
+/// then already says `interrupted` for a run whose process is gone.
+pub async fn write(
+    store: &Store,
+    run: RunRow,
+    out: Option<&Path>,
+    observed: Observed,
+) -> Result<Written, Error> {
     let run_dir = RunDir::at(run.dir());
     let out = out.map_or_else(|| run_dir.report(), Path::to_owned);
     let out = links::normal(&out);
@@ -59,7 +73,8 @@ pub async fn write(store: &Store, run: RunRow, out: Option<&Path>) -> Result<Wri
     let dir = out.parent().unwrap_or(Path::new("/")).to_owned();
     std::fs::create_dir_all(&dir)
         .map_err(|e| Error::Other(anyhow::anyhow!("cannot create {}: {e}", dir.display())))?;
-    let shared = Shared::load(store, run, &out).await?;
+    let shared = Shared::load(store, run, &out, observed).await?;
+    let _writing = thumbs::Writing::start(&run_dir.thumbs());
     // Every page's name is checked before any is written: a refusal leaves no half report.
     for n in 2..=shared.pages.count() {
         refuse_foreign(&shared.pages.path(n))?;
@@ -110,6 +125,7 @@ pub async fn write(store: &Store, run: RunRow, out: Option<&Path>) -> Result<Wri
         thumbnails_made: book.made,
         pages: page,
         bytes: book.bytes,
+        observed: shared.observed.clone(),
     })
 }
 

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use crate::report::lineage::Lineage;
+use crate::report::live::Observed;
 use crate::report::pages::Pages;
 use crate::report::thumbs::Preview;
 use crate::store::{AmbiguousAttempt, ReportOutput, ReportTask, RunRow, Spend, Store, StoreError};
@@ -38,6 +39,8 @@ pub(super) struct Shared {
     /// Items shown (the batch's `once` steps count as one).
     pub items: u64,
     pub pages: Pages,
+    /// The run's process and how to continue the run, beyond what the record says.
+    pub observed: Observed,
 }
 
 /// One page: its items' tasks (after those of the batch it may link to), outputs and lineage.
@@ -96,6 +99,7 @@ impl Shared {
         store: &Store,
         run: RunRow,
         first_page: &Path,
+        observed: Observed,
     ) -> Result<Shared, StoreError> {
         let generated_at = crate::store::now_ms();
         let in_progress = run.status == RunStatus::Running;
@@ -117,6 +121,7 @@ impl Shared {
             budget,
             items,
             run,
+            observed,
         })
     }
 
@@ -125,7 +130,7 @@ impl Shared {
     }
 
     /// A call without an answer yet, of a run still going: not (yet) a possibly billed call.
-    /// A run that died still reads `running`; its calls are counted once it is resumed.
+    /// A run whose process is gone reads `interrupted` here ([`crate::report::live`]).
     pub(super) fn in_flight(&self, a: &AmbiguousAttempt) -> bool {
         a.in_flight && self.in_progress()
     }

@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use crate::error::Error;
+use crate::report::live::Process;
 use crate::store::{AmbiguousAttempt, RunRow, StepCounts, Store, TaskStatus, Totals};
 
 /// How a run stands: its tasks, credits, balance and failures.
@@ -21,6 +22,13 @@ pub struct Summary {
     pub failures: Vec<Failure>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stopped: Option<String>,
+    /// For a run recorded as `running`: whether its process is still going
+    /// ([`crate::report::live`]); absent for other runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub process: Option<Process>,
+    /// The command that continues the run, when it is unfinished and not going.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub continue_with: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -105,12 +113,16 @@ async fn summary_from(
         balance_after: run.balance_after,
         failures,
         stopped: run.stop_reason,
+        process: None,
+        continue_with: None,
     })
 }
 
-/// The status of run `run_id`, which must be in `store`.
-pub async fn status_of(store: &Store, run_id: &str) -> Result<Status, Error> {
-    let run = run_row(store, run_id).await?;
+/// The status of `run`, as read from `store` (its status may be corrected first by
+/// [`crate::report::live::observe`]).
+pub async fn status_of(store: &Store, run: RunRow) -> Result<Status, Error> {
+    let run_id = run.id.clone();
+    let run_id = run_id.as_str();
     let mut steps = store.step_counts(run_id).await?;
     let extras = unrecorded(&run.plan_json, |step| recorded_in(&steps, step));
     let summary = summary_from(store, run, &extras).await?;

@@ -33,6 +33,58 @@ pub struct Preview {
     pub on_disk: bool,
 }
 
+/// A report's hold on a `_thumbs` directory while it writes thumbnails there: a shared
+/// `flock` on the directory itself, which every report making thumbnails at once holds.
+///
+/// A report killed while writing a thumbnail leaves its temporary (`.tmp…`) behind. The next
+/// report that finds the directory held by no one removes them first: with no hold, no
+/// report is writing there, so none of them is anyone's to finish. A hold is let go when its
+/// report ends, however it ends, so a killed report never keeps them from being cleaned.
+pub struct Writing {
+    _dir: Option<std::fs::File>,
+}
+
+impl Writing {
+    /// Takes the hold on `dir` (made if its parent, the run directory, exists: without it
+    /// there is no image to make a thumbnail of), removing leftover temporaries when no other
+    /// report holds it. Best effort: a directory that cannot be opened or locked is used
+    /// without a hold, and is cleaned another time.
+    pub fn start(dir: &Path) -> Writing {
+        if dir.parent().is_some_and(Path::is_dir) {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let Ok(handle) = std::fs::File::open(dir) else {
+            return Writing { _dir: None };
+        };
+        if handle.try_lock().is_ok() {
+            let removed = remove_temporaries(dir);
+            if removed > 0 {
+                tracing::debug!(
+                    "removed {removed} temporary file(s) a killed report left in {}",
+                    dir.display()
+                );
+            }
+        }
+        // From alone to shared (or waiting for a report that is cleaning up to finish).
+        match handle.lock_shared() {
+            Ok(()) => Writing { _dir: Some(handle) },
+            Err(_) => Writing { _dir: None },
+        }
+    }
+}
+
+/// Removes the temporaries in `dir`; returns how many.
+fn remove_temporaries(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| crate::layout::is_leftover(&e.file_name().to_string_lossy(), false))
+        .filter(|e| std::fs::remove_file(e.path()).is_ok())
+        .count()
+}
+
 /// Previews of `files` (path and recorded sha256), in their order, decoding at most one image
 /// per core at a time.
 pub async fn previews(dir: &Path, files: Vec<(PathBuf, Option<String>)>) -> Vec<Preview> {
@@ -247,6 +299,32 @@ mod tests {
         assert!(again.on_disk);
         assert_eq!(again.thumb, first.thumb);
         assert!(again.alpha);
+    }
+
+    #[test]
+    fn leftover_temporaries_go_unless_another_report_is_writing() {
+        let dir = tempfile::tempdir().unwrap();
+        let thumbs = dir.path().join("_thumbs");
+        std::fs::create_dir(&thumbs).unwrap();
+        std::fs::write(thumbs.join(".tmpAbC123"), b"half a png").unwrap();
+        std::fs::write(thumbs.join("0123abcd.png"), b"a thumbnail").unwrap();
+        let first = Writing::start(&thumbs);
+        let names = || {
+            let mut n: Vec<String> = std::fs::read_dir(&thumbs)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            n.sort();
+            n
+        };
+        assert_eq!(names(), ["0123abcd.png"]);
+        // While the first writes, a second neither waits nor removes what it is writing.
+        std::fs::write(thumbs.join(".tmpXyZ789"), b"being written").unwrap();
+        let second = Writing::start(&thumbs);
+        assert_eq!(names(), [".tmpXyZ789", "0123abcd.png"]);
+        drop((first, second));
+        drop(Writing::start(&thumbs));
+        assert_eq!(names(), ["0123abcd.png"]);
     }
 
     #[test]

@@ -216,7 +216,7 @@ async fn known_prices(store: &Store, doc: &PlanDocument) -> Result<Vec<bool>, Er
 /// report that cannot be written is said on stderr, with the command that tries again.
 pub(super) async fn write_report(store: &Store, run_id: &str) {
     let written = match store.run(run_id).await {
-        Ok(Some(row)) => crate::report::write(store, row, None).await,
+        Ok(Some(row)) => crate::report::write(store, row, None, Default::default()).await,
         Ok(None) => return,
         Err(e) => Err(e.into()),
     };

@@ -3,6 +3,9 @@
 //!
 //! It is an OS file lock (`flock`), which the kernel releases when its process dies however it
 //! dies: a lock left by a dead process never blocks. The file also says who holds it.
+//!
+//! The same lock tells a run still going from one whose process is gone ([`probe`]): a run
+//! holds it from before it is recorded as running until after it records its end.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
@@ -82,7 +85,7 @@ pub fn acquire(db: &Path, pipeline: &str, run_id: &str, wait: bool) -> Result<Ru
         .truncate(false)
         .open(&path)
         .map_err(io)?;
-    match file.try_lock() {
+    match try_lock(&file) {
         Ok(()) => {}
         Err(TryLockError::WouldBlock) if wait => {
             tracing::info!("waiting for {}", describe(read_holder(&mut file).as_ref()));
@@ -110,6 +113,51 @@ pub fn acquire(db: &Path, pipeline: &str, run_id: &str, wait: bool) -> Result<Ru
         .and_then(|()| file.sync_all())
         .map_err(io)?;
     Ok(RunLock { _file: file })
+}
+
+/// Takes the lock at once or says it is held. A [`probe`] holds it for an instant, so a
+/// held lock is tried again for a moment before it counts as held.
+fn try_lock(file: &File) -> Result<(), TryLockError> {
+    let mut tries = 0;
+    loop {
+        match file.try_lock() {
+            Err(TryLockError::WouldBlock) if tries < PROBE_RETRIES => {
+                tries += 1;
+                std::thread::sleep(PROBE_PAUSE);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// How long [`try_lock`] keeps trying a held lock: far longer than a [`probe`] holds it.
+const PROBE_RETRIES: u32 = 10;
+const PROBE_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// What the lock of a pipeline says right now.
+#[derive(Clone, Debug)]
+pub enum Probe {
+    /// No process holds it: no run of the pipeline is going.
+    Free,
+    /// A live process holds it; its file names the holder, once the holder has written it.
+    Held(Option<Holder>),
+}
+
+/// Whether a live process holds the lock of `pipeline` for the database at `db`, without
+/// creating anything. The lock is taken shared for an instant to ask the kernel (which
+/// `acquire` allows for), then let go.
+pub fn probe(db: &Path, pipeline: &str) -> std::io::Result<Probe> {
+    let path = lock_path(db, pipeline);
+    let mut file = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Probe::Free),
+        Err(e) => return Err(e),
+    };
+    match file.try_lock_shared() {
+        Ok(()) => Ok(Probe::Free),
+        Err(TryLockError::WouldBlock) => Ok(Probe::Held(read_holder(&mut file))),
+        Err(TryLockError::Error(e)) => Err(e),
+    }
 }
 
 fn read_holder(file: &mut File) -> Option<Holder> {
@@ -144,6 +192,26 @@ mod tests {
         assert!(text.contains(&std::process::id().to_string()), "{text}");
         assert!(acquire(&db, "another pipeline", "r3", false).is_ok());
         drop(first);
+        assert!(acquire(&db, "nightly", "r2", false).is_ok());
+    }
+
+    #[test]
+    fn a_probe_sees_the_holder_and_a_free_lock_and_never_keeps_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        assert!(matches!(probe(&db, "nightly").unwrap(), Probe::Free));
+        assert!(
+            !db.with_extension("db.locks").exists(),
+            "a probe creates nothing"
+        );
+        let held = acquire(&db, "nightly", "r1", false).unwrap();
+        match probe(&db, "nightly").unwrap() {
+            Probe::Held(Some(h)) => assert_eq!(h.run_id, "r1"),
+            other => panic!("{other:?}"),
+        }
+        drop(held);
+        assert!(matches!(probe(&db, "nightly").unwrap(), Probe::Free));
+        // A probe lets go at once: the lock can be taken right after it.
         assert!(acquire(&db, "nightly", "r2", false).is_ok());
     }
 }

@@ -5,7 +5,13 @@
 //! been billed: an attempt without an outcome is a call that was in flight.
 //!
 //! Schema changes are migrations in `migrations/`, embedded in the binary. A database written
-//! by a newer imgpipe, or one that is not a database at all, is reported and never touched.
+//! by a newer imgpipe, one that is not a database at all, another application's, or an empty
+//! file imgpipe did not create, is reported and never touched.
+//!
+//! The database marks itself as imgpipe's with `PRAGMA application_id` ([`APPLICATION_ID`]).
+//! A new one is made whole under a temporary name (marked, every migration applied) and only
+//! then linked into place, so a crash while creating it never leaves at its path a file that
+//! imgpipe would later refuse as empty or unmarked.
 
 mod group;
 pub mod lock;
@@ -35,6 +41,8 @@ pub const APP_DIR: &str = "imgpipe";
 pub const DEFAULT_FILE: &str = "state.db";
 /// The default database of runs on the embedded sandbox (`--sandbox`).
 pub const SANDBOX_FILE: &str = "sandbox.db";
+/// `PRAGMA application_id` of every imgpipe state database: "imgp" in ASCII.
+pub const APPLICATION_ID: i32 = i32::from_be_bytes(*b"imgp");
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -57,6 +65,18 @@ pub enum StoreError {
         path.display()
     )]
     Newer { path: PathBuf, version: i64 },
+    /// A SQLite database, but not one of imgpipe's: another application's, or no one's yet.
+    #[error(
+        "{} is not an imgpipe state database: {reason}; it was left untouched",
+        path.display()
+    )]
+    Foreign { path: PathBuf, reason: String },
+    /// An empty file: imgpipe makes its databases itself, whole, so it never made this one.
+    #[error(
+        "the state database {} is an empty file, which imgpipe did not create; it was left untouched",
+        path.display()
+    )]
+    Empty { path: PathBuf },
     #[error("the state database {} cannot be brought up to date: {reason}", path.display())]
     Migrate { path: PathBuf, reason: String },
     #[error("state database: {0}")]
@@ -82,6 +102,12 @@ impl StoreError {
             StoreError::NotAFile { .. } => {
                 Some("point --state (or IMGPIPE_STATE) at a file, not a directory")
             }
+            StoreError::Foreign { .. } => Some(
+                "point --state (or IMGPIPE_STATE) at another path: imgpipe keeps its runs in a database of its own and never writes to another application's",
+            ),
+            StoreError::Empty { .. } => Some(
+                "remove the empty file and imgpipe will create the database there, or point --state (or IMGPIPE_STATE) at a path where there is no file",
+            ),
             StoreError::Directory { .. } | StoreError::Io { .. } => {
                 Some("check the permissions and free space there, or point --state at another path")
             }
@@ -94,7 +120,11 @@ impl StoreError {
     pub fn is_bad_input(&self) -> bool {
         matches!(
             self,
-            StoreError::Open { .. } | StoreError::NotAFile { .. } | StoreError::Newer { .. }
+            StoreError::Open { .. }
+                | StoreError::NotAFile { .. }
+                | StoreError::Newer { .. }
+                | StoreError::Foreign { .. }
+                | StoreError::Empty { .. }
         )
     }
 }
@@ -108,7 +138,8 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (creating when missing) and migrates the database at `path`.
+    /// Opens (creating when missing) and migrates the database at `path`. An existing file
+    /// must be an imgpipe database: one from before the mark is marked on the way.
     pub async fn open(path: &Path) -> Result<Store, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|source| StoreError::Directory {
@@ -125,13 +156,26 @@ impl Store {
                 path: path.to_path_buf(),
             });
         }
-        if path.exists() {
-            inspect(path).await?;
+        let io_err = |e: std::io::Error| StoreError::Io {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        };
+        match std::fs::metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => create(path).await?,
+            Err(e) => return Err(io_err(e)),
+            Ok(m) if m.len() == 0 => {
+                return Err(StoreError::Empty {
+                    path: path.to_path_buf(),
+                });
+            }
+            Ok(_) => {}
         }
+        let unmarked = inspect(path).await? == Mark::Missing;
         let options = SqliteConnectOptions::from_str("sqlite:")
             .map_err(open_err)?
             .filename(path)
-            .create_if_missing(true)
+            // Made by `create` (or refused) above: a file gone since is an error, not new.
+            .create_if_missing(false)
             .journal_mode(SqliteJournalMode::Wal)
             // FULL: a commit is on disk before the paid call it announces is sent.
             .synchronous(SqliteSynchronous::Full)
@@ -153,8 +197,25 @@ impl Store {
             pool,
             path: path.to_path_buf(),
         };
+        if unmarked {
+            store.mark().await?;
+        }
         store.migrate().await?;
         Ok(store)
+    }
+
+    /// Marks a database of imgpipe's from before the mark as imgpipe's.
+    async fn mark(&self) -> Result<(), StoreError> {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "PRAGMA application_id = {APPLICATION_ID}"
+        )))
+        .execute(&self.pool)
+        .await
+        .map(drop)
+        .map_err(|e| StoreError::Io {
+            path: self.path.clone(),
+            reason: format!("cannot mark it as imgpipe's: {e}"),
+        })
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
@@ -192,14 +253,100 @@ impl Store {
     }
 }
 
+/// Makes a new database at `path`, whole: created under a temporary name beside it, marked
+/// with [`APPLICATION_ID`], every migration applied, closed and synced, then linked into
+/// place unless a file appeared there meanwhile (another imgpipe made it first: that one is
+/// used). A crash on the way leaves a hidden `.<name>.<random>.new` beside it, never a file
+/// at `path`.
+async fn create(path: &Path) -> Result<(), StoreError> {
+    let io_err = |e: &dyn std::fmt::Display| StoreError::Io {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .map_or_else(|| "state.db".into(), |n| n.to_string_lossy());
+    let prefix = format!(".{name}.");
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix).suffix(".new");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // What SQLite itself gives a new database (less the umask).
+        builder.permissions(std::fs::Permissions::from_mode(0o644));
+    }
+    let temp = builder.tempfile_in(dir).map_err(|e| io_err(&e))?;
+    let options = SqliteConnectOptions::from_str("sqlite:")
+        .map_err(|e| io_err(&e))?
+        .filename(temp.path())
+        // No WAL yet: the file must be whole on its own when it is linked into place.
+        .journal_mode(SqliteJournalMode::Delete)
+        .synchronous(SqliteSynchronous::Full)
+        .log_statements(log::LevelFilter::Trace);
+    let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect_with(&options)
+        .await
+        .map_err(|e| io_err(&e))?;
+    let made = async {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "PRAGMA application_id = {APPLICATION_ID}"
+        )))
+        .execute(&mut conn)
+        .await
+        .map_err(|e| io_err(&e))?;
+        sqlx::migrate!("./migrations")
+            .run(&mut conn)
+            .await
+            .map_err(|e| StoreError::Migrate {
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+            })
+    }
+    .await;
+    let closed = sqlx::Connection::close(conn).await;
+    made?;
+    closed.map_err(|e| io_err(&e))?;
+    temp.as_file().sync_all().map_err(|e| io_err(&e))?;
+    match temp.persist_noclobber(path) {
+        Ok(_) => {}
+        Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+        Err(e) => return Err(io_err(&e.error)),
+    }
+    // The new name must survive a crash too.
+    #[cfg(unix)]
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_err(&e))?;
+    Ok(())
+}
+
+/// Whether an existing database carries imgpipe's mark.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mark {
+    Present,
+    /// imgpipe's, from before the mark: its migrations table holds imgpipe's first migration.
+    Missing,
+}
+
 /// Looks at an existing database read-only before anything writes to it: one written by a
-/// newer imgpipe, or damaged, must be reported exactly as it was found. Opening it for
-/// writing would already change it (the journal mode is set in its header).
-async fn inspect(path: &Path) -> Result<(), StoreError> {
+/// newer imgpipe, damaged, or not imgpipe's must be reported exactly as it was found. Opening
+/// it for writing would already change it (the journal mode is set in its header).
+async fn inspect(path: &Path) -> Result<Mark, StoreError> {
     let damaged = |reason: String| StoreError::Open {
         path: path.to_path_buf(),
         reason,
     };
+    // Another application's id in the header is refused before SQLite opens the file: even a
+    // read-only connection leaves `-wal` and `-shm` files beside a database in WAL mode.
+    if let Some(id) = header_application_id(path)
+        && id != 0
+        && id != APPLICATION_ID
+    {
+        return Err(foreign_id(path, id));
+    }
     let options = SqliteConnectOptions::from_str("sqlite:")
         .map_err(|e| damaged(e.to_string()))?
         .filename(path)
@@ -213,7 +360,7 @@ async fn inspect(path: &Path) -> Result<(), StoreError> {
     result
 }
 
-async fn inspect_with(conn: &mut sqlx::SqliteConnection, path: &Path) -> Result<(), StoreError> {
+async fn inspect_with(conn: &mut sqlx::SqliteConnection, path: &Path) -> Result<Mark, StoreError> {
     let damaged = |reason: String| StoreError::Open {
         path: path.to_path_buf(),
         reason,
@@ -236,6 +383,7 @@ async fn inspect_with(conn: &mut sqlx::SqliteConnection, path: &Path) -> Result<
     if check != "ok" {
         return Err(damaged(format!("it is damaged ({check})")));
     }
+    let mark = whose(conn, path).await?;
     let has_migrations: Option<(String,)> = sqlx::query_as(
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
     )
@@ -243,7 +391,7 @@ async fn inspect_with(conn: &mut sqlx::SqliteConnection, path: &Path) -> Result<
     .await
     .map_err(|e| damaged(e.to_string()))?;
     if has_migrations.is_none() {
-        return Ok(());
+        return Ok(mark);
     }
     let (latest,): (Option<i64>,) = sqlx::query_as("SELECT MAX(version) FROM _sqlx_migrations")
         .fetch_one(&mut *conn)
@@ -259,8 +407,94 @@ async fn inspect_with(conn: &mut sqlx::SqliteConnection, path: &Path) -> Result<
             path: path.to_path_buf(),
             version,
         }),
-        _ => Ok(()),
+        _ => Ok(mark),
     }
+}
+
+/// The `application_id` in the header of a SQLite file (bytes 68 to 71), when the header
+/// is a sound one: a damaged file is SQLite's to describe.
+fn header_application_id(path: &Path) -> Option<i32> {
+    use std::io::Read;
+    let mut header = [0_u8; 100];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut header))
+        .ok()?;
+    let page_size = u16::from_be_bytes([header[16], header[17]]);
+    let sound = header.starts_with(b"SQLite format 3\0")
+        && (page_size == 1 || (page_size >= 512 && page_size.is_power_of_two()))
+        && (1..=2).contains(&header[18])
+        && (1..=2).contains(&header[19])
+        // The payload fractions, fixed by the file format.
+        && header[21..24] == [64, 32, 32];
+    sound.then(|| i32::from_be_bytes([header[68], header[69], header[70], header[71]]))
+}
+
+fn foreign_id(path: &Path, id: i32) -> StoreError {
+    StoreError::Foreign {
+        path: path.to_path_buf(),
+        reason: format!(
+            "its application id is {:#010x}, imgpipe's is {APPLICATION_ID:#010x}",
+            id.cast_unsigned()
+        ),
+    }
+}
+
+/// Whose database this is: imgpipe's (marked, or from before the mark), or refused as
+/// another application's.
+async fn whose(conn: &mut sqlx::SqliteConnection, path: &Path) -> Result<Mark, StoreError> {
+    let failed = |e: sqlx::Error| StoreError::Open {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    };
+    let foreign = |reason: String| StoreError::Foreign {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let (id,): (i64,) = sqlx::query_as("PRAGMA application_id")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(failed)?;
+    if id == i64::from(APPLICATION_ID) {
+        return Ok(Mark::Present);
+    }
+    if id != 0 {
+        return Err(foreign_id(path, i32::try_from(id).unwrap_or_default()));
+    }
+    let migrator = sqlx::migrate!("./migrations");
+    let first = migrator.iter().min_by_key(|m| m.version);
+    let has_migrations: Option<(String,)> = sqlx::query_as(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(failed)?;
+    if let (Some(first), Some(_)) = (first, has_migrations) {
+        let applied: Option<(Vec<u8>,)> =
+            sqlx::query_as("SELECT checksum FROM _sqlx_migrations WHERE version = ?")
+                .bind(first.version)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(failed)?;
+        if applied.is_some_and(|(sum,)| sum == *first.checksum) {
+            return Ok(Mark::Missing);
+        }
+    }
+    let tables: Vec<(String,)> =
+        sqlx::query_as("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name LIMIT 6")
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(failed)?;
+    let mut names: Vec<String> = tables.into_iter().map(|(t,)| t).collect();
+    Err(foreign(if names.is_empty() {
+        "it is a SQLite database without a table, not made by imgpipe".to_owned()
+    } else {
+        let more = if names.len() > 5 { ", …" } else { "" };
+        names.truncate(5);
+        format!(
+            "it is another application's SQLite database (tables {}{more})",
+            names.join(", ")
+        )
+    }))
 }
 
 /// The database path: `--state`/`IMGPIPE_STATE` when given, else `$XDG_STATE_HOME/imgpipe/

@@ -14,7 +14,8 @@ pub enum RunStatus {
     Succeeded,
     /// Finished, with failed tasks or downloads.
     Failed,
-    /// Stopped by SIGINT/SIGTERM, or by a crash (it then still reads `running`).
+    /// Stopped by SIGINT/SIGTERM. A crash records nothing, so the record still says
+    /// `running`; [`crate::report::live::observe`] tells that run as `interrupted`.
     Interrupted,
     /// Stopped by imgpipe itself: out of budget or balance, or prices above the plan.
     Stopped,
@@ -29,6 +30,12 @@ impl RunStatus {
             RunStatus::Interrupted => "interrupted",
             RunStatus::Stopped => "stopped",
         }
+    }
+
+    /// Whether `resume` would continue a run in this status: it is neither finished nor
+    /// going (a `running` status being that of a live process, once observed).
+    pub fn unfinished(self) -> bool {
+        !matches!(self, RunStatus::Succeeded | RunStatus::Running)
     }
 
     pub fn parse(s: &str) -> Option<RunStatus> {

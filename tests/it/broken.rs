@@ -1399,3 +1399,201 @@ async fn a_directory_in_place_of_the_state_database_is_reported() {
     assert!(!dir.path().join("out").exists());
     assert_nothing_billed(&env);
 }
+
+// ---------------------------------------------------------------------------------------------
+// (d) State databases that are not imgpipe's: another application's, or an empty file
+// ---------------------------------------------------------------------------------------------
+
+/// The bytes of a SQLite database made with `sql` (each statement run in turn) in the given
+/// journal mode, then closed (checkpointed).
+async fn sqlite_with(sql: &[&str], journal: SqliteJournalMode) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("app.db");
+    let mut conn = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .journal_mode(journal)
+        .connect()
+        .await
+        .unwrap();
+    for statement in sql {
+        sqlx::query(sqlx::AssertSqlSafe(*statement))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    conn.close().await.unwrap();
+    std::fs::read(&path).unwrap()
+}
+
+/// The `application_id` in a SQLite file's header (bytes 68 to 71, big-endian).
+fn application_id(bytes: &[u8]) -> [u8; 4] {
+    bytes[68..72].try_into().unwrap()
+}
+
+const NOT_OURS: &str = "is not an imgpipe state database";
+
+/// A SQLite database of another application given as `--state`, whether it says so with an
+/// `application_id` of its own or not at all: exit 2, the file named and said not to be
+/// imgpipe's, nothing billed, and the file as it was (no table of imgpipe's added).
+#[tokio::test(flavor = "multi_thread")]
+async fn another_applications_sqlite_database_is_refused_and_left_untouched() {
+    let env = small_sandbox(Faults::default()).await;
+    let notes = [
+        "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT NOT NULL)",
+        "INSERT INTO notes (body) VALUES ('buy milk'), ('call Ann')",
+    ];
+    let marked = [notes[0], notes[1], "PRAGMA application_id = 1598903374"];
+    // A sqlx application of its own: a migrations table, but not imgpipe's migrations.
+    let sqlx_app = [
+        "CREATE TABLE _sqlx_migrations (version BIGINT PRIMARY KEY, description TEXT NOT NULL,
+             installed_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP, success BOOLEAN NOT NULL,
+             checksum BLOB NOT NULL, execution_time BIGINT NOT NULL)",
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+             VALUES (1, 'accounts', 1, x'0102', 0)",
+        "CREATE TABLE accounts (id INTEGER PRIMARY KEY)",
+    ];
+    let cases = [
+        (
+            "another application's, rollback journal",
+            sqlite_with(&notes, SqliteJournalMode::Delete).await,
+        ),
+        (
+            "another application's, WAL",
+            sqlite_with(&notes, SqliteJournalMode::Wal).await,
+        ),
+        (
+            "another application id",
+            sqlite_with(&marked, SqliteJournalMode::Delete).await,
+        ),
+        (
+            "another sqlx application",
+            sqlite_with(&sqlx_app, SqliteJournalMode::Delete).await,
+        ),
+        (
+            "a database without a table",
+            sqlite_with(&["PRAGMA user_version = 7"], SqliteJournalMode::Delete).await,
+        ),
+    ];
+    let mut problems = Vec::new();
+    for (what, bytes) in &cases {
+        assert!(bytes.len() >= 512, "{what}: the premise, a SQLite file");
+        problems.extend(check_refused_state(&env, what, bytes, NOT_OURS).await);
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n\n"));
+
+    // One that says it is another application's is refused from its header alone: even in
+    // WAL mode, nothing is left beside it.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.yaml"), one_step("mug", "big")).unwrap();
+    let state = dir.path().join("state.db");
+    std::fs::write(&state, sqlite_with(&marked, SqliteJournalMode::Wal).await).unwrap();
+    let o = run_with_state(&env, dir.path(), &state, &["p.yaml", "--run-id", "r"]).await;
+    assert_exit_without_panic(&o, 2);
+    assert!(
+        stderr(&o).contains("its application id is 0x5f4d544e"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(tree(dir.path()), paths(&["p.yaml", "state.db"]));
+
+    // The commands that only read refuse it the same way, and leave it as it is.
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("app.db");
+    std::fs::write(&state, &cases[0].1).unwrap();
+    let before = snapshot(&state);
+    let shown = state.to_string_lossy().into_owned();
+    for args in [
+        &["runs", "--state", &shown][..],
+        &["status", "r", "--state", &shown],
+        &["report", "r", "--state", &shown],
+    ] {
+        let o = bin(&env, dir.path(), args).await;
+        assert_exit_without_panic(&o, 2);
+        let err = stderr(&o);
+        assert!(err.contains(&format!("{shown} {NOT_OURS}")), "{err}");
+        assert!(err.contains("tables notes"), "{err}");
+    }
+    assert_untouched(&state, &before, "runs, status, report");
+    assert_nothing_billed(&env);
+}
+
+/// An empty file where the state database should be is not a new database: imgpipe makes its
+/// databases itself, so it is refused (exit 2) and left empty; `runs` and `status` too.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_empty_file_given_as_state_is_refused_and_left_empty() {
+    let env = small_sandbox(Faults::default()).await;
+    let expected = "is an empty file, which imgpipe did not create";
+    if let Some(problem) = check_refused_state(&env, "an empty file", b"", expected).await {
+        panic!("{problem}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.db");
+    std::fs::write(&state, b"").unwrap();
+    let shown = state.to_string_lossy().into_owned();
+    for args in [
+        &["runs", "--state", &shown][..],
+        &["status", "r", "--state", &shown],
+    ] {
+        let o = bin(&env, dir.path(), args).await;
+        assert_exit_without_panic(&o, 2);
+        let err = stderr(&o);
+        assert!(err.contains(expected), "{err}");
+        assert!(err.contains("remove the empty file"), "{err}");
+    }
+    assert_eq!(std::fs::metadata(&state).unwrap().len(), 0);
+    assert_nothing_billed(&env);
+}
+
+/// A new state database carries imgpipe's mark from the start, and nothing is left beside
+/// it, even when two runs create it at once; one made before the mark existed (its
+/// migrations are imgpipe's) is marked when next opened, and its runs are all there.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_state_database_is_marked_and_one_from_before_the_mark_is_marked_on_open() {
+    let env = small_sandbox(Faults::default()).await;
+    let real = a_real_state_database().await;
+    assert_eq!(&application_id(&real), b"imgp");
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.yaml"), one_step("mug", "big")).unwrap();
+    std::fs::write(
+        dir.path().join("b.yaml"),
+        one_step("mug", "big").replace("name: ids", "name: other"),
+    )
+    .unwrap();
+    let state = dir.path().join("state.db");
+    let (a, b) = tokio::join!(
+        run_with_state(&env, dir.path(), &state, &["a.yaml", "--run-id", "a"]),
+        run_with_state(&env, dir.path(), &state, &["b.yaml", "--run-id", "b"]),
+    );
+    assert_exit_without_panic(&a, 0);
+    assert_exit_without_panic(&b, 0);
+    assert_eq!(run_ids(&state).await.len(), 2);
+    assert_eq!(&application_id(&std::fs::read(&state).unwrap()), b"imgp");
+    let strays: Vec<PathBuf> = files_under(dir.path())
+        .into_iter()
+        .filter(|p| p.to_string_lossy().ends_with(".new"))
+        .collect();
+    assert!(strays.is_empty(), "{strays:?}");
+
+    // The same database as an imgpipe from before the mark left it.
+    let old = dir.path().join("old.db");
+    std::fs::write(&old, &real).unwrap();
+    let mut conn = SqliteConnectOptions::new()
+        .filename(&old)
+        .connect()
+        .await
+        .unwrap();
+    sqlx::query("PRAGMA application_id = 0")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+    assert_eq!(application_id(&std::fs::read(&old).unwrap()), [0; 4]);
+    let shown = old.to_string_lossy().into_owned();
+    let o = bin(&env, dir.path(), &["runs", "--state", &shown, "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    assert_eq!(json_stdout(&o)[0]["id"], "r");
+    assert_eq!(&application_id(&std::fs::read(&old).unwrap()), b"imgp");
+    assert_eq!(run_ids(&old).await, ["r"]);
+}

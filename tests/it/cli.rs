@@ -1298,3 +1298,146 @@ async fn generate_json_still_prints_the_job_when_the_download_fails() {
         "no partial file"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Closed and full output streams
+// ---------------------------------------------------------------------------------------------
+
+/// `/dev/full` opened for writing: every write to it fails with ENOSPC.
+fn dev_full() -> Stdio {
+    Stdio::from(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("/dev/full"),
+    )
+}
+
+/// A pipe whose reading end is already closed: every write to it fails with EPIPE.
+fn closed_pipe() -> Stdio {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    Stdio::from(writer)
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Stream {
+    Piped,
+    Full,
+    Closed,
+}
+
+impl Stream {
+    fn stdio(self) -> Stdio {
+        match self {
+            Stream::Piped => Stdio::piped(),
+            Stream::Full => dev_full(),
+            Stream::Closed => closed_pipe(),
+        }
+    }
+}
+
+/// Every command that prints, with stdout or stderr (or both) full or closed: never a panic
+/// (exit 101). A full stdout is a failure said on stderr (exit 1); a closed stdout (a reader
+/// that went away, `| head`) is not, and the exit code is the command's own; so is a full
+/// or closed stderr, on which nothing more can be said.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_or_closed_stdout_or_stderr_never_panics_and_a_full_stdout_exits_1_saying_so() {
+    let env = start(sandbox::Config {
+        image_side: 32,
+        ..sandbox::Config::default()
+    })
+    .await;
+    let dir = env.dir.path();
+    std::fs::write(
+        dir.join("p.yaml"),
+        format!(
+            "version: 1\nname: streams\noutput_dir: out\nitems:\n  - {{ id: mug, url: \"{SAMPLE_MUG}\" }}\nsteps:\n  - id: big\n    upscale: {{ image_url: \"{{{{ item.url }}}}\", desired_increase: 2 }}\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(dir.join("bad.yaml"), "version: 1\nname: [\n").unwrap();
+    let state = dir.join("state.db").to_string_lossy().into_owned();
+    let run = ["run", "p.yaml", "--run-id", "r", "--state", &state];
+    let o = run_with_key(&env, Some(env.sandbox.key()), &run).await;
+    assert_exit_without_panic(&o, 0);
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["validate", "p.yaml"],
+        vec!["validate", "p.yaml", "--json"],
+        vec!["validate", "bad.yaml"],
+        vec!["plan", "--offline", "p.yaml"],
+        vec!["plan", "--offline", "p.yaml", "--json"],
+        vec!["schema"],
+        vec!["runs", "--state", &state],
+        vec!["runs", "--state", &state, "--json"],
+        vec!["status", "r", "--state", &state],
+        vec!["status", "r", "--state", &state, "--json"],
+        vec!["status", "nope", "--state", &state],
+        vec!["report", "r", "--state", &state],
+        vec!["account"],
+        vec!["models", "--json"],
+        run.to_vec(),
+        vec!["--help"],
+    ];
+    let mut problems = Vec::new();
+    for args in &commands {
+        let shown = args.join(" ");
+        let streams = |out: Stream, err: Stream| {
+            let mut cmd = command(args, dir);
+            cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
+                .env("IMGPIPE_API_KEY", env.sandbox.key())
+                .stdout(out.stdio())
+                .stderr(err.stdio());
+            // Not `output()`, which would pipe both streams whatever was set.
+            let child = cmd.spawn().unwrap();
+            async {
+                tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
+                    .await
+                    .expect("imgpipe finishes in time")
+                    .unwrap()
+            }
+        };
+        let normal = streams(Stream::Piped, Stream::Piped).await;
+        let code = normal.status.code().unwrap();
+        assert_ne!(code, 101, "{shown}: {}", stderr(&normal));
+        let prints = !normal.stdout.is_empty();
+        for (out, err) in [
+            (Stream::Full, Stream::Piped),
+            (Stream::Piped, Stream::Full),
+            (Stream::Full, Stream::Full),
+            (Stream::Closed, Stream::Piped),
+            (Stream::Piped, Stream::Closed),
+            (Stream::Closed, Stream::Closed),
+        ] {
+            let o = streams(out, err).await;
+            let what = format!("{shown} (stdout {out:?}, stderr {err:?})");
+            let said = stderr(&o);
+            if said.contains("panicked") || o.status.code() == Some(101) {
+                problems.push(format!("{what}: panicked: {said}"));
+                continue;
+            }
+            // clap prints its help itself, and takes a full stdout quietly.
+            let full_stdout = matches!(out, Stream::Full) && prints && args[0] != "--help";
+            let expected = if full_stdout { 1 } else { code };
+            if o.status.code() != Some(expected) {
+                problems.push(format!(
+                    "{what}: exit {:?}, not {expected}: {said}",
+                    o.status.code()
+                ));
+            }
+            if full_stdout
+                && matches!(err, Stream::Piped)
+                && !said.contains("error: cannot write to stdout: No space left on device")
+            {
+                problems.push(format!("{what}: the failure is not said: {said}"));
+            }
+            if matches!(out, Stream::Closed) && said.contains("cannot write") {
+                problems.push(format!("{what}: a closed pipe is no error: {said}"));
+            }
+            if matches!(out, Stream::Piped) && o.stdout != normal.stdout && args[0] != "report" {
+                problems.push(format!("{what}: stdout differs from the normal run's"));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}

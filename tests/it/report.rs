@@ -1834,6 +1834,41 @@ async fn reports_made_at_once_all_succeed_and_leave_no_temporary_file() {
     }
 }
 
+/// A report killed while writing a thumbnail leaves its temporary in `_thumbs/`: the next
+/// report removes it, unless a report is writing there at that moment (it holds the
+/// directory shared, as this test does by hand), whose temporary is left alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn temporaries_a_killed_report_left_in_thumbs_are_removed_by_the_next_report() {
+    let env = after_run_r(2, &[]).await;
+    let dir = env.dir.path();
+    let thumbs = dir.join("out/r/_thumbs");
+    std::fs::create_dir_all(&thumbs).unwrap();
+    let stale = thumbs.join(".tmpK1lled");
+    std::fs::write(&stale, b"the first bytes of a thumbnail").unwrap();
+    let o = ip(Some(&env), dir, &["report", "r"]).await;
+    assert_exit_without_panic(&o, 0);
+    assert!(
+        !stale.exists(),
+        "the killed report's temporary is still there"
+    );
+    let (db, _) = record_and_page(dir, "r").await;
+    assert_eq!(thumb_files(&dir.join("out/r")), wanted_thumbs(&db));
+
+    // Another report writing now: its temporary is its own to finish.
+    let writing = std::fs::File::open(&thumbs).unwrap();
+    writing.lock_shared().unwrap();
+    let busy = thumbs.join(".tmpWr1tng");
+    std::fs::write(&busy, b"being written").unwrap();
+    let o = ip(Some(&env), dir, &["report", "r"]).await;
+    assert_exit_without_panic(&o, 0);
+    assert!(busy.exists(), "a temporary being written was removed");
+    drop(writing);
+    let o = ip(Some(&env), dir, &["report", "r"]).await;
+    assert_exit_without_panic(&o, 0);
+    assert!(!busy.exists(), "left once its writer was gone");
+    assert_eq!(thumb_files(&dir.join("out/r")), wanted_thumbs(&db));
+}
+
 /// `report` with a mistyped `--state` says there is no database there, and creates none.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_mistyped_state_path_is_reported_and_not_created() {

@@ -963,7 +963,7 @@ async fn calls_in_flight_when_the_process_was_killed_are_ambiguous_and_called_ag
     let o = query(&env, dir, &["status", "k", "--json"]).await;
     assert_exit_without_panic(&o, 0);
     let status = json_stdout(&o);
-    assert_eq!(status["status"], "running", "{status:#}");
+    assert_eq!(status["status"], "interrupted", "{status:#}");
     let ambiguous: BTreeSet<(&str, &str)> = status["ambiguous"]
         .as_array()
         .unwrap()
@@ -989,7 +989,7 @@ async fn calls_in_flight_when_the_process_was_killed_are_ambiguous_and_called_ag
     );
     let o = query(&env, dir, &["runs", "--json"]).await;
     let runs = json_stdout(&o);
-    assert_eq!(runs[0]["status"], "running", "{runs:#}");
+    assert_eq!(runs[0]["status"], "interrupted", "{runs:#}");
     assert_eq!(runs[0]["possibly_billed"], 4, "{runs:#}");
 
     // The dry run names them ambiguous, and settles nothing.
@@ -1210,6 +1210,157 @@ async fn killed_while_reading_back_a_cut_answer_the_resume_reads_it_back_for_fre
         .find(|l| l["step"] == "big")
         .unwrap_or_else(|| panic!("{lines:#?}"));
     assert_eq!(line["parent_job_id"], clean.as_str(), "{line}");
+}
+
+/// A killed run records nothing: its record still says `running`. `status`, `runs` and the
+/// report ask the run lock, find that no process holds it, and say `interrupted` (text and
+/// JSON), that the process is gone and which command continues the run; the record itself
+/// is left as it is, and that command then finishes the run.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_run_reads_interrupted_in_status_runs_and_report_with_the_command_to_resume_it() {
+    let env = start(sandbox_with_latency(400)).await;
+    let dir = env.dir.path();
+    killed_with_two_calls_in_flight(&env).await;
+    let resume_with = format!("imgpipe resume k --state {}", state_path(dir).display());
+
+    let o = query(&env, dir, &["status", "k", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let status = json_stdout(&o);
+    assert_eq!(status["status"], "interrupted", "{status:#}");
+    assert_eq!(status["process"]["alive"], false, "{status:#}");
+    assert_eq!(status["continue_with"], resume_with.as_str(), "{status:#}");
+    let o = query(&env, dir, &["status", "k"]).await;
+    assert_exit_without_panic(&o, 0);
+    let text = stdout(&o);
+    assert!(text.starts_with("run k: interrupted\n"), "{text}");
+    assert!(
+        text.contains("  process   gone: it ended without recording its end"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("  continue  {resume_with}\n")),
+        "{text}"
+    );
+
+    let o = query(&env, dir, &["runs", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let runs = json_stdout(&o);
+    assert_eq!(runs[0]["status"], "interrupted", "{runs:#}");
+    assert_eq!(runs[0]["process"]["alive"], false, "{runs:#}");
+    assert_eq!(runs[0]["continue_with"], resume_with.as_str(), "{runs:#}");
+    let o = query(&env, dir, &["runs"]).await;
+    assert_exit_without_panic(&o, 0);
+    let text = stdout(&o);
+    let line = text.lines().find(|l| l.starts_with("k ")).unwrap();
+    assert!(line.contains(" interrupted "), "{text}");
+    assert!(
+        text.contains(&format!("hint: continue it with: {resume_with}")),
+        "{text}"
+    );
+
+    let o = query(&env, dir, &["report", "k", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let written = json_stdout(&o);
+    assert_eq!(written["status"], "interrupted", "{written:#}");
+    assert_eq!(written["process"]["alive"], false, "{written:#}");
+    assert_eq!(
+        written["continue_with"],
+        resume_with.as_str(),
+        "{written:#}"
+    );
+    let page = std::fs::read_to_string(dir.join("out/k/report.html")).unwrap();
+    assert!(
+        page.contains("id=\"run-status\">interrupted</span>"),
+        "the badge"
+    );
+    assert!(!page.contains("still going"), "no in-progress banner");
+    assert!(page.contains("its process is gone"), "the page says why");
+    assert!(
+        page.contains(&format!("<code id=\"continue-with\">{resume_with}</code>")),
+        "the page names the command"
+    );
+    // The two calls in flight at the kill are possibly billed, not in flight.
+    assert!(!page.contains("a call is in flight"));
+    assert!(page.contains("a call was in flight when the run ended"));
+
+    // Only said: the record is unchanged, and the command it names finishes the run.
+    assert_eq!(read_db(dir).await.run_status("k"), "running");
+    let o = finish(imgpipe_at(
+        &env,
+        env.sandbox.base_url().as_str(),
+        dir,
+        dir,
+        &["resume", "k", "--retry-base-ms", "20"],
+    ))
+    .await;
+    assert_exit_without_panic(&o, 0);
+    let status = json_stdout(&query(&env, dir, &["status", "k", "--json"]).await);
+    assert_eq!(status["status"], "succeeded", "{status:#}");
+    assert!(status.get("process").is_none(), "{status:#}");
+    assert!(status.get("continue_with").is_none(), "{status:#}");
+}
+
+/// A run whose process holds the run lock is going, even frozen (SIGSTOP): `status`, `runs`
+/// and the report say `running`, with its pid, and name no command to continue it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_whose_process_is_alive_reads_running_with_its_pid_even_while_stopped() {
+    let env = start(sandbox_with_latency(150)).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(3, None));
+    let child = task_command(
+        &env,
+        dir,
+        "run",
+        &["p.yaml", "--run-id", "g", "--concurrency", "1"],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let pid = child.id().unwrap();
+    wait_until("a call billed", || env.sandbox.ledger().len() >= 2).await;
+    // SAFETY: sending a signal to our own child, whose pid we hold.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+
+    let o = query(&env, dir, &["status", "g", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let status = json_stdout(&o);
+    assert_eq!(status["status"], "running", "{status:#}");
+    assert_eq!(status["process"]["alive"], true, "{status:#}");
+    assert_eq!(status["process"]["pid"], pid, "{status:#}");
+    assert!(status.get("continue_with").is_none(), "{status:#}");
+    let text = stdout(&query(&env, dir, &["status", "g"]).await);
+    assert!(text.starts_with("run g: running\n"), "{text}");
+    assert!(
+        text.contains(&format!("  process   going: pid {pid} on ")),
+        "{text}"
+    );
+    assert!(!text.contains("continue"), "{text}");
+    let runs = json_stdout(&query(&env, dir, &["runs", "--json"]).await);
+    assert_eq!(runs[0]["status"], "running", "{runs:#}");
+    assert_eq!(runs[0]["process"]["pid"], pid, "{runs:#}");
+    let text = stdout(&query(&env, dir, &["runs"]).await);
+    assert!(!text.contains("hint:"), "{text}");
+    let o = query(&env, dir, &["report", "g", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let written = json_stdout(&o);
+    assert_eq!(written["status"], "running", "{written:#}");
+    assert_eq!(written["process"]["alive"], true, "{written:#}");
+    let page = std::fs::read_to_string(dir.join("out/g/report.html")).unwrap();
+    assert!(page.contains("still going"), "the in-progress banner");
+    assert!(
+        page.contains(&format!("pid {pid} on ")),
+        "the banner names the process"
+    );
+    assert!(!page.contains("continue-with"));
+
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGCONT) }, 0);
+    let o = tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
+        .await
+        .expect("the run ends in time")
+        .unwrap();
+    assert_exit_without_panic(&o, 0);
 }
 
 #[tokio::test(flavor = "multi_thread")]
