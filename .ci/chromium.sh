@@ -1,7 +1,8 @@
 # Sourced by .ci/run (bash, set -euo pipefail).
-# Browser check of the HTML report (tests/it/browser.rs) needs Chromium and chromedriver. Install
-# them when missing (Debian: `chromium chromium-driver`); once both are there, require them, so the
-# test fails instead of skipping. If they cannot be installed, warn once and carry on (it skips).
+# The HTML report's browser tests (tests/it/report_page.rs, through tests/it/browser.rs) need
+# Chromium and chromedriver. Install them when missing (Debian: `chromium chromium-driver`), then
+# require them, so a test that cannot start the browser fails instead of skipping. If they cannot
+# be installed, stop CI here with the reason: a green CI must have run the browser tests.
 chromium_bin=${IMGPIPE_CHROMIUM:-/usr/bin/chromium}
 chromedriver_bin=${IMGPIPE_CHROMEDRIVER:-/usr/bin/chromedriver}
 chromium_why=unknown
@@ -32,9 +33,10 @@ install_chromium() {
     rm -f "$log"
 }
 if ! have_chromium && ! install_chromium; then
-    echo "warning: Chromium/chromedriver unavailable ($chromium_why): the HTML report's browser check will be skipped" >&2
+    echo "error: Chromium/chromedriver unavailable ($chromium_why): CI needs them for the HTML report's browser tests" >&2
+    exit 1
 elif ! have_chromium; then
-    echo "warning: installed chromium chromium-driver but $chromium_bin or $chromedriver_bin is still missing: the HTML report's browser check will be skipped" >&2
-else
-    export IMGPIPE_REQUIRE_CHROMIUM=1
+    echo "error: installed chromium chromium-driver but $chromium_bin or $chromedriver_bin is still missing: CI needs them for the HTML report's browser tests" >&2
+    exit 1
 fi
+export IMGPIPE_REQUIRE_CHROMIUM=1

@@ -269,10 +269,12 @@ impl Builder {
 }
 
 /// The scanner reports where it noticed a problem, which for two common mistakes is lines
-/// away from it: an unclosed `{`/`[` and a tab in the indentation. Point at those instead.
+/// away from it: an unclosed `{`/`[` and a tab in the indentation. Point at those instead. A
+/// problem noticed at the end of the file (after its last line end, a line no editor shows)
+/// is put at the end of its last line.
 fn syntax_error(text: &str, at: Mark, info: &str) -> SyntaxError {
     if info.contains("tab") {
-        let tabbed = text.lines().position(|l| {
+        let tabbed = lines(text).position(|l| {
             l.chars()
                 .take_while(|c| c.is_whitespace())
                 .any(|c| c == '\t')
@@ -287,7 +289,8 @@ fn syntax_error(text: &str, at: Mark, info: &str) -> SyntaxError {
             };
         }
     }
-    if info.contains("flow")
+    let end = end_of(text);
+    if (info.contains("flow") || at >= end)
         && let Some(open) = unclosed_bracket(text, at)
     {
         return SyntaxError {
@@ -296,15 +299,57 @@ fn syntax_error(text: &str, at: Mark, info: &str) -> SyntaxError {
         };
     }
     SyntaxError {
-        mark: at,
+        mark: at.min(end),
         message: info.to_owned(),
     }
+}
+
+/// The position just after the last character of `text`, on its last line; line ends are
+/// `\n`, `\r\n` or a lone `\r`, as the scanner counts them.
+fn end_of(text: &str) -> Mark {
+    let body = text
+        .strip_suffix("\r\n")
+        .or_else(|| text.strip_suffix(['\n', '\r']))
+        .unwrap_or(text);
+    let (line, last) = match body.rfind(['\n', '\r']) {
+        Some(at) => {
+            let before = &body[..=at];
+            let breaks = before.matches('\n').count() + before.matches('\r').count()
+                - before.matches("\r\n").count();
+            (breaks + 1, &body[at + 1..])
+        }
+        None => (1, body),
+    };
+    Mark {
+        line,
+        col: last.chars().count() + 1,
+    }
+}
+
+/// The lines of `text` as the scanner numbers them: ended by `\n`, `\r\n` or a lone `\r`
+/// (`str::lines` would count `a\rb` as one line where the scanner's marks count two).
+fn lines(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = Some(text);
+    std::iter::from_fn(move || {
+        let t = rest?;
+        let Some(at) = t.find(['\n', '\r']) else {
+            rest = None;
+            return Some(t);
+        };
+        let next = if t[at..].starts_with("\r\n") {
+            at + 2
+        } else {
+            at + 1
+        };
+        rest = Some(&t[next..]);
+        Some(&t[..at])
+    })
 }
 
 /// The last `{` or `[` before `until` that is still open, skipping quoted text and comments.
 fn unclosed_bracket(text: &str, until: Mark) -> Option<Mark> {
     let mut open: Vec<Mark> = Vec::new();
-    for (i, line) in text.lines().enumerate().take(until.line) {
+    for (i, line) in lines(text).enumerate().take(until.line) {
         let mut quote: Option<char> = None;
         let mut prev = ' ';
         for (col, c) in line.chars().enumerate() {
@@ -387,5 +432,40 @@ mod tests {
     fn syntax_errors_have_positions() {
         let err = parse("steps:\n  - id: a\n   bad: [\n").unwrap_err();
         assert!(err.mark.line >= 3, "{err:?}");
+    }
+
+    #[test]
+    fn a_lone_carriage_return_ends_a_line_for_the_bracket_and_tab_finders_too() {
+        let err = parse("a: 1\rb: 2\r\nc: { d: e\r").unwrap_err();
+        assert_eq!(err.mark, Mark { line: 3, col: 4 }, "{err:?}");
+        let err = parse("a: 1\rb:\r\t- c\n").unwrap_err();
+        assert_eq!(err.mark, Mark { line: 3, col: 1 }, "{err:?}");
+        assert!(err.message.contains("tab"), "{err:?}");
+    }
+
+    #[test]
+    fn a_problem_found_at_the_end_of_the_file_is_placed_on_its_last_line() {
+        let err = parse("steps:\n  - id: a\n    b: { c: d,\n").unwrap_err();
+        assert_eq!(err.mark, Mark { line: 3, col: 8 }, "{err:?}");
+        assert!(
+            err.message.starts_with("this bracket is never closed"),
+            "{err:?}"
+        );
+        for (text, end) in [
+            ("", (1, 1)),
+            ("a", (1, 2)),
+            ("a\n", (1, 2)),
+            ("a\r\nbc\r\n", (2, 3)),
+            ("a\rbc\r", (2, 3)),
+            ("a\n\nb", (3, 2)),
+            ("a\n\n", (2, 1)),
+            ("é\n", (1, 2)),
+        ] {
+            let want = Mark {
+                line: end.0,
+                col: end.1,
+            };
+            assert_eq!(end_of(text), want, "{text:?}");
+        }
     }
 }

@@ -1,53 +1,36 @@
-//! A small headless-Chromium harness: load a local HTML file in a real browser and report which
-//! of its images failed to load, plus a screenshot.
+//! Headless Chromium for the report tests: chromedriver started on a loopback port and driven
+//! with `fantoccini`. This file starts and stops the processes, decides what happens when
+//! there is no browser, and wraps the few commands the tests use, each with a time limit.
 //!
-//! Chromium is driven through chromedriver's W3C WebDriver HTTP API with `reqwest`. Everything
-//! talks to 127.0.0.1 only: the HTTP client ignores proxy settings and calls chromedriver on
-//! 127.0.0.1 (chromedriver binds that port on ::1 as well and has no option not to), and Chromium
-//! is told to use no proxy and to resolve no host name but `localhost`.
+//! Binaries: `IMGPIPE_CHROMIUM` (default `/usr/bin/chromium`) and `IMGPIPE_CHROMEDRIVER`
+//! (default `/usr/bin/chromedriver`). When the browser cannot be started, a test fails with the
+//! reason under `CI=true` or `IMGPIPE_REQUIRE_CHROMIUM=1`, and otherwise passes after printing
+//! `browser test skipped: <reason>` on stdout (see [`Settings::unavailable`]).
 //!
-//! Binaries: `IMGPIPE_CHROMIUM` (default `/usr/bin/chromium`) and `IMGPIPE_CHROMEDRIVER` (default
-//! `/usr/bin/chromedriver`). When either is missing the check is skipped, unless
-//! `IMGPIPE_REQUIRE_CHROMIUM` is set (CI sets it once it has installed them), in which case the
-//! test fails.
+//! Everything stays on 127.0.0.1: fantoccini talks plain HTTP to chromedriver there (no proxy),
+//! and Chromium is told to use no proxy and to resolve no host name but `localhost`.
 
-use std::fmt::Write as _;
+use std::fmt::Display;
+use std::io::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
-
-/// What the browser saw when it loaded a page.
-#[derive(Debug)]
-pub struct PageCheck {
-    /// Number of `<img>` elements in the document (after un-hiding everything).
-    pub images: usize,
-    /// The resolved URL (`currentSrc`, else `src`, as the browser reports it: absolute and
-    /// percent-encoded, e.g. `file:///tmp/x/missing%20one.png`) of every image that did not load.
-    pub broken: Vec<String>,
-    /// Where the PNG screenshot of the viewport was written (a 1400x1800 window; new headless
-    /// mode keeps room for browser UI, so the PNG here is 1400x1661).
-    pub screenshot: PathBuf,
-    /// `document.title`.
-    pub title: String,
-    /// What each probe script returned, run in order once the page loaded (before anything
-    /// was un-hidden).
-    pub probes: Vec<Value>,
-}
 
 /// How long the in-page script waits, in total, for all images to load or fail.
 const IMAGE_WAIT: Duration = Duration::from_secs(20);
-/// How long chromedriver gets to answer `/status` after it is started.
+/// How long chromedriver gets to accept connections after it is started.
 const DRIVER_START: Duration = Duration::from_secs(15);
-/// Per-request limits; each bounds how long a hung browser can stall the test.
+/// Per-command limits; each bounds how long a hung browser can stall a test.
 const SESSION_TIMEOUT: Duration = Duration::from_secs(30);
 const NAVIGATE_TIMEOUT: Duration = Duration::from_secs(25);
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(30);
 const SCREENSHOT_TIMEOUT: Duration = Duration::from_secs(20);
-const DELETE_TIMEOUT: Duration = Duration::from_secs(5);
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 const CHROMIUM_ARGS: &[&str] = &[
     "--headless",
@@ -67,9 +50,10 @@ const CHROMIUM_ARGS: &[&str] = &[
     "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE localhost",
 ];
 
-/// Runs in the page via `execute/sync`, which awaits the returned promise. Un-hides `[hidden]`
-/// elements, makes every image eager, scrolls through the page, waits (at most `arguments[0]`
-/// ms) for each image to load or fail, and reports them.
+/// Un-hides `[hidden]` elements, makes every image eager, scrolls through the page as a reader
+/// would (so images a page script loads near the screen get their turn), waits at most
+/// `arguments[0]` ms for each image to load or fail, and reports them. chromedriver awaits the
+/// returned promise.
 const IMAGES_SCRIPT: &str = r#"
 const limit = arguments[0];
 const sleep = ms => new Promise(r => setTimeout(r, ms));
@@ -77,8 +61,6 @@ return (async () => {
   for (const el of document.querySelectorAll('[hidden]')) el.removeAttribute('hidden');
   const imgs = Array.from(document.images);
   for (const img of imgs) img.loading = 'eager';
-  // Scroll through the page as a reader would, so images a page script loads as they come
-  // near the screen get their turn; then back to the top for the screenshot.
   const frame = () => new Promise(r => requestAnimationFrame(() => r()));
   for (let y = 0; y < document.documentElement.scrollHeight; y += innerHeight / 2) {
     scrollTo(0, y);
@@ -95,13 +77,9 @@ return (async () => {
     Promise.all(imgs.map(settle)),
     sleep(limit).then(() => { timedOut = true; }),
   ]);
-  // Let the un-hidden content and the images paint before the screenshot.
-  await Promise.race([
-    new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r()))),
-    sleep(2000),
-  ]);
+  // Let the un-hidden content and the images paint before a screenshot.
+  await Promise.race([frame().then(frame), sleep(2000)]);
   return {
-    title: document.title,
     timedOut,
     images: imgs.map(img => ({
       src: img.currentSrc || img.src,
@@ -112,154 +90,339 @@ return (async () => {
 })();
 "#;
 
-/// Loads `html` in headless Chromium, waits for its images, and writes a screenshot to
-/// `screenshot_to`. Returns `None` (after saying why on stderr) when Chromium or chromedriver is
-/// missing and `IMGPIPE_REQUIRE_CHROMIUM` is not set; panics on any other failure, including a
-/// screenshot that is not a PNG or is one flat colour.
-pub async fn check_page(html: &Path, screenshot_to: &Path, probes: &[&str]) -> Option<PageCheck> {
-    let (chromium, chromedriver) = find_binaries()?;
-    let html = std::fs::canonicalize(html)
-        .unwrap_or_else(|e| panic!("browser: cannot resolve {}: {e}", html.display()));
-    let page_url = url::Url::from_file_path(&html)
-        .unwrap_or_else(|()| panic!("browser: no file:// URL for {}", html.display()));
-
-    // The Driver guard kills chromedriver and Chromium when it drops, also on panic; on success
-    // the session is closed politely first.
-    let driver = Driver::start(&chromedriver).await;
-    let session = driver.new_session(&chromium).await;
-    let session_path = format!("/session/{session}");
-    driver
-        .call(
-            "POST",
-            &format!("{session_path}/url"),
-            Some(json!({ "url": page_url.as_str() })),
-            NAVIGATE_TIMEOUT,
-        )
-        .await;
-    let mut answers = Vec::new();
-    for probe in probes {
-        let answer = driver
-            .call(
-                "POST",
-                &format!("{session_path}/execute/sync"),
-                Some(json!({ "script": probe, "args": [] })),
-                SCRIPT_TIMEOUT,
-            )
-            .await;
-        answers.push(answer);
-    }
-    let report = driver
-        .call(
-            "POST",
-            &format!("{session_path}/execute/sync"),
-            Some(json!({ "script": IMAGES_SCRIPT, "args": [millis(IMAGE_WAIT)] })),
-            SCRIPT_TIMEOUT,
-        )
-        .await;
-    let shot = driver
-        .call(
-            "GET",
-            &format!("{session_path}/screenshot"),
-            None,
-            SCREENSHOT_TIMEOUT,
-        )
-        .await;
-    let _ = driver
-        .try_call("DELETE", &session_path, None, DELETE_TIMEOUT)
-        .await;
-    drop(driver);
-
-    let images = report["images"]
-        .as_array()
-        .unwrap_or_else(|| panic!("browser: unexpected script result: {report}"));
-    if report["timedOut"].as_bool() == Some(true) {
-        eprintln!("browser: images still loading after {IMAGE_WAIT:?}; counting those as broken");
-    }
-    let broken = images
-        .iter()
-        .filter(|img| {
-            img["complete"].as_bool() != Some(true)
-                || img["naturalWidth"].as_u64().unwrap_or(0) == 0
-        })
-        .map(|img| img["src"].as_str().unwrap_or_default().to_owned())
-        .collect();
-
-    let png = shot.as_str().and_then(base64_decode).unwrap_or_else(|| {
-        panic!(
-            "browser: screenshot is not base64: {:.200}",
-            shot.to_string()
-        )
-    });
-    check_screenshot(&png);
-    if let Some(dir) = screenshot_to.parent() {
-        std::fs::create_dir_all(dir).ok();
-    }
-    std::fs::write(screenshot_to, &png)
-        .unwrap_or_else(|e| panic!("browser: cannot write {}: {e}", screenshot_to.display()));
-
-    Some(PageCheck {
-        images: images.len(),
-        broken,
-        screenshot: screenshot_to.to_owned(),
-        title: report["title"].as_str().unwrap_or_default().to_owned(),
-        probes: answers,
-    })
+/// Where the browser is, and whether a test may pass without it.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub chromium: PathBuf,
+    pub chromedriver: PathBuf,
+    /// Why a missing browser fails the test (`CI=true`, `IMGPIPE_REQUIRE_CHROMIUM=1`); `None`
+    /// when it may skip.
+    pub required_by: Option<String>,
 }
 
-fn find_binaries() -> Option<(PathBuf, PathBuf)> {
-    let from_env = |var: &str, default: &str| {
-        PathBuf::from(std::env::var_os(var).unwrap_or_else(|| default.into()))
-    };
-    let chromium = from_env("IMGPIPE_CHROMIUM", "/usr/bin/chromium");
-    let chromedriver = from_env("IMGPIPE_CHROMEDRIVER", "/usr/bin/chromedriver");
-    let missing: Vec<String> = [&chromium, &chromedriver]
-        .into_iter()
-        .filter(|p| !p.is_file())
-        .map(|p| p.display().to_string())
-        .collect();
-    if missing.is_empty() {
-        return Some((chromium, chromedriver));
+impl Settings {
+    pub fn from_env() -> Settings {
+        Settings::from_vars(|name| std::env::var(name).ok())
     }
-    let required = std::env::var_os("IMGPIPE_REQUIRE_CHROMIUM").is_some_and(|v| !v.is_empty());
-    let what = missing.join(" and ");
-    if required {
-        panic!(
-            "browser: IMGPIPE_REQUIRE_CHROMIUM is set but {what} not found \
-             (install `chromium chromium-driver`, or point IMGPIPE_CHROMIUM / \
-             IMGPIPE_CHROMEDRIVER at them)"
+
+    /// The settings that the environment variables `var` reads would give.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Settings {
+        let path = |name: &str, default: &str| PathBuf::from(var(name).unwrap_or(default.into()));
+        let set = |name: &str| {
+            var(name).filter(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "true" | "1"))
+        };
+        let required_by = match (set("CI"), set("IMGPIPE_REQUIRE_CHROMIUM")) {
+            (Some(v), _) => Some(format!("CI={v}")),
+            (None, Some(v)) => Some(format!("IMGPIPE_REQUIRE_CHROMIUM={v}")),
+            (None, None) => None,
+        };
+        Settings {
+            chromium: path("IMGPIPE_CHROMIUM", "/usr/bin/chromium"),
+            chromedriver: path("IMGPIPE_CHROMEDRIVER", "/usr/bin/chromedriver"),
+            required_by,
+        }
+    }
+
+    /// The browser cannot be started: panics with `why` when a browser is required, else says
+    /// on stdout that the test is skipped. libtest captures what `print!` writes and shows it
+    /// only for failing tests (or with `--nocapture` / `--show-output`), so the line is written
+    /// to the process's stdout directly and shows in every `cargo test` output.
+    pub fn unavailable(&self, why: &str) {
+        if let Some(required_by) = &self.required_by {
+            panic!(
+                "browser: cannot start Chromium, and {required_by} requires it: {why}\n\
+                 hint: install `chromium chromium-driver`, or point IMGPIPE_CHROMIUM / \
+                 IMGPIPE_CHROMEDRIVER at them"
+            );
+        }
+        let line = format!(
+            "browser test skipped: {why} (install `chromium chromium-driver` or set \
+             IMGPIPE_CHROMIUM / IMGPIPE_CHROMEDRIVER; under CI=true this fails)\n"
         );
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(line.as_bytes()).and_then(|()| out.flush());
     }
-    eprintln!(
-        "skipping: browser check needs {what} (install `chromium chromium-driver` or set \
-         IMGPIPE_CHROMIUM / IMGPIPE_CHROMEDRIVER; set IMGPIPE_REQUIRE_CHROMIUM=1 to fail instead)"
-    );
-    None
+}
+
+/// A WebDriver session in headless Chromium. Dropping it kills chromedriver and Chromium.
+pub struct Browser {
+    client: Client,
+    driver: Driver,
+}
+
+impl Browser {
+    /// A browser per the environment's [`Settings`]; `None` when there is none and the test
+    /// may skip (it has been said why).
+    pub async fn start() -> Option<Browser> {
+        Browser::start_with(&Settings::from_env()).await
+    }
+
+    pub async fn start_with(settings: &Settings) -> Option<Browser> {
+        match Browser::launch(settings).await {
+            Ok(browser) => Some(browser),
+            Err(why) => {
+                settings.unavailable(&why);
+                None
+            }
+        }
+    }
+
+    /// Starts chromedriver and a Chromium session, or says why it could not.
+    pub async fn launch(settings: &Settings) -> Result<Browser, String> {
+        for (what, path) in [
+            ("Chromium", &settings.chromium),
+            ("chromedriver", &settings.chromedriver),
+        ] {
+            if !path.is_file() {
+                return Err(format!("{what} not found at {}", path.display()));
+            }
+        }
+        let driver = Driver::start(&settings.chromedriver).await?;
+        let profile = driver.dir.path().join("profile");
+        let mut args: Vec<String> = CHROMIUM_ARGS.iter().map(|a| a.to_string()).collect();
+        args.push(format!("--user-data-dir={}", profile.display()));
+        let capabilities = json!({
+            "browserName": "chrome",
+            "pageLoadStrategy": "normal",
+            "timeouts": {
+                "pageLoad": millis(NAVIGATE_TIMEOUT - Duration::from_secs(5)),
+                "script": millis(IMAGE_WAIT + Duration::from_secs(5)),
+                "implicit": 0,
+            },
+            "goog:chromeOptions": {
+                "binary": settings.chromium.to_string_lossy(),
+                "args": args,
+            },
+        });
+        let Value::Object(capabilities) = capabilities else {
+            unreachable!("a JSON object")
+        };
+        let mut builder =
+            ClientBuilder::rustls().map_err(|e| format!("fantoccini's HTTP client: {e}"))?;
+        let connect = builder.capabilities(capabilities).connect(&driver.url);
+        let client = match tokio::time::timeout(SESSION_TIMEOUT, connect).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(e)) => {
+                return Err(format!(
+                    "no Chromium session: {e}\n{}",
+                    driver.diagnostics()
+                ));
+            }
+            Err(_) => {
+                return Err(format!(
+                    "no Chromium session within {SESSION_TIMEOUT:?}\n{}",
+                    driver.diagnostics()
+                ));
+            }
+        };
+        Ok(Browser { client, driver })
+    }
+
+    /// Awaits one WebDriver command, panicking with chromedriver's log when it fails or takes
+    /// longer than `limit`.
+    async fn command<T, E: Display>(
+        &self,
+        what: &str,
+        limit: Duration,
+        command: impl Future<Output = Result<T, E>>,
+    ) -> T {
+        match tokio::time::timeout(limit, command).await {
+            Ok(Ok(value)) => value,
+            Ok(Err(e)) => panic!("browser: {what} failed: {e}\n{}", self.driver.diagnostics()),
+            Err(_) => panic!(
+                "browser: {what}: no answer within {limit:?}\n{}",
+                self.driver.diagnostics()
+            ),
+        }
+    }
+
+    /// Loads a local file.
+    pub async fn open(&self, file: &Path) -> url::Url {
+        let file = std::fs::canonicalize(file)
+            .unwrap_or_else(|e| panic!("browser: cannot resolve {}: {e}", file.display()));
+        let url = url::Url::from_file_path(&file)
+            .unwrap_or_else(|()| panic!("browser: no file:// URL for {}", file.display()));
+        let what = format!("opening {url}");
+        self.command(&what, NAVIGATE_TIMEOUT, self.client.goto(url.as_str()))
+            .await;
+        url
+    }
+
+    /// What `script` (a function body) returns in the page.
+    pub async fn run(&self, script: &str) -> Value {
+        self.command(
+            "running a script",
+            SCRIPT_TIMEOUT,
+            self.client.execute(script, Vec::new()),
+        )
+        .await
+    }
+
+    pub async fn title(&self) -> String {
+        self.command("reading the title", SCRIPT_TIMEOUT, self.client.title())
+            .await
+    }
+
+    pub async fn url(&self) -> url::Url {
+        self.command("reading the URL", SCRIPT_TIMEOUT, self.client.current_url())
+            .await
+    }
+
+    /// Un-hides everything, scrolls through the page and waits for its images; returns each
+    /// image's URL and whether it loaded.
+    pub async fn images(&self) -> Images {
+        let report = self
+            .command(
+                "waiting for the images",
+                SCRIPT_TIMEOUT,
+                self.client
+                    .execute(IMAGES_SCRIPT, vec![json!(millis(IMAGE_WAIT))]),
+            )
+            .await;
+        let all = report["images"]
+            .as_array()
+            .unwrap_or_else(|| panic!("browser: unexpected script result: {report}"));
+        if report["timedOut"].as_bool() == Some(true) {
+            eprintln!(
+                "browser: images still loading after {IMAGE_WAIT:?}; counting those as broken"
+            );
+        }
+        let broken = all
+            .iter()
+            .filter(|img| {
+                img["complete"].as_bool() != Some(true)
+                    || img["naturalWidth"].as_u64().unwrap_or(0) == 0
+            })
+            .map(|img| img["src"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        Images {
+            count: all.len(),
+            broken,
+        }
+    }
+
+    /// Clicks the link `css` selects and waits until the browser has left the current page;
+    /// returns where it went.
+    pub async fn follow(&self, css: &str) -> url::Url {
+        let from = self.url().await;
+        let link = self
+            .command(
+                &format!("finding link {css}"),
+                SCRIPT_TIMEOUT,
+                self.client.find(Locator::Css(css)),
+            )
+            .await;
+        self.command(&format!("clicking {css}"), NAVIGATE_TIMEOUT, link.click())
+            .await;
+        let deadline = Instant::now() + NAVIGATE_TIMEOUT;
+        loop {
+            let now = self.url().await;
+            let ready = self.run("return document.readyState").await;
+            if now != from && ready == "complete" {
+                return now;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "browser: still at {now} ({ready}) {NAVIGATE_TIMEOUT:?} after clicking {css}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Writes a screenshot of the window to `to`, after checking it is a PNG with more than one
+    /// colour in it (a page that rendered).
+    pub async fn screenshot(&self, to: &Path) {
+        let png = self
+            .command(
+                "taking a screenshot",
+                SCREENSHOT_TIMEOUT,
+                self.client.screenshot(),
+            )
+            .await;
+        check_screenshot(&png);
+        if let Some(dir) = to.parent() {
+            std::fs::create_dir_all(dir).ok();
+        }
+        std::fs::write(to, &png)
+            .unwrap_or_else(|e| panic!("browser: cannot write {}: {e}", to.display()));
+    }
+
+    /// Ends the session politely, then the processes.
+    pub async fn close(self) {
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, self.client.close()).await;
+        drop(self.driver);
+    }
+}
+
+/// The images of a page once they settled.
+#[derive(Debug)]
+pub struct Images {
+    /// `<img>` elements in the document (after un-hiding everything).
+    pub count: usize,
+    /// The resolved URL (`currentSrc`, else `src`: absolute and percent-encoded, e.g.
+    /// `file:///tmp/x/missing%20one.png`) of every image that did not load.
+    pub broken: Vec<String>,
+}
+
+/// What the browser saw of one page, see [`check_page`].
+#[derive(Debug)]
+pub struct PageCheck {
+    pub images: usize,
+    pub broken: Vec<String>,
+    pub screenshot: PathBuf,
+    pub title: String,
+    /// What each probe script returned, run in order once the page loaded (before anything
+    /// was un-hidden).
+    pub probes: Vec<Value>,
+}
+
+/// Loads `html`, runs `probes`, waits for its images and writes a screenshot to
+/// `screenshot_to`; `None` when the test may skip for want of a browser.
+pub async fn check_page(html: &Path, screenshot_to: &Path, probes: &[&str]) -> Option<PageCheck> {
+    let browser = Browser::start().await?;
+    browser.open(html).await;
+    let page = browser.check(screenshot_to, probes).await;
+    browser.close().await;
+    Some(page)
+}
+
+impl Browser {
+    /// [`check_page`] on the page already open.
+    pub async fn check(&self, screenshot_to: &Path, probes: &[&str]) -> PageCheck {
+        let mut answers = Vec::new();
+        for probe in probes {
+            answers.push(self.run(probe).await);
+        }
+        let images = self.images().await;
+        self.screenshot(screenshot_to).await;
+        PageCheck {
+            images: images.count,
+            broken: images.broken,
+            screenshot: screenshot_to.to_owned(),
+            title: self.title().await,
+            probes: answers,
+        }
+    }
 }
 
 /// A running chromedriver (in its own process group, with Chromium under it) and its profile
 /// directory. Dropping it kills the whole process group, so nothing outlives the test.
 struct Driver {
     child: Child,
-    base: String,
-    http: reqwest::Client,
+    url: String,
     // Declared last: removed only after the processes using it are dead.
     dir: tempfile::TempDir,
 }
 
 impl Driver {
-    async fn start(chromedriver: &Path) -> Driver {
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .connect_timeout(Duration::from_secs(2))
-            .build()
-            .expect("browser: HTTP client");
+    async fn start(chromedriver: &Path) -> Result<Driver, String> {
         // A free port can be taken between our check and chromedriver's bind: retry a few times.
         let mut attempt = 1;
         loop {
-            let dir = tempfile::tempdir().expect("browser: tempdir");
+            let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
             let port = free_port();
             let output = std::fs::File::create(dir.path().join("chromedriver.out"))
-                .expect("browser: chromedriver output file");
+                .map_err(|e| format!("chromedriver output file: {e}"))?;
             let child = Command::new(chromedriver)
                 .arg(format!("--port={port}"))
                 .arg(format!(
@@ -267,137 +430,53 @@ impl Driver {
                     dir.path().join("chromedriver.log").display()
                 ))
                 .stdin(Stdio::null())
-                .stdout(output.try_clone().expect("browser: dup output file"))
+                .stdout(output.try_clone().map_err(|e| format!("dup: {e}"))?)
                 .stderr(output)
                 // Its own process group, so that Drop can kill Chromium along with it.
                 .process_group(0)
                 .spawn()
-                .unwrap_or_else(|e| {
-                    panic!("browser: cannot start {}: {e}", chromedriver.display())
-                });
+                .map_err(|e| format!("cannot start {}: {e}", chromedriver.display()))?;
             let mut driver = Driver {
                 child,
-                base: format!("http://127.0.0.1:{port}"),
-                http: http.clone(),
+                url: format!("http://127.0.0.1:{port}"),
                 dir,
             };
-            match driver.wait_ready().await {
-                Ok(()) => return driver,
+            match driver.wait_ready(port).await {
+                Ok(()) => return Ok(driver),
                 Err(why) if attempt < 3 && why.contains("exited") => {
                     eprintln!("browser: chromedriver on port {port} {why}; retrying");
                     attempt += 1;
                 }
-                Err(why) => panic!(
-                    "browser: chromedriver ({}) {why}\n{}",
-                    chromedriver.display(),
-                    driver.diagnostics()
-                ),
+                Err(why) => {
+                    return Err(format!(
+                        "chromedriver ({}) {why}\n{}",
+                        chromedriver.display(),
+                        driver.diagnostics()
+                    ));
+                }
             }
         }
     }
 
-    async fn wait_ready(&mut self) -> Result<(), String> {
+    /// Waits until chromedriver accepts connections on `port`.
+    async fn wait_ready(&mut self, port: u16) -> Result<(), String> {
         let deadline = Instant::now() + DRIVER_START;
-        let url = format!("{}/status", self.base);
         loop {
             if let Some(status) = self.child.try_wait().ok().flatten() {
                 return Err(format!("exited early ({status})"));
             }
-            let reply = self
-                .http
-                .get(&url)
-                .timeout(Duration::from_secs(2))
-                .send()
-                .await;
-            if let Ok(reply) = reply
-                && let Ok(body) = reply.json::<Value>().await
-                && body["value"]["ready"].as_bool() == Some(true)
+            if tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port))
+                .await
+                .is_ok()
             {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                return Err(format!("not ready at {url} after {DRIVER_START:?}"));
+                return Err(format!(
+                    "not listening on port {port} after {DRIVER_START:?}"
+                ));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn new_session(&self, chromium: &Path) -> String {
-        let profile = self.dir.path().join("profile");
-        let mut args: Vec<String> = CHROMIUM_ARGS.iter().map(|a| a.to_string()).collect();
-        args.push(format!("--user-data-dir={}", profile.display()));
-        let caps = json!({
-            "capabilities": {
-                "alwaysMatch": {
-                    "browserName": "chrome",
-                    "pageLoadStrategy": "normal",
-                    "timeouts": {
-                        "pageLoad": millis(NAVIGATE_TIMEOUT - Duration::from_secs(5)),
-                        "script": millis(IMAGE_WAIT + Duration::from_secs(5)),
-                        "implicit": 0,
-                    },
-                    "goog:chromeOptions": {
-                        "binary": chromium.to_string_lossy(),
-                        "args": args,
-                    },
-                }
-            }
-        });
-        let value = self
-            .call("POST", "/session", Some(caps), SESSION_TIMEOUT)
-            .await;
-        value["sessionId"]
-            .as_str()
-            .unwrap_or_else(|| panic!("browser: no sessionId in {value}"))
-            .to_owned()
-    }
-
-    /// One WebDriver command; panics with chromedriver's log on any error.
-    async fn call(&self, method: &str, path: &str, body: Option<Value>, limit: Duration) -> Value {
-        match self.try_call(method, path, body, limit).await {
-            Ok(value) => value,
-            Err(why) => panic!(
-                "browser: {method} {path} failed: {why}\n{}",
-                self.diagnostics()
-            ),
-        }
-    }
-
-    /// One WebDriver command; returns its `value`, or a description of what went wrong.
-    async fn try_call(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<Value>,
-        limit: Duration,
-    ) -> Result<Value, String> {
-        let url = format!("{}{path}", self.base);
-        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
-        let mut request = self.http.request(method, &url).timeout(limit);
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let reply = request.send().await.map_err(|e| {
-            if e.is_timeout() {
-                format!("no answer within {limit:?}")
-            } else {
-                format!("{e}")
-            }
-        })?;
-        let status = reply.status();
-        let mut body: Value = reply
-            .json()
-            .await
-            .map_err(|e| format!("HTTP {status}, unreadable body: {e}"))?;
-        let value = body["value"].take();
-        if status.is_success() {
-            Ok(value)
-        } else {
-            Err(format!(
-                "HTTP {status}: {}: {}",
-                value["error"].as_str().unwrap_or("?"),
-                value["message"].as_str().unwrap_or("?")
-            ))
         }
     }
 
@@ -408,9 +487,10 @@ impl Driver {
             let text = std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
             let tail = &lines[lines.len().saturating_sub(30)..];
-            let _ = writeln!(out, "--- last {} lines of {name} ---", tail.len());
+            out += &format!("--- last {} lines of {name} ---\n", tail.len());
             for line in tail {
-                let _ = writeln!(out, "{line}");
+                out += line;
+                out += "\n";
             }
         }
         out
@@ -441,39 +521,6 @@ fn free_port() -> u16 {
     listener.local_addr().unwrap().port()
 }
 
-/// Standard base64 (with optional padding, whitespace ignored); `None` on anything else.
-fn base64_decode(text: &str) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(text.len() / 4 * 3);
-    let (mut acc, mut bits) = (0u32, 0u32);
-    let mut padding = false;
-    for byte in text.bytes() {
-        let sextet = match byte {
-            b'A'..=b'Z' => byte - b'A',
-            b'a'..=b'z' => byte - b'a' + 26,
-            b'0'..=b'9' => byte - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            b'=' => {
-                padding = true;
-                continue;
-            }
-            b'\r' | b'\n' | b' ' | b'\t' => continue,
-            _ => return None,
-        };
-        if padding {
-            return None;
-        }
-        acc = (acc << 6) | u32::from(sextet);
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-            acc &= (1 << bits) - 1;
-        }
-    }
-    (acc == 0).then_some(out)
-}
-
 /// Panics unless `png` decodes as a PNG with more than one colour in it.
 fn check_screenshot(png: &[u8]) {
     let img = image::load_from_memory_with_format(png, image::ImageFormat::Png)
@@ -489,7 +536,7 @@ fn check_screenshot(png: &[u8]) {
 }
 
 #[tokio::test]
-async fn browser_harness_sees_broken_images() {
+async fn the_harness_sees_broken_images() {
     let dir = tempfile::tempdir().unwrap();
     // A space in the directory name checks the file:// URL's percent-encoding.
     let site = dir.path().join("report dir");
@@ -507,8 +554,14 @@ async fn browser_harness_sees_broken_images() {
 <h1>Self-test</h1>
 <img src="good%20one.png" width="64" height="48" alt="good">
 <div hidden><img src="missing.png" loading="lazy" alt="missing"></div>
+<p><a id="next" href="second.html">second</a></p>
 </body></html>
 "#,
+    )
+    .unwrap();
+    std::fs::write(
+        site.join("second.html"),
+        "<!doctype html><title>second</title><p>the second page</p>",
     )
     .unwrap();
 
@@ -537,22 +590,155 @@ async fn browser_harness_sees_broken_images() {
         "probes run before anything is un-hidden"
     );
     assert!(check.screenshot.is_file());
+
+    let browser = Browser::start().await.expect("started once already");
+    browser.open(&html).await;
+    let second = browser.follow("#next").await;
+    assert!(
+        second.path().ends_with("/report%20dir/second.html"),
+        "{second}"
+    );
+    assert_eq!(browser.title().await, "second");
+    browser.close().await;
+}
+
+/// The test above run as its own process (this very test binary), with `env` set and the
+/// variables that require a browser removed unless `env` sets them.
+fn harness_test_alone(env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "browser::the_harness_sees_broken_images"])
+        .env_remove("CI")
+        .env_remove("IMGPIPE_REQUIRE_CHROMIUM")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null());
+    cmd.output().unwrap()
 }
 
 #[test]
-fn base64_decoder_matches_known_vectors() {
-    for (text, bytes) in [
-        ("", &b""[..]),
-        ("Zg==", b"f"),
-        ("Zm8=", b"fo"),
-        ("Zm9v", b"foo"),
-        ("Zm9vYg==", b"foob"),
-        ("Zm9vYmE=", b"fooba"),
-        ("Zm9vYmFy", b"foobar"),
-        ("/+8=", &[0xff, 0xef]),
+fn without_a_browser_a_test_says_skipped_on_stdout_and_under_ci_fails_with_the_reason() {
+    let missing = "/nonexistent/imgpipe-test/chromium";
+    let text = |o: &std::process::Output| {
+        format!(
+            "{}\n--- stderr\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+
+    // Outside CI: passes, and says so in the output libtest shows for a passing test.
+    let skipped = harness_test_alone(&[("IMGPIPE_CHROMIUM", missing)]);
+    let stdout = String::from_utf8_lossy(&skipped.stdout);
+    assert_eq!(skipped.status.code(), Some(0), "{}", text(&skipped));
+    assert!(
+        stdout.contains(&format!(
+            "browser test skipped: Chromium not found at {missing}"
+        )),
+        "{}",
+        text(&skipped)
+    );
+    assert!(stdout.contains("1 passed"), "{}", text(&skipped));
+
+    // Under CI, or when asked to: the test fails, naming the reason.
+    for (env, required_by, why) in [
+        (
+            &[("CI", "true"), ("IMGPIPE_CHROMIUM", missing)][..],
+            "CI=true",
+            format!("Chromium not found at {missing}"),
+        ),
+        (
+            &[
+                ("IMGPIPE_REQUIRE_CHROMIUM", "1"),
+                ("IMGPIPE_CHROMIUM", missing),
+            ],
+            "IMGPIPE_REQUIRE_CHROMIUM=1",
+            format!("Chromium not found at {missing}"),
+        ),
+        (
+            // Binaries that are there but no browser: chromedriver cannot start.
+            &[
+                ("CI", "true"),
+                ("IMGPIPE_CHROMIUM", "/bin/true"),
+                ("IMGPIPE_CHROMEDRIVER", "/bin/false"),
+            ],
+            "CI=true",
+            "chromedriver (/bin/false) exited early".to_owned(),
+        ),
     ] {
-        assert_eq!(base64_decode(text).as_deref(), Some(bytes), "{text}");
+        let failed = harness_test_alone(env);
+        let all = text(&failed);
+        assert_eq!(failed.status.code(), Some(101), "{env:?}: {all}");
+        assert!(
+            all.contains(&format!(
+                "cannot start Chromium, and {required_by} requires it: {why}"
+            )),
+            "{env:?}: {all}"
+        );
+        assert!(!all.contains("browser test skipped"), "{env:?}: {all}");
     }
-    assert_eq!(base64_decode("Zm9v!"), None);
-    assert_eq!(base64_decode("Zg==Zg=="), None);
+}
+
+#[test]
+fn ci_true_or_require_chromium_require_the_browser() {
+    let settings = |vars: &[(&str, &str)]| {
+        Settings::from_vars(|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        })
+    };
+    let plain = settings(&[]);
+    assert_eq!(plain.chromium, Path::new("/usr/bin/chromium"));
+    assert_eq!(plain.chromedriver, Path::new("/usr/bin/chromedriver"));
+    assert_eq!(plain.required_by, None);
+    for (vars, required_by) in [
+        (&[("CI", "true")][..], Some("CI=true")),
+        (&[("CI", "1")], Some("CI=1")),
+        (&[("CI", "false")], None),
+        (&[("CI", "")], None),
+        (
+            &[("IMGPIPE_REQUIRE_CHROMIUM", "1")],
+            Some("IMGPIPE_REQUIRE_CHROMIUM=1"),
+        ),
+        (&[("IMGPIPE_REQUIRE_CHROMIUM", "0")], None),
+    ] {
+        assert_eq!(
+            settings(vars).required_by.as_deref(),
+            required_by,
+            "{vars:?}"
+        );
+    }
+    let custom = settings(&[
+        ("IMGPIPE_CHROMIUM", "/opt/c"),
+        ("IMGPIPE_CHROMEDRIVER", "/opt/d"),
+    ]);
+    assert_eq!(custom.chromium, Path::new("/opt/c"));
+    assert_eq!(custom.chromedriver, Path::new("/opt/d"));
+}
+
+/// `.ci/chromium.sh` as `.ci/run` sources it, pointed at a Chromium that is not there (which
+/// it does not try to install): CI must stop there rather than go on without the browser test.
+#[test]
+fn ci_stops_when_it_cannot_have_chromium() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let missing = "/nonexistent/imgpipe-test/chromium";
+    let o = Command::new("bash")
+        .args([
+            "-c",
+            "set -euo pipefail; source .ci/chromium.sh; echo 'went on'",
+        ])
+        .current_dir(root)
+        .env("IMGPIPE_CHROMIUM", missing)
+        .env_remove("IMGPIPE_CHROMEDRIVER")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_ne!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(!stdout.contains("went on"), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("error: Chromium/chromedriver unavailable")
+            && stderr.contains("IMGPIPE_CHROMIUM/IMGPIPE_CHROMEDRIVER point at missing files"),
+        "{stderr}"
+    );
 }

@@ -11,6 +11,7 @@ mod cli;
 mod client;
 mod common;
 mod crash;
+mod fuzz;
 mod hostile;
 mod places;
 mod plan;

@@ -1,11 +1,12 @@
 //! The run report in a real browser (headless Chromium, see `browser.rs`): every image loads,
-//! large runs are paged, and a screenshot is kept for eyes.
+//! large runs are paged and their pager followed, and a screenshot is kept for eyes. Without a
+//! browser these tests fail under `CI=true` and say they skipped otherwise.
 
 use std::path::{Path, PathBuf};
 
 use imgpipe::sandbox;
 
-use crate::browser::check_page;
+use crate::browser::{Browser, check_page};
 use crate::common::*;
 use crate::run::{config, edit_chain, state_path, write};
 
@@ -114,9 +115,11 @@ async fn a_run_of_many_items_is_paged_and_still_loads_every_image() {
     let report = report_in(dir);
     let images = downloaded(dir).await;
     assert_eq!(images, 390);
-    let Some(page) = check_page(&report, &screenshot("report-paged"), &[ARRIVAL]).await else {
+    let Some(browser) = Browser::start().await else {
         return;
     };
+    browser.open(&report).await;
+    let page = browser.check(&screenshot("report-paged"), &[ARRIVAL]).await;
     let arrival = page.probes[0].as_array().unwrap();
     assert_eq!(
         arrival[..3],
@@ -132,10 +135,20 @@ async fn a_run_of_many_items_is_paged_and_still_loads_every_image() {
          screen; {loaded} loaded"
     );
     assert!(page.broken.is_empty(), "broken images: {:?}", page.broken);
-    let second = report.with_file_name("report-2.html");
-    let Some(next) = check_page(&second, &screenshot("report-paged-2"), &[ARRIVAL]).await else {
-        return;
-    };
+
+    // The pager's link leads to the second page, as a reader would follow it.
+    let second = browser.follow("#pages a[rel=next]").await;
+    let expected = std::fs::canonicalize(report.with_file_name("report-2.html")).unwrap();
+    let mut expected = url::Url::from_file_path(expected).unwrap();
+    expected.set_fragment(Some("items"));
+    assert_eq!(
+        second, expected,
+        "the pager leads to the second page's items"
+    );
+    let next = browser
+        .check(&screenshot("report-paged-2"), &[ARRIVAL])
+        .await;
+    browser.close().await;
     assert_eq!(
         next.probes[0].as_array().unwrap()[..3],
         serde_json::json!([30, ["‹ previous", "1–100", "101–130"], 90])

@@ -78,7 +78,7 @@ fn read_jsonl(
                     file,
                     Mark {
                         line: i + 1,
-                        col: e.column().max(1),
+                        col: char_column(line, e.column()),
                     },
                     format!("not a JSON object: {}", without_position(&e)),
                 ));
@@ -117,6 +117,15 @@ fn read_jsonl(
             id_mark,
         });
     }
+}
+
+/// serde_json's 1-based column, which counts bytes, as the characters a reader counts: those
+/// that start before it.
+fn char_column(line: &str, byte_column: usize) -> usize {
+    line.char_indices()
+        .take_while(|(at, _)| *at < byte_column)
+        .count()
+        .max(1)
 }
 
 /// serde_json's message without its " at line 1 column N": the line is the file's, given apart.
@@ -301,6 +310,21 @@ mod tests {
         assert_eq!(rows.len(), 2);
         let lines: Vec<usize> = report.errors.iter().map(|d| d.line).collect();
         assert_eq!(lines, [3, 4]);
+    }
+
+    #[test]
+    fn jsonl_errors_count_columns_in_characters() {
+        let mut report = Report::default();
+        // serde_json says column 30, in bytes: the end of the line, 21 characters in.
+        let text = "{\"id\": \"日本語\", \"x\": \"🙂\n".as_bytes();
+        read(
+            |b, f, r, i| read_jsonl(b, f, r, i),
+            text,
+            "i.jsonl",
+            &mut report,
+        );
+        let at: Vec<(usize, usize)> = report.errors.iter().map(|d| (d.line, d.column)).collect();
+        assert_eq!(at, [(1, 21)], "{:?}", report.errors);
     }
 
     #[test]
