@@ -5,7 +5,10 @@
 //! the rule is the same everywhere, so a 429 is honoured the same way whether it answers a
 //! generation, a `GET /v1/jobs` or the limiter's shared pause.
 
+use std::future::Future;
 use std::time::{Duration, SystemTime};
+
+use crate::api::ApiError;
 
 /// The longest wait a server's `Retry-After` is honoured for: one call, or the whole run's
 /// dispatch when the limiter pauses, is never held back for longer.
@@ -68,6 +71,26 @@ impl RetryPolicy {
 }
 
 /// The part of a server's `Retry-After` that is honoured: at most [`MAX_RETRY_WAIT`].
+/// Runs a free call (a read that bills nothing) until it succeeds, fails for good or `policy`
+/// gives up: a passing failure (a 429, a server error, a lost connection) is waited out as the
+/// policy says, `Retry-After` included. Never for a paid call, whose retry may bill.
+pub async fn free_call<T, F, Fut>(policy: RetryPolicy, call: F) -> Result<T, ApiError>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, ApiError>>,
+{
+    let mut failures = 0;
+    loop {
+        match call().await {
+            Err(e) if e.is_transient() && policy.allows(failures + 1) => {
+                failures += 1;
+                tokio::time::sleep(policy.delay(failures, e.retry_after())).await;
+            }
+            answer => return answer,
+        }
+    }
+}
+
 pub fn honoured(retry_after: Option<Duration>) -> Option<Duration> {
     retry_after.map(|wait| wait.min(MAX_RETRY_WAIT))
 }

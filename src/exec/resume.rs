@@ -558,16 +558,7 @@ pub async fn apply(
 const READ_BACK: RetryPolicy = RetryPolicy::new(5, Duration::from_millis(500));
 
 async fn read_back(client: &Client, job_id: &str) -> Result<JobRecord, ApiError> {
-    let mut failures = 0;
-    loop {
-        match client.job(job_id).await {
-            Err(e) if e.is_transient() && READ_BACK.allows(failures + 1) => {
-                failures += 1;
-                tokio::time::sleep(READ_BACK.delay(failures, e.retry_after())).await;
-            }
-            answer => return answer,
-        }
-    }
+    crate::api::retry::free_call(READ_BACK, || client.job(job_id)).await
 }
 
 /// Reads back a lost call's job; records it as the attempt's answer when it succeeded.

@@ -174,16 +174,6 @@ impl Shared {
         Fut: std::future::Future<Output = Result<T, ApiError>>,
     {
         let _permit = self.free.acquire().await;
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            match call().await {
-                Ok(v) => return Ok(v),
-                Err(e) if e.is_transient() && self.free_retry.allows(tries) => {
-                    tokio::time::sleep(self.free_retry.delay(tries, e.retry_after())).await;
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        crate::api::retry::free_call(self.free_retry, call).await
     }
 }

@@ -6,11 +6,16 @@ use std::time::Duration;
 
 use crate::api::client::DEFAULT_CONNECT_TIMEOUT;
 use crate::api::download::DEFAULT_MAX_BYTES;
+use crate::api::retry::{RetryPolicy, free_call};
 use crate::api::{ApiKey, Client, ClientConfig, Downloader};
 use crate::error::Error;
 use crate::pipeline::Pipeline;
 use crate::plan::{Balance, GenerationPrice, ModelsAnswer};
 use crate::sandbox::{self, Sandbox};
+
+/// Tries at the reads a run starts with (account, models) and the balance it ends with: they
+/// bill nothing, so a passing 429 or server error is waited out rather than ending the run.
+const FREE_READS: RetryPolicy = RetryPolicy::new(5, Duration::from_millis(500));
 
 /// How to reach the service, as the command line and the environment said.
 #[derive(Clone, Debug, Default)]
@@ -101,7 +106,7 @@ impl Connection {
 
     /// The balance from the account, and the generation price with the models list's help.
     pub async fn ask(&self, pipeline: &Pipeline) -> Result<(Balance, GenerationPrice), Error> {
-        let account = self.client.account().await?;
+        let account = free_call(FREE_READS, || self.client.account()).await?;
         let pointer = self.fields.balance.as_deref();
         let balance = match account.balance(pointer) {
             Ok(found) => Balance::Known {
@@ -114,7 +119,7 @@ impl Connection {
             },
         };
         let generation = if pipeline.has_generation() {
-            match self.client.models().await {
+            match free_call(FREE_READS, || self.client.models()).await {
                 Ok(models) => GenerationPrice::resolve(pipeline, ModelsAnswer::Fetched(&models)),
                 Err(e) => GenerationPrice::resolve(pipeline, ModelsAnswer::Failed(e.to_string())),
             }
@@ -126,7 +131,7 @@ impl Connection {
 
     /// The balance now, when the account answers and states it.
     pub async fn balance_now(&self) -> Option<i64> {
-        let account = self.client.account().await.ok()?;
+        let account = free_call(FREE_READS, || self.client.account()).await.ok()?;
         account
             .balance(self.fields.balance.as_deref())
             .ok()

@@ -2024,3 +2024,33 @@ async fn a_price_the_service_states_or_billed_before_needs_no_lone_first_call() 
     assert_exit_without_panic(&o, 0);
     assert!(first_calls_overlap(dir, "stated").await);
 }
+
+/// The reads a run starts with (account, models) bill nothing: a 429 on them is waited out
+/// (its Retry-After honoured) instead of ending the run with exit 1 before anything is spent.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_429_on_the_reads_a_run_starts_with_is_waited_out() {
+    let items = 2;
+    let env = start(sandbox::Config {
+        rate_limit: Some(1.0),
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(items, None));
+    // Takes the sandbox's one request of this second: the run's first read meets a 429.
+    client_for(&env.sandbox, env.sandbox.key())
+        .account()
+        .await
+        .unwrap();
+    let o = run(&env, dir, &["p.yaml", "--json", "--run-id", "r"]).await;
+    assert_exit_without_panic(&o, 0);
+    let stats = env.sandbox.stats();
+    assert!(stats.rate_limited > 0, "a read met the limit: {stats:?}");
+    assert_eq!(
+        env.sandbox.ledger().len(),
+        3 * items,
+        "each call billed once"
+    );
+    let db = read_db(&state_path(dir)).await;
+    assert_ledger_agrees(&env, &db, START_BALANCE);
+}
