@@ -113,6 +113,29 @@ impl StateArgs {
         }
         command
     }
+
+    /// Run `run_id` as it is now: its record, and whether its process is still going (the run
+    /// lock asked) with the command that continues it when it is unfinished.
+    pub async fn observed_run(
+        &self,
+        store: &crate::store::Store,
+        run_id: &str,
+        sandbox: bool,
+    ) -> Result<(crate::store::RunRow, crate::report::live::Observed), Error> {
+        let Some(run) = store.run(run_id).await? else {
+            return Err(crate::runner::state::no_such_run(store, run_id));
+        };
+        let (run, process) = crate::report::live::observe(store, run).await?;
+        let continue_with = run
+            .status
+            .unfinished()
+            .then(|| self.resume_command(&run.id, sandbox));
+        let observed = crate::report::live::Observed {
+            process,
+            continue_with,
+        };
+        Ok((run, observed))
+    }
 }
 
 /// Options of every command that runs tasks: `run` and `resume`.

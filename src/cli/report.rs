@@ -10,9 +10,8 @@ use crate::cli::args::StateArgs;
 use crate::cli::stdio;
 use crate::cli::view::print_json;
 use crate::error::Error;
-use crate::report::live::{Observed, observe};
 use crate::report::{self, Written};
-use crate::runner::state::{close, no_such_run};
+use crate::runner::state::close;
 use crate::store::Store;
 
 #[derive(Debug, Args)]
@@ -59,17 +58,9 @@ pub(super) async fn run(args: &ReportArgs, global: &GlobalArgs) -> Result<(), Er
 }
 
 async fn write(store: &Store, args: &ReportArgs) -> Result<Written, Error> {
-    let Some(run) = store.run(&args.run_id).await? else {
-        return Err(no_such_run(store, &args.run_id));
-    };
-    let (run, process) = observe(store, run).await?;
-    let continue_with = run
-        .status
-        .unfinished()
-        .then(|| args.state.resume_command(&run.id, args.sandbox));
-    let observed = Observed {
-        process,
-        continue_with,
-    };
+    let (run, observed) = args
+        .state
+        .observed_run(store, &args.run_id, args.sandbox)
+        .await?;
     report::write(store, run, args.out.as_deref(), observed).await
 }

@@ -7,9 +7,8 @@ use crate::cli::args::StateArgs;
 use crate::cli::stdio;
 use crate::cli::view::{print_json, render_summary};
 use crate::error::Error;
-use crate::report::live::observe;
 use crate::report::summary::{Status, status_of};
-use crate::runner::state::{close, no_such_run};
+use crate::runner::state::close;
 use crate::store::Store;
 use crate::time::rfc3339_ms as time;
 
@@ -74,16 +73,12 @@ pub(super) async fn run(args: &StatusArgs, global: &GlobalArgs) -> Result<(), Er
 }
 
 async fn read(store: &Store, args: &StatusArgs) -> Result<Status, Error> {
-    let Some(run) = store.run(&args.run_id).await? else {
-        return Err(no_such_run(store, &args.run_id));
-    };
-    let (run, process) = observe(store, run).await?;
-    let continue_with = run
-        .status
-        .unfinished()
-        .then(|| args.state.resume_command(&run.id, args.sandbox));
+    let (run, observed) = args
+        .state
+        .observed_run(store, &args.run_id, args.sandbox)
+        .await?;
     let mut status = status_of(store, run).await?;
-    status.summary.process = process;
-    status.summary.continue_with = continue_with;
+    status.summary.process = observed.process;
+    status.summary.continue_with = observed.continue_with;
     Ok(status)
 }

@@ -472,9 +472,7 @@ impl Graph {
     pub fn item_dir(&self, instance: Instance) -> Cow<'static, str> {
         match instance {
             Instance::Batch => Cow::Borrowed(layout::BATCH),
-            Instance::Item(i) => {
-                Cow::Owned(self.items.get(i).map_or_else(String::new, |item| item.id))
-            }
+            Instance::Item(i) => Cow::Owned(self.items.id(i).unwrap_or_default()),
         }
     }
 

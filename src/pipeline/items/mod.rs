@@ -74,11 +74,15 @@ impl Items {
         self.rows.get(i)
     }
 
+    /// Item `i`'s id, without decoding its fields.
+    pub fn id(&self, i: usize) -> Option<String> {
+        self.rows.id(i)
+    }
+
     /// The item whose id is `id`, exactly.
     pub fn position(&self, id: &str) -> Option<usize> {
         let row = self.ids.find(&id.to_lowercase(), &self.rows)?;
-        let item = self.rows.get(row)?;
-        (item.id == id).then_some(row)
+        (self.rows.id(row)? == id).then_some(row)
     }
 
     pub fn field_names(&self) -> impl Iterator<Item = &str> {
@@ -137,9 +141,7 @@ impl IdIndex {
 
     fn find(&self, lower: &str, rows: &Store) -> Option<usize> {
         if let Some(&row) = self.first.get(&Self::hash(lower))
-            && rows
-                .get(row)
-                .is_some_and(|item| item.id.to_lowercase() == lower)
+            && rows.id(row).is_some_and(|id| id.to_lowercase() == lower)
         {
             return Some(row);
         }

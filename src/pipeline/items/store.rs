@@ -83,11 +83,19 @@ impl Store {
 
     /// Item `i`, decoded.
     pub(super) fn get(&self, i: usize) -> Option<Item> {
+        self.with_bytes(i, decode)
+    }
+
+    /// Item `i`'s id alone (encoded first), for the many places that name its directory.
+    pub(super) fn id(&self, i: usize) -> Option<String> {
+        self.with_bytes(i, |bytes| Reader(bytes).string())
+    }
+
+    fn with_bytes<T>(&self, i: usize, f: impl FnOnce(&[u8]) -> T) -> Option<T> {
         let start = *self.starts.get(i)?;
         let end = self.starts.get(i + 1).copied().unwrap_or(self.len);
         let mut buf = Vec::new();
-        let bytes = self.bytes(start, end, &mut buf);
-        Some(decode(bytes))
+        Some(f(self.bytes(start, end, &mut buf)))
     }
 
     /// Items `from..` in order, read from the file in large blocks rather than one by one.
