@@ -175,8 +175,9 @@ fn main() {
     ];
     let only = std::env::var("IMGPIPE_BENCH_ONLY").unwrap_or_default();
     let mut medians = Vec::new();
+    let mut kept = Vec::new();
     for scenario in scenarios.iter().filter(|s| s.name.contains(only.as_str())) {
-        let samples: Vec<Sample> = (0..runs).map(|_| run_once(scenario)).collect();
+        let samples: Vec<Sample> = (0..runs).map(|_| run_once(scenario, &mut kept)).collect();
         medians.push((scenario, median(&samples)));
     }
     report(&medians, runs);
@@ -205,7 +206,11 @@ fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
 }
 
-fn run_once(s: &Scenario) -> Sample {
+/// Runs `s` once, in a directory left in `kept` until the bench ends: ext4 without a journal
+/// (this machine's disk) passes over inodes deleted in the last minutes when it allocates new
+/// ones, so removing one run's thousands of files would tax the next run's every file and
+/// directory, and the bench would measure its own clean-up rather than imgpipe.
+fn run_once(s: &Scenario, kept: &mut Vec<tempfile::TempDir>) -> Sample {
     let dir = tempfile::tempdir().expect("temp dir");
     let pipeline = write_inputs(dir.path(), s);
     let sandbox = Sandbox::start(&s.sandbox);
@@ -270,6 +275,7 @@ fn run_once(s: &Scenario) -> Sample {
         sample.rate_limited,
         sample.peak_in_flight
     );
+    kept.push(dir);
     sample
 }
 

@@ -134,14 +134,7 @@ impl Downloader {
                 limit: self.max_bytes,
             });
         }
-        tokio::fs::create_dir_all(dir)
-            .await
-            .map_err(|source| DownloadError::Io {
-                path: dir.to_path_buf(),
-                source,
-            })?;
-        let part = part_file(dir, stem)?;
-        let seen = self.stream_into(&part, response, expected).await?;
+        let (seen, body) = self.receive(response, expected, dir, stem).await?;
         let ext = image_extension(&seen.head).ok_or_else(|| DownloadError::NotImage {
             start: String::from_utf8_lossy(&seen.head).into_owned(),
         })?;
@@ -152,7 +145,31 @@ impl Downloader {
             });
         }
         let sha256 = hex::encode(seen.hasher.finalize());
-        let path = persist(part, &dir.join(format!("{stem}.{ext}")), &sha256)?;
+        let dest = dir.join(format!("{stem}.{ext}"));
+        let (dir, stem, sha) = (dir.to_path_buf(), stem.to_owned(), sha256.clone());
+        // The file lands in one trip to the blocking pool: every trip is two thread switches,
+        // which cost more than writing a small image.
+        let path = blocking(&dest.clone(), move || {
+            let part = match body {
+                Body::Held(chunks) => {
+                    create_dir(&dir)?;
+                    let part = part_file(&dir, &stem)?;
+                    let io_err = |source| DownloadError::Io {
+                        path: part.path().to_path_buf(),
+                        source,
+                    };
+                    let mut file = part.as_file();
+                    for chunk in &chunks {
+                        io::Write::write_all(&mut file, chunk).map_err(io_err)?;
+                    }
+                    part.as_file().sync_all().map_err(io_err)?;
+                    part
+                }
+                Body::Spilled(part) => part,
+            };
+            persist(part, &dest, &sha)
+        })
+        .await?;
         Ok(Downloaded {
             path,
             bytes: seen.bytes,
@@ -160,26 +177,24 @@ impl Downloader {
         })
     }
 
-    /// Streams the body into `part`, hashing as it goes and keeping the first and last bytes
-    /// for the format checks; the file is fsynced before this returns.
-    async fn stream_into(
+    /// Receives the body, hashing it and keeping the first and last bytes for the format
+    /// checks: held in memory up to [`HELD_BYTES`], streamed into a temporary file in `dir`
+    /// (fsynced before this returns) past that.
+    async fn receive(
         &self,
-        part: &NamedTempFile,
         response: reqwest::Response,
         expected: Option<u64>,
-    ) -> Result<Seen, DownloadError> {
-        let io_err = |source| DownloadError::Io {
-            path: part.path().to_path_buf(),
-            source,
-        };
-        let handle = part.as_file().try_clone().map_err(io_err)?;
-        let mut file = tokio::io::BufWriter::new(tokio::fs::File::from_std(handle));
+        dir: &Path,
+        stem: &str,
+    ) -> Result<(Seen, Body), DownloadError> {
         let mut seen = Seen {
             hasher: Sha256::new(),
             bytes: 0,
             head: Vec::with_capacity(16),
             tail: Vec::with_capacity(32),
         };
+        let mut held = Vec::new();
+        let mut spilled: Option<(NamedTempFile, tokio::io::BufWriter<tokio::fs::File>)> = None;
         let mut body = response.bytes_stream();
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| match expected {
@@ -198,7 +213,21 @@ impl Downloader {
                 });
             }
             seen.observe(&chunk);
-            file.write_all(&chunk).await.map_err(io_err)?;
+            if spilled.is_none() && seen.bytes <= HELD_BYTES {
+                held.push(chunk);
+                continue;
+            }
+            if spilled.is_none() {
+                spilled = Some(spill(dir, stem, std::mem::take(&mut held)).await?);
+            }
+            if let Some((part, file)) = &mut spilled {
+                file.write_all(&chunk)
+                    .await
+                    .map_err(|source| DownloadError::Io {
+                        path: part.path().to_path_buf(),
+                        source,
+                    })?;
+            }
         }
         if let Some(expected) = expected.filter(|e| *e != seen.bytes) {
             return Err(DownloadError::Truncated {
@@ -206,10 +235,75 @@ impl Downloader {
                 expected,
             });
         }
+        let Some((part, mut file)) = spilled else {
+            return Ok((seen, Body::Held(held)));
+        };
+        let io_err = |source| DownloadError::Io {
+            path: part.path().to_path_buf(),
+            source,
+        };
         file.flush().await.map_err(io_err)?;
         file.get_ref().sync_all().await.map_err(io_err)?;
-        Ok(seen)
+        Ok((seen, Body::Spilled(part)))
     }
+}
+
+/// The most of a body held in memory before it goes to a temporary file: larger than most
+/// images of the sandbox, small enough that the downloads in flight hold little.
+const HELD_BYTES: u64 = 256 * 1024;
+
+/// A body received whole: in memory, or in a temporary file already fsynced.
+enum Body {
+    Held(Vec<bytes::Bytes>),
+    Spilled(NamedTempFile),
+}
+
+/// A temporary file in `dir` for a body too large to hold, with what arrived so far written.
+async fn spill(
+    dir: &Path,
+    stem: &str,
+    held: Vec<bytes::Bytes>,
+) -> Result<(NamedTempFile, tokio::io::BufWriter<tokio::fs::File>), DownloadError> {
+    let (dir, stem) = (dir.to_path_buf(), stem.to_owned());
+    let (part, handle) = blocking(&dir.clone(), move || {
+        create_dir(&dir)?;
+        let part = part_file(&dir, &stem)?;
+        let io_err = |source| DownloadError::Io {
+            path: part.path().to_path_buf(),
+            source,
+        };
+        let mut file = part.as_file();
+        for chunk in &held {
+            io::Write::write_all(&mut file, chunk).map_err(io_err)?;
+        }
+        let handle = part.as_file().try_clone().map_err(io_err)?;
+        Ok((part, handle))
+    })
+    .await?;
+    Ok((
+        part,
+        tokio::io::BufWriter::new(tokio::fs::File::from_std(handle)),
+    ))
+}
+
+fn create_dir(dir: &Path) -> Result<(), DownloadError> {
+    std::fs::create_dir_all(dir).map_err(|source| DownloadError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })
+}
+
+/// Runs file work on the blocking pool; `path` names it should the pool fail.
+async fn blocking<T: Send + 'static>(
+    path: &Path,
+    work: impl FnOnce() -> Result<T, DownloadError> + Send + 'static,
+) -> Result<T, DownloadError> {
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
+        Err(DownloadError::Io {
+            path: path.to_path_buf(),
+            source: io::Error::other(e),
+        })
+    })
 }
 
 /// What a download's bytes looked like on the way through.

@@ -1,9 +1,14 @@
 //! Group commit: the writes of the hot path (a call's intent, its result, a download's
 //! record) go to one writer, which runs every write waiting at that instant in one
-//! transaction, each in a savepoint of its own, and answers each only once the transaction
-//! is committed. Concurrent calls then share one fsync instead of paying one each, and a
-//! write still returns only when it is on disk: a paid call is sent only after its intent is
-//! durable, and a task counts as done only once its result is.
+//! transaction and answers each only once the transaction is committed. Concurrent calls then
+//! share one fsync instead of paying one each, and a write still returns only when it is on
+//! disk: a paid call is sent only after its intent is durable, and a task counts as done only
+//! once its result is.
+//!
+//! Every statement is a round trip to SQLite's worker thread, so a group spends none on
+//! isolating its writes from each other: a write that fails rolls the whole group back, and
+//! the group is then written again one write per transaction, so that only the failing write
+//! fails. That is why a write may run more than once and is `Fn`, not `FnOnce`.
 
 use futures::future::BoxFuture;
 use sqlx::{Acquire, SqliteConnection, SqlitePool};
@@ -21,9 +26,12 @@ pub(crate) enum Written {
     Ids(Vec<i64>),
 }
 
-type Write = Box<
-    dyn for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<Written, sqlx::Error>>
-        + Send,
+/// One write: its statements, run inside the group's transaction. It may be run again (see
+/// the module's comment), so it clones what it moves into its future.
+pub(crate) type Write = Box<
+    dyn for<'c> Fn(&'c mut SqliteConnection) -> BoxFuture<'c, Result<Written, sqlx::Error>>
+        + Send
+        + Sync,
 >;
 
 struct Job {
@@ -65,54 +73,80 @@ async fn run(pool: SqlitePool, mut rx: mpsc::UnboundedReceiver<Job>) {
                 Err(_) => break,
             }
         }
-        commit_group(&pool, jobs).await;
+        let mut conn = match pool.acquire().await {
+            Ok(conn) => conn,
+            Err(e) => {
+                fail_all(jobs, &e.to_string());
+                continue;
+            }
+        };
+        commit_group(&mut conn, jobs).await;
     }
 }
 
-/// One transaction for `jobs`; each job's own failure rolls back only its savepoint.
-async fn commit_group(pool: &SqlitePool, jobs: Vec<Job>) {
-    let mut conn = match pool.acquire().await {
-        Ok(conn) => conn,
-        Err(e) => return fail_all(jobs, &e),
+/// One transaction for `jobs`; when one of them fails, one transaction for each.
+async fn commit_group(conn: &mut SqliteConnection, mut jobs: Vec<Job>) {
+    if jobs.len() == 1 {
+        let job = jobs.remove(0);
+        return commit_alone(conn, job).await;
+    }
+    match transaction(conn, &jobs).await {
+        Ok(answers) => {
+            for (job, written) in jobs.into_iter().zip(answers) {
+                let _ = job.reply.send(Ok(written));
+            }
+        }
+        // Which write failed, and whether the others are sound, is found by writing each alone.
+        Err(Failed::Write(_)) => {
+            for job in jobs {
+                commit_alone(conn, job).await;
+            }
+        }
+        Err(Failed::Transaction(message)) => fail_all(jobs, &message),
+    }
+}
+
+/// `job` in a transaction of its own, answered with its own result.
+async fn commit_alone(conn: &mut SqliteConnection, job: Job) {
+    let answer = match transaction(conn, std::slice::from_ref(&job)).await {
+        Ok(mut answers) => Ok(answers.remove(0)),
+        Err(Failed::Write(e)) => Err(StoreError::from(e)),
+        Err(Failed::Transaction(message)) => Err(StoreError::Write(message)),
     };
-    let mut tx = match conn.begin().await {
-        Ok(tx) => tx,
-        Err(e) => return fail_all(jobs, &e),
-    };
+    let _ = job.reply.send(answer);
+}
+
+enum Failed {
+    /// A write's own statement failed; the transaction was rolled back.
+    Write(sqlx::Error),
+    /// The transaction could not begin or commit.
+    Transaction(String),
+}
+
+/// Runs every job's write in one transaction: all committed, or none.
+async fn transaction(conn: &mut SqliteConnection, jobs: &[Job]) -> Result<Vec<Written>, Failed> {
+    let mut tx = conn
+        .begin()
+        .await
+        .map_err(|e| Failed::Transaction(e.to_string()))?;
     let mut answers = Vec::with_capacity(jobs.len());
     for job in jobs {
-        let result = match tx.begin().await {
-            Ok(mut savepoint) => match (job.write)(&mut savepoint).await {
-                Ok(written) => savepoint.commit().await.map(|()| written),
-                Err(e) => {
-                    let _ = savepoint.rollback().await;
-                    Err(e)
-                }
-            },
-            Err(e) => Err(e),
-        };
-        answers.push((job.reply, result.map_err(StoreError::from)));
-    }
-    match tx.commit().await {
-        Ok(()) => {
-            for (reply, result) in answers {
-                let _ = reply.send(result);
-            }
-        }
-        Err(e) => {
-            let message = e.to_string();
-            for (reply, _) in answers {
-                let _ = reply.send(Err(StoreError::Write(format!(
-                    "the transaction was not committed: {message}"
-                ))));
+        match (job.write)(&mut tx).await {
+            Ok(written) => answers.push(written),
+            Err(e) => {
+                let _ = tx.rollback().await;
+                return Err(Failed::Write(e));
             }
         }
     }
+    tx.commit()
+        .await
+        .map_err(|e| Failed::Transaction(format!("the transaction was not committed: {e}")))?;
+    Ok(answers)
 }
 
-fn fail_all(jobs: Vec<Job>, e: &sqlx::Error) {
-    let message = e.to_string();
+fn fail_all(jobs: Vec<Job>, message: &str) {
     for job in jobs {
-        let _ = job.reply.send(Err(StoreError::Write(message.clone())));
+        let _ = job.reply.send(Err(StoreError::Write(message.to_owned())));
     }
 }

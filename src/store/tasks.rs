@@ -167,6 +167,38 @@ pub(crate) fn to_u64(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
 }
 
+/// The statements that record an attempt's outcome and, for a success, settle its task and
+/// record its `outputs` (returning their ids, in order). A task that runs again (its first job
+/// fell short) replaces its outputs' records whole: the old job's file facts must not stick to
+/// the new job.
+fn settle_sql(succeeded: bool, outputs: usize) -> String {
+    let mut sql = String::from(
+        "UPDATE attempts SET finished_at = ?, outcome = ?, http_status = ?,
+             credits_billed = ?, credits_remaining = ?, job_id = ?, error = ?
+         WHERE id = ?;",
+    );
+    if succeeded {
+        sql.push_str(
+            "UPDATE tasks SET status = 'succeeded', job_id = ?, error = NULL,
+                 credits_billed = credits_billed + ?, updated_at = ?
+             WHERE id = ?;",
+        );
+    }
+    for _ in 0..outputs {
+        sql.push_str(
+            "INSERT INTO outputs (task_id, run_id, k, job_id, parent_job_id, url, url_issued_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?)
+             ON CONFLICT (task_id, k) DO UPDATE SET job_id = excluded.job_id,
+                 parent_job_id = excluded.parent_job_id, url = excluded.url,
+                 url_issued_at = excluded.url_issued_at, path = NULL,
+                 sha256 = NULL, bytes = NULL, downloaded_at = NULL,
+                 download_error = NULL
+             RETURNING id;",
+        );
+    }
+    sql
+}
+
 impl Store {
     /// Records a run's tasks in one transaction; tasks already recorded are kept as they are.
     pub async fn insert_tasks(&self, run_id: &str, tasks: &[NewTask]) -> Result<(), StoreError> {
@@ -262,12 +294,17 @@ impl Store {
         let written = self
             .writer
             .write(Box::new(move |conn| {
+                let (run_id, endpoint) = (run_id.clone(), endpoint.clone());
                 Box::pin(async move {
                     let now = now_ms();
+                    // One round trip: the attempt's row id is the last insert of the two.
                     let id = sqlx::query(
-                        "INSERT INTO attempts (task_id, run_id, endpoint, started_at)
+                        "UPDATE tasks SET status = 'running', updated_at = ? WHERE id = ?;
+                         INSERT INTO attempts (task_id, run_id, endpoint, started_at)
                          VALUES (?, ?, ?, ?)",
                     )
+                    .bind(now)
+                    .bind(task_id)
                     .bind(task_id)
                     .bind(&run_id)
                     .bind(&endpoint)
@@ -275,11 +312,6 @@ impl Store {
                     .execute(&mut *conn)
                     .await?
                     .last_insert_rowid();
-                    sqlx::query("UPDATE tasks SET status = 'running', updated_at = ? WHERE id = ?")
-                        .bind(now)
-                        .bind(task_id)
-                        .execute(&mut *conn)
-                        .await?;
                     Ok(Written::Id(id))
                 })
             }))
@@ -341,65 +373,40 @@ impl Store {
         let written = self
             .writer
             .write(Box::new(move |conn| {
+                let (run_id, job, error, settled) =
+                    (run_id.clone(), job.clone(), error.clone(), settled.clone());
                 Box::pin(async move {
                     let now = now_ms();
-                    sqlx::query(
-                        "UPDATE attempts SET finished_at = ?, outcome = ?, http_status = ?,
-                             credits_billed = ?, credits_remaining = ?, job_id = ?, error = ?
-                         WHERE id = ?",
-                    )
-                    .bind(now)
-                    .bind(name)
-                    .bind(status)
-                    .bind(credits)
-                    .bind(remaining)
-                    .bind(&job)
-                    .bind(&error)
-                    .bind(attempt_id)
-                    .execute(&mut *conn)
-                    .await?;
-                    let mut ids = Vec::new();
-                    let Some((urls, parent, job_id)) = settled else {
-                        return Ok(Written::Ids(ids));
-                    };
-                    sqlx::query(
-                        "UPDATE tasks SET status = 'succeeded', job_id = ?, error = NULL,
-                             credits_billed = credits_billed + ?, updated_at = ?
-                         WHERE id = ?",
-                    )
-                    .bind(&job_id)
-                    .bind(credits)
-                    .bind(now)
-                    .bind(task_id)
-                    .execute(&mut *conn)
-                    .await?;
-                    for (k, url) in urls.iter().enumerate() {
-                        // A task that runs again (its first job fell short) replaces its
-                        // outputs' records whole: the old job's file facts must not stick to
-                        // the new job.
-                        let (id,): (i64,) = sqlx::query_as(
-                            "INSERT INTO outputs (task_id, run_id, k, job_id, parent_job_id, url,
-                                 url_issued_at)
-                             VALUES (?, ?, ?, ?, ?, ?, ?)
-                             ON CONFLICT (task_id, k) DO UPDATE SET job_id = excluded.job_id,
-                                 parent_job_id = excluded.parent_job_id, url = excluded.url,
-                                 url_issued_at = excluded.url_issued_at, path = NULL,
-                                 sha256 = NULL, bytes = NULL, downloaded_at = NULL,
-                                 download_error = NULL
-                             RETURNING id",
-                        )
-                        .bind(task_id)
-                        .bind(&run_id)
-                        .bind(k as i64)
-                        .bind(&job_id)
-                        .bind(&parent)
-                        .bind(url)
+                    let outputs = settled.as_ref().map_or(0, |(urls, ..)| urls.len());
+                    // One round trip for the attempt, the task and its outputs.
+                    let sql = sqlx::AssertSqlSafe(settle_sql(settled.is_some(), outputs));
+                    let mut query = sqlx::query_scalar::<_, i64>(sql)
                         .bind(now)
-                        .fetch_one(&mut *conn)
-                        .await?;
-                        ids.push(id);
+                        .bind(name)
+                        .bind(status)
+                        .bind(credits)
+                        .bind(remaining)
+                        .bind(job)
+                        .bind(error)
+                        .bind(attempt_id);
+                    if let Some((urls, parent, job_id)) = settled {
+                        query = query
+                            .bind(job_id.clone())
+                            .bind(credits)
+                            .bind(now)
+                            .bind(task_id);
+                        for (k, url) in urls.into_iter().enumerate() {
+                            query = query
+                                .bind(task_id)
+                                .bind(run_id.clone())
+                                .bind(k as i64)
+                                .bind(job_id.clone())
+                                .bind(parent.clone())
+                                .bind(url)
+                                .bind(now);
+                        }
                     }
-                    Ok(Written::Ids(ids))
+                    Ok(Written::Ids(query.fetch_all(&mut *conn).await?))
                 })
             }))
             .await?;
@@ -421,6 +428,7 @@ impl Store {
         let (ids, error) = (task_ids.to_vec(), error.map(str::to_owned));
         self.writer
             .write(Box::new(move |conn| {
+                let (ids, error) = (ids.clone(), error.clone());
                 Box::pin(async move {
                     let now = now_ms();
                     for id in ids {
@@ -472,6 +480,7 @@ impl Store {
         let (path, sha256) = (path.to_owned(), sha256.to_owned());
         self.writer
             .write(Box::new(move |conn| {
+                let (path, sha256) = (path.clone(), sha256.clone());
                 Box::pin(async move {
                     sqlx::query(
                         "UPDATE outputs SET path = ?, sha256 = ?, bytes = ?, downloaded_at = ?,
@@ -500,6 +509,7 @@ impl Store {
         let error = error.to_owned();
         self.writer
             .write(Box::new(move |conn| {
+                let error = error.clone();
                 Box::pin(async move {
                     sqlx::query("UPDATE outputs SET download_error = ? WHERE id = ?")
                         .bind(&error)
@@ -517,6 +527,7 @@ impl Store {
         let fresh = fresh.to_vec();
         self.writer
             .write(Box::new(move |conn| {
+                let fresh = fresh.clone();
                 Box::pin(async move {
                     for f in fresh {
                         sqlx::query("UPDATE outputs SET url = ?, url_issued_at = ? WHERE id = ?")

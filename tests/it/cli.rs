@@ -737,7 +737,7 @@ async fn a_download_cut_short_is_reported_and_leaves_no_partial_file() {
     );
     assert!(err.contains("retrying"), "the retries are logged:\n{err}");
     assert_eq!(
-        entries(&env.dir.path().join("out")),
+        leftovers(&env.dir.path().join("out")),
         Vec::<PathBuf>::new(),
         "no partial file"
     );
@@ -1293,7 +1293,7 @@ async fn generate_json_still_prints_the_job_when_the_download_fails() {
     );
     assert_eq!(env.sandbox.stats().truncated_downloads, 4);
     assert_eq!(
-        entries(&env.dir.path().join("out")),
+        leftovers(&env.dir.path().join("out")),
         Vec::<PathBuf>::new(),
         "no partial file"
     );

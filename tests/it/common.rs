@@ -173,6 +173,16 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// What a failed download left in `dir`: its entries, or none when the directory was never
+/// made (a body held in memory is checked before anything is written).
+pub fn leftovers(dir: &Path) -> Vec<PathBuf> {
+    if dir.exists() {
+        entries(dir)
+    } else {
+        Vec::new()
+    }
+}
+
 /// Every entry of `dir`, sorted; hidden leftovers such as `.part` files included.
 pub fn entries(dir: &Path) -> Vec<PathBuf> {
     let mut all: Vec<PathBuf> = std::fs::read_dir(dir)

@@ -31,7 +31,8 @@ use tokio::net::TcpListener;
 use tokio::process::Command;
 
 use crate::common::{
-    assert_exit_without_panic, command, entries, finish, json_stdout, sha256_hex, stderr, stdout,
+    assert_exit_without_panic, command, entries, finish, json_stdout, leftovers, sha256_hex,
+    stderr, stdout,
 };
 
 const GENERATIONS: &str = "/v1/images/generations";
@@ -624,7 +625,11 @@ async fn a_png_cut_short_without_content_length_is_unfinished_and_leaves_nothing
     }
     assert!(err.is_transient(), "worth trying again");
     assert!(!err.needs_fresh_url());
-    assert_eq!(entries(&target), Vec::<PathBuf>::new(), "no file, no .part");
+    assert_eq!(
+        leftovers(&target),
+        Vec::<PathBuf>::new(),
+        "no file, no .part"
+    );
 
     // The same delivery of a whole PNG is fine: the check reads the image, not the headers.
     let got = downloader
@@ -670,7 +675,7 @@ async fn the_cli_retries_an_unfinished_png_four_times_then_fails() {
     assert!(err.contains("retrying"), "{err}");
     assert!(err.contains("imgpipe job job_h1 --out out"), "{err}");
     assert_eq!(
-        entries(&dir.path().join("out")),
+        leftovers(&dir.path().join("out")),
         Vec::<PathBuf>::new(),
         "no partial file"
     );
