@@ -14,7 +14,8 @@
 //! - then, on that interrupted run: `resume --dry-run` (goal 2 s and 100 MB), `status` and
 //!   `report` (goal 2 s each): wall time and peak RSS from wait4.
 //!
-//! Every run gets its own sandbox, state database and output directory. Medians of
+//! Every run gets its own sandbox, state database and output directory (removed after it,
+//! unless IMGPIPE_BENCH_KEEP is set). Medians of
 //! IMGPIPE_BENCH_RUNS runs (default 1: a run of 100,000 items takes minutes). Run with
 //! `cargo bench --bench scale`; IMGPIPE_BENCH_BINARY=PATH measures another build.
 
@@ -132,7 +133,15 @@ fn main() {
 
 fn run_once(items: usize, run_for: Duration) -> Sample {
     let dir = tempfile::tempdir().expect("temp dir");
-    let dir = dir.path();
+    // IMGPIPE_BENCH_KEEP=1 leaves the run's directory behind, to look into by hand.
+    let dir = if std::env::var_os("IMGPIPE_BENCH_KEEP").is_some() {
+        let kept = dir.keep();
+        println!("  kept {}", kept.display());
+        kept
+    } else {
+        dir.path().to_path_buf()
+    };
+    let dir = dir.as_path();
     let pipeline = write_inputs(dir, items);
     let items_read = read_items(&dir.join("items.jsonl"), items);
     let sandbox =
