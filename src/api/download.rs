@@ -152,17 +152,13 @@ impl Downloader {
         let path = blocking(&dest.clone(), move || {
             let part = match body {
                 Body::Held(chunks) => {
-                    create_dir(&dir)?;
-                    let part = part_file(&dir, &stem)?;
-                    let io_err = |source| DownloadError::Io {
-                        path: part.path().to_path_buf(),
-                        source,
-                    };
-                    let mut file = part.as_file();
-                    for chunk in &chunks {
-                        io::Write::write_all(&mut file, chunk).map_err(io_err)?;
-                    }
-                    part.as_file().sync_all().map_err(io_err)?;
+                    let part = new_part(&dir, &stem, &chunks)?;
+                    part.as_file()
+                        .sync_all()
+                        .map_err(|source| DownloadError::Io {
+                            path: part.path().to_path_buf(),
+                            source,
+                        })?;
                     part
                 }
                 Body::Spilled(part) => part,
@@ -213,20 +209,20 @@ impl Downloader {
                 });
             }
             seen.observe(&chunk);
-            if spilled.is_none() && seen.bytes <= HELD_BYTES {
-                held.push(chunk);
-                continue;
-            }
-            if spilled.is_none() {
-                spilled = Some(spill(dir, stem, std::mem::take(&mut held)).await?);
-            }
-            if let Some((part, file)) = &mut spilled {
-                file.write_all(&chunk)
-                    .await
-                    .map_err(|source| DownloadError::Io {
-                        path: part.path().to_path_buf(),
-                        source,
-                    })?;
+            match &mut spilled {
+                None if seen.bytes <= HELD_BYTES => held.push(chunk),
+                None => {
+                    held.push(chunk);
+                    spilled = Some(spill(dir, stem, std::mem::take(&mut held)).await?);
+                }
+                Some((part, file)) => {
+                    file.write_all(&chunk)
+                        .await
+                        .map_err(|source| DownloadError::Io {
+                            path: part.path().to_path_buf(),
+                            source,
+                        })?;
+                }
             }
         }
         if let Some(expected) = expected.filter(|e| *e != seen.bytes) {
@@ -266,17 +262,14 @@ async fn spill(
 ) -> Result<(NamedTempFile, tokio::io::BufWriter<tokio::fs::File>), DownloadError> {
     let (dir, stem) = (dir.to_path_buf(), stem.to_owned());
     let (part, handle) = blocking(&dir.clone(), move || {
-        create_dir(&dir)?;
-        let part = part_file(&dir, &stem)?;
-        let io_err = |source| DownloadError::Io {
-            path: part.path().to_path_buf(),
-            source,
-        };
-        let mut file = part.as_file();
-        for chunk in &held {
-            io::Write::write_all(&mut file, chunk).map_err(io_err)?;
-        }
-        let handle = part.as_file().try_clone().map_err(io_err)?;
+        let part = new_part(&dir, &stem, &held)?;
+        let handle = part
+            .as_file()
+            .try_clone()
+            .map_err(|source| DownloadError::Io {
+                path: part.path().to_path_buf(),
+                source,
+            })?;
         Ok((part, handle))
     })
     .await?;
@@ -286,11 +279,25 @@ async fn spill(
     ))
 }
 
-fn create_dir(dir: &Path) -> Result<(), DownloadError> {
+/// A new temporary file in `dir` (made if missing) holding `chunks`.
+fn new_part(
+    dir: &Path,
+    stem: &str,
+    chunks: &[bytes::Bytes],
+) -> Result<NamedTempFile, DownloadError> {
     std::fs::create_dir_all(dir).map_err(|source| DownloadError::Io {
         path: dir.to_path_buf(),
         source,
-    })
+    })?;
+    let part = part_file(dir, stem)?;
+    let mut file = part.as_file();
+    for chunk in chunks {
+        io::Write::write_all(&mut file, chunk).map_err(|source| DownloadError::Io {
+            path: part.path().to_path_buf(),
+            source,
+        })?;
+    }
+    Ok(part)
 }
 
 /// Runs file work on the blocking pool; `path` names it should the pool fail.

@@ -642,6 +642,69 @@ async fn a_png_cut_short_without_content_length_is_unfinished_and_leaves_nothing
     assert_eq!(entries(&target), vec![got.path]);
 }
 
+/// A body larger than the downloader holds in memory (256 KiB) goes through a temporary file:
+/// whole, it lands with its every byte; cut short, it leaves neither file nor `.part`.
+#[tokio::test]
+async fn a_large_png_streams_through_a_temporary_file_and_a_cut_one_leaves_nothing() {
+    let png = sample_png();
+    // The downloader checks the magic bytes and the IEND chunk: padding between them makes a
+    // body of any size that it takes for a whole PNG.
+    let (body, end) = png.split_at(png.len() - 12);
+    let mut large = body.to_vec();
+    large.extend((0..700_000u32).map(|i| (i % 251) as u8));
+    large.extend_from_slice(end);
+    let cut = large[..large.len() / 2].to_vec();
+    let in_chunks = |bytes: Vec<u8>| {
+        get(move || {
+            let bytes = bytes.clone();
+            async move {
+                let chunks: Vec<Result<Bytes, std::io::Error>> = bytes
+                    .chunks(64 * 1024)
+                    .map(|c| Ok(Bytes::copy_from_slice(c)))
+                    .collect();
+                Response::builder()
+                    .header(CONTENT_TYPE, "image/png")
+                    .body(Body::from_stream(futures::stream::iter(chunks)))
+                    .unwrap()
+            }
+        })
+    };
+    let fake = Fake::start(|_| {
+        Router::new()
+            .route("/large.png", in_chunks(large.clone()))
+            .route("/cut.png", in_chunks(cut.clone()))
+    })
+    .await;
+    let downloader = Downloader::new(
+        Duration::from_secs(5),
+        Duration::from_secs(10),
+        DEFAULT_MAX_BYTES,
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("d");
+
+    let err = downloader
+        .fetch(&fake.url("/cut.png"), &target, "img")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, DownloadError::Unfinished { got, .. } if got == cut.len() as u64),
+        "{err:?}"
+    );
+    assert_eq!(entries(&target), Vec::<PathBuf>::new(), "no file, no .part");
+
+    let got = downloader
+        .fetch(&fake.url("/large.png"), &target, "img")
+        .await
+        .unwrap();
+    assert_eq!(got.path, target.join("img.png"));
+    assert_eq!(got.bytes, large.len() as u64);
+    assert_eq!(std::fs::read(&got.path).unwrap(), large);
+    assert_eq!(got.sha256, sha256_hex(&large));
+    assert_eq!(entries(&target), vec![got.path]);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_cli_retries_an_unfinished_png_four_times_then_fails() {
     let dir = tempfile::tempdir().unwrap();
