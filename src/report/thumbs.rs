@@ -86,23 +86,39 @@ fn remove_temporaries(dir: &Path) -> usize {
 }
 
 /// Previews of `files` (path and recorded sha256), in their order, decoding at most one image
-/// per core at a time.
+/// per core at a time. Each trip to the blocking pool takes a few images: a trip per image
+/// cost more thread switches than a small image costs to preview.
 pub async fn previews(dir: &Path, files: Vec<(PathBuf, Option<String>)>) -> Vec<Preview> {
+    const PER_TRIP: usize = 16;
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
-    futures::stream::iter(files)
-        .map(|(path, sha)| {
+    let mut files = files.into_iter().peekable();
+    let trips = std::iter::from_fn(|| {
+        files.peek()?;
+        Some(files.by_ref().take(PER_TRIP).collect::<Vec<_>>())
+    });
+    let done: Vec<Vec<Preview>> = futures::stream::iter(trips)
+        .map(|trip| {
             let dir = dir.to_owned();
-            tokio::task::spawn_blocking(move || preview(&dir, &path, sha.as_deref()))
+            let count = trip.len();
+            let work = tokio::task::spawn_blocking(move || {
+                trip.into_iter()
+                    .map(|(path, sha)| preview(&dir, &path, sha.as_deref()))
+                    .collect::<Vec<_>>()
+            });
+            async move {
+                work.await.unwrap_or_else(|e| {
+                    let failed = Preview {
+                        note: Some(format!("no preview: {e}")),
+                        ..Preview::default()
+                    };
+                    vec![failed; count]
+                })
+            }
         })
         .buffered(workers)
-        .map(|joined| {
-            joined.unwrap_or_else(|e| Preview {
-                note: Some(format!("no preview: {e}")),
-                ..Preview::default()
-            })
-        })
         .collect()
-        .await
+        .await;
+    done.into_iter().flatten().collect()
 }
 
 /// The preview of one file, making its thumbnail in `dir` when it has none yet.
@@ -110,15 +126,18 @@ pub fn preview(dir: &Path, path: &Path, recorded: Option<&str>) -> Preview {
     let meta = std::fs::metadata(path)
         .ok()
         .filter(std::fs::Metadata::is_file);
-    let size = meta
-        .as_ref()
-        .and_then(|_| probe(path).ok())
-        .map(|(w, h, _)| (w, h));
+    // Read from the file's header only when a thumbnail is found: making one tells it anyway.
+    let size = || {
+        meta.as_ref()
+            .and_then(|_| probe(path).ok())
+            .map(|(w, h, _)| (w, h))
+    };
     // The record is trusted while the file is older than its thumbnail: hashing every
     // full-size image again would make each report of a large run read gigabytes.
-    if let Some(sha) = recorded
-        && let Some(p) = ready(dir, sha, size)
-    {
+    if let Some(sha) = recorded {
+        let Some(p) = ready(dir, sha, size) else {
+            return from_bytes(dir, path, recorded, Some(sha), size);
+        };
         match &meta {
             None => {
                 return Preview {
@@ -132,6 +151,19 @@ pub fn preview(dir: &Path, path: &Path, recorded: Option<&str>) -> Preview {
             Some(_) => {}
         }
     }
+    from_bytes(dir, path, recorded, None, size)
+}
+
+/// The preview made from the file's bytes: hashed, compared with the record, and its
+/// thumbnail made unless one is there for those bytes (`missing` names a digest whose
+/// thumbnail was just found missing, not to be looked for twice).
+fn from_bytes(
+    dir: &Path,
+    path: &Path,
+    recorded: Option<&str>,
+    missing: Option<&str>,
+    size: impl Fn() -> Option<(u32, u32)>,
+) -> Preview {
     let bytes = match read(path) {
         Ok(bytes) => bytes,
         Err(e) => {
@@ -144,7 +176,8 @@ pub fn preview(dir: &Path, path: &Path, recorded: Option<&str>) -> Preview {
     let actual = hex::encode(Sha256::digest(&bytes));
     let changed = recorded.is_some_and(|r| !r.eq_ignore_ascii_case(&actual));
     let note = changed.then(|| "the file changed on disk since it was downloaded".to_owned());
-    if let Some(p) = ready(dir, &actual, size) {
+    let known_missing = missing.is_some_and(|m| m.eq_ignore_ascii_case(&actual));
+    if !known_missing && let Some(p) = ready(dir, &actual, &size) {
         return Preview {
             note,
             on_disk: true,
@@ -159,7 +192,7 @@ pub fn preview(dir: &Path, path: &Path, recorded: Option<&str>) -> Preview {
             ..p
         },
         Err(e) => Preview {
-            size,
+            size: size(),
             note: Some(note.map_or_else(
                 || format!("no preview: {e}"),
                 |n| format!("{n}; no preview: {e}"),
@@ -184,14 +217,14 @@ fn thumb_path(dir: &Path, sha: &str) -> PathBuf {
     dir.join(format!("{}.png", name.to_ascii_lowercase()))
 }
 
-/// The preview from a thumbnail already made for `sha`.
-fn ready(dir: &Path, sha: &str, size: Option<(u32, u32)>) -> Option<Preview> {
+/// The preview from a thumbnail already made for `sha`; `size` reads the full image's.
+fn ready(dir: &Path, sha: &str, size: impl Fn() -> Option<(u32, u32)>) -> Option<Preview> {
     let thumb = thumb_path(dir, sha);
     let (w, h, alpha) = probe(&thumb).ok()?;
     Some(Preview {
         thumb: Some(thumb),
         thumb_size: Some((w, h)),
-        size,
+        size: size(),
         alpha,
         note: None,
         made: false,
@@ -205,7 +238,17 @@ fn make(dir: &Path, sha: &str, bytes: &[u8]) -> Result<Preview, String> {
     let image = image::load_from_memory(bytes).map_err(|e| e.to_string())?;
     let size = (image.width(), image.height());
     let alpha = translucent(&image);
-    let small = if size.0 <= EDGE && size.1 <= EDGE {
+    let fits = size.0 <= EDGE && size.1 <= EDGE;
+    // An image that already fits is only encoded again, and the default deflater's set-up
+    // (hundreds of KiB of state allocated and zeroed for every image) cost more than the rest
+    // of its preview: the fast one writes it at about twice the size, a KiB or two. A real
+    // thumbnail keeps the default, whose files are a third of the fast one's (README).
+    let compression = if fits {
+        CompressionType::Fast
+    } else {
+        CompressionType::Default
+    };
+    let small = if fits {
         image
     } else {
         image.thumbnail(EDGE, EDGE)
@@ -221,7 +264,7 @@ fn make(dir: &Path, sha: &str, bytes: &[u8]) -> Result<Preview, String> {
     {
         let encoder = PngEncoder::new_with_quality(
             BufWriter::new(tmp.as_file()),
-            CompressionType::Default,
+            compression,
             FilterType::Adaptive,
         );
         small
