@@ -158,6 +158,16 @@ fn get_png_streamed(bytes: Vec<u8>) -> MethodRouter {
     })
 }
 
+/// The downloader runs use, with short timeouts.
+fn downloader() -> Downloader {
+    Downloader::new(
+        Duration::from_secs(5),
+        Duration::from_secs(10),
+        DEFAULT_MAX_BYTES,
+    )
+    .unwrap()
+}
+
 /// A small real PNG, as the service would serve it.
 fn sample_png() -> Vec<u8> {
     encode_png(&draw_sample("mug", 32))
@@ -605,12 +615,7 @@ async fn a_png_cut_short_without_content_length_is_unfinished_and_leaves_nothing
     assert!(response.headers().get(CONTENT_LENGTH).is_none());
     assert_eq!(response.bytes().await.unwrap().len(), half.len());
 
-    let downloader = Downloader::new(
-        Duration::from_secs(5),
-        Duration::from_secs(10),
-        DEFAULT_MAX_BYTES,
-    )
-    .unwrap();
+    let downloader = downloader();
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("d");
     let err = downloader
@@ -675,12 +680,7 @@ async fn a_large_png_streams_through_a_temporary_file_and_a_cut_one_leaves_nothi
             .route("/cut.png", in_chunks(cut.clone()))
     })
     .await;
-    let downloader = Downloader::new(
-        Duration::from_secs(5),
-        Duration::from_secs(10),
-        DEFAULT_MAX_BYTES,
-    )
-    .unwrap();
+    let downloader = downloader();
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("d");
 
