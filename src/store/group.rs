@@ -150,3 +150,50 @@ fn fail_all(jobs: Vec<Job>, message: &str) {
         let _ = job.reply.send(Err(StoreError::Write(message.to_owned())));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqlx::sqlite::SqlitePoolOptions;
+
+    fn insert(x: i64) -> Write {
+        Box::new(move |conn| {
+            Box::pin(async move {
+                sqlx::query("INSERT INTO t (x) VALUES (?)")
+                    .bind(x)
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(Written::Done)
+            })
+        })
+    }
+
+    #[tokio::test]
+    async fn a_failing_write_fails_alone_and_the_rest_of_its_group_is_committed() {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        sqlx::query("CREATE TABLE t (x INTEGER UNIQUE)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let writer = Writer::start(pool.clone());
+        // Sent before the writer runs (one thread), so the three make one group; the second
+        // breaks the table's rule once the first is in.
+        let (a, b, c) = tokio::join!(
+            writer.write(insert(1)),
+            writer.write(insert(1)),
+            writer.write(insert(3))
+        );
+        assert!(a.is_ok());
+        assert!(b.is_err(), "the duplicate fails");
+        assert!(c.is_ok());
+        let rows: Vec<i64> = sqlx::query_scalar("SELECT x FROM t ORDER BY x")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        assert_eq!(rows, [1, 3]);
+    }
+}
