@@ -110,23 +110,31 @@ impl Runner<'_> {
     ) -> exec::Config {
         let mut config = self.exec_config(run);
         let limits = conn.fields.limits.as_deref();
-        let account = conn.client.account().await.ok();
-        config.concurrency = match (self.settings.concurrency, pipeline.concurrency) {
-            (Some(n), _) => n,
-            (None, Some(n)) => n.get() as usize,
-            (None, None) => account
+        // The account's word is asked only where neither the settings nor the pipeline speak.
+        let told_concurrency = self
+            .settings
+            .concurrency
+            .or(pipeline.concurrency.map(|n| n.get() as usize));
+        let told_rate = self
+            .settings
+            .rate
+            .or(pipeline.rate_limit.map(|rate| rate.per_second()));
+        let account = match (told_concurrency, told_rate) {
+            (Some(_), Some(_)) => None,
+            _ => conn.account().await,
+        };
+        config.concurrency = told_concurrency.unwrap_or_else(|| {
+            account
                 .as_ref()
                 .and_then(|a| a.max_concurrency(limits))
-                .map_or(DEFAULT_CONCURRENCY, |f| f.value.min(256) as usize),
-        };
-        config.rate = match (self.settings.rate, pipeline.rate_limit) {
-            (Some(rate), _) => Some(rate),
-            (None, Some(rate)) => Some(rate.per_second()),
-            (None, None) => account
+                .map_or(DEFAULT_CONCURRENCY, |f| f.value.min(256) as usize)
+        });
+        config.rate = told_rate.or_else(|| {
+            account
                 .as_ref()
                 .and_then(|a| a.requests_per_second(limits))
-                .map(|f| f.value),
-        };
+                .map(|f| f.value)
+        });
         config.cap = admit::cap_of(doc, run.billed);
         config
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::api::client::DEFAULT_CONNECT_TIMEOUT;
 use crate::api::download::DEFAULT_MAX_BYTES;
 use crate::api::retry::{RetryPolicy, free_call};
-use crate::api::{ApiKey, Client, ClientConfig, Downloader};
+use crate::api::{Account, ApiKey, Client, ClientConfig, Downloader};
 use crate::error::Error;
 use crate::pipeline::Pipeline;
 use crate::plan::{Balance, GenerationPrice, ModelsAnswer};
@@ -46,6 +46,9 @@ pub struct Connection {
     pub client: Client,
     pub downloader: Downloader,
     pub fields: AccountFields,
+    /// The account as the run's first read found it: its limits serve the run's settings
+    /// without a second read.
+    account: std::sync::OnceLock<Account>,
     _sandbox: Option<Sandbox>,
 }
 
@@ -96,6 +99,7 @@ impl Connection {
             client,
             downloader,
             fields: settings.fields.clone(),
+            account: std::sync::OnceLock::new(),
             _sandbox: sandbox,
         })
     }
@@ -107,6 +111,7 @@ impl Connection {
     /// The balance from the account, and the generation price with the models list's help.
     pub async fn ask(&self, pipeline: &Pipeline) -> Result<(Balance, GenerationPrice), Error> {
         let account = free_call(FREE_READS, || self.client.account()).await?;
+        let account = self.account.get_or_init(|| account);
         let pointer = self.fields.balance.as_deref();
         let balance = match account.balance(pointer) {
             Ok(found) => Balance::Known {
@@ -127,6 +132,16 @@ impl Connection {
             GenerationPrice::resolve(pipeline, ModelsAnswer::NotAsked("no generate steps"))
         };
         Ok((balance, generation))
+    }
+
+    /// The account read first in this connection (by [`Connection::ask`]), or read now;
+    /// `None` when it cannot be read. For its limits: the balance is [`Connection::balance_now`].
+    pub async fn account(&self) -> Option<Account> {
+        if let Some(account) = self.account.get() {
+            return Some(account.clone());
+        }
+        let account = free_call(FREE_READS, || self.client.account()).await.ok()?;
+        Some(self.account.get_or_init(|| account).clone())
     }
 
     /// The balance now, when the account answers and states it.

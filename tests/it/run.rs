@@ -577,6 +577,14 @@ async fn product_shots_runs_the_whole_chain_and_every_record_agrees() {
     assert_eq!(summary["balance_before"], START_BALANCE, "{summary:#}");
     assert_eq!(summary["balance_after"], START_BALANCE - 120, "{summary:#}");
     assert_eq!(summary["failures"], serde_json::json!([]), "{summary:#}");
+    // Free reads: the account to plan and to reconcile, the models to price the generation.
+    // The pipeline and --rate give the limits, so the account is not read a third time.
+    let stats = env.sandbox.stats();
+    assert_eq!(
+        stats.api_requests - stats.paid_requests,
+        3,
+        "free reads: {stats:?}"
+    );
 
     let db = read_db(&state_path(dir)).await;
     assert_eq!(db.runs, [("full".to_owned(), "succeeded".to_owned())]);
