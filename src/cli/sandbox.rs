@@ -39,6 +39,9 @@ pub struct SandboxArgs {
     /// Random extra latency per paid call, up to this many milliseconds
     #[arg(long, default_value_t = 0)]
     pub jitter_ms: u64,
+    /// Added latency per download of a result image, in milliseconds
+    #[arg(long, default_value_t = 0)]
+    pub download_latency_ms: u64,
     /// Requests per second before 429 (burst: one second's worth)
     #[arg(long, value_name = "PER_SEC")]
     pub rate_limit: Option<f64>,
@@ -116,6 +119,7 @@ impl SandboxArgs {
             url_ttl,
             latency: Duration::from_millis(self.latency_ms),
             jitter: Duration::from_millis(self.jitter_ms),
+            download_latency: Duration::from_millis(self.download_latency_ms),
             rate_limit: self.rate_limit,
             rate_scope: self.rate_limit_scope,
             max_in_flight: self.max_in_flight,

@@ -49,6 +49,9 @@ struct Tries {
 /// Per task, a few bytes (state, inputs outstanding, row id): everything else exists only
 /// while a task is ready, in flight or being downloaded. Ready sets hold task numbers, whose
 /// order is the depth-first order (instance, step, index).
+/// Downloads waiting or under way, per download slot, past which no new call is sent.
+const DOWNLOADS_WAITING_PER_SLOT: usize = 4;
+
 struct Scheduler {
     shared: Arc<Shared>,
     graph: Arc<Graph>,
@@ -299,7 +302,10 @@ impl Scheduler {
             if self.halt.is_some() {
                 self.shared.stop();
             }
-            if self.calls.is_empty() {
+            // Calls held back for the downloads to catch up are not the end of the run.
+            let held_back =
+                self.downloads_backlogged() && self.halt.is_none() && deadline.is_none();
+            if self.calls.is_empty() && !held_back {
                 break;
             }
             tokio::select! {
@@ -353,8 +359,17 @@ impl Scheduler {
         }
     }
 
+    /// Whether enough outputs wait for their download that no new call should be sent: calls
+    /// that outpace downloads would pile up outputs whose URLs age, and memory, without end.
+    fn downloads_backlogged(&self) -> bool {
+        self.downloads.len() >= self.config.download_concurrency.max(1) * DOWNLOADS_WAITING_PER_SLOT
+    }
+
     fn dispatch(&mut self) {
-        while self.halt.is_none() && self.calls.len() < self.config.concurrency {
+        while self.halt.is_none()
+            && self.calls.len() < self.config.concurrency
+            && !self.downloads_backlogged()
+        {
             let next = if self.in_tail() {
                 self.longest_ready()
             } else {

@@ -43,9 +43,11 @@ pub(super) async fn result(
             ));
         }
     }
+    tokio::time::sleep(state.config.download_latency).await;
     let bytes = state
         .stored_image(id)
         .ok_or_else(|| Reply::new(StatusCode::NOT_FOUND, "not_found", "no such image"))?;
+    state.downloaded(id);
     if state.dice.chance(state.config.faults.truncate_download) {
         state.count(|s| s.truncated_downloads += 1);
         return Ok(truncated(bytes));

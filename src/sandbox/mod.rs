@@ -43,6 +43,8 @@ pub struct Config {
     pub url_ttl: Duration,
     pub latency: Duration,
     pub jitter: Duration,
+    /// Added latency per download of a result image: a slow link or a distant CDN.
+    pub download_latency: Duration,
     /// Requests per second (see `rate_scope`); unlimited when `None`.
     pub rate_limit: Option<f64>,
     /// Which calls the rate limit counts.
@@ -65,6 +67,7 @@ impl Default for Config {
             url_ttl: Duration::from_secs(3600),
             latency: Duration::ZERO,
             jitter: Duration::ZERO,
+            download_latency: Duration::ZERO,
             rate_limit: None,
             rate_scope: RateScope::All,
             max_in_flight: None,

@@ -67,6 +67,9 @@ pub struct Stats {
     pub refused_downloads: u64,
     pub truncated_downloads: u64,
     pub peak_in_flight: usize,
+    /// The most result images billed and not yet downloaded at once: how far a client's
+    /// downloads fell behind its calls.
+    pub peak_undownloaded: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -99,6 +102,8 @@ struct Books {
     balance: i64,
     jobs: HashMap<String, Job>,
     images: HashMap<String, Bytes>,
+    /// Result images never downloaded yet.
+    undownloaded: std::collections::HashSet<String>,
     ledger: Vec<LedgerEntry>,
     stats: Stats,
     next_id: u64,
@@ -135,6 +140,7 @@ impl State {
                 balance: config.balance,
                 jobs: HashMap::new(),
                 images: HashMap::new(),
+                undownloaded: std::collections::HashSet::new(),
                 ledger: Vec::new(),
                 stats: Stats::default(),
                 next_id: 0,
@@ -314,7 +320,9 @@ impl State {
         };
         for (image_id, png) in image_ids.iter().zip(images) {
             books.images.insert(image_id.clone(), Bytes::from(png));
+            books.undownloaded.insert(image_id.clone());
         }
+        books.stats.peak_undownloaded = books.stats.peak_undownloaded.max(books.undownloaded.len());
         let job = Job {
             id: id.clone(),
             kind,
@@ -352,6 +360,11 @@ impl State {
 
     pub fn stored_image(&self, id: &str) -> Option<Bytes> {
         self.books().images.get(id).cloned()
+    }
+
+    /// Notes that a result image was downloaded (whole or not).
+    pub fn downloaded(&self, id: &str) {
+        self.books().undownloaded.remove(id);
     }
 
     pub fn sample(&self, name: &str) -> Option<Bytes> {

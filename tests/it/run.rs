@@ -1245,6 +1245,44 @@ async fn an_expired_url_refused_by_the_service_is_refreshed_and_the_call_made_on
     assert_outputs_agree(dir, &dir.join("out").join("r"), &db);
 }
 
+/// Calls that outpace downloads wait for them: outputs never pile up undownloaded, their URLs
+/// ageing, however fast the service answers.
+#[tokio::test(flavor = "multi_thread")]
+async fn calls_wait_for_downloads_that_fall_behind() {
+    let env = start(sandbox::Config {
+        download_latency: Duration::from_millis(20),
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(40, None));
+    let o = run(
+        &env,
+        dir,
+        &[
+            "p.yaml",
+            "--json",
+            "--concurrency",
+            "16",
+            "--download-concurrency",
+            "2",
+        ],
+    )
+    .await;
+    assert_exit_without_panic(&o, 0);
+    let summary = json_stdout(&o);
+    assert_eq!(summary["succeeded"], 120, "{summary:#}");
+    assert_eq!(summary["downloaded"], 120, "{summary:#}");
+    // At most 4 downloads waiting per download slot (8), plus what the 16 calls in flight
+    // when the bound was reached bring; without the bound, about 100 wait at once.
+    let peak = env.sandbox.stats().peak_undownloaded;
+    assert!(
+        peak <= 2 * 4 + 16,
+        "{peak} outputs waited for their download at once"
+    );
+    assert!(peak >= 2, "the downloads did fall behind ({peak})");
+}
+
 // ---------------------------------------------------------------------------------------------
 // 6. Every injected fault at once
 // ---------------------------------------------------------------------------------------------
