@@ -46,12 +46,12 @@ struct Tries {
     force_refresh: bool,
 }
 
-/// Per task, a few bytes (state, inputs outstanding, row id): everything else exists only
-/// while a task is ready, in flight or being downloaded. Ready sets hold task numbers, whose
-/// order is the depth-first order (instance, step, index).
 /// Downloads waiting or under way, per download slot, past which no new call is sent.
 const DOWNLOADS_WAITING_PER_SLOT: usize = 4;
 
+/// Per task, a few bytes (state, inputs outstanding, row id): everything else exists only
+/// while a task is ready, in flight or being downloaded. Ready sets hold task numbers, whose
+/// order is the depth-first order (instance, step, index).
 struct Scheduler {
     shared: Arc<Shared>,
     graph: Arc<Graph>,
