@@ -9,6 +9,7 @@ use clap::Args;
 use crate::error::Error;
 use crate::exec::OnAmbiguous;
 use crate::runner::{AccountFields, DEFAULT_DOWNLOADS, ServiceSettings, Settings, StateLocation};
+use crate::store::Location;
 
 /// Where the service is and how long to wait for it.
 #[derive(Clone, Debug, Args)]
@@ -72,15 +73,17 @@ impl ServiceArgs {
 #[derive(Clone, Debug, Args)]
 #[command(next_help_heading = "State")]
 pub struct StateArgs {
-    /// The state database [default: IMGPIPE_STATE, else $XDG_STATE_HOME/imgpipe/state.db, else
-    /// ~/.local/state/imgpipe/state.db; sandbox.db beside it with --sandbox]
-    #[arg(long, value_name = "PATH", value_parser = state_path)]
-    pub state: Option<PathBuf>,
+    /// The state database: a SQLite file, or postgres://user@host:port/database (password from
+    /// PGPASSWORD or ~/.pgpass) [default: IMGPIPE_STATE, else $XDG_STATE_HOME/imgpipe/state.db,
+    /// else ~/.local/state/imgpipe/state.db; sandbox.db beside it with --sandbox]
+    #[arg(long, value_name = "PATH|URL", value_parser = state_location)]
+    pub state: Option<Location>,
 }
 
-/// `--state`: a local file; a URL is refused (exit 2) rather than taken for a relative path.
-fn state_path(s: &str) -> Result<PathBuf, String> {
-    crate::layout::local_path(s, "the state database")
+/// `--state`: a local file or a PostgreSQL URL; any other URL is refused (exit 2) rather than
+/// taken for a relative path.
+fn state_location(s: &str) -> Result<Location, String> {
+    Location::parse(s, "the state database")
 }
 
 /// `--out`: a local directory or file; a URL is refused (exit 2) rather than created as
@@ -95,18 +98,22 @@ impl StateArgs {
         let from_env = match from_env {
             None => None,
             Some(v) => Some(
-                crate::layout::local_path(&v.to_string_lossy(), "IMGPIPE_STATE")
-                    .map_err(|why| Error::usage(why, Some("unset it or give a file path")))?,
+                Location::parse(&v.to_string_lossy(), "IMGPIPE_STATE").map_err(|why| {
+                    Error::usage(
+                        why,
+                        Some("unset it, or give a file path or a postgres:// URL"),
+                    )
+                })?,
             ),
         };
-        StateLocation::resolve(self.state.clone().or(from_env).as_deref(), sandbox)
+        StateLocation::resolve(self.state.clone().or(from_env), sandbox)
     }
 
     /// `imgpipe resume RUN_ID` with the flags that find this database again.
     pub fn resume_command(&self, run_id: &str, sandbox: bool) -> String {
         let mut command = format!("imgpipe resume {}", quote(run_id));
         if let Some(state) = &self.state {
-            command += &format!(" --state {}", quote(&path(state)));
+            command += &format!(" --state {}", quote(&state_flag(state)));
         }
         if sandbox {
             command += " --sandbox";
@@ -283,7 +290,7 @@ impl RunOptions {
         let s = &self.service;
         flag("--base-url", s.base_url.clone());
         flag("--api-key-file", s.api_key_file.as_deref().map(path));
-        flag("--state", self.state.state.as_deref().map(path));
+        flag("--state", self.state.state.as_ref().map(state_flag));
         flag(
             "--timeout",
             (s.timeout != 300.0).then(|| s.timeout.to_string()),
@@ -310,6 +317,15 @@ impl RunOptions {
             }
         }
         out
+    }
+}
+
+/// `--state` as the user can paste it: a PostgreSQL URL without its password, which they keep
+/// in PGPASSWORD or ~/.pgpass.
+fn state_flag(state: &Location) -> String {
+    match state {
+        Location::File(p) => path(p),
+        Location::Postgres(url) => url.to_string(),
     }
 }
 

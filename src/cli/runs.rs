@@ -47,7 +47,7 @@ pub(super) async fn run(args: &RunsArgs, global: &GlobalArgs) -> Result<(), Erro
         }
         stdio::line(format_args!(
             "no runs yet: there is no state database at {}\nhint: {NO_DATABASE_HINT}",
-            location.path().display()
+            location.location()
         ))?;
         return Ok(());
     }
@@ -57,7 +57,7 @@ pub(super) async fn run(args: &RunsArgs, global: &GlobalArgs) -> Result<(), Erro
         return print_json(&lines);
     }
     if lines.is_empty() {
-        stdio::line(format_args!("no runs yet in {}", store.path().display()))?;
+        stdio::line(format_args!("no runs yet in {}", store.location()))?;
         return Ok(());
     }
     let width = lines.iter().map(|l| l.id.len()).max().unwrap_or(2).max(2);

@@ -53,7 +53,7 @@ pub async fn observe(store: &Store, run: RunRow) -> Result<(RunRow, Option<Proce
     if run.status != RunStatus::Running {
         return Ok((run, None));
     }
-    let held = match lock::probe(store.path(), &run.pipeline_name) {
+    let held = match lock::probe_store(store, &run.pipeline_name).await {
         Ok(Probe::Held(holder)) => Some(holder),
         Ok(Probe::Free) => None,
         Err(e) => {

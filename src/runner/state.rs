@@ -2,28 +2,27 @@
 //! a time. Commands that run create the database; commands that only read never do, so a
 //! mistyped path is said rather than left behind as an empty database.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
-use crate::store::{self, Store, lock::RunLock};
+use crate::store::{self, Location, Store, lock::RunLock};
 
 /// Said whenever a database or a run is not where the user looked.
 pub const NO_DATABASE_HINT: &str = "--state (or IMGPIPE_STATE) names the database the run used; runs made with --sandbox are in sandbox.db beside the default one: add --sandbox";
 
-/// The state database's path, resolved once from `--state`/`IMGPIPE_STATE`, else the default
-/// under `$XDG_STATE_HOME` or `~/.local/state`.
+/// The state database's place, resolved once from `--state`/`IMGPIPE_STATE`, else the
+/// default file under `$XDG_STATE_HOME` or `~/.local/state`.
 #[derive(Clone, Debug)]
 pub struct StateLocation {
-    path: PathBuf,
+    location: Location,
 }
 
 impl StateLocation {
     /// Runs on the embedded sandbox get their own database by default: its jobs vanish with
     /// it, so they must never mix with, or be reused by, runs against the real service.
-    pub fn resolve(flag: Option<&Path>, sandbox: bool) -> Result<StateLocation, Error> {
+    pub fn resolve(flag: Option<Location>, sandbox: bool) -> Result<StateLocation, Error> {
         let default = || {
             store::default_path().map(|p| {
                 if sandbox {
@@ -33,40 +32,41 @@ impl StateLocation {
                 }
             })
         };
-        let path = flag
-            .map(Path::to_path_buf)
-            .or_else(default)
+        let location = flag
+            .or_else(|| default().map(Location::File))
             .ok_or_else(|| {
                 Error::usage(
                     "no place for the state database: HOME and XDG_STATE_HOME are unset",
                     Some("pass --state PATH or set IMGPIPE_STATE"),
                 )
             })?;
-        Ok(StateLocation { path })
+        Ok(StateLocation { location })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
+    pub fn location(&self) -> &Location {
+        &self.location
     }
 
+    /// Whether there is a database to read: a file that exists; a PostgreSQL database is
+    /// asked when opened.
     pub fn exists(&self) -> bool {
-        self.path.exists()
+        self.location.file().is_none_or(std::path::Path::exists)
     }
 
     /// Opens the database, creating it when missing.
     pub async fn open(&self) -> Result<Store, Error> {
-        Ok(Store::open(&self.path).await?)
+        Ok(Store::open_at(&self.location).await?)
     }
 
     /// Opens the database of a command that reads what runs recorded.
     pub async fn open_existing(&self) -> Result<Store, Error> {
         if !self.exists() {
             return Err(Error::usage(
-                format!("there is no state database at {}", self.path.display()),
+                format!("there is no state database at {}", self.location),
                 Some(NO_DATABASE_HINT),
             ));
         }
-        self.open().await
+        Ok(Store::open_existing(&self.location).await?)
     }
 }
 
@@ -78,7 +78,7 @@ pub async fn close<T>(store: Store, result: Result<T, Error>) -> Result<T, Error
 
 pub fn no_such_run(store: &Store, run_id: &str) -> Error {
     Error::usage(
-        format!("there is no run {run_id:?} in {}", store.path().display()),
+        format!("there is no run {run_id:?} in {}", store.location()),
         Some(
             "`imgpipe runs` lists the runs; --state (or IMGPIPE_STATE) picks another database, and --sandbox the one of runs made with --sandbox",
         ),
@@ -94,14 +94,21 @@ pub async fn lock(
     wait: bool,
     shutdown: &CancellationToken,
 ) -> Result<RunLock, Error> {
-    let (db, name, id) = (
-        store.path().to_path_buf(),
-        pipeline.to_owned(),
-        run_id.to_owned(),
-    );
-    let taking = tokio::task::spawn_blocking(move || store::lock::acquire(&db, &name, &id, wait));
+    let taking = async {
+        match store.location() {
+            Location::File(db) => {
+                let (db, name, id) = (db.clone(), pipeline.to_owned(), run_id.to_owned());
+                tokio::task::spawn_blocking(move || store::lock::acquire(&db, &name, &id, wait))
+                    .await
+                    .map_err(|e| Error::Other(e.into()))
+            }
+            Location::Postgres(url) => {
+                Ok(store::lock::pg::acquire(url, pipeline, run_id, wait).await)
+            }
+        }
+    };
     let taken = tokio::select! {
-        taken = taking => taken.map_err(|e| Error::Other(e.into()))?,
+        taken = taking => taken?,
         () = shutdown.cancelled() => {
             return Err(Error::Interrupted { detail: Some("nothing was started".into()) });
         }

@@ -11,7 +11,7 @@
 //! fails. That is why a write may run more than once and is `Fn`, not `FnOnce`.
 
 use futures::future::BoxFuture;
-use sqlx::{Acquire, SqliteConnection, SqlitePool};
+use sqlx::{Acquire, AnyConnection, AnyPool};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::store::StoreError;
@@ -29,7 +29,7 @@ pub(crate) enum Written {
 /// One write: its statements, run inside the group's transaction. It may be run again (see
 /// the module's comment), so it clones what it moves into its future.
 pub(crate) type Write = Box<
-    dyn for<'c> Fn(&'c mut SqliteConnection) -> BoxFuture<'c, Result<Written, sqlx::Error>>
+    dyn for<'c> Fn(&'c mut AnyConnection) -> BoxFuture<'c, Result<Written, sqlx::Error>>
         + Send
         + Sync,
 >;
@@ -46,7 +46,7 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    pub(crate) fn start(pool: SqlitePool) -> Writer {
+    pub(crate) fn start(pool: AnyPool) -> Writer {
         let (jobs, rx) = mpsc::unbounded_channel();
         tokio::spawn(run(pool, rx));
         Writer { jobs }
@@ -64,7 +64,7 @@ impl Writer {
     }
 }
 
-async fn run(pool: SqlitePool, mut rx: mpsc::UnboundedReceiver<Job>) {
+async fn run(pool: AnyPool, mut rx: mpsc::UnboundedReceiver<Job>) {
     while let Some(first) = rx.recv().await {
         let mut jobs = vec![first];
         while jobs.len() < MOST_PER_COMMIT {
@@ -85,7 +85,7 @@ async fn run(pool: SqlitePool, mut rx: mpsc::UnboundedReceiver<Job>) {
 }
 
 /// One transaction for `jobs`; when one of them fails, one transaction for each.
-async fn commit_group(conn: &mut SqliteConnection, mut jobs: Vec<Job>) {
+async fn commit_group(conn: &mut AnyConnection, mut jobs: Vec<Job>) {
     if jobs.len() == 1 {
         let job = jobs.remove(0);
         return commit_alone(conn, job).await;
@@ -107,7 +107,7 @@ async fn commit_group(conn: &mut SqliteConnection, mut jobs: Vec<Job>) {
 }
 
 /// `job` in a transaction of its own, answered with its own result.
-async fn commit_alone(conn: &mut SqliteConnection, job: Job) {
+async fn commit_alone(conn: &mut AnyConnection, job: Job) {
     let answer = match transaction(conn, std::slice::from_ref(&job)).await {
         Ok(mut answers) => Ok(answers.remove(0)),
         Err(Failed::Write(e)) => Err(StoreError::from(e)),
@@ -124,7 +124,7 @@ enum Failed {
 }
 
 /// Runs every job's write in one transaction: all committed, or none.
-async fn transaction(conn: &mut SqliteConnection, jobs: &[Job]) -> Result<Vec<Written>, Failed> {
+async fn transaction(conn: &mut AnyConnection, jobs: &[Job]) -> Result<Vec<Written>, Failed> {
     let mut tx = conn
         .begin()
         .await
@@ -154,12 +154,12 @@ fn fail_all(jobs: Vec<Job>, message: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sqlx::sqlite::SqlitePoolOptions;
+    use sqlx::any::AnyPoolOptions;
 
     fn insert(x: i64) -> Write {
         Box::new(move |conn| {
             Box::pin(async move {
-                sqlx::query("INSERT INTO t (x) VALUES (?)")
+                sqlx::query("INSERT INTO t (x) VALUES ($1)")
                     .bind(x)
                     .execute(&mut *conn)
                     .await?;
@@ -170,7 +170,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_failing_write_fails_alone_and_the_rest_of_its_group_is_committed() {
-        let pool = SqlitePoolOptions::new()
+        crate::store::install_drivers();
+        let pool = AnyPoolOptions::new()
             .max_connections(1)
             .connect("sqlite::memory:")
             .await

@@ -1,4 +1,11 @@
-//! The state database: every run, task, HTTP attempt and output, in SQLite.
+//! The state database: every run, task, HTTP attempt and output, in SQLite (the default, a
+//! file beside nothing else) or in PostgreSQL (`--state postgres://…`, shared by hosts).
+//!
+//! Both backends are reached through sqlx's `Any` driver, so the store's queries are written
+//! once, in SQL both accept (`$N` parameters, `COUNT(*) FILTER`, 64-bit integers); the few
+//! statements that must differ are chosen by [`Backend`] where they are written
+//! ([`tasks`]'s hot path). Each backend has its own migrations: `migrations/sqlite/` and
+//! `migrations/postgres/`.
 //!
 //! The executor writes its intent before each billed call and the result right after, each in
 //! its own transaction, so whatever instant a crash happens at, the record tells what may have
@@ -14,7 +21,9 @@
 //! imgpipe would later refuse as empty or unmarked.
 
 mod group;
+mod location;
 pub mod lock;
+mod postgres;
 mod report;
 mod resume;
 mod runs;
@@ -24,9 +33,12 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::migrate::MigrateError;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{ConnectOptions, SqlitePool};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+use sqlx::{AnyPool, ConnectOptions, Executor};
+
+pub use location::{Location, PgUrl};
 
 pub use report::{ReportOutput, ReportRow, ReportTask, Spend, StepTotals};
 pub use resume::{Reusable, ReusableOutput, SetAside};
@@ -77,6 +89,9 @@ pub enum StoreError {
         path.display()
     )]
     Empty { path: PathBuf },
+    /// A PostgreSQL database without imgpipe's tables, opened by a command that only reads.
+    #[error("there is no imgpipe state in {}: it holds no tables yet", location.display())]
+    Absent { location: PathBuf },
     #[error("the state database {} cannot be brought up to date: {reason}", path.display())]
     Migrate { path: PathBuf, reason: String },
     #[error("state database: {0}")]
@@ -108,6 +123,9 @@ impl StoreError {
             StoreError::Empty { .. } => Some(
                 "remove the empty file and imgpipe will create the database there, or point --state (or IMGPIPE_STATE) at a path where there is no file",
             ),
+            StoreError::Absent { .. } => Some(
+                "runs create imgpipe's tables there; check --state (or IMGPIPE_STATE) names the database the runs used",
+            ),
             StoreError::Directory { .. } | StoreError::Io { .. } => {
                 Some("check the permissions and free space there, or point --state at another path")
             }
@@ -125,19 +143,54 @@ impl StoreError {
                 | StoreError::Newer { .. }
                 | StoreError::Foreign { .. }
                 | StoreError::Empty { .. }
+                | StoreError::Absent { .. }
         )
     }
+}
+
+/// Which database engine keeps the state: the few statements that differ are chosen by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
 }
 
 /// An open state database.
 #[derive(Clone, Debug)]
 pub struct Store {
-    pool: SqlitePool,
-    path: PathBuf,
+    pool: AnyPool,
+    backend: Backend,
+    location: Location,
     writer: group::Writer,
 }
 
 impl Store {
+    /// Opens the state at `location`: a SQLite file is created when missing; a PostgreSQL
+    /// database must exist, and gets imgpipe's tables when it has none of anyone's.
+    pub async fn open_at(location: &Location) -> Result<Store, StoreError> {
+        match location {
+            Location::File(path) => Store::open(path).await,
+            Location::Postgres(url) => postgres::open(url, true).await,
+        }
+    }
+
+    /// Opens the state at `location` for a command that only reads: nothing is created.
+    pub async fn open_existing(location: &Location) -> Result<Store, StoreError> {
+        match location {
+            Location::File(path) => Store::open(path).await,
+            Location::Postgres(url) => postgres::open(url, false).await,
+        }
+    }
+
+    fn new(pool: AnyPool, backend: Backend, location: Location) -> Store {
+        Store {
+            writer: group::Writer::start(pool.clone()),
+            pool,
+            backend,
+            location,
+        }
+    }
+
     /// Opens (creating when missing) and migrates the database at `path`. An existing file
     /// must be an imgpipe database: one from before the mark is marked on the way.
     pub async fn open(path: &Path) -> Result<Store, StoreError> {
@@ -175,31 +228,36 @@ impl Store {
             .map_err(open_err)?
             .filename(path)
             // Made by `create` (or refused) above: a file gone since is an error, not new.
-            .create_if_missing(false)
-            .journal_mode(SqliteJournalMode::Wal)
-            // FULL: a commit is on disk before the paid call it announces is sent.
-            .synchronous(SqliteSynchronous::Full)
-            .foreign_keys(true)
-            .busy_timeout(Duration::from_secs(30))
-            // Statements are the store's business: their text goes to -vv, never to the
-            // user's default log, and a slow one is a debug note, not a warning.
+            .create_if_missing(false);
+        let mut options = AnyConnectOptions::from_url(&options.to_url_lossy()).map_err(open_err)?;
+        // Statements are the store's business: their text goes to -vv, never to the user's
+        // default log, and a slow one is a debug note, not a warning.
+        options = options
             .log_statements(log::LevelFilter::Trace)
             .log_slow_statements(log::LevelFilter::Debug, Duration::from_secs(1));
+        install_drivers();
         // One connection: every write is serialised anyway, and one connection never waits on
         // another's lock.
-        let pool = SqlitePoolOptions::new()
+        let pool = AnyPoolOptions::new()
             .max_connections(1)
             // A file on this machine does not go stale between uses: no ping round trip to
             // SQLite's thread before every group commit and every read.
             .test_before_acquire(false)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    // FULL: a commit is on disk before the paid call it announces is sent.
+                    conn.execute(
+                        "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;
+                         PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 30000;",
+                    )
+                    .await
+                    .map(drop)
+                })
+            })
             .connect_with(options)
             .await
             .map_err(open_err)?;
-        let store = Store {
-            writer: group::Writer::start(pool.clone()),
-            pool,
-            path: path.to_path_buf(),
-        };
+        let store = Store::new(pool, Backend::Sqlite, Location::File(path.to_path_buf()));
         if unmarked {
             store.mark().await?;
         }
@@ -216,44 +274,55 @@ impl Store {
         .await
         .map(drop)
         .map_err(|e| StoreError::Io {
-            path: self.path.clone(),
+            path: self.file(),
             reason: format!("cannot mark it as imgpipe's: {e}"),
         })
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
-        match sqlx::migrate!("./migrations").run(&self.pool).await {
+        match sqlx::migrate!("./migrations/sqlite").run(&self.pool).await {
             Ok(()) => Ok(()),
             Err(MigrateError::VersionMissing(version)) => Err(StoreError::Newer {
-                path: self.path.clone(),
+                path: self.file(),
                 version,
             }),
             Err(e) => Err(StoreError::Migrate {
-                path: self.path.clone(),
+                path: self.file(),
                 reason: e.to_string(),
             }),
         }
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// Where the state is, to name it in messages (a PostgreSQL URL without its password).
+    pub fn location(&self) -> &Location {
+        &self.location
     }
 
-    pub(crate) fn pool(&self) -> &SqlitePool {
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The SQLite file's path, or the location as text for PostgreSQL (errors name a path).
+    fn file(&self) -> PathBuf {
+        match &self.location {
+            Location::File(path) => path.clone(),
+            other => PathBuf::from(other.to_string()),
+        }
+    }
+
+    pub(crate) fn pool(&self) -> &AnyPool {
         &self.pool
-    }
-
-    /// `PRAGMA integrity_check`: "ok" when the file is sound.
-    pub async fn integrity_check(&self) -> Result<String, StoreError> {
-        let (text,): (String,) = sqlx::query_as("PRAGMA integrity_check")
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(text)
     }
 
     pub async fn close(&self) {
         self.pool.close().await;
     }
+}
+
+/// sqlx's `Any` driver finds the backend by the URL's scheme among the drivers installed.
+pub(crate) fn install_drivers() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(sqlx::any::install_default_drivers);
 }
 
 /// Makes a new database at `path`, whole: created under a temporary name beside it, marked
@@ -300,7 +369,7 @@ async fn create(path: &Path) -> Result<(), StoreError> {
         .execute(&mut conn)
         .await
         .map_err(|e| io_err(&e))?;
-        sqlx::migrate!("./migrations")
+        sqlx::migrate!("./migrations/sqlite")
             .run(&mut conn)
             .await
             .map_err(|e| StoreError::Migrate {
@@ -400,7 +469,7 @@ async fn inspect_with(conn: &mut sqlx::SqliteConnection, path: &Path) -> Result<
         .fetch_one(&mut *conn)
         .await
         .map_err(|e| damaged(e.to_string()))?;
-    let known = sqlx::migrate!("./migrations")
+    let known = sqlx::migrate!("./migrations/sqlite")
         .iter()
         .map(|m| m.version)
         .max()
@@ -463,7 +532,7 @@ async fn whose(conn: &mut sqlx::SqliteConnection, path: &Path) -> Result<Mark, S
     if id != 0 {
         return Err(foreign_id(path, i32::try_from(id).unwrap_or_default()));
     }
-    let migrator = sqlx::migrate!("./migrations");
+    let migrator = sqlx::migrate!("./migrations/sqlite");
     let first = migrator.iter().min_by_key(|m| m.version);
     let has_migrations: Option<(String,)> = sqlx::query_as(
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
@@ -473,7 +542,7 @@ async fn whose(conn: &mut sqlx::SqliteConnection, path: &Path) -> Result<Mark, S
     .map_err(failed)?;
     if let (Some(first), Some(_)) = (first, has_migrations) {
         let applied: Option<(Vec<u8>,)> =
-            sqlx::query_as("SELECT checksum FROM _sqlx_migrations WHERE version = ?")
+            sqlx::query_as("SELECT checksum FROM _sqlx_migrations WHERE version = $1")
                 .bind(first.version)
                 .fetch_optional(&mut *conn)
                 .await
@@ -512,6 +581,23 @@ pub fn default_path() -> Option<PathBuf> {
         .filter(|p| p.is_absolute())
         .or_else(|| non_empty("HOME").map(|h| h.join(".local").join("state")))?;
     Some(base.join(APP_DIR).join(DEFAULT_FILE))
+}
+
+/// `n` rows of `per_row` numbered placeholders each (`$1`, `$2`, … in order), laid out by `row`
+/// and joined with commas: a statement built this way holds no value in its text, and the same
+/// text serves both backends (SQLite takes `$N` too).
+pub(crate) fn rows(n: usize, per_row: usize, row: impl Fn(&[String]) -> String) -> String {
+    let mut out = String::new();
+    for i in 0..n {
+        let marks: Vec<String> = (1..=per_row)
+            .map(|j| format!("${}", i * per_row + j))
+            .collect();
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(&row(&marks));
+    }
+    out
 }
 
 /// Unix milliseconds, the database's time unit.

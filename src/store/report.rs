@@ -7,7 +7,7 @@ use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 use sqlx::Row;
 
 use crate::store::tasks::{TaskStatus, to_u64};
-use crate::store::{Store, StoreError};
+use crate::store::{Backend, Store, StoreError};
 
 /// A task as the report shows it.
 #[derive(Clone, Debug)]
@@ -39,6 +39,29 @@ pub struct ReportOutput {
     pub path: Option<String>,
     pub sha256: Option<String>,
     pub download_error: Option<String>,
+}
+
+/// The statement of [`Store::report_rows`], with `$join` between the items and their tasks.
+macro_rules! report_rows_sql {
+    ($join:literal) => {
+        concat!(
+            "WITH items AS MATERIALIZED (
+                 SELECT item, MIN(id) AS first FROM tasks WHERE run_id = $1
+                 GROUP BY item ORDER BY item <> '_batch', first)
+             SELECT t.id, t.item, t.step, t.idx, t.operation, t.inputs, t.status,
+                    t.planned_credits, t.credits_billed, t.job_id, t.error,
+                    0 AS removed, r.run_id AS reused_run,
+                    (SELECT COUNT(*) FROM attempts a WHERE a.task_id = t.id) AS attempts,
+                    o.k, o.job_id AS o_job, o.path, o.sha256, o.download_error
+             FROM items i
+             ",
+            $join,
+            " tasks t ON t.run_id = $1 AND t.item = i.item
+             LEFT JOIN tasks r ON r.id = t.reused_from
+             LEFT JOIN outputs o ON o.task_id = t.id
+             WHERE t.removed_at IS NULL"
+        )
+    };
 }
 
 /// One row of [`Store::report_rows`]: a task, and one of its outputs when it has any.
@@ -87,48 +110,42 @@ impl Store {
         &'a self,
         run_id: &'a str,
     ) -> BoxStream<'a, Result<ReportRow, StoreError>> {
-        sqlx::query(
-            "WITH items AS MATERIALIZED (
-                 SELECT item, MIN(id) AS first FROM tasks WHERE run_id = ?1
-                 GROUP BY item ORDER BY item <> '_batch', first)
-             SELECT t.id, t.item, t.step, t.idx, t.operation, t.inputs, t.status,
-                    t.planned_credits, t.credits_billed, t.job_id, t.error,
-                    0 AS removed, r.run_id AS reused_run,
-                    (SELECT COUNT(*) FROM attempts a WHERE a.task_id = t.id) AS attempts,
-                    o.k, o.job_id AS o_job, o.path, o.sha256, o.download_error
-             FROM items i
-             CROSS JOIN tasks t ON t.run_id = ?1 AND t.item = i.item
-             LEFT JOIN tasks r ON r.id = t.reused_from
-             LEFT JOIN outputs o ON o.task_id = t.id
-             WHERE t.removed_at IS NULL",
-        )
-        .bind(run_id)
-        .fetch(self.pool())
-        .map_err(StoreError::from)
-        .and_then(|r| async move {
-            let output = match r.try_get::<Option<i64>, _>("k")? {
-                Some(k) => Some(ReportOutput {
-                    k: u32::try_from(k).unwrap_or(0),
-                    job_id: r.try_get("o_job")?,
-                    path: r.try_get("path")?,
-                    sha256: r.try_get("sha256")?,
-                    download_error: r.try_get("download_error")?,
-                }),
-                None => None,
-            };
-            Ok(ReportRow {
-                task: report_task(&r)?,
-                output,
+        let sql = match self.backend() {
+            Backend::Sqlite => report_rows_sql!("CROSS JOIN"),
+            // PostgreSQL takes no join order from the text, so the order is asked for.
+            Backend::Postgres => concat!(
+                report_rows_sql!("JOIN"),
+                " ORDER BY i.item <> '_batch', i.first, t.step, t.idx, o.k"
+            ),
+        };
+        sqlx::query(sql)
+            .bind(run_id)
+            .fetch(self.pool())
+            .map_err(StoreError::from)
+            .and_then(|r| async move {
+                let output = match r.try_get::<Option<i64>, _>("k")? {
+                    Some(k) => Some(ReportOutput {
+                        k: u32::try_from(k).unwrap_or(0),
+                        job_id: r.try_get("o_job")?,
+                        path: r.try_get("path")?,
+                        sha256: r.try_get("sha256")?,
+                        download_error: r.try_get("download_error")?,
+                    }),
+                    None => None,
+                };
+                Ok(ReportRow {
+                    task: report_task(&r)?,
+                    output,
+                })
             })
-        })
-        .boxed()
+            .boxed()
     }
 
     /// How many items the run has (the batch's `once` steps count as one), read from the
     /// index alone: an item whose every task was removed from the pipeline still counts.
     pub async fn report_items(&self, run_id: &str) -> Result<u64, StoreError> {
         let (n,): (i64,) =
-            sqlx::query_as("SELECT COUNT(DISTINCT item) FROM tasks WHERE run_id = ?")
+            sqlx::query_as("SELECT COUNT(DISTINCT item) FROM tasks WHERE run_id = $1")
                 .bind(run_id)
                 .fetch_one(self.pool())
                 .await?;
@@ -144,37 +161,41 @@ impl Store {
         unanswered: bool,
     ) -> Result<Vec<StepTotals>, StoreError> {
         let rows = sqlx::query(
-            "SELECT step, removed_at IS NOT NULL AS removed, MIN(id) AS first, COUNT(*) AS tasks,
-                    SUM(status = 'succeeded') AS succeeded, SUM(status = 'failed') AS failed,
-                    SUM(status = 'blocked') AS blocked,
-                    SUM(status IN ('pending', 'running')) AS pending,
-                    SUM(reused_from IS NOT NULL) AS reused,
-                    SUM(planned_credits) AS planned, SUM(credits_billed) AS billed
-             FROM tasks WHERE run_id = ? GROUP BY step, removed ORDER BY first",
+            "SELECT step, CASE WHEN removed_at IS NULL THEN 0 ELSE 1 END AS removed,
+                    MIN(id) AS first, COUNT(*) AS tasks,
+                    COUNT(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+                    COUNT(*) FILTER (WHERE status = 'failed') AS failed,
+                    COUNT(*) FILTER (WHERE status = 'blocked') AS blocked,
+                    COUNT(*) FILTER (WHERE status IN ('pending', 'running')) AS pending,
+                    COUNT(*) FILTER (WHERE reused_from IS NOT NULL) AS reused,
+                    CAST(SUM(planned_credits) AS BIGINT) AS planned,
+                    CAST(SUM(credits_billed) AS BIGINT) AS billed
+             FROM tasks WHERE run_id = $1 GROUP BY 1, 2 ORDER BY first",
         )
         .bind(run_id)
         .fetch_all(self.pool())
         .await?;
-        let risk: Vec<(String, bool, i64)> = sqlx::query_as(
-            "SELECT t.step, t.removed_at IS NOT NULL, SUM(t.planned_credits)
+        let risk: Vec<(String, i64, i64)> = sqlx::query_as(
+            "SELECT t.step, CASE WHEN t.removed_at IS NULL THEN 0 ELSE 1 END,
+                    CAST(SUM(t.planned_credits) AS BIGINT)
              FROM attempts a JOIN tasks t ON t.id = a.task_id
-             WHERE a.run_id = ? AND (a.outcome = 'ambiguous' OR (a.outcome IS NULL AND ?))
+             WHERE a.run_id = $1 AND (a.outcome = 'ambiguous' OR (a.outcome IS NULL AND $2))
              GROUP BY 1, 2",
         )
         .bind(run_id)
         .bind(unanswered)
         .fetch_all(self.pool())
         .await?;
-        let n = |r: &sqlx::sqlite::SqliteRow, c: &str| -> Result<u64, StoreError> {
+        let n = |r: &sqlx::any::AnyRow, c: &str| -> Result<u64, StoreError> {
             Ok(to_u64(r.try_get::<Option<i64>, _>(c)?.unwrap_or(0)))
         };
         rows.iter()
             .map(|r| {
                 let step: String = r.try_get("step")?;
-                let removed: bool = r.try_get("removed")?;
+                let removed = r.try_get::<i64, _>("removed")? != 0;
                 let at_risk = risk
                     .iter()
-                    .filter(|(s, rm, _)| *s == step && *rm == removed)
+                    .filter(|(s, rm, _)| *s == step && (*rm != 0) == removed)
                     .map(|(_, _, c)| to_u64(*c))
                     .sum();
                 Ok(StepTotals {
@@ -206,10 +227,10 @@ impl Store {
     ) -> Result<Vec<Spend>, StoreError> {
         let width = ((end - start) / buckets.max(1)).max(1);
         let rows: Vec<(i64, i64)> = sqlx::query_as(
-            "SELECT MAX(at), SUM(credits_billed) FROM
+            "SELECT MAX(at), CAST(SUM(credits_billed) AS BIGINT) FROM
                 (SELECT COALESCE(finished_at, started_at) AS at, credits_billed FROM attempts
-                 WHERE run_id = ? AND credits_billed > 0)
-             GROUP BY (at - ?) / ? ORDER BY 1",
+                 WHERE run_id = $1 AND credits_billed > 0) AS billed
+             GROUP BY (at - $2) / $3 ORDER BY 1",
         )
         .bind(run_id)
         .bind(start)
@@ -229,7 +250,7 @@ impl Store {
     pub async fn last_reported_balance(&self, run_id: &str) -> Result<Option<i64>, StoreError> {
         let row: Option<(i64,)> = sqlx::query_as(
             "SELECT credits_remaining FROM attempts
-             WHERE run_id = ? AND credits_remaining IS NOT NULL
+             WHERE run_id = $1 AND credits_remaining IS NOT NULL
              ORDER BY finished_at DESC, id DESC LIMIT 1",
         )
         .bind(run_id)
@@ -240,7 +261,7 @@ impl Store {
 }
 
 /// A task as [`Store::report_rows`] selects it.
-fn report_task(r: &sqlx::sqlite::SqliteRow) -> Result<ReportTask, StoreError> {
+fn report_task(r: &sqlx::any::AnyRow) -> Result<ReportTask, StoreError> {
     let inputs: String = r.try_get("inputs")?;
     Ok(ReportTask {
         id: r.try_get("id")?,
@@ -254,7 +275,7 @@ fn report_task(r: &sqlx::sqlite::SqliteRow) -> Result<ReportTask, StoreError> {
         credits_billed: to_u64(r.try_get("credits_billed")?),
         job_id: r.try_get("job_id")?,
         error: r.try_get("error")?,
-        removed: r.try_get("removed")?,
+        removed: r.try_get::<i64, _>("removed")? != 0,
         reused_from_run: r.try_get("reused_run")?,
         attempts: u32::try_from(r.try_get::<i64, _>("attempts")?).unwrap_or(0),
     })

@@ -4,7 +4,7 @@
 use sqlx::Row;
 
 use crate::store::tasks::{NewTask, to_i64, to_u64};
-use crate::store::{Store, StoreError, now_ms};
+use crate::store::{Store, StoreError, now_ms, rows};
 
 /// An output whose file (if any) was moved out of the way.
 pub struct SetAside<'a> {
@@ -49,8 +49,8 @@ impl Store {
             sqlx::query(
                 "INSERT INTO superseded_outputs (task_id, run_id, k, job_id, path, sha256, bytes,
                      reason, superseded_at)
-                 SELECT task_id, ?, k, job_id, ?, COALESCE(?, sha256), COALESCE(?, bytes), ?, ?
-                 FROM outputs WHERE id = ?",
+                 SELECT task_id, $1, k, job_id, $2, COALESCE($3, sha256), COALESCE($4, bytes), $5, $6
+                 FROM outputs WHERE id = $7",
             )
             .bind(run_id)
             .bind(m.moved_to)
@@ -64,9 +64,9 @@ impl Store {
             let sql = if m.refetch {
                 "UPDATE outputs SET path = NULL, sha256 = NULL, bytes = NULL,
                      downloaded_at = NULL, download_error = NULL
-                 WHERE id = ?"
+                 WHERE id = $1"
             } else {
-                "DELETE FROM outputs WHERE id = ?"
+                "DELETE FROM outputs WHERE id = $1"
             };
             sqlx::query(sql).bind(m.output_id).execute(&mut *tx).await?;
         }
@@ -77,10 +77,10 @@ impl Store {
     /// Makes a task to do again from the start, as `task` now describes it.
     pub async fn reset_task(&self, task_id: i64, task: &NewTask) -> Result<(), StoreError> {
         sqlx::query(
-            "UPDATE tasks SET status = 'pending', operation = ?, inputs = ?, planned_credits = ?,
+            "UPDATE tasks SET status = 'pending', operation = $1, inputs = $2, planned_credits = $3,
                  identity = NULL, job_id = NULL, error = NULL,
-                 removed_at = NULL, reused_from = NULL, updated_at = ?
-             WHERE id = ?",
+                 removed_at = NULL, reused_from = NULL, updated_at = $4
+             WHERE id = $5",
         )
         .bind(task.operation)
         .bind(&task.inputs)
@@ -97,7 +97,7 @@ impl Store {
         let mut tx = self.pool().begin().await?;
         let now = now_ms();
         for id in task_ids {
-            sqlx::query("UPDATE tasks SET removed_at = ?, updated_at = ? WHERE id = ?")
+            sqlx::query("UPDATE tasks SET removed_at = $1, updated_at = $2 WHERE id = $3")
                 .bind(now)
                 .bind(now)
                 .bind(id)
@@ -114,9 +114,9 @@ impl Store {
         // One statement a chunk: a statement a task was a round trip to SQLite's thread each,
         // most of a run's exit after thousands of tasks.
         for chunk in ids.chunks(500) {
-            let rows = vec!["(?, ?)"; chunk.len()].join(", ");
+            let values = rows(chunk.len(), 2, |p| format!("({}, {})", p[0], p[1]));
             let sql = format!(
-                "WITH v (id, identity) AS (VALUES {rows})
+                "WITH v (id, identity) AS (VALUES {values})
                  UPDATE tasks SET identity = v.identity FROM v WHERE tasks.id = v.id"
             );
             // Built from a fixed placeholder list: no value is ever part of the text.
@@ -139,7 +139,7 @@ impl Store {
     ) -> Result<Option<Reusable>, StoreError> {
         let row = sqlx::query(
             "SELECT t.id, t.run_id, t.job_id FROM tasks t
-             WHERE t.identity = ? AND t.run_id != ? AND t.status = 'succeeded'
+             WHERE t.identity = $1 AND t.run_id != $2 AND t.status = 'succeeded'
                AND t.removed_at IS NULL AND t.job_id IS NOT NULL
                AND NOT EXISTS (SELECT 1 FROM outputs o WHERE o.task_id = t.id AND o.sha256 IS NULL)
                AND EXISTS (SELECT 1 FROM outputs o WHERE o.task_id = t.id)
@@ -153,7 +153,7 @@ impl Store {
         let task_id: i64 = row.try_get("id")?;
         let outputs = sqlx::query(
             "SELECT k, url, url_issued_at, path, sha256, bytes, parent_job_id
-             FROM outputs WHERE task_id = ? ORDER BY k",
+             FROM outputs WHERE task_id = $1 ORDER BY k",
         )
         .bind(task_id)
         .fetch_all(self.pool())
@@ -192,9 +192,9 @@ impl Store {
         let mut tx = self.pool().begin().await?;
         let now = now_ms();
         sqlx::query(
-            "UPDATE tasks SET status = 'succeeded', job_id = ?, identity = ?, reused_from = ?,
-                 error = NULL, updated_at = ?
-             WHERE id = ?",
+            "UPDATE tasks SET status = 'succeeded', job_id = $1, identity = $2, reused_from = $3,
+                 error = NULL, updated_at = $4
+             WHERE id = $5",
         )
         .bind(&from.job_id)
         .bind(identity)
@@ -208,7 +208,7 @@ impl Store {
             sqlx::query(
                 "INSERT INTO outputs (task_id, run_id, k, job_id, parent_job_id, url,
                      url_issued_at, path, sha256, bytes, downloaded_at)
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
             )
             .bind(task_id)
             .bind(run_id)
@@ -232,7 +232,7 @@ impl Store {
     /// read the task's output.
     pub async fn task_job(&self, task_id: i64) -> Result<Option<String>, StoreError> {
         let job: Option<(Option<String>,)> =
-            sqlx::query_as("SELECT job_id FROM tasks WHERE id = ?")
+            sqlx::query_as("SELECT job_id FROM tasks WHERE id = $1")
                 .bind(task_id)
                 .fetch_optional(self.pool())
                 .await?;
@@ -246,7 +246,7 @@ impl Store {
     ) -> Result<std::collections::HashMap<(i64, u32), String>, StoreError> {
         let mut out = std::collections::HashMap::new();
         for chunk in task_ids.chunks(500) {
-            let marks = vec!["?"; chunk.len()].join(", ");
+            let marks = rows(chunk.len(), 1, |p| p[0].clone());
             let sql = format!(
                 "SELECT task_id, k, sha256 FROM outputs
                  WHERE task_id IN ({marks}) AND sha256 IS NOT NULL"
@@ -275,7 +275,7 @@ impl Store {
         run_id: &str,
     ) -> Result<std::collections::HashMap<(i64, u32), String>, StoreError> {
         let rows = sqlx::query(
-            "SELECT task_id, k, sha256 FROM outputs WHERE run_id = ? AND sha256 IS NOT NULL",
+            "SELECT task_id, k, sha256 FROM outputs WHERE run_id = $1 AND sha256 IS NOT NULL",
         )
         .bind(run_id)
         .fetch_all(self.pool())

@@ -103,7 +103,7 @@ impl Store {
             "INSERT INTO runs (id, pipeline_name, pipeline_file, pipeline_text, pipeline_sha256,
                  items_sha256, plan_json, output_dir, status, credits_planned, balance_before,
                  created_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?)",
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'running', $9, $10, $11)",
         )
         .bind(run.id)
         .bind(run.pipeline_name)
@@ -128,7 +128,7 @@ impl Store {
             "SELECT id, pipeline_name, pipeline_file, pipeline_text, pipeline_sha256, items_sha256,
                     plan_json, output_dir, status, credits_planned, balance_before,
                     balance_after, stop_reason, created_at, finished_at
-             FROM runs WHERE id = ?",
+             FROM runs WHERE id = $1",
         )
         .bind(id)
         .fetch_optional(self.pool())
@@ -160,9 +160,9 @@ impl Store {
         credits_planned: u64,
     ) -> Result<(), StoreError> {
         sqlx::query(
-            "UPDATE runs SET pipeline_text = ?, pipeline_sha256 = ?, items_sha256 = ?,
-                 plan_json = ?, credits_planned = ?
-             WHERE id = ?",
+            "UPDATE runs SET pipeline_text = $1, pipeline_sha256 = $2, items_sha256 = $3,
+                 plan_json = $4, credits_planned = $5
+             WHERE id = $6",
         )
         .bind(text)
         .bind(sha256)
@@ -183,7 +183,7 @@ impl Store {
         plan_json: &str,
         credits_planned: u64,
     ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE runs SET plan_json = ?, credits_planned = ? WHERE id = ?")
+        sqlx::query("UPDATE runs SET plan_json = $1, credits_planned = $2 WHERE id = $3")
             .bind(plan_json)
             .bind(i64::try_from(credits_planned).unwrap_or(i64::MAX))
             .bind(id)
@@ -202,9 +202,9 @@ impl Store {
     ) -> Result<(), StoreError> {
         let finished = (status != RunStatus::Running).then(now_ms);
         sqlx::query(
-            "UPDATE runs SET status = ?, stop_reason = ?, finished_at = ?,
-                 balance_after = COALESCE(?, balance_after)
-             WHERE id = ?",
+            "UPDATE runs SET status = $1, stop_reason = $2, finished_at = $3,
+                 balance_after = COALESCE($4, balance_after)
+             WHERE id = $5",
         )
         .bind(status.as_str())
         .bind(stop_reason)
@@ -217,7 +217,7 @@ impl Store {
     }
 }
 
-fn run_row(row: &sqlx::sqlite::SqliteRow) -> Result<RunRow, StoreError> {
+fn run_row(row: &sqlx::any::AnyRow) -> Result<RunRow, StoreError> {
     let status: String = row.try_get("status")?;
     Ok(RunRow {
         id: row.try_get("id")?,
@@ -272,17 +272,19 @@ impl Store {
     pub async fn step_counts(&self, run_id: &str) -> Result<Vec<StepCounts>, StoreError> {
         let rows = sqlx::query(
             "SELECT step, COUNT(*) AS tasks,
-                    SUM(status = 'succeeded') AS succeeded, SUM(status = 'failed') AS failed,
-                    SUM(status = 'blocked') AS blocked,
-                    SUM(status IN ('pending', 'running')) AS pending,
-                    SUM(planned_credits) AS planned, SUM(credits_billed) AS billed
-             FROM tasks WHERE run_id = ? AND removed_at IS NULL
+                    COUNT(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+                    COUNT(*) FILTER (WHERE status = 'failed') AS failed,
+                    COUNT(*) FILTER (WHERE status = 'blocked') AS blocked,
+                    COUNT(*) FILTER (WHERE status IN ('pending', 'running')) AS pending,
+                    CAST(SUM(planned_credits) AS BIGINT) AS planned,
+                    CAST(SUM(credits_billed) AS BIGINT) AS billed
+             FROM tasks WHERE run_id = $1 AND removed_at IS NULL
              GROUP BY step ORDER BY MIN(id)",
         )
         .bind(run_id)
         .fetch_all(self.pool())
         .await?;
-        let n = |r: &sqlx::sqlite::SqliteRow, c: &str| -> Result<u64, StoreError> {
+        let n = |r: &sqlx::any::AnyRow, c: &str| -> Result<u64, StoreError> {
             Ok(r.try_get::<Option<i64>, _>(c)?.unwrap_or(0).max(0) as u64)
         };
         rows.iter()
@@ -308,9 +310,10 @@ impl Store {
     ) -> Result<Vec<AmbiguousAttempt>, StoreError> {
         let rows = sqlx::query(
             "SELECT t.id, t.item, t.step, t.idx, t.planned_credits, a.endpoint, a.started_at,
-                    a.job_id, a.error, a.outcome IS NULL AS in_flight
+                    a.job_id, a.error,
+                    CASE WHEN a.outcome IS NULL THEN 1 ELSE 0 END AS in_flight
              FROM attempts a JOIN tasks t ON t.id = a.task_id
-             WHERE a.run_id = ? AND (a.outcome IS NULL OR a.outcome = 'ambiguous')
+             WHERE a.run_id = $1 AND (a.outcome IS NULL OR a.outcome = 'ambiguous')
              ORDER BY a.id",
         )
         .bind(run_id)
@@ -331,7 +334,7 @@ impl Store {
                     job_id: r.try_get("job_id")?,
                     error: r.try_get("error")?,
                     credits_at_risk: crate::store::tasks::to_u64(r.try_get("planned_credits")?),
-                    in_flight: r.try_get("in_flight")?,
+                    in_flight: r.try_get::<i64, _>("in_flight")? != 0,
                 })
             })
             .collect()
@@ -340,7 +343,7 @@ impl Store {
     /// How many outputs of the run were moved aside, and into which directory they went.
     pub async fn superseded_count(&self, run_id: &str) -> Result<u64, StoreError> {
         let (n,): (i64,) = sqlx::query_as(
-            "SELECT COUNT(*) FROM superseded_outputs WHERE run_id = ? AND path IS NOT NULL",
+            "SELECT COUNT(*) FROM superseded_outputs WHERE run_id = $1 AND path IS NOT NULL",
         )
         .bind(run_id)
         .fetch_one(self.pool())
@@ -356,7 +359,7 @@ impl Store {
         credits: u64,
     ) -> Result<bool, StoreError> {
         let found: Option<(i64,)> = sqlx::query_as(
-            "SELECT 1 FROM tasks WHERE operation = ? AND planned_credits = ?
+            "SELECT 1 FROM tasks WHERE operation = $1 AND planned_credits = $2
                  AND credits_billed = planned_credits AND status = 'succeeded' LIMIT 1",
         )
         .bind(operation)

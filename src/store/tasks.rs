@@ -3,7 +3,7 @@
 use sqlx::Row;
 
 use crate::store::group::Written;
-use crate::store::{Store, StoreError, now_ms};
+use crate::store::{Backend, Store, StoreError, now_ms, rows};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TaskStatus {
@@ -168,35 +168,61 @@ pub(crate) fn to_u64(n: i64) -> u64 {
 }
 
 /// The statements that record an attempt's outcome and, for a success, settle its task and
-/// record its `outputs` (returning their ids, in order). A task that runs again (its first job
+/// record its `outputs` (returning each one's `k` and id). A task that runs again (its first job
 /// fell short) replaces its outputs' records whole: the old job's file facts must not stick to
 /// the new job.
-fn settle_sql(succeeded: bool, outputs: usize) -> String {
-    let mut sql = String::from(
-        "UPDATE attempts SET finished_at = ?, outcome = ?, http_status = ?,
-             credits_billed = ?, credits_remaining = ?, job_id = ?, error = ?
-         WHERE id = ?;",
+///
+/// Parameters: $1 now, $2 outcome, $3 HTTP status, $4 credits, $5 credits remaining, $6 job id,
+/// $7 error, $8 attempt id; with a success, $9 task id, $10 run id, $11 parent job id, and one
+/// URL each from $12. SQLite runs the statements as one batch; PostgreSQL takes one statement
+/// per round trip, so there the updates are data-modifying parts of the insert.
+fn settle_sql(backend: Backend, succeeded: bool, outputs: usize) -> String {
+    let attempt = "UPDATE attempts SET finished_at = $1, outcome = $2, http_status = $3,
+             credits_billed = $4, credits_remaining = $5, job_id = $6, error = $7
+         WHERE id = $8";
+    if !succeeded {
+        return attempt.to_owned();
+    }
+    let task = "UPDATE tasks SET status = 'succeeded', job_id = $6, error = NULL,
+             credits_billed = credits_billed + $4, updated_at = $1
+         WHERE id = $9";
+    let values: Vec<String> = (0..outputs)
+        .map(|k| format!("($9, $10, {k}, $6, $11, ${}, $1)", 12 + k))
+        .collect();
+    let insert = format!(
+        "INSERT INTO outputs (task_id, run_id, k, job_id, parent_job_id, url, url_issued_at)
+         VALUES {}
+         ON CONFLICT (task_id, k) DO UPDATE SET job_id = excluded.job_id,
+             parent_job_id = excluded.parent_job_id, url = excluded.url,
+             url_issued_at = excluded.url_issued_at, path = NULL,
+             sha256 = NULL, bytes = NULL, downloaded_at = NULL,
+             download_error = NULL
+         RETURNING k, id",
+        values.join(", ")
     );
-    if succeeded {
-        sql.push_str(
-            "UPDATE tasks SET status = 'succeeded', job_id = ?, error = NULL,
-                 credits_billed = credits_billed + ?, updated_at = ?
-             WHERE id = ?;",
-        );
+    match (backend, outputs) {
+        (Backend::Sqlite, 0) => format!("{attempt}; {task}"),
+        (Backend::Sqlite, _) => format!("{attempt}; {task}; {insert}"),
+        (Backend::Postgres, 0) => format!("WITH a AS ({attempt}) {task}"),
+        (Backend::Postgres, _) => format!("WITH a AS ({attempt}), t AS ({task}) {insert}"),
     }
-    for _ in 0..outputs {
-        sql.push_str(
-            "INSERT INTO outputs (task_id, run_id, k, job_id, parent_job_id, url, url_issued_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?)
-             ON CONFLICT (task_id, k) DO UPDATE SET job_id = excluded.job_id,
-                 parent_job_id = excluded.parent_job_id, url = excluded.url,
-                 url_issued_at = excluded.url_issued_at, path = NULL,
-                 sha256 = NULL, bytes = NULL, downloaded_at = NULL,
-                 download_error = NULL
-             RETURNING id;",
-        );
+}
+
+/// The intent's statements: the task is running, and its attempt is recorded (its id
+/// returned). Parameters: $1 now, $2 task id, $3 run id, $4 endpoint.
+fn intent_sql(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Sqlite => {
+            "UPDATE tasks SET status = 'running', updated_at = $1 WHERE id = $2;
+             INSERT INTO attempts (task_id, run_id, endpoint, started_at)
+             VALUES ($2, $3, $4, $1) RETURNING id"
+        }
+        Backend::Postgres => {
+            "WITH t AS (UPDATE tasks SET status = 'running', updated_at = $1 WHERE id = $2)
+             INSERT INTO attempts (task_id, run_id, endpoint, started_at)
+             VALUES ($2, $3, $4, $1) RETURNING id"
+        }
     }
-    sql
 }
 
 impl Store {
@@ -226,8 +252,8 @@ impl Store {
         let mut tx = self.pool().begin().await?;
         for t in tasks {
             sqlx::query(
-                "UPDATE tasks SET planned_credits = ?
-                 WHERE run_id = ? AND item = ? AND step = ? AND idx = ?",
+                "UPDATE tasks SET planned_credits = $1
+                 WHERE run_id = $2 AND item = $3 AND step = $4 AND idx = $5",
             )
             .bind(to_i64(t.planned_credits))
             .bind(run_id)
@@ -270,7 +296,7 @@ impl Store {
                     a.id AS a_id, a.outcome AS a_outcome, a.job_id AS a_job
              FROM tasks t
              LEFT JOIN attempts a ON a.id = (SELECT MAX(id) FROM attempts WHERE task_id = t.id)
-             WHERE t.run_id = ? AND t.removed_at IS NULL AND (? IS NULL OR t.status = ?)
+             WHERE t.run_id = $1 AND t.removed_at IS NULL AND ($2 IS NULL OR t.status = $3)
              ORDER BY t.id",
         )
         .bind(run_id)
@@ -291,27 +317,23 @@ impl Store {
         endpoint: &str,
     ) -> Result<i64, StoreError> {
         let (run_id, endpoint) = (run_id.to_owned(), endpoint.to_owned());
+        let backend = self.backend;
         let written = self
             .writer
             .write(Box::new(move |conn| {
                 let (run_id, endpoint) = (run_id.clone(), endpoint.clone());
                 Box::pin(async move {
-                    let now = now_ms();
-                    // One round trip: the attempt's row id is the last insert of the two.
-                    let id = sqlx::query(
-                        "UPDATE tasks SET status = 'running', updated_at = ? WHERE id = ?;
-                         INSERT INTO attempts (task_id, run_id, endpoint, started_at)
-                         VALUES (?, ?, ?, ?)",
-                    )
-                    .bind(now)
-                    .bind(task_id)
-                    .bind(task_id)
-                    .bind(&run_id)
-                    .bind(&endpoint)
-                    .bind(now)
-                    .execute(&mut *conn)
-                    .await?
-                    .last_insert_rowid();
+                    // One round trip: the attempt's row id is what the batch returns.
+                    // Every row read: sqlx's `Any` driver takes SQLite's first answer for the
+                    // one a single-row fetch waits for, and here that is the update's.
+                    let ids: Vec<i64> = sqlx::query_scalar(intent_sql(backend))
+                        .bind(now_ms())
+                        .bind(task_id)
+                        .bind(&run_id)
+                        .bind(&endpoint)
+                        .fetch_all(&mut *conn)
+                        .await?;
+                    let id = ids.last().copied().ok_or(sqlx::Error::RowNotFound)?;
                     Ok(Written::Id(id))
                 })
             }))
@@ -364,24 +386,22 @@ impl Store {
             ),
         };
         let settled = match outcome {
-            AttemptOutcome::Succeeded(s) => {
-                Some((s.urls.to_vec(), owned(s.parent_job_id), s.job_id.to_owned()))
-            }
+            AttemptOutcome::Succeeded(s) => Some((s.urls.to_vec(), owned(s.parent_job_id))),
             _ => None,
         };
         let run_id = run_id.to_owned();
+        let backend = self.backend;
         let written = self
             .writer
             .write(Box::new(move |conn| {
                 let (run_id, job, error, settled) =
                     (run_id.clone(), job.clone(), error.clone(), settled.clone());
                 Box::pin(async move {
-                    let now = now_ms();
                     let outputs = settled.as_ref().map_or(0, |(urls, ..)| urls.len());
                     // One round trip for the attempt, the task and its outputs.
-                    let sql = sqlx::AssertSqlSafe(settle_sql(settled.is_some(), outputs));
-                    let mut query = sqlx::query_scalar::<_, i64>(sql)
-                        .bind(now)
+                    let sql = sqlx::AssertSqlSafe(settle_sql(backend, settled.is_some(), outputs));
+                    let mut query = sqlx::query_as::<_, (i64, i64)>(sql)
+                        .bind(now_ms())
                         .bind(name)
                         .bind(status)
                         .bind(credits)
@@ -389,24 +409,18 @@ impl Store {
                         .bind(job)
                         .bind(error)
                         .bind(attempt_id);
-                    if let Some((urls, parent, job_id)) = settled {
-                        query = query
-                            .bind(job_id.clone())
-                            .bind(credits)
-                            .bind(now)
-                            .bind(task_id);
-                        for (k, url) in urls.into_iter().enumerate() {
-                            query = query
-                                .bind(task_id)
-                                .bind(run_id.clone())
-                                .bind(k as i64)
-                                .bind(job_id.clone())
-                                .bind(parent.clone())
-                                .bind(url)
-                                .bind(now);
+                    if let Some((urls, parent)) = settled {
+                        query = query.bind(task_id);
+                        if !urls.is_empty() {
+                            query = query.bind(run_id).bind(parent);
+                        }
+                        for url in urls {
+                            query = query.bind(url);
                         }
                     }
-                    Ok(Written::Ids(query.fetch_all(&mut *conn).await?))
+                    let mut ids = query.fetch_all(&mut *conn).await?;
+                    ids.sort_unstable();
+                    Ok(Written::Ids(ids.into_iter().map(|(_, id)| id).collect()))
                 })
             }))
             .await?;
@@ -433,7 +447,7 @@ impl Store {
                     let now = now_ms();
                     for id in ids {
                         sqlx::query(
-                            "UPDATE tasks SET status = ?, error = ?, updated_at = ? WHERE id = ?",
+                            "UPDATE tasks SET status = $1, error = $2, updated_at = $3 WHERE id = $4",
                         )
                         .bind(status.as_str())
                         .bind(&error)
@@ -453,16 +467,16 @@ impl Store {
     pub async fn settle_orphaned_attempts(&self, run_id: &str) -> Result<u64, StoreError> {
         let mut tx = self.pool().begin().await?;
         let done = sqlx::query(
-            "UPDATE attempts SET outcome = 'ambiguous', finished_at = ?,
+            "UPDATE attempts SET outcome = 'ambiguous', finished_at = $1,
                  error = 'in flight when the run stopped; it may have been billed'
-             WHERE run_id = ? AND outcome IS NULL",
+             WHERE run_id = $2 AND outcome IS NULL",
         )
         .bind(now_ms())
         .bind(run_id)
         .execute(&mut *tx)
         .await?
         .rows_affected();
-        sqlx::query("UPDATE tasks SET status = 'pending' WHERE run_id = ? AND status = 'running'")
+        sqlx::query("UPDATE tasks SET status = 'pending' WHERE run_id = $1 AND status = 'running'")
             .bind(run_id)
             .execute(&mut *tx)
             .await?;
@@ -483,9 +497,9 @@ impl Store {
                 let (path, sha256) = (path.clone(), sha256.clone());
                 Box::pin(async move {
                     sqlx::query(
-                        "UPDATE outputs SET path = ?, sha256 = ?, bytes = ?, downloaded_at = ?,
+                        "UPDATE outputs SET path = $1, sha256 = $2, bytes = $3, downloaded_at = $4,
                              download_error = NULL
-                         WHERE id = ?",
+                         WHERE id = $5",
                     )
                     .bind(&path)
                     .bind(&sha256)
@@ -511,7 +525,7 @@ impl Store {
             .write(Box::new(move |conn| {
                 let error = error.clone();
                 Box::pin(async move {
-                    sqlx::query("UPDATE outputs SET download_error = ? WHERE id = ?")
+                    sqlx::query("UPDATE outputs SET download_error = $1 WHERE id = $2")
                         .bind(&error)
                         .bind(output_id)
                         .execute(&mut *conn)
@@ -530,12 +544,14 @@ impl Store {
                 let fresh = fresh.clone();
                 Box::pin(async move {
                     for f in fresh {
-                        sqlx::query("UPDATE outputs SET url = ?, url_issued_at = ? WHERE id = ?")
-                            .bind(&f.url)
-                            .bind(f.issued_at)
-                            .bind(f.output_id)
-                            .execute(&mut *conn)
-                            .await?;
+                        sqlx::query(
+                            "UPDATE outputs SET url = $1, url_issued_at = $2 WHERE id = $3",
+                        )
+                        .bind(&f.url)
+                        .bind(f.issued_at)
+                        .bind(f.output_id)
+                        .execute(&mut *conn)
+                        .await?;
                     }
                     Ok(Written::Done)
                 })
@@ -571,8 +587,8 @@ impl Store {
                                 AND a.outcome = 'succeeded'
                               ORDER BY a.id DESC LIMIT 1), 0) AS credits_billed
              FROM outputs o JOIN tasks t ON t.id = o.task_id
-             WHERE o.run_id = ?
-               AND (NOT ? OR (o.path IS NULL AND o.download_error IS NOT NULL))
+             WHERE o.run_id = $1
+               AND (NOT $2 OR (o.path IS NULL AND o.download_error IS NOT NULL))
              ORDER BY t.id, o.k",
         )
         .bind(run_id)
@@ -603,36 +619,38 @@ impl Store {
     pub async fn totals(&self, run_id: &str) -> Result<Totals, StoreError> {
         let t = sqlx::query(
             "SELECT COUNT(*) AS tasks,
-                    COALESCE(SUM(status = 'succeeded'), 0) AS succeeded,
-                    COALESCE(SUM(status = 'failed'), 0) AS failed,
-                    COALESCE(SUM(status = 'blocked'), 0) AS blocked,
-                    COALESCE(SUM(status IN ('pending', 'running')), 0) AS pending,
-                    COALESCE(SUM(planned_credits), 0) AS planned
-             FROM tasks WHERE run_id = ? AND removed_at IS NULL",
+                    COUNT(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+                    COUNT(*) FILTER (WHERE status = 'failed') AS failed,
+                    COUNT(*) FILTER (WHERE status = 'blocked') AS blocked,
+                    COUNT(*) FILTER (WHERE status IN ('pending', 'running')) AS pending,
+                    CAST(COALESCE(SUM(planned_credits), 0) AS BIGINT) AS planned
+             FROM tasks WHERE run_id = $1 AND removed_at IS NULL",
         )
         .bind(run_id)
         .fetch_one(self.pool())
         .await?;
         let a = sqlx::query(
-            "SELECT COALESCE(SUM(a.credits_billed), 0) AS billed,
-                    COALESCE(SUM(a.outcome = 'ambiguous' OR a.outcome IS NULL), 0) AS ambiguous,
-                    COALESCE(SUM(CASE WHEN a.outcome = 'ambiguous' OR a.outcome IS NULL
-                                 THEN t.planned_credits ELSE 0 END), 0) AS possibly
-             FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE a.run_id = ?",
+            "SELECT CAST(COALESCE(SUM(a.credits_billed), 0) AS BIGINT) AS billed,
+                    COUNT(*) FILTER (WHERE a.outcome = 'ambiguous' OR a.outcome IS NULL)
+                        AS ambiguous,
+                    CAST(COALESCE(SUM(CASE WHEN a.outcome = 'ambiguous' OR a.outcome IS NULL
+                                 THEN t.planned_credits ELSE 0 END), 0) AS BIGINT) AS possibly
+             FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE a.run_id = $1",
         )
         .bind(run_id)
         .fetch_one(self.pool())
         .await?;
         let o = sqlx::query(
             "SELECT COUNT(*) AS outputs,
-                    COALESCE(SUM(path IS NOT NULL), 0) AS downloaded,
-                    COALESCE(SUM(path IS NULL AND download_error IS NOT NULL), 0) AS failures
-             FROM outputs WHERE run_id = ?",
+                    COUNT(*) FILTER (WHERE path IS NOT NULL) AS downloaded,
+                    COUNT(*) FILTER (WHERE path IS NULL AND download_error IS NOT NULL)
+                        AS failures
+             FROM outputs WHERE run_id = $1",
         )
         .bind(run_id)
         .fetch_one(self.pool())
         .await?;
-        let n = |row: &sqlx::sqlite::SqliteRow, c: &str| -> Result<u64, StoreError> {
+        let n = |row: &sqlx::any::AnyRow, c: &str| -> Result<u64, StoreError> {
             Ok(to_u64(row.try_get::<i64, _>(c)?))
         };
         Ok(Totals {
@@ -653,7 +671,7 @@ impl Store {
 }
 
 /// A task row as [`Store::tasks_where`] selects it.
-fn task_row(r: &sqlx::sqlite::SqliteRow) -> Result<TaskRow, StoreError> {
+fn task_row(r: &sqlx::any::AnyRow) -> Result<TaskRow, StoreError> {
     Ok(TaskRow {
         id: r.try_get("id")?,
         item: r.try_get("item")?,
@@ -684,14 +702,19 @@ const ROWS_PER_INSERT: usize = 100;
 
 /// Records tasks within `tx`; tasks already recorded are kept as they are.
 pub(crate) async fn insert_tasks(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     run_id: &str,
     tasks: &[NewTask],
 ) -> Result<Vec<(i64, String, String, u32)>, StoreError> {
     let now = now_ms();
     let mut ids = Vec::with_capacity(tasks.len());
     for chunk in tasks.chunks(ROWS_PER_INSERT) {
-        let values = vec!["(?, ?, ?, ?, ?, ?, ?, 'pending', ?)"; chunk.len()].join(", ");
+        let values = rows(chunk.len(), 8, |p| {
+            format!(
+                "({}, {}, {}, {}, {}, {}, {}, 'pending', {})",
+                p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]
+            )
+        });
         // A task that `--allow-changes` dropped and a later change brought back is the same
         // row, revived; a live task is left as it is.
         let sql = format!(
@@ -702,7 +725,7 @@ pub(crate) async fn insert_tasks(
                  status = 'pending', operation = excluded.operation, inputs = excluded.inputs,
                  planned_credits = excluded.planned_credits, identity = NULL, job_id = NULL,
                  error = NULL, reused_from = NULL, updated_at = excluded.updated_at
-             WHERE removed_at IS NOT NULL
+             WHERE tasks.removed_at IS NOT NULL
              RETURNING id, item, step, idx"
         );
         // Built from a fixed placeholder list: no value is ever part of the text.

@@ -33,10 +33,10 @@ async fn a_url_given_for_state_or_outputs_is_refused_and_nothing_is_created() {
     std::fs::write(cwd.join("p.yaml"), PIPELINE).unwrap();
     let state = cwd.join("st.db");
     let state = state.to_str().unwrap();
-    let pg = "postgres://postgres@127.0.0.1:5432/imgpipe";
+    let mysql = "mysql://root@127.0.0.1:3306/imgpipe";
     let cases: [(&[&str], &str); 4] = [
         (
-            &["run", "p.yaml", "--sandbox", "--state", pg],
+            &["run", "p.yaml", "--sandbox", "--state", mysql],
             "the state database",
         ),
         (
@@ -87,13 +87,46 @@ async fn a_url_given_for_state_or_outputs_is_refused_and_nothing_is_created() {
     }
 
     let mut cmd = command(&["run", "p.yaml", "--sandbox"], cwd);
-    cmd.env("IMGPIPE_STATE", pg);
+    cmd.env("IMGPIPE_STATE", mysql);
     let o = finish(cmd).await;
     assert_exit_without_panic(&o, 2);
     let err = stderr(&o);
     assert!(
-        err.contains("IMGPIPE_STATE") && err.contains("postgres:// URL"),
+        err.contains("IMGPIPE_STATE") && err.contains("mysql:// URL"),
         "{err}"
+    );
+    assert_eq!(made(cwd), Vec::<String>::new());
+}
+
+/// A postgres:// state is a backend, not a path: when its server cannot be reached the run
+/// says so at once, names the URL without its password, and creates nothing locally.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_postgres_state_is_said_at_once_and_nothing_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path();
+    std::fs::write(cwd.join("p.yaml"), PIPELINE).unwrap();
+    // A port nothing listens on: bound, then let go.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("postgres://imgpipe:s3cret-pw@127.0.0.1:{port}/imgpipe");
+    let started = std::time::Instant::now();
+    let o = imgpipe(None, &["run", "p.yaml", "--sandbox", "--state", &url], cwd).await;
+    assert_exit_without_panic(&o, 1);
+    let all = format!("{}{}", stdout(&o), stderr(&o));
+    assert!(
+        all.contains(&format!("postgres://imgpipe@127.0.0.1:{port}/imgpipe")),
+        "names the database: {all}"
+    );
+    assert!(
+        !all.contains("s3cret-pw"),
+        "never shows the password: {all}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "a refused connection is not waited on for the pool's timeout"
     );
     assert_eq!(made(cwd), Vec::<String>::new());
 }

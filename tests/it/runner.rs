@@ -22,7 +22,7 @@ use imgpipe::runner::{
     Reviewed, RunRequest, Runner, ServiceSettings, Settings, StateLocation, View,
 };
 use imgpipe::sandbox;
-use imgpipe::store::StepCounts;
+use imgpipe::store::{Location, StepCounts};
 use serde_json::Value;
 use sqlx::{Connection, Row};
 use tokio_util::sync::CancellationToken;
@@ -217,7 +217,7 @@ const PLANNED: u64 = ITEMS as u64 * CHAIN_CREDITS;
 /// an interruption stops the run part way) and retries without delay.
 fn settings(dir: &Path) -> Settings {
     Settings {
-        state: StateLocation::resolve(Some(&state_path(dir)), false).unwrap(),
+        state: StateLocation::resolve(Some(Location::File(state_path(dir))), false).unwrap(),
         allow_changes: false,
         reuse: false,
         wait: false,

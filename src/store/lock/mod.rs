@@ -6,6 +6,12 @@
 //!
 //! The same lock tells a run still going from one whose process is gone ([`probe`]): a run
 //! holds it from before it is recorded as running until after it records its end.
+//!
+//! With the state in PostgreSQL, hosts share it, so the lock is theirs to share too: an
+//! advisory lock held by a connection of the run's own ([`pg`]), which the server releases
+//! when that session ends, however the process died. Its holder is named in `run_locks`.
+
+pub mod pg;
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
@@ -13,6 +19,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+
+use crate::store::{Location, Store};
 
 /// Who holds a lock, as its file says.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -37,6 +45,8 @@ pub enum LockError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot take the run lock in {location}: {reason}")]
+    Database { location: String, reason: String },
 }
 
 fn describe(holder: Option<&Holder>) -> String {
@@ -54,7 +64,24 @@ fn describe(holder: Option<&Holder>) -> String {
 /// A held lock; dropping it releases it.
 #[derive(Debug)]
 pub struct RunLock {
-    _file: File,
+    _held: Held,
+}
+
+impl RunLock {
+    fn postgres(conn: sqlx::PgConnection) -> RunLock {
+        RunLock {
+            _held: Held::Postgres(Box::new(conn)),
+        }
+    }
+}
+
+/// Held, never read: dropping it lets go of the lock.
+#[derive(Debug)]
+#[allow(dead_code)]
+enum Held {
+    File(File),
+    /// The session holding the advisory lock: closing it releases the lock.
+    Postgres(Box<sqlx::PgConnection>),
 }
 
 /// The lock file of `pipeline` for the database at `db`: beside the database, named by a hash
@@ -112,7 +139,9 @@ pub fn acquire(db: &Path, pipeline: &str, run_id: &str, wait: bool) -> Result<Ru
         .and_then(|()| file.write_all(&body))
         .and_then(|()| file.sync_all())
         .map_err(io)?;
-    Ok(RunLock { _file: file })
+    Ok(RunLock {
+        _held: Held::File(file),
+    })
 }
 
 /// Takes the lock at once or says it is held. A [`probe`] holds it for an instant, so a
@@ -160,6 +189,14 @@ pub fn probe(db: &Path, pipeline: &str) -> std::io::Result<Probe> {
     }
 }
 
+/// What the run lock of `pipeline` in `store` says right now, whichever backend keeps it.
+pub async fn probe_store(store: &Store, pipeline: &str) -> Result<Probe, String> {
+    match store.location() {
+        Location::File(db) => probe(db, pipeline).map_err(|e| e.to_string()),
+        Location::Postgres(_) => pg::probe(store, pipeline).await.map_err(|e| e.to_string()),
+    }
+}
+
 fn read_holder(file: &mut File) -> Option<Holder> {
     let mut text = String::new();
     file.rewind().ok()?;
@@ -167,7 +204,7 @@ fn read_holder(file: &mut File) -> Option<Holder> {
     serde_json::from_str(&text).ok()
 }
 
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .or_else(|_| std::fs::read_to_string("/etc/hostname"))
         .map(|h| h.trim().to_owned())

@@ -1,0 +1,130 @@
+//! The run lock of state kept in PostgreSQL: `pg_try_advisory_lock` on a connection the lock
+//! owns. Every host that names the same database contends for the same key, and the server
+//! lets go of it when the holding session ends: a process killed, a pod evicted, a host lost
+//! (once the server notices the connection is gone).
+
+use sqlx::{Connection, PgConnection};
+
+use crate::store::lock::{Holder, LockError, Probe, RunLock, describe};
+use crate::store::{PgUrl, Store, StoreError};
+
+/// How often a waiting run asks again. The server does not queue `try` callers, so a waiter
+/// polls; it is cancelled by dropping it (its connection goes with it).
+const POLL: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// The advisory lock key of `pipeline`: 64 bits of a hash of its name, so any name is a key
+/// and another application's keys are unlikely to meet imgpipe's.
+pub fn key(pipeline: &str) -> i64 {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("imgpipe run lock\0{pipeline}").as_bytes());
+    i64::from_be_bytes(digest[..8].try_into().unwrap_or_default())
+}
+
+/// Takes the lock of `pipeline` in the database at `url`, or fails at once naming its holder;
+/// with `wait`, asks again until the holder is done.
+pub async fn acquire(
+    url: &PgUrl,
+    pipeline: &str,
+    run_id: &str,
+    wait: bool,
+) -> Result<RunLock, LockError> {
+    let failed = |e: sqlx::Error| LockError::Database {
+        location: url.to_string(),
+        reason: crate::store::postgres::describe(&e),
+    };
+    let mut conn = PgConnection::connect(url.secret()).await.map_err(failed)?;
+    let key = key(pipeline);
+    let mut told = false;
+    loop {
+        let (taken,): (bool,) = sqlx::query_as("SELECT pg_try_advisory_lock($1)")
+            .bind(key)
+            .fetch_one(&mut conn)
+            .await
+            .map_err(failed)?;
+        if taken {
+            break;
+        }
+        let holder = holder(&mut conn, key).await.map_err(failed)?;
+        if !wait {
+            let _ = conn.close().await;
+            return Err(LockError::Held {
+                pipeline: pipeline.to_owned(),
+                holder: holder.map(Box::new),
+                path: url.to_string().into(),
+            });
+        }
+        if !told {
+            tracing::info!("waiting for {}", describe(holder.as_ref()));
+            told = true;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    let me = Holder {
+        pid: std::process::id(),
+        host: super::hostname(),
+        since: crate::time::rfc3339(std::time::SystemTime::now()),
+        run_id: run_id.to_owned(),
+    };
+    sqlx::query(
+        "INSERT INTO run_locks (lock_key, pipeline, run_id, host, pid, since)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (lock_key) DO UPDATE SET pipeline = excluded.pipeline,
+             run_id = excluded.run_id, host = excluded.host, pid = excluded.pid,
+             since = excluded.since",
+    )
+    .bind(key)
+    .bind(pipeline)
+    .bind(&me.run_id)
+    .bind(&me.host)
+    .bind(i64::from(me.pid))
+    .bind(&me.since)
+    .execute(&mut conn)
+    .await
+    .map_err(failed)?;
+    Ok(RunLock::postgres(conn))
+}
+
+/// Whether a live session holds the lock of `pipeline`, read from the server's lock table
+/// without taking anything.
+pub async fn probe(store: &Store, pipeline: &str) -> Result<Probe, StoreError> {
+    let key = key(pipeline);
+    let bits = key.cast_unsigned();
+    // An advisory lock on one bigint shows as classid = its high half, objid = its low half.
+    let (held,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM pg_locks
+         WHERE locktype = 'advisory' AND granted AND objsubid = 1
+           AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND classid::bigint = $1 AND objid::bigint = $2",
+    )
+    .bind(i64::from((bits >> 32) as u32))
+    .bind(i64::from(bits as u32))
+    .fetch_one(store.pool())
+    .await?;
+    if held == 0 {
+        return Ok(Probe::Free);
+    }
+    let row = sqlx::query_as(HOLDER)
+        .bind(key)
+        .fetch_optional(store.pool())
+        .await?;
+    Ok(Probe::Held(row.map(to_holder)))
+}
+
+const HOLDER: &str = "SELECT run_id, host, pid, since FROM run_locks WHERE lock_key = $1";
+
+fn to_holder((run_id, host, pid, since): (String, String, i64, String)) -> Holder {
+    Holder {
+        pid: u32::try_from(pid).unwrap_or_default(),
+        host,
+        since,
+        run_id,
+    }
+}
+
+async fn holder(conn: &mut PgConnection, key: i64) -> Result<Option<Holder>, sqlx::Error> {
+    let row = sqlx::query_as(HOLDER)
+        .bind(key)
+        .fetch_optional(conn)
+        .await?;
+    Ok(row.map(to_holder))
+}
