@@ -224,3 +224,56 @@ pub async fn rows_in(state: &Path, table: &str) -> i64 {
     };
     count.await.unwrap_or(0)
 }
+
+/// A fresh, empty PostgreSQL database for one test, on the server `.ci/run` starts (its URL in
+/// `IMGPIPE_TEST_POSTGRES`, an administrator's). `None` when there is no server outside CI;
+/// under `CI=true` a missing server fails the test with the reason.
+pub async fn postgres_database(tag: &str) -> Option<String> {
+    use sqlx::Connection;
+    let Some(admin) = std::env::var("IMGPIPE_TEST_POSTGRES")
+        .ok()
+        .filter(|v| !v.is_empty())
+    else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "IMGPIPE_TEST_POSTGRES is unset: `bash .ci/run` starts a PostgreSQL server and sets it; CI must run the PostgreSQL tests"
+        );
+        eprintln!("skipped: IMGPIPE_TEST_POSTGRES is unset (`bash .ci/run` sets it)");
+        return None;
+    };
+    let name = format!(
+        "imgpipe_{tag}_{}_{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos()
+    );
+    let mut conn = sqlx::PgConnection::connect(&admin)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach IMGPIPE_TEST_POSTGRES: {e}"));
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+    let mut url = url::Url::parse(&admin).unwrap();
+    url.set_path(&name);
+    Some(url.to_string())
+}
+
+/// A connection through sqlx's `Any` driver to the state at `state`: a SQLite file (opened
+/// read-only) or a PostgreSQL URL, so one check reads either backend.
+pub async fn state_connection(state: &str) -> sqlx::AnyConnection {
+    use sqlx::Connection;
+    sqlx::any::install_default_drivers();
+    let url = if state.starts_with("postgres") {
+        state.to_owned()
+    } else {
+        let file = url::Url::from_file_path(state).unwrap();
+        format!("sqlite://{}?mode=ro", file.path())
+    };
+    sqlx::AnyConnection::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("cannot open the state {state}: {e}"))
+}

@@ -21,8 +21,7 @@ use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
-use sqlx::sqlite::SqliteConnectOptions;
-use sqlx::{ConnectOptions, Connection, Row};
+use sqlx::{Connection, Row};
 use tokio::io::AsyncBufReadExt;
 use tokio::process::Child;
 
@@ -189,11 +188,21 @@ struct Runner<'a> {
     run_id: &'static str,
     extra: Vec<&'static str>,
     round: usize,
+    /// `--state`: `state/state.db` in `dir`, or a PostgreSQL URL.
+    state: String,
+}
+
+/// The default `--state` of a runner in `dir`: a SQLite file.
+fn file_state(dir: &Path) -> String {
+    dir.join("state")
+        .join("state.db")
+        .to_string_lossy()
+        .into_owned()
 }
 
 impl Runner<'_> {
-    fn state(&self) -> PathBuf {
-        self.dir.join("state").join("state.db")
+    fn state(&self) -> &str {
+        &self.state
     }
 
     fn run_dir(&self) -> PathBuf {
@@ -211,7 +220,7 @@ impl Runner<'_> {
         let logs = self.dir.join("logs");
         std::fs::create_dir_all(&logs).unwrap();
         let log = logs.join(format!("{}-{:02}.log", self.run_id, self.round));
-        let state = self.state().to_string_lossy().into_owned();
+        let state = self.state.clone();
         let mut args = vec![
             "run",
             "p.yaml",
@@ -356,9 +365,19 @@ fn output_files(run_dir: &Path) -> usize {
         .count()
 }
 
-/// Whether the run lock names this process.
-fn holds_lock(lock_dir: &Path, pid: u32) -> bool {
-    let Ok(files) = std::fs::read_dir(lock_dir) else {
+/// Whether the run lock names this process: its lock file, or its row in PostgreSQL.
+async fn holds_lock(runner: &Runner<'_>, pid: u32) -> bool {
+    if runner.state.starts_with("postgres") {
+        let mut conn = crate::common::state_connection(&runner.state).await;
+        let held: Result<(i64,), _> =
+            sqlx::query_as("SELECT COUNT(*) FROM run_locks WHERE pid = $1")
+                .bind(i64::from(pid))
+                .fetch_one(&mut conn)
+                .await;
+        let _ = conn.close().await;
+        return held.is_ok_and(|(n,)| n > 0);
+    }
+    let Ok(files) = std::fs::read_dir(runner.lock_dir()) else {
         return false;
     };
     files.flatten().any(|f| {
@@ -393,7 +412,7 @@ async fn drive(runner: &Runner<'_>, child: &mut Child, trigger: Trigger, signal:
             Trigger::Files(n, d) => {
                 (output_files(&runner.run_dir()) >= n.max(files_before + 1)).then_some(d)
             }
-            Trigger::Locked(d) => holds_lock(&runner.lock_dir(), pid).then_some(d),
+            Trigger::Locked(d) => holds_lock(runner, pid).await.then_some(d),
             Trigger::Downloading(d) => part_files(&runner.run_dir())
                 .difference(&old_parts)
                 .next()
@@ -581,22 +600,24 @@ fn u(n: i64) -> u64 {
 }
 
 /// The whole database, through one read-only connection (no pool: see run.rs).
-async fn read_db(path: &Path) -> Db {
-    let mut conn = SqliteConnectOptions::new()
-        .filename(path)
-        .read_only(true)
-        .connect()
-        .await
-        .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
-    let (integrity,): (String,) = sqlx::query_as("PRAGMA integrity_check")
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
-    let foreign_key_faults = sqlx::query("PRAGMA foreign_key_check")
-        .fetch_all(&mut conn)
-        .await
-        .unwrap()
-        .len();
+/// The state at `state` (a SQLite file or a PostgreSQL URL), whole. PostgreSQL enforces its
+/// foreign keys and checks its own pages: only SQLite is asked.
+async fn read_db(state: &str) -> Db {
+    let mut conn = crate::common::state_connection(state).await;
+    let (integrity, foreign_key_faults) = if state.starts_with("postgres") {
+        ("ok".to_owned(), 0)
+    } else {
+        let (integrity,): (String,) = sqlx::query_as("PRAGMA integrity_check")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        let faults = sqlx::query("PRAGMA foreign_key_check")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap()
+            .len();
+        (integrity, faults)
+    };
     let runs = sqlx::query("SELECT id, status FROM runs ORDER BY created_at")
         .fetch_all(&mut conn)
         .await
@@ -1082,6 +1103,20 @@ async fn planned_tasks(dir: &Path, sandbox: &External) -> usize {
 /// 40 items, 200 tasks, 240 files; killed 24 times, then finished.
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_24_times_under_every_fault_the_run_finishes_without_paying_twice() {
+    killed_24_times(None).await;
+}
+
+/// The same, with the state in PostgreSQL: its run lock, intents and results.
+#[tokio::test(flavor = "multi_thread")]
+async fn killed_24_times_with_the_state_in_postgres_the_run_finishes_without_paying_twice() {
+    if let Some(url) = crate::common::postgres_database("crash").await {
+        killed_24_times(Some(url)).await;
+    }
+}
+
+/// Kills the run 24 times at instants spread over it, with its state at `state` (else a
+/// SQLite file), then finishes it and holds the books, files and records against each other.
+async fn killed_24_times(state: Option<String>) {
     let clock = Instant::now();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
@@ -1094,6 +1129,7 @@ async fn killed_24_times_under_every_fault_the_run_finishes_without_paying_twice
         run_id: "crash1",
         extra: vec![],
         round: 0,
+        state: state.unwrap_or_else(|| file_state(dir)),
     };
     let mut rng = Rng(0x5EED_0001_C0FF_EE11);
     let plan = schedule(&mut rng, 24, 220, 2);
@@ -1167,13 +1203,14 @@ async fn killed_as_the_run_is_being_recorded_it_is_continued() {
         run_id: "early",
         extra: vec!["--rate", "2000/s", "--concurrency", "16"],
         round: 0,
+        state: file_state(dir),
     };
     let (mut child, _) = runner.spawn();
-    let state = runner.state();
+    let state = runner.state().to_owned();
     let started = Instant::now();
     // Kill as soon as the first chunk of tasks is committed.
     loop {
-        if crate::common::rows_in(&state, "tasks").await > 0 {
+        if crate::common::rows_in(Path::new(&state), "tasks").await > 0 {
             break;
         }
         assert!(child.try_wait().unwrap().is_none(), "the run ended first");
@@ -1243,8 +1280,8 @@ async fn killed_as_the_run_is_being_recorded_it_is_continued() {
 // ---------------------------------------------------------------------------------------------
 
 /// The attempts recorded so far: how many, and the last id.
-async fn attempts_so_far(state: &Path) -> (usize, i64) {
-    if !state.exists() {
+async fn attempts_so_far(state: &str) -> (usize, i64) {
+    if !state.starts_with("postgres") && !Path::new(state).exists() {
         return (0, 0);
     }
     let db = read_db(state).await;
@@ -1265,6 +1302,7 @@ async fn interrupted_20_times_each_run_stops_at_once_and_records_everything() {
         run_id: "int1",
         extra: vec!["--grace", "10"],
         round: 0,
+        state: file_state(dir),
     };
     let mut rng = Rng(0x5EED_0002_DEAD_BEEF);
     let plan = schedule(&mut rng, 20, 220, 4);
@@ -1451,6 +1489,7 @@ async fn continued_after_its_urls_expired_the_run_pays_nothing_twice() {
         // limiter long after its generation was billed, so the SIGINT surely lands first.
         extra: vec!["--url-ttl", "2", "--url-margin", "0.5", "--rate", "1/s"],
         round: 0,
+        state: file_state(dir),
     };
     let (mut child, log) = runner.spawn();
     runner.extra.truncate(4);
