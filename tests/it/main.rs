@@ -15,6 +15,7 @@ mod fuzz;
 mod hostile;
 mod places;
 mod plan;
+mod postgres;
 mod report;
 mod report_page;
 mod resume;

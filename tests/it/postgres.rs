@@ -1,0 +1,318 @@
+//! State in PostgreSQL (`--state postgres://…`), against the server `.ci/run` starts: a run and
+//! its resume, status and report; the run lock shared by "hosts" (processes with working
+//! directories of their own, as pods have); a host killed mid-run and another taking over.
+//! The crash suite's SIGKILL run has its PostgreSQL twin in `crash.rs`.
+//!
+//! Each test gets a database of its own. Without `IMGPIPE_TEST_POSTGRES` they are skipped,
+//! except under `CI=true`, where that fails them.
+
+use std::path::Path;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use imgpipe::sandbox;
+use sqlx::Connection;
+
+use crate::common::{
+    Env, assert_exit_without_panic, command, finish, postgres_database, start, state_connection,
+    stderr, stdout,
+};
+use crate::run::{config, edit_chain, write};
+
+/// `imgpipe ARGS --state URL` in `dir` against `env`'s sandbox.
+fn on(env: &Env, dir: &Path, url: &str, args: &[&str]) -> tokio::process::Command {
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--state", url]);
+    let mut cmd = command(&all, dir);
+    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
+        .env("IMGPIPE_API_KEY", env.sandbox.key());
+    cmd
+}
+
+async fn run_on(env: &Env, dir: &Path, url: &str, args: &[&str]) -> Output {
+    finish(on(env, dir, url, args)).await
+}
+
+/// One number from the state.
+async fn count(url: &str, sql: &'static str) -> i64 {
+    try_count(url, sql).await.unwrap()
+}
+
+async fn try_count(url: &str, sql: &'static str) -> Result<i64, sqlx::Error> {
+    let mut conn = state_connection(url).await;
+    let n: Option<(i64,)> = sqlx::query_as(sql).fetch_optional(&mut conn).await?;
+    conn.close().await?;
+    Ok(n.map_or(0, |(n,)| n))
+}
+
+/// Waits until `sql` counts at least one row (its tables may not be made yet).
+async fn wait_for(url: &str, sql: &'static str, what: &str) {
+    let started = Instant::now();
+    while try_count(url, sql).await.unwrap_or(0) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{what} did not happen"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// A host's working directory: its own disk, as a pod has.
+fn host(pipeline: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "p.yaml", pipeline);
+    dir
+}
+
+fn files_in(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |d| {
+        d.flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .count()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_on_postgres_records_every_step_and_status_report_and_resume_read_it() {
+    let Some(url) = postgres_database("run").await else {
+        return;
+    };
+    let env = start(config()).await;
+    let a = host(&edit_chain(3, None));
+    let o = run_on(&env, a.path(), &url, &["run", "p.yaml", "--run-id", "pg1"]).await;
+    assert_exit_without_panic(&o, 0);
+    assert_eq!(env.sandbox.ledger().len(), 9);
+    assert_eq!(
+        count(
+            &url,
+            "SELECT COUNT(*) FROM tasks WHERE status = 'succeeded'"
+        )
+        .await,
+        9
+    );
+    assert_eq!(
+        count(
+            &url,
+            "SELECT CAST(SUM(credits_billed) AS BIGINT) FROM attempts"
+        )
+        .await,
+        i64::try_from(env.sandbox.ledger().iter().map(|e| e.credits).sum::<u64>()).unwrap()
+    );
+    assert_eq!(
+        count(
+            &url,
+            "SELECT COUNT(*) FROM outputs WHERE sha256 IS NOT NULL"
+        )
+        .await,
+        9
+    );
+    assert_eq!(
+        count(&url, "SELECT COUNT(*) FROM runs WHERE status = 'succeeded'").await,
+        1
+    );
+
+    let status = run_on(&env, a.path(), &url, &["status", "pg1"]).await;
+    assert_exit_without_panic(&status, 0);
+    assert!(
+        stdout(&status).contains("9 of 9 succeeded"),
+        "{}",
+        stdout(&status)
+    );
+    let report = run_on(&env, a.path(), &url, &["report", "pg1"]).await;
+    assert_exit_without_panic(&report, 0);
+    assert!(a.path().join("out/pg1/report.html").is_file());
+
+    // Another host, its disk empty, resumes the finished run: nothing to pay.
+    let b = host(&edit_chain(3, None));
+    let again = run_on(&env, b.path(), &url, &["resume", "pg1"]).await;
+    assert_exit_without_panic(&again, 0);
+    assert_eq!(env.sandbox.ledger().len(), 9, "nothing was paid twice");
+
+    // A command that only reads never gives a database imgpipe's tables.
+    let Some(empty) = postgres_database("empty").await else {
+        return;
+    };
+    let runs = run_on(&env, b.path(), &empty, &["runs"]).await;
+    assert_exit_without_panic(&runs, 2);
+    assert!(
+        stderr(&runs).contains("no imgpipe state"),
+        "{}",
+        stderr(&runs)
+    );
+    assert_eq!(
+        count(
+            &empty,
+            "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = 'public'"
+        )
+        .await,
+        0
+    );
+}
+
+/// Two hosts started by the same cron line: one runs, the other exits 5 naming it; with
+/// `--wait` it waits, then finds the run finished and pays nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_hosts_on_one_postgres_state_one_runs_the_other_exits_5_or_waits_and_pays_nothing() {
+    let Some(url) = postgres_database("lock").await else {
+        return;
+    };
+    let env = start(sandbox::Config {
+        latency: Duration::from_millis(150),
+        ..config()
+    })
+    .await;
+    let (a, b) = (host(&edit_chain(3, None)), host(&edit_chain(3, None)));
+    let first = on(
+        &env,
+        a.path(),
+        &url,
+        &["run", "p.yaml", "--run-id", "nightly"],
+    )
+    .spawn()
+    .unwrap();
+    let first_pid = first.id().unwrap();
+    wait_for(
+        &url,
+        "SELECT COUNT(*) FROM run_locks",
+        "the first host taking the lock",
+    )
+    .await;
+
+    let refused = run_on(
+        &env,
+        b.path(),
+        &url,
+        &["run", "p.yaml", "--run-id", "nightly"],
+    )
+    .await;
+    assert_exit_without_panic(&refused, 5);
+    let text = stderr(&refused);
+    assert!(
+        text.contains(&format!("run nightly by pid {first_pid}")),
+        "names the holder: {text}"
+    );
+    assert!(text.contains("--wait"), "{text}");
+
+    let waited = run_on(
+        &env,
+        b.path(),
+        &url,
+        &["run", "p.yaml", "--run-id", "nightly", "--wait"],
+    )
+    .await;
+    assert_exit_without_panic(&waited, 0);
+    let first = first.wait_with_output().await.unwrap();
+    assert_exit_without_panic(&first, 0);
+    assert!(
+        stderr(&waited).contains("run nightly is already finished"),
+        "{}",
+        stderr(&waited)
+    );
+    assert_eq!(env.sandbox.ledger().len(), 9, "the run was paid for once");
+}
+
+/// A host killed mid-run (SIGKILL: no clean-up at all) lets go of the lock with its session;
+/// another host continues the run after the first one's disk is gone with it (as a pod's is):
+/// it pays only for what was not done, and fetches the done outputs again from their jobs
+/// instead of paying for them. The run's output directory is recorded as an absolute path, the
+/// same on every pod of a CronJob, so both hosts name the same place here.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_killed_mid_run_is_taken_over_by_another_without_paying_twice() {
+    let Some(url) = postgres_database("takeover").await else {
+        return;
+    };
+    let env = start(sandbox::Config {
+        latency: Duration::from_millis(200),
+        ..config()
+    })
+    .await;
+    let (a, b) = (host(&edit_chain(4, None)), host(&edit_chain(4, None)));
+    let mut first = on(
+        &env,
+        a.path(),
+        &url,
+        &["run", "p.yaml", "--run-id", "night", "--concurrency", "2"],
+    )
+    .spawn()
+    .unwrap();
+    wait_for(
+        &url,
+        "SELECT COUNT(*) FROM outputs WHERE path IS NOT NULL HAVING COUNT(*) >= 3",
+        "three outputs downloaded",
+    )
+    .await;
+    first.start_kill().unwrap();
+    first.wait().await.unwrap();
+    let out = a.path().join("out/night");
+    let lost = ["i00", "i01", "i02", "i03"]
+        .iter()
+        .map(|i| files_in(&out.join(i)))
+        .sum::<usize>();
+    assert!(lost >= 3, "the first host downloaded what it did: {lost}");
+    std::fs::remove_dir_all(a.path().join("out")).unwrap();
+    let done: i64 = count(
+        &url,
+        "SELECT COUNT(*) FROM tasks WHERE status = 'succeeded'",
+    )
+    .await;
+    let attempts_then = count(&url, "SELECT COUNT(*) FROM attempts").await;
+    let possibly = count(
+        &url,
+        "SELECT COUNT(*) FROM attempts WHERE outcome IS NULL OR outcome = 'ambiguous'",
+    )
+    .await;
+
+    let second = run_on(
+        &env,
+        b.path(),
+        &url,
+        &["run", "p.yaml", "--run-id", "night"],
+    )
+    .await;
+    assert_exit_without_panic(&second, 0);
+    assert_eq!(
+        count(
+            &url,
+            "SELECT COUNT(*) FROM tasks WHERE status = 'succeeded'"
+        )
+        .await,
+        12
+    );
+    let new_attempts = count(&url, "SELECT COUNT(*) FROM attempts").await - attempts_then;
+    assert!(
+        new_attempts <= 12 - done + possibly,
+        "{new_attempts} new calls for {} tasks left ({possibly} possibly billed)",
+        12 - done
+    );
+    // Each task was paid for by one answered call; calls beyond those are only the ones
+    // the first host may have had billed without an answer.
+    assert_eq!(
+        count(
+            &url,
+            "SELECT COUNT(*) FROM (SELECT task_id FROM attempts WHERE outcome = 'succeeded'
+             GROUP BY task_id HAVING COUNT(*) > 1) AS twice"
+        )
+        .await,
+        0,
+        "a task paid twice"
+    );
+    let paid = i64::try_from(env.sandbox.ledger().len()).unwrap();
+    assert!(
+        paid <= 12 + possibly,
+        "{paid} calls billed for 12 tasks, {possibly} possibly billed when the host died"
+    );
+    // Every output is on disk again: the done ones fetched again from their jobs.
+    let outputs: usize = ["i00", "i01", "i02", "i03"]
+        .iter()
+        .map(|i| files_in(&out.join(i)))
+        .sum();
+    assert_eq!(outputs, 12, "every output is on the second host");
+    assert_eq!(
+        count(
+            &url,
+            "SELECT COUNT(*) FROM outputs WHERE sha256 IS NULL OR path IS NULL"
+        )
+        .await,
+        0
+    );
+}
