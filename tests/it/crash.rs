@@ -1159,7 +1159,7 @@ async fn killed_24_times(state: Option<String>) {
     let finishing = finish_run(&mut runner).await;
 
     let stats = sandbox.stats().await;
-    let db = read_db(&runner.state()).await;
+    let db = read_db(runner.state()).await;
     let mut p = Problems::default();
     check_db(&db, "crash1", tasks, &mut p);
     let books = check_books(&db, &stats, &mut p);
@@ -1251,7 +1251,7 @@ async fn killed_as_the_run_is_being_recorded_it_is_continued() {
 
     let finishing = finish_run(&mut runner).await;
     let stats = sandbox.stats().await;
-    let db = read_db(&runner.state()).await;
+    let db = read_db(runner.state()).await;
     let mut p = Problems::default();
     check_db(&db, "early", TASKS, &mut p);
     let books = check_books(&db, &stats, &mut p);
@@ -1310,7 +1310,7 @@ async fn interrupted_20_times_each_run_stops_at_once_and_records_everything() {
     let (mut interrupted, mut before_handler, mut killed) = (0, 0, 0);
     let mut slowest = Duration::ZERO;
     for trigger in plan {
-        let before = attempts_so_far(&runner.state()).await;
+        let before = attempts_so_far(runner.state()).await;
         let parts_before = part_files(&runner.run_dir());
         let (mut child, log) = runner.spawn();
         let round = runner.round;
@@ -1338,7 +1338,7 @@ async fn interrupted_20_times_each_run_stops_at_once_and_records_everything() {
                 (Some(status), at_ms)
             }
         };
-        let db = read_db(&runner.state()).await;
+        let db = read_db(runner.state()).await;
         // A call that passed its last check before the signal may still be recorded a little
         // after it (behind other writes); none may start later.
         let late: Vec<&Attempt> = db
@@ -1359,7 +1359,7 @@ async fn interrupted_20_times_each_run_stops_at_once_and_records_everything() {
             // Interrupted while waiting for the run lock: nothing was touched.
             (Some(130), _) if text.contains("interrupted; nothing was started") => {
                 interrupted += 1;
-                broken.check(attempts_so_far(&runner.state()).await == before, || {
+                broken.check(attempts_so_far(runner.state()).await == before, || {
                     format!("round {round}: said nothing was started, yet made calls")
                 });
             }
@@ -1390,7 +1390,7 @@ async fn interrupted_20_times_each_run_stops_at_once_and_records_everything() {
             // started anything.
             (None, Some(libc::SIGINT)) => {
                 before_handler += 1;
-                broken.check(attempts_so_far(&runner.state()).await == before, || {
+                broken.check(attempts_so_far(runner.state()).await == before, || {
                     format!("round {round}: died of SIGINT after it had started calls")
                 });
             }
@@ -1410,7 +1410,7 @@ async fn interrupted_20_times_each_run_stops_at_once_and_records_everything() {
     let finishing = finish_run(&mut runner).await;
 
     let stats = sandbox.stats().await;
-    let db = read_db(&runner.state()).await;
+    let db = read_db(runner.state()).await;
     let mut p = Problems::default();
     check_db(&db, "int1", 200, &mut p);
     let books = check_books(&db, &stats, &mut p);
@@ -1504,7 +1504,7 @@ async fn continued_after_its_urls_expired_the_run_pays_nothing_twice() {
         panic!("the run was not interrupted:\n{}", read(&log));
     };
     assert_eq!(status.code(), Some(130), "{}", read(&log));
-    let first = read_db(&runner.state()).await;
+    let first = read_db(runner.state()).await;
     let interrupted_at = now_ms();
     // Items whose generation succeeded and whose edits were never tried.
     let waiting: Vec<&Task> = first
@@ -1539,7 +1539,7 @@ async fn continued_after_its_urls_expired_the_run_pays_nothing_twice() {
     assert_eq!(status.code(), Some(0), "{log}");
 
     let stats = sandbox.stats().await;
-    let db = read_db(&runner.state()).await;
+    let db = read_db(runner.state()).await;
     let mut p = Problems::default();
     check_db(&db, "ttl", 40, &mut p);
     let books = check_books(&db, &stats, &mut p);
