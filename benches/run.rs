@@ -22,7 +22,8 @@
 //! last, so start-up and the last downloads do not dilute them; 429s and the peak of paid calls
 //! in flight come from the sandbox's counters. Medians of IMGPIPE_BENCH_RUNS runs (default 3).
 //! Run with `cargo bench --bench run`; IMGPIPE_BENCH_ONLY=TEXT runs only the scenarios whose
-//! name contains TEXT (e.g. `dl`).
+//! name contains TEXT (e.g. `dl`). IMGPIPE_BENCH_STATE=postgres://ADMIN@HOST:PORT/DB keeps each
+//! run's state in a fresh database of that PostgreSQL server instead of a SQLite file.
 
 // Benchmarks and tests report on stdout and stderr by design, and share helpers between
 // their own modules.
@@ -221,7 +222,7 @@ fn run_once(s: &Scenario, kept: &mut Vec<tempfile::TempDir>) -> Sample {
     } else {
         &sandbox.base_url
     };
-    let state = dir.path().join("state.db");
+    let state = state_for(dir.path());
     let mut cmd = Command::new(binary());
     cmd.arg("run")
         .arg(&pipeline)
@@ -342,15 +343,54 @@ fn watch_downloads(pid: u32, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u
     })
 }
 
-/// From the run's state database: attempts, first and last start (unix ms), downloaded bytes.
-fn recorded(db: &Path) -> (u64, i64, i64, u64) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
+/// The run's `--state`: `state.db` in `dir`, or a new database on the PostgreSQL server of
+/// IMGPIPE_BENCH_STATE.
+fn state_for(dir: &Path) -> String {
+    let Some(admin) = std::env::var("IMGPIPE_BENCH_STATE")
+        .ok()
+        .filter(|v| !v.is_empty())
+    else {
+        return dir.join("state.db").to_string_lossy().into_owned();
+    };
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let name = format!(
+        "imgpipe_bench_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    block_on(async {
+        let mut conn = sqlx::PgConnection::connect(&admin)
+            .await
+            .expect("reach IMGPIPE_BENCH_STATE");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .execute(&mut conn)
+            .await
+            .expect("create the run's database");
+        let _ = conn.close().await;
+    });
+    let mut url = url::Url::parse(&admin).expect("IMGPIPE_BENCH_STATE is a URL");
+    url.set_path(&name);
+    url.to_string()
+}
+
+fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .expect("tokio runtime");
-    runtime.block_on(async {
-        let options = sqlx::sqlite::SqliteConnectOptions::new().filename(db);
-        let mut conn = sqlx::SqliteConnection::connect_with(&options)
+        .expect("tokio runtime")
+        .block_on(f)
+}
+
+/// From the run's state: attempts, first and last start (unix ms), downloaded bytes.
+fn recorded(state: &str) -> (u64, i64, i64, u64) {
+    block_on(async {
+        sqlx::any::install_default_drivers();
+        let url = if state.starts_with("postgres") {
+            state.to_owned()
+        } else {
+            format!("sqlite://{state}")
+        };
+        let mut conn = sqlx::AnyConnection::connect(&url)
             .await
             .expect("open the state database");
         let (calls, first, last): (i64, Option<i64>, Option<i64>) =
@@ -358,10 +398,11 @@ fn recorded(db: &Path) -> (u64, i64, i64, u64) {
                 .fetch_one(&mut conn)
                 .await
                 .expect("read attempts");
-        let (bytes,): (Option<i64>,) = sqlx::query_as("SELECT SUM(bytes) FROM outputs")
-            .fetch_one(&mut conn)
-            .await
-            .expect("read outputs");
+        let (bytes,): (Option<i64>,) =
+            sqlx::query_as("SELECT CAST(SUM(bytes) AS BIGINT) FROM outputs")
+                .fetch_one(&mut conn)
+                .await
+                .expect("read outputs");
         let _ = conn.close().await;
         let u = |n: i64| u64::try_from(n).unwrap_or(0);
         (

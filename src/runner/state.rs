@@ -103,7 +103,7 @@ pub async fn lock(
                     .map_err(|e| Error::Other(e.into()))
             }
             Location::Postgres(url) => {
-                Ok(store::lock::pg::acquire(url, pipeline, run_id, wait).await)
+                Ok(store::lock::pg::acquire(url, pipeline, run_id, wait, shutdown.clone()).await)
             }
         }
     };

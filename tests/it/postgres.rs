@@ -25,7 +25,9 @@ fn on(env: &Env, dir: &Path, url: &str, args: &[&str]) -> tokio::process::Comman
     all.extend_from_slice(&["--state", url]);
     let mut cmd = command(&all, dir);
     cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
-        .env("IMGPIPE_API_KEY", env.sandbox.key());
+        .env("IMGPIPE_API_KEY", env.sandbox.key())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     cmd
 }
 
@@ -315,4 +317,73 @@ async fn a_host_killed_mid_run_is_taken_over_by_another_without_paying_twice() {
         .await,
         0
     );
+}
+
+/// The lock lives with its session: when the session is cut while the run goes on (here the
+/// server ends it, as a restart would), the run stops at once rather than go on unlocked while
+/// another host may take over, and resuming it later pays nothing twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_whose_lock_session_is_cut_stops_and_its_resume_pays_nothing_twice() {
+    let Some(url) = postgres_database("cut").await else {
+        return;
+    };
+    let env = start(sandbox::Config {
+        latency: Duration::from_millis(200),
+        ..config()
+    })
+    .await;
+    let a = host(&edit_chain(8, None));
+    let run = on(
+        &env,
+        a.path(),
+        &url,
+        &["run", "p.yaml", "--run-id", "cut", "--concurrency", "2"],
+    )
+    .spawn()
+    .unwrap();
+    wait_for(
+        &url,
+        "SELECT COUNT(*) FROM tasks WHERE status = 'succeeded'",
+        "a task done",
+    )
+    .await;
+    let cut = count(
+        &url,
+        "SELECT COUNT(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_locks
+         WHERE locktype = 'advisory' AND granted
+           AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))
+         AS cut",
+    )
+    .await;
+    assert_eq!(cut, 1, "one session held the lock");
+    let started = Instant::now();
+    let stopped = run.wait_with_output().await.unwrap();
+    assert_exit_without_panic(&stopped, 130);
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "stopped {:?} after the cut",
+        started.elapsed()
+    );
+    assert!(
+        stderr(&stopped).contains("lost the run lock's session"),
+        "{}",
+        stderr(&stopped)
+    );
+    let again = run_on(&env, a.path(), &url, &["resume", "cut"]).await;
+    assert_exit_without_panic(&again, 0);
+    assert_eq!(
+        count(
+            &url,
+            "SELECT COUNT(*) FROM tasks WHERE status = 'succeeded'"
+        )
+        .await,
+        24
+    );
+    let possibly = count(
+        &url,
+        "SELECT COUNT(*) FROM attempts WHERE outcome = 'ambiguous'",
+    )
+    .await;
+    let paid = i64::try_from(env.sandbox.ledger().len()).unwrap();
+    assert!(paid <= 24 + possibly, "{paid} calls billed for 24 tasks");
 }

@@ -64,13 +64,23 @@ fn describe(holder: Option<&Holder>) -> String {
 /// A held lock; dropping it releases it.
 #[derive(Debug)]
 pub struct RunLock {
-    _held: Held,
+    held: Held,
 }
 
 impl RunLock {
-    fn postgres(conn: sqlx::PgConnection) -> RunLock {
+    fn postgres(watch: tokio::task::JoinHandle<()>) -> RunLock {
         RunLock {
-            _held: Held::Postgres(Box::new(conn)),
+            held: Held::Postgres(watch),
+        }
+    }
+}
+
+impl Drop for RunLock {
+    fn drop(&mut self) {
+        if let Held::Postgres(watch) = &self.held {
+            // The watch owns the session: ending it closes the session, and the server lets
+            // go of the lock.
+            watch.abort();
         }
     }
 }
@@ -80,8 +90,8 @@ impl RunLock {
 #[allow(dead_code)]
 enum Held {
     File(File),
-    /// The session holding the advisory lock: closing it releases the lock.
-    Postgres(Box<sqlx::PgConnection>),
+    /// The task that owns and watches the session holding the advisory lock.
+    Postgres(tokio::task::JoinHandle<()>),
 }
 
 /// The lock file of `pipeline` for the database at `db`: beside the database, named by a hash
@@ -140,7 +150,7 @@ pub fn acquire(db: &Path, pipeline: &str, run_id: &str, wait: bool) -> Result<Ru
         .and_then(|()| file.sync_all())
         .map_err(io)?;
     Ok(RunLock {
-        _held: Held::File(file),
+        held: Held::File(file),
     })
 }
 

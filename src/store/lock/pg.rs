@@ -20,13 +20,22 @@ pub fn key(pipeline: &str) -> i64 {
     i64::from_be_bytes(digest[..8].try_into().unwrap_or_default())
 }
 
+/// How often a held lock's session is asked whether it is still there.
+const WATCH: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Takes the lock of `pipeline` in the database at `url`, or fails at once naming its holder;
 /// with `wait`, asks again until the holder is done.
+///
+/// The lock lives as long as its session. Should the session be lost while the run goes on (the
+/// server restarted, the network cut), another host could take the lock and pay for the same
+/// tasks, so the session is watched and `lost` is cancelled as soon as it fails: the run then
+/// stops as if interrupted.
 pub async fn acquire(
     url: &PgUrl,
     pipeline: &str,
     run_id: &str,
     wait: bool,
+    lost: tokio_util::sync::CancellationToken,
 ) -> Result<RunLock, LockError> {
     let failed = |e: sqlx::Error| LockError::Database {
         location: url.to_string(),
@@ -81,7 +90,20 @@ pub async fn acquire(
     .execute(&mut conn)
     .await
     .map_err(failed)?;
-    Ok(RunLock::postgres(conn))
+    let watch = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(WATCH).await;
+            if let Err(e) = conn.ping().await {
+                tracing::error!(
+                    "lost the run lock's session with PostgreSQL ({}): stopping, so that no other host pays for the same tasks; resume the run once the database is back",
+                    crate::store::postgres::describe(&e)
+                );
+                lost.cancel();
+                return;
+            }
+        }
+    });
+    Ok(RunLock::postgres(watch))
 }
 
 /// Whether a live session holds the lock of `pipeline`, read from the server's lock table
