@@ -40,6 +40,8 @@ pub struct Config {
     pub run_id: String,
     /// `<output_dir>/<run id>`.
     pub run_dir: PathBuf,
+    /// The same, opened: a local directory or a prefix in object storage.
+    pub place: crate::place::Place,
     pub concurrency: usize,
     /// Paid calls per second; `None` for no limit until the service answers 429.
     pub rate: Option<f64>,
