@@ -11,6 +11,7 @@ mod download;
 pub mod identity;
 pub mod limiter;
 pub mod manifest;
+mod objects;
 pub mod resume;
 mod rows;
 mod scheduler;
