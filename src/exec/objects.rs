@@ -24,7 +24,11 @@ pub(super) async fn check(url: &str, sha256: &str, bytes: Option<u64>) -> Checke
     let found = async {
         let (objects, key) = Objects::at_url(url)?;
         let stat = objects.stat(&key).await?;
-        let Some(Stat { bytes: size, sha256: meta }) = stat else {
+        let Some(Stat {
+            bytes: size,
+            sha256: meta,
+        }) = stat
+        else {
             return Ok(Checked::Missing);
         };
         let meta_agrees = meta.is_some_and(|m| m.eq_ignore_ascii_case(sha256));

@@ -66,6 +66,17 @@ pub async fn write(
     out: Option<&Path>,
     observed: Observed,
 ) -> Result<Written, Error> {
+    if crate::place::is_object_url(&run.dir().to_string_lossy())
+        || out.is_some_and(|o| crate::place::is_object_url(&o.to_string_lossy()))
+    {
+        return Err(Error::usage(
+            format!(
+                "run {} is in object storage, and its report cannot be written there yet",
+                run.id
+            ),
+            Some("its manifest.jsonl lists every output"),
+        ));
+    }
     let run_dir = RunDir::at(run.dir());
     let out = out.map_or_else(|| run_dir.report(), Path::to_owned);
     let out = links::normal(&out);

@@ -47,7 +47,7 @@ async fn a_url_given_for_state_or_outputs_is_refused_and_nothing_is_created() {
                 "--state",
                 state,
                 "--out",
-                "s3://shots/full",
+                "ftp://shots/full",
             ],
             "the output place",
         ),
