@@ -10,6 +10,7 @@ mod links;
 pub mod live;
 mod model;
 mod pages;
+mod remote;
 pub mod summary;
 pub mod thumbs;
 
@@ -66,17 +67,31 @@ pub async fn write(
     out: Option<&Path>,
     observed: Observed,
 ) -> Result<Written, Error> {
-    if crate::place::is_object_url(&run.dir().to_string_lossy())
-        || out.is_some_and(|o| crate::place::is_object_url(&o.to_string_lossy()))
-    {
+    if crate::place::is_object_url(&run.dir().to_string_lossy()) {
+        return remote::write(store, run, out, observed).await;
+    }
+    if let Some(o) = out.filter(|o| crate::place::is_object_url(&o.to_string_lossy())) {
         return Err(Error::usage(
             format!(
-                "run {} is in object storage, and its report cannot be written there yet",
+                "--out {}: run {} is in a local directory, and so is its report",
+                o.display(),
                 run.id
             ),
-            Some("its manifest.jsonl lists every output"),
+            Some("give a local file"),
         ));
     }
+    write_local(store, run, out, observed, None).await
+}
+
+/// [`write`] into a local directory; `rebase` turns recorded output paths starting with its
+/// first part into paths under its second (a run in object storage, staged locally).
+async fn write_local(
+    store: &Store,
+    run: RunRow,
+    out: Option<&Path>,
+    observed: Observed,
+    rebase: Option<(&str, &Path)>,
+) -> Result<Written, Error> {
     let run_dir = RunDir::at(run.dir());
     let out = out.map_or_else(|| run_dir.report(), Path::to_owned);
     let out = links::normal(&out);
@@ -108,7 +123,16 @@ pub async fn write(
     let mut on_page: Vec<ReportRow> = Vec::new();
     let mut items = 0;
     let mut item: Option<String> = None;
-    while let Some(row) = rows.try_next().await? {
+    while let Some(mut row) = rows.try_next().await? {
+        if let (Some((from, to)), Some(o)) = (rebase, row.output.as_mut())
+            && let Some(rel) = o.path.as_deref().and_then(|p| p.strip_prefix(from))
+        {
+            o.path = Some(
+                to.join(rel.trim_start_matches('/'))
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+        }
         if item.as_deref() != Some(row.task.item.as_str()) {
             if items == PER_PAGE {
                 book.page(page, std::mem::take(&mut on_page)).await?;

@@ -250,6 +250,7 @@ async fn a_run_into_a_bucket_writes_every_output_with_its_sha256_and_the_manifes
             "r",
             "--out",
             "s3://shots/runs/",
+            "--report",
         ],
     ))
     .await;
@@ -268,6 +269,31 @@ async fn a_run_into_a_bucket_writes_every_output_with_its_sha256_and_the_manifes
         .collect();
     assert_eq!(lines.len(), 3, "{manifest}");
     assert_eq!(lines[0]["path"], "a/shot.png", "{manifest}");
+    // The report sits under the run's prefix, its links relative to it, the thumbnails
+    // beside the outputs.
+    let page = std::fs::read_to_string(s3.file("runs/r/report.html")).unwrap();
+    assert!(page.contains("href=\"a/shot.png\""), "{page}");
+    assert!(page.contains("s3://shots/runs/r"), "{page}");
+    assert!(!page.contains(&dir.display().to_string()));
+    let thumbs = std::fs::read_dir(s3.file("runs/r/_thumbs"))
+        .unwrap()
+        .count();
+    let images: std::collections::BTreeSet<_> = recorded.iter().map(|o| &o.sha256).collect();
+    assert_eq!(
+        thumbs,
+        images.len(),
+        "a thumbnail per image, named by its sha256"
+    );
+    let o = finish(imgpipe_s3(
+        &env,
+        &s3,
+        dir,
+        &["report", "r", "--out", "page.html"],
+    ))
+    .await;
+    assert_exit_without_panic(&o, 0);
+    let local = std::fs::read_to_string(dir.join("page.html")).unwrap();
+    assert!(local.contains("href=\"a/shot.png\""), "{local}");
     // Nothing was made locally under a name that looks like the URL.
     assert!(!dir.join("s3:").exists());
     let said = both(&o);
