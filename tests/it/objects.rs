@@ -507,3 +507,51 @@ async fn other_schemes_exit_2_and_file_urls_are_paths() {
     assert!(dir.join("local/r/a/shot.png").is_file());
     assert!(dir.join("local/r/manifest.jsonl").is_file());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn large_outputs_go_up_in_parts_and_their_completion_never_replaces_an_object() {
+    // Images of this side (about 350 KiB) are larger than what a download holds in memory
+    // (256 KiB), so
+    // they go up as multipart uploads.
+    let env = start(imgpipe::sandbox::Config {
+        image_side: 4096,
+        ..config()
+    })
+    .await;
+    let s3 = S3::start().await;
+    let dir = env.dir.path();
+    write(
+        dir,
+        "p.yaml",
+        &PIPELINE.replace(
+            "name: objects\n",
+            "name: objects\noutput_dir: s3://shots/big\n",
+        ),
+    );
+    let foreign = b"someone else's object".to_vec();
+    s3.store()
+        .put(&Key::from("big/r/c/shot.png"), foreign.clone().into())
+        .await
+        .unwrap();
+    let o = finish(imgpipe_s3(
+        &env,
+        &s3,
+        dir,
+        &["run", "p.yaml", "--run-id", "r"],
+    ))
+    .await;
+    assert_exit_without_panic(&o, 4);
+    assert!(
+        both(&o).contains("refusing to overwrite s3://shots/big/r/c/shot.png"),
+        "{}",
+        both(&o)
+    );
+    assert_eq!(std::fs::read(s3.file("big/r/c/shot.png")).unwrap(), foreign);
+    let recorded = outputs(dir).await;
+    let done: Vec<Recorded> = recorded.into_iter().filter(|o| o.item != "c").collect();
+    assert!(
+        done.iter().all(|o| o.bytes.unwrap() > 256 * 1024),
+        "{done:?}"
+    );
+    assert_objects_agree(&s3, &done, "s3://shots/big/r/").await;
+}
