@@ -156,10 +156,17 @@ impl Objects {
     }
 
     fn error(&self, what: &'static str, key: &Key, e: &object_store::Error) -> ObjectError {
+        let hint = match e {
+            object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. } => {
+                "; check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT, AWS_REGION)"
+            }
+            _ => "",
+        };
         ObjectError::Request {
             what,
             url: self.key_url(key),
-            reason: scrub(&e.to_string()),
+            reason: format!("{}{hint}", scrub(&e.to_string())),
         }
     }
 
@@ -338,8 +345,9 @@ fn sha_attributes(sha256: &str) -> Attributes {
 }
 
 /// An error's text with what could be a credential taken out: query parameters of signed
-/// URLs (`X-Amz-Credential`, `X-Amz-Signature`, `X-Amz-Security-Token`, …), and the secret
-/// key or session token of the environment, should a message ever quote them.
+/// URLs (`X-Amz-Credential`, `X-Amz-Signature`, `X-Amz-Security-Token`, …), and the keys or
+/// session token of the environment, should a message ever quote them (a store's answer to
+/// a refused signature may quote the access key id).
 pub(crate) fn scrub(message: &str) -> String {
     let mut out = String::with_capacity(message.len());
     let mut rest = message;
@@ -356,7 +364,11 @@ pub(crate) fn scrub(message: &str) -> String {
         rest = &rest[end..];
     }
     out.push_str(rest);
-    for var in ["AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"] {
+    for var in [
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_ACCESS_KEY_ID",
+    ] {
         if let Ok(secret) = std::env::var(var)
             && secret.len() >= 8
         {

@@ -555,3 +555,34 @@ async fn large_outputs_go_up_in_parts_and_their_completion_never_replaces_an_obj
     );
     assert_objects_agree(&s3, &done, "s3://shots/big/r/").await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn credentials_refused_by_the_store_appear_nowhere() {
+    let env = start(config()).await;
+    let s3 = S3::start().await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", PIPELINE);
+    let wrong_secret = "a-wrong-secret-of-the-user";
+    let mut cmd = imgpipe_s3(
+        &env,
+        &s3,
+        dir,
+        &["run", "p.yaml", "--run-id", "r", "--out", "s3://shots/runs"],
+    );
+    cmd.env("AWS_SECRET_ACCESS_KEY", wrong_secret)
+        .env("IMGPIPE_LOG", "debug");
+    let o = finish(cmd).await;
+    assert_exit_without_panic(&o, 4);
+    let said = both(&o);
+    assert!(
+        said.contains("cannot write s3://shots/runs/r/a/shot.png")
+            && said.contains("check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
+        "{said}"
+    );
+    for secret in [wrong_secret, ACCESS_KEY] {
+        assert!(!said.contains(secret), "{secret} in:\n{said}");
+        let db = std::fs::read(state_path(dir)).unwrap();
+        let db = String::from_utf8_lossy(&db);
+        assert!(!db.contains(secret), "{secret} in the state database");
+    }
+}
