@@ -49,15 +49,12 @@ impl Place {
         }
     }
 
-    pub fn is_local(&self) -> bool {
-        matches!(self, Place::Local(_))
-    }
-
-    /// The place as the user would write it: a path, or an `s3://` URL.
-    pub fn describe(&self) -> String {
+    /// Asks the store, before anything is paid for, whether it answers these credentials
+    /// here; a local directory is checked when it is written.
+    pub async fn check(&self) -> Result<(), ObjectError> {
         match self {
-            Place::Local(dir) => dir.display().to_string(),
-            Place::Objects(o) => o.url(),
+            Place::Local(_) => Ok(()),
+            Place::Objects(o) => o.check().await,
         }
     }
 }

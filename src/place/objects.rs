@@ -150,7 +150,7 @@ impl Objects {
             .fold(self.prefix.clone(), |key, seg| key.clone().join(seg))
     }
 
-    /// The key of a recorded URL when it lies in this store's bucket.
+    /// The key of this prefix itself.
     pub fn prefix(&self) -> &Key {
         &self.prefix
     }
@@ -268,6 +268,14 @@ impl Objects {
                 url: self.key_url(key),
             })
         }
+    }
+
+    /// A HEAD of the manifest's key: an answer, even "not found", says the endpoint, the
+    /// bucket and the credentials work; a refusal or no answer is said before a run pays.
+    pub async fn check(&self) -> Result<(), ObjectError> {
+        self.stat(&self.key(crate::layout::MANIFEST))
+            .await
+            .map(|_| ())
     }
 
     /// The size and recorded sha256 of the object at `key`; `None` when there is none.

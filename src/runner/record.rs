@@ -71,7 +71,7 @@ pub async fn create(
         )
     })?;
     let dir = crate::layout::RunDir::new(&out_dir, id).into_path();
-    let place = open_place(&dir)?;
+    let place = open_place(&dir).await?;
     let file = std::path::absolute(&pipeline.file)
         .map_or_else(|_| pipeline.file.clone(), |p| p.display().to_string());
     let text = std::fs::read(&pipeline.file)
@@ -107,20 +107,25 @@ pub async fn create(
     })
 }
 
-/// The run directory opened, before anything is recorded or paid for: an object store the
-/// environment cannot reach the way it is set is said now, not after the first bill.
-fn open_place(dir: &Path) -> Result<Place, Error> {
-    Place::of(dir).map_err(|e| {
+/// The run directory opened and asked, before anything is recorded or paid for: an object
+/// store the environment cannot reach the way it is set is said now, not after the first bill.
+async fn open_place(dir: &Path) -> Result<Place, Error> {
+    let refused = |e: crate::place::ObjectError| {
         Error::usage(
             e.to_string(),
-            Some("credentials and the endpoint come from AWS_* environment variables"),
+            Some(
+                "the store is set by AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION and AWS_ENDPOINT in the environment; a run needs s3:GetObject, s3:PutObject, s3:DeleteObject and s3:ListBucket on its prefix",
+            ),
         )
-    })
+    };
+    let place = Place::of(dir).map_err(refused)?;
+    place.check().await.map_err(refused)?;
+    Ok(place)
 }
 
 /// A recorded run, marked running again.
 pub async fn reopen(store: &Store, row: &RunRow) -> Result<OpenRun, Error> {
-    let place = open_place(&row.dir())?;
+    let place = open_place(&row.dir()).await?;
     let billed = admit::spent(store, &row.id).await?;
     store
         .set_run_status(&row.id, RunStatus::Running, None, None)

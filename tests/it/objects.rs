@@ -557,32 +557,43 @@ async fn large_outputs_go_up_in_parts_and_their_completion_never_replaces_an_obj
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn credentials_refused_by_the_store_appear_nowhere() {
+async fn a_store_that_refuses_or_does_not_answer_is_said_before_anything_is_paid() {
     let env = start(config()).await;
     let s3 = S3::start().await;
     let dir = env.dir.path();
     write(dir, "p.yaml", PIPELINE);
     let wrong_secret = "a-wrong-secret-of-the-user";
-    let mut cmd = imgpipe_s3(
-        &env,
-        &s3,
-        dir,
-        &["run", "p.yaml", "--run-id", "r", "--out", "s3://shots/runs"],
-    );
-    cmd.env("AWS_SECRET_ACCESS_KEY", wrong_secret)
-        .env("IMGPIPE_LOG", "debug");
-    let o = finish(cmd).await;
-    assert_exit_without_panic(&o, 4);
-    let said = both(&o);
-    assert!(
-        said.contains("cannot write s3://shots/runs/r/a/shot.png")
-            && said.contains("check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
-        "{said}"
-    );
-    for secret in [wrong_secret, ACCESS_KEY] {
-        assert!(!said.contains(secret), "{secret} in:\n{said}");
-        let db = std::fs::read(state_path(dir)).unwrap();
-        let db = String::from_utf8_lossy(&db);
-        assert!(!db.contains(secret), "{secret} in the state database");
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port())
+    };
+    let cases = [
+        (
+            "AWS_SECRET_ACCESS_KEY",
+            wrong_secret.to_owned(),
+            "check AWS_ACCESS_KEY_ID",
+        ),
+        ("AWS_ENDPOINT", closed, "s3://shots/runs/r/manifest.jsonl"),
+    ];
+    for (var, value, said_what) in cases {
+        let mut cmd = imgpipe_s3(
+            &env,
+            &s3,
+            dir,
+            &["run", "p.yaml", "--run-id", "r", "--out", "s3://shots/runs"],
+        );
+        cmd.env(var, &value).env("IMGPIPE_LOG", "debug");
+        let o = finish(cmd).await;
+        assert_exit_without_panic(&o, 2);
+        let said = both(&o);
+        assert!(said.contains(said_what), "{var}: {said}");
+        assert!(said.contains("hint: the store is set by"), "{var}: {said}");
+        for secret in [wrong_secret, SECRET_KEY, ACCESS_KEY] {
+            assert!(!said.contains(secret), "{secret} in:\n{said}");
+        }
+        assert_nothing_billed(&env);
     }
+    let db = std::fs::read(state_path(dir)).unwrap_or_default();
+    let db = String::from_utf8_lossy(&db);
+    assert!(!db.contains(wrong_secret) && !db.contains(SECRET_KEY));
 }
