@@ -125,13 +125,9 @@ async fn write_local(
     let mut item: Option<String> = None;
     while let Some(mut row) = rows.try_next().await? {
         if let (Some((from, to)), Some(o)) = (rebase, row.output.as_mut())
-            && let Some(rel) = o.path.as_deref().and_then(|p| p.strip_prefix(from))
+            && let Some(rel) = o.path.as_deref().and_then(|p| under(p, from))
         {
-            o.path = Some(
-                to.join(rel.trim_start_matches('/'))
-                    .to_string_lossy()
-                    .into_owned(),
-            );
+            o.path = Some(to.join(rel).to_string_lossy().into_owned());
         }
         if item.as_deref() != Some(row.task.item.as_str()) {
             if items == PER_PAGE {
@@ -162,6 +158,12 @@ async fn write_local(
         bytes: book.bytes,
         observed: shared.observed.clone(),
     })
+}
+
+/// `path` relative to `dir`, when it lies under it (`s3://b/r/a.png` under `s3://b/r`, not
+/// under `s3://b/r2`).
+fn under<'a>(path: &'a str, dir: &str) -> Option<&'a str> {
+    path.strip_prefix(dir)?.strip_prefix('/')
 }
 
 fn cannot_write(path: &Path, e: &dyn std::fmt::Display) -> Error {

@@ -133,14 +133,14 @@ async fn stage_outputs(
         })
         .await?;
     for url in urls {
-        let Some(rel) = url.strip_prefix(run_url) else {
+        let Some(rel) = super::under(&url, run_url) else {
             continue;
         };
         let (objects, key) = Objects::at_url(&url).map_err(failed)?;
         let Some(bytes) = objects.read(&key).await.map_err(failed)? else {
             continue;
         };
-        let to = local_run.join(rel.trim_start_matches('/'));
+        let to = local_run.join(rel);
         if let Some(dir) = to.parent() {
             std::fs::create_dir_all(dir).map_err(failed)?;
         }
