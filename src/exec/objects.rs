@@ -4,12 +4,18 @@
 //! copied, create-only, to its `_superseded/` key before it is removed, so the user's bytes
 //! are never lost.
 
+use std::path::PathBuf;
+
+use futures::StreamExt;
 use sha2::{Digest, Sha256};
+
+use crate::exec::resume::Refetch;
+use crate::store::OutputRow;
 
 use crate::place::{Objects, Stat};
 
 /// What the object of a recorded output is now.
-pub(super) enum Checked {
+enum Checked {
     /// As recorded.
     Same,
     Missing,
@@ -20,7 +26,7 @@ pub(super) enum Checked {
 /// Compares the object at `url` with the recorded sha256 and size. A store that cannot be
 /// reached says nothing for sure: the output is then fetched again, which is free and, the
 /// object being create-only, harmless.
-pub(super) async fn check(url: &str, sha256: &str, bytes: Option<u64>) -> Checked {
+async fn check(url: &str, sha256: &str, bytes: Option<u64>) -> Checked {
     let found = async {
         let (objects, key) = Objects::at_url(url)?;
         let stat = objects.stat(&key).await?;
@@ -56,6 +62,33 @@ pub(super) async fn check(url: &str, sha256: &str, bytes: Option<u64>) -> Checke
             Checked::Missing
         }
     }
+}
+
+/// HEADs at once when a resume checks a run's objects: one at a time, a run of 100,000
+/// outputs would wait minutes on round trips alone.
+const CHECKS_IN_FLIGHT: usize = 16;
+
+/// The outputs, of those given with their URL and recorded sha256, whose object is missing or
+/// modified.
+pub(super) async fn check_all(outputs: Vec<(OutputRow, PathBuf, String)>) -> Vec<Refetch> {
+    futures::stream::iter(outputs)
+        .map(|(o, url, sha)| async move {
+            match check(&url.to_string_lossy(), &sha, o.bytes).await {
+                Checked::Same => None,
+                Checked::Missing => Some(Refetch {
+                    output: o,
+                    modified: None,
+                }),
+                Checked::Modified(actual) => Some(Refetch {
+                    output: o,
+                    modified: Some(actual),
+                }),
+            }
+        })
+        .buffered(CHECKS_IN_FLIGHT)
+        .filter_map(std::future::ready)
+        .collect()
+        .await
 }
 
 /// Copies the object at `from` to `to` (create-only) and removes it from `from`; returns the

@@ -13,7 +13,6 @@ use crate::api::types::STATUS_SUCCEEDED;
 use crate::api::{ApiError, Client, JobRecord, RetryPolicy};
 use crate::exec::OnAmbiguous;
 use crate::exec::identity::{from_record, identity};
-use crate::exec::objects::Checked;
 use crate::layout::RunDir;
 use crate::place::is_object_url;
 use crate::plan::graph::{Graph, Instance, Source};
@@ -413,21 +412,7 @@ async fn check_files(
     let (objects, candidates): (Vec<_>, Vec<_>) = candidates
         .into_iter()
         .partition(|(_, path, _)| is_object_url(&path.to_string_lossy()));
-    let mut checked_objects = Vec::new();
-    for (o, path, sha) in objects {
-        let found = super::objects::check(&path.to_string_lossy(), &sha, o.bytes).await;
-        match found {
-            Checked::Same => {}
-            Checked::Missing => checked_objects.push(Refetch {
-                output: o,
-                modified: None,
-            }),
-            Checked::Modified(actual) => checked_objects.push(Refetch {
-                output: o,
-                modified: Some(actual),
-            }),
-        }
-    }
+    let checked_objects = super::objects::check_all(objects).await;
     let mut checked = tokio::task::spawn_blocking(move || {
         candidates
             .into_iter()

@@ -10,6 +10,8 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
+use futures::StreamExt;
+
 use crate::error::Error;
 use crate::layout::THUMBS;
 use crate::place::{ObjectError, Objects, Place};
@@ -17,6 +19,10 @@ use crate::report::html::MARKER;
 use crate::report::live::Observed;
 use crate::report::{Written, refuse_foreign, write_local};
 use crate::store::{RunRow, Store};
+
+/// Objects read at once while staging: round trips, not bandwidth, bound a run of many
+/// small images.
+const READS_IN_FLIGHT: usize = 8;
 
 fn failed(e: impl std::fmt::Display) -> Error {
     Error::Other(anyhow::anyhow!("cannot write the report: {e}"))
@@ -132,21 +138,25 @@ async fn stage_outputs(
             Ok(())
         })
         .await?;
-    for url in urls {
-        let Some(rel) = super::under(&url, run_url) else {
-            continue;
-        };
-        let (objects, key) = Objects::at_url(&url).map_err(failed)?;
-        let Some(bytes) = objects.read(&key).await.map_err(failed)? else {
-            continue;
-        };
-        let to = local_run.join(rel);
-        if let Some(dir) = to.parent() {
-            std::fs::create_dir_all(dir).map_err(failed)?;
-        }
-        std::fs::write(&to, &bytes).map_err(failed)?;
-    }
-    Ok(())
+    let staged: Vec<Result<(), Error>> = futures::stream::iter(urls)
+        .map(|url| async move {
+            let Some(rel) = super::under(&url, run_url) else {
+                return Ok(());
+            };
+            let (objects, key) = Objects::at_url(&url).map_err(failed)?;
+            let Some(bytes) = objects.read(&key).await.map_err(failed)? else {
+                return Ok(());
+            };
+            let to = local_run.join(rel);
+            if let Some(dir) = to.parent() {
+                std::fs::create_dir_all(dir).map_err(failed)?;
+            }
+            std::fs::write(&to, &bytes).map_err(failed)
+        })
+        .buffer_unordered(READS_IN_FLIGHT)
+        .collect()
+        .await;
+    staged.into_iter().collect()
 }
 
 fn names_in(dir: &Path) -> Vec<String> {
