@@ -383,3 +383,15 @@ fn refuse_foreign(out: &Path) -> Result<(), Error> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_output_is_under_its_run_only_past_a_slash() {
+        assert_eq!(under("s3://b/p/r/a/x.png", "s3://b/p/r"), Some("a/x.png"));
+        assert_eq!(under("s3://b/p/r2/a/x.png", "s3://b/p/r"), None);
+        assert_eq!(under("/out/r/a.png", "/elsewhere"), None);
+    }
+}

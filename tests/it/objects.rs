@@ -456,6 +456,19 @@ async fn killed_then_resumed_a_deleted_object_is_fetched_again_and_a_modified_on
         .await
         .unwrap();
 
+    // The dry run finds both by their HEAD and touches nothing.
+    let o = finish(imgpipe_s3(&env, &s3, dir, &["resume", "r", "--dry-run"])).await;
+    assert_exit_without_panic(&o, 0);
+    assert!(
+        stdout(&o).contains("free: 2 file(s) missing or modified"),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(
+        std::fs::read(s3.file(modified_key.as_ref())).unwrap(),
+        users
+    );
+
     let o = finish(imgpipe_s3(&env, &s3, dir, &["resume", "r"])).await;
     assert_exit_without_panic(&o, 0);
     let recorded = outputs(dir).await;
