@@ -214,6 +214,14 @@ fn key_of(url: &str) -> Key {
 /// Every recorded output is an object of the recorded bytes and sha256, which its metadata
 /// says too.
 async fn assert_objects_agree(s3: &S3, recorded: &[Recorded], prefix: &str) {
+    assert_objects_agree_as(s3, recorded, prefix, false).await;
+}
+
+/// [`assert_objects_agree`]; with `killed`, an object may lack its metadata: s3s-fs puts an
+/// object's file in place before its metadata, so a PUT whose client was killed in between
+/// leaves the bytes alone (an S3 PUT is all or nothing). The resume then finds the same bytes
+/// there by reading them, and keeps them.
+async fn assert_objects_agree_as(s3: &S3, recorded: &[Recorded], prefix: &str, killed: bool) {
     let store = s3.store();
     for o in recorded {
         let url = o.path.as_deref().unwrap_or_else(|| panic!("{o:?}"));
@@ -228,7 +236,9 @@ async fn assert_objects_agree(s3: &S3, recorded: &[Recorded], prefix: &str) {
             .map(|v| v.to_string());
         let body = found.bytes().await.unwrap();
         assert_eq!(Some(sha256_hex(&body)), o.sha256, "{url}");
-        assert_eq!(meta, o.sha256, "{url}");
+        if !(killed && meta.is_none()) {
+            assert_eq!(meta, o.sha256, "{url}");
+        }
         assert_eq!(Some(body.len() as i64), o.bytes, "{url}");
     }
 }
@@ -473,7 +483,7 @@ async fn killed_then_resumed_a_deleted_object_is_fetched_again_and_a_modified_on
     assert_exit_without_panic(&o, 0);
     let recorded = outputs(dir).await;
     assert_eq!(recorded.len(), 8, "{recorded:?}");
-    assert_objects_agree(&s3, &recorded, "s3://shots/runs/r/").await;
+    assert_objects_agree_as(&s3, &recorded, "s3://shots/runs/r/", true).await;
     // Each task is billed once: the resume paid only for what the record did not hold.
     let ledger = env.sandbox.ledger();
     let jobs: std::collections::BTreeSet<&str> = ledger.iter().map(|e| e.job_id.as_str()).collect();
