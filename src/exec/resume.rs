@@ -632,7 +632,7 @@ async fn refetch(
     run_dir: &Path,
     list: &[Refetch],
 ) -> Result<(), StoreError> {
-    let mut moved: Vec<Option<(String, u64)>> = Vec::with_capacity(list.len());
+    let mut moved: Vec<Option<(String, Option<u64>)>> = Vec::with_capacity(list.len());
     for r in list {
         moved.push(match r.modified {
             Some(_) => move_aside(run_dir, &r.output, Some("modified")).await,
@@ -658,7 +658,7 @@ async fn refetch(
                 output_id: r.output.id,
                 moved_to: to.as_ref().map(|(to, _)| to.as_str()),
                 sha256: r.modified.as_deref(),
-                bytes: to.as_ref().map(|(_, bytes)| *bytes),
+                bytes: to.as_ref().and_then(|(_, bytes)| *bytes),
                 reason,
                 refetch: true,
             }
@@ -669,8 +669,12 @@ async fn refetch(
 
 /// Moves an output's file (or object) to
 /// `<run>/_superseded/<item>/<name>.o<output id>[.<tag>].<ext>`; returns its new path (or URL)
-/// and size, or `None` when there was nothing to move.
-async fn move_aside(run_dir: &Path, o: &OutputRow, tag: Option<&str>) -> Option<(String, u64)> {
+/// and, when known, size, or `None` when there was nothing to move.
+async fn move_aside(
+    run_dir: &Path,
+    o: &OutputRow,
+    tag: Option<&str>,
+) -> Option<(String, Option<u64>)> {
     let from = PathBuf::from(o.path.as_ref()?);
     let dir = RunDir::at(run_dir).superseded(&o.item);
     let stem = from.file_stem()?.to_string_lossy().into_owned();
@@ -683,14 +687,11 @@ async fn move_aside(run_dir: &Path, o: &OutputRow, tag: Option<&str>) -> Option<
     let to_name = to.to_string_lossy().into_owned();
     if is_object_url(&from.to_string_lossy()) {
         let size = super::objects::set_aside(&from.to_string_lossy(), &to_name).await?;
-        return Some((to_name, size));
+        return Some((to_name, Some(size)));
     }
     let moved = std::fs::create_dir_all(&dir).and_then(|()| std::fs::rename(&from, &to));
     match moved {
-        Ok(()) => {
-            let size = std::fs::metadata(&to).map_or(0, |m| m.len());
-            Some((to_name, size))
-        }
+        Ok(()) => Some((to_name, std::fs::metadata(&to).ok().map(|m| m.len()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => {
             tracing::warn!("cannot move {} aside: {e}", from.display());
