@@ -10,6 +10,7 @@
 //! - [`api`]: the service: wire types and rules, client, billing-aware errors, retries, fetches.
 //! - [`report`]: what the record says of a run: its summary, status and HTML page.
 //! - [`layout`]: every path inside a run directory.
+//! - [`place`]: where a run directory is: a local directory or an `s3://` prefix.
 //! - [`time`]: times as RFC 3339, the same in plans, locks, logs and reports.
 //! - [`error`]: the top-level error and the stable exit codes.
 //! - [`sandbox`]: the local emulator of the service, for tests, benchmarks and `--sandbox`.
@@ -23,6 +24,7 @@ pub mod error;
 pub mod exec;
 pub mod layout;
 pub mod pipeline;
+pub mod place;
 pub mod plan;
 pub mod report;
 pub mod runner;

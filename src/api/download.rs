@@ -16,6 +16,7 @@ use tokio::io::AsyncWriteExt;
 use crate::api::client::error_chain;
 use crate::api::error::excerpt;
 use crate::api::temp;
+use crate::place::{ObjectError, Objects, Place};
 
 /// Larger than any image the service documents, small enough to stop a runaway body.
 pub const DEFAULT_MAX_BYTES: u64 = 256 * 1024 * 1024;
@@ -48,6 +49,9 @@ pub enum DownloadError {
     NotImage { start: String },
     #[error("refusing to overwrite {}: it holds other bytes than this download", path.display())]
     Exists { path: PathBuf },
+    /// Object storage failed (after its own retries); the message is scrubbed of credentials.
+    #[error("{reason}")]
+    Store { reason: String },
     #[error("cannot write {}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -102,13 +106,24 @@ impl Downloader {
     }
 
     /// Downloads `url` to `<dir>/<stem>.<ext>`, the extension chosen from the image's magic
-    /// bytes. Never replaces an existing file.
-    pub async fn fetch(
+    /// bytes. Never replaces an existing file or object. In object storage the body goes up
+    /// once it has passed the image checks: in one create-only PUT when it was small enough
+    /// to hold, else from its temporary file in parts; either way nothing is visible under
+    /// the final key before the whole body is.
+    pub async fn fetch_to(
         &self,
         url: &str,
-        dir: &Path,
+        dir: &Place,
         stem: &str,
     ) -> Result<Downloaded, DownloadError> {
+        match dir {
+            Place::Local(dir) => self.fetch(url, dir, stem).await,
+            Place::Objects(objects) => self.fetch_object(url, objects, stem).await,
+        }
+    }
+
+    /// The response of `url`, refused or failed statuses turned into errors.
+    async fn get(&self, url: &str) -> Result<(reqwest::Response, Option<u64>), DownloadError> {
         let transport = |e: reqwest::Error| DownloadError::Transport {
             reason: error_chain(&e.without_url()),
         };
@@ -134,17 +149,20 @@ impl Downloader {
                 limit: self.max_bytes,
             });
         }
+        Ok((response, expected))
+    }
+
+    /// [`Downloader::fetch_to`] a local directory.
+    pub async fn fetch(
+        &self,
+        url: &str,
+        dir: &Path,
+        stem: &str,
+    ) -> Result<Downloaded, DownloadError> {
+        let (response, expected) = self.get(url).await?;
         let (seen, body) = self.receive(response, expected, dir, stem).await?;
-        let ext = image_extension(&seen.head).ok_or_else(|| DownloadError::NotImage {
-            start: String::from_utf8_lossy(&seen.head).into_owned(),
-        })?;
-        if !looks_complete(ext, &seen.tail) {
-            return Err(DownloadError::Unfinished {
-                got: seen.bytes,
-                format: ext,
-            });
-        }
-        let sha256 = hex::encode(seen.hasher.finalize());
+        let bytes = seen.bytes;
+        let (ext, sha256) = seen.checked()?;
         let dest = dir.join(format!("{stem}.{ext}"));
         let (dir, stem, sha) = (dir.to_path_buf(), stem.to_owned(), sha256.clone());
         // The file lands in one trip to the blocking pool: every trip is two thread switches,
@@ -168,7 +186,41 @@ impl Downloader {
         .await?;
         Ok(Downloaded {
             path,
-            bytes: seen.bytes,
+            bytes,
+            sha256,
+        })
+    }
+
+    /// [`Downloader::fetch_to`] a bucket: a body too large to hold waits in a temporary
+    /// file of the system's temporary directory, which goes when the upload is over.
+    async fn fetch_object(
+        &self,
+        url: &str,
+        dir: &Objects,
+        stem: &str,
+    ) -> Result<Downloaded, DownloadError> {
+        let (response, expected) = self.get(url).await?;
+        let spill = std::env::temp_dir();
+        let (seen, body) = self.receive(response, expected, &spill, stem).await?;
+        let bytes = seen.bytes;
+        let (ext, sha256) = seen.checked()?;
+        let key = dir.key(&format!("{stem}.{ext}"));
+        let written = match body {
+            Body::Held(chunks) => {
+                dir.put_new(&key, chunks.into_iter().collect(), &sha256)
+                    .await
+            }
+            Body::Spilled(part) => dir.put_new_file(&key, part.path(), &sha256).await,
+        };
+        written.map_err(|e| match e {
+            ObjectError::Exists { url } => DownloadError::Exists { path: url.into() },
+            other => DownloadError::Store {
+                reason: other.to_string(),
+            },
+        })?;
+        Ok(Downloaded {
+            path: dir.key_url(&key).into(),
+            bytes,
             sha256,
         })
     }
@@ -322,6 +374,20 @@ struct Seen {
 }
 
 impl Seen {
+    /// The image's extension and sha256, once it has passed the checks of a whole image.
+    fn checked(self) -> Result<(&'static str, String), DownloadError> {
+        let ext = image_extension(&self.head).ok_or_else(|| DownloadError::NotImage {
+            start: String::from_utf8_lossy(&self.head).into_owned(),
+        })?;
+        if !looks_complete(ext, &self.tail) {
+            return Err(DownloadError::Unfinished {
+                got: self.bytes,
+                format: ext,
+            });
+        }
+        Ok((ext, hex::encode(self.hasher.finalize())))
+    }
+
     fn observe(&mut self, chunk: &[u8]) {
         if self.head.len() < 16 {
             let take = (16 - self.head.len()).min(chunk.len());

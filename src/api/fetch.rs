@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 use crate::api::client::{Client, is_job_id, shown_id};
 use crate::api::download::{DownloadError, Downloaded, Downloader};
 use crate::api::retry::RetryPolicy;
+use crate::place::Place;
 
 /// Tries of one download, refreshes of its URL included, before it is given up.
 pub const DOWNLOAD_TRIES: u32 = 4;
@@ -42,7 +43,7 @@ pub enum FetchError<E> {
     Refresh { refused: DownloadError, source: E },
 }
 
-/// Downloads `url` to `<dir>/<stem>.<ext>` (see [`Downloader::fetch`]). A refused URL is
+/// Downloads `url` to `<dir>/<stem>.<ext>` (see [`Downloader::fetch_to`]). A refused URL is
 /// replaced once by `refresh` (a fresh URL refused too is not a matter of age, so asking again
 /// would not help); passing failures back off per `policy`; every try counts against
 /// `policy.tries`.
@@ -50,7 +51,7 @@ pub async fn fetch_with_refresh<R, Fut, E>(
     downloader: &Downloader,
     policy: RetryPolicy,
     url: String,
-    (dir, stem): (&Path, &str),
+    (dir, stem): (&Place, &str),
     mut refresh: R,
     mut on_retry: impl FnMut(Retrying<'_>),
 ) -> Result<Downloaded, FetchError<E>>
@@ -63,7 +64,7 @@ where
     let mut tries = 0;
     loop {
         tries += 1;
-        let error = match downloader.fetch(&url, dir, stem).await {
+        let error = match downloader.fetch_to(&url, dir, stem).await {
             Ok(done) => return Ok(done),
             Err(e) => e,
         };
@@ -124,13 +125,14 @@ pub async fn deliver_job(
 ) -> Delivery {
     let policy = RetryPolicy::new(DOWNLOAD_TRIES, ONE_OFF_RETRY_BASE);
     let mut delivery = Delivery::default();
+    let place = Place::Local(dir.to_path_buf());
     for (index, url) in urls.iter().enumerate() {
         let stem = file_stem(job_id, indexed.then_some(index));
         let fetched = fetch_with_refresh(
             downloader,
             policy,
             url.clone(),
-            (dir, &stem),
+            (&place, &stem),
             || fresh_url(client, job_id, index),
             |retrying| match retrying {
                 Retrying::Refused(_) => {

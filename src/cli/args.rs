@@ -86,10 +86,16 @@ fn state_location(s: &str) -> Result<Location, String> {
     Location::parse(s, "the state database")
 }
 
-/// `--out`: a local directory or file; a URL is refused (exit 2) rather than created as
-/// `./scheme:/…`.
+/// `--out` of a one-off command: a local directory or file; a URL is refused (exit 2) rather
+/// than created as `./scheme:/…`.
 pub(crate) fn out_path(s: &str) -> Result<PathBuf, String> {
     crate::layout::local_path(s, "the output place")
+}
+
+/// `--out` of a run or a report: a local path or an `s3://bucket/prefix` URL (credentials
+/// from the environment, never from here); any other URL is refused (exit 2).
+pub(crate) fn out_place(s: &str) -> Result<PathBuf, String> {
+    crate::place::output_place(s, "the output place")
 }
 
 impl StateArgs {

@@ -19,7 +19,7 @@ pub struct ReportArgs {
     /// The run (`imgpipe runs` lists them)
     pub run_id: String,
     /// Where to write the page [default: report.html in the run's directory]
-    #[arg(long, value_name = "FILE", value_parser = crate::cli::args::out_path)]
+    #[arg(long, value_name = "FILE", value_parser = crate::cli::args::out_place)]
     pub out: Option<PathBuf>,
     #[command(flatten)]
     pub state: StateArgs,

@@ -28,8 +28,9 @@ pub struct RunArgs {
     /// suffix]
     #[arg(long, value_name = "ID", help_heading = "Run")]
     pub run_id: Option<String>,
-    /// Output directory, instead of the pipeline's output_dir
-    #[arg(long, value_name = "DIR", help_heading = "Run", value_parser = crate::cli::args::out_path)]
+    /// Output directory, instead of the pipeline's output_dir: a path or s3://bucket/prefix
+    /// (credentials from the AWS_* environment variables)
+    #[arg(long, value_name = "DIR", help_heading = "Run", value_parser = crate::cli::args::out_place)]
     pub out: Option<PathBuf>,
     /// When the generation price is unknown, run one generation first and price the plan
     /// with what it billed

@@ -34,8 +34,8 @@ async fn fetch(shared: &Shared, task: usize, k: u32) -> Result<PathBuf, String> 
         .map_err(|e| e.to_string())?;
     let graph = &shared.graph;
     let dir = shared
-        .run_dir
-        .item(&graph.item_dir(graph.task(task).instance));
+        .place
+        .join(&graph.item_dir(graph.task(task).instance));
     let stem = graph.file_stem(task, k);
     // A URL recorded long ago (a resumed run) is refreshed before it is tried.
     let out = shared.fresh_url(task, k, false).await?;

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::api::temp;
-use crate::layout::RunDir;
+use crate::layout::{MANIFEST, RunDir};
+use crate::place::{Objects, Place};
 use crate::store::{OutputRow, Store, StoreError};
 
 #[derive(Serialize)]
@@ -26,9 +27,13 @@ struct Line<'a> {
 }
 
 /// Writes the manifest of `run_id` into `run_dir` through a temporary file and a rename,
-/// streaming rows from the database to the file.
+/// streaming rows from the database to the file. In object storage it is made in memory and
+/// put whole, in one request that replaces the one before.
 pub async fn write(store: &Store, run_id: &str, run_dir: &Path) -> Result<PathBuf, String> {
     let path = RunDir::at(run_dir).manifest();
+    if let Place::Objects(objects) = Place::of(run_dir).map_err(|e| e.to_string())? {
+        return write_object(store, run_id, run_dir, &objects).await;
+    }
     let fail = |e: &dyn std::fmt::Display| format!("cannot write {}: {e}", path.display());
     std::fs::create_dir_all(run_dir).map_err(|e| fail(&e))?;
     let tmp = temp::readable(run_dir).map_err(|e| fail(&e))?;
@@ -48,6 +53,32 @@ pub async fn write(store: &Store, run_id: &str, run_dir: &Path) -> Result<PathBu
     tmp.as_file().sync_all().map_err(|e| fail(&e))?;
     tmp.persist(&path).map_err(|e| fail(&e.error))?;
     Ok(path)
+}
+
+async fn write_object(
+    store: &Store,
+    run_id: &str,
+    run_dir: &Path,
+    objects: &Objects,
+) -> Result<PathBuf, String> {
+    let mut out = Vec::new();
+    store
+        .each_output(run_id, false, |o| {
+            if o.path.is_some() {
+                let io = |e: std::io::Error| StoreError::Query(sqlx::Error::Io(e));
+                serde_json::to_writer(&mut out, &line(&o, run_dir)).map_err(|e| io(e.into()))?;
+                out.push(b'\n');
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| format!("cannot write the manifest of {}: {e}", objects.url()))?;
+    let key = objects.key(MANIFEST);
+    objects
+        .replace(&key, out)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(objects.key_url(&key).into())
 }
 
 fn line<'a>(o: &'a OutputRow, run_dir: &Path) -> Line<'a> {

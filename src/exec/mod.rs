@@ -11,6 +11,7 @@ mod download;
 pub mod identity;
 pub mod limiter;
 pub mod manifest;
+mod objects;
 pub mod resume;
 mod rows;
 mod scheduler;
@@ -40,6 +41,8 @@ pub struct Config {
     pub run_id: String,
     /// `<output_dir>/<run id>`.
     pub run_dir: PathBuf,
+    /// The same, opened: a local directory or a prefix in object storage.
+    pub place: crate::place::Place,
     pub concurrency: usize,
     /// Paid calls per second; `None` for no limit until the service answers 429.
     pub rate: Option<f64>,

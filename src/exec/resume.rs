@@ -14,6 +14,7 @@ use crate::api::{ApiError, Client, JobRecord, RetryPolicy};
 use crate::exec::OnAmbiguous;
 use crate::exec::identity::{from_record, identity};
 use crate::layout::RunDir;
+use crate::place::is_object_url;
 use crate::plan::graph::{Graph, Instance, Source};
 use crate::store::{
     AttemptOutcome, NewTask, OutputRow, Reusable, SetAside, Settled, Store, StoreError, TaskRow,
@@ -408,7 +409,11 @@ async fn check_files(
             Ok(())
         })
         .await?;
-    let checked = tokio::task::spawn_blocking(move || {
+    let (objects, candidates): (Vec<_>, Vec<_>) = candidates
+        .into_iter()
+        .partition(|(_, path, _)| is_object_url(&path.to_string_lossy()));
+    let checked_objects = super::objects::check_all(objects).await;
+    let mut checked = tokio::task::spawn_blocking(move || {
         candidates
             .into_iter()
             .filter_map(|(o, path, sha)| match file_sha256(&path) {
@@ -426,6 +431,7 @@ async fn check_files(
     })
     .await
     .map_err(|e| StoreError::Inconsistent(e.to_string()))?;
+    checked.extend(checked_objects);
     Ok(checked)
 }
 
@@ -452,7 +458,9 @@ pub async fn apply(
 ) -> Result<Applied, StoreError> {
     let mut applied = Applied::default();
     store.settle_orphaned_attempts(run_id).await?;
-    RunDir::at(run_dir).remove_leftovers();
+    if !is_object_url(&run_dir.to_string_lossy()) {
+        RunDir::at(run_dir).remove_leftovers();
+    }
     let mut rows = row_ids(store, run_id, graph).await?;
     // Tasks the pipeline gained under --allow-changes, and those reused: the others are
     // recorded by the executor as it comes near them.
@@ -493,10 +501,10 @@ pub async fn apply(
             Ok(())
         })
         .await?;
-    let moved: Vec<(i64, Option<String>)> = old
-        .iter()
-        .map(|o| (o.id, move_aside(run_dir, o, None)))
-        .collect();
+    let mut moved: Vec<(i64, Option<String>)> = Vec::with_capacity(old.len());
+    for o in &old {
+        moved.push((o.id, move_aside(run_dir, o, None).await.map(|(to, _)| to)));
+    }
     let aside: Vec<SetAside> = moved
         .iter()
         .map(|(id, to)| SetAside {
@@ -624,14 +632,13 @@ async fn refetch(
     run_dir: &Path,
     list: &[Refetch],
 ) -> Result<(), StoreError> {
-    let moved: Vec<Option<String>> = list
-        .iter()
-        .map(|r| {
-            r.modified
-                .as_ref()
-                .and_then(|_| move_aside(run_dir, &r.output, Some("modified")))
-        })
-        .collect();
+    let mut moved: Vec<Option<(String, Option<u64>)>> = Vec::with_capacity(list.len());
+    for r in list {
+        moved.push(match r.modified {
+            Some(_) => move_aside(run_dir, &r.output, Some("modified")).await,
+            None => None,
+        });
+    }
     let aside: Vec<SetAside> = list
         .iter()
         .zip(&moved)
@@ -649,12 +656,9 @@ async fn refetch(
             }
             SetAside {
                 output_id: r.output.id,
-                moved_to: to.as_deref(),
+                moved_to: to.as_ref().map(|(to, _)| to.as_str()),
                 sha256: r.modified.as_deref(),
-                bytes: to
-                    .as_ref()
-                    .and_then(|p| std::fs::metadata(p).ok())
-                    .map(|m| m.len()),
+                bytes: to.as_ref().and_then(|(_, bytes)| *bytes),
                 reason,
                 refetch: true,
             }
@@ -663,9 +667,14 @@ async fn refetch(
     store.set_aside(run_id, &aside).await
 }
 
-/// Moves an output's file to `<run>/_superseded/<item>/<name>.o<output id>[.<tag>].<ext>`;
-/// returns its new path, or `None` when there was no file to move.
-fn move_aside(run_dir: &Path, o: &OutputRow, tag: Option<&str>) -> Option<String> {
+/// Moves an output's file (or object) to
+/// `<run>/_superseded/<item>/<name>.o<output id>[.<tag>].<ext>`; returns its new path (or URL)
+/// and, when known, size, or `None` when there was nothing to move.
+async fn move_aside(
+    run_dir: &Path,
+    o: &OutputRow,
+    tag: Option<&str>,
+) -> Option<(String, Option<u64>)> {
     let from = PathBuf::from(o.path.as_ref()?);
     let dir = RunDir::at(run_dir).superseded(&o.item);
     let stem = from.file_stem()?.to_string_lossy().into_owned();
@@ -675,9 +684,14 @@ fn move_aside(run_dir: &Path, o: &OutputRow, tag: Option<&str>) -> Option<String
         .unwrap_or_default();
     let tag = tag.map(|t| format!(".{t}")).unwrap_or_default();
     let to = dir.join(format!("{stem}.o{}{tag}{ext}", o.id));
+    let to_name = to.to_string_lossy().into_owned();
+    if is_object_url(&from.to_string_lossy()) {
+        let size = super::objects::set_aside(&from.to_string_lossy(), &to_name).await?;
+        return Some((to_name, Some(size)));
+    }
     let moved = std::fs::create_dir_all(&dir).and_then(|()| std::fs::rename(&from, &to));
     match moved {
-        Ok(()) => Some(to.to_string_lossy().into_owned()),
+        Ok(()) => Some((to_name, std::fs::metadata(&to).ok().map(|m| m.len()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => {
             tracing::warn!("cannot move {} aside: {e}", from.display());
@@ -689,6 +703,10 @@ fn move_aside(run_dir: &Path, o: &OutputRow, tag: Option<&str>) -> Option<String
 /// Copies a reused task's files into this run; `None` for each one to fetch from its job
 /// instead (gone, or changed since).
 fn copy_reused(run_dir: &Path, graph: &Graph, t: usize, found: &Reusable) -> Vec<Option<String>> {
+    // Into object storage, each reused output is fetched from its job: free, and create-only.
+    if is_object_url(&run_dir.to_string_lossy()) {
+        return vec![None; found.outputs.len()];
+    }
     let dir = RunDir::at(run_dir).item(&graph.item_dir(graph.task(t).instance));
     found
         .outputs

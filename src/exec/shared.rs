@@ -11,7 +11,7 @@ use crate::api::fetch::DOWNLOAD_TRIES;
 use crate::api::{ApiError, Client, Downloader, RetryPolicy};
 use crate::exec::Config;
 use crate::exec::limiter::PaidLimiter;
-use crate::layout::RunDir;
+use crate::place::Place;
 use crate::plan::graph::Graph;
 use crate::store::{Store, UrlIssued, now_ms};
 
@@ -35,7 +35,8 @@ pub(super) struct Shared {
     pub store: Store,
     pub graph: Arc<Graph>,
     pub run_id: String,
-    pub run_dir: RunDir,
+    /// The run directory, where the outputs go.
+    pub place: Place,
     pub limiter: PaidLimiter,
     pub downloads: Semaphore,
     pub url_ttl: Duration,
@@ -66,7 +67,7 @@ impl Shared {
             store,
             graph,
             run_id: config.run_id.clone(),
-            run_dir: RunDir::at(config.run_dir.clone()),
+            place: config.place.clone(),
             limiter: PaidLimiter::new(config.rate),
             downloads: Semaphore::new(config.download_concurrency.max(1)),
             url_ttl: config.url_ttl,

@@ -10,6 +10,7 @@ mod links;
 pub mod live;
 mod model;
 mod pages;
+mod remote;
 pub mod summary;
 pub mod thumbs;
 
@@ -66,6 +67,31 @@ pub async fn write(
     out: Option<&Path>,
     observed: Observed,
 ) -> Result<Written, Error> {
+    if crate::place::is_object_url(&run.dir().to_string_lossy()) {
+        return remote::write(store, run, out, observed).await;
+    }
+    if let Some(o) = out.filter(|o| crate::place::is_object_url(&o.to_string_lossy())) {
+        return Err(Error::usage(
+            format!(
+                "--out {}: run {} is in a local directory, and so is its report",
+                o.display(),
+                run.id
+            ),
+            Some("give a local file"),
+        ));
+    }
+    write_local(store, run, out, observed, None).await
+}
+
+/// [`write`] into a local directory; `rebase` turns recorded output paths starting with its
+/// first part into paths under its second (a run in object storage, staged locally).
+async fn write_local(
+    store: &Store,
+    run: RunRow,
+    out: Option<&Path>,
+    observed: Observed,
+    rebase: Option<(&str, &Path)>,
+) -> Result<Written, Error> {
     let run_dir = RunDir::at(run.dir());
     let out = out.map_or_else(|| run_dir.report(), Path::to_owned);
     let out = links::normal(&out);
@@ -97,7 +123,12 @@ pub async fn write(
     let mut on_page: Vec<ReportRow> = Vec::new();
     let mut items = 0;
     let mut item: Option<String> = None;
-    while let Some(row) = rows.try_next().await? {
+    while let Some(mut row) = rows.try_next().await? {
+        if let (Some((from, to)), Some(o)) = (rebase, row.output.as_mut())
+            && let Some(rel) = o.path.as_deref().and_then(|p| under(p, from))
+        {
+            o.path = Some(to.join(rel).to_string_lossy().into_owned());
+        }
         if item.as_deref() != Some(row.task.item.as_str()) {
             if items == PER_PAGE {
                 book.page(page, std::mem::take(&mut on_page)).await?;
@@ -127,6 +158,12 @@ pub async fn write(
         bytes: book.bytes,
         observed: shared.observed.clone(),
     })
+}
+
+/// `path` relative to `dir`, when it lies under it (`s3://b/r/a.png` under `s3://b/r`, not
+/// under `s3://b/r2`).
+fn under<'a>(path: &'a str, dir: &str) -> Option<&'a str> {
+    path.strip_prefix(dir)?.strip_prefix('/')
 }
 
 fn cannot_write(path: &Path, e: &dyn std::fmt::Display) -> Error {
@@ -345,4 +382,16 @@ fn refuse_foreign(out: &Path) -> Result<(), Error> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_output_is_under_its_run_only_past_a_slash() {
+        assert_eq!(under("s3://b/p/r/a/x.png", "s3://b/p/r"), Some("a/x.png"));
+        assert_eq!(under("s3://b/p/r2/a/x.png", "s3://b/p/r"), None);
+        assert_eq!(under("/out/r/a.png", "/elsewhere"), None);
+    }
 }

@@ -318,6 +318,7 @@ impl Runner<'_> {
         exec::Config {
             run_id: run.id.clone(),
             run_dir: run.dir.clone(),
+            place: run.place.clone(),
             concurrency: s.concurrency.unwrap_or(DEFAULT_CONCURRENCY),
             rate: s.rate,
             download_concurrency: s.download_concurrency,

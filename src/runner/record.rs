@@ -8,6 +8,7 @@ use crate::error::Error;
 use crate::exec;
 use crate::pipeline::Pipeline;
 use crate::pipeline::items::check_id;
+use crate::place::Place;
 use crate::plan::Balance;
 use crate::plan::document::PlanDocument;
 use crate::plan::graph::{Graph, Instance};
@@ -18,6 +19,8 @@ use crate::store::{NewRun, NewTask, RunRow, RunStatus, Store};
 pub struct OpenRun {
     pub id: String,
     pub dir: PathBuf,
+    /// `dir` opened: a local directory or a prefix in object storage.
+    pub place: Place,
     /// Credits this run was billed, or may have been, before now.
     pub billed: u64,
 }
@@ -52,7 +55,13 @@ pub async fn create(
     out_dir: &Path,
 ) -> Result<OpenRun, Error> {
     check_run_id(id)?;
-    let out_dir = std::path::absolute(out_dir).map_err(|e| {
+    // An object URL is absolute already; a relative path is made absolute against here.
+    let absolute = if crate::place::is_object_url(&out_dir.to_string_lossy()) {
+        Ok(out_dir.to_path_buf())
+    } else {
+        std::path::absolute(out_dir)
+    };
+    let out_dir = absolute.map_err(|e| {
         Error::usage(
             format!(
                 "cannot resolve the output directory {}: {e}",
@@ -61,6 +70,8 @@ pub async fn create(
             None,
         )
     })?;
+    let dir = crate::layout::RunDir::new(&out_dir, id).into_path();
+    let place = open_place(&dir).await?;
     let file = std::path::absolute(&pipeline.file)
         .map_or_else(|_| pipeline.file.clone(), |p| p.display().to_string());
     let text = std::fs::read(&pipeline.file)
@@ -89,19 +100,38 @@ pub async fn create(
         )
         .await?;
     Ok(OpenRun {
-        dir: crate::layout::RunDir::new(&out_dir, id).into_path(),
+        dir,
+        place,
         id: id.to_owned(),
         billed: 0,
     })
 }
 
+/// The run directory opened and asked, before anything is recorded or paid for: an object
+/// store the environment cannot reach the way it is set is said now, not after the first bill.
+async fn open_place(dir: &Path) -> Result<Place, Error> {
+    let refused = |e: crate::place::ObjectError| {
+        Error::usage(
+            e.to_string(),
+            Some(
+                "the store is set by AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION and AWS_ENDPOINT in the environment; a run needs s3:GetObject, s3:PutObject, s3:DeleteObject and s3:ListBucket on its prefix",
+            ),
+        )
+    };
+    let place = Place::of(dir).map_err(refused)?;
+    place.check().await.map_err(refused)?;
+    Ok(place)
+}
+
 /// A recorded run, marked running again.
 pub async fn reopen(store: &Store, row: &RunRow) -> Result<OpenRun, Error> {
+    let place = open_place(&row.dir()).await?;
     let billed = admit::spent(store, &row.id).await?;
     store
         .set_run_status(&row.id, RunStatus::Running, None, None)
         .await?;
     Ok(OpenRun {
+        place,
         dir: row.dir(),
         id: row.id.clone(),
         billed,

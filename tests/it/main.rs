@@ -13,6 +13,7 @@ mod common;
 mod crash;
 mod fuzz;
 mod hostile;
+mod objects;
 mod places;
 mod plan;
 mod postgres;

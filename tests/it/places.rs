@@ -47,7 +47,7 @@ async fn a_url_given_for_state_or_outputs_is_refused_and_nothing_is_created() {
                 "--state",
                 state,
                 "--out",
-                "s3://shots/full",
+                "ftp://shots/full",
             ],
             "the output place",
         ),
@@ -137,14 +137,14 @@ async fn an_output_dir_url_in_a_pipeline_file_is_an_error_at_its_line() {
     let cwd = dir.path();
     let text = PIPELINE.replace(
         "name: places\n",
-        "name: places\noutput_dir: s3://shots/full\n",
+        "name: places\noutput_dir: ftp://shots/full\n",
     );
     std::fs::write(cwd.join("p.yaml"), text).unwrap();
     let o = imgpipe(None, &["validate", "p.yaml"], cwd).await;
     assert_exit_without_panic(&o, 2);
     let err = format!("{}{}", stdout(&o), stderr(&o));
     assert!(
-        err.contains("p.yaml:3:") && err.contains("output_dir `s3://shots/full` is a s3:// URL"),
+        err.contains("p.yaml:3:") && err.contains("output_dir `ftp://shots/full` is a ftp:// URL"),
         "{err}"
     );
     let o = imgpipe(

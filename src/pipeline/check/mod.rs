@@ -77,10 +77,19 @@ pub fn check(
         name: spec.name.trim().to_owned(),
         file: src.file.to_owned(),
         text_sha256: src.text_sha256.clone(),
-        output_dir: src.dir.join(spec.output_dir.as_deref().map_or_else(
-            || "out".into(),
-            |d| crate::layout::local_path(d, "output_dir").unwrap_or_else(|_| d.into()),
-        )),
+        // An object URL is kept whole; joining it would make it a path under the file's
+        // directory.
+        output_dir: spec.output_dir.as_deref().map_or_else(
+            || src.dir.join("out"),
+            |d| {
+                let dir = crate::place::output_place(d, "output_dir").unwrap_or_else(|_| d.into());
+                if crate::place::is_object_url(&dir.to_string_lossy()) {
+                    dir
+                } else {
+                    src.dir.join(dir)
+                }
+            },
+        ),
         max_credits: spec.budget.as_ref().map(|b| b.max_credits),
         generation_price: spec.pricing.as_ref().map(|p| p.generation),
         concurrency: spec.concurrency.and_then(NonZeroU32::new),
@@ -179,7 +188,7 @@ impl Checker<'_> {
             self.error(mark, "output_dir is a path, not a template; outputs already go to <output_dir>/<run>/<item>/");
         }
         if let Some(dir) = spec.output_dir.as_deref()
-            && let Err(why) = crate::layout::local_path(dir, "output_dir")
+            && let Err(why) = crate::place::output_place(dir, "output_dir")
         {
             let mark = self.at(&["output_dir"]);
             self.error(mark, why);

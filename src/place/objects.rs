@@ -1,0 +1,437 @@
+//! A prefix in an S3-compatible bucket, through `object_store`: outputs written create-only
+//! with their sha256 as object metadata, run files (manifest, report, thumbnails) replaced
+//! whole, and every error scrubbed of anything that could be a credential.
+
+use std::collections::HashMap;
+use std::path::Path as FsPath;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use object_store::aws::AmazonS3Builder;
+use object_store::client::{
+    ClientOptions, HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse, HttpService,
+    ReqwestConnector,
+};
+use object_store::path::Path as Key;
+use object_store::{
+    Attribute, Attributes, GetOptions, ObjectStore, ObjectStoreExt, PutMode, PutMultipartOptions,
+    PutOptions, PutPayload, RetryConfig, WriteMultipart,
+};
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncReadExt;
+
+use super::ObjectUrl;
+
+/// The metadata an output's sha256 is kept under (`x-amz-meta-sha256` on S3), so resuming
+/// checks an object with a HEAD rather than reading it whole.
+const SHA256_META: &str = "sha256";
+
+/// Parts of a large upload: S3's minimum is 5 MiB; 8 MiB keeps a few parts in flight cheap.
+const PART_BYTES: usize = 8 * 1024 * 1024;
+/// Parts of one upload in flight at once.
+const PARTS_IN_FLIGHT: usize = 2;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ObjectError {
+    /// The URL or the environment cannot make a store.
+    #[error("{0}")]
+    Config(String),
+    /// An object already there holds other bytes: it is never replaced.
+    #[error("refusing to overwrite {url}: it holds other bytes than this download")]
+    Exists { url: String },
+    #[error("{what} {url}: {reason}")]
+    Request {
+        what: &'static str,
+        url: String,
+        reason: String,
+    },
+}
+
+/// What is at a key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stat {
+    pub bytes: u64,
+    /// The sha256 recorded in the object's metadata, when it has one.
+    pub sha256: Option<String>,
+}
+
+/// A prefix in a bucket. Cheap to clone: the store is shared by every prefix of its bucket.
+#[derive(Clone)]
+pub struct Objects {
+    store: Arc<dyn ObjectStore>,
+    bucket: String,
+    prefix: Key,
+}
+
+impl std::fmt::Debug for Objects {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Objects({})", self.url())
+    }
+}
+
+impl Objects {
+    /// The prefix `url` names, its bucket's store opened once per process (opening reads the
+    /// environment and makes no request).
+    pub fn open(url: &ObjectUrl) -> Result<Objects, ObjectError> {
+        static STORES: OnceLock<Mutex<HashMap<String, Arc<dyn ObjectStore>>>> = OnceLock::new();
+        let mut stores = STORES
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let store = match stores.get(&url.bucket) {
+            Some(store) => Arc::clone(store),
+            None => {
+                let store: Arc<dyn ObjectStore> = Arc::new(
+                    AmazonS3Builder::from_env()
+                        .with_bucket_name(&url.bucket)
+                        .with_http_connector(CreateOnlyConnector)
+                        .with_retry(RetryConfig {
+                            max_retries: 3,
+                            retry_timeout: Duration::from_secs(60),
+                            ..RetryConfig::default()
+                        })
+                        .build()
+                        .map_err(|e| {
+                            ObjectError::Config(format!(
+                                "cannot use s3://{}: {}; set AWS_REGION (and AWS_ENDPOINT for an S3-compatible store) in the environment",
+                                url.bucket,
+                                scrub(&e.to_string())
+                            ))
+                        })?,
+                );
+                stores.insert(url.bucket.clone(), Arc::clone(&store));
+                store
+            }
+        };
+        Ok(Objects {
+            store,
+            bucket: url.bucket.clone(),
+            prefix: Key::from(url.key.as_str()),
+        })
+    }
+
+    /// The object store and key a recorded output URL names.
+    pub fn at_url(url: &str) -> Result<(Objects, Key), ObjectError> {
+        let parsed = ObjectUrl::parse(url)
+            .unwrap_or_else(|| Err(format!("`{url}` is not an s3:// URL")))
+            .map_err(ObjectError::Config)?;
+        let key = Key::from(parsed.key.as_str());
+        let root = ObjectUrl {
+            bucket: parsed.bucket,
+            key: String::new(),
+        };
+        Ok((Objects::open(&root)?, key))
+    }
+
+    pub fn url(&self) -> String {
+        self.key_url(&self.prefix)
+    }
+
+    pub fn key_url(&self, key: &Key) -> String {
+        ObjectUrl {
+            bucket: self.bucket.clone(),
+            key: key.to_string(),
+        }
+        .to_url()
+    }
+
+    pub fn child(&self, name: &str) -> Objects {
+        Objects {
+            prefix: self.key(name),
+            ..self.clone()
+        }
+    }
+
+    /// The key of `name` under this prefix (`name` may have `/` between segments).
+    pub fn key(&self, name: &str) -> Key {
+        name.split('/')
+            .filter(|s| !s.is_empty())
+            .fold(self.prefix.clone(), |key, seg| key.clone().join(seg))
+    }
+
+    /// The key of this prefix itself.
+    pub fn prefix(&self) -> &Key {
+        &self.prefix
+    }
+
+    fn error(&self, what: &'static str, key: &Key, e: &object_store::Error) -> ObjectError {
+        let hint = match e {
+            object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. } => {
+                "; check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT, AWS_REGION)"
+            }
+            _ => "",
+        };
+        ObjectError::Request {
+            what,
+            url: self.key_url(key),
+            reason: format!("{}{hint}", scrub(&e.to_string())),
+        }
+    }
+
+    /// Writes `body` at `key` only if nothing is there yet (a PUT with `If-None-Match: *`),
+    /// its sha256 kept as metadata. An object already there with the very same sha256 is an
+    /// upload done before (a crash between the upload and the record): not an error.
+    pub async fn put_new(
+        &self,
+        key: &Key,
+        body: PutPayload,
+        sha256: &str,
+    ) -> Result<(), ObjectError> {
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            attributes: sha_attributes(sha256),
+            ..PutOptions::default()
+        };
+        match self.store.put_opts(key, body, opts).await {
+            Ok(_) => Ok(()),
+            Err(
+                object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. },
+            ) => self.same_or_foreign(key, sha256).await,
+            Err(e) => Err(self.error("cannot write", key, &e)),
+        }
+    }
+
+    /// Uploads a file too large to hold in parts; the upload becomes visible under `key` only
+    /// when complete, and its completion is create-only (see [`CreateOnlyConnector`]).
+    pub async fn put_new_file(
+        &self,
+        key: &Key,
+        file: &FsPath,
+        sha256: &str,
+    ) -> Result<(), ObjectError> {
+        let opts = PutMultipartOptions {
+            attributes: sha_attributes(sha256),
+            ..PutMultipartOptions::default()
+        };
+        let upload = self
+            .store
+            .put_multipart_opts(key, opts)
+            .await
+            .map_err(|e| self.error("cannot start uploading", key, &e))?;
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
+        let io = |e: std::io::Error| ObjectError::Request {
+            what: "cannot read the download for",
+            url: self.key_url(key),
+            reason: e.to_string(),
+        };
+        let mut source = tokio::fs::File::open(file).await.map_err(io)?;
+        let mut buf = vec![0u8; PART_BYTES];
+        loop {
+            if let Err(e) = writer.wait_for_capacity(PARTS_IN_FLIGHT).await {
+                let error = self.error("cannot write", key, &e);
+                let _ = writer.abort().await;
+                return Err(error);
+            }
+            let n = match source.read(&mut buf).await {
+                Ok(n) => n,
+                Err(e) => {
+                    let _ = writer.abort().await;
+                    return Err(io(e));
+                }
+            };
+            if n == 0 {
+                break;
+            }
+            writer.write(&buf[..n]);
+        }
+        match writer.finish().await {
+            Ok(_) => Ok(()),
+            Err(
+                object_store::Error::Precondition { .. }
+                | object_store::Error::AlreadyExists { .. },
+            ) => self.same_or_foreign(key, sha256).await,
+            Err(e) => Err(self.error("cannot write", key, &e)),
+        }
+    }
+
+    /// After a create-only write was refused: the object there is ours (same sha256, by its
+    /// metadata or, without it, by its bytes) or someone else's.
+    async fn same_or_foreign(&self, key: &Key, sha256: &str) -> Result<(), ObjectError> {
+        let same = match self.stat(key).await? {
+            Some(Stat {
+                sha256: Some(theirs),
+                ..
+            }) => theirs.eq_ignore_ascii_case(sha256),
+            Some(_) => self
+                .read(key)
+                .await?
+                .is_some_and(|b| hex::encode(Sha256::digest(&b)) == sha256),
+            None => false,
+        };
+        if same {
+            Ok(())
+        } else {
+            Err(ObjectError::Exists {
+                url: self.key_url(key),
+            })
+        }
+    }
+
+    /// A HEAD of the manifest's key: an answer, even "not found", says the endpoint, the
+    /// bucket and the credentials work; a refusal or no answer is said before a run pays.
+    pub async fn check(&self) -> Result<(), ObjectError> {
+        self.stat(&self.key(crate::layout::MANIFEST))
+            .await
+            .map(|_| ())
+    }
+
+    /// The size and recorded sha256 of the object at `key`; `None` when there is none.
+    pub async fn stat(&self, key: &Key) -> Result<Option<Stat>, ObjectError> {
+        let opts = GetOptions {
+            head: true,
+            ..GetOptions::default()
+        };
+        match self.store.get_opts(key, opts).await {
+            Ok(found) => Ok(Some(Stat {
+                bytes: found.meta.size,
+                sha256: found
+                    .attributes
+                    .get(&Attribute::Metadata(SHA256_META.into()))
+                    .map(|v| v.to_string()),
+            })),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.error("cannot look at", key, &e)),
+        }
+    }
+
+    /// The whole object at `key`; `None` when there is none.
+    pub async fn read(&self, key: &Key) -> Result<Option<Bytes>, ObjectError> {
+        let found = match self.store.get(key).await {
+            Ok(found) => found,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(self.error("cannot read", key, &e)),
+        };
+        found
+            .bytes()
+            .await
+            .map(Some)
+            .map_err(|e| self.error("cannot read", key, &e))
+    }
+
+    /// Writes a run file (manifest, report page, thumbnail) whole, replacing the one before:
+    /// a single PUT, so a reader sees the old file or the new one, never half of one.
+    pub async fn replace(&self, key: &Key, body: impl Into<PutPayload>) -> Result<(), ObjectError> {
+        self.store
+            .put(key, body.into())
+            .await
+            .map(|_| ())
+            .map_err(|e| self.error("cannot write", key, &e))
+    }
+
+    pub async fn delete(&self, key: &Key) -> Result<(), ObjectError> {
+        match self.store.delete(key).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.error("cannot remove", key, &e)),
+        }
+    }
+
+    /// The names of the objects directly under `dir` (a prefix of this one).
+    pub async fn names(&self, dir: &Key) -> Result<Vec<String>, ObjectError> {
+        let listed = self
+            .store
+            .list_with_delimiter(Some(dir))
+            .await
+            .map_err(|e| self.error("cannot list", dir, &e))?;
+        Ok(listed
+            .objects
+            .into_iter()
+            .filter_map(|o| o.location.filename().map(str::to_owned))
+            .collect())
+    }
+}
+
+fn sha_attributes(sha256: &str) -> Attributes {
+    let mut attributes = Attributes::new();
+    attributes.insert(
+        Attribute::Metadata(SHA256_META.into()),
+        sha256.to_owned().into(),
+    );
+    attributes
+}
+
+/// An error's text with what could be a credential taken out: query parameters of signed
+/// URLs (`X-Amz-Credential`, `X-Amz-Signature`, `X-Amz-Security-Token`, …), and the keys or
+/// session token of the environment, should a message ever quote them (a store's answer to
+/// a refused signature may quote the access key id).
+pub(crate) fn scrub(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find("X-Amz-").or_else(|| rest.find("x-amz-")) {
+        out.push_str(&rest[..at]);
+        let end = rest[at..]
+            .find(|c: char| c == '&' || c == '"' || c == '\'' || c.is_whitespace() || c == ',')
+            .map_or(rest.len(), |n| at + n);
+        let name = rest[at..end].split('=').next().unwrap_or_default();
+        out.push_str(name);
+        if rest[at..end].contains('=') {
+            out.push_str("=[hidden]");
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    for var in [
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_ACCESS_KEY_ID",
+    ] {
+        if let Ok(secret) = std::env::var(var)
+            && secret.len() >= 8
+        {
+            out = out.replace(&secret, "[hidden]");
+        }
+    }
+    out
+}
+
+/// The HTTP client of every store: object_store's own, with `If-None-Match: *` added to
+/// each multipart upload's completion (`POST …?uploadId=…`). Without it a completion replaces
+/// whatever is under the key; with it the store answers 412 when something is, so a large
+/// output is as create-only as a small one's single PUT. The header is not signed, which
+/// SigV4 allows.
+#[derive(Debug)]
+struct CreateOnlyConnector;
+
+impl HttpConnector for CreateOnlyConnector {
+    fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {
+        let inner = ReqwestConnector::default().connect(options)?;
+        Ok(HttpClient::new(CreateOnlyCompletion(inner)))
+    }
+}
+
+#[derive(Debug)]
+struct CreateOnlyCompletion(HttpClient);
+
+#[async_trait::async_trait]
+impl HttpService for CreateOnlyCompletion {
+    async fn call(&self, mut req: HttpRequest) -> Result<HttpResponse, HttpError> {
+        let completes = req.method() == http::Method::POST
+            && req
+                .uri()
+                .query()
+                .is_some_and(|q| q.split('&').any(|p| p.starts_with("uploadId=")));
+        if completes {
+            req.headers_mut().insert(
+                http::header::IF_NONE_MATCH,
+                http::HeaderValue::from_static("*"),
+            );
+        }
+        self.0.execute(req).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signed_query_parameters_never_reach_a_message() {
+        let said = scrub(
+            "GET http://h/b/k?X-Amz-Credential=AKIA%2F2026&X-Amz-Signature=abc123 failed, retry",
+        );
+        assert!(!said.contains("AKIA") && !said.contains("abc123"), "{said}");
+        assert!(said.contains("X-Amz-Signature=[hidden]") && said.ends_with("failed, retry"));
+    }
+}

@@ -1,0 +1,622 @@
+//! Outputs in object storage: runs with `--out s3://bucket/prefix` against an S3-compatible
+//! server in the test process (s3s-fs on 127.0.0.1, buckets as directories), with the
+//! credentials in the environment as a user would set them. The server can cut the uploads
+//! to one key, as a network or a store failing mid-request would.
+
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path as Key;
+use object_store::{Attribute, GetOptions, ObjectStore, ObjectStoreExt};
+
+use crate::common::*;
+use crate::run::{config, state_path, write};
+
+const ACCESS_KEY: &str = "AKIAIMGPIPETEST";
+const SECRET_KEY: &str = "imgpipe-test-secret-never-shown";
+const BUCKET: &str = "shots";
+
+/// Three items, one generated image each.
+const PIPELINE: &str = "version: 1
+name: objects
+pricing: { generation: 4 }
+items:
+  - { id: a }
+  - { id: b }
+  - { id: c }
+steps:
+  - id: shot
+    generate: { prompt: \"a mug\", n: 1, size: 2K }
+";
+
+/// An S3-compatible server on loopback, stopped when dropped.
+struct S3 {
+    port: u16,
+    root: tempfile::TempDir,
+    /// PUTs whose path holds this are cut: the connection is dropped before any answer.
+    cut: Arc<Mutex<Option<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for S3 {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// s3s-fs's service, with uploads to a chosen key cut.
+#[derive(Clone)]
+struct Cutting {
+    inner: s3s::service::S3Service,
+    cut: Arc<Mutex<Option<String>>>,
+}
+
+type Answer = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<s3s::HttpResponse, s3s::HttpError>> + Send>,
+>;
+
+impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Cutting {
+    type Response = s3s::HttpResponse;
+    type Error = s3s::HttpError;
+    type Future = Answer;
+
+    fn call(&self, req: http::Request<hyper::body::Incoming>) -> Answer {
+        let cut = self.cut.lock().unwrap().clone();
+        if req.method() == http::Method::PUT
+            && cut.is_some_and(|c| req.uri().path().contains(c.as_str()))
+        {
+            return Box::pin(async {
+                Err(s3s::HttpError::new(Box::new(std::io::Error::other(
+                    "upload cut by the test",
+                ))))
+            });
+        }
+        hyper::service::Service::call(&self.inner, req)
+    }
+}
+
+impl S3 {
+    async fn start() -> S3 {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join(BUCKET)).unwrap();
+        let fs = s3s_fs::FileSystem::new(root.path()).unwrap();
+        let mut builder = s3s::service::S3ServiceBuilder::new(fs);
+        builder.set_auth(s3s::auth::SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
+        let cut = Arc::new(Mutex::new(None));
+        let service = Cutting {
+            inner: builder.build(),
+            cut: Arc::clone(&cut),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let service = service.clone();
+                tokio::spawn(async move {
+                    let _ = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+                });
+            }
+        });
+        S3 {
+            port,
+            root,
+            cut,
+            task,
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The environment a user sets for an S3-compatible store.
+    fn env(&self, cmd: &mut tokio::process::Command) {
+        cmd.env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ENDPOINT", self.endpoint())
+            .env("AWS_ALLOW_HTTP", "true")
+            .env_remove("AWS_SESSION_TOKEN")
+            .env_remove("AWS_PROFILE");
+    }
+
+    /// The test's own client of the bucket.
+    fn store(&self) -> Arc<dyn ObjectStore> {
+        Arc::new(
+            AmazonS3Builder::new()
+                .with_endpoint(self.endpoint())
+                .with_allow_http(true)
+                .with_region("us-east-1")
+                .with_bucket_name(BUCKET)
+                .with_access_key_id(ACCESS_KEY)
+                .with_secret_access_key(SECRET_KEY)
+                .build()
+                .unwrap(),
+        )
+    }
+
+    /// An object's file on the server's disk.
+    fn file(&self, key: &str) -> PathBuf {
+        self.root.path().join(BUCKET).join(key)
+    }
+
+    fn cut_uploads_to(&self, key: Option<&str>) {
+        *self.cut.lock().unwrap() = key.map(str::to_owned);
+    }
+}
+
+fn imgpipe_s3(env: &Env, s3: &S3, dir: &Path, args: &[&str]) -> tokio::process::Command {
+    let state = state_path(dir).to_string_lossy().into_owned();
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--state", &state]);
+    if matches!(args.first(), Some(&("run" | "resume"))) {
+        all.extend_from_slice(&["--retry-base-ms", "20"]);
+    }
+    let mut cmd = command(&all, dir);
+    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
+        .env("IMGPIPE_API_KEY", env.sandbox.key());
+    s3.env(&mut cmd);
+    cmd
+}
+
+/// The outputs recorded in the state database: item, path, sha256, bytes, download error.
+#[derive(Debug, Clone)]
+struct Recorded {
+    item: String,
+    path: Option<String>,
+    sha256: Option<String>,
+    bytes: Option<i64>,
+    error: Option<String>,
+}
+
+async fn outputs(dir: &Path) -> Vec<Recorded> {
+    use sqlx::{ConnectOptions, Connection, Row};
+    let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(state_path(dir))
+        .read_only(true)
+        .connect()
+        .await
+        .unwrap();
+    let rows = sqlx::query(
+        "SELECT t.item, o.path, o.sha256, o.bytes, o.download_error FROM outputs o
+         JOIN tasks t ON t.id = o.task_id ORDER BY t.item",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    let _ = conn.close().await;
+    rows.iter()
+        .map(|r| Recorded {
+            item: r.get(0),
+            path: r.get(1),
+            sha256: r.get(2),
+            bytes: r.get(3),
+            error: r.get(4),
+        })
+        .collect()
+}
+
+/// The key of a recorded `s3://shots/…` URL.
+fn key_of(url: &str) -> Key {
+    Key::from(url.strip_prefix("s3://shots/").expect("an object URL"))
+}
+
+/// Every recorded output is an object of the recorded bytes and sha256, which its metadata
+/// says too.
+async fn assert_objects_agree(s3: &S3, recorded: &[Recorded], prefix: &str) {
+    assert_objects_agree_as(s3, recorded, prefix, false).await;
+}
+
+/// [`assert_objects_agree`]; with `killed`, an object may lack its metadata: s3s-fs puts an
+/// object's file in place before its metadata, so a PUT whose client was killed in between
+/// leaves the bytes alone (an S3 PUT is all or nothing). The resume then finds the same bytes
+/// there by reading them, and keeps them.
+async fn assert_objects_agree_as(s3: &S3, recorded: &[Recorded], prefix: &str, killed: bool) {
+    let store = s3.store();
+    for o in recorded {
+        let url = o.path.as_deref().unwrap_or_else(|| panic!("{o:?}"));
+        assert!(url.starts_with(prefix), "{url}");
+        let found = store
+            .get_opts(&key_of(url), GetOptions::default())
+            .await
+            .unwrap();
+        let meta = found
+            .attributes
+            .get(&Attribute::Metadata("sha256".into()))
+            .map(|v| v.to_string());
+        let body = found.bytes().await.unwrap();
+        assert_eq!(Some(sha256_hex(&body)), o.sha256, "{url}");
+        if !(killed && meta.is_none()) {
+            assert_eq!(meta, o.sha256, "{url}");
+        }
+        assert_eq!(Some(body.len() as i64), o.bytes, "{url}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_into_a_bucket_writes_every_output_with_its_sha256_and_the_manifest() {
+    let env = start(config()).await;
+    let s3 = S3::start().await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", PIPELINE);
+    let o = finish(imgpipe_s3(
+        &env,
+        &s3,
+        dir,
+        &[
+            "run",
+            "p.yaml",
+            "--run-id",
+            "r",
+            "--out",
+            "s3://shots/runs/",
+            "--report",
+        ],
+    ))
+    .await;
+    assert_exit_without_panic(&o, 0);
+    let recorded = outputs(dir).await;
+    assert_eq!(recorded.len(), 3, "{recorded:?}");
+    assert_objects_agree(&s3, &recorded, "s3://shots/runs/r/").await;
+    assert_eq!(
+        recorded[0].path.as_deref(),
+        Some("s3://shots/runs/r/a/shot.png")
+    );
+    let manifest = std::fs::read_to_string(s3.file("runs/r/manifest.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> = manifest
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3, "{manifest}");
+    assert_eq!(lines[0]["path"], "a/shot.png", "{manifest}");
+    // The report sits under the run's prefix, its links relative to it, the thumbnails
+    // beside the outputs.
+    let page = std::fs::read_to_string(s3.file("runs/r/report.html")).unwrap();
+    assert!(page.contains("href=\"a/shot.png\""), "{page}");
+    assert!(page.contains("s3://shots/runs/r"), "{page}");
+    assert!(!page.contains(&dir.display().to_string()));
+    let thumbs = std::fs::read_dir(s3.file("runs/r/_thumbs"))
+        .unwrap()
+        .count();
+    let images: std::collections::BTreeSet<_> = recorded.iter().map(|o| &o.sha256).collect();
+    assert_eq!(
+        thumbs,
+        images.len(),
+        "a thumbnail per image, named by its sha256"
+    );
+    let o = finish(imgpipe_s3(
+        &env,
+        &s3,
+        dir,
+        &["report", "r", "--out", "page.html"],
+    ))
+    .await;
+    assert_exit_without_panic(&o, 0);
+    let local = std::fs::read_to_string(dir.join("page.html")).unwrap();
+    assert!(local.contains("href=\"a/shot.png\""), "{local}");
+    // Nothing was made locally under a name that looks like the URL.
+    assert!(!dir.join("s3:").exists());
+    let said = both(&o);
+    assert!(!said.contains(SECRET_KEY), "{said}");
+    // The status shows where the outputs are.
+    let o = finish(imgpipe_s3(&env, &s3, dir, &["status", "r", "--json"])).await;
+    assert_exit_without_panic(&o, 0);
+    assert_eq!(json_stdout(&o)["output_dir"], "s3://shots/runs/r");
+}
+
+fn both(o: &Output) -> String {
+    format!("{}\n{}", stdout(o), stderr(o))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_foreign_object_at_an_output_key_is_never_replaced() {
+    let env = start(config()).await;
+    let s3 = S3::start().await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", PIPELINE);
+    let foreign = b"someone else's object".to_vec();
+    s3.store()
+        .put(&Key::from("runs/r/b/shot.png"), foreign.clone().into())
+        .await
+        .unwrap();
+    let o = finish(imgpipe_s3(
+        &env,
+        &s3,
+        dir,
+        &["run", "p.yaml", "--run-id", "r", "--out", "s3://shots/runs"],
+    ))
+    .await;
+    assert_exit_without_panic(&o, 4);
+    let said = both(&o);
+    assert!(
+        said.contains("refusing to overwrite s3://shots/runs/r/b/shot.png"),
+        "{said}"
+    );
+    assert_eq!(
+        std::fs::read(s3.file("runs/r/b/shot.png")).unwrap(),
+        foreign
+    );
+    let recorded = outputs(dir).await;
+    let b = recorded.iter().find(|o| o.item == "b").unwrap();
+    assert_eq!(b.path, None, "{b:?}");
+    assert!(
+        b.error
+            .as_deref()
+            .unwrap()
+            .contains("refusing to overwrite"),
+        "{b:?}"
+    );
+    let others: Vec<Recorded> = recorded.into_iter().filter(|o| o.item != "b").collect();
+    assert_objects_agree(&s3, &others, "s3://shots/runs/r/").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upload_cut_leaves_no_object_and_the_resume_uploads_it_without_paying_again() {
+    let env = start(config()).await;
+    let s3 = S3::start().await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", PIPELINE);
+    s3.cut_uploads_to(Some("runs/r/c/"));
+    let o = finish(imgpipe_s3(
+        &env,
+        &s3,
+        dir,
+        &["run", "p.yaml", "--run-id", "r", "--out", "s3://shots/runs"],
+    ))
+    .await;
+    assert_exit_without_panic(&o, 4);
+    assert!(!s3.file("runs/r/c/shot.png").exists());
+    let recorded = outputs(dir).await;
+    let c = recorded.iter().find(|o| o.item == "c").unwrap();
+    assert_eq!(c.path, None, "{c:?}");
+    assert!(c.error.is_some(), "{c:?}");
+    let said = both(&o);
+    assert!(!said.contains(SECRET_KEY), "{said}");
+    let billed = env.sandbox.ledger().len();
+    assert_eq!(billed, 3);
+
+    s3.cut_uploads_to(None);
+    let o = finish(imgpipe_s3(&env, &s3, dir, &["resume", "r"])).await;
+    assert_exit_without_panic(&o, 0);
+    assert_eq!(env.sandbox.ledger().len(), billed, "nothing paid again");
+    assert_objects_agree(&s3, &outputs(dir).await, "s3://shots/runs/r/").await;
+}
+
+/// Waits (at most 10 s) until `cond` holds.
+async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn killed_then_resumed_a_deleted_object_is_fetched_again_and_a_modified_one_kept_aside() {
+    let env = start(crate::resume::sandbox_with_latency(150)).await;
+    let s3 = S3::start().await;
+    let dir = env.dir.path();
+    let items: String = (0..8).map(|i| format!("  - {{ id: i{i} }}\n")).collect();
+    write(
+        dir,
+        "p.yaml",
+        &PIPELINE.replace("  - { id: a }\n  - { id: b }\n  - { id: c }\n", &items),
+    );
+    let mut child = imgpipe_s3(
+        &env,
+        &s3,
+        dir,
+        &[
+            "run",
+            "p.yaml",
+            "--run-id",
+            "r",
+            "--out",
+            "s3://shots/runs",
+            "--concurrency",
+            "1",
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    wait_until("three calls billed", || env.sandbox.ledger().len() >= 3).await;
+    // Until the first three outputs are in the bucket.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while outputs(dir)
+        .await
+        .iter()
+        .filter(|o| o.path.is_some())
+        .count()
+        < 2
+    {
+        assert!(Instant::now() < deadline, "outputs recorded");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    child.kill().await.unwrap();
+    // A call in flight at the kill finishes on the server's side.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let before = env.sandbox.ledger().len();
+    let done: Vec<Recorded> = outputs(dir)
+        .await
+        .into_iter()
+        .filter(|o| o.path.is_some())
+        .collect();
+    let (deleted, modified) = (&done[0], &done[1]);
+    let store = s3.store();
+    store
+        .delete(&key_of(deleted.path.as_deref().unwrap()))
+        .await
+        .unwrap();
+    let users = b"the user's own edit".to_vec();
+    let modified_key = key_of(modified.path.as_deref().unwrap());
+    store
+        .put(&modified_key, users.clone().into())
+        .await
+        .unwrap();
+
+    // The dry run finds both by their HEAD and touches nothing.
+    let o = finish(imgpipe_s3(&env, &s3, dir, &["resume", "r", "--dry-run"])).await;
+    assert_exit_without_panic(&o, 0);
+    assert!(
+        stdout(&o).contains("free: 2 file(s) missing or modified"),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(
+        std::fs::read(s3.file(modified_key.as_ref())).unwrap(),
+        users
+    );
+
+    let o = finish(imgpipe_s3(&env, &s3, dir, &["resume", "r"])).await;
+    assert_exit_without_panic(&o, 0);
+    let recorded = outputs(dir).await;
+    assert_eq!(recorded.len(), 8, "{recorded:?}");
+    assert_objects_agree_as(&s3, &recorded, "s3://shots/runs/r/", true).await;
+    // Each task is billed once: the resume paid only for what the record did not hold.
+    let ledger = env.sandbox.ledger();
+    let jobs: std::collections::BTreeSet<&str> = ledger.iter().map(|e| e.job_id.as_str()).collect();
+    assert_eq!(jobs.len(), ledger.len());
+    assert!(ledger.len() - before <= 8 - done.len(), "{ledger:#?}");
+    // The user's edit is kept under _superseded/.
+    let aside = std::fs::read_dir(s3.file(&format!("runs/r/_superseded/{}", modified.item)))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect::<Vec<_>>();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(std::fs::read(&aside[0]).unwrap(), users);
+    assert!(
+        aside[0].to_string_lossy().ends_with(".modified.png"),
+        "{aside:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn other_schemes_exit_2_and_file_urls_are_paths() {
+    let env = start(config()).await;
+    let s3 = S3::start().await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", PIPELINE);
+    for out in ["ftp://host/out", "gs://bucket/out", "s3://Bad_Bucket/x"] {
+        let o = finish(imgpipe_s3(&env, &s3, dir, &["run", "p.yaml", "--out", out])).await;
+        assert_exit_without_panic(&o, 2);
+        let said = stderr(&o);
+        assert!(said.contains("the output place"), "{out}: {said}");
+        if !out.starts_with("s3") {
+            assert!(said.contains("s3://bucket/prefix"), "{out}: {said}");
+        }
+    }
+    assert!(env.sandbox.ledger().is_empty());
+    let out = format!("file://{}", dir.join("local").display());
+    let o = finish(imgpipe_s3(
+        &env,
+        &s3,
+        dir,
+        &["run", "p.yaml", "--run-id", "r", "--out", &out],
+    ))
+    .await;
+    assert_exit_without_panic(&o, 0);
+    assert!(dir.join("local/r/a/shot.png").is_file());
+    assert!(dir.join("local/r/manifest.jsonl").is_file());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn large_outputs_go_up_in_parts_and_their_completion_never_replaces_an_object() {
+    // Images of this side (about 350 KiB) are larger than what a download holds in memory
+    // (256 KiB), so
+    // they go up as multipart uploads.
+    let env = start(imgpipe::sandbox::Config {
+        image_side: 4096,
+        ..config()
+    })
+    .await;
+    let s3 = S3::start().await;
+    let dir = env.dir.path();
+    write(
+        dir,
+        "p.yaml",
+        &PIPELINE.replace(
+            "name: objects\n",
+            "name: objects\noutput_dir: s3://shots/big\n",
+        ),
+    );
+    let foreign = b"someone else's object".to_vec();
+    s3.store()
+        .put(&Key::from("big/r/c/shot.png"), foreign.clone().into())
+        .await
+        .unwrap();
+    let o = finish(imgpipe_s3(
+        &env,
+        &s3,
+        dir,
+        &["run", "p.yaml", "--run-id", "r"],
+    ))
+    .await;
+    assert_exit_without_panic(&o, 4);
+    assert!(
+        both(&o).contains("refusing to overwrite s3://shots/big/r/c/shot.png"),
+        "{}",
+        both(&o)
+    );
+    assert_eq!(std::fs::read(s3.file("big/r/c/shot.png")).unwrap(), foreign);
+    let recorded = outputs(dir).await;
+    let done: Vec<Recorded> = recorded.into_iter().filter(|o| o.item != "c").collect();
+    assert!(
+        done.iter().all(|o| o.bytes.unwrap() > 256 * 1024),
+        "{done:?}"
+    );
+    assert_objects_agree(&s3, &done, "s3://shots/big/r/").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_that_refuses_or_does_not_answer_is_said_before_anything_is_paid() {
+    let env = start(config()).await;
+    let s3 = S3::start().await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", PIPELINE);
+    let wrong_secret = "a-wrong-secret-of-the-user";
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port())
+    };
+    let cases = [
+        (
+            "AWS_SECRET_ACCESS_KEY",
+            wrong_secret.to_owned(),
+            "check AWS_ACCESS_KEY_ID",
+        ),
+        ("AWS_ENDPOINT", closed, "s3://shots/runs/r/manifest.jsonl"),
+    ];
+    for (var, value, said_what) in cases {
+        let mut cmd = imgpipe_s3(
+            &env,
+            &s3,
+            dir,
+            &["run", "p.yaml", "--run-id", "r", "--out", "s3://shots/runs"],
+        );
+        cmd.env(var, &value).env("IMGPIPE_LOG", "debug");
+        let o = finish(cmd).await;
+        assert_exit_without_panic(&o, 2);
+        let said = both(&o);
+        assert!(said.contains(said_what), "{var}: {said}");
+        assert!(said.contains("hint: the store is set by"), "{var}: {said}");
+        for secret in [wrong_secret, SECRET_KEY, ACCESS_KEY] {
+            assert!(!said.contains(secret), "{secret} in:\n{said}");
+        }
+        assert_nothing_billed(&env);
+    }
+    let db = std::fs::read(state_path(dir)).unwrap_or_default();
+    let db = String::from_utf8_lossy(&db);
+    assert!(!db.contains(wrong_secret) && !db.contains(SECRET_KEY));
+}
