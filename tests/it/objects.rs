@@ -17,7 +17,7 @@ use crate::run::{config, state_path, write};
 
 const ACCESS_KEY: &str = "AKIAIMGPIPETEST";
 const SECRET_KEY: &str = "imgpipe-test-secret-never-shown";
-const BUCKET: &str = "shots";
+pub(crate) const BUCKET: &str = "shots";
 
 /// Three items, one generated image each.
 const PIPELINE: &str = "version: 1
@@ -33,7 +33,7 @@ steps:
 ";
 
 /// An S3-compatible server on loopback, stopped when dropped.
-struct S3 {
+pub(crate) struct S3 {
     port: u16,
     root: tempfile::TempDir,
     /// PUTs whose path holds this are cut: the connection is dropped before any answer.
@@ -79,7 +79,7 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Cutting {
 }
 
 impl S3 {
-    async fn start() -> S3 {
+    pub(crate) async fn start() -> S3 {
         let root = tempfile::tempdir().unwrap();
         std::fs::create_dir(root.path().join(BUCKET)).unwrap();
         let fs = s3s_fs::FileSystem::new(root.path()).unwrap();
@@ -120,7 +120,7 @@ impl S3 {
     }
 
     /// The environment a user sets for an S3-compatible store.
-    fn env(&self, cmd: &mut tokio::process::Command) {
+    pub(crate) fn env(&self, cmd: &mut tokio::process::Command) {
         cmd.env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
             .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
             .env("AWS_REGION", "us-east-1")
@@ -146,7 +146,7 @@ impl S3 {
     }
 
     /// An object's file on the server's disk.
-    fn file(&self, key: &str) -> PathBuf {
+    pub(crate) fn file(&self, key: &str) -> PathBuf {
         self.root.path().join(BUCKET).join(key)
     }
 

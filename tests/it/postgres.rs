@@ -387,3 +387,89 @@ async fn a_run_whose_lock_session_is_cut_stops_and_its_resume_pays_nothing_twice
     let paid = i64::try_from(env.sandbox.ledger().len()).unwrap();
     assert!(paid <= 24 + possibly, "{paid} calls billed for 24 tasks");
 }
+
+/// The CronJob of README's "Beyond one machine": the state in PostgreSQL, the outputs in a
+/// bucket, no disk that outlives a pod. A pod killed mid-run is taken over by the next one,
+/// which pays for no task twice and leaves every output in the bucket, whole and as recorded.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_killed_with_state_in_postgres_and_outputs_in_a_bucket_is_taken_over() {
+    use crate::objects::{BUCKET, S3};
+    let Some(url) = postgres_database("cronjob").await else {
+        return;
+    };
+    let s3 = S3::start().await;
+    let env = start(sandbox::Config {
+        latency: Duration::from_millis(200),
+        ..config()
+    })
+    .await;
+    let out = format!("s3://{BUCKET}/nightly");
+    let args = [
+        "run",
+        "p.yaml",
+        "--run-id",
+        "night",
+        "--out",
+        out.as_str(),
+        "--concurrency",
+        "2",
+    ];
+    let (a, b) = (host(&edit_chain(4, None)), host(&edit_chain(4, None)));
+    let mut cmd = on(&env, a.path(), &url, &args);
+    s3.env(&mut cmd);
+    let mut first = cmd.spawn().unwrap();
+    wait_for(
+        &url,
+        "SELECT COUNT(*) FROM outputs WHERE path IS NOT NULL HAVING COUNT(*) >= 3",
+        "three outputs stored",
+    )
+    .await;
+    first.start_kill().unwrap();
+    first.wait().await.unwrap();
+    drop(a);
+
+    let mut cmd = on(&env, b.path(), &url, &args);
+    s3.env(&mut cmd);
+    let second = finish(cmd).await;
+    assert_exit_without_panic(&second, 0);
+    assert_eq!(
+        count(
+            &url,
+            "SELECT COUNT(*) FROM (SELECT task_id FROM attempts WHERE outcome = 'succeeded'
+             GROUP BY task_id HAVING COUNT(*) > 1) AS twice"
+        )
+        .await,
+        0,
+        "a task paid twice"
+    );
+    let possibly = count(
+        &url,
+        "SELECT COUNT(*) FROM attempts WHERE outcome IS NULL OR outcome = 'ambiguous'",
+    )
+    .await;
+    let paid = i64::try_from(env.sandbox.ledger().len()).unwrap();
+    assert!(paid <= 12 + possibly, "{paid} calls billed for 12 tasks");
+
+    let mut conn = state_connection(&url).await;
+    let rows: Vec<(Option<String>, Option<String>)> =
+        sqlx::query_as("SELECT path, sha256 FROM outputs ORDER BY id")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    conn.close().await.unwrap();
+    assert_eq!(rows.len(), 12);
+    let prefix = format!("s3://{BUCKET}/");
+    for (path, sha256) in rows {
+        let path = path.expect("every output stored");
+        let key = path
+            .strip_prefix(&prefix)
+            .unwrap_or_else(|| panic!("{path}"));
+        let bytes = std::fs::read(s3.file(key)).unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert_eq!(Some(crate::common::sha256_hex(&bytes)), sha256, "{key}");
+    }
+    assert!(s3.file("nightly/night/manifest.jsonl").is_file());
+    assert!(
+        !b.path().join("s3:").exists(),
+        "nothing local stands for the bucket"
+    );
+}
