@@ -23,7 +23,9 @@
 //! in flight come from the sandbox's counters. Medians of IMGPIPE_BENCH_RUNS runs (default 3).
 //! Run with `cargo bench --bench run`; IMGPIPE_BENCH_ONLY=TEXT runs only the scenarios whose
 //! name contains TEXT (e.g. `dl`). IMGPIPE_BENCH_STATE=postgres://ADMIN@HOST:PORT/DB keeps each
-//! run's state in a fresh database of that PostgreSQL server instead of a SQLite file.
+//! run's state in a fresh database of that PostgreSQL server instead of a SQLite file, and
+//! IMGPIPE_BENCH_OUT=s3 puts each run's outputs in a bucket of an S3-compatible server the bench
+//! runs on 127.0.0.1 (s3s-fs, as the tests use) instead of a local directory.
 
 // Benchmarks and tests report on stdout and stderr by design, and share helpers between
 // their own modules.
@@ -224,12 +226,13 @@ fn run_once(s: &Scenario, kept: &mut Vec<tempfile::TempDir>) -> Sample {
     };
     let state = state_for(dir.path());
     let mut cmd = Command::new(binary());
+    let out = out_for(dir.path(), &mut cmd);
     cmd.arg("run")
         .arg(&pipeline)
         .arg("--state")
         .arg(&state)
         .arg("--out")
-        .arg(dir.path().join("out"))
+        .arg(out)
         .arg("--json")
         .args(&s.run)
         .env("IMGPIPE_BASE_URL", base_url)
@@ -371,6 +374,66 @@ fn state_for(dir: &Path) -> String {
     let mut url = url::Url::parse(&admin).expect("IMGPIPE_BENCH_STATE is a URL");
     url.set_path(&name);
     url.to_string()
+}
+
+/// The run's `--out`: `out` in `dir`, or a new prefix in the bench's bucket with IMGPIPE_BENCH_OUT=s3
+/// (the store's environment set on `cmd`, as a user sets it).
+fn out_for(dir: &Path, cmd: &mut Command) -> String {
+    if std::env::var("IMGPIPE_BENCH_OUT").as_deref() != Ok("s3") {
+        return dir.join("out").to_string_lossy().into_owned();
+    }
+    static SERVER: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let port = *SERVER.get_or_init(s3_server);
+    cmd.env("AWS_ACCESS_KEY_ID", S3_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", S3_SECRET)
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ENDPOINT", format!("http://127.0.0.1:{port}"))
+        .env("AWS_ALLOW_HTTP", "true");
+    format!("s3://bench/run{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+const S3_KEY: &str = "AKIAIMGPIPEBENCH";
+const S3_SECRET: &str = "imgpipe-bench-secret";
+
+/// Starts s3s-fs on 127.0.0.1 in a thread of its own, its bucket `bench` in a temporary
+/// directory kept until the bench ends; returns its port.
+fn s3_server() -> u16 {
+    let root = tempfile::tempdir().expect("temp dir").keep();
+    std::fs::create_dir(root.join("bench")).expect("the bucket");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        runtime.block_on(async move {
+            let fs = s3s_fs::FileSystem::new(&root).expect("s3s-fs");
+            let mut builder = s3s::service::S3ServiceBuilder::new(fs);
+            builder.set_auth(s3s::auth::SimpleAuth::from_single(S3_KEY, S3_SECRET));
+            let service = builder.build();
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            tx.send(listener.local_addr().expect("port").port())
+                .expect("send the port");
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let service = service.clone();
+                tokio::spawn(async move {
+                    let _ = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+                });
+            }
+        });
+    });
+    rx.recv().expect("the S3 server starts")
 }
 
 fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
