@@ -6,7 +6,8 @@
 //! - [`pipeline`]: pipeline files: YAML with positions, typed and checked, items, templates.
 //! - [`plan`]: every task priced (the one place), totals against budget and balance, the graph.
 //! - [`exec`]: the executor: scheduler, budget, rate limiter, attempts, downloads, manifest.
-//! - [`store`]: the SQLite state database (migrations in `migrations/`) and the run lock.
+//! - [`store`]: the state database, SQLite or PostgreSQL (migrations in `migrations/`), and the
+//!   run lock.
 //! - [`api`]: the service: wire types and rules, client, billing-aware errors, retries, fetches.
 //! - [`report`]: what the record says of a run: its summary, status and HTML page.
 //! - [`layout`]: every path inside a run directory.
