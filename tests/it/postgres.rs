@@ -59,6 +59,32 @@ async fn wait_for(url: &str, sql: &'static str, what: &str) {
     }
 }
 
+/// No task was paid for twice: each has at most one answered call, and the service billed no
+/// more calls than the `tasks` plus those possibly billed without an answer (in flight when a
+/// host died, or cut).
+async fn assert_paid_once(url: &str, env: &Env, tasks: i64) {
+    assert_eq!(
+        count(
+            url,
+            "SELECT COUNT(*) FROM (SELECT task_id FROM attempts WHERE outcome = 'succeeded'
+             GROUP BY task_id HAVING COUNT(*) > 1) AS twice"
+        )
+        .await,
+        0,
+        "a task paid twice"
+    );
+    let possibly = count(
+        url,
+        "SELECT COUNT(*) FROM attempts WHERE outcome IS NULL OR outcome = 'ambiguous'",
+    )
+    .await;
+    let paid = i64::try_from(env.sandbox.ledger().len()).unwrap();
+    assert!(
+        paid <= tasks + possibly,
+        "{paid} calls billed for {tasks} tasks, {possibly} possibly billed"
+    );
+}
+
 /// A host's working directory: its own disk, as a pod has.
 fn host(pipeline: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -286,23 +312,7 @@ async fn a_host_killed_mid_run_is_taken_over_by_another_without_paying_twice() {
         "{new_attempts} new calls for {} tasks left ({possibly} possibly billed)",
         12 - done
     );
-    // Each task was paid for by one answered call; calls beyond those are only the ones
-    // the first host may have had billed without an answer.
-    assert_eq!(
-        count(
-            &url,
-            "SELECT COUNT(*) FROM (SELECT task_id FROM attempts WHERE outcome = 'succeeded'
-             GROUP BY task_id HAVING COUNT(*) > 1) AS twice"
-        )
-        .await,
-        0,
-        "a task paid twice"
-    );
-    let paid = i64::try_from(env.sandbox.ledger().len()).unwrap();
-    assert!(
-        paid <= 12 + possibly,
-        "{paid} calls billed for 12 tasks, {possibly} possibly billed when the host died"
-    );
+    assert_paid_once(&url, &env, 12).await;
     // Every output is on disk again: the done ones fetched again from their jobs.
     let outputs: usize = ["i00", "i01", "i02", "i03"]
         .iter()
@@ -379,13 +389,7 @@ async fn a_run_whose_lock_session_is_cut_stops_and_its_resume_pays_nothing_twice
         .await,
         24
     );
-    let possibly = count(
-        &url,
-        "SELECT COUNT(*) FROM attempts WHERE outcome = 'ambiguous'",
-    )
-    .await;
-    let paid = i64::try_from(env.sandbox.ledger().len()).unwrap();
-    assert!(paid <= 24 + possibly, "{paid} calls billed for 24 tasks");
+    assert_paid_once(&url, &env, 24).await;
 }
 
 /// The CronJob of README's "Beyond one machine": the state in PostgreSQL, the outputs in a
@@ -432,23 +436,7 @@ async fn a_pod_killed_with_state_in_postgres_and_outputs_in_a_bucket_is_taken_ov
     s3.env(&mut cmd);
     let second = finish(cmd).await;
     assert_exit_without_panic(&second, 0);
-    assert_eq!(
-        count(
-            &url,
-            "SELECT COUNT(*) FROM (SELECT task_id FROM attempts WHERE outcome = 'succeeded'
-             GROUP BY task_id HAVING COUNT(*) > 1) AS twice"
-        )
-        .await,
-        0,
-        "a task paid twice"
-    );
-    let possibly = count(
-        &url,
-        "SELECT COUNT(*) FROM attempts WHERE outcome IS NULL OR outcome = 'ambiguous'",
-    )
-    .await;
-    let paid = i64::try_from(env.sandbox.ledger().len()).unwrap();
-    assert!(paid <= 12 + possibly, "{paid} calls billed for 12 tasks");
+    assert_paid_once(&url, &env, 12).await;
 
     let mut conn = state_connection(&url).await;
     let rows: Vec<(Option<String>, Option<String>)> =
