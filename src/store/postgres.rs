@@ -49,9 +49,37 @@ pub(crate) async fn open(url: &PgUrl, create: bool) -> Result<Store, StoreError>
     ))
 }
 
+/// The advisory lock under which a database is looked at and migrated: hosts started at once
+/// on a new database would otherwise see each other's half-made tables as another
+/// application's. ("imgpip\0m" in ASCII.)
+const PREPARE_KEY: i64 = i64::from_be_bytes(*b"imgpip\0m");
+
 /// Refuses a database that is not imgpipe's, then brings imgpipe's tables up to date (making
-/// them when `create` and there are none).
+/// them when `create` and there are none), one host at a time.
 async fn prepare(conn: &mut AnyConnection, url: &PgUrl, create: bool) -> Result<(), StoreError> {
+    let failed = |e: sqlx::Error| StoreError::Io {
+        path: PathBuf::from(url.to_string()),
+        reason: describe(&e),
+    };
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(PREPARE_KEY)
+        .execute(&mut *conn)
+        .await
+        .map_err(failed)?;
+    let prepared = prepare_locked(conn, url, create).await;
+    // The session ends right after, which would let go of the lock anyway.
+    let _ = sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(PREPARE_KEY)
+        .execute(&mut *conn)
+        .await;
+    prepared
+}
+
+async fn prepare_locked(
+    conn: &mut AnyConnection,
+    url: &PgUrl,
+    create: bool,
+) -> Result<(), StoreError> {
     let shown = || PathBuf::from(url.to_string());
     match whose(conn, url).await? {
         Tables::Ours => {}
@@ -98,6 +126,15 @@ async fn whose(conn: &mut AnyConnection, url: &PgUrl) -> Result<Tables, StoreErr
     if names.iter().any(|n| n == "_sqlx_migrations")
         && let Some(first) = MIGRATOR.iter().min_by_key(|m| m.version)
     {
+        let (rows,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM _sqlx_migrations")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(failed)?;
+        // Only sqlx's own table, empty: an imgpipe stopped before its first migration was
+        // committed (each migration is a transaction; the table is made before them).
+        if rows == 0 && names.len() == 1 {
+            return Ok(Tables::None);
+        }
         let applied: Option<(Vec<u8>,)> =
             sqlx::query_as("SELECT checksum FROM _sqlx_migrations WHERE version = $1")
                 .bind(first.version)

@@ -461,3 +461,47 @@ async fn a_pod_killed_with_state_in_postgres_and_outputs_in_a_bucket_is_taken_ov
         "nothing local stands for the bucket"
     );
 }
+
+/// Two hosts started at the very same instant on a database imgpipe has never used: both make
+/// (or find) its tables, one runs and the other exits 5; started again together with `--wait`,
+/// both end 0 and the run is paid for once.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_hosts_started_at_the_same_instant_on_a_new_database_pay_once() {
+    let Some(url) = postgres_database("together").await else {
+        return;
+    };
+    let env = start(sandbox::Config {
+        latency: Duration::from_millis(100),
+        ..config()
+    })
+    .await;
+    let (a, b) = (host(&edit_chain(3, None)), host(&edit_chain(3, None)));
+    let args = ["run", "p.yaml", "--run-id", "same"];
+    let (one, two) = tokio::join!(
+        run_on(&env, a.path(), &url, &args),
+        run_on(&env, b.path(), &url, &args)
+    );
+    let mut codes = [one.status.code(), two.status.code()];
+    codes.sort_unstable();
+    assert_eq!(
+        codes,
+        [Some(0), Some(5)],
+        "one runs, the other is refused:\n{}\n{}",
+        stderr(&one),
+        stderr(&two)
+    );
+    assert_eq!(env.sandbox.ledger().len(), 9);
+
+    let waiting = ["run", "p.yaml", "--run-id", "again", "--wait"];
+    let (one, two) = tokio::join!(
+        run_on(&env, a.path(), &url, &waiting),
+        run_on(&env, b.path(), &url, &waiting)
+    );
+    assert_exit_without_panic(&one, 0);
+    assert_exit_without_panic(&two, 0);
+    assert_eq!(
+        env.sandbox.ledger().len(),
+        18,
+        "the second run of the night was paid for once"
+    );
+}
