@@ -114,7 +114,9 @@ impl Store {
         // One statement a chunk: a statement a task was a round trip to SQLite's thread each,
         // most of a run's exit after thousands of tasks.
         for chunk in ids.chunks(500) {
-            let values = rows(chunk.len(), 2, |p| format!("({}, {})", p[0], p[1]));
+            let values = rows(self.backend(), chunk.len(), 2, |p| {
+                format!("({}, {})", p[0], p[1])
+            });
             let sql = format!(
                 "WITH v (id, identity) AS (VALUES {values})
                  UPDATE tasks SET identity = v.identity FROM v WHERE tasks.id = v.id"
@@ -246,7 +248,7 @@ impl Store {
     ) -> Result<std::collections::HashMap<(i64, u32), String>, StoreError> {
         let mut out = std::collections::HashMap::new();
         for chunk in task_ids.chunks(500) {
-            let marks = rows(chunk.len(), 1, |p| p[0].clone());
+            let marks = rows(self.backend(), chunk.len(), 1, |p| p[0].clone());
             let sql = format!(
                 "SELECT task_id, k, sha256 FROM outputs
                  WHERE task_id IN ({marks}) AND sha256 IS NOT NULL"

@@ -118,7 +118,7 @@ impl Store {
         .bind(now_ms())
         .execute(&mut *tx)
         .await?;
-        crate::store::tasks::insert_tasks(&mut tx, run.id, tasks).await?;
+        crate::store::tasks::insert_tasks(&mut tx, self.backend(), run.id, tasks).await?;
         tx.commit().await?;
         Ok(())
     }

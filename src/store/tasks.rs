@@ -229,7 +229,7 @@ impl Store {
     /// Records a run's tasks in one transaction; tasks already recorded are kept as they are.
     pub async fn insert_tasks(&self, run_id: &str, tasks: &[NewTask]) -> Result<(), StoreError> {
         let mut tx = self.pool().begin().await?;
-        insert_tasks(&mut tx, run_id, tasks).await?;
+        insert_tasks(&mut tx, self.backend, run_id, tasks).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -242,7 +242,7 @@ impl Store {
         tasks: &[NewTask],
     ) -> Result<Vec<(i64, String, String, u32)>, StoreError> {
         let mut tx = self.pool().begin().await?;
-        let ids = insert_tasks(&mut tx, run_id, tasks).await?;
+        let ids = insert_tasks(&mut tx, self.backend, run_id, tasks).await?;
         tx.commit().await?;
         Ok(ids)
     }
@@ -703,13 +703,14 @@ const ROWS_PER_INSERT: usize = 100;
 /// Records tasks within `tx`; tasks already recorded are kept as they are.
 pub(crate) async fn insert_tasks(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    backend: Backend,
     run_id: &str,
     tasks: &[NewTask],
 ) -> Result<Vec<(i64, String, String, u32)>, StoreError> {
     let now = now_ms();
     let mut ids = Vec::with_capacity(tasks.len());
     for chunk in tasks.chunks(ROWS_PER_INSERT) {
-        let values = rows(chunk.len(), 8, |p| {
+        let values = rows(backend, chunk.len(), 8, |p| {
             format!(
                 "({}, {}, {}, {}, {}, {}, {}, 'pending', {})",
                 p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]
