@@ -311,6 +311,16 @@ impl Objects {
             .map_err(|e| self.error("cannot read", key, &e))
     }
 
+    /// The first `len` bytes of the object at `key` (all of it when it is shorter); `None` when
+    /// there is none.
+    pub async fn read_head(&self, key: &Key, len: u64) -> Result<Option<Bytes>, ObjectError> {
+        match self.store.get_range(key, 0..len).await {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.error("cannot read", key, &e)),
+        }
+    }
+
     /// Writes a run file (manifest, report page, thumbnail) whole, replacing the one before:
     /// a single PUT, so a reader sees the old file or the new one, never half of one.
     pub async fn replace(&self, key: &Key, body: impl Into<PutPayload>) -> Result<(), ObjectError> {

@@ -212,7 +212,7 @@ fn written_after(file: &std::fs::Metadata, thumb: Option<&Path>) -> bool {
     }
 }
 
-fn thumb_path(dir: &Path, sha: &str) -> PathBuf {
+pub(crate) fn thumb_path(dir: &Path, sha: &str) -> PathBuf {
     let name: String = sha.chars().take(32).collect();
     dir.join(format!("{}.png", name.to_ascii_lowercase()))
 }

@@ -32,12 +32,17 @@ steps:
     generate: { prompt: \"a mug\", n: 1, size: 2K }
 ";
 
+/// The GETs a server answered: each one's path, and its Range header if any.
+type GetLog = Arc<Mutex<Vec<(String, Option<String>)>>>;
+
 /// An S3-compatible server on loopback, stopped when dropped.
 pub(crate) struct S3 {
     port: u16,
     root: tempfile::TempDir,
     /// PUTs whose path holds this are cut: the connection is dropped before any answer.
     cut: Arc<Mutex<Option<String>>>,
+    /// Every GET the server answered: its path, and its Range header if any.
+    gets: GetLog,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -52,6 +57,7 @@ impl Drop for S3 {
 struct Cutting {
     inner: s3s::service::S3Service,
     cut: Arc<Mutex<Option<String>>>,
+    gets: GetLog,
 }
 
 type Answer = std::pin::Pin<
@@ -64,6 +70,17 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Cutting {
     type Future = Answer;
 
     fn call(&self, req: http::Request<hyper::body::Incoming>) -> Answer {
+        if req.method() == http::Method::GET {
+            let range = req
+                .headers()
+                .get(http::header::RANGE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            self.gets
+                .lock()
+                .unwrap()
+                .push((req.uri().path().to_owned(), range));
+        }
         let cut = self.cut.lock().unwrap().clone();
         if req.method() == http::Method::PUT
             && cut.is_some_and(|c| req.uri().path().contains(c.as_str()))
@@ -86,9 +103,11 @@ impl S3 {
         let mut builder = s3s::service::S3ServiceBuilder::new(fs);
         builder.set_auth(s3s::auth::SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
         let cut = Arc::new(Mutex::new(None));
+        let gets = Arc::new(Mutex::new(Vec::new()));
         let service = Cutting {
             inner: builder.build(),
             cut: Arc::clone(&cut),
+            gets: Arc::clone(&gets),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -111,6 +130,7 @@ impl S3 {
             port,
             root,
             cut,
+            gets,
             task,
         }
     }
@@ -285,6 +305,7 @@ async fn a_run_into_a_bucket_writes_every_output_with_its_sha256_and_the_manifes
     assert!(page.contains("href=\"a/shot.png\""), "{page}");
     assert!(page.contains("s3://shots/runs/r"), "{page}");
     assert!(!page.contains(&dir.display().to_string()));
+    assert!(!page.contains("size unknown"), "{page}");
     let thumbs = std::fs::read_dir(s3.file("runs/r/_thumbs"))
         .unwrap()
         .count();
@@ -294,6 +315,7 @@ async fn a_run_into_a_bucket_writes_every_output_with_its_sha256_and_the_manifes
         images.len(),
         "a thumbnail per image, named by its sha256"
     );
+    s3.gets.lock().unwrap().clear();
     let o = finish(imgpipe_s3(
         &env,
         &s3,
@@ -304,6 +326,21 @@ async fn a_run_into_a_bucket_writes_every_output_with_its_sha256_and_the_manifes
     assert_exit_without_panic(&o, 0);
     let local = std::fs::read_to_string(dir.join("page.html")).unwrap();
     assert!(local.contains("href=\"a/shot.png\""), "{local}");
+    // The thumbnails are made: of each image only its header is read again, and the page
+    // still gives every image's size.
+    assert!(!local.contains("size unknown"), "{local}");
+    let gets = s3.gets.lock().unwrap().clone();
+    let images: Vec<_> = gets
+        .iter()
+        .filter(|(p, _)| p.ends_with("shot.png"))
+        .collect();
+    assert_eq!(images.len(), 3, "{gets:?}");
+    assert!(
+        images
+            .iter()
+            .all(|(_, range)| range.as_deref() == Some("bytes=0-4095")),
+        "{gets:?}"
+    );
     // Nothing was made locally under a name that looks like the URL.
     assert!(!dir.join("s3:").exists());
     let said = both(&o);
