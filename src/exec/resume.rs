@@ -409,9 +409,15 @@ async fn check_files(
             Ok(())
         })
         .await?;
-    let (objects, candidates): (Vec<_>, Vec<_>) = candidates
-        .into_iter()
-        .partition(|(_, path, _)| is_object_url(&path.to_string_lossy()));
+    let in_store =
+        |(_, path, _): &(OutputRow, PathBuf, String)| is_object_url(&path.to_string_lossy());
+    // Split only when some are objects: a second list as long as a large run's outputs was
+    // a few MiB more for every local resume.
+    let (objects, candidates): (Vec<_>, Vec<_>) = if candidates.iter().any(in_store) {
+        candidates.into_iter().partition(in_store)
+    } else {
+        (Vec::new(), candidates)
+    };
     let checked_objects = super::objects::check_all(objects).await;
     let mut checked = tokio::task::spawn_blocking(move || {
         candidates
