@@ -409,8 +409,7 @@ async fn check_files(
             Ok(())
         })
         .await?;
-    let in_store =
-        |(_, path, _): &(OutputRow, PathBuf, String)| is_object_url(&path.to_string_lossy());
+    let in_store = |(_, path, _): &(OutputRow, PathBuf, String)| is_object_url(path);
     // Split only when some are objects: a second list as long as a large run's outputs was
     // a few MiB more for every local resume.
     let (objects, candidates): (Vec<_>, Vec<_>) = if candidates.iter().any(in_store) {
@@ -464,7 +463,7 @@ pub async fn apply(
 ) -> Result<Applied, StoreError> {
     let mut applied = Applied::default();
     store.settle_orphaned_attempts(run_id).await?;
-    if !is_object_url(&run_dir.to_string_lossy()) {
+    if !is_object_url(run_dir) {
         RunDir::at(run_dir).remove_leftovers();
     }
     let mut rows = row_ids(store, run_id, graph).await?;
@@ -691,7 +690,7 @@ async fn move_aside(
     let tag = tag.map(|t| format!(".{t}")).unwrap_or_default();
     let to = dir.join(format!("{stem}.o{}{tag}{ext}", o.id));
     let to_name = to.to_string_lossy().into_owned();
-    if is_object_url(&from.to_string_lossy()) {
+    if is_object_url(&from) {
         let size = super::objects::set_aside(&from.to_string_lossy(), &to_name).await?;
         return Some((to_name, Some(size)));
     }
@@ -710,7 +709,7 @@ async fn move_aside(
 /// instead (gone, or changed since).
 fn copy_reused(run_dir: &Path, graph: &Graph, t: usize, found: &Reusable) -> Vec<Option<String>> {
     // Into object storage, each reused output is fetched from its job: free, and create-only.
-    if is_object_url(&run_dir.to_string_lossy()) {
+    if is_object_url(run_dir) {
         return vec![None; found.outputs.len()];
     }
     let dir = RunDir::at(run_dir).item(&graph.item_dir(graph.task(t).instance));

@@ -59,9 +59,10 @@ impl Place {
     }
 }
 
-/// Whether a recorded path is an object's URL rather than a local file's path.
-pub fn is_object_url(path: &str) -> bool {
-    url_scheme(path).is_some_and(|s| s.eq_ignore_ascii_case("s3"))
+/// Whether a recorded path (or a place a user named) is an object's URL rather than a local
+/// file's path.
+pub fn is_object_url(path: impl AsRef<std::ffi::OsStr>) -> bool {
+    url_scheme(&path.as_ref().to_string_lossy()).is_some_and(|s| s.eq_ignore_ascii_case("s3"))
 }
 
 /// `s3://bucket/key`, checked: a bucket name, and a key of plain segments (no empty one,

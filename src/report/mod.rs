@@ -67,10 +67,10 @@ pub async fn write(
     out: Option<&Path>,
     observed: Observed,
 ) -> Result<Written, Error> {
-    if crate::place::is_object_url(&run.dir().to_string_lossy()) {
+    if crate::place::is_object_url(run.dir()) {
         return remote::write(store, run, out, observed).await;
     }
-    if let Some(o) = out.filter(|o| crate::place::is_object_url(&o.to_string_lossy())) {
+    if let Some(o) = out.filter(|o| crate::place::is_object_url(o)) {
         return Err(Error::usage(
             format!(
                 "--out {}: run {} is in a local directory, and so is its report",

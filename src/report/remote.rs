@@ -94,7 +94,7 @@ pub(super) async fn write(
     };
     written.path = match out {
         None => put_pages(&objects, &staged, &page).await?,
-        Some(out) if crate::place::is_object_url(&out.to_string_lossy()) => {
+        Some(out) if crate::place::is_object_url(out) => {
             let dir = out.parent().unwrap_or(out);
             match Place::of(dir).map_err(failed)? {
                 Place::Objects(there) => put_pages(&there, &staged, &page).await?,

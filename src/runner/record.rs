@@ -56,7 +56,7 @@ pub async fn create(
 ) -> Result<OpenRun, Error> {
     check_run_id(id)?;
     // An object URL is absolute already; a relative path is made absolute against here.
-    let absolute = if crate::place::is_object_url(&out_dir.to_string_lossy()) {
+    let absolute = if crate::place::is_object_url(out_dir) {
         Ok(out_dir.to_path_buf())
     } else {
         std::path::absolute(out_dir)

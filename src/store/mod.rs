@@ -280,7 +280,7 @@ impl Store {
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
-        match sqlx::migrate!("./migrations/sqlite").run(&self.pool).await {
+        match SQLITE_MIGRATOR.run(&self.pool).await {
             Ok(()) => Ok(()),
             Err(MigrateError::VersionMissing(version)) => Err(StoreError::Newer {
                 path: self.file(),
@@ -318,6 +318,9 @@ impl Store {
         self.pool.close().await;
     }
 }
+
+/// The migrations of SQLite state files (`migrations/sqlite/`), embedded once.
+static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
 /// sqlx's `Any` driver finds the backend by the URL's scheme among the drivers installed.
 pub(crate) fn install_drivers() {
@@ -369,7 +372,7 @@ async fn create(path: &Path) -> Result<(), StoreError> {
         .execute(&mut conn)
         .await
         .map_err(|e| io_err(&e))?;
-        sqlx::migrate!("./migrations/sqlite")
+        SQLITE_MIGRATOR
             .run(&mut conn)
             .await
             .map_err(|e| StoreError::Migrate {
@@ -469,11 +472,7 @@ async fn inspect_with(conn: &mut sqlx::SqliteConnection, path: &Path) -> Result<
         .fetch_one(&mut *conn)
         .await
         .map_err(|e| damaged(e.to_string()))?;
-    let known = sqlx::migrate!("./migrations/sqlite")
-        .iter()
-        .map(|m| m.version)
-        .max()
-        .unwrap_or(0);
+    let known = SQLITE_MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
     match latest {
         Some(version) if version > known => Err(StoreError::Newer {
             path: path.to_path_buf(),
@@ -532,8 +531,7 @@ async fn whose(conn: &mut sqlx::SqliteConnection, path: &Path) -> Result<Mark, S
     if id != 0 {
         return Err(foreign_id(path, i32::try_from(id).unwrap_or_default()));
     }
-    let migrator = sqlx::migrate!("./migrations/sqlite");
-    let first = migrator.iter().min_by_key(|m| m.version);
+    let first = SQLITE_MIGRATOR.iter().min_by_key(|m| m.version);
     let has_migrations: Option<(String,)> = sqlx::query_as(
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
     )
@@ -556,17 +554,23 @@ async fn whose(conn: &mut sqlx::SqliteConnection, path: &Path) -> Result<Mark, S
             .fetch_all(&mut *conn)
             .await
             .map_err(failed)?;
-    let mut names: Vec<String> = tables.into_iter().map(|(t,)| t).collect();
+    let names: Vec<String> = tables.into_iter().map(|(t,)| t).collect();
     Err(foreign(if names.is_empty() {
         "it is a SQLite database without a table, not made by imgpipe".to_owned()
     } else {
-        let more = if names.len() > 5 { ", …" } else { "" };
-        names.truncate(5);
         format!(
-            "it is another application's SQLite database (tables {}{more})",
-            names.join(", ")
+            "it is another application's SQLite database (tables {})",
+            listed(names)
         )
     }))
+}
+
+/// The first five of another application's table names (asked for six, to know whether there
+/// are more), for the message that refuses its database.
+fn listed(mut names: Vec<String>) -> String {
+    let more = if names.len() > 5 { ", …" } else { "" };
+    names.truncate(5);
+    format!("{}{more}", names.join(", "))
 }
 
 /// The database path: `--state`/`IMGPIPE_STATE` when given, else `$XDG_STATE_HOME/imgpipe/

@@ -119,7 +119,7 @@ async fn whose(conn: &mut AnyConnection, url: &PgUrl) -> Result<Tables, StoreErr
     .fetch_all(&mut *conn)
     .await
     .map_err(failed)?;
-    let mut names: Vec<String> = tables.into_iter().map(|(t,)| t).collect();
+    let names: Vec<String> = tables.into_iter().map(|(t,)| t).collect();
     if names.is_empty() {
         return Ok(Tables::None);
     }
@@ -145,13 +145,11 @@ async fn whose(conn: &mut AnyConnection, url: &PgUrl) -> Result<Tables, StoreErr
             return Ok(Tables::Ours);
         }
     }
-    let more = if names.len() > 5 { ", …" } else { "" };
-    names.truncate(5);
     Err(StoreError::Foreign {
         path: PathBuf::from(url.to_string()),
         reason: format!(
-            "its schema holds another application's tables ({}{more})",
-            names.join(", ")
+            "its schema holds another application's tables ({})",
+            super::listed(names)
         ),
     })
 }

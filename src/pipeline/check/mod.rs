@@ -83,7 +83,7 @@ pub fn check(
             || src.dir.join("out"),
             |d| {
                 let dir = crate::place::output_place(d, "output_dir").unwrap_or_else(|_| d.into());
-                if crate::place::is_object_url(&dir.to_string_lossy()) {
+                if crate::place::is_object_url(&dir) {
                     dir
                 } else {
                     src.dir.join(dir)
