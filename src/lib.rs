@@ -6,6 +6,8 @@
 //! - [`pipeline`]: pipeline files: YAML with positions, typed and checked, items, templates.
 //! - [`plan`]: every task priced (the one place), totals against budget and balance, the graph.
 //! - [`exec`]: the executor: scheduler, budget, rate limiter, attempts, downloads, manifest.
+//! - [`resume`]: resuming a run, in one place: the review (a pure core: records in, what is
+//!   kept, read back, fetched again and paid again out) and its crash-safe application.
 //! - [`store`]: the state database, SQLite or PostgreSQL (migrations in `migrations/`), and the
 //!   run lock.
 //! - [`api`]: the service: wire types and rules, client, billing-aware errors, retries, fetches.
@@ -14,6 +16,7 @@
 //! - [`place`]: where a run directory is: a local directory or an `s3://` prefix.
 //! - [`time`]: times as RFC 3339, the same in plans, locks, logs and reports.
 //! - [`error`]: the top-level error and the stable exit codes.
+//! - [`failpoint`]: crash points for the tests that kill a process at a chosen step.
 //! - [`sandbox`]: the local emulator of the service, for tests, benchmarks and `--sandbox`.
 
 // The library needs no unsafe code; the test and bench harnesses call libc themselves.
@@ -23,11 +26,13 @@ pub mod api;
 pub mod cli;
 pub mod error;
 pub mod exec;
+pub mod failpoint;
 pub mod layout;
 pub mod pipeline;
 pub mod place;
 pub mod plan;
 pub mod report;
+pub mod resume;
 pub mod runner;
 pub mod sandbox;
 pub mod store;

@@ -11,8 +11,6 @@ mod download;
 pub mod identity;
 pub mod limiter;
 pub mod manifest;
-mod objects;
-pub mod resume;
 mod rows;
 mod scheduler;
 mod shared;

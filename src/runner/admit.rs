@@ -4,10 +4,10 @@
 use std::path::Path;
 
 use crate::error::Error;
-use crate::exec::resume::Review;
 use crate::plan::document::{FORMAT, KIND, PlanDocument, ReuseEstimate};
 use crate::plan::graph::Graph;
 use crate::plan::{self, Balance};
+use crate::resume::Review;
 use crate::store::{RunRow, Store};
 
 /// A saved plan (`imgpipe plan --save`), refused unless it is one this imgpipe reads.

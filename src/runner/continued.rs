@@ -7,11 +7,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::Error;
-use crate::exec::resume::{self, Reason, Review};
 use crate::pipeline::{self, Pipeline};
 use crate::plan::document::PlanDocument;
 use crate::plan::graph::Graph;
 use crate::plan::{Costs, GenerationPrice};
+use crate::resume::{self, Reason, Review};
 use crate::runner::{Connection, Reviewed, Runner, admit, checked, execute, record, state};
 use crate::store::{RunRow, RunStatus, Store};
 

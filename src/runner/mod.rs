@@ -28,12 +28,12 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
-use crate::exec::resume::Review;
 use crate::exec::{self, Observer, OnAmbiguous};
 use crate::pipeline::{self, Loaded, Pipeline, Report};
 use crate::plan::document::{PlanDocument, ReuseEstimate};
 use crate::plan::graph::Graph;
 use crate::report::summary::Summary;
+use crate::resume::Review;
 use crate::store::{RunRow, StepCounts};
 
 pub use service::{AccountFields, Connection, ServiceSettings};
@@ -204,7 +204,7 @@ pub async fn reuse_estimate(
     let store = state.open().await?;
     let graph = Graph::build(pipeline, &doc.costs)?;
     // A run id no run has: every task looks new, and any earlier run may supply it.
-    let review = exec::resume::review(&store, "", &graph, None, OnAmbiguous::Retry, true).await;
+    let review = crate::resume::review(&store, "", &graph, None, OnAmbiguous::Retry, true).await;
     let review = state::close(store, review.map_err(Error::from)).await?;
     Ok(admit::estimate(doc, &review, &graph))
 }
@@ -251,7 +251,7 @@ impl Runner<'_> {
         let graph = Arc::new(Graph::build(f.pipeline, &doc.costs)?);
         let on_ambiguous = self.settings.on_ambiguous;
         let review = if f.reuse {
-            Some(exec::resume::review(f.store, &run_id, &graph, None, on_ambiguous, true).await?)
+            Some(crate::resume::review(f.store, &run_id, &graph, None, on_ambiguous, true).await?)
         } else {
             None
         };
@@ -285,7 +285,7 @@ impl Runner<'_> {
             .unwrap_or_else(|| f.pipeline.output_dir.clone());
         let run = record::create(f.store, &run_id, f.pipeline, &doc, &graph, &out_dir).await?;
         if let Some(review) = &review {
-            let applied = exec::resume::apply(
+            let applied = crate::resume::apply(
                 f.store,
                 &f.conn.client,
                 &run.id,

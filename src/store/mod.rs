@@ -20,6 +20,7 @@
 //! then linked into place, so a crash while creating it never leaves at its path a file that
 //! imgpipe would later refuse as empty or unmarked.
 
+mod changes;
 mod group;
 mod location;
 pub mod lock;
@@ -41,7 +42,7 @@ use sqlx::{AnyPool, ConnectOptions, Executor};
 pub use location::{Location, PgUrl};
 
 pub use report::{ReportOutput, ReportRow, ReportTask, Spend, StepTotals};
-pub use resume::{Reusable, ReusableOutput, SetAside};
+pub use resume::{Changes, PendingMove, Reusable, ReusableOutput, Reused, SetAside, TaskRef};
 pub use runs::{AmbiguousAttempt, NewRun, RunRow, RunStatus, StepCounts};
 pub use tasks::{
     AttemptOutcome, LastAttempt, NewTask, OutputRow, Settled, TaskRow, TaskStatus, Totals,

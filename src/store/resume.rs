@@ -1,23 +1,73 @@
 //! What resuming, changing and reusing need from the record: outputs set aside, tasks reset
 //! or dropped, identities, and the succeeded tasks of earlier runs.
 
+use std::collections::HashMap;
+
 use sqlx::Row;
 
-use crate::store::tasks::{NewTask, to_i64, to_u64};
-use crate::store::{Store, StoreError, now_ms, rows};
+use crate::store::tasks::{NewTask, to_u64};
+use crate::store::{Backend, Store, StoreError, rows};
 
-/// An output whose file (if any) was moved out of the way.
-pub struct SetAside<'a> {
+/// An output set aside by a resume: its row moves to `superseded_outputs`, and its file (or
+/// object), when it has one, is to move from `from` to `to`: a move journaled with the change
+/// and made after the commit (see [`Store::apply_review`]).
+pub struct SetAside {
     pub output_id: i64,
-    /// Where the file now is; `None` when there was no file.
-    pub moved_to: Option<&'a str>,
-    /// The sha256 and size of the moved file, when it differs from the recorded one.
-    pub sha256: Option<&'a str>,
-    pub bytes: Option<u64>,
-    pub reason: &'a str,
+    /// The file's recorded place, and where it goes.
+    pub from: Option<String>,
+    pub to: Option<String>,
+    /// The sha256 of the bytes there, when they differ from the recorded ones.
+    pub sha256: Option<String>,
+    pub reason: &'static str,
     /// Keep the output (its job is still the task's) and fetch its file again; else the
     /// output is dropped with its task's old job, before the task runs again.
     pub refetch: bool,
+}
+
+/// A task the record gains or already has: new tasks have no row id until the change is
+/// written.
+#[derive(Clone, Debug)]
+pub enum TaskRef {
+    Row(i64),
+    /// `(item, step, idx)` of a task recorded by the same change.
+    New(String, String, u32),
+}
+
+/// A task settled with an earlier run's result (`--reuse`), its files copied to `paths` (by
+/// output index), or to be fetched from its job where `None`.
+pub struct Reused {
+    pub task: TaskRef,
+    pub identity: String,
+    pub from: Reusable,
+    pub paths: Vec<Option<String>>,
+}
+
+/// Every state write a resume makes before its scheduler starts, written by
+/// [`Store::apply_review`] in one transaction: a process killed while applying a review leaves
+/// the record as it was before, or as it is after, never in between.
+#[derive(Default)]
+pub struct Changes {
+    /// Tasks the pipeline gained, or reused ones the run had not recorded yet.
+    pub new_tasks: Vec<NewTask>,
+    pub set_aside: Vec<SetAside>,
+    /// Tasks to do again from the start, as each `NewTask` now describes it.
+    pub reset: Vec<(i64, NewTask)>,
+    /// Tasks the pipeline no longer has; their attempts stay, for what they cost.
+    pub removed: Vec<i64>,
+    /// Tasks left failed, with why, and the tasks below them, blocked.
+    pub failed: Vec<(i64, String)>,
+    pub blocked: Vec<(Vec<i64>, String)>,
+    pub reused: Vec<Reused>,
+}
+
+/// A file or object move a resume journaled: made after the change's commit, then forgotten
+/// with [`Store::finish_moves`]. The next resume makes those a killed process left.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingMove {
+    pub id: i64,
+    pub superseded_id: i64,
+    pub from: String,
+    pub to: String,
 }
 
 /// A succeeded task of some run, whose outputs another task may take instead of paying.
@@ -41,73 +91,6 @@ pub struct ReusableOutput {
 }
 
 impl Store {
-    /// Records outputs set aside; for those not refetched the output row goes too.
-    pub async fn set_aside(&self, run_id: &str, moves: &[SetAside<'_>]) -> Result<(), StoreError> {
-        let mut tx = self.pool().begin().await?;
-        let now = now_ms();
-        for m in moves {
-            sqlx::query(
-                "INSERT INTO superseded_outputs (task_id, run_id, k, job_id, path, sha256, bytes,
-                     reason, superseded_at)
-                 SELECT task_id, $1, k, job_id, $2, COALESCE($3, sha256), COALESCE($4, bytes), $5, $6
-                 FROM outputs WHERE id = $7",
-            )
-            .bind(run_id)
-            .bind(m.moved_to)
-            .bind(m.sha256)
-            .bind(m.bytes.map(to_i64))
-            .bind(m.reason)
-            .bind(now)
-            .bind(m.output_id)
-            .execute(&mut *tx)
-            .await?;
-            let sql = if m.refetch {
-                "UPDATE outputs SET path = NULL, sha256 = NULL, bytes = NULL,
-                     downloaded_at = NULL, download_error = NULL
-                 WHERE id = $1"
-            } else {
-                "DELETE FROM outputs WHERE id = $1"
-            };
-            sqlx::query(sql).bind(m.output_id).execute(&mut *tx).await?;
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-
-    /// Makes a task to do again from the start, as `task` now describes it.
-    pub async fn reset_task(&self, task_id: i64, task: &NewTask) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE tasks SET status = 'pending', operation = $1, inputs = $2, planned_credits = $3,
-                 identity = NULL, job_id = NULL, error = NULL,
-                 removed_at = NULL, reused_from = NULL, updated_at = $4
-             WHERE id = $5",
-        )
-        .bind(task.operation)
-        .bind(&task.inputs)
-        .bind(to_i64(task.planned_credits))
-        .bind(now_ms())
-        .bind(task_id)
-        .execute(self.pool())
-        .await?;
-        Ok(())
-    }
-
-    /// Drops tasks the pipeline no longer has; their attempts stay, for what they cost.
-    pub async fn remove_tasks(&self, task_ids: &[i64]) -> Result<(), StoreError> {
-        let mut tx = self.pool().begin().await?;
-        let now = now_ms();
-        for id in task_ids {
-            sqlx::query("UPDATE tasks SET removed_at = $1, updated_at = $2 WHERE id = $3")
-                .bind(now)
-                .bind(now)
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-
     /// Records tasks' identities (request and input bytes) once they are known.
     pub async fn set_identities(&self, ids: &[(i64, String)]) -> Result<(), StoreError> {
         let mut tx = self.pool().begin().await?;
@@ -132,102 +115,63 @@ impl Store {
         Ok(())
     }
 
-    /// The latest succeeded task, of any run but `not_run`, with this identity and every
-    /// output downloaded.
-    pub async fn reusable(
+    /// For each of these identities that has one, the latest succeeded task, of any run but
+    /// `not_run`, with every output downloaded: one query a chunk of identities, not one a
+    /// task.
+    pub async fn reusable_many(
         &self,
-        identity: &str,
+        identities: &[String],
         not_run: &str,
-    ) -> Result<Option<Reusable>, StoreError> {
-        let row = sqlx::query(
-            "SELECT t.id, t.run_id, t.job_id FROM tasks t
-             WHERE t.identity = $1 AND t.run_id != $2 AND t.status = 'succeeded'
-               AND t.removed_at IS NULL AND t.job_id IS NOT NULL
-               AND NOT EXISTS (SELECT 1 FROM outputs o WHERE o.task_id = t.id AND o.sha256 IS NULL)
-               AND EXISTS (SELECT 1 FROM outputs o WHERE o.task_id = t.id)
-             ORDER BY t.id DESC LIMIT 1",
-        )
-        .bind(identity)
-        .bind(not_run)
-        .fetch_optional(self.pool())
-        .await?;
-        let Some(row) = row else { return Ok(None) };
-        let task_id: i64 = row.try_get("id")?;
-        let outputs = sqlx::query(
-            "SELECT k, url, url_issued_at, path, sha256, bytes, parent_job_id
-             FROM outputs WHERE task_id = $1 ORDER BY k",
-        )
-        .bind(task_id)
-        .fetch_all(self.pool())
-        .await?
-        .iter()
-        .map(|o| {
-            Ok(ReusableOutput {
-                k: u32::try_from(o.try_get::<i64, _>("k")?).unwrap_or(0),
-                url: o.try_get("url")?,
-                url_issued_at: o.try_get("url_issued_at")?,
-                path: o.try_get("path")?,
-                sha256: o.try_get("sha256")?,
-                bytes: o.try_get::<Option<i64>, _>("bytes")?.map(to_u64),
-                parent_job_id: o.try_get("parent_job_id")?,
-            })
-        })
-        .collect::<Result<Vec<_>, StoreError>>()?;
-        Ok(Some(Reusable {
-            task_id,
-            run_id: row.try_get("run_id")?,
-            job_id: row.try_get("job_id")?,
-            outputs,
-        }))
-    }
-
-    /// Settles `task_id` with `from`'s job and outputs, billed nothing: the files were copied
-    /// to `paths` (by output index), or are to be fetched where `None`.
-    pub async fn reuse(
-        &self,
-        run_id: &str,
-        task_id: i64,
-        identity: &str,
-        from: &Reusable,
-        paths: &[Option<String>],
-    ) -> Result<(), StoreError> {
-        let mut tx = self.pool().begin().await?;
-        let now = now_ms();
-        sqlx::query(
-            "UPDATE tasks SET status = 'succeeded', job_id = $1, identity = $2, reused_from = $3,
-                 error = NULL, updated_at = $4
-             WHERE id = $5",
-        )
-        .bind(&from.job_id)
-        .bind(identity)
-        .bind(from.task_id)
-        .bind(now)
-        .bind(task_id)
-        .execute(&mut *tx)
-        .await?;
-        for (o, path) in from.outputs.iter().zip(paths) {
-            let copied = path.is_some();
-            sqlx::query(
-                "INSERT INTO outputs (task_id, run_id, k, job_id, parent_job_id, url,
-                     url_issued_at, path, sha256, bytes, downloaded_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-            )
-            .bind(task_id)
-            .bind(run_id)
-            .bind(i64::from(o.k))
-            .bind(&from.job_id)
-            .bind(&o.parent_job_id)
-            .bind(&o.url)
-            .bind(o.url_issued_at)
-            .bind(path)
-            .bind(if copied { o.sha256.as_deref() } else { None })
-            .bind(if copied { o.bytes.map(to_i64) } else { None })
-            .bind(copied.then_some(now))
-            .execute(&mut *tx)
-            .await?;
+    ) -> Result<HashMap<String, Reusable>, StoreError> {
+        let mut found: HashMap<String, Reusable> = HashMap::new();
+        for chunk in identities.chunks(500) {
+            let marks = rows(self.backend(), chunk.len(), 1, |p| p[0].clone());
+            // The last parameter, in the backend's own style (see `rows`).
+            let not_run_mark = match self.backend() {
+                Backend::Sqlite => "?".to_owned(),
+                Backend::Postgres => format!("${}", chunk.len() + 1),
+            };
+            let sql = format!(
+                "SELECT t.id, t.run_id, t.job_id, t.identity,
+                        o.k, o.url, o.url_issued_at, o.path, o.sha256, o.bytes, o.parent_job_id
+                 FROM tasks t JOIN outputs o ON o.task_id = t.id
+                 WHERE t.identity IN ({marks}) AND t.run_id != {not_run_mark}
+                   AND t.status = 'succeeded' AND t.removed_at IS NULL
+                   AND t.job_id IS NOT NULL
+                   AND NOT EXISTS (SELECT 1 FROM outputs x
+                                   WHERE x.task_id = t.id AND x.sha256 IS NULL)
+                 ORDER BY t.id DESC, o.k"
+            );
+            // Built from a fixed placeholder list: no value is ever part of the text.
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for id in chunk {
+                query = query.bind(id);
+            }
+            let rows = query.bind(not_run).fetch_all(self.pool()).await?;
+            for r in &rows {
+                let identity: String = r.try_get("identity")?;
+                let task_id: i64 = r.try_get("id")?;
+                let entry = found.entry(identity).or_insert(Reusable {
+                    task_id,
+                    run_id: r.try_get("run_id")?,
+                    job_id: r.try_get("job_id")?,
+                    outputs: Vec::new(),
+                });
+                // Rows come latest task first: only its outputs are taken.
+                if entry.task_id == task_id {
+                    entry.outputs.push(ReusableOutput {
+                        k: u32::try_from(r.try_get::<i64, _>("k")?).unwrap_or(0),
+                        url: r.try_get("url")?,
+                        url_issued_at: r.try_get("url_issued_at")?,
+                        path: r.try_get("path")?,
+                        sha256: r.try_get("sha256")?,
+                        bytes: r.try_get::<Option<i64>, _>("bytes")?.map(to_u64),
+                        parent_job_id: r.try_get("parent_job_id")?,
+                    });
+                }
+            }
         }
-        tx.commit().await?;
-        Ok(())
+        Ok(found)
     }
 
     /// The job of a task's result, if it has one: the parent, in the lineage, of a call that

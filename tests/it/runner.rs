@@ -12,12 +12,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use imgpipe::Error;
-use imgpipe::exec::resume::Reason;
 use imgpipe::exec::{Observer, OnAmbiguous};
 use imgpipe::pipeline::Report;
 use imgpipe::plan::Balance;
 use imgpipe::plan::document::PlanDocument;
 use imgpipe::report::summary::Summary;
+use imgpipe::resume::Reason;
 use imgpipe::runner::{
     Reviewed, RunRequest, Runner, ServiceSettings, Settings, StateLocation, View,
 };

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
-use crate::exec::resume::Refetch;
+use super::Refetch;
 use crate::store::OutputRow;
 
 use crate::place::{Objects, Stat};
@@ -115,4 +115,10 @@ pub(super) async fn set_aside(from: &str, to: &str) -> Option<u64> {
             None
         }
     }
+}
+
+/// The size of the object at `url`, `None` when there is none (or the store does not say).
+pub(super) async fn size_of(url: &str) -> Option<u64> {
+    let (objects, key) = Objects::at_url(url).ok()?;
+    objects.stat(&key).await.ok().flatten().map(|s| s.bytes)
 }

@@ -1,0 +1,260 @@
+//! A review applied: the record and the run's files made to agree with it before the scheduler
+//! starts. Nothing here is a paid call.
+//!
+//! What a process killed at any point leaves, and what the next resume does with it:
+//! 1. moves an earlier resume journaled and did not make are made first;
+//! 2. lost answers are read back and each recorded as it comes (a fact, like any answer);
+//! 3. reused outputs are copied into the run (files no row names yet: copied again, or found
+//!    whole, next time);
+//! 4. every other state write is one transaction ([`Store::apply_review`]), which also journals
+//!    the file and object moves: before its commit nothing of it happened, after it all did;
+//! 5. the journaled moves are made, then forgotten. A move is idempotent: one found made is
+//!    counted made.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use crate::api::Client;
+use crate::api::download::{copy_checked, file_sha256};
+use crate::layout::RunDir;
+use crate::place::is_object_url;
+use crate::plan::graph::Graph;
+use crate::store::{
+    Changes, NewTask, OutputRow, PendingMove, Reusable, Reused, SetAside, Store, StoreError,
+    TaskRef,
+};
+
+use super::{Reason, Review, objects, records, recover::recover};
+
+/// What [`apply`] did.
+#[derive(Debug, Default)]
+pub struct Applied {
+    pub recovered: usize,
+    pub reused: usize,
+    pub refetch: usize,
+    pub set_aside: usize,
+}
+
+/// Makes the record and the output directory agree with `review`: lost answers read back by
+/// job id, outputs of tasks to redo (and modified files) moved under [`crate::layout::SUPERSEDED`],
+/// changed tasks reset, reused results copied in.
+pub async fn apply(
+    store: &Store,
+    client: &Client,
+    run_id: &str,
+    run_dir: &Path,
+    graph: &Graph,
+    review: &Review,
+    describe: impl Fn(usize) -> NewTask,
+) -> Result<Applied, StoreError> {
+    let mut applied = Applied::default();
+    make_moves(store, store.pending_moves(run_id).await?).await?;
+    store.settle_orphaned_attempts(run_id).await?;
+    if !is_object_url(run_dir) {
+        RunDir::at(run_dir).remove_leftovers();
+    }
+    let rows = records::row_ids(store, run_id, graph).await?;
+    let mut recovered = HashSet::new();
+    for r in &review.recover {
+        if recover(store, client, run_id, graph, r, &rows).await? {
+            recovered.insert(rows[r.task]);
+        }
+    }
+    applied.recovered = recovered.len();
+
+    let mut changes = Changes::default();
+    // Tasks the pipeline gained under --allow-changes, and those reused: the others are
+    // recorded by the executor as it comes near them.
+    let gained = review.redo.iter().filter(|r| r.reason == Reason::Changed);
+    let reused = review.reuse.iter().map(|(t, ..)| *t);
+    changes.new_tasks = gained
+        .map(|r| r.task)
+        .chain(reused)
+        .filter(|t| rows[*t] == 0)
+        .map(&describe)
+        .collect();
+    // Outputs of tasks that run again, or that the pipeline dropped, make way for new ones.
+    let leaving: HashSet<i64> = review
+        .redo
+        .iter()
+        .map(|r| rows[r.task])
+        .filter(|id| *id != 0 && !recovered.contains(id))
+        .chain(review.removed.iter().map(|r| r.id))
+        .collect();
+    store
+        .each_output(run_id, false, |o| {
+            if leaving.contains(&o.task_id) {
+                changes.set_aside.push(SetAside {
+                    output_id: o.id,
+                    to: aside_path(run_dir, &o, None),
+                    from: o.path,
+                    sha256: None,
+                    reason: "the task runs again",
+                    refetch: false,
+                });
+            }
+            Ok(())
+        })
+        .await?;
+    applied.set_aside = changes.set_aside.len();
+    changes.set_aside.extend(review.refetch.iter().map(|r| {
+        let modified = r.modified.is_some();
+        if modified {
+            tracing::warn!(
+                "{} was modified since it was downloaded; moved aside and fetched again",
+                r.output.path.as_deref().unwrap_or("?")
+            );
+        }
+        SetAside {
+            output_id: r.output.id,
+            from: r.output.path.clone().filter(|_| modified),
+            to: aside_path(run_dir, &r.output, Some("modified")).filter(|_| modified),
+            sha256: r.modified.clone(),
+            reason: if modified {
+                "the file on disk differed from the one downloaded; fetched again"
+            } else {
+                "the file was missing; fetched again"
+            },
+            refetch: true,
+        }
+    }));
+    applied.refetch = review.refetch.len();
+    // Under a changed pipeline every task to do is done as the pipeline now says.
+    changes.reset = review
+        .redo
+        .iter()
+        .filter(|r| review.changes || r.reason == Reason::Changed)
+        .filter(|r| rows[r.task] != 0)
+        .map(|r| (rows[r.task], describe(r.task)))
+        .collect();
+    changes.removed = review.removed.iter().map(|r| r.id).collect();
+    for f in &review.left_failed {
+        let why = format!(
+            "a call was sent without a complete answer and may have been billed; not called again (--on-ambiguous fail){}",
+            f.detail
+                .as_deref()
+                .map(|d| format!(": {d}"))
+                .unwrap_or_default()
+        );
+        changes.failed.push((rows[f.task], why));
+        let below = graph.descendants(f.task).into_iter().map(|t| rows[t]);
+        let below: Vec<i64> = below.filter(|id| *id != 0).collect();
+        let (item, step, _) = graph.key(f.task);
+        changes
+            .blocked
+            .push((below, format!("its input {item}/{step} failed")));
+    }
+    for (t, identity, found) in &review.reuse {
+        let task = match rows[*t] {
+            0 => {
+                let (item, step, idx) = graph.key(*t);
+                TaskRef::New(item, step, idx)
+            }
+            id => TaskRef::Row(id),
+        };
+        changes.reused.push(Reused {
+            task,
+            identity: identity.clone(),
+            from: found.clone(),
+            paths: copy_reused(run_dir, graph, *t, found),
+        });
+    }
+    applied.reused = changes.reused.len();
+    crate::failpoint::hit("resume-apply-before-commit");
+    let moves = store.apply_review(run_id, &changes).await?;
+    crate::failpoint::hit("resume-apply-after-commit");
+    make_moves(store, moves).await?;
+    Ok(applied)
+}
+
+/// Makes journaled moves, then forgets them.
+async fn make_moves(store: &Store, moves: Vec<PendingMove>) -> Result<(), StoreError> {
+    if moves.is_empty() {
+        return Ok(());
+    }
+    let mut done = Vec::with_capacity(moves.len());
+    for m in moves {
+        let moved = move_one(&m.from, &m.to).await;
+        done.push((m, moved));
+        if done.len() == 1 {
+            crate::failpoint::hit("resume-apply-moving");
+        }
+    }
+    store.finish_moves(&done).await
+}
+
+/// Moves a file or object from `from` to `to`, never replacing anything at `to`; the size now
+/// at `to`, or `None` when there was nothing to move. A move already made (by a resume killed
+/// before it could forget it) is found made.
+async fn move_one(from: &str, to: &str) -> Option<u64> {
+    if is_object_url(from) {
+        return match objects::set_aside(from, to).await {
+            Some(size) => Some(size),
+            None => objects::size_of(to).await,
+        };
+    }
+    let (from, to) = (PathBuf::from(from), PathBuf::from(to));
+    tokio::task::spawn_blocking(move || move_file(&from, &to))
+        .await
+        .ok()
+        .flatten()
+}
+
+fn move_file(from: &Path, to: &Path) -> Option<u64> {
+    if let Ok(there) = std::fs::metadata(to) {
+        return Some(there.len());
+    }
+    let dir = to.parent().unwrap_or(Path::new("."));
+    match std::fs::create_dir_all(dir).and_then(|()| std::fs::rename(from, to)) {
+        Ok(()) => std::fs::metadata(to).ok().map(|m| m.len()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            tracing::warn!("cannot move {} aside: {e}", from.display());
+            None
+        }
+    }
+}
+
+/// Where an output's file (or object) goes when set aside:
+/// `<run>/_superseded/<item>/<name>.o<output id>[.<tag>].<ext>`; `None` when it has none.
+fn aside_path(run_dir: &Path, o: &OutputRow, tag: Option<&str>) -> Option<String> {
+    let from = PathBuf::from(o.path.as_ref()?);
+    let dir = RunDir::at(run_dir).superseded(&o.item);
+    let stem = from.file_stem()?.to_string_lossy().into_owned();
+    let ext = from
+        .extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default();
+    let tag = tag.map(|t| format!(".{t}")).unwrap_or_default();
+    let to = dir.join(format!("{stem}.o{}{tag}{ext}", o.id));
+    Some(to.to_string_lossy().into_owned())
+}
+
+/// Copies a reused task's files into this run; `None` for each one to fetch from its job
+/// instead (gone, or changed since).
+fn copy_reused(run_dir: &Path, graph: &Graph, t: usize, found: &Reusable) -> Vec<Option<String>> {
+    // Into object storage, each reused output is fetched from its job: free, and create-only.
+    if is_object_url(run_dir) {
+        return vec![None; found.outputs.len()];
+    }
+    let dir = RunDir::at(run_dir).item(&graph.item_dir(graph.task(t).instance));
+    found
+        .outputs
+        .iter()
+        .map(|o| {
+            let from = PathBuf::from(o.path.as_ref()?);
+            let ext = from
+                .extension()
+                .map(|e| format!(".{}", e.to_string_lossy()))
+                .unwrap_or_default();
+            let to = dir.join(format!("{}{ext}", graph.file_stem(t, o.k)));
+            let sha = o.sha256.as_ref()?;
+            if file_sha256(&from).ok().as_ref() != Some(sha) {
+                return None;
+            }
+            std::fs::create_dir_all(&dir).ok()?;
+            let done = copy_checked(&from, &to, sha).ok()?;
+            Some(done.to_string_lossy().into_owned())
+        })
+        .collect()
+}

@@ -1,0 +1,111 @@
+//! The edge of the review that reads the record: the run's rows matched to the graph, in one
+//! pass over the tasks, and what identities need (hashes, the previous pipeline's identities).
+
+use std::collections::HashMap;
+
+use crate::exec::identity::from_record;
+use crate::plan::graph::{Graph, Instance};
+use crate::store::{Store, StoreError, TaskRow, TaskStatus};
+
+use super::decide::Records;
+
+/// Reads the run's records for [`super::decide::decide`]: a row id per task and the whole row
+/// only for those not succeeded. `previous` is the graph the tasks were recorded from when
+/// the pipeline changed since; `identities` asks for the outputs' hashes (`--reuse`).
+/// Without either, no identity is computed and no hash read: a large run's records hold a
+/// few bytes per task.
+pub(super) async fn load(
+    store: &Store,
+    run_id: &str,
+    graph: &Graph,
+    previous: Option<&Graph>,
+    identities: bool,
+) -> Result<Records, StoreError> {
+    let mut r = Records {
+        ids: vec![0; graph.len()],
+        has_rows: vec![false; graph.instances() + 1],
+        ..Records::default()
+    };
+    let index = graph.index();
+    let batch = graph.instances();
+    // Under a changed pipeline the previous identities need every row, kept whole.
+    let mut all: Vec<TaskRow> = Vec::new();
+    let keep_all = previous.is_some();
+    store
+        .each_task(run_id, None, |row| {
+            if keep_all {
+                all.push(row.clone());
+            }
+            let Some(t) = index.get(&row.item, &row.step, row.idx) else {
+                r.removed.push(row);
+                return;
+            };
+            r.ids[t] = row.id;
+            let i = match graph.task(t).instance {
+                Instance::Item(i) => i,
+                Instance::Batch => batch,
+            };
+            r.has_rows[i] = true;
+            if row.status != TaskStatus::Succeeded {
+                r.open.insert(t, row);
+            }
+        })
+        .await?;
+    if identities || previous.is_some() {
+        r.hashes = store.output_hashes(run_id).await?;
+    }
+    if let Some(old) = previous {
+        r.previous = Some(identities_of(old, &all, &r.hashes));
+    }
+    Ok(r)
+}
+
+/// The database id of each task of `graph` (0 where it is not recorded), read row by row.
+pub(super) async fn row_ids(
+    store: &Store,
+    run_id: &str,
+    graph: &Graph,
+) -> Result<Vec<i64>, StoreError> {
+    let index = graph.index();
+    let mut ids = vec![0i64; graph.len()];
+    store
+        .each_task(run_id, None, |r| {
+            if let Some(t) = index.get(&r.item, &r.step, r.idx) {
+                ids[t] = r.id;
+            }
+        })
+        .await?;
+    Ok(ids)
+}
+
+/// The identity of each recorded task, as recorded or as computed from `graph` (the one the
+/// tasks were made from) and the bytes of their inputs.
+fn identities_of(
+    graph: &Graph,
+    rows: &[TaskRow],
+    hashes: &HashMap<(i64, u32), String>,
+) -> HashMap<i64, Option<String>> {
+    let by_key: HashMap<(&str, &str, u32), usize> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| ((r.item.as_str(), r.step.as_str(), r.idx), i))
+        .collect();
+    let row_of: Vec<Option<&TaskRow>> = (0..graph.len())
+        .map(|t| {
+            let (item, step, idx) = graph.key_ref(t);
+            by_key.get(&(item.as_ref(), step, idx)).map(|&i| &rows[i])
+        })
+        .collect();
+    row_of
+        .iter()
+        .enumerate()
+        .filter_map(|(t, r)| {
+            let r = (*r)?;
+            let id = r
+                .identity
+                .clone()
+                .or_else(|| from_record(graph, t, |u| row_of[u].map(|r| r.id), hashes));
+            Some((r.id, id))
+        })
+        .collect()
+}

@@ -1,0 +1,77 @@
+//! Lost answers read back: a call whose answer was cut after it named its job is read back by
+//! that job's id, for free, before anything is paid again.
+
+use std::time::Duration;
+
+use crate::api::types::STATUS_SUCCEEDED;
+use crate::api::{ApiError, Client, JobRecord, RetryPolicy};
+use crate::plan::graph::{Graph, Source};
+use crate::store::{AttemptOutcome, Settled, Store, StoreError};
+
+use super::Recover;
+
+/// Tries at reading back a lost answer's job. The job is paid for and the alternative is to pay
+/// again, so a passing failure (a 429, a server error, a lost connection) is waited out.
+const READ_BACK: RetryPolicy = RetryPolicy::new(5, Duration::from_millis(500));
+
+async fn read_back(client: &Client, job_id: &str) -> Result<JobRecord, ApiError> {
+    crate::api::retry::free_call(READ_BACK, || client.job(job_id)).await
+}
+
+/// Reads back a lost call's job; records it as the attempt's answer when it succeeded. Each
+/// answer is recorded on its own, as the executor records a call's: a fact that holds
+/// whatever happens next (a resume killed after it finds the task succeeded).
+pub(super) async fn recover(
+    store: &Store,
+    client: &Client,
+    run_id: &str,
+    graph: &Graph,
+    r: &Recover,
+    rows: &[i64],
+) -> Result<bool, StoreError> {
+    let task_id = rows[r.task];
+    let job = match read_back(client, &r.job_id).await {
+        Ok(job) => job,
+        Err(e) => {
+            tracing::warn!(job = %r.job_id, "cannot read back a lost answer: {}", client.redact(&e.to_string()));
+            return Ok(false);
+        }
+    };
+    let urls = job.image_urls();
+    let expected = graph.outputs(r.task) as usize;
+    if job.status() != Some(STATUS_SUCCEEDED) || urls.len() < expected {
+        return Ok(false);
+    }
+    let note = format!(
+        "the answer was lost; recovered on resume from GET /v1/jobs/{}",
+        r.job_id
+    );
+    // The lineage, as the call would have recorded it: the job of the output it read.
+    let upstream = graph.work(r.task).ok().and_then(|work| {
+        work.sources().into_iter().find_map(|s| match s {
+            Source::Output { task, .. } => Some(*task),
+            Source::Url(_) => None,
+        })
+    });
+    let parent = match upstream.map(|u| rows[u]).filter(|id| *id != 0) {
+        Some(id) => store.task_job(id).await?,
+        None => None,
+    };
+    store
+        .finish_attempt(
+            run_id,
+            task_id,
+            r.attempt_id,
+            &AttemptOutcome::Succeeded(Settled {
+                job_id: &r.job_id,
+                credits_used: job.credits_used().unwrap_or(graph.task(r.task).planned),
+                credits_remaining: None,
+                urls: &urls,
+                parent_job_id: parent.as_deref(),
+                note: Some(&note),
+            }),
+        )
+        .await?;
+    tracing::info!(job = %r.job_id, "recovered a lost answer by its job id; not paid for again");
+    Ok(true)
+}

@@ -1,0 +1,251 @@
+//! A resume's changes to the record, written in one transaction, and the journal of the file
+//! and object moves that go with them.
+
+use sqlx::{AnyConnection, Row};
+
+use crate::store::resume::{Changes, PendingMove, Reused, SetAside, TaskRef};
+use crate::store::tasks::{NewTask, insert_tasks, to_i64};
+use crate::store::{Store, StoreError, now_ms};
+
+impl Store {
+    /// Writes every change of an applied review in one transaction, and journals in it each
+    /// move of a set-aside output's file; gives the moves to make once it is committed.
+    pub async fn apply_review(
+        &self,
+        run_id: &str,
+        changes: &Changes,
+    ) -> Result<Vec<PendingMove>, StoreError> {
+        let mut tx = self.pool().begin().await?;
+        let inserted = insert_tasks(&mut tx, self.backend(), run_id, &changes.new_tasks).await?;
+        let now = now_ms();
+        let mut moves = Vec::new();
+        for m in &changes.set_aside {
+            if let Some(mv) = set_aside(&mut tx, run_id, m, now).await? {
+                moves.push(mv);
+            }
+        }
+        for (id, task) in &changes.reset {
+            reset_task(&mut tx, *id, task, now).await?;
+        }
+        for id in &changes.removed {
+            sqlx::query("UPDATE tasks SET removed_at = $1, updated_at = $2 WHERE id = $3")
+                .bind(now)
+                .bind(now)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        let failed = changes
+            .failed
+            .iter()
+            .map(|(id, why)| (vec![*id], why, "failed"));
+        let blocked = changes
+            .blocked
+            .iter()
+            .map(|(ids, why)| (ids.clone(), why, "blocked"));
+        for (ids, why, status) in failed.chain(blocked) {
+            for id in ids {
+                sqlx::query(
+                    "UPDATE tasks SET status = $1, error = $2, updated_at = $3 WHERE id = $4",
+                )
+                .bind(status)
+                .bind(why)
+                .bind(now)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            }
+        }
+        for r in &changes.reused {
+            let id = match &r.task {
+                TaskRef::Row(id) => Some(*id),
+                TaskRef::New(item, step, idx) => inserted
+                    .iter()
+                    .find(|(_, i, s, x)| i == item && s == step && x == idx)
+                    .map(|(id, ..)| *id),
+            };
+            let Some(id) = id else {
+                return Err(StoreError::Inconsistent(format!(
+                    "reused task {:?} has no row",
+                    r.task
+                )));
+            };
+            reuse(&mut tx, run_id, id, r, now).await?;
+        }
+        tx.commit().await?;
+        Ok(moves)
+    }
+
+    /// The moves a resume journaled and did not finish (its process was killed).
+    pub async fn pending_moves(&self, run_id: &str) -> Result<Vec<PendingMove>, StoreError> {
+        sqlx::query(
+            "SELECT id, superseded_id, from_path, to_path FROM pending_moves
+             WHERE run_id = $1 ORDER BY id",
+        )
+        .bind(run_id)
+        .fetch_all(self.pool())
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(PendingMove {
+                id: r.try_get("id")?,
+                superseded_id: r.try_get("superseded_id")?,
+                from: r.try_get("from_path")?,
+                to: r.try_get("to_path")?,
+            })
+        })
+        .collect()
+    }
+
+    /// Forgets journaled moves once made: each with the size of what was moved, or `None`
+    /// when there was nothing to move (the set-aside output then names no file).
+    pub async fn finish_moves(
+        &self,
+        done: &[(PendingMove, Option<u64>)],
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool().begin().await?;
+        for (m, moved) in done {
+            let query = match moved {
+                Some(bytes) => {
+                    sqlx::query("UPDATE superseded_outputs SET bytes = $1 WHERE id = $2")
+                        .bind(to_i64(*bytes))
+                        .bind(m.superseded_id)
+                }
+                None => sqlx::query("UPDATE superseded_outputs SET path = NULL WHERE id = $1")
+                    .bind(m.superseded_id),
+            };
+            query.execute(&mut *tx).await?;
+            sqlx::query("DELETE FROM pending_moves WHERE id = $1")
+                .bind(m.id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// Moves an output's row to `superseded_outputs` (keeping it, cleared, when it is fetched
+/// again) and journals its file's move.
+async fn set_aside(
+    conn: &mut AnyConnection,
+    run_id: &str,
+    m: &SetAside,
+    now: i64,
+) -> Result<Option<PendingMove>, StoreError> {
+    let to = m.from.as_ref().and(m.to.as_ref());
+    let superseded_id: i64 = sqlx::query(
+        "INSERT INTO superseded_outputs (task_id, run_id, k, job_id, path, sha256, bytes,
+             reason, superseded_at)
+         SELECT task_id, $1, k, job_id, $2, COALESCE($3, sha256), bytes, $4, $5
+         FROM outputs WHERE id = $6
+         RETURNING id",
+    )
+    .bind(run_id)
+    .bind(to)
+    .bind(&m.sha256)
+    .bind(m.reason)
+    .bind(now)
+    .bind(m.output_id)
+    .fetch_one(&mut *conn)
+    .await?
+    .try_get("id")?;
+    let sql = if m.refetch {
+        "UPDATE outputs SET path = NULL, sha256 = NULL, bytes = NULL,
+             downloaded_at = NULL, download_error = NULL
+         WHERE id = $1"
+    } else {
+        "DELETE FROM outputs WHERE id = $1"
+    };
+    sqlx::query(sql)
+        .bind(m.output_id)
+        .execute(&mut *conn)
+        .await?;
+    let (Some(from), Some(to)) = (&m.from, to) else {
+        return Ok(None);
+    };
+    let id: i64 = sqlx::query(
+        "INSERT INTO pending_moves (run_id, superseded_id, from_path, to_path)
+         VALUES ($1, $2, $3, $4) RETURNING id",
+    )
+    .bind(run_id)
+    .bind(superseded_id)
+    .bind(from)
+    .bind(to)
+    .fetch_one(&mut *conn)
+    .await?
+    .try_get("id")?;
+    Ok(Some(PendingMove {
+        id,
+        superseded_id,
+        from: from.clone(),
+        to: to.clone(),
+    }))
+}
+
+/// Makes a task to do again from the start, as `task` now describes it.
+async fn reset_task(
+    conn: &mut AnyConnection,
+    task_id: i64,
+    task: &NewTask,
+    now: i64,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE tasks SET status = 'pending', operation = $1, inputs = $2, planned_credits = $3,
+             identity = NULL, job_id = NULL, error = NULL,
+             removed_at = NULL, reused_from = NULL, updated_at = $4
+         WHERE id = $5",
+    )
+    .bind(task.operation)
+    .bind(&task.inputs)
+    .bind(to_i64(task.planned_credits))
+    .bind(now)
+    .bind(task_id)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Settles `task_id` with an earlier task's job and outputs, billed nothing.
+async fn reuse(
+    conn: &mut AnyConnection,
+    run_id: &str,
+    task_id: i64,
+    r: &Reused,
+    now: i64,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE tasks SET status = 'succeeded', job_id = $1, identity = $2, reused_from = $3,
+             error = NULL, updated_at = $4
+         WHERE id = $5",
+    )
+    .bind(&r.from.job_id)
+    .bind(&r.identity)
+    .bind(r.from.task_id)
+    .bind(now)
+    .bind(task_id)
+    .execute(&mut *conn)
+    .await?;
+    for (o, path) in r.from.outputs.iter().zip(&r.paths) {
+        let copied = path.is_some();
+        sqlx::query(
+            "INSERT INTO outputs (task_id, run_id, k, job_id, parent_job_id, url,
+                 url_issued_at, path, sha256, bytes, downloaded_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        )
+        .bind(task_id)
+        .bind(run_id)
+        .bind(i64::from(o.k))
+        .bind(&r.from.job_id)
+        .bind(&o.parent_job_id)
+        .bind(&o.url)
+        .bind(o.url_issued_at)
+        .bind(path)
+        .bind(if copied { o.sha256.as_deref() } else { None })
+        .bind(if copied { o.bytes.map(to_i64) } else { None })
+        .bind(copied.then_some(now))
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
