@@ -5,6 +5,7 @@
 // their own modules.
 #![allow(clippy::print_stdout, clippy::print_stderr, unreachable_pub)]
 
+mod apply_crash;
 mod broken;
 mod browser;
 mod cli;
