@@ -67,42 +67,8 @@ async fn run(
         .graph
         .work(task)
         .map_err(|e| Failure::Input(e.to_string()))?;
-    let mut parent = None;
-    let mut urls = Vec::new();
-    for source in work.sources() {
-        match source {
-            Source::Url(u) => urls.push(u.clone()),
-            Source::Output { task: from, k } => {
-                let fresh = shared
-                    .fresh_url(*from, *k, force_refresh)
-                    .await
-                    .map_err(Failure::Input)?;
-                parent.get_or_insert_with(|| fresh.job_id.clone());
-                urls.push(fresh.url);
-            }
-        }
-    }
-    let (endpoint, generate, tool) = match work {
-        Work::Generate {
-            prompt, n, size, ..
-        } => {
-            let mut req = GenerationRequest::new(prompt);
-            req.n = n;
-            req.size = size;
-            req.image_urls = urls;
-            ("POST /v1/images/generations".to_owned(), Some(req), None)
-        }
-        Work::Tool {
-            preserve_alpha,
-            params,
-            ..
-        } => {
-            let mut req = ToolRequest::new(urls.pop().unwrap_or_default(), params);
-            req.preserve_alpha = preserve_alpha;
-            let endpoint = format!("POST /v1/images/tools/{}", req.tool());
-            (endpoint, None, Some(req))
-        }
-    };
+    let (urls, parent) = inputs(shared, &work, force_refresh).await?;
+    let call = Call::of(work, urls);
     if shared.is_stopping() {
         return Err(Failure::Cancelled);
     }
@@ -111,26 +77,10 @@ async fn run(
     }
     let attempt_id = shared
         .store
-        .begin_attempt(&shared.run_id, task_id, &endpoint)
+        .begin_attempt(&shared.run_id, task_id, &call.endpoint())
         .await
         .map_err(Failure::Store)?;
-    let answer = match (generate, tool) {
-        (Some(req), _) => shared.client.generate(&req).await.map(|j| {
-            let urls = j.images.into_iter().map(|i| i.url).collect();
-            (j.id, j.status, j.credits_used, j.credits_remaining, urls)
-        }),
-        (_, Some(req)) => shared.client.tool(&req).await.map(|j| {
-            (
-                j.id,
-                j.status,
-                j.credits_used,
-                j.credits_remaining,
-                vec![j.data.url],
-            )
-        }),
-        (None, None) => unreachable!("a task is a generation or a tool call"),
-    };
-    let answer = match answer {
+    let answer = match call.send(shared).await {
         Err(ApiError::Ambiguous {
             endpoint,
             reason,
@@ -150,49 +100,34 @@ async fn run(
             };
             record(shared, task_id, attempt_id, named).await?;
             match recover(shared, &id).await {
-                Some(job) => Answer::Recovered(id, job),
-                None => Answer::Failed(e),
+                Some(job) => Ok(Answered::recovered(
+                    id,
+                    &job,
+                    shared.graph.task(task).planned,
+                )),
+                None => Err(e),
             }
         }
-        Err(e) => Answer::Failed(e),
-        Ok(job) => Answer::Job(job),
+        answer => answer,
     };
-    let (job_id, credits, remaining, urls, note) = match answer {
-        Answer::Job((id, status, ..)) if status != STATUS_SUCCEEDED => {
+    let answered = match answer {
+        Ok(a) if a.status == STATUS_SUCCEEDED => a,
+        Ok(a) => {
+            let id = &a.job_id;
             let error = shared.client.redact(&format!(
-                "job {id} came back with status {status:?}, not succeeded; `imgpipe job {id}` shows it"
+                "job {id} came back with status {:?}, not succeeded; `imgpipe job {id}` shows it",
+                a.status
             ));
             let outcome = AttemptOutcome::Ambiguous {
                 error: &error,
-                job_id: Some(&id),
+                job_id: Some(id),
             };
             record(shared, task_id, attempt_id, outcome).await?;
             return Err(Failure::Status(error));
         }
-        Answer::Job((id, _, credits, remaining, urls)) => (id, credits, remaining, urls, None),
-        Answer::Recovered(id, job) => {
-            let note = format!("the answer was lost; recovered from GET /v1/jobs/{id}");
-            let credits = job
-                .credits_used()
-                .unwrap_or(shared.graph.task(task).planned);
-            (id, credits, None, job.image_urls(), Some(note))
-        }
-        Answer::Failed(e) => {
+        Err(e) => {
             let error = shared.client.redact(&e.to_string());
-            let outcome = match &e {
-                ApiError::Answered { status, .. } => AttemptOutcome::Answered {
-                    status: *status,
-                    error: &error,
-                },
-                ApiError::Invalid(_) | ApiError::NotSent { .. } => {
-                    AttemptOutcome::NotSent { error: &error }
-                }
-                ApiError::Ambiguous { job_id, .. } => AttemptOutcome::Ambiguous {
-                    error: &error,
-                    job_id: job_id.as_deref(),
-                },
-            };
-            record(shared, task_id, attempt_id, outcome).await?;
+            record(shared, task_id, attempt_id, failed(&e, &error)).await?;
             return Err(Failure::Api(e));
         }
     };
@@ -201,16 +136,23 @@ async fn run(
         task_id,
         attempt_id,
         AttemptOutcome::Succeeded(Settled {
-            job_id: &job_id,
-            credits_used: credits,
-            credits_remaining: remaining,
-            urls: &urls,
+            job_id: &answered.job_id,
+            credits_used: answered.credits,
+            credits_remaining: answered.credits_remaining,
+            urls: &answered.urls,
             parent_job_id: parent.as_deref(),
-            note: note.as_deref(),
+            note: answered.note.as_deref(),
         }),
     )
     .await?;
     let issued_ms = now_ms();
+    let Answered {
+        job_id,
+        credits,
+        credits_remaining,
+        urls,
+        ..
+    } = answered;
     let outputs = ids
         .into_iter()
         .zip(urls)
@@ -224,9 +166,136 @@ async fn run(
     Ok(Success {
         job_id,
         credits,
-        credits_remaining: remaining,
+        credits_remaining,
         outputs,
     })
+}
+
+/// The task's input URLs, each output of another task's refreshed when it is near its expiry
+/// (or always, with `force_refresh`), and the job of the first such output (the lineage).
+async fn inputs(
+    shared: &Shared,
+    work: &Work,
+    force_refresh: bool,
+) -> Result<(Vec<String>, Option<String>), Failure> {
+    let mut parent = None;
+    let mut urls = Vec::new();
+    for source in work.sources() {
+        match source {
+            Source::Url(u) => urls.push(u.clone()),
+            Source::Output { task: from, k } => {
+                let fresh = shared
+                    .fresh_url(*from, *k, force_refresh)
+                    .await
+                    .map_err(Failure::Input)?;
+                parent.get_or_insert_with(|| fresh.job_id.clone());
+                urls.push(fresh.url);
+            }
+        }
+    }
+    Ok((urls, parent))
+}
+
+/// What the record says of a call that failed: answered (nothing billed), never sent, or
+/// sent without a complete answer (possibly billed).
+fn failed<'a>(e: &'a ApiError, error: &'a str) -> AttemptOutcome<'a> {
+    match e {
+        ApiError::Answered { status, .. } => AttemptOutcome::Answered {
+            status: *status,
+            error,
+        },
+        ApiError::Invalid(_) | ApiError::NotSent { .. } => AttemptOutcome::NotSent { error },
+        ApiError::Ambiguous { job_id, .. } => AttemptOutcome::Ambiguous {
+            error,
+            job_id: job_id.as_deref(),
+        },
+    }
+}
+
+/// The paid call a task makes: one of the service's two kinds.
+enum Call {
+    Generate(GenerationRequest),
+    Tool(ToolRequest),
+}
+
+impl Call {
+    fn of(work: Work, mut urls: Vec<String>) -> Call {
+        match work {
+            Work::Generate {
+                prompt, n, size, ..
+            } => {
+                let mut req = GenerationRequest::new(prompt);
+                req.n = n;
+                req.size = size;
+                req.image_urls = urls;
+                Call::Generate(req)
+            }
+            Work::Tool {
+                preserve_alpha,
+                params,
+                ..
+            } => {
+                let mut req = ToolRequest::new(urls.pop().unwrap_or_default(), params);
+                req.preserve_alpha = preserve_alpha;
+                Call::Tool(req)
+            }
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        match self {
+            Call::Generate(_) => "POST /v1/images/generations".to_owned(),
+            Call::Tool(req) => format!("POST /v1/images/tools/{}", req.tool()),
+        }
+    }
+
+    async fn send(&self, shared: &Shared) -> Result<Answered, ApiError> {
+        match self {
+            Call::Generate(req) => shared.client.generate(req).await.map(|j| Answered {
+                urls: j.images.into_iter().map(|i| i.url).collect(),
+                job_id: j.id,
+                status: j.status,
+                credits: j.credits_used,
+                credits_remaining: j.credits_remaining,
+                note: None,
+            }),
+            Call::Tool(req) => shared.client.tool(req).await.map(|j| Answered {
+                urls: vec![j.data.url],
+                job_id: j.id,
+                status: j.status,
+                credits: j.credits_used,
+                credits_remaining: j.credits_remaining,
+                note: None,
+            }),
+        }
+    }
+}
+
+/// A call's answer, whichever kind of call it was: its job, billing and result URLs.
+struct Answered {
+    job_id: String,
+    status: String,
+    credits: u64,
+    credits_remaining: Option<i64>,
+    urls: Vec<String>,
+    /// How the answer was had, when not from the call itself.
+    note: Option<String>,
+}
+
+impl Answered {
+    /// A lost answer read back by its job id; billed as the job says, else as planned.
+    fn recovered(job_id: String, job: &JobRecord, planned: u64) -> Answered {
+        Answered {
+            note: Some(format!(
+                "the answer was lost; recovered from GET /v1/jobs/{job_id}"
+            )),
+            status: STATUS_SUCCEEDED.to_owned(),
+            credits: job.credits_used().unwrap_or(planned),
+            credits_remaining: None,
+            urls: job.image_urls(),
+            job_id,
+        }
+    }
 }
 
 async fn record(
@@ -240,13 +309,6 @@ async fn record(
         .finish_attempt(&shared.run_id, task_id, attempt_id, &outcome)
         .await
         .map_err(Failure::Store)
-}
-
-/// A call's answer: id, status, credits, balance and URLs; or its job recovered by id.
-enum Answer {
-    Job((String, String, u64, Option<i64>, Vec<String>)),
-    Recovered(String, JobRecord),
-    Failed(ApiError),
 }
 
 /// The job of a call whose answer was lost, when the partial answer named it and the job
