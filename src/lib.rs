@@ -13,6 +13,7 @@
 //! - [`api`]: the service: wire types and rules, client, billing-aware errors, retries, fetches.
 //! - [`report`]: what the record says of a run: its summary, status and HTML page.
 //! - [`layout`]: every path inside a run directory.
+//! - [`task_key`]: a task's name, `item/step[index]`, written and read back in one place.
 //! - [`place`]: where a run directory is: a local directory or an `s3://` prefix.
 //! - [`time`]: times as RFC 3339, the same in plans, locks, logs and reports.
 //! - [`error`]: the top-level error and the stable exit codes.
@@ -36,6 +37,7 @@ pub mod resume;
 pub mod runner;
 pub mod sandbox;
 pub mod store;
+pub mod task_key;
 pub mod time;
 
 pub use error::{Error, exit};

@@ -170,10 +170,7 @@ fn print_review(shown: &Reviewed<'_>, json: bool) -> Result<(), Error> {
         review,
         cap,
     } = shown;
-    let name = |t: usize| {
-        let (item, step, idx) = graph.key(t);
-        format!("{item}/{step}[{idx}]")
-    };
+    let name = |t: usize| graph.task_key(t).to_string();
     let mut by_reason: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
     for r in review.each_redo(graph) {
         let e = by_reason.entry(r.reason.as_str()).or_default();

@@ -484,13 +484,7 @@ impl Scheduler {
     }
 
     fn name(&self, t: usize) -> String {
-        let task = self.graph.task(t);
-        format!(
-            "{}/{}[{}]",
-            self.graph.item_dir(task.instance),
-            self.graph.step_id(t),
-            task.idx
-        )
+        self.graph.task_key(t).to_string()
     }
 
     async fn settle(&mut self, attempted: Attempted) {

@@ -21,6 +21,7 @@ use crate::pipeline::items::Items;
 use crate::pipeline::template::Template;
 use crate::pipeline::{Input, Operation, Pipeline, Reference, StepRef, ToolOp};
 use crate::plan::Costs;
+use crate::task_key::TaskKey;
 
 /// Whose chain a task belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -532,6 +533,16 @@ impl Graph {
         (item.into_owned(), step.to_owned(), idx)
     }
 
+    /// The task's name, `item/step[idx]`.
+    pub fn task_key(&self, task: usize) -> TaskKey {
+        let (item, step, idx) = self.key(task);
+        TaskKey {
+            item,
+            step,
+            index: idx,
+        }
+    }
+
     /// [`Graph::key`] with the step's id borrowed from the graph.
     pub fn key_ref(&self, task: usize) -> (Cow<'static, str>, &str, u32) {
         let (instance, slot) = self.locate(task);
@@ -565,12 +576,12 @@ impl Graph {
             .map(|s| match s {
                 SlotSource::Output { part, slot, k } => {
                     let from = self.id(instance, *part, *slot);
-                    format!(
-                        "{}/{}[{}]",
+                    TaskKey::new(
                         self.item_dir(self.task(from).instance),
                         self.step_id(from),
-                        self.output_index(from, *k)
+                        self.output_index(from, *k),
                     )
+                    .to_string()
                 }
                 SlotSource::Url(t) => self.render(instance, t).unwrap_or_default(),
             })

@@ -10,6 +10,7 @@ use crate::report::links::href;
 use crate::report::live::{GONE, Process};
 use crate::report::model::{Model, Shared, Shown, StepCost};
 use crate::store::{ReportTask, TaskStatus};
+use crate::task_key::TaskKey;
 use crate::time::rfc3339_ms as time;
 
 /// Marks a file as an imgpipe report: only such a file is ever overwritten by another.
@@ -560,7 +561,7 @@ impl<'a> Page<'a> {
 
 /// `item/step[idx]`.
 pub(super) fn label(t: &ReportTask) -> String {
-    format!("{}/{}", t.item, label_in_item(t))
+    TaskKey::new(t.item.as_str(), t.step.as_str(), t.idx).to_string()
 }
 
 fn label_in_item(t: &ReportTask) -> String {
@@ -568,7 +569,7 @@ fn label_in_item(t: &ReportTask) -> String {
 }
 
 pub(super) fn output_label(t: &ReportTask, k: u32) -> String {
-    format!("{}/{}", t.item, output_label_in_item(t, k))
+    TaskKey::new(t.item.as_str(), t.step.as_str(), t.idx + k).to_string()
 }
 
 fn output_label_in_item(t: &ReportTask, k: u32) -> String {

@@ -4,6 +4,8 @@
 
 use std::collections::HashMap;
 
+use crate::task_key::TaskKey;
+
 use crate::layout;
 use crate::store::ReportTask;
 
@@ -129,18 +131,11 @@ fn resolve(by_step: &HashMap<(&str, &str), Vec<(u32, usize)>>, s: &str) -> Input
     if s.contains("://") {
         return Input::Url(s.to_owned());
     }
-    let parsed = s
-        .strip_suffix(']')
-        .and_then(|s| s.rsplit_once('['))
-        .and_then(|(key, i)| {
-            let (item, step) = key.split_once('/')?;
-            Some((item, step, i.parse::<u32>().ok()?))
-        });
-    let Some((item, step, index)) = parsed else {
+    let Ok(TaskKey { item, step, index }) = s.parse::<TaskKey>() else {
         return Input::Unknown(s.to_owned());
     };
     by_step
-        .get(&(item, step))
+        .get(&(item.as_str(), step.as_str()))
         .and_then(|list| list.iter().rev().find(|(idx, _)| *idx <= index))
         .map_or_else(
             || Input::Unknown(s.to_owned()),

@@ -6,6 +6,7 @@ use serde::Serialize;
 use crate::error::Error;
 use crate::report::live::Process;
 use crate::store::{AmbiguousAttempt, RunRow, StepCounts, Store, TaskStatus, Totals};
+use crate::task_key::TaskKey;
 
 /// How a run stands: its tasks, credits, balance and failures.
 #[derive(Serialize)]
@@ -85,14 +86,14 @@ async fn summary_from(
         .await?
         .into_iter()
         .map(|t| Failure {
-            task: format!("{}/{}[{}]", t.item, t.step, t.idx),
+            task: TaskKey::new(t.item, t.step, t.idx).to_string(),
             reason: t.error.unwrap_or_default(),
         })
         .collect();
     store
         .each_output(run_id, true, |o| {
             failures.push(Failure {
-                task: format!("{}/{}[{}] download", o.item, o.step, o.idx + o.k),
+                task: format!("{} download", TaskKey::new(o.item, o.step, o.idx + o.k)),
                 reason: o.download_error.unwrap_or_default(),
             });
             Ok(())

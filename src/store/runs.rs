@@ -6,6 +6,7 @@ use sqlx::Row;
 
 use crate::layout::RunDir;
 use crate::store::{Store, StoreError, now_ms};
+use crate::task_key::TaskKey;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunStatus {
@@ -323,12 +324,12 @@ impl Store {
             .map(|r| {
                 Ok(AmbiguousAttempt {
                     task_id: r.try_get("id")?,
-                    task: format!(
-                        "{}/{}[{}]",
+                    task: TaskKey::new(
                         r.try_get::<String, _>("item")?,
                         r.try_get::<String, _>("step")?,
-                        r.try_get::<i64, _>("idx")?
-                    ),
+                        u32::try_from(r.try_get::<i64, _>("idx")?).unwrap_or(0),
+                    )
+                    .to_string(),
                     endpoint: r.try_get("endpoint")?,
                     started_at: r.try_get("started_at")?,
                     job_id: r.try_get("job_id")?,
