@@ -424,7 +424,7 @@ impl Scheduler {
             // A retry sleeping out its delay is no probe: a sibling may test the price.
             let step = task.step.0;
             self.probing[step] |= !self.confirmed[step] && delay.is_zero();
-            let row = self.rows.ids[t];
+            let row = self.rows.ids.get(t);
             self.calls
                 .spawn(attempt(Arc::clone(&self.shared), t, row, delay, force));
         }
@@ -665,7 +665,7 @@ impl Scheduler {
     /// A task that could not be tried, back to pending for a later run.
     async fn put_back(&mut self, t: usize) {
         self.state[t] = State::Ready;
-        let id = self.rows.ids[t];
+        let id = self.rows.ids.get(t);
         if let Err(e) = self
             .shared
             .store
@@ -706,8 +706,8 @@ impl Scheduler {
                     self.budget.abandon(below.planned);
                 }
                 // A task not recorded yet is recorded pending, and blocked again on resume.
-                if self.rows.ids[d] != 0 {
-                    blocked.push(self.rows.ids[d]);
+                if self.rows.ids.get(d) != 0 {
+                    blocked.push(self.rows.ids.get(d));
                 }
             }
         }
@@ -715,7 +715,7 @@ impl Scheduler {
         self.release(t);
         let store = &self.shared.store;
         let recorded = match store
-            .set_task_status(&[self.rows.ids[t]], TaskStatus::Failed, Some(reason))
+            .set_task_status(&[self.rows.ids.get(t)], TaskStatus::Failed, Some(reason))
             .await
         {
             Ok(()) => {

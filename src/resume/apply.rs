@@ -57,7 +57,7 @@ pub async fn apply(
     let mut recovered = HashSet::new();
     for r in &review.recover {
         if recover(store, client, run_id, graph, r, &rows).await? {
-            recovered.insert(rows[r.task]);
+            recovered.insert(rows.get(r.task));
         }
     }
     applied.recovered = recovered.len();
@@ -70,14 +70,14 @@ pub async fn apply(
     changes.new_tasks = gained
         .map(|r| r.task)
         .chain(reused)
-        .filter(|t| rows[*t] == 0)
+        .filter(|t| rows.get(*t) == 0)
         .map(&describe)
         .collect();
     // Outputs of tasks that run again, or that the pipeline dropped, make way for new ones.
     let leaving: HashSet<i64> = review
         .redo
         .iter()
-        .map(|r| rows[r.task])
+        .map(|r| rows.get(r.task))
         .filter(|id| *id != 0 && !recovered.contains(id))
         .chain(review.removed.iter().map(|r| r.id))
         .collect();
@@ -124,8 +124,8 @@ pub async fn apply(
         .redo
         .iter()
         .filter(|r| review.changes || r.reason == Reason::Changed)
-        .filter(|r| rows[r.task] != 0)
-        .map(|r| (rows[r.task], describe(r.task)))
+        .filter(|r| rows.get(r.task) != 0)
+        .map(|r| (rows.get(r.task), describe(r.task)))
         .collect();
     changes.removed = review.removed.iter().map(|r| r.id).collect();
     for f in &review.left_failed {
@@ -136,8 +136,8 @@ pub async fn apply(
                 .map(|d| format!(": {d}"))
                 .unwrap_or_default()
         );
-        changes.failed.push((rows[f.task], why));
-        let below = graph.descendants(f.task).into_iter().map(|t| rows[t]);
+        changes.failed.push((rows.get(f.task), why));
+        let below = graph.descendants(f.task).into_iter().map(|t| rows.get(t));
         let below: Vec<i64> = below.filter(|id| *id != 0).collect();
         let (item, step, _) = graph.key(f.task);
         changes
@@ -145,7 +145,7 @@ pub async fn apply(
             .push((below, format!("its input {item}/{step} failed")));
     }
     for (t, identity, found) in &review.reuse {
-        let task = match rows[*t] {
+        let task = match rows.get(*t) {
             0 => {
                 let (item, step, idx) = graph.key(*t);
                 TaskRef::New(item, step, idx)

@@ -10,18 +10,17 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::exec::OnAmbiguous;
 use crate::exec::identity::identity;
+use crate::exec::{OnAmbiguous, RowIds};
 use crate::plan::graph::{Graph, Instance};
 use crate::store::{Reusable, TaskRow, TaskStatus};
 
 use super::{Reason, Recover, Redo, Review};
 
 /// What the record says of a run, matched to the graph of the pipeline as it is now.
-#[derive(Default)]
 pub struct Records {
     /// The row id of each task of the graph; 0 where the run has no row for it.
-    pub ids: Vec<i64>,
+    pub ids: RowIds,
     /// The whole row of each recorded task that did not succeed (few: what failed, and what
     /// was under way), by task.
     pub open: HashMap<usize, TaskRow>,
@@ -38,6 +37,18 @@ pub struct Records {
 }
 
 impl Records {
+    /// The records of a run with no task recorded.
+    pub fn empty(graph: &Graph) -> Records {
+        Records {
+            ids: RowIds::new(graph),
+            open: HashMap::new(),
+            removed: Vec::new(),
+            has_rows: vec![false; graph.instances() + 1],
+            hashes: HashMap::new(),
+            previous: None,
+        }
+    }
+
     fn has_rows(&self, instance: Instance) -> bool {
         let i = match instance {
             Instance::Item(i) => i,
@@ -89,7 +100,7 @@ pub fn decide(graph: &Graph, rec: &Records, opts: Options, lookups: &Lookups) ->
     let mut known: HashMap<(usize, u32), String> = HashMap::new();
     for t in 0..graph.len() {
         let task = graph.task(t);
-        let id = rec.ids[t];
+        let id = rec.ids.get(t);
         // The batch's tasks are recorded with the run: one it lacks is new to the pipeline.
         let unreached = task.instance != Instance::Batch && !rec.has_rows(task.instance);
         if id == 0 && !opts.reuse && unreached {
@@ -173,7 +184,7 @@ pub fn decide(graph: &Graph, rec: &Records, opts: Options, lookups: &Lookups) ->
 /// Why task `t`, not kept, is paid for; a lost answer whose job is known is listed for
 /// reading back first.
 fn reason(rec: &Records, t: usize, recover: &mut Vec<Recover>) -> Reason {
-    if rec.ids[t] == 0 {
+    if rec.ids.get(t) == 0 {
         // New to a changed pipeline; or never recorded at all.
         return if rec.previous.is_some() {
             Reason::Changed

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use crate::exec::RowIds;
 use crate::exec::identity::from_record;
 use crate::plan::graph::{Graph, Instance};
 use crate::store::{Store, StoreError, TaskRow, TaskStatus};
@@ -21,11 +22,7 @@ pub(super) async fn load(
     previous: Option<&Graph>,
     identities: bool,
 ) -> Result<Records, StoreError> {
-    let mut r = Records {
-        ids: vec![0; graph.len()],
-        has_rows: vec![false; graph.instances() + 1],
-        ..Records::default()
-    };
+    let mut r = Records::empty(graph);
     let index = graph.index();
     let batch = graph.instances();
     // Under a changed pipeline the previous identities need every row, kept whole.
@@ -40,7 +37,7 @@ pub(super) async fn load(
                 r.removed.push(row);
                 return;
             };
-            r.ids[t] = row.id;
+            r.ids.set(t, row.id);
             let i = match graph.task(t).instance {
                 Instance::Item(i) => i,
                 Instance::Batch => batch,
@@ -65,13 +62,13 @@ pub(super) async fn row_ids(
     store: &Store,
     run_id: &str,
     graph: &Graph,
-) -> Result<Vec<i64>, StoreError> {
+) -> Result<RowIds, StoreError> {
     let index = graph.index();
-    let mut ids = vec![0i64; graph.len()];
+    let mut ids = RowIds::new(graph);
     store
         .each_task(run_id, None, |r| {
             if let Some(t) = index.get(&r.item, &r.step, r.idx) {
-                ids[t] = r.id;
+                ids.set(t, r.id);
             }
         })
         .await?;

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::api::types::STATUS_SUCCEEDED;
 use crate::api::{ApiError, Client, JobRecord, RetryPolicy};
+use crate::exec::RowIds;
 use crate::plan::graph::{Graph, Source};
 use crate::store::{AttemptOutcome, Settled, Store, StoreError};
 
@@ -27,9 +28,9 @@ pub(super) async fn recover(
     run_id: &str,
     graph: &Graph,
     r: &Recover,
-    rows: &[i64],
+    rows: &RowIds,
 ) -> Result<bool, StoreError> {
-    let task_id = rows[r.task];
+    let task_id = rows.get(r.task);
     let job = match read_back(client, &r.job_id).await {
         Ok(job) => job,
         Err(e) => {
@@ -53,7 +54,7 @@ pub(super) async fn recover(
             Source::Url(_) => None,
         })
     });
-    let parent = match upstream.map(|u| rows[u]).filter(|id| *id != 0) {
+    let parent = match upstream.map(|u| rows.get(u)).filter(|id| *id != 0) {
         Some(id) => store.task_job(id).await?,
         None => None,
     };

@@ -52,15 +52,11 @@ fn row_id(t: usize) -> i64 {
 /// Records of a run in which every task of `recorded` items has a row: succeeded unless
 /// `open` gives its row.
 fn records(g: &Graph, recorded: &[&str], open: Vec<TaskRow>) -> Records {
-    let mut r = Records {
-        ids: vec![0; g.len()],
-        has_rows: vec![false; g.instances() + 1],
-        ..Records::default()
-    };
+    let mut r = Records::empty(g);
     for t in 0..g.len() {
         let (item, ..) = g.key(t);
         if recorded.contains(&item.as_str()) {
-            r.ids[t] = row_id(t);
+            r.ids.set(t, row_id(t));
             if let Instance::Item(i) = g.task(t).instance {
                 r.has_rows[i] = true;
             }
