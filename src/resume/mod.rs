@@ -9,11 +9,13 @@
 //! - [`apply`]: the review applied: every state write in one transaction, every file or
 //!   object move journaled in it, so a process killed anywhere inside resumes correctly.
 //! - [`recover`]: lost answers read back by their job id, for free.
+//! - [`changes`]: what a changed pipeline would run again, in a sentence.
 //!
 //! [`review`] only reads, so `resume --dry-run` shows it; [`apply()`] changes things.
 //! The lifecycle around them (lock, plan, admission, execution) is the runner's.
 
 mod apply;
+mod changes;
 mod check;
 pub mod decide;
 mod objects;
@@ -25,6 +27,7 @@ use crate::plan::graph::{Graph, Instance};
 use crate::store::{OutputRow, Reusable, Store, StoreError, TaskRow};
 
 pub use apply::{Applied, apply};
+pub use changes::describe_changes;
 use decide::{Decision, Lookups, Options};
 
 /// Why a task will be paid for (again).

@@ -2,7 +2,6 @@
 //! run is only summarised; an unfinished one is reviewed, so that nothing is paid for twice,
 //! and its pipeline compared with the file as it is now.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -11,7 +10,7 @@ use crate::pipeline::{self, Pipeline};
 use crate::plan::document::PlanDocument;
 use crate::plan::graph::Graph;
 use crate::plan::{Costs, GenerationPrice};
-use crate::resume::{self, Reason, Review};
+use crate::resume;
 use crate::runner::{Connection, Reviewed, Runner, admit, checked, execute, record, state};
 use crate::store::{RunRow, RunStatus, Store};
 
@@ -97,7 +96,7 @@ impl Runner<'_> {
                 message: format!(
                     "the pipeline changed since run {} started: {}",
                     row.id,
-                    describe_changes(old, &pipeline, &graph, &review)
+                    resume::describe_changes(old, &pipeline, &graph, &review)
                 ),
                 hint: Some(
                     "resume with --allow-changes to keep the unchanged tasks' results and run the rest again, or give the new work another --run-id"
@@ -209,54 +208,4 @@ fn priced_at(doc: &PlanDocument, row: &RunRow) -> GenerationPrice {
         .map(|d| d.prices.generation)
         .filter(|g| g.credits.is_some())
         .unwrap_or_else(|| doc.prices.generation.clone())
-}
-
-/// A short account of what changed: steps and items added, removed or changed, and what
-/// that costs.
-fn describe_changes(old: &Pipeline, new: &Pipeline, graph: &Graph, review: &Review) -> String {
-    let ids = |p: &Pipeline| -> BTreeSet<String> { p.steps.iter().map(|s| s.id.clone()).collect() };
-    let (before, after) = (ids(old), ids(new));
-    let mut parts = Vec::new();
-    let list = |set: Vec<&String>| {
-        set.iter()
-            .map(|s| format!("`{s}`"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let added: Vec<&String> = after.difference(&before).collect();
-    if !added.is_empty() {
-        parts.push(format!("step(s) {} added", list(added)));
-    }
-    let removed: Vec<&String> = before.difference(&after).collect();
-    if !removed.is_empty() {
-        parts.push(format!("step(s) {} removed", list(removed)));
-    }
-    let mut by_step: BTreeMap<&str, usize> = BTreeMap::new();
-    for r in review.redo.iter().filter(|r| r.reason == Reason::Changed) {
-        let step = graph.step_id(r.task);
-        if before.contains(step) {
-            *by_step.entry(step).or_default() += 1;
-        }
-    }
-    for (step, n) in by_step {
-        parts.push(format!("step `{step}` asks something else of {n} task(s)"));
-    }
-    let items =
-        |p: &Pipeline| -> BTreeSet<String> { p.items.iter().map(|i| i.id.clone()).collect() };
-    let (was, is) = (items(old), items(new));
-    let (gained, lost) = (is.difference(&was).count(), was.difference(&is).count());
-    if gained + lost > 0 {
-        parts.push(format!("{gained} item(s) added, {lost} removed"));
-    }
-    if parts.is_empty() {
-        parts.push("the file's text differs, but no task changed".into());
-    }
-    format!(
-        "{}; {} task(s) would run again for {} credits, {} keep their results, {} recorded task(s) would be dropped",
-        parts.join("; "),
-        review.to_pay(),
-        review.credits(),
-        review.kept.len(),
-        review.removed.len()
-    )
 }
