@@ -11,6 +11,7 @@ mod download;
 pub mod identity;
 pub mod limiter;
 pub mod manifest;
+mod ready;
 mod rows;
 mod scheduler;
 mod shared;

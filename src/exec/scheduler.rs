@@ -6,6 +6,8 @@
 //! remaining cost fits the budget.
 
 use std::collections::{BTreeSet, HashMap};
+
+use crate::exec::ready::ReadySet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,7 +66,7 @@ struct Scheduler {
     /// Only tasks that have been tried and not settled.
     tries: HashMap<usize, Tries>,
     admitted_ready: BTreeSet<usize>,
-    new_ready: BTreeSet<usize>,
+    new_ready: ReadySet,
     batch_admitted: bool,
     admitted_items: Vec<bool>,
     /// By step: whether a bill confirmed its planned price, and whether a call is testing it.
@@ -136,7 +138,7 @@ impl Scheduler {
             rows,
             tries: HashMap::new(),
             admitted_ready: BTreeSet::new(),
-            new_ready: BTreeSet::new(),
+            new_ready: ReadySet::new(n),
             batch_admitted: false,
             admitted_items: vec![false; graph.instances()],
             confirmed: (0..graph.step_ids.len())
@@ -274,7 +276,7 @@ impl Scheduler {
 
     /// Records the tasks of the next items to admit, before they are admitted.
     async fn record_ahead(&mut self) {
-        let Some(&next) = self.new_ready.first() else {
+        let Some(next) = self.new_ready.first() else {
             return;
         };
         let Instance::Item(i) = self.graph.task(next).instance else {
@@ -379,7 +381,7 @@ impl Scheduler {
                     .copied()
             };
             // A chain is admitted once its tasks are recorded (see `record_ahead`).
-            let fresh = self.new_ready.first().copied().filter(|t| {
+            let fresh = self.new_ready.first().filter(|t| {
                 self.closed.is_none()
                     && self.may_send(*t)
                     && self.rows.is_recorded(self.graph.task(*t).instance)
@@ -476,9 +478,9 @@ impl Scheduler {
             Instance::Batch => self.batch_admitted = true,
             Instance::Item(i) => self.admitted_items[i] = true,
         }
-        let moving: Vec<usize> = self.new_ready.range(tasks).copied().collect();
+        let moving: Vec<usize> = self.new_ready.in_range(tasks);
         for t in moving {
-            self.new_ready.remove(&t);
+            self.new_ready.remove(t);
             self.admitted_ready.insert(t);
         }
     }
@@ -697,7 +699,7 @@ impl Scheduler {
         for d in self.graph.descendants(t) {
             if matches!(self.state[d], State::Waiting | State::Ready) {
                 self.admitted_ready.remove(&d);
-                self.new_ready.remove(&d);
+                self.new_ready.remove(d);
                 self.state[d] = State::Blocked;
                 self.unfinished = self.unfinished.saturating_sub(1);
                 let below = self.graph.task(d);
