@@ -124,10 +124,14 @@ impl Items {
 }
 
 /// Rows by lowercased id, as a 64-bit hash of it: ids are compared case-insensitively because
-/// they name directories, and the hash keeps the index free of the ids' strings.
+/// they name directories, and the hash keeps the index free of the ids' strings. While items
+/// are read it is a hash map (each id is checked against those before it); once read it is a
+/// sorted list of (hash, row), 12 bytes an item where the map was about 35 (a million items:
+/// 12 MB against 35 MB held for the whole run).
 #[derive(Debug, Default)]
 struct IdIndex {
-    first: HashMap<u64, usize>,
+    building: HashMap<u64, usize>,
+    sorted: Vec<(u64, u32)>,
     /// Lowercased ids whose hash an earlier, different id already had.
     clashes: HashMap<Box<str>, usize>,
 }
@@ -140,7 +144,12 @@ impl IdIndex {
     }
 
     fn find(&self, lower: &str, rows: &Store) -> Option<usize> {
-        if let Some(&row) = self.first.get(&Self::hash(lower))
+        let hash = Self::hash(lower);
+        let first = match self.sorted.binary_search_by_key(&hash, |(h, _)| *h) {
+            Ok(i) => Some(self.sorted[i].1 as usize),
+            Err(_) => self.building.get(&hash).copied(),
+        };
+        if let Some(row) = first
             && rows.id(row).is_some_and(|id| id.to_lowercase() == lower)
         {
             return Some(row);
@@ -150,7 +159,7 @@ impl IdIndex {
 
     /// Records `row` under `lower`, which [`IdIndex::find`] did not know.
     fn insert(&mut self, lower: &str, row: usize) {
-        match self.first.entry(Self::hash(lower)) {
+        match self.building.entry(Self::hash(lower)) {
             std::collections::hash_map::Entry::Vacant(e) => {
                 e.insert(row);
             }
@@ -158,6 +167,22 @@ impl IdIndex {
                 self.clashes.insert(lower.into(), row);
             }
         }
+    }
+
+    /// Every id is in: the map becomes the sorted list (rows past `u32::MAX` stay in the map).
+    fn finish(&mut self) {
+        let building = std::mem::take(&mut self.building);
+        let mut sorted = Vec::with_capacity(building.len());
+        for (hash, row) in building {
+            match u32::try_from(row) {
+                Ok(r) => sorted.push((hash, r)),
+                Err(_) => {
+                    self.building.insert(hash, row);
+                }
+            }
+        }
+        sorted.sort_unstable();
+        self.sorted = sorted;
     }
 }
 
@@ -326,6 +351,7 @@ impl Builder {
             report.error(d);
         }
         let empty = self.rows.len() == 0;
+        self.ids.finish();
         Items {
             fields: self.fields,
             index: self.index,
