@@ -10,21 +10,13 @@
 
 use std::collections::HashMap;
 
+use crate::exec::scheduler::State;
 use crate::exec::{Config, OnAmbiguous};
 use crate::plan::graph::{Graph, Instance, Work};
 use crate::store::{NewTask, Store, StoreError, TaskStatus};
 
 /// Items recorded in one transaction: a few hundred milliseconds' work at most.
 const CHUNK_ITEMS: usize = 1024;
-
-/// What an earlier process settled about a task.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Prior {
-    Todo,
-    Done,
-    /// Failed for good: left failed, its descendants blocked.
-    Failed,
-}
 
 /// How task `t` of `graph` is recorded.
 pub fn new_task(graph: &Graph, t: usize) -> NewTask {
@@ -123,14 +115,16 @@ pub(super) struct Rows {
 }
 
 impl Rows {
-    /// Reads the run's rows, one at a time: each task's row id and what it came to.
+    /// Reads the run's rows, one at a time: each task's row id, and the state an earlier
+    /// process left it in (done, failed for good, or still to do: waiting), which becomes the
+    /// scheduler's own state vector rather than a copy beside it.
     pub(super) async fn load(
         store: &Store,
         graph: &Graph,
         config: &Config,
-    ) -> Result<(Rows, Vec<Prior>), StoreError> {
+    ) -> Result<(Rows, Vec<State>), StoreError> {
         let mut ids = RowIds::new(graph);
-        let mut prior = vec![Prior::Todo; graph.len()];
+        let mut prior = vec![State::Waiting; graph.len()];
         let index = graph.index();
         store
             .each_task(&config.run_id, None, |row| {
@@ -139,7 +133,7 @@ impl Rows {
                 };
                 ids.set(t, row.id);
                 prior[t] = match row.status {
-                    TaskStatus::Succeeded => Prior::Done,
+                    TaskStatus::Succeeded => State::Done,
                     // Possibly billed already, and the user asked not to pay twice.
                     TaskStatus::Failed
                         if config.on_ambiguous == OnAmbiguous::Fail
@@ -148,9 +142,9 @@ impl Rows {
                                 .as_ref()
                                 .is_some_and(|a| a.possibly_billed()) =>
                     {
-                        Prior::Failed
+                        State::Failed
                     }
-                    _ => Prior::Todo,
+                    _ => State::Waiting,
                 };
             })
             .await?;

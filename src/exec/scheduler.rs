@@ -19,7 +19,7 @@ use crate::api::{ApiError, Client, Downloader, ErrorKind};
 use crate::exec::attempt::{Attempted, Failure, Success, attempt};
 use crate::exec::budget::Budget;
 use crate::exec::download::{Fetched, download};
-use crate::exec::rows::{Prior, Rows, record_identities};
+use crate::exec::rows::{Rows, record_identities};
 use crate::exec::shared::{OutputUrl, Shared};
 use crate::exec::{Config, Fatal, Observer, OnAmbiguous, Outcome, Stop};
 use crate::plan::graph::{Graph, Instance};
@@ -29,7 +29,7 @@ use crate::store::{Store, StoreError, TaskStatus};
 const MAX_THROTTLED: u32 = 30;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum State {
+pub(super) enum State {
     Waiting,
     Ready,
     Running,
@@ -104,7 +104,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<Outcome, StoreError> {
     store.settle_orphaned_attempts(&config.run_id).await?;
-    let (rows, prior) = Rows::load(&store, &graph, &config).await?;
+    let (rows, state) = Rows::load(&store, &graph, &config).await?;
     let shared = Arc::new(Shared::new(
         client,
         downloader,
@@ -112,8 +112,7 @@ pub async fn run(
         Arc::clone(&graph),
         &config,
     ));
-    let mut s = Scheduler::new(shared, graph, config, observer, rows, &prior, shutdown);
-    drop(prior);
+    let mut s = Scheduler::new(shared, graph, config, observer, rows, state, shutdown);
     s.restore_outputs().await?;
     s.main_loop().await;
     let (outcome, graph, rows, succeeded) = s.finish().await;
@@ -128,12 +127,12 @@ impl Scheduler {
         config: Config,
         observer: Arc<dyn Observer>,
         rows: Rows,
-        prior: &[Prior],
+        state: Vec<State>,
         shutdown: CancellationToken,
     ) -> Scheduler {
         let n = graph.len();
         let mut s = Scheduler {
-            state: vec![State::Waiting; n],
+            state,
             waiting: vec![0; n],
             rows,
             tries: HashMap::new(),
@@ -161,25 +160,23 @@ impl Scheduler {
             config,
             observer,
         };
-        for (t, p) in prior.iter().enumerate() {
-            if *p == Prior::Failed {
-                s.state[t] = State::Failed;
+        // Below a task failed for good, what is still to do is blocked.
+        for t in 0..n {
+            if s.state[t] == State::Failed {
                 for d in s.graph.descendants(t) {
-                    s.state[d] = State::Blocked;
+                    if s.state[d] == State::Waiting {
+                        s.state[d] = State::Blocked;
+                    }
                 }
             }
         }
         for t in 0..n {
-            if prior[t] == Prior::Done {
-                s.state[t] = State::Done;
-                continue;
-            }
             if s.state[t] != State::Waiting {
                 continue;
             }
             s.unfinished += 1;
             let deps = s.graph.deps(t);
-            let open = deps.iter().filter(|d| prior[**d] != Prior::Done).count();
+            let open = deps.iter().filter(|d| s.state[**d] != State::Done).count();
             s.waiting[t] = u8::try_from(open).unwrap_or(u8::MAX);
         }
         for t in 0..n {

@@ -131,7 +131,9 @@ impl Items {
 #[derive(Debug, Default)]
 struct IdIndex {
     building: HashMap<u64, usize>,
-    sorted: Vec<(u64, u32)>,
+    /// Hashes in order, and the row of each (two lists: a list of pairs pads each to 16).
+    hashes: Vec<u64>,
+    rows: Vec<u32>,
     /// Lowercased ids whose hash an earlier, different id already had.
     clashes: HashMap<Box<str>, usize>,
 }
@@ -145,8 +147,8 @@ impl IdIndex {
 
     fn find(&self, lower: &str, rows: &Store) -> Option<usize> {
         let hash = Self::hash(lower);
-        let first = match self.sorted.binary_search_by_key(&hash, |(h, _)| *h) {
-            Ok(i) => Some(self.sorted[i].1 as usize),
+        let first = match self.hashes.binary_search(&hash) {
+            Ok(i) => Some(self.rows[i] as usize),
             Err(_) => self.building.get(&hash).copied(),
         };
         if let Some(row) = first
@@ -182,7 +184,8 @@ impl IdIndex {
             }
         }
         sorted.sort_unstable();
-        self.sorted = sorted;
+        self.hashes = sorted.iter().map(|(h, _)| *h).collect();
+        self.rows = sorted.into_iter().map(|(_, r)| r).collect();
     }
 }
 
