@@ -27,7 +27,8 @@
 //! once (no ANALYZE, no wait) measures `resume --dry-run`, the takeover (a real `resume`, from
 //! its spawn to its first paid call, i.e. the first attempt it records; then SIGINT), `status`,
 //! `report` and `report` made again. Goals then: 2 s, 3 s, 1 s and 3 s. The requests the
-//! takeover sent the S3 server before its first paid call are counted.
+//! takeover sent the S3 server before its first paid call are counted. IMGPIPE_BENCH_REPORT=0
+//! leaves both reports out (a report of a run in object storage can take many minutes).
 
 // Benchmarks and tests report on stdout and stderr by design, and share helpers between
 // their own modules.
@@ -142,6 +143,8 @@ struct Mode {
     postgres: bool,
     s3: bool,
     kill: bool,
+    /// Whether `report` is measured (IMGPIPE_BENCH_REPORT=0 leaves it out).
+    reports: bool,
 }
 
 impl Mode {
@@ -150,6 +153,7 @@ impl Mode {
             postgres: std::env::var("IMGPIPE_BENCH_STATE").is_ok_and(|v| !v.is_empty()),
             s3: support::s3_out(),
             kill: std::env::var("IMGPIPE_BENCH_KILL").is_ok_and(|v| !v.is_empty() && v != "0"),
+            reports: std::env::var("IMGPIPE_BENCH_REPORT").as_deref() != Ok("0"),
         }
     }
 
@@ -241,8 +245,14 @@ fn run_once(items: usize, run_for: Duration, mode: Mode) -> Sample {
             .arg(dir.join("report.html"));
         report
     };
-    let report = measure(report_cmd(), dir, "report");
-    let report_again = measure(report_cmd(), dir, "report-again");
+    let (report, report_again) = if !mode.reports {
+        (Usage::default(), Usage::default())
+    } else {
+        (
+            measure(report_cmd(), dir, "report"),
+            measure(report_cmd(), dir, "report-again"),
+        )
+    };
 
     Sample {
         items_read,
@@ -747,11 +757,12 @@ fn report(m: &Sample, runs: usize, mode: Mode) {
     } else {
         (GOAL_COMMAND_S, GOAL_COMMAND_S)
     };
-    for (name, u, goal) in [
-        ("status", m.status, status_goal),
+    let reports = [
         ("report", m.report, GOAL_COMMAND_S),
         ("report again", m.report_again, again_goal),
-    ] {
+    ];
+    let measured = if mode.reports { &reports[..] } else { &[] };
+    for &(name, u, goal) in [("status", m.status, status_goal)].iter().chain(measured) {
         println!(
             "  {name:<17} {:.2} s, peak RSS {:.1} MiB (goal {goal} s): {}",
             u.wall,
