@@ -744,3 +744,57 @@ steps:
         seen[..first_call].join("\n")
     );
 }
+
+/// The store's pricing by row id, which leaves PostgreSQL's planner no index to choose (by key,
+/// without statistics, it may read every task of the step for each task priced).
+#[tokio::test(flavor = "multi_thread")]
+async fn tasks_are_priced_by_row_id_on_postgres() {
+    use imgpipe::store::{Location, NewRun, NewTask, Store};
+    let Some(url) = postgres_database("planned").await else {
+        return;
+    };
+    let store = Store::open_at(&Location::parse(&url, "--state").unwrap())
+        .await
+        .unwrap();
+    let run = NewRun {
+        id: "r",
+        pipeline_name: "p",
+        pipeline_file: "p.yaml",
+        pipeline_text: "",
+        pipeline_sha256: "",
+        items_sha256: "",
+        plan_json: "{}",
+        output_dir: "out",
+        credits_planned: 2,
+        balance_before: None,
+    };
+    let task = |item: &str| NewTask {
+        item: item.to_owned(),
+        step: "s".to_owned(),
+        idx: 0,
+        operation: "erase",
+        inputs: "[]".to_owned(),
+        planned_credits: 1,
+    };
+    store
+        .create_run(&run, &[task("a"), task("b")])
+        .await
+        .unwrap();
+    let ids: Vec<i64> = store
+        .tasks("r")
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.id)
+        .collect();
+    store.set_planned(&[(ids[1], 7)]).await.unwrap();
+    let planned: Vec<u64> = store
+        .tasks("r")
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.planned_credits)
+        .collect();
+    assert_eq!(planned, [1, 7]);
+    store.close().await;
+}
