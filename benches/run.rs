@@ -186,6 +186,7 @@ fn main() {
         medians.push((scenario, median(&samples)));
     }
     report(&medians, runs);
+    support::s3_remove_bucket();
 }
 
 /// Upscales ×4 whose paid calls all end together (the sandbox's latency outlasts the work), so

@@ -195,6 +195,7 @@ fn main() {
         })
         .collect();
     report(&median(&samples), runs, mode);
+    support::s3_remove_bucket();
 }
 
 fn run_once(items: usize, run_for: Duration, mode: Mode) -> Sample {

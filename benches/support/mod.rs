@@ -229,19 +229,32 @@ pub fn s3_env(cmd: &mut Command) {
         .env("AWS_ALLOW_HTTP", "true");
 }
 
+/// Removes the bucket of the bench's S3 server, if one was started (unless IMGPIPE_BENCH_KEEP
+/// is set): its objects are the bench's runs' outputs, hundreds of MiB.
+pub fn s3_remove_bucket() {
+    if std::env::var_os("IMGPIPE_BENCH_KEEP").is_none()
+        && let Some(root) = S3_ROOT.get()
+    {
+        let _ = std::fs::remove_dir_all(root);
+    }
+}
+
 /// Requests the bench's S3 server has received so far (0 without one).
 pub fn s3_requests() -> u64 {
     S3_REQUESTS.load(Ordering::Relaxed)
 }
 
 static S3_REQUESTS: AtomicU64 = AtomicU64::new(0);
+static S3_ROOT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
 const S3_KEY: &str = "AKIAIMGPIPEBENCH";
 const S3_SECRET: &str = "imgpipe-bench-secret";
 
 /// Starts s3s-fs on 127.0.0.1 in a thread of its own, its bucket `bench` in a temporary
-/// directory kept until the bench ends, every request counted; returns its port.
+/// directory kept until the bench ends ([`s3_remove_bucket`]), every request counted; returns
+/// its port.
 fn s3_server() -> u16 {
     let root = tempfile::tempdir().expect("temp dir").keep();
+    let _ = S3_ROOT.set(root.clone());
     std::fs::create_dir(root.join("bench")).expect("the bucket");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
