@@ -44,7 +44,7 @@ use sqlx::Connection;
 
 #[path = "support/mod.rs"]
 mod support;
-use support::{Sandbox, binary, env_usize};
+use support::{Sandbox, binary, block_on, env_usize, out_for, state_for};
 
 const DEFAULT_RUNS: usize = 3;
 const MIB: f64 = 1024.0 * 1024.0;
@@ -186,6 +186,7 @@ fn main() {
         medians.push((scenario, median(&samples)));
     }
     report(&medians, runs);
+    support::s3_remove_bucket();
 }
 
 /// Upscales ×4 whose paid calls all end together (the sandbox's latency outlasts the work), so
@@ -344,104 +345,6 @@ fn watch_downloads(pid: u32, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u
         }
         peak
     })
-}
-
-/// The run's `--state`: `state.db` in `dir`, or a new database on the PostgreSQL server of
-/// IMGPIPE_BENCH_STATE.
-fn state_for(dir: &Path) -> String {
-    let Some(admin) = std::env::var("IMGPIPE_BENCH_STATE")
-        .ok()
-        .filter(|v| !v.is_empty())
-    else {
-        return dir.join("state.db").to_string_lossy().into_owned();
-    };
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let name = format!(
-        "imgpipe_bench_{}_{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    );
-    block_on(async {
-        let mut conn = sqlx::PgConnection::connect(&admin)
-            .await
-            .expect("reach IMGPIPE_BENCH_STATE");
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
-            .execute(&mut conn)
-            .await
-            .expect("create the run's database");
-        let _ = conn.close().await;
-    });
-    let mut url = url::Url::parse(&admin).expect("IMGPIPE_BENCH_STATE is a URL");
-    url.set_path(&name);
-    url.to_string()
-}
-
-/// The run's `--out`: `out` in `dir`, or a new prefix in the bench's bucket with IMGPIPE_BENCH_OUT=s3
-/// (the store's environment set on `cmd`, as a user sets it).
-fn out_for(dir: &Path, cmd: &mut Command) -> String {
-    if std::env::var("IMGPIPE_BENCH_OUT").as_deref() != Ok("s3") {
-        return dir.join("out").to_string_lossy().into_owned();
-    }
-    static SERVER: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let port = *SERVER.get_or_init(s3_server);
-    cmd.env("AWS_ACCESS_KEY_ID", S3_KEY)
-        .env("AWS_SECRET_ACCESS_KEY", S3_SECRET)
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_ENDPOINT", format!("http://127.0.0.1:{port}"))
-        .env("AWS_ALLOW_HTTP", "true");
-    format!("s3://bench/run{}", NEXT.fetch_add(1, Ordering::Relaxed))
-}
-
-const S3_KEY: &str = "AKIAIMGPIPEBENCH";
-const S3_SECRET: &str = "imgpipe-bench-secret";
-
-/// Starts s3s-fs on 127.0.0.1 in a thread of its own, its bucket `bench` in a temporary
-/// directory kept until the bench ends; returns its port.
-fn s3_server() -> u16 {
-    let root = tempfile::tempdir().expect("temp dir").keep();
-    std::fs::create_dir(root.join("bench")).expect("the bucket");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("tokio runtime");
-        runtime.block_on(async move {
-            let fs = s3s_fs::FileSystem::new(&root).expect("s3s-fs");
-            let mut builder = s3s::service::S3ServiceBuilder::new(fs);
-            builder.set_auth(s3s::auth::SimpleAuth::from_single(S3_KEY, S3_SECRET));
-            let service = builder.build();
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind");
-            tx.send(listener.local_addr().expect("port").port())
-                .expect("send the port");
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let service = service.clone();
-                tokio::spawn(async move {
-                    let _ = hyper_util::server::conn::auto::Builder::new(
-                        hyper_util::rt::TokioExecutor::new(),
-                    )
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
-                });
-            }
-        });
-    });
-    rx.recv().expect("the S3 server starts")
-}
-
-fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-        .block_on(f)
 }
 
 /// From the run's state: attempts, first and last start (unix ms), downloaded bytes.

@@ -18,6 +18,17 @@
 //! unless IMGPIPE_BENCH_KEEP is set). Medians of
 //! IMGPIPE_BENCH_RUNS runs (default 1: a run of 100,000 items takes minutes). Run with
 //! `cargo bench --bench scale`; IMGPIPE_BENCH_BINARY=PATH measures another build.
+//!
+//! Beyond one machine: IMGPIPE_BENCH_STATE=postgres://ADMIN@HOST:PORT/DB keeps each run's state
+//! in a fresh database of that PostgreSQL server, and IMGPIPE_BENCH_OUT=s3 its outputs in a
+//! bucket of an S3-compatible server the bench runs on 127.0.0.1 (s3s-fs), as `cargo bench
+//! --bench run` does. IMGPIPE_BENCH_KILL=1 stops the run with SIGKILL instead of SIGINT,
+//! IMGPIPE_BENCH_RUN_SECS (default 25 then) after its first paid call, as a pod is lost, then at
+//! once (no ANALYZE, no wait) measures `resume --dry-run`, the takeover (a real `resume`, from
+//! its spawn to its first paid call, i.e. the first attempt it records; then SIGINT), `status`,
+//! `report` and `report` made again. Goals then: 2 s, 3 s, 1 s and 3 s. The requests the
+//! takeover sent the S3 server before its first paid call are counted. IMGPIPE_BENCH_REPORT=0
+//! leaves both reports out (a report of a run in object storage can take many minutes).
 
 // Benchmarks and tests report on stdout and stderr by design, and share helpers between
 // their own modules.
@@ -39,6 +50,8 @@ use support::{Sandbox, Usage, binary, env_usize};
 const DEFAULT_ITEMS: usize = 100_000;
 const DEFAULT_RUNS: usize = 1;
 const DEFAULT_RUN_SECS: usize = 10;
+/// How long a killed run calls before its SIGKILL: enough for thousands of outputs.
+const DEFAULT_KILL_SECS: usize = 25;
 /// generate `n: 2`, then four tool steps on each of its two images.
 const TASKS_PER_ITEM: usize = 9;
 const CONCURRENCY: &str = "16";
@@ -51,6 +64,10 @@ const GOAL_MIB: f64 = 100e6 / MIB;
 /// Start-up allowed on top of one read of the items file.
 const GOAL_FIRST_CALL_S: f64 = 1.0;
 const GOAL_COMMAND_S: f64 = 2.0;
+/// After a kill -9: the takeover's first paid call, `status`, and `report` made again.
+const GOAL_TAKEOVER_S: f64 = 3.0;
+const GOAL_KILLED_STATUS_S: f64 = 1.0;
+const GOAL_KILLED_REPORT_S: f64 = 3.0;
 const POLL: Duration = Duration::from_millis(50);
 /// VmHWM is read every this many polls (100 ms).
 const SAMPLE_EVERY: u32 = 2;
@@ -107,31 +124,81 @@ struct Sample {
     tasks: u64,
     succeeded: u64,
     attempts: u64,
+    /// Outputs stored (downloaded) when the run stopped.
+    stored: u64,
     resume: Usage,
+    /// Seconds from spawning the real `resume` to its first paid call (kill -9 only).
+    takeover: f64,
+    /// Requests to the S3 server from the takeover's spawn to its first paid call.
+    takeover_s3: u64,
     status: Usage,
     report: Usage,
+    /// `report` made again, its thumbnails made.
+    report_again: Usage,
+}
+
+/// Where the state and outputs are, and how the run is stopped.
+#[derive(Clone, Copy)]
+struct Mode {
+    postgres: bool,
+    s3: bool,
+    kill: bool,
+    /// Whether `report` is measured (IMGPIPE_BENCH_REPORT=0 leaves it out).
+    reports: bool,
+}
+
+impl Mode {
+    fn from_env() -> Mode {
+        Mode {
+            postgres: std::env::var("IMGPIPE_BENCH_STATE").is_ok_and(|v| !v.is_empty()),
+            s3: support::s3_out(),
+            kill: std::env::var("IMGPIPE_BENCH_KILL").is_ok_and(|v| !v.is_empty() && v != "0"),
+            reports: std::env::var("IMGPIPE_BENCH_REPORT").as_deref() != Ok("0"),
+        }
+    }
+
+    fn describe(self) -> String {
+        format!(
+            "state {}, outputs {}, stopped by {}",
+            if self.postgres {
+                "PostgreSQL"
+            } else {
+                "SQLite"
+            },
+            if self.s3 { "S3" } else { "local" },
+            if self.kill { "SIGKILL" } else { "SIGINT" }
+        )
+    }
 }
 
 fn main() {
     let items = env_usize("IMGPIPE_BENCH_ITEMS", DEFAULT_ITEMS).max(1);
     let runs = env_usize("IMGPIPE_BENCH_RUNS", DEFAULT_RUNS).max(1);
-    let run_secs = env_usize("IMGPIPE_BENCH_RUN_SECS", DEFAULT_RUN_SECS) as u64;
+    let mode = Mode::from_env();
+    let default_secs = if mode.kill {
+        DEFAULT_KILL_SECS
+    } else {
+        DEFAULT_RUN_SECS
+    };
+    let run_secs = env_usize("IMGPIPE_BENCH_RUN_SECS", default_secs) as u64;
     println!(
-        "{items} items x {TASKS_PER_ITEM} tasks, concurrency {CONCURRENCY}, SIGINT {run_secs} s \
+        "{items} items x {TASKS_PER_ITEM} tasks, concurrency {CONCURRENCY}, {}, {run_secs} s \
          after the first paid call, {runs} run(s), binary: {}",
+        mode.describe(),
         binary()
     );
     let samples: Vec<Sample> = (1..=runs)
         .map(|i| {
-            let s = run_once(items, Duration::from_secs(run_secs));
-            print_sample(i, &s);
+            let s = run_once(items, Duration::from_secs(run_secs), mode);
+            print_sample(i, &s, mode);
             s
         })
         .collect();
-    report(&median(&samples), runs);
+    report(&median(&samples), runs, mode);
+    support::s3_remove_bucket();
 }
 
-fn run_once(items: usize, run_for: Duration) -> Sample {
+fn run_once(items: usize, run_for: Duration, mode: Mode) -> Sample {
     let dir = tempfile::tempdir().expect("temp dir");
     // IMGPIPE_BENCH_KEEP=1 leaves the run's directory behind, to look into by hand.
     let dir = if std::env::var_os("IMGPIPE_BENCH_KEEP").is_some() {
@@ -146,36 +213,47 @@ fn run_once(items: usize, run_for: Duration) -> Sample {
     let items_read = read_items(&dir.join("items.jsonl"), items);
     let sandbox =
         Sandbox::start_with_balance(BALANCE, &["--image-side".to_owned(), IMAGE_SIDE.to_owned()]);
-    let state = dir.join("state.db");
+    let state = support::state_for(dir);
 
     let mut run = imgpipe(Some(&sandbox));
+    let out = support::out_for(dir, &mut run);
     run.arg("run")
         .arg(&pipeline)
-        .arg("--state")
-        .arg(&state)
-        .arg("--out")
-        .arg(dir.join("out"))
+        .args(["--state", &state, "--out", &out])
         .args(["--concurrency", CONCURRENCY]);
-    let watched = run_and_interrupt(run, &state, dir, run_for);
+    let watched = run_and_stop(run, &state, dir, run_for, mode.kill);
     let record = recorded(&state);
 
+    // From here on, at once: a pod taking over does not wait for the server to analyse tables.
     let mut resume = imgpipe(Some(&sandbox));
-    resume
-        .args(["resume", &record.run_id, "--dry-run", "--state"])
-        .arg(&state);
+    resume.args(["resume", &record.run_id, "--dry-run", "--state", &state]);
     let resume = measure(resume, dir, "resume");
+    let (takeover, takeover_s3) = if mode.kill {
+        let mut cmd = imgpipe(Some(&sandbox));
+        cmd.args(["resume", &record.run_id, "--state", &state]);
+        take_over(cmd, &state, dir)
+    } else {
+        (0.0, 0)
+    };
     let mut status = imgpipe(None);
-    status
-        .args(["status", &record.run_id, "--state"])
-        .arg(&state);
+    status.args(["status", &record.run_id, "--state", &state]);
     let status = measure(status, dir, "status");
-    let mut report = imgpipe(None);
-    report
-        .args(["report", &record.run_id, "--state"])
-        .arg(&state)
-        .arg("--out")
-        .arg(dir.join("report.html"));
-    let report = measure(report, dir, "report");
+    let report_cmd = || {
+        let mut report = imgpipe(None);
+        report
+            .args(["report", &record.run_id, "--state", &state])
+            .arg("--out")
+            .arg(dir.join("report.html"));
+        report
+    };
+    let (report, report_again) = if !mode.reports {
+        (Usage::default(), Usage::default())
+    } else {
+        (
+            measure(report_cmd(), dir, "report"),
+            measure(report_cmd(), dir, "report-again"),
+        )
+    };
 
     Sample {
         items_read,
@@ -187,20 +265,25 @@ fn run_once(items: usize, run_for: Duration) -> Sample {
         tasks: record.tasks,
         succeeded: record.succeeded,
         attempts: record.attempts,
+        stored: record.stored,
         resume,
+        takeover,
+        takeover_s3,
         status,
         report,
+        report_again,
     }
 }
 
-/// The binary, told the sandbox's address and key when given one; never the user's state
-/// database or log settings.
+/// The binary, told the sandbox's address and key when given one, and the S3 server's with
+/// IMGPIPE_BENCH_OUT=s3; never the user's state database or log settings.
 fn imgpipe(sandbox: Option<&Sandbox>) -> Command {
     let mut cmd = Command::new(binary());
     cmd.env_remove("IMGPIPE_LOG")
         .env_remove("IMGPIPE_STATE")
         .env_remove("IMGPIPE_BASE_URL")
         .env_remove("IMGPIPE_API_KEY");
+    support::s3_env(&mut cmd);
     if let Some(s) = sandbox {
         cmd.env("IMGPIPE_BASE_URL", &s.base_url)
             .env("IMGPIPE_API_KEY", &s.api_key);
@@ -276,9 +359,15 @@ impl Drop for Reaper {
     }
 }
 
-/// Spawns the run, waits for its first paid call, lets it call for `run_for`, sends SIGINT and
-/// reaps it; samples its VmHWM all along.
-fn run_and_interrupt(mut cmd: Command, state: &Path, dir: &Path, run_for: Duration) -> Watched {
+/// Spawns the run, waits for its first paid call, lets it call for `run_for`, sends SIGINT (or
+/// SIGKILL with `kill`) and reaps it; samples its VmHWM all along.
+fn run_and_stop(
+    mut cmd: Command,
+    state: &str,
+    dir: &Path,
+    run_for: Duration,
+    kill: bool,
+) -> Watched {
     let stderr = dir.join("run.log");
     let spawned_ms = unix_ms();
     let (child, start) = support::spawn(&mut cmd, &dir.join("run.out"), &stderr);
@@ -309,7 +398,7 @@ fn run_and_interrupt(mut cmd: Command, state: &Path, dir: &Path, run_for: Durati
         let now = Instant::now();
         match (first, sigint) {
             (None, _) => {
-                if let Some(started_ms) = db.first_call() {
+                if let Some(started_ms) = db.first_call_after(0) {
                     let after = (started_ms - spawned_ms).max(0) as f64 / 1000.0;
                     let deadline = start + Duration::from_secs_f64(after) + run_for;
                     first = Some((after, deadline));
@@ -320,8 +409,9 @@ fn run_and_interrupt(mut cmd: Command, state: &Path, dir: &Path, run_for: Durati
                 }
             }
             (Some((_, deadline)), None) if now >= deadline => {
+                let signal = if kill { libc::SIGKILL } else { libc::SIGINT };
                 // SAFETY: pid is our child and not reaped, so it names no other process.
-                unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
+                unsafe { libc::kill(pid as libc::pid_t, signal) };
                 sigint = Some(now);
             }
             (Some(_), Some(at)) if !killed && now - at > STOP_TIMEOUT => {
@@ -338,8 +428,10 @@ fn run_and_interrupt(mut cmd: Command, state: &Path, dir: &Path, run_for: Durati
     reaper.reaped = true;
     let ended = Instant::now();
     let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+    let killed_as_asked =
+        kill && libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL;
     // 130: interrupted, as asked; 0: it finished all its work before the signal.
-    if !matches!(code, Some(0 | 130)) {
+    if !matches!(code, Some(0 | 130)) && !killed_as_asked {
         support::failed(status, &stderr);
     }
     let Some((first_call, _)) = first else {
@@ -375,51 +467,124 @@ fn proc_hwm_mib(pid: u32) -> Option<f64> {
     Some(kib / 1024.0)
 }
 
-/// A read-only look at the state database while the run writes it.
+/// The takeover of a killed run: spawns the real `resume`, waits for its first paid call (the
+/// first attempt recorded after those of the killed run), then interrupts it. Gives the
+/// seconds from the spawn to that call, and the requests the S3 server got meanwhile.
+fn take_over(mut cmd: Command, state: &str, dir: &Path) -> (f64, u64) {
+    let stderr = dir.join("takeover.log");
+    let mut db = Poller::new(state);
+    let before = db.last_attempt().unwrap_or(0);
+    let requests = support::s3_requests();
+    let spawned_ms = unix_ms();
+    let (child, start) = support::spawn(&mut cmd, &dir.join("takeover.out"), &stderr);
+    let mut reaper = Reaper {
+        pid: child.id(),
+        reaped: false,
+    };
+    let pid = child.id() as libc::pid_t;
+    let first = loop {
+        if let Some(started_ms) = db.first_call_after(before) {
+            break (started_ms - spawned_ms).max(0) as f64 / 1000.0;
+        }
+        let mut status = 0;
+        // SAFETY: pid is our child; WNOHANG only looks whether it has exited, reaping it if so.
+        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+            reaper.reaped = true;
+            support::failed(status, &stderr);
+        }
+        assert!(
+            start.elapsed() < FIRST_CALL_TIMEOUT,
+            "no paid call within {FIRST_CALL_TIMEOUT:?}: see {stderr:?}"
+        );
+        std::thread::sleep(POLL / 5);
+    };
+    let requests = support::s3_requests() - requests;
+    // SAFETY: pid is our child and not reaped, so it names no other process.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let stopping = Instant::now();
+    while proc_hwm_mib(child.id()).is_some() && stopping.elapsed() < STOP_TIMEOUT {
+        std::thread::sleep(POLL);
+    }
+    // SAFETY: as above; a run that did not stop in time is killed (it is reaped below).
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let _ = support::reap(child.id(), start);
+    reaper.reaped = true;
+    (first, requests)
+}
+
+/// A read-only look at the state while the run writes it: the SQLite file, or the PostgreSQL
+/// database.
 struct Poller {
     runtime: tokio::runtime::Runtime,
-    options: SqliteConnectOptions,
-    conn: Option<SqliteConnection>,
+    state: String,
+    conn: Option<Polled>,
+}
+
+enum Polled {
+    Sqlite(SqliteConnection),
+    Postgres(sqlx::PgConnection),
 }
 
 impl Poller {
-    fn new(db: &Path) -> Poller {
+    fn new(state: &str) -> Poller {
         Poller {
             runtime: tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("tokio runtime"),
-            options: SqliteConnectOptions::new()
-                .filename(db)
-                .read_only(true)
-                // Never hold the loop up: a busy database is asked again at the next poll.
-                .busy_timeout(Duration::from_millis(10)),
+            state: state.to_owned(),
             conn: None,
         }
     }
 
-    /// `MIN(started_at)` of the attempts (unix ms), once there is one. Until the run has made
-    /// the database (and its tables) every error means "not yet"; the connection is opened
-    /// again after one.
-    fn first_call(&mut self) -> Option<i64> {
+    /// The unix ms at which the first attempt after attempt `after` started, once there is one.
+    fn first_call_after(&mut self, after: i64) -> Option<i64> {
+        self.scalar("SELECT MIN(started_at) FROM attempts WHERE id > $1", after)
+    }
+
+    /// The id of the latest attempt recorded.
+    fn last_attempt(&mut self) -> Option<i64> {
+        self.scalar("SELECT MAX(id) FROM attempts WHERE id > $1", 0)
+    }
+
+    /// One number. Until the run has made the database (and its tables) every error means
+    /// "not yet"; the connection is opened again after one.
+    fn scalar(&mut self, sql: &'static str, arg: i64) -> Option<i64> {
         let Poller {
             runtime,
-            options,
+            state,
             conn,
         } = self;
         runtime.block_on(async {
             if conn.is_none() {
-                *conn = SqliteConnection::connect_with(options).await.ok();
+                *conn = if state.starts_with("postgres") {
+                    sqlx::PgConnection::connect(state)
+                        .await
+                        .ok()
+                        .map(Polled::Postgres)
+                } else {
+                    let options = SqliteConnectOptions::new()
+                        .filename(state.as_str())
+                        .read_only(true)
+                        // Never hold the loop up: a busy database is asked again at the next poll.
+                        .busy_timeout(Duration::from_millis(10));
+                    SqliteConnection::connect_with(&options)
+                        .await
+                        .ok()
+                        .map(Polled::Sqlite)
+                };
             }
-            let answer =
-                sqlx::query_as::<_, (Option<i64>,)>("SELECT MIN(started_at) FROM attempts")
-                    .fetch_one(conn.as_mut()?)
-                    .await;
+            let answer: Result<(Option<i64>,), sqlx::Error> = match conn.as_mut()? {
+                Polled::Sqlite(c) => sqlx::query_as(sql).bind(arg).fetch_one(c).await,
+                Polled::Postgres(c) => sqlx::query_as(sql).bind(arg).fetch_one(c).await,
+            };
             match answer {
-                Ok((first,)) => first,
+                Ok((n,)) => n,
                 Err(_) => {
-                    if let Some(c) = conn.take() {
-                        let _ = c.close().await;
+                    match conn.take() {
+                        Some(Polled::Sqlite(c)) => drop(c.close().await),
+                        Some(Polled::Postgres(c)) => drop(c.close().await),
+                        None => {}
                     }
                     None
                 }
@@ -428,22 +593,24 @@ impl Poller {
     }
 }
 
-/// What the state database holds once the run has stopped.
+/// What the state holds once the run has stopped.
 struct Record {
     run_id: String,
     tasks: u64,
     succeeded: u64,
     attempts: u64,
+    stored: u64,
 }
 
-fn recorded(db: &Path) -> Record {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    runtime.block_on(async {
-        let options = SqliteConnectOptions::new().filename(db).read_only(true);
-        let mut conn = SqliteConnection::connect_with(&options)
+fn recorded(state: &str) -> Record {
+    support::block_on(async {
+        sqlx::any::install_default_drivers();
+        let url = if state.starts_with("postgres") {
+            state.to_owned()
+        } else {
+            format!("sqlite://{state}?mode=ro")
+        };
+        let mut conn = sqlx::AnyConnection::connect(&url)
             .await
             .expect("open the state database");
         let ids: Vec<(String,)> = sqlx::query_as("SELECT id FROM runs")
@@ -451,15 +618,21 @@ fn recorded(db: &Path) -> Record {
             .await
             .expect("read runs");
         assert_eq!(ids.len(), 1, "one run in the state database");
-        let (tasks, succeeded): (i64, i64) =
-            sqlx::query_as("SELECT COUNT(*), COALESCE(SUM(status = 'succeeded'), 0) FROM tasks")
-                .fetch_one(&mut conn)
-                .await
-                .expect("read tasks");
+        let (tasks, succeeded): (i64, i64) = sqlx::query_as(
+            "SELECT COUNT(*), COUNT(*) FILTER (WHERE status = 'succeeded') FROM tasks",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .expect("read tasks");
         let (attempts,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM attempts")
             .fetch_one(&mut conn)
             .await
             .expect("read attempts");
+        let (stored,): (i64,) =
+            sqlx::query_as("SELECT COUNT(*) FROM outputs WHERE path IS NOT NULL")
+                .fetch_one(&mut conn)
+                .await
+                .expect("read outputs");
         let _ = conn.close().await;
         let u = |n: i64| u64::try_from(n).unwrap_or(0);
         Record {
@@ -467,22 +640,26 @@ fn recorded(db: &Path) -> Record {
             tasks: u(tasks),
             succeeded: u(succeeded),
             attempts: u(attempts),
+            stored: u(stored),
         }
     })
 }
 
-fn print_sample(i: usize, s: &Sample) {
+fn print_sample(i: usize, s: &Sample, mode: Mode) {
+    let stop = if mode.kill { "SIGKILL" } else { "SIGINT" };
     println!(
         "  run {i}: items read {:.3} s; first paid call {:.2} s after spawn (VmHWM then {:.1} MiB); \
-         {} of {} tasks recorded so far succeeded, {} attempts; run peak RSS {:.1} MiB sampled before SIGINT, \
-         {:.1} MiB (wait4), wall {:.2} s, cpu {:.2} s, exit {:.2} s after SIGINT; \
-         resume --dry-run {:.2} s {:.1} MiB; status {:.2} s {:.1} MiB; report {:.2} s {:.1} MiB",
+         {} of {} tasks recorded so far succeeded, {} attempts, {} outputs stored; run peak RSS \
+         {:.1} MiB sampled before {stop}, {:.1} MiB (wait4), wall {:.2} s, cpu {:.2} s, exit {:.2} s \
+         after {stop}; resume --dry-run {:.2} s {:.1} MiB; status {:.2} s {:.1} MiB; report {:.2} s \
+         {:.1} MiB, again {:.2} s {:.1} MiB",
         s.items_read,
         s.first_call,
         s.hwm_at_first_mib,
         s.succeeded,
         s.tasks,
         s.attempts,
+        s.stored,
         s.sampled_peak_mib,
         s.run.peak_mib,
         s.run.wall,
@@ -494,7 +671,15 @@ fn print_sample(i: usize, s: &Sample) {
         s.status.peak_mib,
         s.report.wall,
         s.report.peak_mib,
+        s.report_again.wall,
+        s.report_again.peak_mib,
     );
+    if mode.kill {
+        println!(
+            "         takeover: first paid call {:.2} s after spawn, {} requests to the S3 server",
+            s.takeover, s.takeover_s3
+        );
+    }
 }
 
 fn median(samples: &[Sample]) -> Sample {
@@ -518,16 +703,23 @@ fn median(samples: &[Sample]) -> Sample {
         tasks: pick(&|s| s.tasks as f64) as u64,
         succeeded: pick(&|s| s.succeeded as f64) as u64,
         attempts: pick(&|s| s.attempts as f64) as u64,
+        stored: pick(&|s| s.stored as f64) as u64,
         resume: usage(&|s| s.resume),
+        takeover: pick(&|s| s.takeover),
+        takeover_s3: pick(&|s| s.takeover_s3 as f64) as u64,
         status: usage(&|s| s.status),
         report: usage(&|s| s.report),
+        report_again: usage(&|s| s.report_again),
     }
 }
 
-fn report(m: &Sample, runs: usize) {
+fn report(m: &Sample, runs: usize, mode: Mode) {
     let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
     let first_goal = GOAL_FIRST_CALL_S + m.items_read;
-    println!("\ngoals (medians of {runs} run(s); 100 MB = {GOAL_MIB:.1} MiB)");
+    println!(
+        "\ngoals (medians of {runs} run(s); {}; 100 MB = {GOAL_MIB:.1} MiB)",
+        mode.describe()
+    );
     println!(
         "  first paid call   {:.2} s after spawn (goal {GOAL_FIRST_CALL_S} s + {:.2} s to read \
          the items file = {first_goal:.2} s): {}",
@@ -536,13 +728,15 @@ fn report(m: &Sample, runs: usize) {
         verdict(m.first_call <= first_goal)
     );
     println!(
-        "  run memory        peak RSS {:.1} MiB (wait4; sampled before SIGINT {:.1} MiB, at the \
-         first call {:.1} MiB; goal 100 MB, held against the larger): {}; {} tasks succeeded",
+        "  run memory        peak RSS {:.1} MiB (wait4; sampled before the signal {:.1} MiB, at \
+         the first call {:.1} MiB; goal 100 MB, held against the larger): {}; {} tasks \
+         succeeded, {} outputs stored",
         m.run.peak_mib,
         m.sampled_peak_mib,
         m.hwm_at_first_mib,
         verdict(m.run.peak_mib.max(m.sampled_peak_mib) <= GOAL_MIB),
-        m.succeeded
+        m.succeeded,
+        m.stored
     );
     println!(
         "  resume --dry-run  {:.2} s, peak RSS {:.1} MiB (goal {GOAL_COMMAND_S} s and 100 MB): {}",
@@ -550,12 +744,31 @@ fn report(m: &Sample, runs: usize) {
         m.resume.peak_mib,
         verdict(m.resume.wall <= GOAL_COMMAND_S && m.resume.peak_mib <= GOAL_MIB)
     );
-    for (name, u) in [("status", m.status), ("report", m.report)] {
+    if mode.kill {
         println!(
-            "  {name:<17} {:.2} s, peak RSS {:.1} MiB (goal {GOAL_COMMAND_S} s): {}",
+            "  takeover          first paid call {:.2} s after spawn (goal {GOAL_TAKEOVER_S} s): \
+             {}; {} requests to the S3 server before it",
+            m.takeover,
+            verdict(m.takeover <= GOAL_TAKEOVER_S),
+            m.takeover_s3
+        );
+    }
+    let (status_goal, again_goal) = if mode.kill {
+        (GOAL_KILLED_STATUS_S, GOAL_KILLED_REPORT_S)
+    } else {
+        (GOAL_COMMAND_S, GOAL_COMMAND_S)
+    };
+    let reports = [
+        ("report", m.report, GOAL_COMMAND_S),
+        ("report again", m.report_again, again_goal),
+    ];
+    let measured = if mode.reports { &reports[..] } else { &[] };
+    for &(name, u, goal) in [("status", m.status, status_goal)].iter().chain(measured) {
+        println!(
+            "  {name:<17} {:.2} s, peak RSS {:.1} MiB (goal {goal} s): {}",
             u.wall,
             u.peak_mib,
-            verdict(u.wall <= GOAL_COMMAND_S)
+            verdict(u.wall <= goal)
         );
     }
 }

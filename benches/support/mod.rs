@@ -1,5 +1,7 @@
-//! What the benches share: the binary under test, the sandbox as a child process, and the
-//! kernel's account of a child's time and memory.
+//! What the benches share: the binary under test, the sandbox as a child process, the kernel's
+//! account of a child's time and memory, and where a run keeps its state and outputs (a SQLite
+//! file or a fresh PostgreSQL database; a local directory or a bucket of an S3-compatible server
+//! in the bench's process).
 
 #![allow(dead_code)]
 
@@ -7,9 +9,11 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use serde_json::Value;
+use sqlx::Connection;
 
 /// The binary measured: this build's, or `IMGPIPE_BENCH_BINARY` (another build, to compare
 /// two versions on the same machine at the same time).
@@ -162,4 +166,140 @@ impl Drop for Sandbox {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The run's `--state`: `state.db` in `dir`, or a new database on the PostgreSQL server of
+/// IMGPIPE_BENCH_STATE (`postgres://ADMIN@HOST:PORT/DB`, a user allowed to create databases).
+pub fn state_for(dir: &Path) -> String {
+    let Some(admin) = std::env::var("IMGPIPE_BENCH_STATE")
+        .ok()
+        .filter(|v| !v.is_empty())
+    else {
+        return dir.join("state.db").to_string_lossy().into_owned();
+    };
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let name = format!(
+        "imgpipe_bench_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    block_on(async {
+        let mut conn = sqlx::PgConnection::connect(&admin)
+            .await
+            .expect("reach IMGPIPE_BENCH_STATE");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .execute(&mut conn)
+            .await
+            .expect("create the run's database");
+        let _ = conn.close().await;
+    });
+    let mut url = url::Url::parse(&admin).expect("IMGPIPE_BENCH_STATE is a URL");
+    url.set_path(&name);
+    url.to_string()
+}
+
+/// Whether IMGPIPE_BENCH_OUT=s3 puts the outputs in the bench's S3-compatible server.
+pub fn s3_out() -> bool {
+    std::env::var("IMGPIPE_BENCH_OUT").as_deref() == Ok("s3")
+}
+
+/// The run's `--out`: `out` in `dir`, or a new prefix in the bench's bucket with
+/// IMGPIPE_BENCH_OUT=s3 (the store's environment set on `cmd`, as a user sets it).
+pub fn out_for(dir: &Path, cmd: &mut Command) -> String {
+    if !s3_out() {
+        return dir.join("out").to_string_lossy().into_owned();
+    }
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    s3_env(cmd);
+    format!("s3://bench/run{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Sets the environment of the bench's S3 server on `cmd` (starting the server the first
+/// time), with IMGPIPE_BENCH_OUT=s3; does nothing otherwise.
+pub fn s3_env(cmd: &mut Command) {
+    if !s3_out() {
+        return;
+    }
+    static SERVER: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
+    let port = *SERVER.get_or_init(s3_server);
+    cmd.env("AWS_ACCESS_KEY_ID", S3_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", S3_SECRET)
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ENDPOINT", format!("http://127.0.0.1:{port}"))
+        .env("AWS_ALLOW_HTTP", "true");
+}
+
+/// Removes the bucket of the bench's S3 server, if one was started (unless IMGPIPE_BENCH_KEEP
+/// is set): its objects are the bench's runs' outputs, hundreds of MiB.
+pub fn s3_remove_bucket() {
+    if std::env::var_os("IMGPIPE_BENCH_KEEP").is_none()
+        && let Some(root) = S3_ROOT.get()
+    {
+        let _ = std::fs::remove_dir_all(root);
+    }
+}
+
+/// Requests the bench's S3 server has received so far (0 without one).
+pub fn s3_requests() -> u64 {
+    S3_REQUESTS.load(Ordering::Relaxed)
+}
+
+static S3_REQUESTS: AtomicU64 = AtomicU64::new(0);
+static S3_ROOT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+const S3_KEY: &str = "AKIAIMGPIPEBENCH";
+const S3_SECRET: &str = "imgpipe-bench-secret";
+
+/// Starts s3s-fs on 127.0.0.1 in a thread of its own, its bucket `bench` in a temporary
+/// directory kept until the bench ends ([`s3_remove_bucket`]), every request counted; returns
+/// its port.
+fn s3_server() -> u16 {
+    let root = tempfile::tempdir().expect("temp dir").keep();
+    let _ = S3_ROOT.set(root.clone());
+    std::fs::create_dir(root.join("bench")).expect("the bucket");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        runtime.block_on(async move {
+            let fs = s3s_fs::FileSystem::new(&root).expect("s3s-fs");
+            let mut builder = s3s::service::S3ServiceBuilder::new(fs);
+            builder.set_auth(s3s::auth::SimpleAuth::from_single(S3_KEY, S3_SECRET));
+            let service = builder.build();
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            tx.send(listener.local_addr().expect("port").port())
+                .expect("send the port");
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let service = service.clone();
+                let counted = hyper::service::service_fn(move |req| {
+                    S3_REQUESTS.fetch_add(1, Ordering::Relaxed);
+                    let service = service.clone();
+                    async move { hyper::service::Service::call(&service, req).await }
+                });
+                tokio::spawn(async move {
+                    let _ = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), counted)
+                    .await;
+                });
+            }
+        });
+    });
+    rx.recv().expect("the S3 server starts")
+}
+
+pub fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+        .block_on(f)
 }

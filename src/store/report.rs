@@ -41,28 +41,44 @@ pub struct ReportOutput {
     pub download_error: Option<String>,
 }
 
-/// The statement of [`Store::report_rows`], with `$join` between the items and their tasks.
-macro_rules! report_rows_sql {
-    ($join:literal) => {
-        concat!(
-            "WITH items AS MATERIALIZED (
-                 SELECT item, MIN(id) AS first FROM tasks WHERE run_id = $1
-                 GROUP BY item ORDER BY item <> '_batch', first)
-             SELECT t.id, t.item, t.step, t.idx, t.operation, t.inputs, t.status,
-                    t.planned_credits, t.credits_billed, t.job_id, t.error,
-                    0 AS removed, r.run_id AS reused_run,
-                    (SELECT COUNT(*) FROM attempts a WHERE a.task_id = t.id) AS attempts,
-                    o.k, o.job_id AS o_job, o.path, o.sha256, o.download_error
-             FROM items i
-             ",
-            $join,
-            " tasks t ON t.run_id = $1 AND t.item = i.item
-             LEFT JOIN tasks r ON r.id = t.reused_from
-             LEFT JOIN outputs o ON o.task_id = t.id
-             WHERE t.removed_at IS NULL"
-        )
-    };
-}
+/// [`Store::report_rows`] on SQLite: the list of items is made first (from the
+/// `(run_id, item, …)` index alone), then each item's tasks are looked up by that index.
+/// `CROSS JOIN` keeps the items as the outer loop, which is what keeps an item's rows
+/// together; sorting the whole result instead would cost a sort of every task.
+const REPORT_ROWS_SQLITE: &str = "WITH items AS MATERIALIZED (
+         SELECT item, MIN(id) AS first FROM tasks WHERE run_id = $1
+         GROUP BY item ORDER BY item <> '_batch', first)
+     SELECT t.id, t.item, t.step, t.idx, t.operation, t.inputs, t.status,
+            t.planned_credits, t.credits_billed, t.job_id, t.error,
+            0 AS removed, r.run_id AS reused_run,
+            (SELECT COUNT(*) FROM attempts a WHERE a.task_id = t.id) AS attempts,
+            o.k, o.job_id AS o_job, o.path, o.sha256, o.download_error
+     FROM items i
+     CROSS JOIN tasks t ON t.run_id = $1 AND t.item = i.item
+     LEFT JOIN tasks r ON r.id = t.reused_from
+     LEFT JOIN outputs o ON o.task_id = t.id
+     WHERE t.removed_at IS NULL";
+
+/// [`Store::report_rows`] on PostgreSQL, which takes no join order from the text and sorts the
+/// result anyway: each task gets its item's first id from a window over the run's tasks, and
+/// every other table is reached from a task by an index. Joining the list of items to the
+/// tasks instead left the planner a choice it got wrong on tables not analysed yet (a run
+/// killed minutes after it started): it took both sides for a few rows and joined them in a
+/// nested loop over all the run's tasks for each item, 17 s for 3,072 items (README, "cargo
+/// bench --bench scale"). Here no join has two sides of the run's size without an index.
+const REPORT_ROWS_POSTGRES: &str = "SELECT t.id, t.item, t.step, t.idx, t.operation, t.inputs,
+            t.status, t.planned_credits, t.credits_billed, t.job_id, t.error,
+            0 AS removed, r.run_id AS reused_run,
+            (SELECT COUNT(*) FROM attempts a WHERE a.task_id = t.id) AS attempts,
+            o.k, o.job_id AS o_job, o.path, o.sha256, o.download_error
+     FROM (SELECT id, item, step, idx, operation, inputs, status, planned_credits,
+                  credits_billed, job_id, error, reused_from, removed_at,
+                  MIN(id) OVER (PARTITION BY item) AS first
+           FROM tasks WHERE run_id = $1) AS t
+     LEFT JOIN tasks r ON r.id = t.reused_from
+     LEFT JOIN outputs o ON o.task_id = t.id
+     WHERE t.removed_at IS NULL
+     ORDER BY t.item <> '_batch', t.first, t.step, t.idx, o.k";
 
 /// One row of [`Store::report_rows`]: a task, and one of its outputs when it has any.
 #[derive(Clone, Debug)]
@@ -101,22 +117,15 @@ impl Store {
     /// the order their first task was recorded), each task followed by its outputs. The rows of
     /// one item come together, in no set order among themselves.
     ///
-    /// Tasks are recorded step by step, so an item's rows are spread over the table: the list
-    /// of items is made first (from the `(run_id, item, …)` index alone), then each item's
-    /// tasks are looked up by that index. `CROSS JOIN` keeps the items as the outer loop,
-    /// which is what keeps an item's rows together; sorting the whole result instead would
-    /// cost a sort of every task.
+    /// Tasks are recorded step by step, so an item's rows are spread over the table; each
+    /// backend's statement says how it brings them together.
     pub fn report_rows<'a>(
         &'a self,
         run_id: &'a str,
     ) -> BoxStream<'a, Result<ReportRow, StoreError>> {
         let sql = match self.backend() {
-            Backend::Sqlite => report_rows_sql!("CROSS JOIN"),
-            // PostgreSQL takes no join order from the text, so the order is asked for.
-            Backend::Postgres => concat!(
-                report_rows_sql!("JOIN"),
-                " ORDER BY i.item <> '_batch', i.first, t.step, t.idx, o.k"
-            ),
+            Backend::Sqlite => REPORT_ROWS_SQLITE,
+            Backend::Postgres => REPORT_ROWS_POSTGRES,
         };
         sqlx::query(sql)
             .bind(run_id)

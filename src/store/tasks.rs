@@ -267,6 +267,31 @@ impl Store {
         Ok(())
     }
 
+    /// Sets the planned price of tasks by row id, one statement per 500 tasks: what
+    /// [`Store::update_planned`] does by key. By key, PostgreSQL without statistics may find
+    /// each row through `tasks_by_step` (the run and the step) rather than the unique key,
+    /// reading every task of the step for each one; by id the primary key leaves no choice.
+    pub async fn set_planned(&self, tasks: &[(i64, u64)]) -> Result<(), StoreError> {
+        let mut tx = self.pool().begin().await?;
+        for chunk in tasks.chunks(500) {
+            let values = rows(self.backend, chunk.len(), 2, |p| {
+                format!("({}, {})", p[0], p[1])
+            });
+            let sql = format!(
+                "WITH v (id, credits) AS (VALUES {values})
+                 UPDATE tasks SET planned_credits = v.credits FROM v WHERE tasks.id = v.id"
+            );
+            // Built from a fixed placeholder list: no value is ever part of the text.
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for (task_id, credits) in chunk {
+                query = query.bind(task_id).bind(to_i64(*credits));
+            }
+            query.execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     pub async fn tasks(&self, run_id: &str) -> Result<Vec<TaskRow>, StoreError> {
         self.tasks_where(run_id, None).await
     }
@@ -752,4 +777,57 @@ pub(crate) async fn insert_tasks(
         }
     }
     Ok(ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::NewRun;
+
+    #[tokio::test]
+    async fn set_planned_prices_tasks_by_row_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("state.db")).await.unwrap();
+        let run = NewRun {
+            id: "r",
+            pipeline_name: "p",
+            pipeline_file: "p.yaml",
+            pipeline_text: "",
+            pipeline_sha256: "",
+            items_sha256: "",
+            plan_json: "{}",
+            output_dir: "out",
+            credits_planned: 2,
+            balance_before: None,
+        };
+        let task = |item: &str| NewTask {
+            item: item.to_owned(),
+            step: "s".to_owned(),
+            idx: 0,
+            operation: "erase",
+            inputs: "[]".to_owned(),
+            planned_credits: 1,
+        };
+        store
+            .create_run(&run, &[task("a"), task("b")])
+            .await
+            .unwrap();
+        let ids: Vec<i64> = store
+            .tasks("r")
+            .await
+            .unwrap()
+            .iter()
+            .map(|t| t.id)
+            .collect();
+        store.set_planned(&[(ids[1], 7)]).await.unwrap();
+        let planned: Vec<u64> = store
+            .tasks("r")
+            .await
+            .unwrap()
+            .iter()
+            .map(|t| t.planned_credits)
+            .collect();
+        assert_eq!(planned, [1, 7]);
+        store.close().await;
+    }
 }

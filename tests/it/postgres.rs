@@ -1,13 +1,16 @@
 //! State in PostgreSQL (`--state postgres://…`), against the server `.ci/run` starts: a run and
 //! its resume, status and report; the run lock shared by "hosts" (processes with working
 //! directories of their own, as pods have); a host killed mid-run and another taking over.
-//! The crash suite's SIGKILL run has its PostgreSQL twin in `crash.rs`.
+//! The crash suite's SIGKILL run has its PostgreSQL twin in `crash.rs`. A run of 20,000 items
+//! killed and taken over at once is held to a number of statements, counted by a relay.
 //!
 //! Each test gets a database of its own. Without `IMGPIPE_TEST_POSTGRES` they are skipped,
 //! except under `CI=true`, where that fails them.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::process::Output;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use imgpipe::sandbox;
@@ -504,4 +507,294 @@ async fn two_hosts_started_at_the_same_instant_on_a_new_database_pay_once() {
         18,
         "the second run of the night was paid for once"
     );
+}
+
+/// The statements a client sends a PostgreSQL server, seen by a relay on 127.0.0.1 in front of
+/// it: the text of every statement executed (an extended-protocol Execute, by the text of the
+/// statement bound, or a simple Query), in the order the relay got them from all the client's
+/// connections. The server's own counters cannot say this (`pg_stat_statements` needs a server
+/// started with it; `pg_stat_database` counts transactions), and neither can time.
+struct Statements {
+    port: u16,
+    seen: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Statements {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Statements {
+    async fn start(url: &str) -> Statements {
+        let server = url::Url::parse(url).unwrap();
+        let server = format!(
+            "{}:{}",
+            server.host_str().unwrap(),
+            server.port().unwrap_or(5432)
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::clone(&seen);
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                tokio::spawn(relay(client, server.clone(), Arc::clone(&log)));
+            }
+        });
+        Statements { port, seen, task }
+    }
+
+    /// `url` through the relay, without TLS (the relay reads the protocol in the clear).
+    fn url(&self, url: &str) -> String {
+        let mut url = url::Url::parse(url).unwrap();
+        url.set_host(Some("127.0.0.1")).unwrap();
+        url.set_port(Some(self.port)).unwrap();
+        url.set_query(Some("sslmode=disable"));
+        url.to_string()
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    fn clear(&self) {
+        self.seen.lock().unwrap().clear();
+    }
+}
+
+/// Relays one connection, reading the client's messages (protocol 3.0) as they pass.
+async fn relay(
+    client: tokio::net::TcpStream,
+    server: String,
+    seen: Arc<Mutex<Vec<String>>>,
+) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = tokio::net::TcpStream::connect(&server).await?;
+    let (client_in, mut client_out) = client.into_split();
+    let (mut server_in, mut server_out) = upstream.into_split();
+    tokio::spawn(async move { tokio::io::copy(&mut server_in, &mut client_out).await });
+    let mut from = tokio::io::BufReader::new(client_in);
+    // Messages without a type byte come first: requests for TLS or GSS encryption (refused by
+    // the server, sslmode=disable), then the startup message.
+    loop {
+        let len = from.read_i32().await?;
+        let body = message_body(&mut from, len).await?;
+        server_out.write_all(&len.to_be_bytes()).await?;
+        server_out.write_all(&body).await?;
+        let code = body
+            .get(..4)
+            .map(|c| i32::from_be_bytes(c.try_into().unwrap()));
+        if !matches!(code, Some(80_877_103 | 80_877_104)) {
+            break;
+        }
+    }
+    let text = |bytes: &[u8]| -> (String, usize) {
+        let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+        (String::from_utf8_lossy(&bytes[..end]).into_owned(), end + 1)
+    };
+    let mut prepared: HashMap<String, String> = HashMap::new();
+    let mut bound = String::new();
+    loop {
+        let kind = from.read_u8().await?;
+        let len = from.read_i32().await?;
+        let body = message_body(&mut from, len).await?;
+        match kind {
+            b'P' => {
+                let (name, at) = text(&body);
+                prepared.insert(name, text(&body[at.min(body.len())..]).0);
+            }
+            b'B' => {
+                let (_portal, at) = text(&body);
+                let (statement, _) = text(&body[at.min(body.len())..]);
+                bound = prepared.get(&statement).cloned().unwrap_or_default();
+            }
+            b'E' => seen.lock().unwrap().push(bound.clone()),
+            b'Q' => seen.lock().unwrap().push(text(&body).0),
+            _ => {}
+        }
+        let mut message = Vec::with_capacity(body.len() + 5);
+        message.push(kind);
+        message.extend_from_slice(&len.to_be_bytes());
+        message.extend_from_slice(&body);
+        server_out.write_all(&message).await?;
+    }
+}
+
+/// The rest of a message whose length field (itself included) is `len`.
+async fn message_body(
+    from: &mut (impl tokio::io::AsyncRead + Unpin),
+    len: i32,
+) -> std::io::Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut body = vec![0; usize::try_from(len).unwrap_or(4).saturating_sub(4)];
+    from.read_exact(&mut body).await?;
+    Ok(body)
+}
+
+/// Statements a review may send: opening the state and looking at it, the run, its tasks,
+/// outputs and totals, each read once or a few times, whatever the number of tasks (19 when
+/// written). A query per task (or per output) would be thousands here.
+const REVIEW_STATEMENTS: usize = 50;
+/// Statements a takeover may send before its first paid call: the review, settling the calls
+/// the killed host left in flight (a few each, at most its concurrency), recording the next
+/// chunk of items' tasks (100 rows a statement), and starting the scheduler (47 when written).
+const TAKEOVER_STATEMENTS: usize = 150;
+
+/// The issue's takeover at the scale of a test: 20,000 items (40,000 tasks) on PostgreSQL,
+/// killed with thousands of tasks recorded and the tables never analysed, then reviewed and
+/// taken over at once. What is held is the number of statements sent, not the time: a
+/// statement per task would show as thousands, and a plan gone wrong on tables without
+/// statistics is what the scale bench measures.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_of_20000_items_killed_on_postgres_is_reviewed_and_taken_over_in_few_statements() {
+    let Some(url) = postgres_database("statements").await else {
+        return;
+    };
+    let env = start(sandbox::Config {
+        balance: 100_000_000,
+        image_side: 16,
+        ..sandbox::Config::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut items = String::new();
+    for i in 0..20_000 {
+        items += &format!("{{\"id\": \"p{i:06}\"}}\n");
+    }
+    write(dir.path(), "items.jsonl", &items);
+    write(
+        dir.path(),
+        "p.yaml",
+        r#"version: 1
+name: statements
+pricing: { generation: 4 }
+items_from: items.jsonl
+steps:
+  - id: shot
+    generate: { prompt: "Studio photo of {{ item.id }}", n: 1 }
+  - id: clean
+    erase: { from: shot, object_name: the corner }
+"#,
+    );
+    let args = ["run", "p.yaml", "--run-id", "night", "--concurrency", "8"];
+    let mut first = on(&env, dir.path(), &url, &args).spawn().unwrap();
+    wait_for(
+        &url,
+        "SELECT COUNT(*) FROM outputs WHERE path IS NOT NULL HAVING COUNT(*) >= 2500",
+        "2,500 outputs stored",
+    )
+    .await;
+    first.start_kill().unwrap();
+    first.wait().await.unwrap();
+    let recorded = count(&url, "SELECT COUNT(*) FROM tasks").await;
+    let done = count(
+        &url,
+        "SELECT COUNT(*) FROM tasks WHERE status = 'succeeded'",
+    )
+    .await;
+    assert!(
+        recorded >= 4_000 && done >= 1_000,
+        "the run recorded {recorded} tasks, {done} done: too few to tell a statement per task"
+    );
+
+    let relay = Statements::start(&url).await;
+    let through = relay.url(&url);
+    let dry = run_on(
+        &env,
+        dir.path(),
+        &through,
+        &["resume", "night", "--dry-run"],
+    )
+    .await;
+    assert_exit_without_panic(&dry, 0);
+    let review = relay.seen();
+    assert!(
+        review.len() <= REVIEW_STATEMENTS,
+        "resume --dry-run sent {} statements for {recorded} tasks ({done} done):\n{}",
+        review.len(),
+        review.join("\n")
+    );
+
+    relay.clear();
+    let mut second = on(&env, dir.path(), &through, &["resume", "night"])
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let first_call = loop {
+        let seen = relay.seen();
+        if let Some(at) = seen.iter().position(|s| s.contains("INSERT INTO attempts")) {
+            break at;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the takeover made no paid call; it sent:\n{}",
+            seen.join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    second.start_kill().unwrap();
+    second.wait().await.unwrap();
+    let seen = relay.seen();
+    assert!(
+        first_call <= TAKEOVER_STATEMENTS,
+        "the takeover sent {first_call} statements before its first paid call, for {recorded} \
+         tasks ({done} done):\n{}",
+        seen[..first_call].join("\n")
+    );
+}
+
+/// The store's pricing by row id, which leaves PostgreSQL's planner no index to choose (by key,
+/// without statistics, it may read every task of the step for each task priced).
+#[tokio::test(flavor = "multi_thread")]
+async fn tasks_are_priced_by_row_id_on_postgres() {
+    use imgpipe::store::{Location, NewRun, NewTask, Store};
+    let Some(url) = postgres_database("planned").await else {
+        return;
+    };
+    let store = Store::open_at(&Location::parse(&url, "--state").unwrap())
+        .await
+        .unwrap();
+    let run = NewRun {
+        id: "r",
+        pipeline_name: "p",
+        pipeline_file: "p.yaml",
+        pipeline_text: "",
+        pipeline_sha256: "",
+        items_sha256: "",
+        plan_json: "{}",
+        output_dir: "out",
+        credits_planned: 2,
+        balance_before: None,
+    };
+    let task = |item: &str| NewTask {
+        item: item.to_owned(),
+        step: "s".to_owned(),
+        idx: 0,
+        operation: "erase",
+        inputs: "[]".to_owned(),
+        planned_credits: 1,
+    };
+    store
+        .create_run(&run, &[task("a"), task("b")])
+        .await
+        .unwrap();
+    let ids: Vec<i64> = store
+        .tasks("r")
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.id)
+        .collect();
+    store.set_planned(&[(ids[1], 7)]).await.unwrap();
+    let planned: Vec<u64> = store
+        .tasks("r")
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.planned_credits)
+        .collect();
+    assert_eq!(planned, [1, 7]);
+    store.close().await;
 }
