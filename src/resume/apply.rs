@@ -53,10 +53,18 @@ pub async fn apply(
     if !is_object_url(run_dir) {
         RunDir::at(run_dir).remove_leftovers();
     }
-    let rows = records::row_ids(store, run_id, graph).await?;
+    // A continued run's rows are the review's; a new run recorded some since its review.
+    let read;
+    let rows = match &review.rows {
+        Some(rows) => rows,
+        None => {
+            read = records::row_ids(store, run_id, graph).await?;
+            &read
+        }
+    };
     let mut recovered = HashSet::new();
     for r in &review.recover {
-        if recover(store, client, run_id, graph, r, &rows).await? {
+        if recover(store, client, run_id, graph, r, rows).await? {
             recovered.insert(rows.get(r.task));
         }
     }

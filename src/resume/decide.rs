@@ -84,7 +84,7 @@ impl Lookups {
 pub enum Decision {
     /// Look these identities up (all at once) and decide again.
     Need(Vec<String>),
-    Done(Review),
+    Done(Box<Review>),
 }
 
 /// Decides, for each task of `graph`, whether the resumed run keeps it, reuses an earlier
@@ -178,7 +178,7 @@ pub fn decide(graph: &Graph, rec: &Records, opts: Options, lookups: &Lookups) ->
         }
         review.redo.retain(|r| !blocked[r.task]);
     }
-    Decision::Done(review)
+    Decision::Done(Box::new(review))
 }
 
 /// Why task `t`, not kept, is paid for; a lost answer whose job is known is listed for

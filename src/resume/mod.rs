@@ -22,7 +22,7 @@ mod objects;
 mod records;
 mod recover;
 
-use crate::exec::OnAmbiguous;
+use crate::exec::{OnAmbiguous, RowIds};
 use crate::plan::graph::{Graph, Instance};
 use crate::store::{OutputRow, Reusable, Store, StoreError, TaskRow};
 
@@ -103,6 +103,9 @@ pub struct Review {
     pub changes: bool,
     /// Tasks kept as they are (succeeded), by row id, sorted.
     pub kept: Vec<i64>,
+    /// The row id of each task, as the review read them, for [`apply()`]; `None` when the run
+    /// had no row yet (a new run, which records some before it applies the review).
+    pub rows: Option<RowIds>,
 }
 
 /// The tasks of items with no recorded task.
@@ -168,7 +171,7 @@ pub async fn review(
     let mut lookups = Lookups::default();
     let mut review = loop {
         match decide::decide(graph, &records, opts, &lookups) {
-            Decision::Done(review) => break review,
+            Decision::Done(review) => break *review,
             Decision::Need(ids) => {
                 let found = store.reusable_many(&ids, run_id).await?;
                 lookups.answer(ids, found);
@@ -176,5 +179,8 @@ pub async fn review(
         }
     };
     review.refetch = check::outputs(store, run_id, &review).await?;
+    if records.has_rows.iter().any(|r| *r) || !records.removed.is_empty() {
+        review.rows = Some(records.ids);
+    }
     Ok(review)
 }

@@ -156,12 +156,11 @@ pub async fn reprice(
     store
         .each_task(run_id, None, |r| {
             if let Some(t) = index.get(&r.item, &r.step, r.idx) {
-                recorded.push(t);
+                recorded.push((r.id, graph.task(t).planned));
             }
         })
         .await?;
-    let tasks: Vec<NewTask> = recorded.iter().map(|t| exec::new_task(graph, *t)).collect();
-    Ok(store.update_planned(run_id, &tasks).await?)
+    Ok(store.set_planned(&recorded).await?)
 }
 
 fn batch_tasks(graph: &Graph) -> Vec<NewTask> {

@@ -247,30 +247,10 @@ impl Store {
         Ok(ids)
     }
 
-    /// Sets the planned price of tasks (after the price was discovered).
-    pub async fn update_planned(&self, run_id: &str, tasks: &[NewTask]) -> Result<(), StoreError> {
-        let mut tx = self.pool().begin().await?;
-        for t in tasks {
-            sqlx::query(
-                "UPDATE tasks SET planned_credits = $1
-                 WHERE run_id = $2 AND item = $3 AND step = $4 AND idx = $5",
-            )
-            .bind(to_i64(t.planned_credits))
-            .bind(run_id)
-            .bind(&t.item)
-            .bind(&t.step)
-            .bind(i64::from(t.idx))
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-
-    /// Sets the planned price of tasks by row id, one statement per 500 tasks: what
-    /// [`Store::update_planned`] does by key. By key, PostgreSQL without statistics may find
-    /// each row through `tasks_by_step` (the run and the step) rather than the unique key,
-    /// reading every task of the step for each one; by id the primary key leaves no choice.
+    /// Sets the planned price of tasks (after the price was discovered) by row id, one
+    /// statement per 500 tasks. Not by key: PostgreSQL without statistics may find each row
+    /// through `tasks_by_step` (the run and the step) rather than the unique key, reading
+    /// every task of the step for each one; by id the primary key leaves no choice.
     pub async fn set_planned(&self, tasks: &[(i64, u64)]) -> Result<(), StoreError> {
         let mut tx = self.pool().begin().await?;
         for chunk in tasks.chunks(500) {

@@ -76,7 +76,7 @@ const RETRY: Options = Options {
 
 fn done(d: Decision) -> Review {
     match d {
-        Decision::Done(r) => r,
+        Decision::Done(r) => *r,
         Decision::Need(ids) => panic!("asked for {ids:?}"),
     }
 }
