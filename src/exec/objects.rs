@@ -33,6 +33,7 @@ async fn check(url: &str, sha256: &str, bytes: Option<u64>) -> Checked {
         let Some(Stat {
             bytes: size,
             sha256: meta,
+            ..
         }) = stat
         else {
             return Ok(Checked::Missing);

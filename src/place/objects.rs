@@ -54,6 +54,8 @@ pub struct Stat {
     pub bytes: u64,
     /// The sha256 recorded in the object's metadata, when it has one.
     pub sha256: Option<String>,
+    /// The store's ETag of the object, when it gave one.
+    pub etag: Option<String>,
 }
 
 /// A prefix in a bucket. Cheap to clone: the store is shared by every prefix of its bucket.
@@ -171,21 +173,22 @@ impl Objects {
     }
 
     /// Writes `body` at `key` only if nothing is there yet (a PUT with `If-None-Match: *`),
-    /// its sha256 kept as metadata. An object already there with the very same sha256 is an
-    /// upload done before (a crash between the upload and the record): not an error.
+    /// its sha256 kept as metadata; returns the object's ETag when the store gave one. An
+    /// object already there with the very same sha256 is an upload done before (a crash
+    /// between the upload and the record): not an error.
     pub async fn put_new(
         &self,
         key: &Key,
         body: PutPayload,
         sha256: &str,
-    ) -> Result<(), ObjectError> {
+    ) -> Result<Option<String>, ObjectError> {
         let opts = PutOptions {
             mode: PutMode::Create,
             attributes: sha_attributes(sha256),
             ..PutOptions::default()
         };
         match self.store.put_opts(key, body, opts).await {
-            Ok(_) => Ok(()),
+            Ok(put) => Ok(put.e_tag),
             Err(
                 object_store::Error::AlreadyExists { .. }
                 | object_store::Error::Precondition { .. },
@@ -196,12 +199,13 @@ impl Objects {
 
     /// Uploads a file too large to hold in parts; the upload becomes visible under `key` only
     /// when complete, and its completion is create-only (see [`CreateOnlyConnector`]).
+    /// Returns the object's ETag, as [`Objects::put_new`].
     pub async fn put_new_file(
         &self,
         key: &Key,
         file: &FsPath,
         sha256: &str,
-    ) -> Result<(), ObjectError> {
+    ) -> Result<Option<String>, ObjectError> {
         let opts = PutMultipartOptions {
             attributes: sha_attributes(sha256),
             ..PutMultipartOptions::default()
@@ -238,7 +242,7 @@ impl Objects {
             writer.write(&buf[..n]);
         }
         match writer.finish().await {
-            Ok(_) => Ok(()),
+            Ok(put) => Ok(put.e_tag),
             Err(
                 object_store::Error::Precondition { .. }
                 | object_store::Error::AlreadyExists { .. },
@@ -248,9 +252,14 @@ impl Objects {
     }
 
     /// After a create-only write was refused: the object there is ours (same sha256, by its
-    /// metadata or, without it, by its bytes) or someone else's.
-    async fn same_or_foreign(&self, key: &Key, sha256: &str) -> Result<(), ObjectError> {
-        let same = match self.stat(key).await? {
+    /// metadata or, without it, by its bytes), and its ETag is returned, or someone else's.
+    async fn same_or_foreign(
+        &self,
+        key: &Key,
+        sha256: &str,
+    ) -> Result<Option<String>, ObjectError> {
+        let stat = self.stat(key).await?;
+        let same = match &stat {
             Some(Stat {
                 sha256: Some(theirs),
                 ..
@@ -262,7 +271,7 @@ impl Objects {
             None => false,
         };
         if same {
-            Ok(())
+            Ok(stat.and_then(|s| s.etag))
         } else {
             Err(ObjectError::Exists {
                 url: self.key_url(key),
@@ -287,6 +296,7 @@ impl Objects {
         match self.store.get_opts(key, opts).await {
             Ok(found) => Ok(Some(Stat {
                 bytes: found.meta.size,
+                etag: found.meta.e_tag.clone(),
                 sha256: found
                     .attributes
                     .get(&Attribute::Metadata(SHA256_META.into()))

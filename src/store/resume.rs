@@ -62,7 +62,7 @@ impl Store {
             .execute(&mut *tx)
             .await?;
             let sql = if m.refetch {
-                "UPDATE outputs SET path = NULL, sha256 = NULL, bytes = NULL,
+                "UPDATE outputs SET path = NULL, sha256 = NULL, bytes = NULL, etag = NULL,
                      downloaded_at = NULL, download_error = NULL
                  WHERE id = $1"
             } else {
