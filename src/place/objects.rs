@@ -58,6 +58,14 @@ pub struct Stat {
     pub etag: Option<String>,
 }
 
+/// An object as a listing gives it: its key, size and ETag, no metadata.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    pub key: String,
+    pub bytes: u64,
+    pub etag: Option<String>,
+}
+
 /// A prefix in a bucket. Cheap to clone: the store is shared by every prefix of its bucket.
 #[derive(Clone)]
 pub struct Objects {
@@ -346,6 +354,36 @@ impl Objects {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.error("cannot remove", key, &e)),
         }
+    }
+
+    /// The objects under `dir` (every level below it; the bucket's root when `None`) whose keys
+    /// sort after `after`, in the store's order (S3: by the keys' UTF-8 bytes), fetched a page
+    /// at a time as the stream is read (S3 pages hold 1,000 keys): the caller holds one page,
+    /// never the whole listing, and stops asking when it has seen what it wanted. `after` is
+    /// only where to start: one the store's keys cannot be is ignored (the listing starts at
+    /// `dir`'s first key).
+    pub fn list_after(
+        &self,
+        dir: Option<&str>,
+        after: Option<&str>,
+    ) -> impl futures::Stream<Item = Result<Listed, ObjectError>> + use<> {
+        use futures::StreamExt;
+        let dir = dir.map(Key::from);
+        let at = dir.clone().unwrap_or_default();
+        let after = after.and_then(|a| Key::parse(a).ok());
+        let listing = match &after {
+            Some(after) => self.store.list_with_offset(dir.as_ref(), after),
+            None => self.store.list(dir.as_ref()),
+        };
+        let this = self.clone();
+        listing.map(move |found| match found {
+            Ok(meta) => Ok(Listed {
+                key: meta.location.into(),
+                bytes: meta.size,
+                etag: meta.e_tag,
+            }),
+            Err(e) => Err(this.error("cannot list", &at, &e)),
+        })
     }
 
     /// The names of the objects directly under `dir` (a prefix of this one).
