@@ -85,6 +85,20 @@ const CHECKS_IN_FLIGHT: usize = 16;
 /// outputs themselves. A page's worth, so a jump never costs more requests than reading on.
 const JUMP_AFTER: usize = 1_000;
 
+/// Listings at once: a night's 900,000 outputs are 900 pages, a minute and a half of round
+/// trips one after the other. The outputs' keys are split into this many ranges at most, each
+/// listed by itself, which costs at most a request more each (its last page, partly read).
+const LISTS_IN_FLIGHT: usize = 16;
+
+/// The fewest outputs a range listed by itself holds: ten pages, so a run of a few thousand
+/// outputs is one listing.
+const RANGE_OUTPUTS: usize = 10_000;
+
+/// The outputs a range listed by itself holds, for `outputs` in a bucket.
+fn range_size(outputs: usize) -> usize {
+    outputs.div_ceil(LISTS_IN_FLIGHT).max(RANGE_OUTPUTS)
+}
+
 /// The outputs, of those given with their URL and recorded sha256, whose object is missing or
 /// modified.
 pub(super) async fn check_all(mut outputs: Vec<(OutputRow, PathBuf, String)>) -> Vec<Refetch> {
@@ -101,7 +115,13 @@ pub(super) async fn check_all(mut outputs: Vec<(OutputRow, PathBuf, String)>) ->
                 .count();
         let group = &outputs[start..end];
         if group.iter().any(|o| o.0.etag.is_some()) {
-            compare_with_listing(group, &mut same[start..end]).await;
+            // Key ranges listed side by side, each from just before its first key to its last.
+            let size = range_size(group.len());
+            futures::stream::iter(group.chunks(size).zip(same[start..end].chunks_mut(size)))
+                .for_each_concurrent(LISTS_IN_FLIGHT, |(range, same)| {
+                    compare_with_listing(range, same)
+                })
+                .await;
         }
         start = end;
     }
@@ -131,8 +151,8 @@ pub(super) async fn check_all(mut outputs: Vec<(OutputRow, PathBuf, String)>) ->
 }
 
 /// Lists what lies under the outputs' common directory, from just before the first output's
-/// key to the last's, and marks in `same` each output the listing shows as recorded. A
-/// listing that fails part way marks no more: the rest are looked at one by one.
+/// key to the last's (`group` sorted), and marks in `same` each output the listing shows as
+/// recorded. A listing that fails part way marks no more: the rest are looked at one by one.
 async fn compare_with_listing<R: Record>(group: &[R], same: &mut [bool]) {
     let Some(first) = group.first() else { return };
     let (objects, _) = match Objects::at_url(first.url()) {
@@ -446,6 +466,26 @@ mod tests {
         let (same, _) = walk(&recorded, &listing, 1000);
         let unseen: Vec<usize> = (0..same.len()).filter(|i| !same[*i]).collect();
         assert_eq!(unseen, [1_234]);
+    }
+
+    #[test]
+    fn ranges_listed_side_by_side_cost_a_request_more_each_at_most() {
+        let key = |i: usize| format!("runs/r/i{i:06}/shot.png");
+        let n = 95_000;
+        let recorded: Vec<Rec> = (0..n).map(|i| rec(&key(i), 7, Some("\"e\""))).collect();
+        let listing: Vec<(String, u64, &str)> = (0..n).map(|i| (key(i), 7, "\"e\"")).collect();
+        let size = range_size(n);
+        let ranges = recorded.chunks(size).count();
+        assert_eq!(ranges, 10, "at least {RANGE_OUTPUTS} outputs a range");
+        let mut requests = 0;
+        for range in recorded.chunks(size) {
+            let (same, r) = walk(range, &listing, 1000);
+            assert!(same.iter().all(|s| *s));
+            requests += r;
+        }
+        assert!(requests <= n / 1000 + ranges, "{requests} requests");
+        assert_eq!(range_size(1_000_000), 62_500);
+        assert_eq!(range_size(12), RANGE_OUTPUTS);
     }
 
     #[test]
