@@ -22,7 +22,7 @@ use sha2::{Digest, Sha256};
 use crate::exec::resume::Refetch;
 use crate::store::OutputRow;
 
-use crate::place::{ObjectError, Objects, Stat};
+use crate::place::{ObjectError, Objects, Stat, same_etag};
 
 /// What the object of a recorded output is now.
 enum Checked {
@@ -232,25 +232,12 @@ impl Record for (OutputRow, PathBuf, String) {
     }
 
     fn agrees(&self, bytes: u64, etag: Option<&str>) -> bool {
-        let etags_agree = match (
-            self.0.etag.as_deref().and_then(strong),
-            etag.and_then(strong),
-        ) {
-            (Some(mine), Some(listed)) => mine == listed,
+        let etags_agree = match (self.0.etag.as_deref(), etag) {
+            (Some(mine), Some(listed)) => same_etag(mine, listed),
             _ => false,
         };
         etags_agree && self.0.bytes.is_none_or(|b| b == bytes)
     }
-}
-
-/// An ETag without its quotes; `None` for a weak one (`W/"…"`), which promises equivalent
-/// content, not the same bytes.
-fn strong(etag: &str) -> Option<&str> {
-    let etag = etag.trim();
-    if etag.starts_with("W/") {
-        return None;
-    }
-    Some(etag.trim_matches('"')).filter(|e| !e.is_empty())
 }
 
 /// What the walk wants of the listing next.
@@ -369,8 +356,8 @@ mod tests {
         }
 
         fn agrees(&self, bytes: u64, etag: Option<&str>) -> bool {
-            let etags = (self.2.and_then(strong), etag.and_then(strong));
-            matches!(etags, (Some(a), Some(b)) if a == b) && bytes == self.1
+            let etags = self.2.zip(etag);
+            etags.is_some_and(|(a, b)| same_etag(a, b)) && bytes == self.1
         }
     }
 

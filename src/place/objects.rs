@@ -401,6 +401,19 @@ impl Objects {
     }
 }
 
+/// Whether two ETags of an object (one recorded at upload, one listed or returned since) say
+/// it holds the same bytes: equal once unquoted, and neither weak (`W/"…"`, which promises
+/// equivalent content, not the same bytes) nor empty.
+pub fn same_etag(a: &str, b: &str) -> bool {
+    fn strong(e: &str) -> Option<&str> {
+        let e = e.trim();
+        (!e.starts_with("W/"))
+            .then(|| e.trim_matches('"'))
+            .filter(|e| !e.is_empty())
+    }
+    matches!((strong(a), strong(b)), (Some(a), Some(b)) if a == b)
+}
+
 fn sha_attributes(sha256: &str) -> Attributes {
     let mut attributes = Attributes::new();
     attributes.insert(
