@@ -40,7 +40,6 @@ struct Request {
     /// The path, `/<bucket>/<key>` (path-style addressing).
     path: String,
     query: String,
-    range: Option<String>,
 }
 
 impl Request {
@@ -99,16 +98,10 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Cutting {
     type Future = Answer;
 
     fn call(&self, req: http::Request<hyper::body::Incoming>) -> Answer {
-        let range = req
-            .headers()
-            .get(http::header::RANGE)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
         self.requests.lock().unwrap().push(Request {
             method: req.method().clone(),
             path: req.uri().path().to_owned(),
             query: req.uri().query().unwrap_or_default().to_owned(),
-            range,
         });
         let cut = self.cut.lock().unwrap().clone();
         if req.method() == http::Method::PUT
@@ -397,6 +390,13 @@ async fn a_run_into_a_bucket_writes_every_output_with_its_sha256_and_the_manifes
     ))
     .await;
     assert_exit_without_panic(&o, 0);
+    // The report read each image whole once, to make its thumbnail.
+    let log = s3.take_requests();
+    for item in ["a", "b", "c"] {
+        let key = format!("runs/r/{item}/shot.png");
+        let reads = of_kind(&log, "GET").iter().filter(|k| **k == key).count();
+        assert_eq!(reads, 1, "{key}: {log:#?}");
+    }
     let recorded = outputs(dir).await;
     assert_eq!(recorded.len(), 3, "{recorded:?}");
     assert_objects_agree(&s3, &recorded, "s3://shots/runs/r/").await;
@@ -438,25 +438,49 @@ async fn a_run_into_a_bucket_writes_every_output_with_its_sha256_and_the_manifes
     assert_exit_without_panic(&o, 0);
     let local = std::fs::read_to_string(dir.join("page.html")).unwrap();
     assert!(local.contains("href=\"a/shot.png\""), "{local}");
-    // The thumbnails are made: of each image only its header is read again, and the page
-    // still gives every image's size.
+    // The thumbnails are made and carry their image's size: no image is read again, a
+    // listing of the prefix says they are there, and the page still gives every image's size.
     assert!(!local.contains("size unknown"), "{local}");
-    let gets: Vec<Request> = s3
-        .take_requests()
-        .into_iter()
-        .filter(|r| r.kind() == "GET")
-        .collect();
-    let images: Vec<_> = gets
+    let log = s3.take_requests();
+    let images: Vec<&Request> = log
         .iter()
         .filter(|r| r.path.ends_with("shot.png"))
         .collect();
-    assert_eq!(images.len(), 3, "{gets:?}");
+    assert!(images.is_empty(), "{images:#?}");
+    assert!(of_kind(&log, "LIST").len() <= 2, "{log:#?}");
+    // An object removed from the bucket, and one replaced by other bytes, are said so on the
+    // next page: the listing tells, and only the changed one is read again.
+    let store = s3.store();
+    store.delete(&Key::from("runs/r/b/shot.png")).await.unwrap();
+    store
+        .put(
+            &Key::from("runs/r/c/shot.png"),
+            b"other bytes".to_vec().into(),
+        )
+        .await
+        .unwrap();
+    s3.take_requests();
+    let o = finish(imgpipe_s3(
+        &env,
+        &s3,
+        dir,
+        &["report", "r", "--out", "again.html"],
+    ))
+    .await;
+    assert_exit_without_panic(&o, 0);
+    let again = std::fs::read_to_string(dir.join("again.html")).unwrap();
+    assert!(again.contains("no longer on disk"), "{again}");
     assert!(
-        images
-            .iter()
-            .all(|r| r.range.as_deref() == Some("bytes=0-4095")),
-        "{gets:?}"
+        again.contains("changed on disk since it was downloaded"),
+        "{again}"
     );
+    let log = s3.take_requests();
+    let images: Vec<&str> = log
+        .iter()
+        .filter(|r| r.path.ends_with("shot.png"))
+        .map(Request::key)
+        .collect();
+    assert_eq!(images, ["runs/r/c/shot.png"], "{log:#?}");
     // Nothing was made locally under a name that looks like the URL.
     assert!(!dir.join("s3:").exists());
     let said = both(&o);
