@@ -405,13 +405,15 @@ impl Objects {
 /// it holds the same bytes: equal once unquoted, and neither weak (`W/"…"`, which promises
 /// equivalent content, not the same bytes) nor empty.
 pub fn same_etag(a: &str, b: &str) -> bool {
-    fn strong(e: &str) -> Option<&str> {
-        let e = e.trim();
-        (!e.starts_with("W/"))
-            .then(|| e.trim_matches('"'))
-            .filter(|e| !e.is_empty())
-    }
-    matches!((strong(a), strong(b)), (Some(a), Some(b)) if a == b)
+    matches!((strong_etag(a), strong_etag(b)), (Some(a), Some(b)) if a == b)
+}
+
+/// An ETag as [`same_etag`] compares it: unquoted; `None` for a weak or an empty one.
+pub fn strong_etag(etag: &str) -> Option<&str> {
+    let etag = etag.trim();
+    (!etag.starts_with("W/"))
+        .then(|| etag.trim_matches('"'))
+        .filter(|e| !e.is_empty())
 }
 
 fn sha_attributes(sha256: &str) -> Attributes {

@@ -20,7 +20,7 @@ use futures::StreamExt;
 
 use crate::error::Error;
 use crate::layout::THUMBS;
-use crate::place::{ObjectError, Objects, Place, same_etag};
+use crate::place::{ObjectError, Objects, Place, strong_etag};
 use crate::report::html::MARKER;
 use crate::report::live::Observed;
 use crate::report::thumbs::{image_size, thumb_path};
@@ -153,12 +153,22 @@ enum Read {
     Gone,
 }
 
-/// An output to stage: its URL, what to read of it, and its size and ETag as recorded.
+/// An output to stage: its URL, what to read of it, and its size and ETag as recorded (the
+/// ETag as its hash: 8 bytes an output, not a string).
 struct Staging {
     url: String,
     read: Read,
     bytes: Option<u64>,
-    etag: Option<String>,
+    etag: Option<u64>,
+}
+
+/// The hash an ETag is compared by; `None` for one that says nothing of the bytes.
+fn etag_hash(etag: &str) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let etag = strong_etag(etag)?;
+    let mut hasher = std::hash::DefaultHasher::new();
+    etag.hash(&mut hasher);
+    Some(hasher.finish())
 }
 
 /// Lists the run's prefix (a request per 1,000 keys) when some outputs are to be staged
@@ -190,11 +200,8 @@ async fn confirm_by_listing(objects: &Objects, outputs: &mut [Staging]) -> Resul
                     }
                 }
                 std::cmp::Ordering::Equal => {
-                    let etag_changed = o
-                        .etag
-                        .as_deref()
-                        .zip(found.etag.as_deref())
-                        .is_some_and(|(mine, listed)| !same_etag(mine, listed));
+                    let listed = found.etag.as_deref().and_then(etag_hash);
+                    let etag_changed = o.etag.zip(listed).is_some_and(|(a, b)| a != b);
                     if etag_changed || o.bytes.is_some_and(|b| b != found.bytes) {
                         o.read = Read::Whole;
                     }
@@ -244,7 +251,7 @@ async fn stage_outputs(
                 url,
                 read,
                 bytes: o.bytes,
-                etag: o.etag,
+                etag: o.etag.as_deref().and_then(etag_hash),
             });
             Ok(())
         })
