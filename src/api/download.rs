@@ -27,6 +27,8 @@ pub struct Downloaded {
     pub path: PathBuf,
     pub bytes: u64,
     pub sha256: String,
+    /// The ETag the store gave the object; `None` for a local file (or a store that gives none).
+    pub etag: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -188,6 +190,7 @@ impl Downloader {
             path,
             bytes,
             sha256,
+            etag: None,
         })
     }
 
@@ -212,7 +215,7 @@ impl Downloader {
             }
             Body::Spilled(part) => dir.put_new_file(&key, part.path(), &sha256).await,
         };
-        written.map_err(|e| match e {
+        let etag = written.map_err(|e| match e {
             ObjectError::Exists { url } => DownloadError::Exists { path: url.into() },
             other => DownloadError::Store {
                 reason: other.to_string(),
@@ -222,6 +225,7 @@ impl Downloader {
             path: dir.key_url(&key).into(),
             bytes,
             sha256,
+            etag,
         })
     }
 

@@ -78,6 +78,7 @@ async fn fetch(shared: &Shared, task: usize, k: u32) -> Result<PathBuf, String> 
             &done.path.to_string_lossy(),
             &done.sha256,
             done.bytes,
+            done.etag.as_deref(),
         )
         .await
         .map_err(|e| e.to_string())?;

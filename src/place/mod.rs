@@ -16,7 +16,7 @@ mod objects;
 
 use std::path::{Path, PathBuf};
 
-pub use objects::{ObjectError, Objects, Stat};
+pub use objects::{Listed, ObjectError, Objects, Stat, same_etag, strong_etag};
 
 use crate::layout::url_scheme;
 

@@ -54,6 +54,16 @@ pub struct Stat {
     pub bytes: u64,
     /// The sha256 recorded in the object's metadata, when it has one.
     pub sha256: Option<String>,
+    /// The store's ETag of the object, when it gave one.
+    pub etag: Option<String>,
+}
+
+/// An object as a listing gives it: its key, size and ETag, no metadata.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    pub key: String,
+    pub bytes: u64,
+    pub etag: Option<String>,
 }
 
 /// A prefix in a bucket. Cheap to clone: the store is shared by every prefix of its bucket.
@@ -171,21 +181,22 @@ impl Objects {
     }
 
     /// Writes `body` at `key` only if nothing is there yet (a PUT with `If-None-Match: *`),
-    /// its sha256 kept as metadata. An object already there with the very same sha256 is an
-    /// upload done before (a crash between the upload and the record): not an error.
+    /// its sha256 kept as metadata; returns the object's ETag when the store gave one. An
+    /// object already there with the very same sha256 is an upload done before (a crash
+    /// between the upload and the record): not an error.
     pub async fn put_new(
         &self,
         key: &Key,
         body: PutPayload,
         sha256: &str,
-    ) -> Result<(), ObjectError> {
+    ) -> Result<Option<String>, ObjectError> {
         let opts = PutOptions {
             mode: PutMode::Create,
             attributes: sha_attributes(sha256),
             ..PutOptions::default()
         };
         match self.store.put_opts(key, body, opts).await {
-            Ok(_) => Ok(()),
+            Ok(put) => Ok(put.e_tag),
             Err(
                 object_store::Error::AlreadyExists { .. }
                 | object_store::Error::Precondition { .. },
@@ -196,12 +207,13 @@ impl Objects {
 
     /// Uploads a file too large to hold in parts; the upload becomes visible under `key` only
     /// when complete, and its completion is create-only (see [`CreateOnlyConnector`]).
+    /// Returns the object's ETag, as [`Objects::put_new`].
     pub async fn put_new_file(
         &self,
         key: &Key,
         file: &FsPath,
         sha256: &str,
-    ) -> Result<(), ObjectError> {
+    ) -> Result<Option<String>, ObjectError> {
         let opts = PutMultipartOptions {
             attributes: sha_attributes(sha256),
             ..PutMultipartOptions::default()
@@ -238,7 +250,7 @@ impl Objects {
             writer.write(&buf[..n]);
         }
         match writer.finish().await {
-            Ok(_) => Ok(()),
+            Ok(put) => Ok(put.e_tag),
             Err(
                 object_store::Error::Precondition { .. }
                 | object_store::Error::AlreadyExists { .. },
@@ -248,9 +260,14 @@ impl Objects {
     }
 
     /// After a create-only write was refused: the object there is ours (same sha256, by its
-    /// metadata or, without it, by its bytes) or someone else's.
-    async fn same_or_foreign(&self, key: &Key, sha256: &str) -> Result<(), ObjectError> {
-        let same = match self.stat(key).await? {
+    /// metadata or, without it, by its bytes), and its ETag is returned, or someone else's.
+    async fn same_or_foreign(
+        &self,
+        key: &Key,
+        sha256: &str,
+    ) -> Result<Option<String>, ObjectError> {
+        let stat = self.stat(key).await?;
+        let same = match &stat {
             Some(Stat {
                 sha256: Some(theirs),
                 ..
@@ -262,7 +279,7 @@ impl Objects {
             None => false,
         };
         if same {
-            Ok(())
+            Ok(stat.and_then(|s| s.etag))
         } else {
             Err(ObjectError::Exists {
                 url: self.key_url(key),
@@ -287,6 +304,7 @@ impl Objects {
         match self.store.get_opts(key, opts).await {
             Ok(found) => Ok(Some(Stat {
                 bytes: found.meta.size,
+                etag: found.meta.e_tag.clone(),
                 sha256: found
                     .attributes
                     .get(&Attribute::Metadata(SHA256_META.into()))
@@ -338,6 +356,36 @@ impl Objects {
         }
     }
 
+    /// The objects under `dir` (every level below it; the bucket's root when `None`) whose keys
+    /// sort after `after`, in the store's order (S3: by the keys' UTF-8 bytes), fetched a page
+    /// at a time as the stream is read (S3 pages hold 1,000 keys): the caller holds one page,
+    /// never the whole listing, and stops asking when it has seen what it wanted. `after` is
+    /// only where to start: one the store's keys cannot be is ignored (the listing starts at
+    /// `dir`'s first key).
+    pub fn list_after(
+        &self,
+        dir: Option<&str>,
+        after: Option<&str>,
+    ) -> impl futures::Stream<Item = Result<Listed, ObjectError>> + use<> {
+        use futures::StreamExt;
+        let dir = dir.map(Key::from);
+        let at = dir.clone().unwrap_or_default();
+        let after = after.and_then(|a| Key::parse(a).ok());
+        let listing = match &after {
+            Some(after) => self.store.list_with_offset(dir.as_ref(), after),
+            None => self.store.list(dir.as_ref()),
+        };
+        let this = self.clone();
+        listing.map(move |found| match found {
+            Ok(meta) => Ok(Listed {
+                key: meta.location.into(),
+                bytes: meta.size,
+                etag: meta.e_tag,
+            }),
+            Err(e) => Err(this.error("cannot list", &at, &e)),
+        })
+    }
+
     /// The names of the objects directly under `dir` (a prefix of this one).
     pub async fn names(&self, dir: &Key) -> Result<Vec<String>, ObjectError> {
         let listed = self
@@ -351,6 +399,21 @@ impl Objects {
             .filter_map(|o| o.location.filename().map(str::to_owned))
             .collect())
     }
+}
+
+/// Whether two ETags of an object (one recorded at upload, one listed or returned since) say
+/// it holds the same bytes: equal once unquoted, and neither weak (`W/"…"`, which promises
+/// equivalent content, not the same bytes) nor empty.
+pub fn same_etag(a: &str, b: &str) -> bool {
+    matches!((strong_etag(a), strong_etag(b)), (Some(a), Some(b)) if a == b)
+}
+
+/// An ETag as [`same_etag`] compares it: unquoted; `None` for a weak or an empty one.
+pub fn strong_etag(etag: &str) -> Option<&str> {
+    let etag = etag.trim();
+    (!etag.starts_with("W/"))
+        .then(|| etag.trim_matches('"'))
+        .filter(|e| !e.is_empty())
 }
 
 fn sha_attributes(sha256: &str) -> Attributes {

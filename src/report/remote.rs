@@ -5,21 +5,25 @@
 //! browsed from the bucket, wherever `--out` puts it.
 //!
 //! A report reads an output whole only when it has no thumbnail yet: a thumbnail needs the
-//! image's bytes. One whose thumbnail is in the bucket is staged as its header alone (the size
-//! shown beside it), dated before its thumbnail, which is all the local report reads of it then:
-//! a nightly run's report never reads again the terabytes the nights before made.
+//! image's bytes, and carries the image's size from then on. One whose thumbnail is in the
+//! bucket is not read at all: a listing of the run's prefix (a request per 1,000 keys) says it
+//! is there as recorded (its size and ETag), and it is staged as an empty file dated before its
+//! thumbnail, which the local report, trusting the record, does not read. So each image is read
+//! once in the run's life, by its first report; one the listing shows gone is said so on the
+//! page, one it shows changed is read again, and said changed. (A thumbnail made before
+//! thumbnails carried the size has its image's header read, 4 KiB, as then.)
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use futures::StreamExt;
 
 use crate::error::Error;
 use crate::layout::THUMBS;
-use crate::place::{ObjectError, Objects, Place};
+use crate::place::{ObjectError, Objects, Place, strong_etag};
 use crate::report::html::MARKER;
 use crate::report::live::Observed;
-use crate::report::thumbs::thumb_path;
+use crate::report::thumbs::{image_size, thumb_path};
 use crate::report::{Written, refuse_foreign, write_local};
 use crate::store::{RunRow, Store};
 
@@ -50,7 +54,7 @@ pub(super) async fn write(
     let made = stage_thumbnails(&objects, &local_run)
         .await
         .map_err(failed)?;
-    stage_outputs(store, &run.id, &run_url, &local_run).await?;
+    stage_outputs(store, &objects, &run.id, &run_url, &local_run, &made).await?;
 
     let page = out.and_then(Path::file_name).map_or_else(
         || "report.html".into(),
@@ -72,7 +76,7 @@ pub(super) async fn write(
 
     let thumbs = objects.child(THUMBS);
     for name in names_in(&local_run.join(THUMBS)) {
-        if !made.contains(&name) {
+        if !made.contains_key(&name) {
             let bytes = std::fs::read(local_run.join(THUMBS).join(&name)).map_err(failed)?;
             thumbs
                 .replace(&thumbs.key(&name), bytes)
@@ -106,62 +110,169 @@ pub(super) async fn write(
     Ok(written)
 }
 
-/// Reads the thumbnails already under `<run>/_thumbs/` into the staging copy; returns their
-/// names.
+/// Reads the thumbnails already under `<run>/_thumbs/` into the staging copy, several at
+/// once; returns their names, each with whether it carries its image's size.
 async fn stage_thumbnails(
     objects: &Objects,
     local_run: &Path,
-) -> Result<HashSet<String>, ObjectError> {
+) -> Result<HashMap<String, bool>, ObjectError> {
     let thumbs = objects.child(THUMBS);
     let names = objects.names(thumbs.prefix()).await?;
     let dir = local_run.join(THUMBS);
     let _ = std::fs::create_dir_all(&dir);
-    let mut made = HashSet::new();
-    for name in names {
-        if let Some(bytes) = thumbs.read(&thumbs.key(&name)).await?
-            && std::fs::write(dir.join(&name), &bytes).is_ok()
-        {
-            made.insert(name);
+    let (thumbs, dir) = (&thumbs, &dir);
+    let staged: Vec<Result<Option<(String, bool)>, ObjectError>> = futures::stream::iter(names)
+        .map(|name| async move {
+            let Some(bytes) = thumbs.read(&thumbs.key(&name)).await? else {
+                return Ok(None);
+            };
+            let sized = image_size(&bytes).is_some();
+            Ok(std::fs::write(dir.join(&name), &bytes)
+                .is_ok()
+                .then_some((name, sized)))
+        })
+        .buffer_unordered(READS_IN_FLIGHT)
+        .collect()
+        .await;
+    staged.into_iter().filter_map(Result::transpose).collect()
+}
+
+/// What of an output is read into the staging copy.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// Nothing: its thumbnail is staged and carries the image's size. The file is staged
+    /// empty, which the report, trusting the record, does not read.
+    Nothing,
+    /// Its header (its size): its thumbnail is staged, but was made before thumbnails
+    /// carried the size.
+    Header,
+    /// All of it: it has no thumbnail yet, which the report makes of its bytes, or the
+    /// listing shows it changed since it was recorded.
+    Whole,
+    /// Not there: the listing of the run's prefix does not have it.
+    Gone,
+}
+
+/// An output to stage: its URL, what to read of it, and its size and ETag as recorded (the
+/// ETag as its hash: 8 bytes an output, not a string).
+struct Staging {
+    url: String,
+    read: Read,
+    bytes: Option<u64>,
+    etag: Option<u64>,
+}
+
+/// The hash an ETag is compared by; `None` for one that says nothing of the bytes.
+fn etag_hash(etag: &str) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let etag = strong_etag(etag)?;
+    let mut hasher = std::hash::DefaultHasher::new();
+    etag.hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+/// Lists the run's prefix (a request per 1,000 keys) when some outputs are to be staged
+/// without their bytes, and reads whole those the listing shows changed (another size or
+/// ETag than recorded) or marks them gone: so the page still says what was removed or changed
+/// in the bucket, without a request an image.
+async fn confirm_by_listing(objects: &Objects, outputs: &mut [Staging]) -> Result<(), Error> {
+    if outputs.iter().all(|o| o.read == Read::Whole) {
+        return Ok(());
+    }
+    // By URL, which under one prefix is by key: the order S3 lists in.
+    outputs.sort_unstable_by(|a, b| a.url.cmp(&b.url));
+    let root = objects.key_url(&Default::default());
+    let listing = objects.list_after(Some(objects.prefix().as_ref()), None);
+    let mut listing = std::pin::pin!(listing);
+    let mut next = 0;
+    while let Some(found) = listing.next().await {
+        let found = found.map_err(failed)?;
+        while let Some(o) = outputs.get_mut(next) {
+            let Some(key) = o.url.strip_prefix(root.as_str()) else {
+                next += 1;
+                continue;
+            };
+            match key.trim_start_matches('/').cmp(found.key.as_str()) {
+                std::cmp::Ordering::Greater => break,
+                std::cmp::Ordering::Less => {
+                    if o.read != Read::Whole {
+                        o.read = Read::Gone;
+                    }
+                }
+                std::cmp::Ordering::Equal => {
+                    let listed = found.etag.as_deref().and_then(etag_hash);
+                    let etag_changed = o.etag.zip(listed).is_some_and(|(a, b)| a != b);
+                    if etag_changed || o.bytes.is_some_and(|b| b != found.bytes) {
+                        o.read = Read::Whole;
+                    }
+                }
+            }
+            next += 1;
         }
     }
-    Ok(made)
+    for o in &mut outputs[next..] {
+        if o.read != Read::Whole {
+            o.read = Read::Gone;
+        }
+    }
+    Ok(())
 }
 
 /// Reads each recorded output of the run into the staging copy, where the report looks for
-/// it; one that is gone from the bucket stays missing there too, and the page says so.
+/// it, as much of it as the report needs (`thumbs`: the thumbnails staged, whether each
+/// carries its image's size); one that is gone from the bucket stays missing there too, and
+/// the page says so.
 async fn stage_outputs(
     store: &Store,
+    objects: &Objects,
     run_id: &str,
     run_url: &str,
     local_run: &Path,
+    thumbs: &HashMap<String, bool>,
 ) -> Result<(), Error> {
-    let mut urls = Vec::new();
-    let thumbs = local_run.join(THUMBS);
+    let mut outputs = Vec::new();
+    let thumb_dir = local_run.join(THUMBS);
     store
         .each_output(run_id, false, |o| {
-            if let Some(p) = o.path {
-                // Its thumbnail is staged already: its header is all the report reads.
-                let header_only = o
-                    .sha256
-                    .as_deref()
-                    .is_some_and(|sha| thumb_path(&thumbs, sha).is_file());
-                urls.push((p, header_only));
+            let Some(url) = o.path else { return Ok(()) };
+            if super::under(&url, run_url).is_none() {
+                return Ok(());
             }
+            let thumb = o.sha256.as_deref().and_then(|sha| {
+                let path = thumb_path(&thumb_dir, sha);
+                thumbs.get(&*path.file_name()?.to_string_lossy()).copied()
+            });
+            let read = match thumb {
+                Some(true) => Read::Nothing,
+                Some(false) => Read::Header,
+                None => Read::Whole,
+            };
+            outputs.push(Staging {
+                url,
+                read,
+                bytes: o.bytes,
+                etag: o.etag.as_deref().and_then(etag_hash),
+            });
             Ok(())
         })
         .await?;
-    let staged: Vec<Result<(), Error>> = futures::stream::iter(urls)
-        .map(|(url, header_only)| async move {
+    confirm_by_listing(objects, &mut outputs).await?;
+    let staged: Vec<Result<(), Error>> = futures::stream::iter(outputs)
+        .map(|Staging { url, read, .. }| async move {
             let Some(rel) = super::under(&url, run_url) else {
                 return Ok(());
             };
             let (objects, key) = Objects::at_url(&url).map_err(failed)?;
-            let read = if header_only {
-                objects.read_head(&key, HEADER_BYTES).await
-            } else {
-                objects.read(&key).await
+            let bytes = match read {
+                Read::Gone => None,
+                Read::Nothing => Some(bytes::Bytes::new()),
+                Read::Header => objects
+                    .read_head(&key, HEADER_BYTES)
+                    .await
+                    .map_err(failed)?,
+                Read::Whole => objects.read(&key).await.map_err(failed)?,
             };
-            let Some(bytes) = read.map_err(failed)? else {
+            let Some(bytes) = bytes else {
                 return Ok(());
             };
             let to = local_run.join(rel);
@@ -169,7 +280,7 @@ async fn stage_outputs(
                 std::fs::create_dir_all(dir).map_err(failed)?;
             }
             std::fs::write(&to, &bytes).map_err(failed)?;
-            if header_only {
+            if read != Read::Whole {
                 // Older than its thumbnail: the record is trusted, the file not hashed again.
                 std::fs::File::options()
                     .write(true)

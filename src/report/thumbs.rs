@@ -2,7 +2,7 @@
 //! made again (or for a run in progress) only decodes the images it has not seen, and a file
 //! changed on disk never shows the old picture.
 
-use std::io::{BufWriter, Read};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use futures::StreamExt;
@@ -217,14 +217,16 @@ pub(crate) fn thumb_path(dir: &Path, sha: &str) -> PathBuf {
     dir.join(format!("{}.png", name.to_ascii_lowercase()))
 }
 
-/// The preview from a thumbnail already made for `sha`; `size` reads the full image's.
+/// The preview from a thumbnail already made for `sha`; the full image's size is the one the
+/// thumbnail carries, else `size` reads it from the image.
 fn ready(dir: &Path, sha: &str, size: impl Fn() -> Option<(u32, u32)>) -> Option<Preview> {
     let thumb = thumb_path(dir, sha);
-    let (w, h, alpha) = probe(&thumb).ok()?;
+    let png = read(&thumb).ok()?;
+    let (w, h, alpha) = probe_bytes(&png).ok()?;
     Some(Preview {
+        size: image_size(&png).or_else(size),
         thumb: Some(thumb),
         thumb_size: Some((w, h)),
-        size: size(),
         alpha,
         note: None,
         made: false,
@@ -260,17 +262,15 @@ fn make(dir: &Path, sha: &str, bytes: &[u8]) -> Result<Preview, String> {
     };
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let path = thumb_path(dir, sha);
+    let mut png = Vec::new();
+    let encoder = PngEncoder::new_with_quality(&mut png, compression, FilterType::Adaptive);
+    small
+        .write_with_encoder(encoder)
+        .map_err(|e| e.to_string())?;
+    let png = with_image_size(png, size);
     let tmp = temp::readable(dir).map_err(|e| e.to_string())?;
-    {
-        let encoder = PngEncoder::new_with_quality(
-            BufWriter::new(tmp.as_file()),
-            compression,
-            FilterType::Adaptive,
-        );
-        small
-            .write_with_encoder(encoder)
-            .map_err(|e| e.to_string())?;
-    }
+    let mut file = tmp.as_file();
+    file.write_all(&png).map_err(|e| e.to_string())?;
     tmp.persist(&path).map_err(|e| e.error.to_string())?;
     Ok(Preview {
         thumb: Some(path),
@@ -281,6 +281,67 @@ fn make(dir: &Path, sha: &str, bytes: &[u8]) -> Result<Preview, String> {
         made: false,
         on_disk: false,
     })
+}
+
+/// The keyword of the `tEXt` chunk in which a thumbnail carries its full image's size
+/// (`2048x1536`): a report that finds the thumbnail needs nothing of the image itself, which
+/// for a run in object storage is a request an image saved on every report made again.
+const SIZE_KEYWORD: &[u8] = b"imgpipe-image-size";
+
+/// `png` with a `tEXt` chunk giving the full image's size, just before its `IEND`.
+fn with_image_size(mut png: Vec<u8>, (w, h): (u32, u32)) -> Vec<u8> {
+    const IEND: usize = 12;
+    if png.len() < 8 + IEND || &png[png.len() - 8..png.len() - 4] != b"IEND" {
+        return png;
+    }
+    let mut data = SIZE_KEYWORD.to_vec();
+    data.push(0);
+    data.extend_from_slice(format!("{w}x{h}").as_bytes());
+    let mut chunk = Vec::with_capacity(data.len() + 12);
+    chunk.extend_from_slice(&u32::try_from(data.len()).unwrap_or(0).to_be_bytes());
+    chunk.extend_from_slice(b"tEXt");
+    chunk.extend_from_slice(&data);
+    chunk.extend_from_slice(&crc32(&chunk[4..]).to_be_bytes());
+    let at = png.len() - IEND;
+    png.splice(at..at, chunk);
+    png
+}
+
+/// The full image's size a thumbnail (its bytes) carries, if it does (those made before
+/// thumbnails did do not).
+pub(crate) fn image_size(png: &[u8]) -> Option<(u32, u32)> {
+    let mut at = 8;
+    while at + 12 <= png.len() {
+        let len = u32::from_be_bytes(png[at..at + 4].try_into().ok()?) as usize;
+        let kind = &png[at + 4..at + 8];
+        let data = png.get(at + 8..at + 8 + len)?;
+        if kind == b"tEXt"
+            && let Some(text) = data
+                .strip_prefix(SIZE_KEYWORD)
+                .and_then(|t| t.strip_prefix(b"\0"))
+        {
+            let (w, h) = std::str::from_utf8(text).ok()?.split_once('x')?;
+            return Some((w.parse().ok()?, h.parse().ok()?));
+        }
+        at += len + 12;
+    }
+    None
+}
+
+/// The CRC of a PNG chunk (ISO 3309, as PNG specifies), over its type and data.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = u32::MAX;
+    for byte in bytes {
+        crc ^= u32::from(*byte);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
 }
 
 /// Whether some pixel is not fully opaque, read in place: a copy of an 8192-pixel image
@@ -300,6 +361,17 @@ fn read(path: &Path) -> std::io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
     std::fs::File::open(path)?.read_to_end(&mut bytes)?;
     Ok(bytes)
+}
+
+/// [`probe`] of an image in memory.
+fn probe_bytes(bytes: &[u8]) -> Result<(u32, u32, bool), String> {
+    let decoder = ImageReader::new(std::io::Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| e.to_string())?
+        .into_decoder()
+        .map_err(|e| e.to_string())?;
+    let (w, h) = decoder.dimensions();
+    Ok((w, h, decoder.color_type().has_alpha()))
 }
 
 /// Width, height and whether the colour type has alpha, from the header alone.
@@ -342,6 +414,35 @@ mod tests {
         assert!(again.on_disk);
         assert_eq!(again.thumb, first.thumb);
         assert!(again.alpha);
+    }
+
+    #[test]
+    fn a_thumbnail_carries_its_images_size_so_the_image_is_not_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let thumbs = dir.path().join("_thumbs");
+        let big = dir.path().join("big.png");
+        let sha = png(&big, 900, 300, 255);
+        assert!(preview(&thumbs, &big, Some(&sha)).made);
+        let thumb = thumb_path(&thumbs, &sha);
+        assert_eq!(
+            image_size(&std::fs::read(&thumb).unwrap()),
+            Some((900, 300))
+        );
+        // Still a PNG every decoder reads whole, its CRCs right.
+        let decoded = image::open(&thumb).unwrap();
+        assert_eq!((decoded.width(), decoded.height()), (EDGE, EDGE / 3));
+        // The image in place but unreadable, older than its thumbnail: the size is the
+        // thumbnail's to tell.
+        std::fs::write(&big, b"").unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&big)
+            .and_then(|f| f.set_modified(std::time::UNIX_EPOCH))
+            .unwrap();
+        let again = preview(&thumbs, &big, Some(&sha));
+        assert!(!again.made && again.on_disk, "{again:?}");
+        assert_eq!(again.size, Some((900, 300)));
+        assert_eq!(crc32(b"IEND"), 0xAE42_6082);
     }
 
     #[test]

@@ -1,9 +1,19 @@
 //! Resuming a run whose outputs are in object storage: what [`super::resume`] does with files,
-//! done with objects. An object is checked by a HEAD (its size and the sha256 kept in its
-//! metadata), read whole only when those do not agree with the record; a modified object is
-//! copied, create-only, to its `_superseded/` key before it is removed, so the user's bytes
-//! are never lost.
+//! done with objects. The run's prefix is listed (a request a page of 1,000 keys) and each
+//! recorded object compared with the listing by its key, size and the ETag the store gave it at
+//! upload; only an object the listing does not show as recorded (missing, another size or
+//! ETag, or recorded before ETags were kept) is looked at by itself: a HEAD (its size and the
+//! sha256 kept in its metadata), and its bytes when those do not agree with the record. A
+//! modified object is copied, create-only, to its `_superseded/` key before it is removed, so
+//! the user's bytes are never lost.
+//!
+//! Memory: the recorded outputs the review hands over are sorted in place by key, which is the
+//! order S3 lists in (the keys' UTF-8 bytes), and the listing is walked against them as it
+//! streams in, one page in memory. Beyond what the review holds, the comparison keeps one byte
+//! per output (whether the listing showed it as recorded); a map from key to output would have
+//! held a copy of every key.
 
+use std::cmp::Ordering;
 use std::path::PathBuf;
 
 use futures::StreamExt;
@@ -12,7 +22,7 @@ use sha2::{Digest, Sha256};
 use super::Refetch;
 use crate::store::OutputRow;
 
-use crate::place::{Objects, Stat};
+use crate::place::{ObjectError, Objects, Stat, same_etag};
 
 /// What the object of a recorded output is now.
 enum Checked {
@@ -33,6 +43,7 @@ async fn check(url: &str, sha256: &str, bytes: Option<u64>) -> Checked {
         let Some(Stat {
             bytes: size,
             sha256: meta,
+            ..
         }) = stat
         else {
             return Ok(Checked::Missing);
@@ -57,7 +68,7 @@ async fn check(url: &str, sha256: &str, bytes: Option<u64>) -> Checked {
     match found.await {
         Ok(checked) => checked,
         Err(e) => {
-            let e: crate::place::ObjectError = e;
+            let e: ObjectError = e;
             tracing::warn!("cannot check {url}: {e}; it is fetched again");
             Checked::Missing
         }
@@ -68,11 +79,59 @@ async fn check(url: &str, sha256: &str, bytes: Option<u64>) -> Checked {
 /// outputs would wait minutes on round trips alone.
 const CHECKS_IN_FLIGHT: usize = 16;
 
+/// Listed keys in a row that no recorded output has, after which the listing starts again
+/// just before the next recorded key (one request) rather than read on: a run's `_thumbs/`,
+/// an object per image, sorting between two items would otherwise cost as many pages as the
+/// outputs themselves. A page's worth, so a jump never costs more requests than reading on.
+const JUMP_AFTER: usize = 1_000;
+
+/// Listings at once: a night's 900,000 outputs are 900 pages, a minute and a half of round
+/// trips one after the other. The outputs' keys are split into this many ranges at most, each
+/// listed by itself, which costs at most a request more each (its last page, partly read).
+const LISTS_IN_FLIGHT: usize = 16;
+
+/// The fewest outputs a range listed by itself holds: ten pages, so a run of a few thousand
+/// outputs is one listing.
+const RANGE_OUTPUTS: usize = 10_000;
+
+/// The outputs a range listed by itself holds, for `outputs` in a bucket.
+fn range_size(outputs: usize) -> usize {
+    outputs.div_ceil(LISTS_IN_FLIGHT).max(RANGE_OUTPUTS)
+}
+
 /// The outputs, of those given with their URL and recorded sha256, whose object is missing or
 /// modified.
-pub(super) async fn check_all(outputs: Vec<(OutputRow, PathBuf, String)>) -> Vec<Refetch> {
-    futures::stream::iter(outputs)
-        .map(|(o, url, sha)| async move {
+pub(super) async fn check_all(mut outputs: Vec<(OutputRow, PathBuf, String)>) -> Vec<Refetch> {
+    // By URL: for one bucket that is by key, and each bucket's outputs are together.
+    outputs.sort_unstable_by(|a, b| a.url().cmp(b.url()));
+    let mut same = vec![false; outputs.len()];
+    let mut start = 0;
+    while start < outputs.len() {
+        let bucket = bucket_of(outputs[start].url());
+        let end = start
+            + outputs[start..]
+                .iter()
+                .take_while(|o| bucket_of(o.url()) == bucket)
+                .count();
+        let group = &outputs[start..end];
+        if group.iter().any(|o| o.0.etag.is_some()) {
+            // Key ranges listed side by side, each from just before its first key to its last.
+            let size = range_size(group.len());
+            futures::stream::iter(group.chunks(size).zip(same[start..end].chunks_mut(size)))
+                .for_each_concurrent(LISTS_IN_FLIGHT, |(range, same)| {
+                    compare_with_listing(range, same)
+                })
+                .await;
+        }
+        start = end;
+    }
+    let listed = same.iter().filter(|s| **s).count();
+    tracing::debug!(
+        "{listed} of {} recorded objects are in the listing as recorded; the others are looked at one by one",
+        outputs.len()
+    );
+    futures::stream::iter(outputs.into_iter().zip(same).filter(|(_, same)| !same))
+        .map(|((o, url, sha), _)| async move {
             match check(&url.to_string_lossy(), &sha, o.bytes).await {
                 Checked::Same => None,
                 Checked::Missing => Some(Refetch {
@@ -89,6 +148,173 @@ pub(super) async fn check_all(outputs: Vec<(OutputRow, PathBuf, String)>) -> Vec
         .filter_map(std::future::ready)
         .collect()
         .await
+}
+
+/// Lists what lies under the outputs' common directory, from just before the first output's
+/// key to the last's (`group` sorted), and marks in `same` each output the listing shows as
+/// recorded. A listing that fails part way marks no more: the rest are looked at one by one.
+async fn compare_with_listing<R: Record>(group: &[R], same: &mut [bool]) {
+    let Some(first) = group.first() else { return };
+    let (objects, _) = match Objects::at_url(first.url()) {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::warn!("cannot list the run's objects: {e}; each is looked at by itself");
+            return;
+        }
+    };
+    let dir = common_dir(group);
+    let mut walk = Walk::new(group, same);
+    let mut after = walk.start();
+    loop {
+        let listing = objects.list_after(dir, after.as_deref());
+        let mut listing = std::pin::pin!(listing);
+        let mut jump = None;
+        while let Some(found) = listing.next().await {
+            let found = match found {
+                Ok(found) => found,
+                Err(e) => {
+                    tracing::warn!("{e}; the objects not listed yet are looked at one by one");
+                    return;
+                }
+            };
+            match walk.listed(&found.key, found.bytes, found.etag.as_deref()) {
+                Step::More => {}
+                Step::Done => return,
+                Step::JumpAfter(key) => {
+                    jump = Some(key);
+                    break;
+                }
+            }
+        }
+        match jump {
+            Some(key) => after = Some(key),
+            None => return,
+        }
+    }
+}
+
+/// The directory all of `group`'s keys are in (sorted, so the first and the last tell);
+/// `None` for the bucket's root.
+fn common_dir<R: Record>(group: &[R]) -> Option<&str> {
+    let (first, last) = (group.first()?.key(), group.last()?.key());
+    let shared = first
+        .bytes()
+        .zip(last.bytes())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let dir = first[..shared].rfind('/').map(|at| &first[..at])?;
+    (!dir.is_empty()).then_some(dir)
+}
+
+/// The bucket of an `s3://bucket/key` URL.
+fn bucket_of(url: &str) -> &str {
+    let rest = url.strip_prefix("s3://").unwrap_or(url);
+    rest.split_once('/').map_or(rest, |(bucket, _)| bucket)
+}
+
+/// A recorded output as the walk sees it.
+trait Record {
+    /// Its object's URL.
+    fn url(&self) -> &str;
+    /// Whether a listed object of this size and ETag is the one recorded.
+    fn agrees(&self, bytes: u64, etag: Option<&str>) -> bool;
+    /// Its key in its bucket.
+    fn key(&self) -> &str {
+        let url = self.url();
+        let rest = url.strip_prefix("s3://").unwrap_or(url);
+        rest.split_once('/').map_or("", |(_, key)| key)
+    }
+}
+
+impl Record for (OutputRow, PathBuf, String) {
+    fn url(&self) -> &str {
+        self.1.to_str().unwrap_or_default()
+    }
+
+    fn agrees(&self, bytes: u64, etag: Option<&str>) -> bool {
+        let etags_agree = match (self.0.etag.as_deref(), etag) {
+            (Some(mine), Some(listed)) => same_etag(mine, listed),
+            _ => false,
+        };
+        etags_agree && self.0.bytes.is_none_or(|b| b == bytes)
+    }
+}
+
+/// What the walk wants of the listing next.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    More,
+    /// Every recorded output was passed: the rest of the listing is of no interest.
+    Done,
+    /// Many keys in a row were not the run's outputs: list again from after this key.
+    JumpAfter(String),
+}
+
+/// The listing (sorted by key) walked against the recorded outputs (sorted the same way).
+struct Walk<'a, R> {
+    recorded: &'a [R],
+    /// Whether each recorded output was listed as recorded.
+    same: &'a mut [bool],
+    /// The first recorded output the listing has not reached yet.
+    next: usize,
+    /// Listed keys in a row that are no recorded output.
+    foreign: usize,
+}
+
+impl<'a, R: Record> Walk<'a, R> {
+    fn new(recorded: &'a [R], same: &'a mut [bool]) -> Self {
+        Walk {
+            recorded,
+            same,
+            next: 0,
+            foreign: 0,
+        }
+    }
+
+    /// Where the listing starts: just before the first recorded key.
+    fn start(&self) -> Option<String> {
+        self.recorded.first().and_then(|r| just_before(r.key()))
+    }
+
+    /// Takes the next listed object. A recorded output whose key the listing passed without
+    /// showing it stays unmarked: it is missing, or the store lists in another order; either
+    /// way it is looked at by itself.
+    fn listed(&mut self, key: &str, bytes: u64, etag: Option<&str>) -> Step {
+        let mut found = false;
+        while let Some(r) = self.recorded.get(self.next) {
+            match r.key().cmp(key) {
+                Ordering::Less => self.next += 1,
+                Ordering::Equal => {
+                    self.same[self.next] = r.agrees(bytes, etag);
+                    self.next += 1;
+                    found = true;
+                }
+                Ordering::Greater if found => {
+                    self.foreign = 0;
+                    return Step::More;
+                }
+                Ordering::Greater => {
+                    self.foreign += 1;
+                    if self.foreign < JUMP_AFTER {
+                        return Step::More;
+                    }
+                    self.foreign = 0;
+                    return match just_before(r.key()) {
+                        Some(after) if after.as_str() > key => Step::JumpAfter(after),
+                        _ => Step::More,
+                    };
+                }
+            }
+        }
+        Step::Done
+    }
+}
+
+/// A key that sorts just before `key` (`key` less its last character), so a listing that
+/// starts after it starts at `key`; `None` when that is the empty key.
+fn just_before(key: &str) -> Option<String> {
+    let (last, _) = key.char_indices().last()?;
+    (last > 0).then(|| key[..last].to_owned())
 }
 
 /// Copies the object at `from` to `to` (create-only) and removes it from `from`; returns the
@@ -110,7 +336,7 @@ pub(super) async fn set_aside(from: &str, to: &str) -> Option<u64> {
     match moved.await {
         Ok(size) => size,
         Err(e) => {
-            let e: crate::place::ObjectError = e;
+            let e: ObjectError = e;
             tracing::warn!("cannot move {from} aside: {e}");
             None
         }
@@ -121,4 +347,146 @@ pub(super) async fn set_aside(from: &str, to: &str) -> Option<u64> {
 pub(super) async fn size_of(url: &str) -> Option<u64> {
     let (objects, key) = Objects::at_url(url).ok()?;
     objects.stat(&key).await.ok().flatten().map(|s| s.bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A recorded output: its URL, size and ETag.
+    struct Rec(String, u64, Option<&'static str>);
+
+    impl Record for Rec {
+        fn url(&self) -> &str {
+            &self.0
+        }
+
+        fn agrees(&self, bytes: u64, etag: Option<&str>) -> bool {
+            let etags = self.2.zip(etag);
+            etags.is_some_and(|(a, b)| same_etag(a, b)) && bytes == self.1
+        }
+    }
+
+    fn rec(key: &str, bytes: u64, etag: Option<&'static str>) -> Rec {
+        Rec(format!("s3://bkt/{key}"), bytes, etag)
+    }
+
+    /// Walks `recorded` against a store holding `listing` (sorted), answering lists `page`
+    /// keys at a time as S3 does; returns which outputs were listed as recorded and the
+    /// number of list requests.
+    fn walk(recorded: &[Rec], listing: &[(String, u64, &str)], page: usize) -> (Vec<bool>, usize) {
+        let mut same = vec![false; recorded.len()];
+        let mut walk = Walk::new(recorded, &mut same);
+        let mut after = walk.start();
+        let mut requests = 0;
+        'listing: loop {
+            let mut rest = listing
+                .iter()
+                .filter(|(k, ..)| after.as_deref().is_none_or(|a| k.as_str() > a))
+                .peekable();
+            while rest.peek().is_some() {
+                requests += 1;
+                for (key, bytes, etag) in rest.by_ref().take(page) {
+                    match walk.listed(key, *bytes, Some(etag)) {
+                        Step::More => {}
+                        Step::Done => break 'listing,
+                        Step::JumpAfter(key) => {
+                            after = Some(key);
+                            continue 'listing;
+                        }
+                    }
+                }
+            }
+            break;
+        }
+        (same, requests)
+    }
+
+    #[test]
+    fn only_the_outputs_the_listing_shows_as_recorded_are_kept_without_a_look() {
+        let recorded = [
+            rec("runs/r/a/shot.png", 10, Some("\"e1\"")),
+            rec("runs/r/b/shot.png", 10, Some("\"e2\"")),
+            rec("runs/r/c/shot.png", 10, Some("\"e3\"")),
+            rec("runs/r/d/shot.png", 10, Some("\"e4\"")),
+            rec("runs/r/e/shot.png", 10, None),
+            rec("runs/r/f/shot.png", 10, Some("W/\"e6\"")),
+            rec("runs/r/g/shot.png", 10, Some("e7")),
+        ];
+        let listing: Vec<(String, u64, &str)> = [
+            ("runs/r/_thumbs/x.png", 3, "\"t\""),
+            ("runs/r/a/shot.png", 10, "\"e1\""),
+            // b is missing; c has other bytes of the same size; d another size.
+            ("runs/r/c/shot.png", 10, "\"other\""),
+            ("runs/r/d/shot.png", 11, "\"e4\""),
+            ("runs/r/e/shot.png", 10, "\"e5\""),
+            ("runs/r/f/shot.png", 10, "W/\"e6\""),
+            ("runs/r/g/shot.png", 10, "\"e7\""),
+            ("runs/r/manifest.jsonl", 1, "\"m\""),
+        ]
+        .iter()
+        .map(|(k, b, e)| ((*k).to_owned(), *b, *e))
+        .collect();
+        let (same, requests) = walk(&recorded, &listing, 1000);
+        assert_eq!(same, [true, false, false, false, false, false, true]);
+        assert_eq!(requests, 1);
+        assert_eq!(common_dir(&recorded), Some("runs/r"));
+        assert_eq!(common_dir(&recorded[..1]), Some("runs/r/a"));
+    }
+
+    #[test]
+    fn a_listing_is_a_request_a_page_and_jumps_over_what_is_not_the_runs_outputs() {
+        let key = |i: usize| format!("runs/r/i{i:05}/shot.png");
+        let recorded: Vec<Rec> = (0..2_500).map(|i| rec(&key(i), 7, Some("\"e\""))).collect();
+        let mut listing: Vec<(String, u64, &str)> =
+            (0..2_500).map(|i| (key(i), 7, "\"e\"")).collect();
+        let (same, requests) = walk(&recorded, &listing, 1000);
+        assert!(same.iter().all(|s| *s));
+        assert_eq!(requests, 3, "2,500 keys, 1,000 a page");
+        // 10,000 thumbnails between two items, and as many after the last: a jump over the
+        // first run of them, and the listing stops at the last recorded key.
+        listing.extend((0..10_000).map(|i| (format!("runs/r/i00100/t{i:05}"), 1, "\"t\"")));
+        listing.extend((0..10_000).map(|i| (format!("runs/r/z{i:05}"), 1, "\"t\"")));
+        listing.sort();
+        let (same, requests) = walk(&recorded, &listing, 1000);
+        assert!(same.iter().all(|s| *s));
+        assert_eq!(
+            requests, 5,
+            "3 pages of outputs, one of thumbnails, one jump"
+        );
+        // Lost from the listing in the middle of a page: only that one is left to a look.
+        listing.retain(|(k, ..)| k != &key(1_234));
+        let (same, _) = walk(&recorded, &listing, 1000);
+        let unseen: Vec<usize> = (0..same.len()).filter(|i| !same[*i]).collect();
+        assert_eq!(unseen, [1_234]);
+    }
+
+    #[test]
+    fn ranges_listed_side_by_side_cost_a_request_more_each_at_most() {
+        let key = |i: usize| format!("runs/r/i{i:06}/shot.png");
+        let n = 95_000;
+        let recorded: Vec<Rec> = (0..n).map(|i| rec(&key(i), 7, Some("\"e\""))).collect();
+        let listing: Vec<(String, u64, &str)> = (0..n).map(|i| (key(i), 7, "\"e\"")).collect();
+        let size = range_size(n);
+        let ranges = recorded.chunks(size).count();
+        assert_eq!(ranges, 10, "at least {RANGE_OUTPUTS} outputs a range");
+        let mut requests = 0;
+        for range in recorded.chunks(size) {
+            let (same, r) = walk(range, &listing, 1000);
+            assert!(same.iter().all(|s| *s));
+            requests += r;
+        }
+        assert!(requests <= n / 1000 + ranges, "{requests} requests");
+        assert_eq!(range_size(1_000_000), 62_500);
+        assert_eq!(range_size(12), RANGE_OUTPUTS);
+    }
+
+    #[test]
+    fn a_listing_starts_just_before_a_key() {
+        assert_eq!(just_before("a/b.png").as_deref(), Some("a/b.pn"));
+        assert_eq!(just_before("a/é").as_deref(), Some("a/"));
+        assert_eq!(just_before("a"), None);
+        assert_eq!(bucket_of("s3://bkt/a/b"), "bkt");
+        assert_eq!(rec("a/b", 1, None).key(), "a/b");
+    }
 }

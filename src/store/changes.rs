@@ -151,7 +151,7 @@ async fn set_aside(
     .await?
     .try_get("id")?;
     let sql = if m.refetch {
-        "UPDATE outputs SET path = NULL, sha256 = NULL, bytes = NULL,
+        "UPDATE outputs SET path = NULL, sha256 = NULL, bytes = NULL, etag = NULL,
              downloaded_at = NULL, download_error = NULL
          WHERE id = $1"
     } else {

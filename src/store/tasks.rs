@@ -134,6 +134,9 @@ pub struct OutputRow {
     pub path: Option<String>,
     pub sha256: Option<String>,
     pub bytes: Option<u64>,
+    /// The store's ETag of the output's object, as uploaded; `None` for a local file and for
+    /// an object recorded by an imgpipe from before ETags were kept.
+    pub etag: Option<String>,
     pub download_error: Option<String>,
     /// The credits of the call that made it, shared by all of that call's outputs (0 when
     /// the output was reused from an earlier run).
@@ -489,27 +492,31 @@ impl Store {
         Ok(done)
     }
 
+    /// Records an output's file (or object) once it is whole; `etag` is the store's ETag of
+    /// an object, which a resume compares with the bucket's listing (`None` for a file).
     pub async fn record_download(
         &self,
         output_id: i64,
         path: &str,
         sha256: &str,
         bytes: u64,
+        etag: Option<&str>,
     ) -> Result<(), StoreError> {
-        let (path, sha256) = (path.to_owned(), sha256.to_owned());
+        let (path, sha256, etag) = (path.to_owned(), sha256.to_owned(), etag.map(str::to_owned));
         self.writer
             .write(Box::new(move |conn| {
-                let (path, sha256) = (path.clone(), sha256.clone());
+                let (path, sha256, etag) = (path.clone(), sha256.clone(), etag.clone());
                 Box::pin(async move {
                     sqlx::query(
                         "UPDATE outputs SET path = $1, sha256 = $2, bytes = $3, downloaded_at = $4,
-                             download_error = NULL
-                         WHERE id = $5",
+                             download_error = NULL, etag = $5
+                         WHERE id = $6",
                     )
                     .bind(&path)
                     .bind(&sha256)
                     .bind(to_i64(bytes))
                     .bind(now_ms())
+                    .bind(&etag)
                     .bind(output_id)
                     .execute(&mut *conn)
                     .await?;
@@ -586,7 +593,7 @@ impl Store {
         use futures::TryStreamExt;
         let mut rows = sqlx::query(
             "SELECT o.id, o.task_id, t.item, t.step, t.idx, o.k, o.job_id, o.parent_job_id, o.url,
-                    o.url_issued_at, o.path, o.sha256, o.bytes, o.download_error,
+                    o.url_issued_at, o.path, o.sha256, o.bytes, o.etag, o.download_error,
                     COALESCE((SELECT a.credits_billed FROM attempts a
                               WHERE a.task_id = o.task_id AND a.job_id = o.job_id
                                 AND a.outcome = 'succeeded'
@@ -614,6 +621,7 @@ impl Store {
                 path: r.try_get("path")?,
                 sha256: r.try_get("sha256")?,
                 bytes: r.try_get::<Option<i64>, _>("bytes")?.map(to_u64),
+                etag: r.try_get("etag")?,
                 download_error: r.try_get("download_error")?,
                 task_credits: to_u64(r.try_get("credits_billed")?),
             })?;

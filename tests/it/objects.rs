@@ -1,7 +1,8 @@
 //! Outputs in object storage: runs with `--out s3://bucket/prefix` against an S3-compatible
 //! server in the test process (s3s-fs on 127.0.0.1, buckets as directories), with the
 //! credentials in the environment as a user would set them. The server can cut the uploads
-//! to one key, as a network or a store failing mid-request would.
+//! to one key, as a network or a store failing mid-request would, and keeps a log of every
+//! request it answered.
 
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
@@ -32,8 +33,35 @@ steps:
     generate: { prompt: \"a mug\", n: 1, size: 2K }
 ";
 
-/// The GETs a server answered: each one's path, and its Range header if any.
-type GetLog = Arc<Mutex<Vec<(String, Option<String>)>>>;
+/// A request the server answered.
+#[derive(Clone, Debug)]
+struct Request {
+    method: http::Method,
+    /// The path, `/<bucket>/<key>` (path-style addressing).
+    path: String,
+    query: String,
+}
+
+impl Request {
+    /// LIST (a GET with `list-type`), GET, HEAD, PUT, POST or DELETE.
+    fn kind(&self) -> &str {
+        if self.method == http::Method::GET
+            && self.query.split('&').any(|p| p.starts_with("list-type="))
+        {
+            "LIST"
+        } else {
+            self.method.as_str()
+        }
+    }
+
+    /// The object's key, for a request about one object.
+    fn key(&self) -> &str {
+        let bucket = format!("/{BUCKET}/");
+        self.path.strip_prefix(bucket.as_str()).unwrap_or_default()
+    }
+}
+
+type RequestLog = Arc<Mutex<Vec<Request>>>;
 
 /// An S3-compatible server on loopback, stopped when dropped.
 pub(crate) struct S3 {
@@ -41,8 +69,8 @@ pub(crate) struct S3 {
     root: tempfile::TempDir,
     /// PUTs whose path holds this are cut: the connection is dropped before any answer.
     cut: Arc<Mutex<Option<String>>>,
-    /// Every GET the server answered: its path, and its Range header if any.
-    gets: GetLog,
+    /// Every request the server answered.
+    requests: RequestLog,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -52,12 +80,12 @@ impl Drop for S3 {
     }
 }
 
-/// s3s-fs's service, with uploads to a chosen key cut.
+/// s3s-fs's service, with uploads to a chosen key cut and every request logged.
 #[derive(Clone)]
 struct Cutting {
     inner: s3s::service::S3Service,
     cut: Arc<Mutex<Option<String>>>,
-    gets: GetLog,
+    requests: RequestLog,
 }
 
 type Answer = std::pin::Pin<
@@ -70,17 +98,11 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Cutting {
     type Future = Answer;
 
     fn call(&self, req: http::Request<hyper::body::Incoming>) -> Answer {
-        if req.method() == http::Method::GET {
-            let range = req
-                .headers()
-                .get(http::header::RANGE)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned);
-            self.gets
-                .lock()
-                .unwrap()
-                .push((req.uri().path().to_owned(), range));
-        }
+        self.requests.lock().unwrap().push(Request {
+            method: req.method().clone(),
+            path: req.uri().path().to_owned(),
+            query: req.uri().query().unwrap_or_default().to_owned(),
+        });
         let cut = self.cut.lock().unwrap().clone();
         if req.method() == http::Method::PUT
             && cut.is_some_and(|c| req.uri().path().contains(c.as_str()))
@@ -95,19 +117,94 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Cutting {
     }
 }
 
+/// Delegates the S3 operations the tests use to s3s-fs, except the listing (below).
+macro_rules! delegate_to_fs {
+    ($($op:ident: $input:ident => $output:ident),* $(,)?) => {
+        #[async_trait::async_trait]
+        impl s3s::S3 for ListingETags {
+            $(async fn $op(
+                &self,
+                req: s3s::S3Request<s3s::dto::$input>,
+            ) -> s3s::S3Result<s3s::S3Response<s3s::dto::$output>> {
+                self.0.$op(req).await
+            })*
+
+            async fn list_objects_v2(
+                &self,
+                req: s3s::S3Request<s3s::dto::ListObjectsV2Input>,
+            ) -> s3s::S3Result<s3s::S3Response<s3s::dto::ListObjectsV2Output>> {
+                self.list_with_etags(req).await
+            }
+        }
+    };
+}
+
+/// s3s-fs, whose listings give each object's ETag as S3's do (s3s-fs's own give none): the
+/// ETag its HEAD gives, the MD5 of a single PUT's bytes or the multipart form `<md5>-<parts>`.
+struct ListingETags(s3s_fs::FileSystem);
+
+delegate_to_fs! {
+    abort_multipart_upload: AbortMultipartUploadInput => AbortMultipartUploadOutput,
+    complete_multipart_upload: CompleteMultipartUploadInput => CompleteMultipartUploadOutput,
+    copy_object: CopyObjectInput => CopyObjectOutput,
+    create_multipart_upload: CreateMultipartUploadInput => CreateMultipartUploadOutput,
+    delete_object: DeleteObjectInput => DeleteObjectOutput,
+    delete_objects: DeleteObjectsInput => DeleteObjectsOutput,
+    get_object: GetObjectInput => GetObjectOutput,
+    head_bucket: HeadBucketInput => HeadBucketOutput,
+    head_object: HeadObjectInput => HeadObjectOutput,
+    list_parts: ListPartsInput => ListPartsOutput,
+    put_object: PutObjectInput => PutObjectOutput,
+    upload_part: UploadPartInput => UploadPartOutput,
+}
+
+impl ListingETags {
+    async fn list_with_etags(
+        &self,
+        req: s3s::S3Request<s3s::dto::ListObjectsV2Input>,
+    ) -> s3s::S3Result<s3s::S3Response<s3s::dto::ListObjectsV2Output>> {
+        use s3s::S3;
+        let bucket = req.input.bucket.clone();
+        let (uri, credentials) = (req.uri.clone(), req.credentials.clone());
+        let mut listed = self.0.list_objects_v2(req).await?;
+        for object in listed.output.contents.iter_mut().flatten() {
+            let Some(key) = object.key.clone() else {
+                continue;
+            };
+            let head = s3s::S3Request {
+                input: s3s::dto::HeadObjectInput {
+                    bucket: bucket.clone(),
+                    key,
+                    ..Default::default()
+                },
+                method: http::Method::HEAD,
+                uri: uri.clone(),
+                headers: Default::default(),
+                extensions: Default::default(),
+                credentials: credentials.clone(),
+                region: None,
+                service: None,
+                trailing_headers: None,
+            };
+            object.e_tag = self.0.head_object(head).await?.output.e_tag;
+        }
+        Ok(listed)
+    }
+}
+
 impl S3 {
     pub(crate) async fn start() -> S3 {
         let root = tempfile::tempdir().unwrap();
         std::fs::create_dir(root.path().join(BUCKET)).unwrap();
         let fs = s3s_fs::FileSystem::new(root.path()).unwrap();
-        let mut builder = s3s::service::S3ServiceBuilder::new(fs);
+        let mut builder = s3s::service::S3ServiceBuilder::new(ListingETags(fs));
         builder.set_auth(s3s::auth::SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
         let cut = Arc::new(Mutex::new(None));
-        let gets = Arc::new(Mutex::new(Vec::new()));
+        let requests = Arc::new(Mutex::new(Vec::new()));
         let service = Cutting {
             inner: builder.build(),
             cut: Arc::clone(&cut),
-            gets: Arc::clone(&gets),
+            requests: Arc::clone(&requests),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -130,9 +227,14 @@ impl S3 {
             port,
             root,
             cut,
-            gets,
+            requests,
             task,
         }
+    }
+
+    /// The requests answered since the last call, and the log emptied.
+    fn take_requests(&self) -> Vec<Request> {
+        std::mem::take(&mut *self.requests.lock().unwrap())
     }
 
     fn endpoint(&self) -> String {
@@ -189,13 +291,15 @@ fn imgpipe_s3(env: &Env, s3: &S3, dir: &Path, args: &[&str]) -> tokio::process::
     cmd
 }
 
-/// The outputs recorded in the state database: item, path, sha256, bytes, download error.
+/// The outputs recorded in the state database: item, path, sha256, bytes, ETag, download
+/// error.
 #[derive(Debug, Clone)]
 struct Recorded {
     item: String,
     path: Option<String>,
     sha256: Option<String>,
     bytes: Option<i64>,
+    etag: Option<String>,
     error: Option<String>,
 }
 
@@ -208,7 +312,7 @@ async fn outputs(dir: &Path) -> Vec<Recorded> {
         .await
         .unwrap();
     let rows = sqlx::query(
-        "SELECT t.item, o.path, o.sha256, o.bytes, o.download_error FROM outputs o
+        "SELECT t.item, o.path, o.sha256, o.bytes, o.etag, o.download_error FROM outputs o
          JOIN tasks t ON t.id = o.task_id ORDER BY t.item",
     )
     .fetch_all(&mut conn)
@@ -221,7 +325,8 @@ async fn outputs(dir: &Path) -> Vec<Recorded> {
             path: r.get(1),
             sha256: r.get(2),
             bytes: r.get(3),
-            error: r.get(4),
+            etag: r.get(4),
+            error: r.get(5),
         })
         .collect()
 }
@@ -285,6 +390,13 @@ async fn a_run_into_a_bucket_writes_every_output_with_its_sha256_and_the_manifes
     ))
     .await;
     assert_exit_without_panic(&o, 0);
+    // The report read each image whole once, to make its thumbnail.
+    let log = s3.take_requests();
+    for item in ["a", "b", "c"] {
+        let key = format!("runs/r/{item}/shot.png");
+        let reads = of_kind(&log, "GET").iter().filter(|k| **k == key).count();
+        assert_eq!(reads, 1, "{key}: {log:#?}");
+    }
     let recorded = outputs(dir).await;
     assert_eq!(recorded.len(), 3, "{recorded:?}");
     assert_objects_agree(&s3, &recorded, "s3://shots/runs/r/").await;
@@ -315,7 +427,7 @@ async fn a_run_into_a_bucket_writes_every_output_with_its_sha256_and_the_manifes
         images.len(),
         "a thumbnail per image, named by its sha256"
     );
-    s3.gets.lock().unwrap().clear();
+    s3.take_requests();
     let o = finish(imgpipe_s3(
         &env,
         &s3,
@@ -326,21 +438,49 @@ async fn a_run_into_a_bucket_writes_every_output_with_its_sha256_and_the_manifes
     assert_exit_without_panic(&o, 0);
     let local = std::fs::read_to_string(dir.join("page.html")).unwrap();
     assert!(local.contains("href=\"a/shot.png\""), "{local}");
-    // The thumbnails are made: of each image only its header is read again, and the page
-    // still gives every image's size.
+    // The thumbnails are made and carry their image's size: no image is read again, a
+    // listing of the prefix says they are there, and the page still gives every image's size.
     assert!(!local.contains("size unknown"), "{local}");
-    let gets = s3.gets.lock().unwrap().clone();
-    let images: Vec<_> = gets
+    let log = s3.take_requests();
+    let images: Vec<&Request> = log
         .iter()
-        .filter(|(p, _)| p.ends_with("shot.png"))
+        .filter(|r| r.path.ends_with("shot.png"))
         .collect();
-    assert_eq!(images.len(), 3, "{gets:?}");
+    assert!(images.is_empty(), "{images:#?}");
+    assert!(of_kind(&log, "LIST").len() <= 2, "{log:#?}");
+    // An object removed from the bucket, and one replaced by other bytes, are said so on the
+    // next page: the listing tells, and only the changed one is read again.
+    let store = s3.store();
+    store.delete(&Key::from("runs/r/b/shot.png")).await.unwrap();
+    store
+        .put(
+            &Key::from("runs/r/c/shot.png"),
+            b"other bytes".to_vec().into(),
+        )
+        .await
+        .unwrap();
+    s3.take_requests();
+    let o = finish(imgpipe_s3(
+        &env,
+        &s3,
+        dir,
+        &["report", "r", "--out", "again.html"],
+    ))
+    .await;
+    assert_exit_without_panic(&o, 0);
+    let again = std::fs::read_to_string(dir.join("again.html")).unwrap();
+    assert!(again.contains("no longer on disk"), "{again}");
     assert!(
-        images
-            .iter()
-            .all(|(_, range)| range.as_deref() == Some("bytes=0-4095")),
-        "{gets:?}"
+        again.contains("changed on disk since it was downloaded"),
+        "{again}"
     );
+    let log = s3.take_requests();
+    let images: Vec<&str> = log
+        .iter()
+        .filter(|r| r.path.ends_with("shot.png"))
+        .map(Request::key)
+        .collect();
+    assert_eq!(images, ["runs/r/c/shot.png"], "{log:#?}");
     // Nothing was made locally under a name that looks like the URL.
     assert!(!dir.join("s3:").exists());
     let said = both(&o);
@@ -503,7 +643,8 @@ async fn killed_then_resumed_a_deleted_object_is_fetched_again_and_a_modified_on
         .await
         .unwrap();
 
-    // The dry run finds both by their HEAD and touches nothing.
+    // The dry run finds both (missing from the listing, or another size and ETag there, then
+    // looked at) and touches nothing.
     let o = finish(imgpipe_s3(&env, &s3, dir, &["resume", "r", "--dry-run"])).await;
     assert_exit_without_panic(&o, 0);
     assert!(
@@ -656,4 +797,217 @@ async fn a_store_that_refuses_or_does_not_answer_is_said_before_anything_is_paid
     let db = std::fs::read(state_path(dir)).unwrap_or_default();
     let db = String::from_utf8_lossy(&db);
     assert!(!db.contains(wrong_secret) && !db.contains(SECRET_KEY));
+}
+
+/// Runs `sql` on the state database.
+async fn alter_state(dir: &Path, sql: &str) {
+    use sqlx::{ConnectOptions, Connection};
+    let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(state_path(dir))
+        .connect()
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+}
+
+/// The requests of `log` of this kind (LIST, GET, HEAD, …), and the keys they were about.
+fn of_kind<'a>(log: &'a [Request], kind: &str) -> Vec<&'a str> {
+    log.iter()
+        .filter(|r| r.kind() == kind)
+        .map(Request::key)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resume_lists_the_prefix_and_looks_only_at_the_objects_that_disagree() {
+    let env = start(config()).await;
+    let s3 = S3::start().await;
+    let dir = env.dir.path();
+    const ITEMS: usize = 12;
+    let items: String = (0..ITEMS)
+        .map(|i| format!("  - {{ id: i{i:02} }}\n"))
+        .collect();
+    write(
+        dir,
+        "p.yaml",
+        &PIPELINE.replace("  - { id: a }\n  - { id: b }\n  - { id: c }\n", &items),
+    );
+    // The last item's upload is cut: the run is left unfinished, for a resume to review.
+    s3.cut_uploads_to(Some("runs/r/i11/"));
+    let o = finish(imgpipe_s3(
+        &env,
+        &s3,
+        dir,
+        &["run", "p.yaml", "--run-id", "r", "--out", "s3://shots/runs"],
+    ))
+    .await;
+    assert_exit_without_panic(&o, 4);
+    s3.cut_uploads_to(None);
+    let billed = env.sandbox.ledger().len();
+    assert_eq!(billed, ITEMS);
+    let recorded = outputs(dir).await;
+    let stored: Vec<&Recorded> = recorded.iter().filter(|o| o.path.is_some()).collect();
+    assert_eq!(stored.len(), ITEMS - 1, "{recorded:?}");
+    assert!(
+        stored
+            .iter()
+            .all(|o| o.etag.as_deref().is_some_and(|e| e.len() > 2)),
+        "every object's ETag is recorded: {stored:?}"
+    );
+    let key = |i: usize| format!("runs/r/i{i:02}/shot.png");
+    let store = s3.store();
+    // Gone.
+    store.delete(&Key::from(key(0))).await.unwrap();
+    // Other bytes, under another ETag.
+    let users = b"the user's own edit".to_vec();
+    store
+        .put(&Key::from(key(1)), users.clone().into())
+        .await
+        .unwrap();
+    // The same bytes put again in parts by someone else: another ETag (`<md5>-1`), no
+    // sha256 metadata, the bytes unchanged.
+    let same_bytes = std::fs::read(s3.file(&key(2))).unwrap();
+    let mut upload = store.put_multipart(&Key::from(key(2))).await.unwrap();
+    upload.put_part(same_bytes.clone().into()).await.unwrap();
+    upload.complete().await.unwrap();
+    // The record's ETag is not the object's (as an imgpipe that kept it differently would).
+    alter_state(
+        dir,
+        &format!(
+            "UPDATE outputs SET etag = '\"0123\"' WHERE path = 's3://shots/{}'",
+            key(3)
+        ),
+    )
+    .await;
+    // Recorded by an imgpipe from before ETags were kept: looked at by a HEAD, as then.
+    alter_state(
+        dir,
+        &format!(
+            "UPDATE outputs SET etag = NULL WHERE path = 's3://shots/{}'",
+            key(5)
+        ),
+    )
+    .await;
+    let disagreeing: Vec<String> = [0, 1, 2, 3, 5].map(key).to_vec();
+    s3.take_requests();
+
+    // The dry run lists the prefix, looks at the five the listing does not show as recorded,
+    // finds the deleted and the modified one, and touches nothing.
+    let o = finish(imgpipe_s3(&env, &s3, dir, &["resume", "r", "--dry-run"])).await;
+    assert_exit_without_panic(&o, 0);
+    assert!(
+        stdout(&o).contains("free: 2 file(s) missing or modified"),
+        "{}",
+        stdout(&o)
+    );
+    let log = s3.take_requests();
+    let counts = |log: &[Request]| {
+        ["LIST", "HEAD", "GET", "PUT", "POST", "DELETE"].map(|k| (k, of_kind(log, k).len()))
+    };
+    eprintln!("dry run: {:?}", counts(&log));
+    let lists = of_kind(&log, "LIST").len();
+    assert!(lists <= ITEMS / 1000 + 1, "{lists} listings: {log:#?}");
+    // Only the disagreeing objects are looked at one by one (and the manifest's key, which
+    // tells whether the store answers before anything is paid).
+    let looked: std::collections::BTreeSet<&str> = of_kind(&log, "HEAD")
+        .into_iter()
+        .chain(of_kind(&log, "GET"))
+        .filter(|k| k.ends_with(".png"))
+        .collect();
+    assert!(
+        looked.iter().all(|k| disagreeing.iter().any(|d| d == k)),
+        "looked at {looked:?}"
+    );
+    assert!(
+        of_kind(&log, "HEAD").len() <= disagreeing.len() + 1,
+        "{log:#?}"
+    );
+    assert_eq!(
+        of_kind(&log, "PUT").len() + of_kind(&log, "DELETE").len(),
+        0
+    );
+    assert_eq!(std::fs::read(s3.file(&key(1))).unwrap(), users);
+
+    // 10,000 other objects (notes of the user's) sort between two items: the listing reads on
+    // into them for at most two pages, then starts again at the next output, rather than read
+    // all ten pages of them.
+    let notes = s3.file("runs/r/i04/notes");
+    std::fs::create_dir_all(&notes).unwrap();
+    for n in 0..10_000 {
+        std::fs::write(notes.join(format!("n{n:04}.txt")), b"note").unwrap();
+    }
+    let o = finish(imgpipe_s3(&env, &s3, dir, &["resume", "r"])).await;
+    assert_exit_without_panic(&o, 0);
+    let log = s3.take_requests();
+    eprintln!("resume: {:?}", counts(&log));
+    let lists = of_kind(&log, "LIST").len();
+    assert!(
+        lists <= ITEMS / 1000 + 1 + 2,
+        "{lists} listings for 10,000 other keys: {:#?}",
+        of_kind(&log, "LIST")
+    );
+    let looked: std::collections::BTreeSet<&str> = of_kind(&log, "HEAD")
+        .into_iter()
+        .chain(of_kind(&log, "GET"))
+        .filter(|k| k.ends_with("shot.png"))
+        .collect();
+    assert!(
+        looked.iter().all(|k| disagreeing.iter().any(|d| d == k)),
+        "looked at {looked:?}"
+    );
+    // Nothing billed by the resume: the deleted and modified objects came from their jobs,
+    // the one whose upload was cut too.
+    assert_eq!(env.sandbox.ledger().len(), billed, "nothing paid again");
+    let recorded = outputs(dir).await;
+    assert_eq!(recorded.len(), ITEMS);
+    // The object put again in parts has no sha256 metadata; its bytes are the record's.
+    assert_objects_agree_as(&s3, &recorded, "s3://shots/runs/r/", true).await;
+    // Every output fetched again has its new object's ETag; a kept one keeps its record.
+    let etags: Vec<bool> = recorded.iter().map(|o| o.etag.is_some()).collect();
+    assert_eq!(etags, (0..ITEMS).map(|i| i != 5).collect::<Vec<_>>());
+    // The same bytes are kept where they are, never replaced: no PUT to their keys.
+    for k in [key(2), key(3), key(5)] {
+        assert!(
+            !log.iter()
+                .any(|r| r.key() == k && r.kind() != "HEAD" && r.kind() != "GET"),
+            "{k} written: {log:#?}"
+        );
+    }
+    assert_eq!(std::fs::read(s3.file(&key(2))).unwrap(), same_bytes);
+    // The user's edit is kept under _superseded/, the deleted object recorded as missing.
+    let aside: Vec<PathBuf> = std::fs::read_dir(s3.file("runs/r/_superseded/i01"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(std::fs::read(&aside[0]).unwrap(), users);
+    assert!(!s3.file("runs/r/_superseded/i00").exists());
+    assert_eq!(
+        superseded(dir).await,
+        [(0, false), (1, true)].map(|(i, moved)| (format!("i{i:02}"), moved))
+    );
+}
+
+/// The outputs set aside in the state database: item, and whether a file was moved.
+async fn superseded(dir: &Path) -> Vec<(String, bool)> {
+    use sqlx::{ConnectOptions, Connection, Row};
+    let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(state_path(dir))
+        .read_only(true)
+        .connect()
+        .await
+        .unwrap();
+    let rows = sqlx::query(
+        "SELECT t.item, s.path IS NOT NULL FROM superseded_outputs s
+         JOIN tasks t ON t.id = s.task_id ORDER BY t.item",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+    rows.iter().map(|r| (r.get(0), r.get(1))).collect()
 }

@@ -304,6 +304,7 @@ fn an_output_is_fetched_again_when_missing_and_set_aside_when_modified() {
         path: Some("/out/a/shot-0.png".into()),
         sha256: Some("abc".into()),
         bytes: Some(3),
+        etag: None,
         download_error: None,
         task_credits: 4,
     };
