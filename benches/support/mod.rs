@@ -12,6 +12,8 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
+mod s3_etags;
+
 use serde_json::Value;
 use sqlx::Connection;
 
@@ -265,7 +267,7 @@ fn s3_server() -> u16 {
             .expect("tokio runtime");
         runtime.block_on(async move {
             let fs = s3s_fs::FileSystem::new(&root).expect("s3s-fs");
-            let mut builder = s3s::service::S3ServiceBuilder::new(fs);
+            let mut builder = s3s::service::S3ServiceBuilder::new(s3_etags::ListingETags(fs));
             builder.set_auth(s3s::auth::SimpleAuth::from_single(S3_KEY, S3_SECRET));
             let service = builder.build();
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
