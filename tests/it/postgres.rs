@@ -746,14 +746,20 @@ steps:
 }
 
 /// The store's pricing by row id, which leaves PostgreSQL's planner no index to choose (by key,
-/// without statistics, it may read every task of the step for each task priced).
+/// without statistics, it may read every task of the step for each task priced); on SQLite
+/// too, which needs no server.
 #[tokio::test(flavor = "multi_thread")]
-async fn tasks_are_priced_by_row_id_on_postgres() {
+async fn tasks_are_priced_by_row_id_on_postgres_and_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    priced_by_row_id(&dir.path().join("state.db").to_string_lossy()).await;
+    if let Some(url) = postgres_database("planned").await {
+        priced_by_row_id(&url).await;
+    }
+}
+
+async fn priced_by_row_id(state: &str) {
     use imgpipe::store::{Location, NewRun, NewTask, Store};
-    let Some(url) = postgres_database("planned").await else {
-        return;
-    };
-    let store = Store::open_at(&Location::parse(&url, "--state").unwrap())
+    let store = Store::open_at(&Location::parse(state, "--state").unwrap())
         .await
         .unwrap();
     let run = NewRun {
