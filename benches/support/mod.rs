@@ -266,8 +266,8 @@ fn s3_server() -> u16 {
             .build()
             .expect("tokio runtime");
         runtime.block_on(async move {
-            let fs = s3s_fs::FileSystem::new(&root).expect("s3s-fs");
-            let mut builder = s3s::service::S3ServiceBuilder::new(s3_etags::ListingETags(fs));
+            let fs = s3_etags::ListingETags::new(&root).expect("s3s-fs");
+            let mut builder = s3s::service::S3ServiceBuilder::new(fs);
             builder.set_auth(s3s::auth::SimpleAuth::from_single(S3_KEY, S3_SECRET));
             let service = builder.build();
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

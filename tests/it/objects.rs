@@ -125,8 +125,8 @@ impl S3 {
     pub(crate) async fn start() -> S3 {
         let root = tempfile::tempdir().unwrap();
         std::fs::create_dir(root.path().join(BUCKET)).unwrap();
-        let fs = s3s_fs::FileSystem::new(root.path()).unwrap();
-        let mut builder = s3s::service::S3ServiceBuilder::new(ListingETags(fs));
+        let mut builder =
+            s3s::service::S3ServiceBuilder::new(ListingETags::new(root.path()).unwrap());
         builder.set_auth(s3s::auth::SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
         let cut = Arc::new(Mutex::new(None));
         let requests = Arc::new(Mutex::new(Vec::new()));
