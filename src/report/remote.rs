@@ -127,7 +127,7 @@ async fn stage_thumbnails(
                 return Ok(None);
             };
             let sized = image_size(&bytes).is_some();
-            Ok(std::fs::write(dir.join(&name), &bytes)
+            Ok(stage_file(&dir.join(&name), &bytes, Some(thumbs_dated()))
                 .is_ok()
                 .then_some((name, sized)))
         })
@@ -279,21 +279,37 @@ async fn stage_outputs(
             if let Some(dir) = to.parent() {
                 std::fs::create_dir_all(dir).map_err(failed)?;
             }
-            std::fs::write(&to, &bytes).map_err(failed)?;
-            if read != Read::Whole {
-                // Older than its thumbnail: the record is trusted, the file not hashed again.
-                std::fs::File::options()
-                    .write(true)
-                    .open(&to)
-                    .and_then(|f| f.set_modified(std::time::UNIX_EPOCH))
-                    .map_err(failed)?;
-            }
-            Ok(())
+            // Older than its thumbnail: the record is trusted, the file not hashed again.
+            let dated = (read != Read::Whole).then_some(std::time::UNIX_EPOCH);
+            stage_file(&to, &bytes, dated).map_err(failed)
         })
         .buffer_unordered(READS_IN_FLIGHT)
         .collect()
         .await;
     staged.into_iter().collect()
+}
+
+/// When the staged thumbnails say they were made: after the outputs staged without their
+/// bytes (dated at the epoch), before any output read whole (dated now), whatever the clock's
+/// grain: the local report reads an image again only when it is newer than its thumbnail.
+fn thumbs_dated() -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + std::time::Duration::from_secs(1)
+}
+
+/// Writes a staged file, dated `modified` when given.
+fn stage_file(
+    to: &Path,
+    bytes: &[u8],
+    modified: Option<std::time::SystemTime>,
+) -> std::io::Result<()> {
+    std::fs::write(to, bytes)?;
+    match modified {
+        Some(at) => std::fs::File::options()
+            .write(true)
+            .open(to)?
+            .set_modified(at),
+        None => Ok(()),
+    }
 }
 
 fn names_in(dir: &Path) -> Vec<String> {
