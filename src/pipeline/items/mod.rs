@@ -7,13 +7,13 @@
 //! Items are read once, as a stream, and kept encoded (see [`store`]): what a batch costs in
 //! memory is an offset and an index entry per item, not its strings.
 
+mod ids;
 mod read;
 mod store;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest, Sha256};
 
@@ -21,6 +21,7 @@ use crate::layout;
 use crate::pipeline::diag::{Diagnostic, Report};
 use crate::pipeline::yaml::Mark;
 
+use ids::IdIndex;
 pub use read::read_file;
 use store::Store;
 
@@ -33,7 +34,8 @@ pub struct Items {
     fields: Vec<String>,
     index: HashMap<String, usize>,
     rows: Arc<Store>,
-    ids: Arc<IdIndex>,
+    /// Built on the first lookup by id (see [`ids`]).
+    ids: Arc<OnceLock<IdIndex>>,
     /// See [`Items::sha256`]; `None` for no items.
     sha256: Option<String>,
     /// The file the items were read from, as the user named it (the pipeline file when inline).
@@ -81,7 +83,8 @@ impl Items {
 
     /// The item whose id is `id`, exactly.
     pub fn position(&self, id: &str) -> Option<usize> {
-        let row = self.ids.find(&id.to_lowercase(), &self.rows)?;
+        let index = self.ids.get_or_init(|| IdIndex::of(&self.rows));
+        let row = index.find(id, &self.rows)?;
         (self.rows.id(row)? == id).then_some(row)
     }
 
@@ -123,72 +126,6 @@ impl Items {
     }
 }
 
-/// Rows by lowercased id, as a 64-bit hash of it: ids are compared case-insensitively because
-/// they name directories, and the hash keeps the index free of the ids' strings. While items
-/// are read it is a hash map (each id is checked against those before it); once read it is a
-/// sorted list of (hash, row), 12 bytes an item where the map was about 35 (a million items:
-/// 12 MB against 35 MB held for the whole run).
-#[derive(Debug, Default)]
-struct IdIndex {
-    building: HashMap<u64, usize>,
-    /// Hashes in order, and the row of each (two lists: a list of pairs pads each to 16).
-    hashes: Vec<u64>,
-    rows: Vec<u32>,
-    /// Lowercased ids whose hash an earlier, different id already had.
-    clashes: HashMap<Box<str>, usize>,
-}
-
-impl IdIndex {
-    fn hash(lower: &str) -> u64 {
-        let mut h = DefaultHasher::new();
-        lower.hash(&mut h);
-        h.finish()
-    }
-
-    fn find(&self, lower: &str, rows: &Store) -> Option<usize> {
-        let hash = Self::hash(lower);
-        let first = match self.hashes.binary_search(&hash) {
-            Ok(i) => Some(self.rows[i] as usize),
-            Err(_) => self.building.get(&hash).copied(),
-        };
-        if let Some(row) = first
-            && rows.id(row).is_some_and(|id| id.to_lowercase() == lower)
-        {
-            return Some(row);
-        }
-        self.clashes.get(lower).copied()
-    }
-
-    /// Records `row` under `lower`, which [`IdIndex::find`] did not know.
-    fn insert(&mut self, lower: &str, row: usize) {
-        match self.building.entry(Self::hash(lower)) {
-            std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(row);
-            }
-            std::collections::hash_map::Entry::Occupied(_) => {
-                self.clashes.insert(lower.into(), row);
-            }
-        }
-    }
-
-    /// Every id is in: the map becomes the sorted list (rows past `u32::MAX` stay in the map).
-    fn finish(&mut self) {
-        let building = std::mem::take(&mut self.building);
-        let mut sorted = Vec::with_capacity(building.len());
-        for (hash, row) in building {
-            match u32::try_from(row) {
-                Ok(r) => sorted.push((hash, r)),
-                Err(_) => {
-                    self.building.insert(hash, row);
-                }
-            }
-        }
-        sorted.sort_unstable();
-        self.hashes = sorted.iter().map(|(h, _)| *h).collect();
-        self.rows = sorted.into_iter().map(|(_, r)| r).collect();
-    }
-}
-
 /// Builds [`Items`] one item at a time as a file is read, so a large file is never held as
 /// raw items, nor as strings once read.
 pub struct Builder {
@@ -196,7 +133,7 @@ pub struct Builder {
     index: HashMap<String, usize>,
     file: String,
     rows: Store,
-    ids: IdIndex,
+    ids: ids::Seen,
     /// How many items so far derived each base id, by the base's 48 bits.
     derived_seen: HashMap<u64, usize>,
     hasher: Sha256,
@@ -211,7 +148,7 @@ impl Builder {
             index: HashMap::new(),
             file: file.to_owned(),
             rows: Store::default(),
-            ids: IdIndex::default(),
+            ids: ids::Seen::default(),
             derived_seen: HashMap::new(),
             hasher: Sha256::new(),
             problems: Vec::new(),
@@ -273,28 +210,16 @@ impl Builder {
             }
             values[i] = Some(value.into_boxed_str());
         }
-        let row = self.rows.len();
-        let lower = id.to_lowercase();
-        match self.ids.find(&lower, &self.rows) {
-            Some(first) => {
-                let first = self.rows.get(first).expect("an indexed row is stored");
-                let what = if first.id == id {
-                    "is used twice".to_owned()
-                } else {
-                    format!(
-                        "differs from {} only in case, and both would share one directory on case-insensitive file systems",
-                        shown(&first.id)
-                    )
-                };
-                let line = first.mark.line;
-                self.problems.push(Diagnostic::new(
-                    &self.file,
-                    raw_item.id_mark.unwrap_or(raw_item.mark),
-                    format!("item id {} {what} (first at line {line})", shown(&id)),
-                ));
-            }
-            None => self.ids.insert(&lower, row),
+        if u32::try_from(self.rows.len()).is_err() {
+            self.problems.push(Diagnostic::new(
+                &self.file,
+                raw_item.mark,
+                format!("more than {} items: split the batch", u32::MAX),
+            ));
+            return;
         }
+        self.ids
+            .push(&id, raw_item.id_mark.filter(|m| *m != raw_item.mark));
         self.digest(&id, &values);
         let item = Item {
             id,
@@ -328,6 +253,34 @@ impl Builder {
         put("");
     }
 
+    /// Says which items reuse an id an earlier item has, where their ids are written.
+    fn report_duplicates(&mut self, seen: ids::Seen) {
+        let duplicates = seen.duplicates(&self.rows);
+        for d in duplicates {
+            let (Some(item), Some(first)) = (self.rows.get(d.row), self.rows.get(d.first)) else {
+                continue;
+            };
+            let what = if first.id == item.id {
+                "is used twice".to_owned()
+            } else {
+                format!(
+                    "differs from {} only in case, and both would share one directory on case-insensitive file systems",
+                    shown(&first.id)
+                )
+            };
+            let at = d.id_mark.unwrap_or(item.mark);
+            self.problems.push(Diagnostic::new(
+                &self.file,
+                at,
+                format!(
+                    "item id {} {what} (first at line {})",
+                    shown(&item.id),
+                    first.mark.line
+                ),
+            ));
+        }
+    }
+
     fn cannot_store(&mut self, at: Mark, e: &std::io::Error) {
         if self
             .problems
@@ -350,16 +303,17 @@ impl Builder {
         if let Err(e) = self.rows.finish() {
             self.cannot_store(Mark { line: 1, col: 1 }, &e);
         }
+        let seen = std::mem::take(&mut self.ids);
+        self.report_duplicates(seen);
         for d in self.problems {
             report.error(d);
         }
         let empty = self.rows.len() == 0;
-        self.ids.finish();
         Items {
             fields: self.fields,
             index: self.index,
             rows: Arc::new(self.rows),
-            ids: Arc::new(self.ids),
+            ids: Arc::default(),
             sha256: (!empty).then(|| hex::encode(self.hasher.finalize())),
             file: self.file,
         }

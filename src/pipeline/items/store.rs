@@ -99,12 +99,25 @@ impl Store {
     }
 
     /// Items `from..` in order, read from the file in large blocks rather than one by one.
-    pub(super) fn iter_from(&self, from: usize) -> Iter<'_> {
+    pub(super) fn iter_from(&self, from: usize) -> Iter<'_, Item> {
         Iter {
             store: self,
             next: from,
             block: Vec::new(),
             block_start: 0,
+            decode,
+        }
+    }
+
+    /// Every item's id in order, read as [`Store::iter_from`] reads items, their fields left
+    /// encoded.
+    pub(super) fn ids(&self) -> Iter<'_, String> {
+        Iter {
+            store: self,
+            next: 0,
+            block: Vec::new(),
+            block_start: 0,
+            decode: |bytes| Reader(bytes).string(),
         }
     }
 
@@ -131,18 +144,21 @@ impl Store {
     }
 }
 
-pub(super) struct Iter<'a> {
+pub(super) struct Iter<'a, T> {
     store: &'a Store,
     next: usize,
     block: Vec<u8>,
     /// Where `block` starts in the store.
     block_start: u64,
+    /// What is read of each item.
+    decode: fn(&[u8]) -> T,
 }
 
-impl Iterator for Iter<'_> {
-    type Item = Item;
+impl<T> Iterator for Iter<'_, T> {
+    type Item = T;
 
-    fn next(&mut self) -> Option<Item> {
+    fn next(&mut self) -> Option<T> {
+        let decode = self.decode;
         let store = self.store;
         let start = store.starts.get(self.next)?;
         let end = store.starts.get(self.next + 1).unwrap_or(store.len);
@@ -170,7 +186,7 @@ impl Iterator for Iter<'_> {
     }
 }
 
-impl ExactSizeIterator for Iter<'_> {}
+impl<T> ExactSizeIterator for Iter<'_, T> {}
 
 /// Lengths and numbers as LEB128, strings as their length then their bytes.
 fn put_number(mut n: u64, out: &mut Vec<u8>) {
