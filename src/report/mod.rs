@@ -17,6 +17,7 @@ pub mod thumbs;
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use futures::TryStreamExt;
 
@@ -80,7 +81,7 @@ pub async fn write(
             Some("give a local file"),
         ));
     }
-    write_local(store, run, out, observed, None).await
+    write_local(store, run, out, observed, None, thumbs::Known::default()).await
 }
 
 /// [`write`] into a local directory; `rebase` turns recorded output paths starting with its
@@ -91,6 +92,7 @@ async fn write_local(
     out: Option<&Path>,
     observed: Observed,
     rebase: Option<(&str, &Path)>,
+    known: thumbs::Known,
 ) -> Result<Written, Error> {
     let run_dir = RunDir::at(run.dir());
     let out = out.map_or_else(|| run_dir.report(), Path::to_owned);
@@ -110,6 +112,7 @@ async fn write_local(
         shared: &shared,
         dir: &dir,
         thumbs: run_dir.thumbs(),
+        known: Arc::new(known),
         batch: Vec::new(),
         reads: HashSet::new(),
         images: 0,
@@ -175,6 +178,8 @@ struct Book<'a> {
     shared: &'a Shared,
     dir: &'a Path,
     thumbs: PathBuf,
+    /// Thumbnails known without reading them (a run in object storage).
+    known: Arc<thumbs::Known>,
     problems: Problems,
     /// The batch's tasks (first page), which items on later pages may read.
     batch: Vec<ReportTask>,
@@ -233,7 +238,9 @@ impl Book<'_> {
             .iter()
             .filter_map(|(_, o)| Some((PathBuf::from(o.path.as_deref()?), o.sha256.clone())))
             .collect();
-        let mut made = thumbs::previews(&self.thumbs, files).await.into_iter();
+        let mut made = thumbs::previews(&self.thumbs, files, &self.known)
+            .await
+            .into_iter();
         let mut shown: HashMap<usize, Vec<Shown>> = HashMap::new();
         for (t, row) in outputs {
             let preview = if row.path.is_some() {

@@ -23,9 +23,15 @@ use crate::layout::THUMBS;
 use crate::place::{ObjectError, Objects, Place, strong_etag};
 use crate::report::html::MARKER;
 use crate::report::live::Observed;
-use crate::report::thumbs::{image_size, thumb_path};
+use crate::report::thumbs::{Facts, Known, image_size, thumb_path};
 use crate::report::{Written, refuse_foreign, write_local};
 use crate::store::{RunRow, Store};
+
+/// The thumbnails' catalogue, under `<run>/_thumbs/`: what each thumbnail says of itself
+/// (the image's size, its own, whether it has alpha), so that a report made again needs none
+/// of their bytes. A thumbnail it lacks (made by an older imgpipe, or by a report that ran
+/// at the same time and wrote its own catalogue last) is read, and the catalogue written again.
+const CATALOGUE: &str = "index.tsv";
 
 /// What is read of an output whose thumbnail is made: a PNG's size is in its first 33 bytes.
 const HEADER_BYTES: u64 = 4096;
@@ -51,10 +57,11 @@ pub(super) async fn write(
     };
     let stage = tempfile::tempdir().map_err(failed)?;
     let local_run = stage.path().join(&run.id);
-    let made = stage_thumbnails(&objects, &local_run)
+    let (made, known) = stage_thumbnails(&objects, &local_run)
         .await
         .map_err(failed)?;
     stage_outputs(store, &objects, &run.id, &run_url, &local_run, &made).await?;
+    let catalogued = known.facts.clone();
 
     let page = out.and_then(Path::file_name).map_or_else(
         || "report.html".into(),
@@ -71,19 +78,11 @@ pub(super) async fn write(
         Some(&staged_out),
         observed,
         Some((&run_url, &local_run)),
+        known,
     )
     .await?;
 
-    let thumbs = objects.child(THUMBS);
-    for name in names_in(&local_run.join(THUMBS)) {
-        if !made.contains_key(&name) {
-            let bytes = std::fs::read(local_run.join(THUMBS).join(&name)).map_err(failed)?;
-            thumbs
-                .replace(&thumbs.key(&name), bytes)
-                .await
-                .map_err(failed)?;
-        }
-    }
+    put_thumbnails(&objects, &local_run.join(THUMBS), &made, catalogued).await?;
     // The staging directory's path would show where the run's place is named.
     let shown = local_run.to_string_lossy().into_owned();
     let pages: Vec<String> = names_in(&local_run)
@@ -110,18 +109,40 @@ pub(super) async fn write(
     Ok(written)
 }
 
-/// Reads the thumbnails already under `<run>/_thumbs/` into the staging copy, several at
-/// once; returns their names, each with whether it carries its image's size.
+/// The thumbnails already under `<run>/_thumbs/`: those its catalogue ([`CATALOGUE`]) knows
+/// are not read, the others are read into the staging copy, several at once. Returns every
+/// thumbnail's name, each with whether it carries its image's size, and what the catalogue
+/// knows.
 async fn stage_thumbnails(
     objects: &Objects,
     local_run: &Path,
-) -> Result<HashMap<String, bool>, ObjectError> {
+) -> Result<(HashMap<String, bool>, Known), ObjectError> {
     let thumbs = objects.child(THUMBS);
     let names = objects.names(thumbs.prefix()).await?;
+    let catalogue = match thumbs.read(&thumbs.key(CATALOGUE)).await? {
+        Some(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        None => String::new(),
+    };
+    let mut listed: HashMap<String, bool> = HashMap::new();
+    let mut known = Known {
+        facts: HashMap::new(),
+        dated: thumbs_dated(),
+    };
+    let in_catalogue: HashMap<String, Facts> = Known::parse(&catalogue).collect();
+    let mut to_read = Vec::new();
+    for name in names.into_iter().filter(|n| n.ends_with(".png")) {
+        match in_catalogue.get(&name) {
+            Some(facts) => {
+                listed.insert(name.clone(), facts.size.is_some());
+                known.facts.insert(name, *facts);
+            }
+            None => to_read.push(name),
+        }
+    }
     let dir = local_run.join(THUMBS);
     let _ = std::fs::create_dir_all(&dir);
     let (thumbs, dir) = (&thumbs, &dir);
-    let staged: Vec<Result<Option<(String, bool)>, ObjectError>> = futures::stream::iter(names)
+    let staged: Vec<Result<Option<(String, bool)>, ObjectError>> = futures::stream::iter(to_read)
         .map(|name| async move {
             let Some(bytes) = thumbs.read(&thumbs.key(&name)).await? else {
                 return Ok(None);
@@ -134,7 +155,50 @@ async fn stage_thumbnails(
         .buffer_unordered(READS_IN_FLIGHT)
         .collect()
         .await;
-    staged.into_iter().filter_map(Result::transpose).collect()
+    for found in staged {
+        if let Some((name, sized)) = found? {
+            listed.insert(name, sized);
+        }
+    }
+    Ok((listed, known))
+}
+
+/// Puts the thumbnails this report made (those in the staging copy's `dir` that were not in
+/// the bucket, `listed`) under the run's prefix, several at once, then the catalogue of every
+/// thumbnail read or made when it knew fewer than that (`catalogued`: what it knew).
+async fn put_thumbnails(
+    objects: &Objects,
+    dir: &Path,
+    listed: &HashMap<String, bool>,
+    mut catalogued: HashMap<String, Facts>,
+) -> Result<(), Error> {
+    let thumbs = objects.child(THUMBS);
+    let before = catalogued.len();
+    let mut new = Vec::new();
+    for name in names_in(dir).into_iter().filter(|n| n.ends_with(".png")) {
+        let bytes = std::fs::read(dir.join(&name)).map_err(failed)?;
+        if let Some(facts) = Facts::of(&bytes) {
+            catalogued.insert(name.clone(), facts);
+        }
+        if !listed.contains_key(&name) {
+            new.push((name, bytes));
+        }
+    }
+    let thumbs = &thumbs;
+    let put: Vec<Result<(), ObjectError>> = futures::stream::iter(new)
+        .map(|(name, bytes)| async move { thumbs.replace(&thumbs.key(&name), bytes).await })
+        .buffer_unordered(READS_IN_FLIGHT)
+        .collect()
+        .await;
+    put.into_iter().collect::<Result<(), _>>().map_err(failed)?;
+    if catalogued.len() > before {
+        let text = Known::lines(catalogued.iter());
+        thumbs
+            .replace(&thumbs.key(CATALOGUE), text.into_bytes())
+            .await
+            .map_err(failed)?;
+    }
+    Ok(())
 }
 
 /// What of an output is read into the staging copy.

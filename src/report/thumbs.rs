@@ -33,6 +33,93 @@ pub struct Preview {
     pub on_disk: bool,
 }
 
+/// What a thumbnail says of itself, known without reading it (see [`Known`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Facts {
+    /// The full image's size, when the thumbnail carries it.
+    pub size: Option<(u32, u32)>,
+    pub thumb_size: (u32, u32),
+    pub alpha: bool,
+}
+
+impl Facts {
+    /// The facts of a thumbnail's bytes (its header and the size it carries).
+    pub fn of(png: &[u8]) -> Option<Facts> {
+        let (w, h, alpha) = probe_bytes(png).ok()?;
+        Some(Facts {
+            size: image_size(png),
+            thumb_size: (w, h),
+            alpha,
+        })
+    }
+}
+
+/// Thumbnails known by name without being read or being on the local disk: a report of a run
+/// in object storage lists them in the bucket, and keeps what each says of itself beside them,
+/// so a report made again reads none. Each counts as made at `dated`.
+#[derive(Debug)]
+pub struct Known {
+    pub facts: std::collections::HashMap<String, Facts>,
+    pub dated: std::time::SystemTime,
+}
+
+impl Default for Known {
+    fn default() -> Known {
+        Known {
+            facts: std::collections::HashMap::new(),
+            dated: std::time::UNIX_EPOCH,
+        }
+    }
+}
+
+impl Known {
+    /// The catalogue's text: a line a thumbnail, `name  width  height  thumb-width
+    /// thumb-height  alpha` separated by tabs (`-` for a size the thumbnail does not carry).
+    pub fn lines<'a>(facts: impl Iterator<Item = (&'a String, &'a Facts)>) -> String {
+        let mut lines: Vec<String> = facts
+            .map(|(name, f)| {
+                let (w, h) = f.size.map_or(("-".into(), "-".into()), |(w, h)| {
+                    (w.to_string(), h.to_string())
+                });
+                let (tw, th) = f.thumb_size;
+                format!("{name}\t{w}\t{h}\t{tw}\t{th}\t{}", u8::from(f.alpha))
+            })
+            .collect();
+        lines.sort_unstable();
+        lines.iter().map(|l| format!("{l}\n")).collect()
+    }
+
+    /// The entries of a catalogue's text; a line that does not read is left out (its
+    /// thumbnail is then read, as one the catalogue lacks).
+    pub fn parse(text: &str) -> impl Iterator<Item = (String, Facts)> + '_ {
+        text.lines().filter_map(|line| {
+            let f: Vec<&str> = line.split('\t').collect();
+            let [name, w, h, tw, th, alpha] = f[..] else {
+                return None;
+            };
+            let size = match (w.parse(), h.parse()) {
+                (Ok(w), Ok(h)) => Some((w, h)),
+                _ if (w, h) == ("-", "-") => None,
+                _ => return None,
+            };
+            let facts = Facts {
+                size,
+                thumb_size: (tw.parse().ok()?, th.parse().ok()?),
+                alpha: match alpha {
+                    "0" => false,
+                    "1" => true,
+                    _ => return None,
+                },
+            };
+            (name.ends_with(".png") && !name.contains('/')).then(|| (name.to_owned(), facts))
+        })
+    }
+
+    fn get(&self, thumb: &Path) -> Option<&Facts> {
+        self.facts.get(&*thumb.file_name()?.to_string_lossy())
+    }
+}
+
 /// A report's hold on a `_thumbs` directory while it writes thumbnails there: a shared
 /// `flock` on the directory itself, which every report making thumbnails at once holds.
 ///
@@ -88,7 +175,11 @@ fn remove_temporaries(dir: &Path) -> usize {
 /// Previews of `files` (path and recorded sha256), in their order, decoding at most one image
 /// per core at a time. Each trip to the blocking pool takes a few images: a trip per image
 /// cost more thread switches than a small image costs to preview.
-pub async fn previews(dir: &Path, files: Vec<(PathBuf, Option<String>)>) -> Vec<Preview> {
+pub async fn previews(
+    dir: &Path,
+    files: Vec<(PathBuf, Option<String>)>,
+    known: &std::sync::Arc<Known>,
+) -> Vec<Preview> {
     const PER_TRIP: usize = 16;
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
     let mut files = files.into_iter().peekable();
@@ -98,11 +189,11 @@ pub async fn previews(dir: &Path, files: Vec<(PathBuf, Option<String>)>) -> Vec<
     });
     let done: Vec<Vec<Preview>> = futures::stream::iter(trips)
         .map(|trip| {
-            let dir = dir.to_owned();
+            let (dir, known) = (dir.to_owned(), std::sync::Arc::clone(known));
             let count = trip.len();
             let work = tokio::task::spawn_blocking(move || {
                 trip.into_iter()
-                    .map(|(path, sha)| preview(&dir, &path, sha.as_deref()))
+                    .map(|(path, sha)| preview(&dir, &path, sha.as_deref(), &known))
                     .collect::<Vec<_>>()
             });
             async move {
@@ -122,7 +213,7 @@ pub async fn previews(dir: &Path, files: Vec<(PathBuf, Option<String>)>) -> Vec<
 }
 
 /// The preview of one file, making its thumbnail in `dir` when it has none yet.
-pub fn preview(dir: &Path, path: &Path, recorded: Option<&str>) -> Preview {
+pub fn preview(dir: &Path, path: &Path, recorded: Option<&str>, known: &Known) -> Preview {
     let meta = std::fs::metadata(path)
         .ok()
         .filter(std::fs::Metadata::is_file);
@@ -135,8 +226,8 @@ pub fn preview(dir: &Path, path: &Path, recorded: Option<&str>) -> Preview {
     // The record is trusted while the file is older than its thumbnail: hashing every
     // full-size image again would make each report of a large run read gigabytes.
     if let Some(sha) = recorded {
-        let Some(p) = ready(dir, sha, size) else {
-            return from_bytes(dir, path, recorded, Some(sha), size);
+        let Some(p) = ready(dir, sha, size, known) else {
+            return from_bytes(dir, path, (recorded, Some(sha)), size, known);
         };
         match &meta {
             None => {
@@ -145,13 +236,13 @@ pub fn preview(dir: &Path, path: &Path, recorded: Option<&str>) -> Preview {
                     ..p
                 };
             }
-            Some(m) if !written_after(m, p.thumb.as_deref()) => {
+            Some(m) if !written_after(m, p.thumb.as_deref(), known) => {
                 return Preview { on_disk: true, ..p };
             }
             Some(_) => {}
         }
     }
-    from_bytes(dir, path, recorded, None, size)
+    from_bytes(dir, path, (recorded, None), size, known)
 }
 
 /// The preview made from the file's bytes: hashed, compared with the record, and its
@@ -160,9 +251,9 @@ pub fn preview(dir: &Path, path: &Path, recorded: Option<&str>) -> Preview {
 fn from_bytes(
     dir: &Path,
     path: &Path,
-    recorded: Option<&str>,
-    missing: Option<&str>,
+    (recorded, missing): (Option<&str>, Option<&str>),
     size: impl Fn() -> Option<(u32, u32)>,
+    known: &Known,
 ) -> Preview {
     let bytes = match read(path) {
         Ok(bytes) => bytes,
@@ -177,7 +268,7 @@ fn from_bytes(
     let changed = recorded.is_some_and(|r| !r.eq_ignore_ascii_case(&actual));
     let note = changed.then(|| "the file changed on disk since it was downloaded".to_owned());
     let known_missing = missing.is_some_and(|m| m.eq_ignore_ascii_case(&actual));
-    if !known_missing && let Some(p) = ready(dir, &actual, &size) {
+    if !known_missing && let Some(p) = ready(dir, &actual, &size, known) {
         return Preview {
             note,
             on_disk: true,
@@ -204,10 +295,14 @@ fn from_bytes(
 }
 
 /// Whether the file was modified after `thumb` was made (or that cannot be told).
-fn written_after(file: &std::fs::Metadata, thumb: Option<&Path>) -> bool {
-    let thumb = thumb.and_then(|t| std::fs::metadata(t).ok());
-    match (file.modified(), thumb.map(|t| t.modified())) {
-        (Ok(f), Some(Ok(t))) => f > t,
+fn written_after(file: &std::fs::Metadata, thumb: Option<&Path>, known: &Known) -> bool {
+    let made = match thumb {
+        Some(t) if known.get(t).is_some() => Some(known.dated),
+        Some(t) => std::fs::metadata(t).and_then(|m| m.modified()).ok(),
+        None => None,
+    };
+    match (file.modified(), made) {
+        (Ok(f), Some(t)) => f > t,
         _ => true,
     }
 }
@@ -219,15 +314,22 @@ pub(crate) fn thumb_path(dir: &Path, sha: &str) -> PathBuf {
 
 /// The preview from a thumbnail already made for `sha`; the full image's size is the one the
 /// thumbnail carries, else `size` reads it from the image.
-fn ready(dir: &Path, sha: &str, size: impl Fn() -> Option<(u32, u32)>) -> Option<Preview> {
+fn ready(
+    dir: &Path,
+    sha: &str,
+    size: impl Fn() -> Option<(u32, u32)>,
+    known: &Known,
+) -> Option<Preview> {
     let thumb = thumb_path(dir, sha);
-    let png = read(&thumb).ok()?;
-    let (w, h, alpha) = probe_bytes(&png).ok()?;
+    let facts = match known.get(&thumb) {
+        Some(facts) => *facts,
+        None => Facts::of(&read(&thumb).ok()?)?,
+    };
     Some(Preview {
-        size: image_size(&png).or_else(size),
+        size: facts.size.or_else(size),
         thumb: Some(thumb),
-        thumb_size: Some((w, h)),
-        alpha,
+        thumb_size: Some(facts.thumb_size),
+        alpha: facts.alpha,
         note: None,
         made: false,
         on_disk: false,
@@ -403,13 +505,13 @@ mod tests {
         let thumbs = dir.path().join("_thumbs");
         let big = dir.path().join("big.png");
         let sha = png(&big, 1200, 600, 128);
-        let first = preview(&thumbs, &big, Some(&sha));
+        let first = preview(&thumbs, &big, Some(&sha), &Known::default());
         assert!(first.made);
         assert_eq!(first.size, Some((1200, 600)));
         assert_eq!(first.thumb_size, Some((EDGE, EDGE / 2)));
         assert!(first.alpha);
         assert_eq!(first.note, None);
-        let again = preview(&thumbs, &big, Some(&sha));
+        let again = preview(&thumbs, &big, Some(&sha), &Known::default());
         assert!(!again.made);
         assert!(again.on_disk);
         assert_eq!(again.thumb, first.thumb);
@@ -422,7 +524,7 @@ mod tests {
         let thumbs = dir.path().join("_thumbs");
         let big = dir.path().join("big.png");
         let sha = png(&big, 900, 300, 255);
-        assert!(preview(&thumbs, &big, Some(&sha)).made);
+        assert!(preview(&thumbs, &big, Some(&sha), &Known::default()).made);
         let thumb = thumb_path(&thumbs, &sha);
         assert_eq!(
             image_size(&std::fs::read(&thumb).unwrap()),
@@ -439,7 +541,7 @@ mod tests {
             .open(&big)
             .and_then(|f| f.set_modified(std::time::UNIX_EPOCH))
             .unwrap();
-        let again = preview(&thumbs, &big, Some(&sha));
+        let again = preview(&thumbs, &big, Some(&sha), &Known::default());
         assert!(!again.made && again.on_disk, "{again:?}");
         assert_eq!(again.size, Some((900, 300)));
         assert_eq!(crc32(b"IEND"), 0xAE42_6082);
@@ -476,7 +578,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let small = dir.path().join("small.png");
         let sha = png(&small, 40, 30, 255);
-        let p = preview(dir.path(), &small, Some(&sha));
+        let p = preview(dir.path(), &small, Some(&sha), &Known::default());
         assert!(!p.alpha);
         assert_eq!(p.thumb_size, Some((40, 30)));
     }
@@ -486,19 +588,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("x.png");
         png(&file, 10, 10, 255);
-        let p = preview(dir.path(), &file, Some(&"ab".repeat(32)));
+        let p = preview(dir.path(), &file, Some(&"ab".repeat(32)), &Known::default());
         assert!(p.note.unwrap().contains("changed on disk"));
         assert!(p.thumb.is_some());
         let gone = preview(
             dir.path(),
             &dir.path().join("gone.png"),
             Some(&"cd".repeat(32)),
+            &Known::default(),
         );
         assert!(gone.note.unwrap().contains("not on disk"));
         assert!(!gone.on_disk);
         assert_eq!(gone.thumb, None);
         std::fs::write(&file, b"not an image").unwrap();
-        let bad = preview(dir.path(), &file, None);
+        let bad = preview(dir.path(), &file, None, &Known::default());
         assert!(bad.note.unwrap().contains("no preview"));
     }
 }

@@ -349,7 +349,16 @@ async fn a_run_into_a_bucket_writes_every_output_with_its_sha256_and_the_manifes
     assert!(!page.contains("size unknown"), "{page}");
     let thumbs = std::fs::read_dir(s3.file("runs/r/_thumbs"))
         .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "png")
+        })
         .count();
+    let catalogue = std::fs::read_to_string(s3.file("runs/r/_thumbs/index.tsv")).unwrap();
+    assert_eq!(catalogue.lines().count(), thumbs, "{catalogue}");
     let images: std::collections::BTreeSet<_> = recorded.iter().map(|o| &o.sha256).collect();
     assert_eq!(
         thumbs,
@@ -377,6 +386,12 @@ async fn a_run_into_a_bucket_writes_every_output_with_its_sha256_and_the_manifes
         .collect();
     assert!(images.is_empty(), "{images:#?}");
     assert!(of_kind(&log, "LIST").len() <= 2, "{log:#?}");
+    // Nor any thumbnail: the catalogue beside them says what each would.
+    let thumbs_read: Vec<&str> = of_kind(&log, "GET")
+        .into_iter()
+        .filter(|k| k.contains("_thumbs/") && k.ends_with(".png"))
+        .collect();
+    assert!(thumbs_read.is_empty(), "{log:#?}");
     // An object removed from the bucket, and one replaced by other bytes, are said so on the
     // next page: the listing tells, and only the changed one is read again.
     let store = s3.store();
