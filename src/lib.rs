@@ -12,9 +12,9 @@
 //!   run lock.
 //! - [`api`]: the service: wire types and rules, client, billing-aware errors, retries, fetches.
 //! - [`report`]: what the record says of a run: its summary, status and HTML page.
-//! - [`layout`]: every path inside a run directory.
 //! - [`task_key`]: a task's name, `item/step[index]`, written and read back in one place.
-//! - [`place`]: where a run directory is: a local directory or an `s3://` prefix.
+//! - [`place`]: where a run directory is (a local directory or an `s3://` prefix), every name
+//!   inside it, and the temporary files written there.
 //! - [`time`]: times as RFC 3339, the same in plans, locks, logs and reports.
 //! - [`error`]: the top-level error and the stable exit codes.
 //! - [`failpoint`]: crash points for the tests that kill a process at a chosen step.
@@ -28,7 +28,6 @@ pub mod cli;
 pub mod error;
 pub mod exec;
 pub mod failpoint;
-pub mod layout;
 pub mod pipeline;
 pub mod place;
 pub mod plan;

@@ -15,7 +15,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::api::client::error_chain;
 use crate::api::error::excerpt;
-use crate::api::temp;
+use crate::place::temp;
 use crate::place::{ObjectError, Objects, Place};
 
 /// Larger than any image the service documents, small enough to stop a runaway body.

@@ -11,7 +11,6 @@ pub mod partial;
 pub mod records;
 pub mod retry;
 pub mod rules;
-pub mod temp;
 pub mod types;
 
 pub use client::{Client, ClientConfig};

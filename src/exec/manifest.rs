@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::api::temp;
-use crate::layout::{MANIFEST, RunDir};
+use crate::place::layout::{MANIFEST, RunDir};
+use crate::place::temp;
 use crate::place::{Objects, Place};
 use crate::store::{OutputRow, Store, StoreError};
 

@@ -6,19 +6,21 @@
 //! `path` column holds, likewise, the file's path or its object's full URL
 //! (`s3://bucket/prefix/<run>/<item>/<name>.<ext>`), so any record of an output says where it is
 //! without knowing the run it came from. Inside a prefix the names are the ones
-//! [`crate::layout`] gives a local run directory.
+//! [`layout`] gives a local run directory.
 //!
 //! Credentials come only from the store's usual environment variables
 //! (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT`, …): never from
 //! a flag, so they are never in the shell history, the database or a resume command.
 
+pub mod layout;
 mod objects;
+pub mod temp;
 
 use std::path::{Path, PathBuf};
 
 pub use objects::{Listed, ObjectError, Objects, Stat, same_etag, strong_etag};
 
-use crate::layout::url_scheme;
+use layout::url_scheme;
 
 /// What a place for outputs may be, for messages that refuse another.
 pub const SUPPORTED: &str = "a local path, file:///absolute/path, or s3://bucket/prefix";
@@ -127,7 +129,7 @@ pub fn output_place(place: &str, what: &str) -> Result<PathBuf, String> {
             Some(scheme) if !scheme.eq_ignore_ascii_case("file") => Err(format!(
                 "{what} `{place}` is a {scheme}:// URL, which imgpipe cannot write to; give {SUPPORTED}"
             )),
-            _ => crate::layout::local_path(place, what),
+            _ => layout::local_path(place, what),
         },
     }
 }

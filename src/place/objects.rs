@@ -290,7 +290,7 @@ impl Objects {
     /// A HEAD of the manifest's key: an answer, even "not found", says the endpoint, the
     /// bucket and the credentials work; a refusal or no answer is said before a run pays.
     pub async fn check(&self) -> Result<(), ObjectError> {
-        self.stat(&self.key(crate::layout::MANIFEST))
+        self.stat(&self.key(super::layout::MANIFEST))
             .await
             .map(|_| ())
     }

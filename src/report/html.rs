@@ -4,7 +4,7 @@
 use std::fmt::Write;
 use std::path::Path;
 
-use crate::layout;
+use crate::place::layout;
 use crate::report::lineage::Input;
 use crate::report::links::href;
 use crate::report::live::{GONE, Process};

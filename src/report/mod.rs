@@ -20,9 +20,9 @@ use std::path::{Path, PathBuf};
 
 use futures::TryStreamExt;
 
-use crate::api::temp;
 use crate::error::Error;
-use crate::layout::{self, RunDir};
+use crate::place::layout::{self, RunDir};
+use crate::place::temp;
 use crate::report::costs::Problems;
 use crate::report::html::{PER_PAGE, Page};
 use crate::report::lineage::Lineage;

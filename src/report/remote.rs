@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use futures::StreamExt;
 
 use crate::error::Error;
-use crate::layout::THUMBS;
+use crate::place::layout::THUMBS;
 use crate::place::{ObjectError, Objects, Place, strong_etag};
 use crate::report::html::MARKER;
 use crate::report::live::Observed;
@@ -304,7 +304,7 @@ fn names_in(dir: &Path) -> Vec<String> {
         .flatten()
         .filter(|e| e.path().is_file())
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| !crate::layout::is_leftover(n, false))
+        .filter(|n| !crate::place::layout::is_leftover(n, false))
         .collect()
 }
 

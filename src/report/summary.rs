@@ -104,7 +104,7 @@ async fn summary_from(
         run_id: run.id.clone(),
         pipeline: run.pipeline_name,
         status: run.status.as_str(),
-        manifest: crate::layout::RunDir::at(&dir)
+        manifest: crate::place::layout::RunDir::at(&dir)
             .manifest()
             .display()
             .to_string(),

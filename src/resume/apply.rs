@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 
 use crate::api::Client;
 use crate::api::download::{copy_checked, file_sha256};
-use crate::layout::RunDir;
 use crate::place::is_object_url;
+use crate::place::layout::RunDir;
 use crate::plan::graph::Graph;
 use crate::store::{
     Changes, NewTask, OutputRow, PendingMove, Reusable, Reused, SetAside, Store, StoreError,
@@ -36,7 +36,7 @@ pub struct Applied {
 }
 
 /// Makes the record and the output directory agree with `review`: lost answers read back by
-/// job id, outputs of tasks to redo (and modified files) moved under [`crate::layout::SUPERSEDED`],
+/// job id, outputs of tasks to redo (and modified files) moved under [`crate::place::layout::SUPERSEDED`],
 /// changed tasks reset, reused results copied in.
 pub async fn apply(
     store: &Store,

@@ -70,7 +70,7 @@ pub async fn create(
             None,
         )
     })?;
-    let dir = crate::layout::RunDir::new(&out_dir, id).into_path();
+    let dir = crate::place::layout::RunDir::new(&out_dir, id).into_path();
     let place = open_place(&dir).await?;
     let file = std::path::absolute(&pipeline.file)
         .map_or_else(|_| pipeline.file.clone(), |p| p.display().to_string());

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::layout;
+use crate::place::layout;
 
 /// Where a state database is.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use sqlx::Row;
 
-use crate::layout::RunDir;
+use crate::place::layout::RunDir;
 use crate::store::{Store, StoreError, now_ms};
 use crate::task_key::TaskKey;
 

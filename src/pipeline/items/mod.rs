@@ -17,9 +17,9 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use crate::layout;
 use crate::pipeline::diag::{Diagnostic, Report};
 use crate::pipeline::yaml::Mark;
+use crate::place::layout;
 
 pub use read::read_file;
 use store::Store;
