@@ -12,12 +12,16 @@
 //! (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT`, …): never from
 //! a flag, so they are never in the shell history, the database or a resume command.
 
+mod keep;
 pub mod layout;
+pub mod local;
 mod objects;
 pub mod temp;
 
 use std::path::{Path, PathBuf};
 
+pub use keep::Downloaded;
+pub use local::{LocalFile, copy_checked, file_sha256};
 pub use objects::{Listed, ObjectError, Objects, Stat, same_etag, strong_etag};
 
 use layout::url_scheme;

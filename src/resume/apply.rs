@@ -15,9 +15,9 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use crate::api::Client;
-use crate::api::download::{copy_checked, file_sha256};
 use crate::place::is_object_url;
 use crate::place::layout::RunDir;
+use crate::place::{copy_checked, file_sha256};
 use crate::plan::graph::Graph;
 use crate::store::{
     Changes, NewTask, OutputRow, PendingMove, Reusable, Reused, SetAside, Store, StoreError,

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use crate::api::download::file_sha256;
+use crate::place::file_sha256;
 use crate::place::is_object_url;
 use crate::store::{OutputRow, Store, StoreError};
 
