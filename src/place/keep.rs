@@ -1,18 +1,16 @@
 //! A run's downloads kept in its place: in a local directory as [`super::local`] writes files,
 //! or in a prefix of object storage, create-only.
 
-use std::path::PathBuf;
-
 use tempfile::NamedTempFile;
 
 use crate::api::download::{Body, Checked, Destination, DownloadError};
 
-use super::{ObjectError, Objects, Place, local};
+use super::{Address, ObjectError, Objects, Place, local};
 
 /// A run's output, kept whole in its place.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Downloaded {
-    pub path: PathBuf,
+    pub address: Address,
     pub bytes: u64,
     pub sha256: String,
     /// The ETag the store gave the object; `None` for a local file (or a store that gives none).
@@ -35,7 +33,7 @@ impl Destination for Place {
             Place::Local(dir) => {
                 let file = dir.as_path().keep(stem, body).await?;
                 Ok(Downloaded {
-                    path: file.path,
+                    address: Address::Local(file.path),
                     bytes: file.bytes,
                     sha256: file.sha256,
                     etag: None,
@@ -75,7 +73,7 @@ async fn keep_object(
         },
     })?;
     Ok(Downloaded {
-        path: dir.key_url(&key).into(),
+        address: Address::Object(dir.url_of(&key)),
         bytes,
         sha256,
         etag,
