@@ -50,16 +50,11 @@ impl Destination for Place {
 async fn keep_object(
     dir: &Objects,
     stem: &str,
-    body: Checked,
+    checked: Checked,
 ) -> Result<Downloaded, DownloadError> {
-    let Checked {
-        body,
-        ext,
-        sha256,
-        bytes,
-    } = body;
-    let key = dir.key(&format!("{stem}.{ext}"));
-    let written = match body {
+    let key = dir.key(&format!("{stem}.{}", checked.ext));
+    let sha256 = checked.sha256;
+    let written = match checked.body {
         Body::Held(chunks) => {
             dir.put_new(&key, chunks.into_iter().collect(), &sha256)
                 .await
@@ -74,7 +69,7 @@ async fn keep_object(
     })?;
     Ok(Downloaded {
         address: Address::Object(dir.url_of(&key)),
-        bytes,
+        bytes: checked.bytes,
         sha256,
         etag,
     })
