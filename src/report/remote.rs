@@ -120,9 +120,9 @@ async fn stage_thumbnails(
                 return Ok(None);
             };
             let sized = image_size(&bytes).is_some();
-            Ok(std::fs::write(dir.join(&name), &bytes)
-                .is_ok()
-                .then_some((name, sized)))
+            let path = dir.join(&name);
+            let staged = std::fs::write(&path, &bytes).and_then(|()| date(&path, thumb_time()));
+            Ok(staged.is_ok().then_some((name, sized)))
         })
         .buffer_unordered(READS_IN_FLIGHT)
         .collect()
@@ -272,11 +272,7 @@ async fn stage_outputs(
             std::fs::write(&to, &bytes).map_err(failed)?;
             if read != Read::Whole {
                 // Older than its thumbnail: the record is trusted, the file not hashed again.
-                std::fs::File::options()
-                    .write(true)
-                    .open(&to)
-                    .and_then(|f| f.set_modified(std::time::UNIX_EPOCH))
-                    .map_err(failed)?;
+                date(&to, std::time::UNIX_EPOCH).map_err(failed)?;
             }
             Ok(())
         })
@@ -284,6 +280,22 @@ async fn stage_outputs(
         .collect()
         .await;
     staged.into_iter().collect()
+}
+
+/// The time a staged thumbnail is dated: after the outputs staged unread (dated the epoch:
+/// the record is trusted), before those read whole (dated when written: hashed again). The
+/// time it was written would not do: file times follow the kernel's clock tick, and an image
+/// read a few milliseconds after its thumbnail can carry the very same time, and be trusted.
+fn thumb_time() -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + std::time::Duration::from_secs(1)
+}
+
+/// Sets a staged file's modification time.
+fn date(path: &Path, time: std::time::SystemTime) -> std::io::Result<()> {
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.set_modified(time))
 }
 
 fn names_in(dir: &Path) -> Vec<String> {
