@@ -10,11 +10,13 @@
 //!   kept, read back, fetched again and paid again out) and its crash-safe application.
 //! - [`store`]: the state database, SQLite or PostgreSQL (migrations in `migrations/`), and the
 //!   run lock.
-//! - [`api`]: the service: wire types and rules, client, billing-aware errors, retries, fetches.
+//! - [`api`]: the service: wire types and rules, client, billing-aware errors, retries, and
+//!   downloads checked whole, then handed to a destination the caller gives.
 //! - [`report`]: what the record says of a run: its summary, status and HTML page.
-//! - [`layout`]: every path inside a run directory.
 //! - [`task_key`]: a task's name, `item/step[index]`, written and read back in one place.
-//! - [`place`]: where a run directory is: a local directory or an `s3://` prefix.
+//! - [`place`]: where a run directory is (an address: a local path or an `s3://` prefix, parsed
+//!   once) and how its files are named and written: downloads kept, never over other bytes,
+//!   through temporary files a resume recognises.
 //! - [`time`]: times as RFC 3339, the same in plans, locks, logs and reports.
 //! - [`error`]: the top-level error and the stable exit codes.
 //! - [`failpoint`]: crash points for the tests that kill a process at a chosen step.
@@ -28,7 +30,6 @@ pub mod cli;
 pub mod error;
 pub mod exec;
 pub mod failpoint;
-pub mod layout;
 pub mod pipeline;
 pub mod place;
 pub mod plan;

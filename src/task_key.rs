@@ -5,7 +5,7 @@
 //! makes outputs 0 to n-1 (`mug/shot[1]` is its second image). Written once here: status,
 //! failures, the lineage and the recorded inputs all say it the same way, and read it back
 //! with [`FromStr`].
-//! Like [`crate::layout`], this module depends on nothing but std.
+//! Like [`crate::place::layout`], this module depends on nothing but std.
 
 use std::fmt;
 use std::str::FromStr;

@@ -1,13 +1,17 @@
-//! Downloads of result images: streamed to a temporary file, checked, fsynced and moved into
-//! place, so a file that exists under its final name is always whole.
+//! Downloads of result images: streamed, hashed and checked to be a whole image (magic bytes,
+//! end marker, promised length), then handed to a [`Destination`] that names and keeps them.
+//! Nothing here writes a kept file or object: where an image goes, and how it is never put
+//! over another, is the destination's (the `place` module, for a run directory).
 //!
 //! Result URLs are signed and need no key, and they may point at another host than the API, so
 //! the downloader has its own HTTP client that never carries `X-API-Key`.
 
+use std::future::Future;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 use tempfile::NamedTempFile;
@@ -15,20 +19,52 @@ use tokio::io::AsyncWriteExt;
 
 use crate::api::client::error_chain;
 use crate::api::error::excerpt;
-use crate::api::temp;
-use crate::place::{ObjectError, Objects, Place};
 
 /// Larger than any image the service documents, small enough to stop a runaway body.
 pub const DEFAULT_MAX_BYTES: u64 = 256 * 1024 * 1024;
 
-/// A file that arrived whole.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Downloaded {
-    pub path: PathBuf,
-    pub bytes: u64,
+/// The most of a body held in memory before it goes to a temporary file: larger than most
+/// images of the sandbox, small enough that the downloads in flight hold little.
+pub const HELD_BYTES: u64 = 256 * 1024;
+
+/// Where checked downloads are kept. The downloader receives and checks; the destination names
+/// the file, writes it and never puts it over another. Generic rather than `dyn`: each caller
+/// knows its destination, and the futures stay `Send` for the executor's tasks.
+pub trait Destination {
+    /// What the caller learns of a kept download: where it is, its size and sha256.
+    type Kept;
+
+    /// A new temporary file for the body of `<stem>.*` once it outgrows [`HELD_BYTES`], where
+    /// the destination wants it (beside the final file, so that it lands by a rename).
+    fn spill(
+        &self,
+        stem: &str,
+    ) -> impl Future<Output = Result<NamedTempFile, DownloadError>> + Send;
+
+    /// Keeps `body` as `<stem>.<ext>`: never over something else already there, and what is
+    /// there with the very same bytes is a download already done.
+    fn keep(
+        &self,
+        stem: &str,
+        body: Checked,
+    ) -> impl Future<Output = Result<Self::Kept, DownloadError>> + Send;
+}
+
+/// A body that passed the checks of a whole image, for a [`Destination`] to keep.
+#[derive(Debug)]
+pub struct Checked {
+    pub body: Body,
+    /// The extension of the image's format, from its magic bytes.
+    pub ext: &'static str,
     pub sha256: String,
-    /// The ETag the store gave the object; `None` for a local file (or a store that gives none).
-    pub etag: Option<String>,
+    pub bytes: u64,
+}
+
+/// A body received whole: in memory, or in the destination's temporary file, fsynced.
+#[derive(Debug)]
+pub enum Body {
+    Held(Vec<Bytes>),
+    Spilled(NamedTempFile),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -49,9 +85,12 @@ pub enum DownloadError {
     TooLarge { limit: u64 },
     #[error("the download is not an image (it starts with {start:?})")]
     NotImage { start: String },
-    #[error("refusing to overwrite {}: it holds other bytes than this download", path.display())]
-    Exists { path: PathBuf },
-    /// Object storage failed (after its own retries); the message is scrubbed of credentials.
+    /// The destination already holds other bytes under the name: it is never replaced. `at`
+    /// names the file or object as the destination shows it.
+    #[error("refusing to overwrite {at}: it holds other bytes than this download")]
+    Exists { at: String },
+    /// The destination's store failed (after its own retries); the destination scrubs the
+    /// message of credentials.
     #[error("{reason}")]
     Store { reason: String },
     #[error("cannot write {}: {source}", path.display())]
@@ -107,21 +146,24 @@ impl Downloader {
         })
     }
 
-    /// Downloads `url` to `<dir>/<stem>.<ext>`, the extension chosen from the image's magic
-    /// bytes. Never replaces an existing file or object. In object storage the body goes up
-    /// once it has passed the image checks: in one create-only PUT when it was small enough
-    /// to hold, else from its temporary file in parts; either way nothing is visible under
-    /// the final key before the whole body is.
-    pub async fn fetch_to(
-        &self,
-        url: &str,
-        dir: &Place,
-        stem: &str,
-    ) -> Result<Downloaded, DownloadError> {
-        match dir {
-            Place::Local(dir) => self.fetch(url, dir, stem).await,
-            Place::Objects(objects) => self.fetch_object(url, objects, stem).await,
-        }
+    /// Downloads `url` and has `dest` keep it as `<stem>.<ext>`, the extension chosen from the
+    /// image's magic bytes, once it has passed the checks of a whole image: a body cut short,
+    /// too large or not an image never reaches the destination.
+    pub async fn fetch<D>(&self, url: &str, dest: &D, stem: &str) -> Result<D::Kept, DownloadError>
+    where
+        D: Destination + Sync + ?Sized,
+    {
+        let (response, expected) = self.get(url).await?;
+        let (seen, body) = self.receive(response, expected, dest, stem).await?;
+        let bytes = seen.bytes;
+        let (ext, sha256) = seen.checked()?;
+        let body = Checked {
+            body,
+            ext,
+            sha256,
+            bytes,
+        };
+        dest.keep(stem, body).await
     }
 
     /// The response of `url`, refused or failed statuses turned into errors.
@@ -154,89 +196,14 @@ impl Downloader {
         Ok((response, expected))
     }
 
-    /// [`Downloader::fetch_to`] a local directory.
-    pub async fn fetch(
-        &self,
-        url: &str,
-        dir: &Path,
-        stem: &str,
-    ) -> Result<Downloaded, DownloadError> {
-        let (response, expected) = self.get(url).await?;
-        let (seen, body) = self.receive(response, expected, dir, stem).await?;
-        let bytes = seen.bytes;
-        let (ext, sha256) = seen.checked()?;
-        let dest = dir.join(format!("{stem}.{ext}"));
-        let (dir, stem, sha) = (dir.to_path_buf(), stem.to_owned(), sha256.clone());
-        // The file lands in one trip to the blocking pool: every trip is two thread switches,
-        // which cost more than writing a small image.
-        let path = blocking(&dest.clone(), move || {
-            let part = match body {
-                Body::Held(chunks) => {
-                    let part = new_part(&dir, &stem, &chunks)?;
-                    part.as_file()
-                        .sync_all()
-                        .map_err(|source| DownloadError::Io {
-                            path: part.path().to_path_buf(),
-                            source,
-                        })?;
-                    part
-                }
-                Body::Spilled(part) => part,
-            };
-            persist(part, &dest, &sha)
-        })
-        .await?;
-        Ok(Downloaded {
-            path,
-            bytes,
-            sha256,
-            etag: None,
-        })
-    }
-
-    /// [`Downloader::fetch_to`] a bucket: a body too large to hold waits in a temporary
-    /// file of the system's temporary directory, which goes when the upload is over.
-    async fn fetch_object(
-        &self,
-        url: &str,
-        dir: &Objects,
-        stem: &str,
-    ) -> Result<Downloaded, DownloadError> {
-        let (response, expected) = self.get(url).await?;
-        let spill = std::env::temp_dir();
-        let (seen, body) = self.receive(response, expected, &spill, stem).await?;
-        let bytes = seen.bytes;
-        let (ext, sha256) = seen.checked()?;
-        let key = dir.key(&format!("{stem}.{ext}"));
-        let written = match body {
-            Body::Held(chunks) => {
-                dir.put_new(&key, chunks.into_iter().collect(), &sha256)
-                    .await
-            }
-            Body::Spilled(part) => dir.put_new_file(&key, part.path(), &sha256).await,
-        };
-        let etag = written.map_err(|e| match e {
-            ObjectError::Exists { url } => DownloadError::Exists { path: url.into() },
-            other => DownloadError::Store {
-                reason: other.to_string(),
-            },
-        })?;
-        Ok(Downloaded {
-            path: dir.key_url(&key).into(),
-            bytes,
-            sha256,
-            etag,
-        })
-    }
-
     /// Receives the body, hashing it and keeping the first and last bytes for the format
-    /// checks: held in memory up to [`HELD_BYTES`], streamed into a temporary file in `dir`
-    /// (fsynced before this returns) past that.
-    async fn receive(
+    /// checks: held in memory up to [`HELD_BYTES`], streamed into the destination's temporary
+    /// file (fsynced before this returns) past that.
+    async fn receive<D: Destination + Sync + ?Sized>(
         &self,
         response: reqwest::Response,
         expected: Option<u64>,
-        dir: &Path,
+        dest: &D,
         stem: &str,
     ) -> Result<(Seen, Body), DownloadError> {
         let mut seen = Seen {
@@ -269,7 +236,7 @@ impl Downloader {
                 None if seen.bytes <= HELD_BYTES => held.push(chunk),
                 None => {
                     held.push(chunk);
-                    spilled = Some(spill(dir, stem, std::mem::take(&mut held)).await?);
+                    spilled = Some(spill(dest, stem, std::mem::take(&mut held)).await?);
                 }
                 Some((part, file)) => {
                     file.write_all(&chunk)
@@ -300,73 +267,22 @@ impl Downloader {
     }
 }
 
-/// The most of a body held in memory before it goes to a temporary file: larger than most
-/// images of the sandbox, small enough that the downloads in flight hold little.
-const HELD_BYTES: u64 = 256 * 1024;
-
-/// A body received whole: in memory, or in a temporary file already fsynced.
-enum Body {
-    Held(Vec<bytes::Bytes>),
-    Spilled(NamedTempFile),
-}
-
-/// A temporary file in `dir` for a body too large to hold, with what arrived so far written.
-async fn spill(
-    dir: &Path,
+/// The destination's temporary file for a body too large to hold, with what arrived so far
+/// written (in one write: a trip to the blocking pool per chunk would cost more).
+async fn spill<D: Destination + Sync + ?Sized>(
+    dest: &D,
     stem: &str,
-    held: Vec<bytes::Bytes>,
+    held: Vec<Bytes>,
 ) -> Result<(NamedTempFile, tokio::io::BufWriter<tokio::fs::File>), DownloadError> {
-    let (dir, stem) = (dir.to_path_buf(), stem.to_owned());
-    let (part, handle) = blocking(&dir.clone(), move || {
-        let part = new_part(&dir, &stem, &held)?;
-        let handle = part
-            .as_file()
-            .try_clone()
-            .map_err(|source| DownloadError::Io {
-                path: part.path().to_path_buf(),
-                source,
-            })?;
-        Ok((part, handle))
-    })
-    .await?;
-    Ok((
-        part,
-        tokio::io::BufWriter::new(tokio::fs::File::from_std(handle)),
-    ))
-}
-
-/// A new temporary file in `dir` (made if missing) holding `chunks`.
-fn new_part(
-    dir: &Path,
-    stem: &str,
-    chunks: &[bytes::Bytes],
-) -> Result<NamedTempFile, DownloadError> {
-    std::fs::create_dir_all(dir).map_err(|source| DownloadError::Io {
-        path: dir.to_path_buf(),
+    let part = dest.spill(stem).await?;
+    let io_err = |source| DownloadError::Io {
+        path: part.path().to_path_buf(),
         source,
-    })?;
-    let part = part_file(dir, stem)?;
-    let mut file = part.as_file();
-    for chunk in chunks {
-        io::Write::write_all(&mut file, chunk).map_err(|source| DownloadError::Io {
-            path: part.path().to_path_buf(),
-            source,
-        })?;
-    }
-    Ok(part)
-}
-
-/// Runs file work on the blocking pool; `path` names it should the pool fail.
-async fn blocking<T: Send + 'static>(
-    path: &Path,
-    work: impl FnOnce() -> Result<T, DownloadError> + Send + 'static,
-) -> Result<T, DownloadError> {
-    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
-        Err(DownloadError::Io {
-            path: path.to_path_buf(),
-            source: io::Error::other(e),
-        })
-    })
+    };
+    let handle = part.as_file().try_clone().map_err(io_err)?;
+    let mut file = tokio::io::BufWriter::new(tokio::fs::File::from_std(handle));
+    file.write_all(&held.concat()).await.map_err(io_err)?;
+    Ok((part, file))
 }
 
 /// What a download's bytes looked like on the way through.
@@ -429,102 +345,6 @@ pub fn image_extension(head: &[u8]) -> Option<&'static str> {
     } else {
         None
     }
-}
-
-/// The sha256 of a file's bytes, read in chunks.
-pub fn file_sha256(path: &Path) -> io::Result<String> {
-    use std::io::Read;
-    let mut file = std::fs::File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        match file.read(&mut buf)? {
-            0 => return Ok(hex::encode(hasher.finalize())),
-            n => hasher.update(&buf[..n]),
-        }
-    }
-}
-
-/// Copies `from`, whose sha256 is known, to `dest` the way a download lands: through a
-/// temporary file, fsynced, never replacing a different file already at `dest`.
-pub fn copy_checked(from: &Path, dest: &Path, sha256: &str) -> Result<PathBuf, DownloadError> {
-    let dir = dest.parent().unwrap_or(Path::new("."));
-    let stem = dest
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let part = part_file(dir, &stem)?;
-    let io_err = |source| DownloadError::Io {
-        path: dest.to_path_buf(),
-        source,
-    };
-    std::fs::copy(from, part.path()).map_err(io_err)?;
-    part.as_file().sync_all().map_err(io_err)?;
-    persist(part, dest, sha256)
-}
-
-/// A download's temporary file next to its destination (see [`temp::part_file`]); removed
-/// when dropped unless it is persisted.
-fn part_file(dir: &Path, stem: &str) -> Result<NamedTempFile, DownloadError> {
-    temp::part_file(dir, stem).map_err(|source| DownloadError::Io {
-        path: dir.to_path_buf(),
-        source,
-    })
-}
-
-/// Moves the temporary file to `dest` without ever replacing an existing file (`tempfile`
-/// links or renames with no-replace; a rename alone would silently overwrite). An existing
-/// file with the very same bytes is a download already done, not a conflict.
-fn persist(part: NamedTempFile, dest: &Path, sha256: &str) -> Result<PathBuf, DownloadError> {
-    match part.persist_noclobber(dest) {
-        Ok(_) => {}
-        Err(e) if e.error.kind() == io::ErrorKind::AlreadyExists => {
-            if file_sha256(dest).is_ok_and(|existing| existing == sha256) {
-                return Ok(dest.to_path_buf());
-            }
-            return Err(DownloadError::Exists {
-                path: dest.to_path_buf(),
-            });
-        }
-        // A file system without hard links or a no-replace rename: copy into a file that must
-        // not exist yet; the temporary file goes when `e` is dropped.
-        Err(e) => copy_new(e.file.path(), dest)?,
-    }
-    if let Some(dir) = dest.parent() {
-        // Make the new directory entry durable too; a failure here loses nothing already
-        // written, so it is not an error.
-        let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
-    }
-    Ok(dest.to_path_buf())
-}
-
-/// Copies `from` to `dest`, creating `dest` and failing if it exists; fsyncs the copy.
-fn copy_new(from: &Path, dest: &Path) -> Result<(), DownloadError> {
-    let io_err = |source| DownloadError::Io {
-        path: dest.to_path_buf(),
-        source,
-    };
-    let mut target = match std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(dest)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            return Err(DownloadError::Exists {
-                path: dest.to_path_buf(),
-            });
-        }
-        Err(e) => return Err(io_err(e)),
-    };
-    let copied = std::fs::File::open(from)
-        .and_then(|mut source| io::copy(&mut source, &mut target))
-        .and_then(|_| target.sync_all());
-    if let Err(e) = copied {
-        let _ = std::fs::remove_file(dest);
-        return Err(io_err(e));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

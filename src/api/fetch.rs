@@ -1,20 +1,18 @@
-//! Getting a billed job's images onto disk, whatever it takes short of paying again: the one
-//! download-with-refresh loop, used by runs and by the one-off commands alike.
+//! Getting a billed job's images to their destination, whatever it takes short of paying again:
+//! the one download-with-refresh loop, used by runs and by the one-off commands alike.
 //!
 //! A refused result URL has expired: the job gives a fresh one for free (`GET /v1/jobs/{id}`),
 //! so the caller supplies that read as a refresher. A passing failure is retried per the
 //! [`RetryPolicy`]. Nothing here ever calls a paid endpoint.
 
 use std::future::Future;
-use std::path::Path;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
 use crate::api::client::{Client, is_job_id, shown_id};
-use crate::api::download::{DownloadError, Downloaded, Downloader};
+use crate::api::download::{Destination, DownloadError, Downloader};
 use crate::api::retry::RetryPolicy;
-use crate::place::Place;
 
 /// Tries of one download, refreshes of its URL included, before it is given up.
 pub const DOWNLOAD_TRIES: u32 = 4;
@@ -43,19 +41,20 @@ pub enum FetchError<E> {
     Refresh { refused: DownloadError, source: E },
 }
 
-/// Downloads `url` to `<dir>/<stem>.<ext>` (see [`Downloader::fetch_to`]). A refused URL is
-/// replaced once by `refresh` (a fresh URL refused too is not a matter of age, so asking again
-/// would not help); passing failures back off per `policy`; every try counts against
+/// Downloads `url` into `dest` as `<stem>.<ext>` (see [`Downloader::fetch`]). A refused URL
+/// is replaced once by `refresh` (a fresh URL refused too is not a matter of age, so asking
+/// again would not help); passing failures back off per `policy`; every try counts against
 /// `policy.tries`.
-pub async fn fetch_with_refresh<R, Fut, E>(
+pub async fn fetch_with_refresh<D, R, Fut, E>(
     downloader: &Downloader,
     policy: RetryPolicy,
     url: String,
-    (dir, stem): (&Place, &str),
+    (dest, stem): (&D, &str),
     mut refresh: R,
     mut on_retry: impl FnMut(Retrying<'_>),
-) -> Result<Downloaded, FetchError<E>>
+) -> Result<D::Kept, FetchError<E>>
 where
+    D: Destination + Sync + ?Sized,
     R: FnMut() -> Fut,
     Fut: Future<Output = Result<String, E>>,
 {
@@ -64,7 +63,7 @@ where
     let mut tries = 0;
     loop {
         tries += 1;
-        let error = match downloader.fetch_to(&url, dir, stem).await {
+        let error = match downloader.fetch(&url, dest, stem).await {
             Ok(done) => return Ok(done),
             Err(e) => e,
         };
@@ -96,10 +95,10 @@ where
     }
 }
 
-/// What became of a billed job's images.
-#[derive(Debug, Default)]
-pub struct Delivery {
-    pub files: Vec<Downloaded>,
+/// What became of a billed job's images: each kept as its destination says.
+#[derive(Debug)]
+pub struct Delivery<K> {
+    pub files: Vec<K>,
     /// The first image that could not be saved; the others were still tried.
     pub failure: Option<Undelivered>,
 }
@@ -113,26 +112,30 @@ pub struct Undelivered {
     pub recover: String,
 }
 
-/// Downloads every image of a billed job into `dir` (the one-off commands), carrying on past a
+/// Downloads every image of a billed job into `dest` (the one-off commands), carrying on past a
 /// failed image. Files are named `<id>-<index>` when `indexed` (generations), `<id>` otherwise.
-pub async fn deliver_job(
+/// `out` is what `--out` names `dest`, for the hint that fetches the images again for free.
+pub async fn deliver_job<D: Destination + Sync + ?Sized>(
     client: &Client,
     downloader: &Downloader,
     job_id: &str,
     urls: &[String],
     indexed: bool,
-    dir: &Path,
-) -> Delivery {
+    dest: &D,
+    out: &str,
+) -> Delivery<D::Kept> {
     let policy = RetryPolicy::new(DOWNLOAD_TRIES, ONE_OFF_RETRY_BASE);
-    let mut delivery = Delivery::default();
-    let place = Place::Local(dir.to_path_buf());
+    let mut delivery = Delivery {
+        files: Vec::new(),
+        failure: None,
+    };
     for (index, url) in urls.iter().enumerate() {
         let stem = file_stem(job_id, indexed.then_some(index));
         let fetched = fetch_with_refresh(
             downloader,
             policy,
             url.clone(),
-            (&place, &stem),
+            (dest, &stem),
             || fresh_url(client, job_id, index),
             |retrying| match retrying {
                 Retrying::Refused(_) => {
@@ -155,7 +158,7 @@ pub async fn deliver_job(
             ) => {
                 delivery.failure.get_or_insert(Undelivered {
                     source,
-                    recover: recovery(job_id, dir),
+                    recover: recovery(job_id, out),
                 });
             }
         }
@@ -177,11 +180,10 @@ async fn fresh_url(client: &Client, job_id: &str, index: usize) -> Result<String
     }
 }
 
-fn recovery(job_id: &str, dir: &Path) -> String {
+fn recovery(job_id: &str, out: &str) -> String {
     if is_job_id(job_id) {
         format!(
-            "job {job_id} is done and paid for; fetch its images again, without paying, with: imgpipe job {job_id} --out {}",
-            dir.display()
+            "job {job_id} is done and paid for; fetch its images again, without paying, with: imgpipe job {job_id} --out {out}"
         )
     } else {
         format!(

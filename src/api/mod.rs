@@ -1,6 +1,7 @@
 //! Everything about talking to the image service: the wire types and their rules, the HTTP
 //! client, the classification of failures by billing, the undocumented records, the one retry
-//! policy, and downloads (with their temporary files and the refresh of refused URLs).
+//! policy, and downloads (checked whole before a destination keeps them, and refused URLs
+//! refreshed).
 
 pub mod client;
 pub mod download;
@@ -11,11 +12,10 @@ pub mod partial;
 pub mod records;
 pub mod retry;
 pub mod rules;
-pub mod temp;
 pub mod types;
 
 pub use client::{Client, ClientConfig};
-pub use download::{Downloaded, Downloader};
+pub use download::{Destination, Downloader};
 pub use error::{ApiError, Billing, ErrorKind};
 pub use key::ApiKey;
 pub use records::{Account, JobRecord, Models};

@@ -89,13 +89,13 @@ fn state_location(s: &str) -> Result<Location, String> {
 /// `--out` of a one-off command: a local directory or file; a URL is refused (exit 2) rather
 /// than created as `./scheme:/…`.
 pub(crate) fn out_path(s: &str) -> Result<PathBuf, String> {
-    crate::layout::local_path(s, "the output place")
+    crate::place::local_path(s, "the output place")
 }
 
 /// `--out` of a run or a report: a local path or an `s3://bucket/prefix` URL (credentials
 /// from the environment, never from here); any other URL is refused (exit 2).
-pub(crate) fn out_place(s: &str) -> Result<PathBuf, String> {
-    crate::place::output_place(s, "the output place")
+pub(crate) fn out_place(s: &str) -> Result<crate::place::Address, String> {
+    crate::place::Address::parse(s, "the output place")
 }
 
 impl StateArgs {

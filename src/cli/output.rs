@@ -6,11 +6,11 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::api::Downloaded;
 use crate::api::fetch::{Delivery, deliver_job};
 use crate::cli::GlobalArgs;
 use crate::cli::stdio;
 use crate::error::Error;
+use crate::place::LocalFile;
 use crate::runner::Connection;
 
 /// A job the service answered, and what to print about it.
@@ -43,6 +43,7 @@ pub(super) async fn deliver(
         &job.urls,
         job.indexed,
         dir,
+        &dir.display().to_string(),
     )
     .await;
     let failure = failure
@@ -75,7 +76,7 @@ pub(super) async fn deliver(
     failure.map_or(Ok(()), Err)
 }
 
-pub(super) fn files_json(files: &[Downloaded]) -> Value {
+pub(super) fn files_json(files: &[LocalFile]) -> Value {
     files
         .iter()
         .map(|f| json!({"path": f.path, "bytes": f.bytes, "sha256": f.sha256}))

@@ -1,8 +1,6 @@
 //! `imgpipe report RUN_ID`: the run's HTML page, from the state database and the run's files;
 //! no network, and no lock, so it works on a run still going.
 
-use std::path::PathBuf;
-
 use clap::Args;
 
 use crate::cli::GlobalArgs;
@@ -10,6 +8,7 @@ use crate::cli::args::StateArgs;
 use crate::cli::stdio;
 use crate::cli::view::print_json;
 use crate::error::Error;
+use crate::place::Address;
 use crate::report::{self, Written};
 use crate::runner::state::close;
 use crate::store::Store;
@@ -20,7 +19,7 @@ pub struct ReportArgs {
     pub run_id: String,
     /// Where to write the page [default: report.html in the run's directory]
     #[arg(long, value_name = "FILE", value_parser = crate::cli::args::out_place)]
-    pub out: Option<PathBuf>,
+    pub out: Option<Address>,
     #[command(flatten)]
     pub state: StateArgs,
     /// Look in the database of runs made with --sandbox
@@ -37,11 +36,7 @@ pub(super) async fn run(args: &ReportArgs, global: &GlobalArgs) -> Result<(), Er
     }
     stdio::line(format_args!(
         "report of run {} ({}): {} ({} images, {} new thumbnails)",
-        written.run_id,
-        written.status,
-        written.path.display(),
-        written.images,
-        written.thumbnails_made
+        written.run_id, written.status, written.path, written.images, written.thumbnails_made
     ))?;
     let observed = &written.observed;
     if let (Some(process), Some(command)) = (
@@ -62,5 +57,5 @@ async fn write(store: &Store, args: &ReportArgs) -> Result<Written, Error> {
         .state
         .observed_run(store, &args.run_id, args.sandbox)
         .await?;
-    report::write(store, run, args.out.as_deref(), observed).await
+    report::write(store, run, args.out.as_ref(), observed).await
 }

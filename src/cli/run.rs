@@ -31,7 +31,7 @@ pub struct RunArgs {
     /// Output directory, instead of the pipeline's output_dir: a path or s3://bucket/prefix
     /// (credentials from the AWS_* environment variables)
     #[arg(long, value_name = "DIR", help_heading = "Run", value_parser = crate::cli::args::out_place)]
-    pub out: Option<PathBuf>,
+    pub out: Option<crate::place::Address>,
     /// When the generation price is unknown, run one generation first and price the plan
     /// with what it billed
     #[arg(long, help_heading = "Budget")]
@@ -74,7 +74,7 @@ fn continue_with(args: &RunArgs) -> Box<dyn Fn(&str) -> String + Send + Sync> {
     let mut after = args.opts.continue_flags();
     if let Some(out) = &args.out {
         after.push("--out".into());
-        after.push(quote(&out.display().to_string()));
+        after.push(quote(&out.to_string()));
     }
     if let Some(plan) = &args.plan
         && file.is_none()

@@ -66,7 +66,7 @@ pub(super) async fn run(args: &StatusArgs, global: &GlobalArgs) -> Result<(), Er
             "  {} earlier file(s) kept under {}/{}",
             status.superseded_files,
             status.summary.output_dir,
-            crate::layout::SUPERSEDED
+            crate::place::layout::SUPERSEDED
         ))?;
     }
     Ok(())

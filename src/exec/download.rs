@@ -1,16 +1,16 @@
 //! Downloads of outputs, as soon as their job succeeds: their own concurrency, no API rate
 //! limit, and a fresh URL from the job (never a new paid call) when one is refused.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::api::fetch::{FetchError, Retrying, fetch_with_refresh};
 use crate::exec::shared::Shared;
+use crate::place::Address;
 
 pub(super) struct Fetched {
     pub task: usize,
     pub k: u32,
-    pub result: Result<PathBuf, String>,
+    pub result: Result<Address, String>,
 }
 
 pub(super) async fn download(shared: Arc<Shared>, task: usize, k: u32) -> Fetched {
@@ -26,7 +26,7 @@ pub(super) async fn download(shared: Arc<Shared>, task: usize, k: u32) -> Fetche
     Fetched { task, k, result }
 }
 
-async fn fetch(shared: &Shared, task: usize, k: u32) -> Result<PathBuf, String> {
+async fn fetch(shared: &Shared, task: usize, k: u32) -> Result<Address, String> {
     let _permit = shared
         .downloads
         .acquire()
@@ -75,12 +75,12 @@ async fn fetch(shared: &Shared, task: usize, k: u32) -> Result<PathBuf, String> 
         .store
         .record_download(
             out.output_id,
-            &done.path.to_string_lossy(),
+            &done.address.to_string(),
             &done.sha256,
             done.bytes,
             done.etag.as_deref(),
         )
         .await
         .map_err(|e| e.to_string())?;
-    Ok(done.path)
+    Ok(done.address)
 }

@@ -2,13 +2,11 @@
 //! always agrees with it.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::api::temp;
-use crate::layout::{MANIFEST, RunDir};
-use crate::place::{Objects, Place};
+use crate::place::layout::MANIFEST;
+use crate::place::{Address, Objects, RunDir, temp};
 use crate::store::{OutputRow, Store, StoreError};
 
 #[derive(Serialize)]
@@ -29,20 +27,25 @@ struct Line<'a> {
 /// Writes the manifest of `run_id` into `run_dir` through a temporary file and a rename,
 /// streaming rows from the database to the file. In object storage it is made in memory and
 /// put whole, in one request that replaces the one before.
-pub async fn write(store: &Store, run_id: &str, run_dir: &Path) -> Result<PathBuf, String> {
-    let path = RunDir::at(run_dir).manifest();
-    if let Place::Objects(objects) = Place::of(run_dir).map_err(|e| e.to_string())? {
-        return write_object(store, run_id, run_dir, &objects).await;
-    }
+pub async fn write(store: &Store, run_id: &str, run_dir: &RunDir) -> Result<Address, String> {
+    let root = run_dir.root();
+    let dir = match root {
+        Address::Local(dir) => dir,
+        Address::Object(url) => {
+            let objects = Objects::open(url).map_err(|e| e.to_string())?;
+            return write_object(store, run_id, root, &objects).await;
+        }
+    };
+    let path = dir.join(MANIFEST);
     let fail = |e: &dyn std::fmt::Display| format!("cannot write {}: {e}", path.display());
-    std::fs::create_dir_all(run_dir).map_err(|e| fail(&e))?;
-    let tmp = temp::readable(run_dir).map_err(|e| fail(&e))?;
+    std::fs::create_dir_all(dir).map_err(|e| fail(&e))?;
+    let tmp = temp::readable(dir).map_err(|e| fail(&e))?;
     let mut out = std::io::BufWriter::new(tmp);
     store
         .each_output(run_id, false, |o| {
             if o.path.is_some() {
                 let io = |e: std::io::Error| StoreError::Query(sqlx::Error::Io(e));
-                serde_json::to_writer(&mut out, &line(&o, run_dir)).map_err(|e| io(e.into()))?;
+                serde_json::to_writer(&mut out, &line(&o, root)).map_err(|e| io(e.into()))?;
                 out.write_all(b"\n").map_err(io)?;
             }
             Ok(())
@@ -52,21 +55,21 @@ pub async fn write(store: &Store, run_id: &str, run_dir: &Path) -> Result<PathBu
     let tmp = out.into_inner().map_err(|e| fail(&e.into_error()))?;
     tmp.as_file().sync_all().map_err(|e| fail(&e))?;
     tmp.persist(&path).map_err(|e| fail(&e.error))?;
-    Ok(path)
+    Ok(Address::Local(path))
 }
 
 async fn write_object(
     store: &Store,
     run_id: &str,
-    run_dir: &Path,
+    root: &Address,
     objects: &Objects,
-) -> Result<PathBuf, String> {
+) -> Result<Address, String> {
     let mut out = Vec::new();
     store
         .each_output(run_id, false, |o| {
             if o.path.is_some() {
                 let io = |e: std::io::Error| StoreError::Query(sqlx::Error::Io(e));
-                serde_json::to_writer(&mut out, &line(&o, run_dir)).map_err(|e| io(e.into()))?;
+                serde_json::to_writer(&mut out, &line(&o, root)).map_err(|e| io(e.into()))?;
                 out.push(b'\n');
             }
             Ok(())
@@ -78,16 +81,17 @@ async fn write_object(
         .replace(&key, out)
         .await
         .map_err(|e| e.to_string())?;
-    Ok(objects.key_url(&key).into())
+    Ok(Address::Object(objects.url_of(&key)))
 }
 
-fn line<'a>(o: &'a OutputRow, run_dir: &Path) -> Line<'a> {
-    let full = Path::new(o.path.as_deref().unwrap_or_default());
-    let path = full
-        .strip_prefix(run_dir)
-        .unwrap_or(full)
-        .to_string_lossy()
-        .into_owned();
+/// A recorded output as the manifest lists it: its path relative to the run directory (the
+/// recorded text whole for one outside it).
+fn line<'a>(o: &'a OutputRow, run_dir: &Address) -> Line<'a> {
+    let path = o
+        .address()
+        .and_then(|a| a.relative_to(run_dir))
+        .or_else(|| o.path.clone())
+        .unwrap_or_default();
     Line {
         item: &o.item,
         step: &o.step,

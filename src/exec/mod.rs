@@ -16,7 +16,6 @@ mod rows;
 mod scheduler;
 mod shared;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,7 +38,7 @@ pub enum OnAmbiguous {
 pub struct Config {
     pub run_id: String,
     /// `<output_dir>/<run id>`.
-    pub run_dir: PathBuf,
+    pub run_dir: crate::place::RunDir,
     /// The same, opened: a local directory or a prefix in object storage.
     pub place: crate::place::Place,
     pub concurrency: usize,

@@ -3,12 +3,12 @@
 //! holds for every item.
 
 use std::num::NonZeroU32;
-use std::path::PathBuf;
 
 use crate::api::types::{AspectRatio, Increase, Size, ToolName, tool_price};
 use crate::pipeline::items::Items;
 use crate::pipeline::rate::Rate;
 use crate::pipeline::template::Template;
+use crate::place::Address;
 
 #[derive(Clone, Debug)]
 pub struct Pipeline {
@@ -18,7 +18,7 @@ pub struct Pipeline {
     /// sha256 of the file's bytes.
     pub text_sha256: String,
     /// Resolved against the pipeline file's directory.
-    pub output_dir: PathBuf,
+    pub output_dir: Address,
     pub max_credits: Option<u64>,
     /// `pricing.generation`: credits per 2K image, when the file sets it.
     pub generation_price: Option<u64>,

@@ -84,6 +84,8 @@ impl Objects {
     /// The prefix `url` names, its bucket's store opened once per process (opening reads the
     /// environment and makes no request).
     pub fn open(url: &ObjectUrl) -> Result<Objects, ObjectError> {
+        // A URL read back from the database was checked when it was first given.
+        url.check(&url.to_string()).map_err(ObjectError::Config)?;
         static STORES: OnceLock<Mutex<HashMap<String, Arc<dyn ObjectStore>>>> = OnceLock::new();
         let mut stores = STORES
             .get_or_init(Default::default)
@@ -121,29 +123,32 @@ impl Objects {
         })
     }
 
-    /// The object store and key a recorded output URL names.
-    pub fn at_url(url: &str) -> Result<(Objects, Key), ObjectError> {
-        let parsed = ObjectUrl::parse(url)
-            .unwrap_or_else(|| Err(format!("`{url}` is not an s3:// URL")))
-            .map_err(ObjectError::Config)?;
-        let key = Key::from(parsed.key.as_str());
+    /// The store of an object's bucket, and the object's key in it.
+    pub fn at(url: &ObjectUrl) -> Result<(Objects, Key), ObjectError> {
+        url.check(&url.to_string()).map_err(ObjectError::Config)?;
         let root = ObjectUrl {
-            bucket: parsed.bucket,
+            bucket: url.bucket.clone(),
             key: String::new(),
         };
-        Ok((Objects::open(&root)?, key))
+        Ok((Objects::open(&root)?, Key::from(url.key.as_str())))
     }
 
-    pub fn url(&self) -> String {
-        self.key_url(&self.prefix)
+    /// This prefix's URL.
+    pub fn url(&self) -> ObjectUrl {
+        self.url_of(&self.prefix)
     }
 
-    pub fn key_url(&self, key: &Key) -> String {
+    /// The URL of the object at `key`.
+    pub fn url_of(&self, key: &Key) -> ObjectUrl {
         ObjectUrl {
             bucket: self.bucket.clone(),
             key: key.to_string(),
         }
-        .to_url()
+    }
+
+    /// The URL of the object at `key`, as a message shows it.
+    pub fn key_url(&self, key: &Key) -> String {
+        self.url_of(key).to_string()
     }
 
     pub fn child(&self, name: &str) -> Objects {
@@ -290,7 +295,7 @@ impl Objects {
     /// A HEAD of the manifest's key: an answer, even "not found", says the endpoint, the
     /// bucket and the credentials work; a refusal or no answer is said before a run pays.
     pub async fn check(&self) -> Result<(), ObjectError> {
-        self.stat(&self.key(crate::layout::MANIFEST))
+        self.stat(&self.key(super::layout::MANIFEST))
             .await
             .map(|_| ())
     }

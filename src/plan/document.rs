@@ -9,8 +9,8 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::api::temp;
 use crate::pipeline::Pipeline;
+use crate::place::temp;
 use crate::plan::{Balance, Budget, Costs, GenerationPrice, Verdict, tool_prices};
 use crate::time::rfc3339;
 

@@ -16,10 +16,10 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::api::types::{Size, ToolParams};
-use crate::layout;
 use crate::pipeline::items::Items;
 use crate::pipeline::template::Template;
 use crate::pipeline::{Input, Operation, Pipeline, Reference, StepRef, ToolOp};
+use crate::place::layout;
 use crate::plan::Costs;
 use crate::task_key::TaskKey;
 

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 use std::path::Path;
 
-use crate::layout;
+use crate::place::layout;
 use crate::report::lineage::Input;
 use crate::report::links::href;
 use crate::report::live::{GONE, Process};
@@ -210,7 +210,7 @@ impl<'a> Page<'a> {
         let _ = write!(
             self.out,
             "</dl><p>Files in <code>{}</code> · page made {}{}</p>",
-            esc(&run.dir().to_string_lossy()),
+            esc(&run.dir().root().to_string()),
             time(m.generated_at),
             if m.superseded > 0 {
                 format!(

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use crate::task_key::TaskKey;
 
-use crate::layout;
+use crate::place::layout;
 use crate::store::ReportTask;
 
 /// What one input of a task is.

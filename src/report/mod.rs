@@ -21,9 +21,9 @@ use std::sync::Arc;
 
 use futures::TryStreamExt;
 
-use crate::api::temp;
 use crate::error::Error;
-use crate::layout::{self, RunDir};
+use crate::place::temp;
+use crate::place::{Address, layout};
 use crate::report::costs::Problems;
 use crate::report::html::{PER_PAGE, Page};
 use crate::report::lineage::Lineage;
@@ -37,7 +37,7 @@ pub use html::MARKER;
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Written {
     /// The first page; later ones are its siblings (`report-2.html`, …).
-    pub path: PathBuf,
+    pub path: Address,
     pub run_id: String,
     pub status: &'static str,
     pub images: usize,
@@ -65,36 +65,41 @@ pub struct Written {
 pub async fn write(
     store: &Store,
     run: RunRow,
-    out: Option<&Path>,
+    out: Option<&Address>,
     observed: Observed,
 ) -> Result<Written, Error> {
-    if crate::place::is_object_url(run.dir()) {
-        return remote::write(store, run, out, observed).await;
-    }
-    if let Some(o) = out.filter(|o| crate::place::is_object_url(o)) {
-        return Err(Error::usage(
-            format!(
-                "--out {}: run {} is in a local directory, and so is its report",
-                o.display(),
-                run.id
-            ),
-            Some("give a local file"),
-        ));
-    }
+    let out = match (run.dir().root(), out) {
+        (Address::Object(_), _) => return remote::write(store, run, out, observed).await,
+        (Address::Local(_), Some(Address::Object(o))) => {
+            return Err(Error::usage(
+                format!(
+                    "--out {o}: run {} is in a local directory, and so is its report",
+                    run.id
+                ),
+                Some("give a local file"),
+            ));
+        }
+        (Address::Local(_), out) => out.and_then(Address::as_local),
+    };
     write_local(store, run, out, observed, None, thumbs::Known::default()).await
 }
 
-/// [`write`] into a local directory; `rebase` turns recorded output paths starting with its
-/// first part into paths under its second (a run in object storage, staged locally).
+/// [`write`] into a local directory; `rebase` turns recorded outputs under its first part into
+/// paths under its second (a run in object storage, staged locally).
 async fn write_local(
     store: &Store,
     run: RunRow,
     out: Option<&Path>,
     observed: Observed,
-    rebase: Option<(&str, &Path)>,
+    rebase: Option<(&Address, &Path)>,
     known: thumbs::Known,
 ) -> Result<Written, Error> {
-    let run_dir = RunDir::at(run.dir());
+    let Some(run_dir) = run.dir().local() else {
+        return Err(Error::Other(anyhow::anyhow!(
+            "run {} is not in a local directory",
+            run.id
+        )));
+    };
     let out = out.map_or_else(|| run_dir.report(), Path::to_owned);
     let out = links::normal(&out);
     refuse_foreign(&out)?;
@@ -128,7 +133,7 @@ async fn write_local(
     let mut item: Option<String> = None;
     while let Some(mut row) = rows.try_next().await? {
         if let (Some((from, to)), Some(o)) = (rebase, row.output.as_mut())
-            && let Some(rel) = o.path.as_deref().and_then(|p| under(p, from))
+            && let Some(rel) = o.address().and_then(|a| a.relative_to(from))
         {
             o.path = Some(to.join(rel).to_string_lossy().into_owned());
         }
@@ -152,7 +157,7 @@ async fn write_local(
         std::fs::remove_file(&stale).map_err(|e| cannot_write(&stale, &e))?;
     }
     Ok(Written {
-        path: out,
+        path: Address::Local(out),
         run_id: shared.run.id.clone(),
         status: shared.run.status.as_str(),
         images: book.images,
@@ -161,12 +166,6 @@ async fn write_local(
         bytes: book.bytes,
         observed: shared.observed.clone(),
     })
-}
-
-/// `path` relative to `dir`, when it lies under it (`s3://b/r/a.png` under `s3://b/r`, not
-/// under `s3://b/r2`).
-fn under<'a>(path: &'a str, dir: &str) -> Option<&'a str> {
-    path.strip_prefix(dir)?.strip_prefix('/')
 }
 
 fn cannot_write(path: &Path, e: &dyn std::fmt::Display) -> Error {
@@ -389,16 +388,4 @@ fn refuse_foreign(out: &Path) -> Result<(), Error> {
         ));
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_output_is_under_its_run_only_past_a_slash() {
-        assert_eq!(under("s3://b/p/r/a/x.png", "s3://b/p/r"), Some("a/x.png"));
-        assert_eq!(under("s3://b/p/r2/a/x.png", "s3://b/p/r"), None);
-        assert_eq!(under("/out/r/a.png", "/elsewhere"), None);
-    }
 }

@@ -14,13 +14,13 @@
 //! thumbnails carried the size has its image's header read, 4 KiB, as then.)
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use futures::StreamExt;
 
 use crate::error::Error;
-use crate::layout::THUMBS;
-use crate::place::{ObjectError, Objects, Place, strong_etag};
+use crate::place::layout::THUMBS;
+use crate::place::{Address, ObjectError, ObjectUrl, Objects, strong_etag};
 use crate::report::html::MARKER;
 use crate::report::live::Observed;
 use crate::report::thumbs::{Facts, Known, image_size, thumb_path};
@@ -47,37 +47,37 @@ fn failed(e: impl std::fmt::Display) -> Error {
 pub(super) async fn write(
     store: &Store,
     run: RunRow,
-    out: Option<&Path>,
+    out: Option<&Address>,
     observed: Observed,
 ) -> Result<Written, Error> {
-    let run_url = run.dir().to_string_lossy().into_owned();
-    let objects = match Place::of(&run.dir()).map_err(failed)? {
-        Place::Objects(objects) => objects,
-        Place::Local(_) => return Err(failed("the run is not in object storage")),
+    let run_dir = run.dir();
+    let Address::Object(run_url) = run_dir.root() else {
+        return Err(failed("the run is not in object storage"));
     };
+    let objects = Objects::open(run_url).map_err(failed)?;
     let stage = tempfile::tempdir().map_err(failed)?;
     let local_run = stage.path().join(&run.id);
     let (made, known) = stage_thumbnails(&objects, &local_run)
         .await
         .map_err(failed)?;
-    stage_outputs(store, &objects, &run.id, &run_url, &local_run, &made).await?;
+    stage_outputs(store, &objects, &run.id, run_url, &local_run, &made).await?;
     let catalogued = known.facts.clone();
 
-    let page = out.and_then(Path::file_name).map_or_else(
-        || "report.html".into(),
-        |n| n.to_string_lossy().into_owned(),
-    );
+    let page = out
+        .and_then(Address::file_name)
+        .unwrap_or_else(|| "report.html".into());
     let staged = RunRow {
         output_dir: stage.path().to_string_lossy().into_owned(),
         ..run
     };
     let staged_out = local_run.join(&page);
+    let rebase = (run_dir.root(), local_run.as_path());
     let mut written = write_local(
         store,
         staged,
         Some(&staged_out),
         observed,
-        Some((&run_url, &local_run)),
+        Some(rebase),
         known,
     )
     .await?;
@@ -93,18 +93,18 @@ pub(super) async fn write(
         local_run: &local_run,
         pages: &pages,
         shown: &shown,
-        run_url: &run_url,
+        run_url: &run_url.to_string(),
     };
     written.path = match out {
         None => put_pages(&objects, &staged, &page).await?,
-        Some(out) if crate::place::is_object_url(out) => {
-            let dir = out.parent().unwrap_or(out);
-            match Place::of(dir).map_err(failed)? {
-                Place::Objects(there) => put_pages(&there, &staged, &page).await?,
-                Place::Local(_) => return Err(failed("--out is not an s3:// URL")),
-            }
+        Some(Address::Object(out)) => {
+            let Some(dir) = out.parent() else {
+                return Err(failed("--out is not an s3:// URL"));
+            };
+            let there = Objects::open(&dir).map_err(failed)?;
+            put_pages(&there, &staged, &page).await?
         }
-        Some(out) => copy_pages(out, &staged)?,
+        Some(Address::Local(out)) => copy_pages(out, &staged)?,
     };
     Ok(written)
 }
@@ -220,7 +220,7 @@ enum Read {
 /// An output to stage: its URL, what to read of it, and its size and ETag as recorded (the
 /// ETag as its hash: 8 bytes an output, not a string).
 struct Staging {
-    url: String,
+    url: ObjectUrl,
     read: Read,
     bytes: Option<u64>,
     etag: Option<u64>,
@@ -243,20 +243,15 @@ async fn confirm_by_listing(objects: &Objects, outputs: &mut [Staging]) -> Resul
     if outputs.iter().all(|o| o.read == Read::Whole) {
         return Ok(());
     }
-    // By URL, which under one prefix is by key: the order S3 lists in.
-    outputs.sort_unstable_by(|a, b| a.url.cmp(&b.url));
-    let root = objects.key_url(&Default::default());
+    // By key (all are under the run's prefix): the order S3 lists in.
+    outputs.sort_unstable_by(|a, b| a.url.key.cmp(&b.url.key));
     let listing = objects.list_after(Some(objects.prefix().as_ref()), None);
     let mut listing = std::pin::pin!(listing);
     let mut next = 0;
     while let Some(found) = listing.next().await {
         let found = found.map_err(failed)?;
         while let Some(o) = outputs.get_mut(next) {
-            let Some(key) = o.url.strip_prefix(root.as_str()) else {
-                next += 1;
-                continue;
-            };
-            match key.trim_start_matches('/').cmp(found.key.as_str()) {
+            match o.url.key.as_str().cmp(found.key.as_str()) {
                 std::cmp::Ordering::Greater => break,
                 std::cmp::Ordering::Less => {
                     if o.read != Read::Whole {
@@ -290,7 +285,7 @@ async fn stage_outputs(
     store: &Store,
     objects: &Objects,
     run_id: &str,
-    run_url: &str,
+    run_url: &ObjectUrl,
     local_run: &Path,
     thumbs: &HashMap<String, bool>,
 ) -> Result<(), Error> {
@@ -298,8 +293,10 @@ async fn stage_outputs(
     let thumb_dir = local_run.join(THUMBS);
     store
         .each_output(run_id, false, |o| {
-            let Some(url) = o.path else { return Ok(()) };
-            if super::under(&url, run_url).is_none() {
+            let Some(Address::Object(url)) = o.address() else {
+                return Ok(());
+            };
+            if url.under(run_url).is_none() {
                 return Ok(());
             }
             let thumb = o.sha256.as_deref().and_then(|sha| {
@@ -323,10 +320,10 @@ async fn stage_outputs(
     confirm_by_listing(objects, &mut outputs).await?;
     let staged: Vec<Result<(), Error>> = futures::stream::iter(outputs)
         .map(|Staging { url, read, .. }| async move {
-            let Some(rel) = super::under(&url, run_url) else {
+            let Some(rel) = url.under(run_url) else {
                 return Ok(());
             };
-            let (objects, key) = Objects::at_url(&url).map_err(failed)?;
+            let (objects, key) = Objects::at(&url).map_err(failed)?;
             let bytes = match read {
                 Read::Gone => None,
                 Read::Nothing => Some(bytes::Bytes::new()),
@@ -384,7 +381,7 @@ fn names_in(dir: &Path) -> Vec<String> {
         .flatten()
         .filter(|e| e.path().is_file())
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| !crate::layout::is_leftover(n, false))
+        .filter(|n| !crate::place::layout::is_leftover(n, false))
         .collect()
 }
 
@@ -405,7 +402,7 @@ impl Staged<'_> {
 }
 
 /// Puts the pages under the run's prefix, never over an object that is not a report.
-async fn put_pages(objects: &Objects, staged: &Staged<'_>, first: &str) -> Result<PathBuf, Error> {
+async fn put_pages(objects: &Objects, staged: &Staged<'_>, first: &str) -> Result<Address, Error> {
     for name in staged.pages {
         let key = objects.key(name);
         if let Some(existing) = objects.read(&key).await.map_err(failed)?
@@ -426,12 +423,12 @@ async fn put_pages(objects: &Objects, staged: &Staged<'_>, first: &str) -> Resul
             .await
             .map_err(failed)?;
     }
-    Ok(objects.key_url(&objects.key(first)).into())
+    Ok(Address::Object(objects.url_of(&objects.key(first))))
 }
 
 /// Writes the pages beside `out`, a local file: their links still lead into the run's
 /// prefix, for a page meant to be put there or browsed with it.
-fn copy_pages(out: &Path, staged: &Staged<'_>) -> Result<PathBuf, Error> {
+fn copy_pages(out: &Path, staged: &Staged<'_>) -> Result<Address, Error> {
     let dir = out
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -443,5 +440,5 @@ fn copy_pages(out: &Path, staged: &Staged<'_>) -> Result<PathBuf, Error> {
     for name in staged.pages {
         std::fs::write(dir.join(name), staged.text(name)?).map_err(failed)?;
     }
-    Ok(out.to_path_buf())
+    Ok(Address::Local(out.to_path_buf()))
 }

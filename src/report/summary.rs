@@ -104,11 +104,8 @@ async fn summary_from(
         run_id: run.id.clone(),
         pipeline: run.pipeline_name,
         status: run.status.as_str(),
-        manifest: crate::layout::RunDir::at(&dir)
-            .manifest()
-            .display()
-            .to_string(),
-        output_dir: dir.display().to_string(),
+        manifest: dir.manifest().to_string(),
+        output_dir: dir.root().to_string(),
         totals,
         balance_before: run.balance_before,
         balance_after: run.balance_after,

@@ -10,7 +10,7 @@ use image::codecs::png::{CompressionType, FilterType, PngEncoder};
 use image::{DynamicImage, ImageDecoder, ImageReader};
 use sha2::{Digest, Sha256};
 
-use crate::api::temp;
+use crate::place::temp;
 
 /// The longest side of a thumbnail, in pixels: sharp at the page's 160 px on a 1.6x screen.
 pub const EDGE: u32 = 256;
@@ -167,7 +167,7 @@ fn remove_temporaries(dir: &Path) -> usize {
     };
     entries
         .flatten()
-        .filter(|e| crate::layout::is_leftover(&e.file_name().to_string_lossy(), false))
+        .filter(|e| crate::place::layout::is_leftover(&e.file_name().to_string_lossy(), false))
         .filter(|e| std::fs::remove_file(e.path()).is_ok())
         .count()
 }

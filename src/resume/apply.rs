@@ -12,12 +12,10 @@
 //!    counted made.
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::api::Client;
-use crate::api::download::{copy_checked, file_sha256};
-use crate::layout::RunDir;
-use crate::place::is_object_url;
+use crate::place::{Address, RunDir, copy_checked, file_sha256};
 use crate::plan::graph::Graph;
 use crate::store::{
     Changes, NewTask, OutputRow, PendingMove, Reusable, Reused, SetAside, Store, StoreError,
@@ -36,13 +34,13 @@ pub struct Applied {
 }
 
 /// Makes the record and the output directory agree with `review`: lost answers read back by
-/// job id, outputs of tasks to redo (and modified files) moved under [`crate::layout::SUPERSEDED`],
-/// changed tasks reset, reused results copied in.
+/// job id, outputs of tasks to redo (and modified files) moved under
+/// [`crate::place::layout::SUPERSEDED`], changed tasks reset, reused results copied in.
 pub async fn apply(
     store: &Store,
     client: &Client,
     run_id: &str,
-    run_dir: &Path,
+    run_dir: &RunDir,
     graph: &Graph,
     review: &Review,
     describe: impl Fn(usize) -> NewTask,
@@ -50,9 +48,7 @@ pub async fn apply(
     let mut applied = Applied::default();
     make_moves(store, store.pending_moves(run_id).await?).await?;
     store.settle_orphaned_attempts(run_id).await?;
-    if !is_object_url(run_dir) {
-        RunDir::at(run_dir).remove_leftovers();
-    }
+    run_dir.remove_leftovers();
     // A continued run's rows are the review's; a new run recorded some since its review.
     let read;
     let rows = match &review.rows {
@@ -191,21 +187,29 @@ async fn make_moves(store: &Store, moves: Vec<PendingMove>) -> Result<(), StoreE
     store.finish_moves(&done).await
 }
 
-/// Moves a file or object from `from` to `to`, never replacing anything at `to`; the size now
-/// at `to`, or `None` when there was nothing to move. A move already made (by a resume killed
-/// before it could forget it) is found made.
+/// Moves a file or object from `from` to `to` (as the journal holds them), never replacing
+/// anything at `to`; the size now at `to`, or `None` when there was nothing to move. A move
+/// already made (by a resume killed before it could forget it) is found made.
 async fn move_one(from: &str, to: &str) -> Option<u64> {
-    if is_object_url(from) {
-        return match objects::set_aside(from, to).await {
-            Some(size) => Some(size),
-            None => objects::size_of(to).await,
-        };
+    match (Address::recorded(from), Address::recorded(to)) {
+        (Address::Object(from), Address::Object(to)) => {
+            match objects::set_aside(&from, &to).await {
+                Some(size) => Some(size),
+                None => objects::size_of(&to).await,
+            }
+        }
+        (Address::Local(from), Address::Local(to)) => {
+            tokio::task::spawn_blocking(move || move_file(&from, &to))
+                .await
+                .ok()
+                .flatten()
+        }
+        // Never journaled: a file is set aside in its own run directory.
+        _ => {
+            tracing::warn!("cannot move {from} aside to {to}: one is a file, the other an object");
+            None
+        }
     }
-    let (from, to) = (PathBuf::from(from), PathBuf::from(to));
-    tokio::task::spawn_blocking(move || move_file(&from, &to))
-        .await
-        .ok()
-        .flatten()
 }
 
 fn move_file(from: &Path, to: &Path) -> Option<u64> {
@@ -225,32 +229,37 @@ fn move_file(from: &Path, to: &Path) -> Option<u64> {
 
 /// Where an output's file (or object) goes when set aside:
 /// `<run>/_superseded/<item>/<name>.o<output id>[.<tag>].<ext>`; `None` when it has none.
-fn aside_path(run_dir: &Path, o: &OutputRow, tag: Option<&str>) -> Option<String> {
-    let from = PathBuf::from(o.path.as_ref()?);
-    let dir = RunDir::at(run_dir).superseded(&o.item);
-    let stem = from.file_stem()?.to_string_lossy().into_owned();
-    let ext = from
+fn aside_path(run_dir: &RunDir, o: &OutputRow, tag: Option<&str>) -> Option<String> {
+    let name = o.address()?.file_name()?;
+    let name = Path::new(&name);
+    let stem = name.file_stem()?.to_string_lossy().into_owned();
+    let ext = name
         .extension()
         .map(|e| format!(".{}", e.to_string_lossy()))
         .unwrap_or_default();
     let tag = tag.map(|t| format!(".{t}")).unwrap_or_default();
-    let to = dir.join(format!("{stem}.o{}{tag}{ext}", o.id));
-    Some(to.to_string_lossy().into_owned())
+    let to = run_dir
+        .superseded(&o.item)
+        .join(&format!("{stem}.o{}{tag}{ext}", o.id));
+    Some(to.to_string())
 }
 
 /// Copies a reused task's files into this run; `None` for each one to fetch from its job
 /// instead (gone, or changed since).
-fn copy_reused(run_dir: &Path, graph: &Graph, t: usize, found: &Reusable) -> Vec<Option<String>> {
-    // Into object storage, each reused output is fetched from its job: free, and create-only.
-    if is_object_url(run_dir) {
+fn copy_reused(run_dir: &RunDir, graph: &Graph, t: usize, found: &Reusable) -> Vec<Option<String>> {
+    // Into object storage, each reused output is fetched from its job: free, and create-only;
+    // so is one kept in object storage by the earlier run.
+    let Some(run_dir) = run_dir.local() else {
         return vec![None; found.outputs.len()];
-    }
-    let dir = RunDir::at(run_dir).item(&graph.item_dir(graph.task(t).instance));
+    };
+    let dir = run_dir.item(&graph.item_dir(graph.task(t).instance));
     found
         .outputs
         .iter()
         .map(|o| {
-            let from = PathBuf::from(o.path.as_ref()?);
+            let Address::Local(from) = o.address()? else {
+                return None;
+            };
             let ext = from
                 .extension()
                 .map(|e| format!(".{}", e.to_string_lossy()))

@@ -1,10 +1,7 @@
 //! The kept outputs compared with what is there now: a file (its sha256 read) or an object
 //! (see [`super::objects`]). What differs is fetched again from its job, never paid again.
 
-use std::path::PathBuf;
-
-use crate::api::download::file_sha256;
-use crate::place::is_object_url;
+use crate::place::{Address, file_sha256};
 use crate::store::{OutputRow, Store, StoreError};
 
 use super::{Refetch, Review};
@@ -39,28 +36,24 @@ pub(super) async fn outputs(
     run_id: &str,
     review: &Review,
 ) -> Result<Vec<Refetch>, StoreError> {
-    let mut candidates = Vec::new();
+    let (mut files, mut objects) = (Vec::new(), Vec::new());
     store
         .each_output(run_id, false, |o| {
             if review.is_kept(o.task_id)
-                && let (Some(path), Some(sha)) = (&o.path, &o.sha256)
+                && let (Some(address), Some(sha)) = (o.address(), &o.sha256)
             {
-                candidates.push((o.clone(), PathBuf::from(path), sha.clone()));
+                let sha = sha.clone();
+                match address {
+                    Address::Local(path) => files.push((o, path, sha)),
+                    Address::Object(url) => objects.push((o, url, sha)),
+                }
             }
             Ok(())
         })
         .await?;
-    let in_store = |(_, path, _): &(OutputRow, PathBuf, String)| is_object_url(path);
-    // Split only when some are objects: a second list as long as a large run's outputs was
-    // a few MiB more for every local resume.
-    let (objects, candidates): (Vec<_>, Vec<_>) = if candidates.iter().any(in_store) {
-        candidates.into_iter().partition(in_store)
-    } else {
-        (Vec::new(), candidates)
-    };
     let checked_objects = super::objects::check_all(objects).await;
     let mut checked = tokio::task::spawn_blocking(move || {
-        candidates
+        files
             .into_iter()
             .filter_map(|(o, path, sha)| {
                 let found = file_sha256(&path).map_or(Found::Missing, Found::Bytes);

@@ -14,7 +14,6 @@
 //! held a copy of every key.
 
 use std::cmp::Ordering;
-use std::path::PathBuf;
 
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
@@ -22,7 +21,7 @@ use sha2::{Digest, Sha256};
 use super::Refetch;
 use crate::store::OutputRow;
 
-use crate::place::{ObjectError, Objects, Stat, same_etag};
+use crate::place::{ObjectError, ObjectUrl, Objects, Stat, same_etag};
 
 /// What the object of a recorded output is now.
 enum Checked {
@@ -36,9 +35,9 @@ enum Checked {
 /// Compares the object at `url` with the recorded sha256 and size. A store that cannot be
 /// reached says nothing for sure: the output is then fetched again, which is free and, the
 /// object being create-only, harmless.
-async fn check(url: &str, sha256: &str, bytes: Option<u64>) -> Checked {
+async fn check(url: &ObjectUrl, sha256: &str, bytes: Option<u64>) -> Checked {
     let found = async {
-        let (objects, key) = Objects::at_url(url)?;
+        let (objects, key) = Objects::at(url)?;
         let stat = objects.stat(&key).await?;
         let Some(Stat {
             bytes: size,
@@ -101,17 +100,17 @@ fn range_size(outputs: usize) -> usize {
 
 /// The outputs, of those given with their URL and recorded sha256, whose object is missing or
 /// modified.
-pub(super) async fn check_all(mut outputs: Vec<(OutputRow, PathBuf, String)>) -> Vec<Refetch> {
-    // By URL: for one bucket that is by key, and each bucket's outputs are together.
-    outputs.sort_unstable_by(|a, b| a.url().cmp(b.url()));
+pub(super) async fn check_all(mut outputs: Vec<(OutputRow, ObjectUrl, String)>) -> Vec<Refetch> {
+    // By bucket, then by key: each bucket's outputs together, in the order S3 lists.
+    outputs.sort_unstable_by(|a, b| (a.bucket(), a.key()).cmp(&(b.bucket(), b.key())));
     let mut same = vec![false; outputs.len()];
     let mut start = 0;
     while start < outputs.len() {
-        let bucket = bucket_of(outputs[start].url());
+        let bucket = outputs[start].bucket();
         let end = start
             + outputs[start..]
                 .iter()
-                .take_while(|o| bucket_of(o.url()) == bucket)
+                .take_while(|o| o.bucket() == bucket)
                 .count();
         let group = &outputs[start..end];
         if group.iter().any(|o| o.0.etag.is_some()) {
@@ -132,7 +131,7 @@ pub(super) async fn check_all(mut outputs: Vec<(OutputRow, PathBuf, String)>) ->
     );
     futures::stream::iter(outputs.into_iter().zip(same).filter(|(_, same)| !same))
         .map(|((o, url, sha), _)| async move {
-            match check(&url.to_string_lossy(), &sha, o.bytes).await {
+            match check(&url, &sha, o.bytes).await {
                 Checked::Same => None,
                 Checked::Missing => Some(Refetch {
                     output: o,
@@ -155,7 +154,11 @@ pub(super) async fn check_all(mut outputs: Vec<(OutputRow, PathBuf, String)>) ->
 /// recorded. A listing that fails part way marks no more: the rest are looked at one by one.
 async fn compare_with_listing<R: Record>(group: &[R], same: &mut [bool]) {
     let Some(first) = group.first() else { return };
-    let (objects, _) = match Objects::at_url(first.url()) {
+    let root = ObjectUrl {
+        bucket: first.bucket().to_owned(),
+        key: String::new(),
+    };
+    let (objects, _) = match Objects::at(&root) {
         Ok(found) => found,
         Err(e) => {
             tracing::warn!("cannot list the run's objects: {e}; each is looked at by itself");
@@ -206,29 +209,24 @@ fn common_dir<R: Record>(group: &[R]) -> Option<&str> {
     (!dir.is_empty()).then_some(dir)
 }
 
-/// The bucket of an `s3://bucket/key` URL.
-fn bucket_of(url: &str) -> &str {
-    let rest = url.strip_prefix("s3://").unwrap_or(url);
-    rest.split_once('/').map_or(rest, |(bucket, _)| bucket)
-}
-
 /// A recorded output as the walk sees it.
 trait Record {
     /// Its object's URL.
-    fn url(&self) -> &str;
+    fn url(&self) -> &ObjectUrl;
     /// Whether a listed object of this size and ETag is the one recorded.
     fn agrees(&self, bytes: u64, etag: Option<&str>) -> bool;
+    fn bucket(&self) -> &str {
+        &self.url().bucket
+    }
     /// Its key in its bucket.
     fn key(&self) -> &str {
-        let url = self.url();
-        let rest = url.strip_prefix("s3://").unwrap_or(url);
-        rest.split_once('/').map_or("", |(_, key)| key)
+        &self.url().key
     }
 }
 
-impl Record for (OutputRow, PathBuf, String) {
-    fn url(&self) -> &str {
-        self.1.to_str().unwrap_or_default()
+impl Record for (OutputRow, ObjectUrl, String) {
+    fn url(&self) -> &ObjectUrl {
+        &self.1
     }
 
     fn agrees(&self, bytes: u64, etag: Option<&str>) -> bool {
@@ -320,10 +318,10 @@ fn just_before(key: &str) -> Option<String> {
 /// Copies the object at `from` to `to` (create-only) and removes it from `from`; returns the
 /// size moved, `None` when there was nothing at `from` or it could not be kept (then it is
 /// left where it is, and said).
-pub(super) async fn set_aside(from: &str, to: &str) -> Option<u64> {
+pub(super) async fn set_aside(from: &ObjectUrl, to: &ObjectUrl) -> Option<u64> {
     let moved = async {
-        let (objects, key) = Objects::at_url(from)?;
-        let (_, to_key) = Objects::at_url(to)?;
+        let (objects, key) = Objects::at(from)?;
+        let (_, to_key) = Objects::at(to)?;
         let Some(body) = objects.read(&key).await? else {
             return Ok(None);
         };
@@ -344,8 +342,8 @@ pub(super) async fn set_aside(from: &str, to: &str) -> Option<u64> {
 }
 
 /// The size of the object at `url`, `None` when there is none (or the store does not say).
-pub(super) async fn size_of(url: &str) -> Option<u64> {
-    let (objects, key) = Objects::at_url(url).ok()?;
+pub(super) async fn size_of(url: &ObjectUrl) -> Option<u64> {
+    let (objects, key) = Objects::at(url).ok()?;
     objects.stat(&key).await.ok().flatten().map(|s| s.bytes)
 }
 
@@ -354,10 +352,10 @@ mod tests {
     use super::*;
 
     /// A recorded output: its URL, size and ETag.
-    struct Rec(String, u64, Option<&'static str>);
+    struct Rec(ObjectUrl, u64, Option<&'static str>);
 
     impl Record for Rec {
-        fn url(&self) -> &str {
+        fn url(&self) -> &ObjectUrl {
             &self.0
         }
 
@@ -368,7 +366,10 @@ mod tests {
     }
 
     fn rec(key: &str, bytes: u64, etag: Option<&'static str>) -> Rec {
-        Rec(format!("s3://bkt/{key}"), bytes, etag)
+        let url = ObjectUrl::parse(&format!("s3://bkt/{key}"))
+            .unwrap()
+            .unwrap();
+        Rec(url, bytes, etag)
     }
 
     /// Walks `recorded` against a store holding `listing` (sorted), answering lists `page`
@@ -486,7 +487,7 @@ mod tests {
         assert_eq!(just_before("a/b.png").as_deref(), Some("a/b.pn"));
         assert_eq!(just_before("a/é").as_deref(), Some("a/"));
         assert_eq!(just_before("a"), None);
-        assert_eq!(bucket_of("s3://bkt/a/b"), "bkt");
+        assert_eq!(rec("a/b", 1, None).bucket(), "bkt");
         assert_eq!(rec("a/b", 1, None).key(), "a/b");
     }
 }

@@ -84,7 +84,7 @@ impl Runner<'_> {
             run.id,
             doc.costs.tasks,
             doc.costs.known_credits,
-            config.run_dir.display()
+            config.run_dir.root()
         );
         let outcome = exec::run(
             Arc::clone(&graph),
@@ -231,7 +231,7 @@ pub(super) async fn write_report(store: &Store, run_id: &str) {
     match written {
         Ok(w) => tracing::info!(
             "report written to {} ({} images, {} new thumbnails)",
-            w.path.display(),
+            w.path,
             w.images,
             w.thumbnails_made
         ),

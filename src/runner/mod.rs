@@ -74,7 +74,7 @@ pub struct RunRequest {
     pub file: Option<PathBuf>,
     pub saved_plan: Option<PathBuf>,
     pub run_id: Option<String>,
-    pub out: Option<PathBuf>,
+    pub out: Option<crate::place::Address>,
     pub discover_price: bool,
     pub dry_run: bool,
 }

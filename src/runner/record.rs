@@ -2,13 +2,11 @@
 //! marked running again. Directories and files are recorded as absolute paths, so a resume
 //! from another working directory (cron) finds the same files.
 
-use std::path::{Path, PathBuf};
-
 use crate::error::Error;
 use crate::exec;
 use crate::pipeline::Pipeline;
 use crate::pipeline::items::check_id;
-use crate::place::Place;
+use crate::place::{Address, ObjectError, Place, RunDir};
 use crate::plan::Balance;
 use crate::plan::document::PlanDocument;
 use crate::plan::graph::{Graph, Instance};
@@ -18,7 +16,7 @@ use crate::store::{NewRun, NewTask, RunRow, RunStatus, Store};
 /// The run to execute: newly recorded, or found to continue.
 pub struct OpenRun {
     pub id: String,
-    pub dir: PathBuf,
+    pub dir: RunDir,
     /// `dir` opened: a local directory or a prefix in object storage.
     pub place: Place,
     /// Credits this run was billed, or may have been, before now.
@@ -52,26 +50,17 @@ pub async fn create(
     pipeline: &Pipeline,
     doc: &PlanDocument,
     graph: &Graph,
-    out_dir: &Path,
+    out_dir: &Address,
 ) -> Result<OpenRun, Error> {
     check_run_id(id)?;
-    // An object URL is absolute already; a relative path is made absolute against here.
-    let absolute = if crate::place::is_object_url(out_dir) {
-        Ok(out_dir.to_path_buf())
-    } else {
-        std::path::absolute(out_dir)
-    };
-    let out_dir = absolute.map_err(|e| {
+    let out_dir = out_dir.absolute().map_err(|e| {
         Error::usage(
-            format!(
-                "cannot resolve the output directory {}: {e}",
-                out_dir.display()
-            ),
+            format!("cannot resolve the output directory {out_dir}: {e}"),
             None,
         )
     })?;
-    let dir = crate::layout::RunDir::new(&out_dir, id).into_path();
-    let place = open_place(&dir).await?;
+    let dir = RunDir::new(&out_dir, id);
+    let place = open_place(dir.root()).await?;
     let file = std::path::absolute(&pipeline.file)
         .map_or_else(|_| pipeline.file.clone(), |p| p.display().to_string());
     let text = std::fs::read(&pipeline.file)
@@ -92,7 +81,7 @@ pub async fn create(
                 pipeline_sha256: &pipeline.text_sha256,
                 items_sha256: &doc.items.sha256,
                 plan_json: &plan_json,
-                output_dir: &out_dir.to_string_lossy(),
+                output_dir: &out_dir.to_string(),
                 credits_planned: doc.costs.known_credits,
                 balance_before,
             },
@@ -109,8 +98,8 @@ pub async fn create(
 
 /// The run directory opened and asked, before anything is recorded or paid for: an object
 /// store the environment cannot reach the way it is set is said now, not after the first bill.
-async fn open_place(dir: &Path) -> Result<Place, Error> {
-    let refused = |e: crate::place::ObjectError| {
+async fn open_place(dir: &Address) -> Result<Place, Error> {
+    let refused = |e: ObjectError| {
         Error::usage(
             e.to_string(),
             Some(
@@ -118,21 +107,22 @@ async fn open_place(dir: &Path) -> Result<Place, Error> {
             ),
         )
     };
-    let place = Place::of(dir).map_err(refused)?;
+    let place = Place::open(dir).map_err(refused)?;
     place.check().await.map_err(refused)?;
     Ok(place)
 }
 
 /// A recorded run, marked running again.
 pub async fn reopen(store: &Store, row: &RunRow) -> Result<OpenRun, Error> {
-    let place = open_place(&row.dir()).await?;
+    let dir = row.dir();
+    let place = open_place(dir.root()).await?;
     let billed = admit::spent(store, &row.id).await?;
     store
         .set_run_status(&row.id, RunStatus::Running, None, None)
         .await?;
     Ok(OpenRun {
         place,
-        dir: row.dir(),
+        dir,
         id: row.id.clone(),
         billed,
     })

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::layout;
+use crate::place::{local_path, url_scheme};
 
 /// Where a state database is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,7 +19,7 @@ pub enum Location {
 impl Location {
     /// What the user wrote for `--state` or `IMGPIPE_STATE` (`what` names it in the message).
     pub fn parse(place: &str, what: &str) -> Result<Location, String> {
-        match layout::url_scheme(place) {
+        match url_scheme(place) {
             Some(s)
                 if s.eq_ignore_ascii_case("postgres") || s.eq_ignore_ascii_case("postgresql") =>
             {
@@ -29,7 +29,7 @@ impl Location {
                 "{what} `{}` is a {s}:// URL: give a local path (a SQLite file) or a postgres://user@host:port/database URL",
                 redact(place)
             )),
-            _ => layout::local_path(place, what).map(Location::File),
+            _ => local_path(place, what).map(Location::File),
         }
     }
 
@@ -104,7 +104,7 @@ fn redact(place: &str) -> String {
             u.to_string()
         }
         // Not a URL at all: show its scheme only, in case the rest holds a secret.
-        Err(_) => format!("{}://…", layout::url_scheme(place).unwrap_or("?")),
+        Err(_) => format!("{}://…", url_scheme(place).unwrap_or("?")),
     }
 }
 

@@ -6,6 +6,7 @@
 use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 use sqlx::Row;
 
+use crate::place::Address;
 use crate::store::tasks::{TaskStatus, to_u64};
 use crate::store::{Backend, Store, StoreError};
 
@@ -39,6 +40,13 @@ pub struct ReportOutput {
     pub path: Option<String>,
     pub sha256: Option<String>,
     pub download_error: Option<String>,
+}
+
+impl ReportOutput {
+    /// Where the output was kept, when it was: a file or an object.
+    pub fn address(&self) -> Option<Address> {
+        self.path.as_deref().map(Address::recorded)
+    }
 }
 
 /// [`Store::report_rows`] on SQLite: the list of items is made first (from the

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use sqlx::Row;
 
+use crate::place::Address;
 use crate::store::tasks::{NewTask, to_u64};
 use crate::store::{Backend, Store, StoreError, rows};
 
@@ -88,6 +89,13 @@ pub struct ReusableOutput {
     pub sha256: Option<String>,
     pub bytes: Option<u64>,
     pub parent_job_id: Option<String>,
+}
+
+impl ReusableOutput {
+    /// Where the output was kept, when it was: a file or an object.
+    pub fn address(&self) -> Option<Address> {
+        self.path.as_deref().map(Address::recorded)
+    }
 }
 
 impl Store {

@@ -1,10 +1,8 @@
 //! Runs: one row per `imgpipe run`, holding the pipeline text and the plan it started from.
 
-use std::path::Path;
-
 use sqlx::Row;
 
-use crate::layout::RunDir;
+use crate::place::{Address, RunDir};
 use crate::store::{Store, StoreError, now_ms};
 use crate::task_key::TaskKey;
 
@@ -87,8 +85,8 @@ pub struct RunRow {
 
 impl RunRow {
     /// The run's own directory: its outputs, manifest and report.
-    pub fn dir(&self) -> std::path::PathBuf {
-        RunDir::new(Path::new(&self.output_dir), &self.id).into_path()
+    pub fn dir(&self) -> RunDir {
+        RunDir::new(&Address::recorded(&self.output_dir), &self.id)
     }
 }
 

@@ -2,6 +2,7 @@
 
 use sqlx::Row;
 
+use crate::place::Address;
 use crate::store::group::Written;
 use crate::store::{Backend, Store, StoreError, now_ms, rows};
 
@@ -141,6 +142,13 @@ pub struct OutputRow {
     /// The credits of the call that made it, shared by all of that call's outputs (0 when
     /// the output was reused from an earlier run).
     pub task_credits: u64,
+}
+
+impl OutputRow {
+    /// Where the output was kept, when it was: a file or an object.
+    pub fn address(&self) -> Option<Address> {
+        self.path.as_deref().map(Address::recorded)
+    }
 }
 
 /// What a run has done and paid, from its attempts.

@@ -619,7 +619,7 @@ async fn a_png_cut_short_without_content_length_is_unfinished_and_leaves_nothing
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("d");
     let err = downloader
-        .fetch(&fake.url("/half.png"), &target, "img")
+        .fetch(&fake.url("/half.png"), target.as_path(), "img")
         .await
         .unwrap_err();
     match &err {
@@ -638,7 +638,7 @@ async fn a_png_cut_short_without_content_length_is_unfinished_and_leaves_nothing
 
     // The same delivery of a whole PNG is fine: the check reads the image, not the headers.
     let got = downloader
-        .fetch(&fake.url("/whole.png"), &target, "img")
+        .fetch(&fake.url("/whole.png"), target.as_path(), "img")
         .await
         .unwrap();
     assert_eq!(got.path, target.join("img.png"));
@@ -685,7 +685,7 @@ async fn a_large_png_streams_through_a_temporary_file_and_a_cut_one_leaves_nothi
     let target = dir.path().join("d");
 
     let err = downloader
-        .fetch(&fake.url("/cut.png"), &target, "img")
+        .fetch(&fake.url("/cut.png"), target.as_path(), "img")
         .await
         .unwrap_err();
     assert!(
@@ -695,7 +695,7 @@ async fn a_large_png_streams_through_a_temporary_file_and_a_cut_one_leaves_nothi
     assert_eq!(entries(&target), Vec::<PathBuf>::new(), "no file, no .part");
 
     let got = downloader
-        .fetch(&fake.url("/large.png"), &target, "img")
+        .fetch(&fake.url("/large.png"), target.as_path(), "img")
         .await
         .unwrap();
     assert_eq!(got.path, target.join("img.png"));

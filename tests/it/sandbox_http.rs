@@ -480,7 +480,7 @@ async fn an_existing_file_is_never_overwritten() {
         .await
         .unwrap_err();
     match &err {
-        DownloadError::Exists { path } => assert_eq!(path, &dest),
+        DownloadError::Exists { at } => assert_eq!(at, &dest.display().to_string()),
         other => panic!("expected Exists, got {other:?}"),
     }
     assert!(!err.is_transient());

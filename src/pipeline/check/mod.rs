@@ -16,6 +16,7 @@ use crate::pipeline::model::{
 use crate::pipeline::spec::{PipelineSpec, SizeSpec, StepSpec};
 use crate::pipeline::template::Template;
 use crate::pipeline::yaml::{Mark, Node, Value};
+use crate::place::Address;
 
 mod graph;
 mod steps;
@@ -77,19 +78,16 @@ pub fn check(
         name: spec.name.trim().to_owned(),
         file: src.file.to_owned(),
         text_sha256: src.text_sha256.clone(),
-        // An object URL is kept whole; joining it would make it a path under the file's
-        // directory.
-        output_dir: spec.output_dir.as_deref().map_or_else(
-            || src.dir.join("out"),
-            |d| {
-                let dir = crate::place::output_place(d, "output_dir").unwrap_or_else(|_| d.into());
-                if crate::place::is_object_url(&dir) {
-                    dir
-                } else {
-                    src.dir.join(dir)
-                }
+        // A local path is relative to the file's directory; an object URL is kept whole.
+        output_dir: match spec.output_dir.as_deref() {
+            None => Address::Local(src.dir.join("out")),
+            Some(d) => match Address::parse(d, "output_dir") {
+                Ok(Address::Local(dir)) => Address::Local(src.dir.join(dir)),
+                Ok(object) => object,
+                // Reported by the checks above: no pipeline is made of it.
+                Err(_) => Address::Local(src.dir.join(d)),
             },
-        ),
+        },
         max_credits: spec.budget.as_ref().map(|b| b.max_credits),
         generation_price: spec.pricing.as_ref().map(|p| p.generation),
         concurrency: spec.concurrency.and_then(NonZeroU32::new),
@@ -188,7 +186,7 @@ impl Checker<'_> {
             self.error(mark, "output_dir is a path, not a template; outputs already go to <output_dir>/<run>/<item>/");
         }
         if let Some(dir) = spec.output_dir.as_deref()
-            && let Err(why) = crate::place::output_place(dir, "output_dir")
+            && let Err(why) = Address::parse(dir, "output_dir")
         {
             let mark = self.at(&["output_dir"]);
             self.error(mark, why);

@@ -17,9 +17,9 @@ use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest, Sha256};
 
-use crate::layout;
 use crate::pipeline::diag::{Diagnostic, Report};
 use crate::pipeline::yaml::Mark;
+use crate::place::layout;
 
 use ids::IdIndex;
 pub use read::read_file;

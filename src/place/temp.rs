@@ -1,15 +1,15 @@
 //! Every temporary file imgpipe writes: made by `tempfile` next to where the file will land,
 //! so a rename or link puts it in place whole, and removed if it never gets there.
 //!
-//! The names follow [`crate::layout`], so that resuming a killed run recognises and removes
-//! what it left behind.
+//! The names follow [`super::layout`], so that resuming a killed run recognises and removes what
+//! it left behind.
 
 use std::io;
 use std::path::Path;
 
 use tempfile::{Builder, NamedTempFile};
 
-use crate::layout;
+use super::layout;
 
 /// Random characters in a temporary file's name: enough that concurrent writers never meet.
 const RANDOM_CHARS: usize = 12;

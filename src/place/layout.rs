@@ -3,42 +3,13 @@
 //! `_superseded/` and, after a crash, temporary files.
 //!
 //! Item ids start with a letter or digit and may not be a run file's name, so the names
-//! starting with `_` and the run files never meet an item's directory. This module depends on
-//! nothing but std: the store, the executor and the report all sit above it.
+//! starting with `_` and the run files never meet an item's directory. The names are the same
+//! on disk and under a prefix in object storage: a [`RunDir`] gives them as [`Address`]es, or,
+//! for a run directory on this machine, as paths.
 
 use std::path::{Path, PathBuf};
 
-/// Where a place the user names for state or outputs is a URL (`scheme://…`): its scheme.
-/// imgpipe writes only local files, so a URL must never be taken for a relative path (that
-/// would create `./s3:/bucket/` and go on as if nothing were wrong).
-pub fn url_scheme(place: &str) -> Option<&str> {
-    let (scheme, _) = place.split_once("://")?;
-    let mut chars = scheme.chars();
-    let valid = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
-    valid.then_some(scheme)
-}
-
-/// A local path from what the user wrote: `file:///abs/path` is that path, any other URL is
-/// refused with what to do instead; `what` names the option or field in the message.
-pub fn local_path(place: &str, what: &str) -> Result<PathBuf, String> {
-    match url_scheme(place) {
-        None => Ok(PathBuf::from(place)),
-        Some(scheme) if scheme.eq_ignore_ascii_case("file") => {
-            let path = &place[scheme.len() + 3..];
-            if path.starts_with('/') {
-                Ok(PathBuf::from(path))
-            } else {
-                Err(format!(
-                    "{what} `{place}`: a file:// URL names an absolute path (file:///…); or give the path itself"
-                ))
-            }
-        }
-        Some(scheme) => Err(format!(
-            "{what} `{place}` is a {scheme}:// URL, and imgpipe reads and writes only local files: give a local path (a mounted directory works)"
-        )),
-    }
-}
+use super::Address;
 
 /// The manifest: one line per downloaded output.
 pub const MANIFEST: &str = "manifest.jsonl";
@@ -75,64 +46,92 @@ pub fn is_leftover(name: &str, in_item_dir: bool) -> bool {
     }
 }
 
-/// A run's directory, `<output_dir>/<run id>`, and the names of everything in it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RunDir {
-    root: PathBuf,
+/// What a run directory can be named by: an [`Address`], on this machine or not, or a path
+/// known to be local (for the code that writes local files: the report's pages, reused copies).
+pub trait Root: Clone {
+    /// The file or directory `name` inside this directory.
+    fn child(&self, name: &str) -> Self;
 }
 
-impl RunDir {
-    pub fn new(output_dir: &Path, run_id: &str) -> RunDir {
+impl Root for Address {
+    fn child(&self, name: &str) -> Address {
+        self.join(name)
+    }
+}
+
+impl Root for PathBuf {
+    fn child(&self, name: &str) -> PathBuf {
+        self.join(name)
+    }
+}
+
+/// A run's directory, `<output_dir>/<run id>`, and the names of everything in it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunDir<R = Address> {
+    root: R,
+}
+
+impl<R: Root> RunDir<R> {
+    pub fn new(output_dir: &R, run_id: &str) -> RunDir<R> {
         RunDir {
-            root: output_dir.join(run_id),
+            root: output_dir.child(run_id),
         }
     }
 
-    /// A run directory already named (the executor's configuration carries it whole).
-    pub fn at(root: impl Into<PathBuf>) -> RunDir {
-        RunDir { root: root.into() }
+    /// A run directory already named.
+    pub fn at(root: R) -> RunDir<R> {
+        RunDir { root }
     }
 
-    pub fn path(&self) -> &Path {
+    pub fn root(&self) -> &R {
         &self.root
     }
 
-    pub fn into_path(self) -> PathBuf {
-        self.root
-    }
-
     /// The directory of an item's outputs, or of the batch's ([`BATCH`]).
-    pub fn item(&self, item: &str) -> PathBuf {
-        self.root.join(item)
+    pub fn item(&self, item: &str) -> R {
+        self.root.child(item)
     }
 
     /// An output file, `<item>/<file name>`.
-    pub fn output(&self, item: &str, file_name: &str) -> PathBuf {
-        self.item(item).join(file_name)
+    pub fn output(&self, item: &str, file_name: &str) -> R {
+        self.item(item).child(file_name)
     }
 
-    pub fn manifest(&self) -> PathBuf {
-        self.root.join(MANIFEST)
+    pub fn manifest(&self) -> R {
+        self.root.child(MANIFEST)
     }
 
-    pub fn report(&self) -> PathBuf {
-        self.root.join(REPORT)
+    pub fn report(&self) -> R {
+        self.root.child(REPORT)
     }
 
-    pub fn thumbs(&self) -> PathBuf {
-        self.root.join(THUMBS)
+    pub fn thumbs(&self) -> R {
+        self.root.child(THUMBS)
     }
 
     /// Where an item's superseded outputs go.
-    pub fn superseded(&self, item: &str) -> PathBuf {
-        self.root.join(SUPERSEDED).join(item)
+    pub fn superseded(&self, item: &str) -> R {
+        self.root.child(SUPERSEDED).child(item)
+    }
+}
+
+impl RunDir<Address> {
+    /// The same run directory as local paths, when it is on this machine.
+    pub fn local(&self) -> Option<RunDir<PathBuf>> {
+        self.root
+            .as_local()
+            .map(|root| RunDir::at(root.to_path_buf()))
     }
 
     /// Removes the temporary files a killed process left behind (see [`is_leftover`]): in the
     /// run directory and in each directory directly under it. Best effort: what cannot be
-    /// read or removed stays, and is harmless.
+    /// read or removed stays, and is harmless. In object storage there are none: an upload
+    /// is invisible until it is whole.
     pub fn remove_leftovers(&self) {
-        let Ok(entries) = std::fs::read_dir(&self.root) else {
+        let Some(root) = self.root.as_local() else {
+            return;
+        };
+        let Ok(entries) = std::fs::read_dir(root) else {
             return;
         };
         for entry in entries.flatten() {
@@ -163,15 +162,31 @@ mod tests {
 
     #[test]
     fn names_inside_a_run_directory() {
-        let run = RunDir::new(Path::new("out"), "r1");
-        assert_eq!(run.path(), Path::new("out/r1"));
+        let run = RunDir::new(&PathBuf::from("out"), "r1");
+        assert_eq!(run.root(), Path::new("out/r1"));
         assert_eq!(run.item(BATCH), Path::new("out/r1/_batch"));
         assert_eq!(run.output("a", "shot.png"), Path::new("out/r1/a/shot.png"));
         assert_eq!(run.manifest(), Path::new("out/r1/manifest.jsonl"));
         assert_eq!(run.report(), Path::new("out/r1/report.html"));
         assert_eq!(run.thumbs(), Path::new("out/r1/_thumbs"));
         assert_eq!(run.superseded("a"), Path::new("out/r1/_superseded/a"));
-        assert_eq!(RunDir::at("out/r1"), run);
+        assert_eq!(RunDir::at(PathBuf::from("out/r1")), run);
+        let local = RunDir::new(&Address::recorded("out"), "r1");
+        assert_eq!(local.local(), Some(run));
+        let objects = RunDir::new(&Address::recorded("s3://bkt/p"), "r1");
+        assert_eq!(objects.local(), None);
+        assert_eq!(
+            objects.output("a", "shot.png").to_string(),
+            "s3://bkt/p/r1/a/shot.png"
+        );
+        assert_eq!(
+            objects.superseded("a").to_string(),
+            "s3://bkt/p/r1/_superseded/a"
+        );
+        assert_eq!(
+            objects.manifest().to_string(),
+            "s3://bkt/p/r1/manifest.jsonl"
+        );
     }
 
     #[test]
