@@ -266,7 +266,9 @@ fn s3_server() -> u16 {
             .build()
             .expect("tokio runtime");
         runtime.block_on(async move {
-            let fs = s3_etags::ListingETags::new(&root).expect("s3s-fs");
+            let fs = s3_etags::ListingETags::new(&root)
+                .expect("s3s-fs")
+                .remembering();
             let mut builder = s3s::service::S3ServiceBuilder::new(fs);
             builder.set_auth(s3s::auth::SimpleAuth::from_single(S3_KEY, S3_SECRET));
             let service = builder.build();

@@ -1,20 +1,25 @@
 //! The report of a run whose directory is in object storage. The page is made by the same
-//! code as a local one, in a local staging copy of the run directory (its outputs and the
-//! thumbnails already made, read from the bucket), then its pages and new thumbnails are put
+//! code as a local one, in a local staging copy of the run directory (what of its outputs and
+//! thumbnails must be read, read from the bucket), then its pages and new thumbnails are put
 //! under the run's prefix. Its links are relative to the run's prefix, so the page works when
 //! browsed from the bucket, wherever `--out` puts it.
 //!
 //! A report reads an output whole only when it has no thumbnail yet: a thumbnail needs the
 //! image's bytes, and carries the image's size from then on. One whose thumbnail is in the
 //! bucket is not read at all: a listing of the run's prefix (a request per 1,000 keys) says it
-//! is there as recorded (its size and ETag), and it is staged as an empty file dated before its
-//! thumbnail, which the local report, trusting the record, does not read. So each image is read
-//! once in the run's life, by its first report; one the listing shows gone is said so on the
-//! page, one it shows changed is read again, and said changed. (A thumbnail made before
-//! thumbnails carried the size has its image's header read, 4 KiB, as then.)
+//! is there as recorded (its size and ETag), and the local report is told to trust it
+//! ([`Known::trusted`]). Nor is the thumbnail read when the catalogue beside the thumbnails
+//! ([`CATALOGUE`]) says what the page shows of it. So each image is read once in the run's life,
+//! by its first report; one the listing shows gone is said so on the page, one it shows changed
+//! is read again, and said changed. (A thumbnail made before thumbnails carried the size has its
+//! image's header read, 4 KiB, as then.)
+//!
+//! Memory: the outputs to stage, and the names of the thumbnails, are held while the report is
+//! made (a key and a few numbers each): this report grows with the run's outputs, where a local
+//! one holds a page.
 
-use std::collections::HashMap;
-use std::path::Path;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 
 use futures::StreamExt;
 
@@ -57,11 +62,19 @@ pub(super) async fn write(
     let objects = Objects::open(run_url).map_err(failed)?;
     let stage = tempfile::tempdir().map_err(failed)?;
     let local_run = stage.path().join(&run.id);
-    let (made, known) = stage_thumbnails(&objects, &local_run)
+    let started = std::time::Instant::now();
+    let (made, mut known) = stage_thumbnails(&objects, &local_run)
         .await
         .map_err(failed)?;
-    stage_outputs(store, &objects, &run.id, run_url, &local_run, &made).await?;
+    tracing::debug!(
+        "{} thumbnail(s) known, {} read, in {:.2?}",
+        known.facts.len(),
+        made.len() - known.facts.len(),
+        started.elapsed()
+    );
+    known.trusted = stage_outputs(store, &objects, &run.id, run_url, &local_run, &made).await?;
     let catalogued = known.facts.clone();
+    tracing::debug!("outputs staged after {:.2?}", started.elapsed());
 
     let page = out
         .and_then(Address::file_name)
@@ -82,7 +95,9 @@ pub(super) async fn write(
     )
     .await?;
 
+    tracing::debug!("pages made after {:.2?}", started.elapsed());
     put_thumbnails(&objects, &local_run.join(THUMBS), &made, catalogued).await?;
+    tracing::debug!("thumbnails put after {:.2?}", started.elapsed());
     // The staging directory's path would show where the run's place is named.
     let shown = local_run.to_string_lossy().into_owned();
     let pages: Vec<String> = names_in(&local_run)
@@ -125,8 +140,8 @@ async fn stage_thumbnails(
     };
     let mut listed: HashMap<String, bool> = HashMap::new();
     let mut known = Known {
-        facts: HashMap::new(),
         dated: thumbs_dated(),
+        ..Known::default()
     };
     let in_catalogue: HashMap<String, Facts> = Known::parse(&catalogue).collect();
     let mut to_read = Vec::new();
@@ -288,7 +303,7 @@ async fn stage_outputs(
     run_url: &ObjectUrl,
     local_run: &Path,
     thumbs: &HashMap<String, bool>,
-) -> Result<(), Error> {
+) -> Result<HashSet<PathBuf>, Error> {
     let mut outputs = Vec::new();
     let thumb_dir = local_run.join(THUMBS);
     store
@@ -317,37 +332,45 @@ async fn stage_outputs(
             Ok(())
         })
         .await?;
+    let started = std::time::Instant::now();
     confirm_by_listing(objects, &mut outputs).await?;
-    let staged: Vec<Result<(), Error>> = futures::stream::iter(outputs)
+    tracing::debug!(
+        "{} output(s) compared with the listing in {:.2?}",
+        outputs.len(),
+        started.elapsed()
+    );
+    // Those the listing shows as recorded are not staged: their thumbnails stand for them.
+    let (unread, to_read): (Vec<Staging>, Vec<Staging>) = outputs
+        .into_iter()
+        .partition(|o| matches!(o.read, Read::Nothing | Read::Gone));
+    let trusted: HashSet<PathBuf> = unread
+        .into_iter()
+        .filter(|o| o.read == Read::Nothing)
+        .filter_map(|o| Some(local_run.join(o.url.under(run_url)?)))
+        .collect();
+    let (bucket, _) = Objects::at(run_url).map_err(failed)?;
+    let bucket = &bucket;
+    let staged: Vec<Result<(), Error>> = futures::stream::iter(to_read)
         .map(|Staging { url, read, .. }| async move {
             let Some(rel) = url.under(run_url) else {
                 return Ok(());
             };
-            let (objects, key) = Objects::at(&url).map_err(failed)?;
+            let key = object_store::path::Path::from(url.key.as_str());
             let bytes = match read {
-                Read::Gone => None,
-                Read::Nothing => Some(bytes::Bytes::new()),
-                Read::Header => objects
-                    .read_head(&key, HEADER_BYTES)
-                    .await
-                    .map_err(failed)?,
-                Read::Whole => objects.read(&key).await.map_err(failed)?,
+                Read::Header => bucket.read_head(&key, HEADER_BYTES).await,
+                _ => bucket.read(&key).await,
             };
-            let Some(bytes) = bytes else {
+            let Some(bytes) = bytes.map_err(failed)? else {
                 return Ok(());
             };
-            let to = local_run.join(rel);
-            if let Some(dir) = to.parent() {
-                std::fs::create_dir_all(dir).map_err(failed)?;
-            }
-            // Older than its thumbnail: the record is trusted, the file not hashed again.
             let dated = (read != Read::Whole).then_some(std::time::UNIX_EPOCH);
-            stage_file(&to, &bytes, dated).map_err(failed)
+            stage_file(&local_run.join(rel), &bytes, dated).map_err(failed)
         })
         .buffer_unordered(READS_IN_FLIGHT)
         .collect()
         .await;
-    staged.into_iter().collect()
+    staged.into_iter().collect::<Result<(), Error>>()?;
+    Ok(trusted)
 }
 
 /// When the staged thumbnails say they were made: after the outputs staged without their
@@ -357,12 +380,15 @@ fn thumbs_dated() -> std::time::SystemTime {
     std::time::UNIX_EPOCH + std::time::Duration::from_secs(1)
 }
 
-/// Writes a staged file, dated `modified` when given.
+/// Writes a staged file (its directory made), dated `modified` when given.
 fn stage_file(
     to: &Path,
     bytes: &[u8],
     modified: Option<std::time::SystemTime>,
 ) -> std::io::Result<()> {
+    if let Some(dir) = to.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
     std::fs::write(to, bytes)?;
     match modified {
         Some(at) => std::fs::File::options()

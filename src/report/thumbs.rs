@@ -61,6 +61,9 @@ impl Facts {
 pub struct Known {
     pub facts: std::collections::HashMap<String, Facts>,
     pub dated: std::time::SystemTime,
+    /// Images known to be as recorded without being on the local disk (a listing of the
+    /// bucket said so), by the path they would have: their thumbnail stands for them.
+    pub trusted: std::collections::HashSet<PathBuf>,
 }
 
 impl Default for Known {
@@ -68,6 +71,7 @@ impl Default for Known {
         Known {
             facts: std::collections::HashMap::new(),
             dated: std::time::UNIX_EPOCH,
+            trusted: std::collections::HashSet::new(),
         }
     }
 }
@@ -214,6 +218,12 @@ pub async fn previews(
 
 /// The preview of one file, making its thumbnail in `dir` when it has none yet.
 pub fn preview(dir: &Path, path: &Path, recorded: Option<&str>, known: &Known) -> Preview {
+    if let Some(sha) = recorded
+        && known.trusted.contains(path)
+        && let Some(p) = ready(dir, sha, || None, known)
+    {
+        return Preview { on_disk: true, ..p };
+    }
     let meta = std::fs::metadata(path)
         .ok()
         .filter(std::fs::Metadata::is_file);
