@@ -1,10 +1,38 @@
 //! The kept outputs compared with what is there now: a file (its sha256 read) or an object
 //! (see [`super::objects`]). What differs is fetched again from its job, never paid again.
+//!
+//! Memory: the run's stored outputs stream from the state database in the byte order of their
+//! path ([`Store::stored_outputs`]: id, task, path, sha256, size, ETag), and are checked in
+//! pages as they come: files [`FILES_PER_TRIP`] to a trip to the blocking pool, two trips at
+//! once; objects a listing's page at a time, [`PAGES_IN_FLIGHT`] pages at once. What the
+//! check holds is those pages and, for the run as a whole, the outputs that differ (an id and
+//! the sha256 found); their whole records are read back by id at the end, for the review.
+//! A night of 900,000 outputs is checked in the memory of a few thousand.
+
+use std::collections::HashMap;
+use std::future::ready;
+use std::path::PathBuf;
+
+use futures::stream::{Stream, TryStreamExt};
+use tokio::sync::Semaphore;
 
 use crate::place::{Address, file_sha256};
-use crate::store::{OutputRow, Store, StoreError};
+use crate::store::{Store, StoreError, StoredOutput};
 
+use super::objects::{Checker, OBJECTS_PER_PAGE, Recorded};
 use super::{Refetch, Review};
+
+/// Files hashed in one trip to the blocking pool: a trip per file would cost a thread wake-up
+/// each, one for the run a list of every file.
+const FILES_PER_TRIP: usize = 256;
+
+/// Trips hashing files at once: one a core of the 2-core machines imgpipe runs on.
+const HASHING_AT_ONCE: usize = 2;
+
+/// Pages being checked at once: files waiting for their trip, or objects compared with their
+/// listing. For objects, the listings side by side: a night's 900,000 outputs are 900 pages, a
+/// minute and a half of round trips one after the other.
+const PAGES_IN_FLIGHT: usize = 16;
 
 /// What is at an output's recorded place now.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -14,19 +42,24 @@ pub(super) enum Found {
     Bytes(String),
 }
 
-/// An output whose place holds `found`, against the recorded `sha256`: `None` when it is as
-/// recorded, else what the resume does about it.
-pub(super) fn refetch(output: OutputRow, sha256: &str, found: Found) -> Option<Refetch> {
+/// An output whose file or object is missing or modified.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Differs {
+    pub id: i64,
+    /// The sha256 of the bytes there, when there are other bytes.
+    pub modified: Option<String>,
+}
+
+/// The output `id`, whose place holds `found`, against the recorded `sha256`: `None` when it
+/// is as recorded.
+pub(super) fn differs(id: i64, sha256: &str, found: Found) -> Option<Differs> {
     match found {
         Found::Bytes(actual) if actual == sha256 => None,
-        Found::Bytes(actual) => Some(Refetch {
-            output,
+        Found::Bytes(actual) => Some(Differs {
+            id,
             modified: Some(actual),
         }),
-        Found::Missing => Some(Refetch {
-            output,
-            modified: None,
-        }),
+        Found::Missing => Some(Differs { id, modified: None }),
     }
 }
 
@@ -36,33 +69,155 @@ pub(super) async fn outputs(
     run_id: &str,
     review: &Review,
 ) -> Result<Vec<Refetch>, StoreError> {
-    let (mut files, mut objects) = (Vec::new(), Vec::new());
-    store
-        .each_output(run_id, false, |o| {
-            if review.is_kept(o.task_id)
-                && let (Some(address), Some(sha)) = (o.address(), &o.sha256)
-            {
-                let sha = sha.clone();
-                match address {
-                    Address::Local(path) => files.push((o, path, sha)),
-                    Address::Object(url) => objects.push((o, url, sha)),
-                }
+    let (hashing, objects) = (&Semaphore::new(HASHING_AT_ONCE), &Checker::new());
+    let kept = store
+        .stored_outputs(run_id)
+        .try_filter(|o| ready(review.is_kept(o.task_id)));
+    let mut differ: Vec<Differs> = pages(kept)
+        .map_ok(move |page| async move {
+            match page {
+                Page::Files(files) => hash(files, hashing).await,
+                Page::Objects(recorded) => Ok(objects.check(recorded).await),
             }
-            Ok(())
+        })
+        .try_buffer_unordered(PAGES_IN_FLIGHT)
+        .try_fold(Vec::new(), |mut all, some| {
+            all.extend(some);
+            ready(Ok(all))
         })
         .await?;
-    let checked_objects = super::objects::check_all(objects).await;
-    let mut checked = tokio::task::spawn_blocking(move || {
+    objects.summary();
+    // The whole records of those that differ, for the review: read once the stream is done
+    // (on SQLite it held the only connection).
+    differ.sort_unstable_by_key(|d| d.id);
+    let ids: Vec<i64> = differ.iter().map(|d| d.id).collect();
+    let mut modified: HashMap<i64, Option<String>> =
+        differ.into_iter().map(|d| (d.id, d.modified)).collect();
+    let mut refetch: Vec<Refetch> = store
+        .outputs_by_id(&ids)
+        .await?
+        .into_iter()
+        .map(|output| Refetch {
+            modified: modified.remove(&output.id).flatten(),
+            output,
+        })
+        .collect();
+    refetch.sort_unstable_by_key(|r| (r.output.task_id, r.output.k));
+    Ok(refetch)
+}
+
+/// A stored file of a kept task.
+struct File {
+    id: i64,
+    path: PathBuf,
+    sha256: String,
+}
+
+/// Outputs checked together: files of one trip to the blocking pool, or objects of one bucket
+/// compared with one listing's page.
+enum Page {
+    Files(Vec<File>),
+    Objects(Vec<Recorded>),
+}
+
+impl Page {
+    fn of(o: StoredOutput) -> Page {
+        match Address::recorded(&o.path) {
+            Address::Local(path) => Page::Files(vec![File {
+                id: o.id,
+                path,
+                sha256: o.sha256,
+            }]),
+            Address::Object(url) => Page::Objects(vec![Recorded {
+                id: o.id,
+                url,
+                sha256: o.sha256,
+                bytes: o.bytes,
+                etag: o.etag,
+            }]),
+        }
+    }
+
+    /// Adds `o` when it belongs here and there is room; else gives it back.
+    fn take(&mut self, o: StoredOutput) -> Option<StoredOutput> {
+        let Page::Objects(recorded) = self else {
+            return self.take_file(o);
+        };
+        if recorded.len() >= OBJECTS_PER_PAGE {
+            return Some(o);
+        }
+        match (Address::recorded(&o.path), recorded.last()) {
+            (Address::Object(url), Some(last)) if url.bucket == last.url.bucket => {
+                recorded.push(Recorded {
+                    id: o.id,
+                    url,
+                    sha256: o.sha256,
+                    bytes: o.bytes,
+                    etag: o.etag,
+                });
+                None
+            }
+            _ => Some(o),
+        }
+    }
+
+    fn take_file(&mut self, o: StoredOutput) -> Option<StoredOutput> {
+        let Page::Files(files) = self else {
+            return Some(o);
+        };
+        match Address::recorded(&o.path) {
+            Address::Local(path) if files.len() < FILES_PER_TRIP => {
+                files.push(File {
+                    id: o.id,
+                    path,
+                    sha256: o.sha256,
+                });
+                None
+            }
+            _ => Some(o),
+        }
+    }
+}
+
+/// The outputs in pages, in the order they come: a page ends where it is full, or where the
+/// next output is elsewhere (a file after objects, another bucket).
+fn pages<'a>(
+    outputs: impl Stream<Item = Result<StoredOutput, StoreError>> + Send + 'a,
+) -> impl Stream<Item = Result<Page, StoreError>> + Send + 'a {
+    let outputs = Box::pin(outputs);
+    futures::stream::try_unfold(
+        (outputs, None::<StoredOutput>),
+        |(mut outputs, left)| async move {
+            let first = match left {
+                Some(o) => o,
+                None => match outputs.try_next().await? {
+                    Some(o) => o,
+                    None => return Ok(None),
+                },
+            };
+            let mut page = Page::of(first);
+            while let Some(o) = outputs.try_next().await? {
+                if let Some(o) = page.take(o) {
+                    return Ok(Some((page, (outputs, Some(o)))));
+                }
+            }
+            Ok(Some((page, (outputs, None))))
+        },
+    )
+}
+
+/// The files of `files` that are missing or differ, hashed in one trip to the blocking pool.
+async fn hash(files: Vec<File>, hashing: &Semaphore) -> Result<Vec<Differs>, StoreError> {
+    let _trip = hashing.acquire().await;
+    tokio::task::spawn_blocking(move || {
         files
             .into_iter()
-            .filter_map(|(o, path, sha)| {
-                let found = file_sha256(&path).map_or(Found::Missing, Found::Bytes);
-                refetch(o, &sha, found)
+            .filter_map(|f| {
+                let found = file_sha256(&f.path).map_or(Found::Missing, Found::Bytes);
+                differs(f.id, &f.sha256, found)
             })
-            .collect::<Vec<_>>()
+            .collect()
     })
     .await
-    .map_err(|e| StoreError::Inconsistent(e.to_string()))?;
-    checked.extend(checked_objects);
-    Ok(checked)
+    .map_err(|e| StoreError::Inconsistent(e.to_string()))
 }

@@ -5,7 +5,8 @@
 //! - [`decide`]: the pure core. The run's records in, a [`Review`] out; no I/O.
 //! - [`records`]: reads what the core needs from the state database, in batches.
 //! - [`check`]: the kept outputs' files or objects compared with the record (what to fetch
-//!   again, what was modified and is set aside).
+//!   again, what was modified and is set aside), streamed from the database in pages; the
+//!   objects by listing the run's prefix ([`objects`]).
 //! - [`apply`]: the review applied: every state write in one transaction, every file or
 //!   object move journaled in it, so a process killed anywhere inside resumes correctly.
 //! - [`recover`]: lost answers read back by their job id, for free.

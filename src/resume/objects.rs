@@ -1,4 +1,4 @@
-//! Resuming a run whose outputs are in object storage: what [`super::resume`] does with files,
+//! Resuming a run whose outputs are in object storage: what [`super::check`] does with files,
 //! done with objects. The run's prefix is listed (a request a page of 1,000 keys) and each
 //! recorded object compared with the listing by its key, size and the ETag the store gave it at
 //! upload; only an object the listing does not show as recorded (missing, another size or
@@ -7,20 +7,24 @@
 //! modified object is copied, create-only, to its `_superseded/` key before it is removed, so
 //! the user's bytes are never lost.
 //!
-//! Memory: the recorded outputs the review hands over are sorted in place by key, which is the
-//! order S3 lists in (the keys' UTF-8 bytes), and the listing is walked against them as it
-//! streams in, one page in memory. Beyond what the review holds, the comparison keeps one byte
-//! per output (whether the listing showed it as recorded); a map from key to output would have
-//! held a copy of every key.
+//! Memory: the recorded objects come from the state database in the order S3 lists keys in
+//! (their UTF-8 bytes), a page of 1,000 at a time ([`OBJECTS_PER_PAGE`]), and each page is
+//! walked against a listing that starts just before its first key, as the listing streams in:
+//! a page of recorded objects and a page of the listing in memory for each page being checked
+//! (16 at once, [`super::check`]), a byte per output of it (whether the listing showed it as
+//! recorded), and the HEADs of those it did not. Nothing is held for the run as a whole but
+//! the outputs that differ. Should the database give keys in another order, the walk passes
+//! outputs without seeing them: they are looked at one by one, never taken as kept.
 
 use std::cmp::Ordering;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
 
-use super::Refetch;
-use crate::store::OutputRow;
-
+use super::check::Differs;
 use crate::place::{ObjectError, ObjectUrl, Objects, Stat, same_etag};
 
 /// What the object of a recorded output is now.
@@ -84,114 +88,134 @@ const CHECKS_IN_FLIGHT: usize = 16;
 /// outputs themselves. A page's worth, so a jump never costs more requests than reading on.
 const JUMP_AFTER: usize = 1_000;
 
-/// Listings at once: a night's 900,000 outputs are 900 pages, a minute and a half of round
-/// trips one after the other. The outputs' keys are split into this many ranges at most, each
-/// listed by itself, which costs at most a request more each (its last page, partly read).
-const LISTS_IN_FLIGHT: usize = 16;
+/// Recorded objects a listing is compared with at once: a page of the listing. The run's
+/// objects come from the state database in key order, a page's worth at a time, and each is
+/// listed from just before its first key to its last: a page with no foreign key between its
+/// outputs is one request, so a run costs a request per 1,000 outputs, and one more for each
+/// page with other keys among its outputs.
+pub(super) const OBJECTS_PER_PAGE: usize = 1_000;
 
-/// The fewest outputs a range listed by itself holds: ten pages, so a run of a few thousand
-/// outputs is one listing.
-const RANGE_OUTPUTS: usize = 10_000;
-
-/// The outputs a range listed by itself holds, for `outputs` in a bucket.
-fn range_size(outputs: usize) -> usize {
-    outputs.div_ceil(LISTS_IN_FLIGHT).max(RANGE_OUTPUTS)
+/// A recorded object of a kept task, as the check needs it.
+pub(super) struct Recorded {
+    pub id: i64,
+    pub url: ObjectUrl,
+    pub sha256: String,
+    pub bytes: Option<u64>,
+    /// The ETag the store gave it at upload, when one was kept.
+    pub etag: Option<String>,
 }
 
-/// The outputs, of those given with their URL and recorded sha256, whose object is missing or
-/// modified.
-pub(super) async fn check_all(mut outputs: Vec<(OutputRow, ObjectUrl, String)>) -> Vec<Refetch> {
-    // By bucket, then by key: each bucket's outputs together, in the order S3 lists.
-    outputs.sort_unstable_by(|a, b| (a.bucket(), a.key()).cmp(&(b.bucket(), b.key())));
-    let mut same = vec![false; outputs.len()];
-    let mut start = 0;
-    while start < outputs.len() {
-        let bucket = outputs[start].bucket();
-        let end = start
-            + outputs[start..]
-                .iter()
-                .take_while(|o| o.bucket() == bucket)
-                .count();
-        let group = &outputs[start..end];
-        if group.iter().any(|o| o.0.etag.is_some()) {
-            // Key ranges listed side by side, each from just before its first key to its last.
-            let size = range_size(group.len());
-            futures::stream::iter(group.chunks(size).zip(same[start..end].chunks_mut(size)))
-                .for_each_concurrent(LISTS_IN_FLIGHT, |(range, same)| {
-                    compare_with_listing(range, same)
-                })
-                .await;
+/// Compares pages of recorded objects with the store: listings side by side (one per page
+/// being checked), and HEADs for what the listings do not show as recorded, at most
+/// [`CHECKS_IN_FLIGHT`] at once across the pages.
+pub(super) struct Checker {
+    looks: Semaphore,
+    recorded: AtomicUsize,
+    listed_same: AtomicUsize,
+    /// A listing failed: said once, not once per page.
+    warned: AtomicBool,
+}
+
+impl Checker {
+    pub(super) fn new() -> Checker {
+        Checker {
+            looks: Semaphore::new(CHECKS_IN_FLIGHT),
+            recorded: AtomicUsize::new(0),
+            listed_same: AtomicUsize::new(0),
+            warned: AtomicBool::new(false),
         }
-        start = end;
     }
-    let listed = same.iter().filter(|s| **s).count();
-    tracing::debug!(
-        "{listed} of {} recorded objects are in the listing as recorded; the others are looked at one by one",
-        outputs.len()
-    );
-    futures::stream::iter(outputs.into_iter().zip(same).filter(|(_, same)| !same))
-        .map(|((o, url, sha), _)| async move {
-            match check(&url, &sha, o.bytes).await {
-                Checked::Same => None,
-                Checked::Missing => Some(Refetch {
-                    output: o,
-                    modified: None,
-                }),
-                Checked::Modified(actual) => Some(Refetch {
-                    output: o,
-                    modified: Some(actual),
-                }),
-            }
-        })
-        .buffered(CHECKS_IN_FLIGHT)
-        .filter_map(std::future::ready)
-        .collect()
-        .await
-}
 
-/// Lists what lies under the outputs' common directory, from just before the first output's
-/// key to the last's (`group` sorted), and marks in `same` each output the listing shows as
-/// recorded. A listing that fails part way marks no more: the rest are looked at one by one.
-async fn compare_with_listing<R: Record>(group: &[R], same: &mut [bool]) {
-    let Some(first) = group.first() else { return };
-    let root = ObjectUrl {
-        bucket: first.bucket().to_owned(),
-        key: String::new(),
-    };
-    let (objects, _) = match Objects::at(&root) {
-        Ok(found) => found,
-        Err(e) => {
-            tracing::warn!("cannot list the run's objects: {e}; each is looked at by itself");
-            return;
+    /// The outputs of `page` (one bucket's, in key order) whose object is missing or
+    /// modified.
+    pub(super) async fn check(&self, page: Vec<Recorded>) -> Vec<Differs> {
+        let mut same = vec![false; page.len()];
+        if page.iter().any(|o| o.etag.is_some()) {
+            self.compare_with_listing(&page, &mut same).await;
         }
-    };
-    let dir = common_dir(group);
-    let mut walk = Walk::new(group, same);
-    let mut after = walk.start();
-    loop {
-        let listing = objects.list_after(dir, after.as_deref());
-        let mut listing = std::pin::pin!(listing);
-        let mut jump = None;
-        while let Some(found) = listing.next().await {
-            let found = match found {
-                Ok(found) => found,
-                Err(e) => {
-                    tracing::warn!("{e}; the objects not listed yet are looked at one by one");
-                    return;
-                }
-            };
-            match walk.listed(&found.key, found.bytes, found.etag.as_deref()) {
-                Step::More => {}
-                Step::Done => return,
-                Step::JumpAfter(key) => {
-                    jump = Some(key);
-                    break;
+        let listed = same.iter().filter(|s| **s).count();
+        self.recorded.fetch_add(page.len(), Relaxed);
+        self.listed_same.fetch_add(listed, Relaxed);
+        futures::stream::iter(page.into_iter().zip(same).filter(|(_, same)| !same))
+            .map(|(o, _)| async move {
+                let _look = self.looks.acquire().await;
+                let modified = match check(&o.url, &o.sha256, o.bytes).await {
+                    Checked::Same => return None,
+                    Checked::Missing => None,
+                    Checked::Modified(actual) => Some(actual),
+                };
+                Some(Differs { id: o.id, modified })
+            })
+            .buffer_unordered(CHECKS_IN_FLIGHT)
+            .filter_map(std::future::ready)
+            .collect()
+            .await
+    }
+
+    /// Says how many objects the listings settled.
+    pub(super) fn summary(&self) {
+        tracing::debug!(
+            "{} of {} recorded objects are in the listing as recorded; the others are looked at one by one",
+            self.listed_same.load(Relaxed),
+            self.recorded.load(Relaxed),
+        );
+    }
+
+    fn warn_once(&self, message: std::fmt::Arguments<'_>) {
+        if !self.warned.swap(true, Relaxed) {
+            tracing::warn!("{message}");
+        }
+    }
+
+    /// Lists what lies under the outputs' common directory, from just before the first
+    /// output's key to the last's (`group` sorted), and marks in `same` each output the listing
+    /// shows as recorded. A listing that fails part way marks no more: the rest are looked at
+    /// one by one.
+    async fn compare_with_listing<R: Record>(&self, group: &[R], same: &mut [bool]) {
+        let Some(first) = group.first() else { return };
+        let root = ObjectUrl {
+            bucket: first.bucket().to_owned(),
+            key: String::new(),
+        };
+        let (objects, _) = match Objects::at(&root) {
+            Ok(found) => found,
+            Err(e) => {
+                self.warn_once(format_args!(
+                    "cannot list the run's objects: {e}; each is looked at by itself"
+                ));
+                return;
+            }
+        };
+        let dir = common_dir(group);
+        let mut walk = Walk::new(group, same);
+        let mut after = walk.start();
+        loop {
+            let listing = objects.list_after(dir, after.as_deref());
+            let mut listing = std::pin::pin!(listing);
+            let mut jump = None;
+            while let Some(found) = listing.next().await {
+                let found = match found {
+                    Ok(found) => found,
+                    Err(e) => {
+                        self.warn_once(format_args!(
+                            "{e}; the objects not listed yet are looked at one by one"
+                        ));
+                        return;
+                    }
+                };
+                match walk.listed(&found.key, found.bytes, found.etag.as_deref()) {
+                    Step::More => {}
+                    Step::Done => return,
+                    Step::JumpAfter(key) => {
+                        jump = Some(key);
+                        break;
+                    }
                 }
             }
-        }
-        match jump {
-            Some(key) => after = Some(key),
-            None => return,
+            match jump {
+                Some(key) => after = Some(key),
+                None => return,
+            }
         }
     }
 }
@@ -224,17 +248,17 @@ trait Record {
     }
 }
 
-impl Record for (OutputRow, ObjectUrl, String) {
+impl Record for Recorded {
     fn url(&self) -> &ObjectUrl {
-        &self.1
+        &self.url
     }
 
     fn agrees(&self, bytes: u64, etag: Option<&str>) -> bool {
-        let etags_agree = match (self.0.etag.as_deref(), etag) {
+        let etags_agree = match (self.etag.as_deref(), etag) {
             (Some(mine), Some(listed)) => same_etag(mine, listed),
             _ => false,
         };
-        etags_agree && self.0.bytes.is_none_or(|b| b == bytes)
+        etags_agree && self.bytes.is_none_or(|b| b == bytes)
     }
 }
 
@@ -463,23 +487,27 @@ mod tests {
     }
 
     #[test]
-    fn ranges_listed_side_by_side_cost_a_request_more_each_at_most() {
+    fn pages_listed_side_by_side_cost_a_request_each_and_one_more_with_other_keys_among_them() {
         let key = |i: usize| format!("runs/r/i{i:06}/shot.png");
         let n = 95_000;
         let recorded: Vec<Rec> = (0..n).map(|i| rec(&key(i), 7, Some("\"e\""))).collect();
-        let listing: Vec<(String, u64, &str)> = (0..n).map(|i| (key(i), 7, "\"e\"")).collect();
-        let size = range_size(n);
-        let ranges = recorded.chunks(size).count();
-        assert_eq!(ranges, 10, "at least {RANGE_OUTPUTS} outputs a range");
-        let mut requests = 0;
-        for range in recorded.chunks(size) {
-            let (same, r) = walk(range, &listing, 1000);
-            assert!(same.iter().all(|s| *s));
-            requests += r;
+        let mut listing: Vec<(String, u64, &str)> = (0..n).map(|i| (key(i), 7, "\"e\"")).collect();
+        let requests = |listing: &[(String, u64, &str)]| {
+            let mut requests = 0;
+            for page in recorded.chunks(OBJECTS_PER_PAGE) {
+                let (same, r) = walk(page, listing, 1000);
+                assert!(same.iter().all(|s| *s));
+                requests += r;
+            }
+            requests
+        };
+        assert_eq!(requests(&listing), n / 1000, "a request a page");
+        // Other keys among the outputs of three pages: a request more for each.
+        for i in [10, 20_500, 94_998] {
+            listing.push((format!("{}.txt", key(i)), 1, "\"t\""));
         }
-        assert!(requests <= n / 1000 + ranges, "{requests} requests");
-        assert_eq!(range_size(1_000_000), 62_500);
-        assert_eq!(range_size(12), RANGE_OUTPUTS);
+        listing.sort();
+        assert_eq!(requests(&listing), n / 1000 + 3);
     }
 
     #[test]

@@ -42,7 +42,9 @@ use sqlx::{AnyPool, ConnectOptions, Executor};
 pub use location::{Location, PgUrl};
 
 pub use report::{ReportOutput, ReportRow, ReportTask, Spend, StepTotals};
-pub use resume::{Changes, PendingMove, Reusable, ReusableOutput, Reused, SetAside, TaskRef};
+pub use resume::{
+    Changes, PendingMove, Reusable, ReusableOutput, Reused, SetAside, StoredOutput, TaskRef,
+};
 pub use runs::{AmbiguousAttempt, NewRun, RunRow, RunStatus, StepCounts};
 pub use tasks::{
     AttemptOutcome, LastAttempt, NewTask, OutputRow, Settled, TaskRow, TaskStatus, Totals,

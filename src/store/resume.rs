@@ -1,13 +1,46 @@
-//! What resuming, changing and reusing need from the record: outputs set aside, tasks reset
-//! or dropped, identities, and the succeeded tasks of earlier runs.
+//! What resuming, changing and reusing need from the record: the stored outputs to check,
+//! outputs set aside, tasks reset or dropped, identities, and the succeeded tasks of earlier
+//! runs.
 
 use std::collections::HashMap;
 
+use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 use sqlx::Row;
 
 use crate::place::Address;
-use crate::store::tasks::{NewTask, to_u64};
-use crate::store::{Backend, Store, StoreError, rows};
+use crate::store::tasks::{NewTask, OUTPUT_COLUMNS, output_row, to_u64};
+use crate::store::{Backend, OutputRow, Store, StoreError, rows};
+
+/// A stored output as a resume checks it: where it is and what was stored there. The rest of
+/// its record ([`OutputRow`]) is read, by [`Store::outputs_by_id`], only for the few that
+/// differ.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredOutput {
+    pub id: i64,
+    pub task_id: i64,
+    /// A file's path or an object's `s3://` URL, as recorded.
+    pub path: String,
+    pub sha256: String,
+    pub bytes: Option<u64>,
+    /// The object's ETag at upload, when one was kept.
+    pub etag: Option<String>,
+}
+
+/// The run's stored outputs in the byte order of their path, which is the order S3 lists keys
+/// in (their UTF-8 bytes): SQLite's default collation compares bytes; PostgreSQL's may not
+/// (ICU's `en-US` puts `_t` before `A`, `aB` between `ab` and `ac`, `é` before `z`), so it is
+/// told "C".
+/// Nothing indexes the paths: the database sorts the run's outputs (PostgreSQL on disk past
+/// `work_mem`, SQLite in temporary files past its cache), then the rows stream.
+const STORED_OUTPUTS_SQLITE: &str = "SELECT id, task_id, path, sha256, bytes, etag FROM outputs
+     WHERE run_id = $1 AND path IS NOT NULL AND sha256 IS NOT NULL
+     ORDER BY path, id";
+const STORED_OUTPUTS_POSTGRES: &str = "SELECT id, task_id, path, sha256, bytes, etag FROM outputs
+     WHERE run_id = $1 AND path IS NOT NULL AND sha256 IS NOT NULL
+     ORDER BY path COLLATE \"C\", id";
+
+/// Ids a statement reading outputs back by id binds.
+const IDS_PER_STATEMENT: usize = 500;
 
 /// An output set aside by a resume: its row moves to `superseded_outputs`, and its file (or
 /// object), when it has one, is to move from `from` to `to`: a move journaled with the change
@@ -99,6 +132,57 @@ impl ReusableOutput {
 }
 
 impl Store {
+    /// The run's outputs with a file or object and its sha256, one row at a time, in the byte
+    /// order of their path: the order S3 lists keys in, whatever the database's collation.
+    /// The database sorts them first. The stream holds a connection until it ends or is
+    /// dropped: on SQLite, the only one.
+    pub fn stored_outputs<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxStream<'a, Result<StoredOutput, StoreError>> {
+        let sql = match self.backend() {
+            Backend::Sqlite => STORED_OUTPUTS_SQLITE,
+            Backend::Postgres => STORED_OUTPUTS_POSTGRES,
+        };
+        sqlx::query(sql)
+            .bind(run_id)
+            .fetch(self.pool())
+            .map_err(StoreError::from)
+            .and_then(|r| async move {
+                Ok(StoredOutput {
+                    id: r.try_get("id")?,
+                    task_id: r.try_get("task_id")?,
+                    path: r.try_get("path")?,
+                    sha256: r.try_get("sha256")?,
+                    bytes: r.try_get::<Option<i64>, _>("bytes")?.map(to_u64),
+                    etag: r.try_get("etag")?,
+                })
+            })
+            .boxed()
+    }
+
+    /// The records of these outputs, in the order of their ids (`ids` sorted), one statement
+    /// per 500; an id with no output is left out.
+    pub async fn outputs_by_id(&self, ids: &[i64]) -> Result<Vec<OutputRow>, StoreError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(IDS_PER_STATEMENT) {
+            let marks = rows(self.backend(), chunk.len(), 1, |p| p[0].clone());
+            let sql = format!(
+                "SELECT {OUTPUT_COLUMNS} FROM outputs o JOIN tasks t ON t.id = o.task_id
+                 WHERE o.id IN ({marks}) ORDER BY o.id"
+            );
+            // Built from a fixed placeholder list: no value is ever part of the text.
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for id in chunk {
+                query = query.bind(id);
+            }
+            for r in query.fetch_all(self.pool()).await? {
+                out.push(output_row(&r)?);
+            }
+        }
+        Ok(out)
+    }
+
     /// Records tasks' identities (request and input bytes) once they are known.
     pub async fn set_identities(&self, ids: &[(i64, String)]) -> Result<(), StoreError> {
         let mut tx = self.pool().begin().await?;

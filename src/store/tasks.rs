@@ -599,40 +599,20 @@ impl Store {
         mut f: impl FnMut(OutputRow) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
         use futures::TryStreamExt;
-        let mut rows = sqlx::query(
-            "SELECT o.id, o.task_id, t.item, t.step, t.idx, o.k, o.job_id, o.parent_job_id, o.url,
-                    o.url_issued_at, o.path, o.sha256, o.bytes, o.etag, o.download_error,
-                    COALESCE((SELECT a.credits_billed FROM attempts a
-                              WHERE a.task_id = o.task_id AND a.job_id = o.job_id
-                                AND a.outcome = 'succeeded'
-                              ORDER BY a.id DESC LIMIT 1), 0) AS credits_billed
+        let sql = format!(
+            "SELECT {OUTPUT_COLUMNS}
              FROM outputs o JOIN tasks t ON t.id = o.task_id
              WHERE o.run_id = $1
                AND (NOT $2 OR (o.path IS NULL AND o.download_error IS NOT NULL))
-             ORDER BY t.id, o.k",
-        )
-        .bind(run_id)
-        .bind(failed_only)
-        .fetch(self.pool());
+             ORDER BY t.id, o.k"
+        );
+        // A fixed text: no value is ever part of it.
+        let mut rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(run_id)
+            .bind(failed_only)
+            .fetch(self.pool());
         while let Some(r) = rows.try_next().await? {
-            f(OutputRow {
-                id: r.try_get("id")?,
-                task_id: r.try_get("task_id")?,
-                item: r.try_get("item")?,
-                step: r.try_get("step")?,
-                idx: u32::try_from(r.try_get::<i64, _>("idx")?).unwrap_or(0),
-                k: u32::try_from(r.try_get::<i64, _>("k")?).unwrap_or(0),
-                job_id: r.try_get("job_id")?,
-                parent_job_id: r.try_get("parent_job_id")?,
-                url: r.try_get("url")?,
-                url_issued_at: r.try_get("url_issued_at")?,
-                path: r.try_get("path")?,
-                sha256: r.try_get("sha256")?,
-                bytes: r.try_get::<Option<i64>, _>("bytes")?.map(to_u64),
-                etag: r.try_get("etag")?,
-                download_error: r.try_get("download_error")?,
-                task_credits: to_u64(r.try_get("credits_billed")?),
-            })?;
+            f(output_row(&r)?)?;
         }
         Ok(())
     }
@@ -689,6 +669,37 @@ impl Store {
             download_failures: n(&o, "failures")?,
         })
     }
+}
+
+/// The columns of an [`OutputRow`], read from `outputs o JOIN tasks t ON t.id = o.task_id`.
+pub(crate) const OUTPUT_COLUMNS: &str =
+    "o.id, o.task_id, t.item, t.step, t.idx, o.k, o.job_id, o.parent_job_id, o.url,
+     o.url_issued_at, o.path, o.sha256, o.bytes, o.etag, o.download_error,
+     COALESCE((SELECT a.credits_billed FROM attempts a
+               WHERE a.task_id = o.task_id AND a.job_id = o.job_id
+                 AND a.outcome = 'succeeded'
+               ORDER BY a.id DESC LIMIT 1), 0) AS credits_billed";
+
+/// An output row as [`OUTPUT_COLUMNS`] selects it.
+pub(crate) fn output_row(r: &sqlx::any::AnyRow) -> Result<OutputRow, StoreError> {
+    Ok(OutputRow {
+        id: r.try_get("id")?,
+        task_id: r.try_get("task_id")?,
+        item: r.try_get("item")?,
+        step: r.try_get("step")?,
+        idx: u32::try_from(r.try_get::<i64, _>("idx")?).unwrap_or(0),
+        k: u32::try_from(r.try_get::<i64, _>("k")?).unwrap_or(0),
+        job_id: r.try_get("job_id")?,
+        parent_job_id: r.try_get("parent_job_id")?,
+        url: r.try_get("url")?,
+        url_issued_at: r.try_get("url_issued_at")?,
+        path: r.try_get("path")?,
+        sha256: r.try_get("sha256")?,
+        bytes: r.try_get::<Option<i64>, _>("bytes")?.map(to_u64),
+        etag: r.try_get("etag")?,
+        download_error: r.try_get("download_error")?,
+        task_credits: to_u64(r.try_get("credits_billed")?),
+    })
 }
 
 /// A task row as [`Store::tasks_where`] selects it.

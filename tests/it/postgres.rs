@@ -804,3 +804,140 @@ async fn priced_by_row_id(state: &str) {
     assert_eq!(planned, [1, 7]);
     store.close().await;
 }
+
+/// A resume's check walks the run's outputs against S3's listing, which is in the byte order
+/// of the keys: the store gives them in that order whatever the collation (here an ICU
+/// locale's on PostgreSQL, which sorts `_t` before `A` and `aB` after `ab`); on SQLite too.
+#[tokio::test(flavor = "multi_thread")]
+async fn stored_outputs_come_in_the_byte_order_of_their_paths_on_postgres_and_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("state.db");
+    let sqlite = url::Url::from_file_path(&file).unwrap();
+    in_byte_order(
+        &file.to_string_lossy(),
+        &format!("sqlite://{}", sqlite.path()),
+    )
+    .await;
+    if let Some(url) = postgres_database("bytes").await {
+        in_byte_order(&url, &url).await;
+    }
+}
+
+async fn in_byte_order(state: &str, writer: &str) {
+    use imgpipe::store::{Location, NewRun, NewTask, Store};
+    let store = Store::open_at(&Location::parse(state, "--state").unwrap())
+        .await
+        .unwrap();
+    let run = NewRun {
+        id: "r",
+        pipeline_name: "p",
+        pipeline_file: "p.yaml",
+        pipeline_text: "",
+        pipeline_sha256: "",
+        items_sha256: "",
+        plan_json: "{}",
+        output_dir: "s3://bkt/runs",
+        credits_planned: 2,
+        balance_before: None,
+    };
+    let keys = [
+        "a-b", "a/b", "aB", "ab", "ac", "a.b", "A", "_t", "é", "z", "Z", "a b", "a~",
+    ];
+    let task = |item: &str| NewTask {
+        item: item.to_owned(),
+        step: "s".to_owned(),
+        idx: 0,
+        operation: "erase",
+        inputs: "[]".to_owned(),
+        planned_credits: 1,
+    };
+    let tasks: Vec<NewTask> = (0..keys.len() + 2)
+        .map(|i| task(&format!("i{i}")))
+        .collect();
+    store.create_run(&run, &tasks).await.unwrap();
+    let ids: Vec<i64> = store
+        .tasks("r")
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.id)
+        .collect();
+    sqlx::any::install_default_drivers();
+    let mut conn = sqlx::AnyConnection::connect(writer).await.unwrap();
+    if writer.starts_with("postgres") {
+        // A database whose collation is a locale's, as a cluster made with one has (when this
+        // server has ICU's, as Debian's does).
+        let (icu,): (i64,) =
+            sqlx::query_as("SELECT COUNT(*) FROM pg_collation WHERE collname = 'en-US-x-icu'")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+        if icu > 0 {
+            sqlx::query(r#"ALTER TABLE outputs ALTER COLUMN path TYPE TEXT COLLATE "en-US-x-icu""#)
+                .execute(&mut conn)
+                .await
+                .unwrap();
+        } else {
+            eprintln!("no ICU collation on this server: the database's own collation is used");
+        }
+    }
+    let paths: Vec<Option<String>> = keys
+        .iter()
+        .map(|k| Some(format!("s3://bkt/runs/r/{k}/shot.png")))
+        // Not stored (its download failed), then stored but not hashed: neither is checked.
+        .chain([None, Some("s3://bkt/runs/r/nohash.png".to_owned())])
+        .collect();
+    for (i, path) in paths.iter().enumerate() {
+        let sha = (i < keys.len()).then(|| format!("{i:064}"));
+        sqlx::query(
+            "INSERT INTO outputs (task_id, run_id, k, job_id, url, url_issued_at, path, sha256,
+                 bytes, etag)
+             VALUES ($1, 'r', 0, $2, 'https://x', 0, $3, $4, 7, '\"e\"')",
+        )
+        .bind(ids[i])
+        .bind(format!("job{i}"))
+        .bind(path.clone())
+        .bind(sha)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+    conn.close().await.unwrap();
+    let stored: Vec<imgpipe::store::StoredOutput> =
+        futures::TryStreamExt::try_collect(store.stored_outputs("r"))
+            .await
+            .unwrap();
+    let listed: Vec<&str> = stored.iter().map(|o| o.path.as_str()).collect();
+    let mut bytes: Vec<&str> = paths[..keys.len()]
+        .iter()
+        .map(|p| p.as_deref().unwrap())
+        .collect();
+    bytes.sort_unstable();
+    assert_eq!(listed, bytes, "{state}");
+    assert!(
+        stored
+            .iter()
+            .all(|o| o.bytes == Some(7) && o.etag.as_deref() == Some("\"e\""))
+    );
+    // Read back whole by id, in the order of the ids.
+    let mut some: Vec<i64> = stored.iter().take(3).map(|o| o.id).collect();
+    some.sort_unstable();
+    let rows = store.outputs_by_id(&some).await.unwrap();
+    let read: Vec<(i64, &str)> = rows.iter().map(|r| (r.id, r.item.as_str())).collect();
+    let expected: Vec<(i64, String)> = some
+        .iter()
+        .map(|id| {
+            let o = stored.iter().find(|o| o.id == *id).unwrap();
+            let i = ids.iter().position(|t| *t == o.task_id).unwrap();
+            (*id, format!("i{i}"))
+        })
+        .collect();
+    assert_eq!(
+        read,
+        expected
+            .iter()
+            .map(|(id, item)| (*id, item.as_str()))
+            .collect::<Vec<_>>()
+    );
+    store.close().await;
+}

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 
 use super::*;
-use crate::resume::check::{Found, refetch};
-use crate::store::{LastAttempt, OutputRow, ReusableOutput};
+use crate::resume::check::{Found, differs};
+use crate::store::{LastAttempt, ReusableOutput};
 
 /// Two items, each generated once (n: 2) and each image upscaled: per item 1 + 2 tasks.
 const CHAIN: &str = r#"
@@ -290,27 +290,12 @@ fn recorded_tasks_the_pipeline_dropped_are_passed_on() {
 
 #[test]
 fn an_output_is_fetched_again_when_missing_and_set_aside_when_modified() {
-    let output = || OutputRow {
-        id: 1,
-        task_id: 2,
-        item: "a".into(),
-        step: "shot".into(),
-        idx: 0,
-        k: 0,
-        job_id: "job_1".into(),
-        parent_job_id: None,
-        url: "https://x".into(),
-        url_issued_at: 0,
-        path: Some("/out/a/shot-0.png".into()),
-        sha256: Some("abc".into()),
-        bytes: Some(3),
-        etag: None,
-        download_error: None,
-        task_credits: 4,
-    };
-    assert!(refetch(output(), "abc", Found::Bytes("abc".into())).is_none());
-    let missing = refetch(output(), "abc", Found::Missing).expect("fetched again");
+    assert!(differs(1, "abc", Found::Bytes("abc".into())).is_none());
+    let missing = differs(1, "abc", Found::Missing).expect("fetched again");
     assert_eq!(missing.modified, None);
-    let modified = refetch(output(), "abc", Found::Bytes("def".into())).expect("set aside");
-    assert_eq!(modified.modified.as_deref(), Some("def"));
+    let modified = differs(1, "abc", Found::Bytes("def".into())).expect("set aside");
+    assert_eq!(
+        (modified.id, modified.modified.as_deref()),
+        (1, Some("def"))
+    );
 }
