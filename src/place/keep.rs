@@ -13,7 +13,8 @@ pub struct Downloaded {
     pub address: Address,
     pub bytes: u64,
     pub sha256: String,
-    /// The ETag the store gave the object; `None` for a local file (or a store that gives none).
+    /// The ETag the store gave the object (`None` from a store that gives none), or a local
+    /// file's [`local::stamp`]: what says, without reading it, that it is still the one kept.
     pub etag: Option<String>,
 }
 
@@ -36,7 +37,7 @@ impl Destination for Place {
                     address: Address::Local(file.path),
                     bytes: file.bytes,
                     sha256: file.sha256,
-                    etag: None,
+                    etag: file.stamp,
                 })
             }
             Place::Objects(objects) => keep_object(objects, stem, body).await,

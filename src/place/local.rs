@@ -19,6 +19,29 @@ pub struct LocalFile {
     pub path: PathBuf,
     pub bytes: u64,
     pub sha256: String,
+    /// The file's [`stamp`] once in place.
+    pub stamp: Option<String>,
+}
+
+/// What says a file is the one written, without reading it: its size, inode and change time
+/// (`file:<size>:<inode>:<ctime>`). Any write to the file, or a file put in its place, gives
+/// another; unlike the modification time, the change time cannot be set back by hand. A resume
+/// hashes only the files whose stamp is not the recorded one (as it asks object storage only
+/// about objects whose listed ETag is not the recorded one). The one write it cannot see is one
+/// of the same size, to the same inode, within the tick of the file system's clock in which
+/// imgpipe wrote the file.
+pub fn stamp(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path)
+        .ok()
+        .filter(std::fs::Metadata::is_file)?;
+    Some(format!(
+        "file:{}:{}:{}.{:09}",
+        meta.len(),
+        meta.ino(),
+        meta.ctime(),
+        meta.ctime_nsec()
+    ))
 }
 
 /// A local directory (made when the first file goes in): `<dir>/<stem>.<ext>`, its temporary
@@ -55,13 +78,16 @@ impl Destination for Path {
                 }
                 Body::Spilled(part) => part,
             };
-            persist(part, &dest, &sha)
+            let path = persist(part, &dest, &sha)?;
+            let stamp = stamp(&path);
+            Ok((path, stamp))
         })
         .await?;
         Ok(LocalFile {
-            path,
+            path: path.0,
             bytes,
             sha256,
+            stamp: path.1,
         })
     }
 }

@@ -29,7 +29,7 @@ use std::path::PathBuf;
 pub use address::{Address, ObjectUrl, SUPPORTED, local_path, url_scheme};
 pub use keep::Downloaded;
 pub use layout::RunDir;
-pub use local::{LocalFile, copy_checked, file_sha256};
+pub use local::{LocalFile, copy_checked, file_sha256, stamp};
 pub use objects::{Listed, ObjectError, Objects, Stat, same_etag, strong_etag};
 
 /// A directory of a run's files, opened: local, or a prefix in a bucket.

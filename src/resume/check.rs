@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use futures::stream::{Stream, TryStreamExt};
 use tokio::sync::Semaphore;
 
-use crate::place::{Address, file_sha256};
+use crate::place::{Address, file_sha256, stamp};
 use crate::store::{Store, StoreError, StoredOutput};
 
 use super::objects::{Checker, OBJECTS_PER_PAGE, Recorded};
@@ -107,10 +107,28 @@ pub(super) async fn outputs(
 }
 
 /// A stored file of a kept task.
+#[derive(Clone)]
 struct File {
     id: i64,
     path: PathBuf,
     sha256: String,
+    /// Its stamp when it was kept (see [`stamp`]), recorded where objects have their ETag.
+    stamp: Option<String>,
+}
+
+impl File {
+    /// What is at the file's path now: read and hashed only when its stamp is not the one
+    /// recorded (or none was).
+    fn found(&self) -> Found {
+        let unchanged = self
+            .stamp
+            .as_deref()
+            .is_some_and(|s| stamp(&self.path).as_deref() == Some(s));
+        if unchanged {
+            return Found::Bytes(self.sha256.clone());
+        }
+        file_sha256(&self.path).map_or(Found::Missing, Found::Bytes)
+    }
 }
 
 /// Outputs checked together: files of one trip to the blocking pool, or objects of one bucket
@@ -127,6 +145,7 @@ impl Page {
                 id: o.id,
                 path,
                 sha256: o.sha256,
+                stamp: o.etag,
             }]),
             Address::Object(url) => Page::Objects(vec![Recorded {
                 id: o.id,
@@ -171,6 +190,7 @@ impl Page {
                     id: o.id,
                     path,
                     sha256: o.sha256,
+                    stamp: o.etag,
                 });
                 None
             }
@@ -212,12 +232,42 @@ async fn hash(files: Vec<File>, hashing: &Semaphore) -> Result<Vec<Differs>, Sto
     tokio::task::spawn_blocking(move || {
         files
             .into_iter()
-            .filter_map(|f| {
-                let found = file_sha256(&f.path).map_or(Found::Missing, Found::Bytes);
-                differs(f.id, &f.sha256, found)
-            })
+            .filter_map(|f| differs(f.id, &f.sha256, f.found()))
             .collect()
     })
     .await
     .map_err(|e| StoreError::Inconsistent(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_is_read_only_when_its_stamp_is_not_the_recorded_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shot.png");
+        std::fs::write(&path, b"the picture").unwrap();
+        // Recorded with a sha256 its bytes do not have: only a read would tell.
+        let file = File {
+            id: 1,
+            path: path.clone(),
+            sha256: "recorded".into(),
+            stamp: stamp(&path),
+        };
+        assert_eq!(file.found(), Found::Bytes("recorded".into()));
+        let unstamped = File {
+            stamp: None,
+            ..file.clone()
+        };
+        let read = file_sha256(&path).unwrap();
+        assert_eq!(unstamped.found(), Found::Bytes(read));
+        // Another file put in its place, of the same size, however soon: read.
+        let other = dir.path().join("other.png");
+        std::fs::write(&other, b"THE PICTURE").unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        assert_eq!(file.found(), Found::Bytes(file_sha256(&path).unwrap()));
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(file.found(), Found::Missing);
+    }
 }

@@ -22,7 +22,7 @@ pub struct StoredOutput {
     pub path: String,
     pub sha256: String,
     pub bytes: Option<u64>,
-    /// The object's ETag at upload, when one was kept.
+    /// The object's ETag at upload, or the file's stamp, when one was kept.
     pub etag: Option<String>,
 }
 

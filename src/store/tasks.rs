@@ -135,8 +135,8 @@ pub struct OutputRow {
     pub path: Option<String>,
     pub sha256: Option<String>,
     pub bytes: Option<u64>,
-    /// The store's ETag of the output's object, as uploaded; `None` for a local file and for
-    /// an object recorded by an imgpipe from before ETags were kept.
+    /// The store's ETag of the output's object, as uploaded, or a local file's stamp
+    /// (`place::stamp`); `None` for what an imgpipe from before they were kept recorded.
     pub etag: Option<String>,
     pub download_error: Option<String>,
     /// The credits of the call that made it, shared by all of that call's outputs (0 when
@@ -501,7 +501,8 @@ impl Store {
     }
 
     /// Records an output's file (or object) once it is whole; `etag` is the store's ETag of
-    /// an object, which a resume compares with the bucket's listing (`None` for a file).
+    /// an object, which a resume compares with the bucket's listing, or a file's stamp
+    /// (`place::stamp`), which it compares with the file's.
     pub async fn record_download(
         &self,
         output_id: i64,
