@@ -207,11 +207,11 @@ impl Scheduler {
         let index = graph.index();
         let run_id = self.config.run_id.clone();
         store
-            .each_output(&run_id, false, |o| {
+            .each_output_url(&run_id, |o| {
                 let Some(t) = index.get(&o.item, &o.step, o.idx) else {
                     return Ok(());
                 };
-                let missing = o.path.is_none();
+                let missing = !o.stored;
                 if !missing && !self.still_read(t) {
                     return Ok(());
                 }

@@ -85,21 +85,18 @@ pub async fn apply(
         .filter(|id| *id != 0 && !recovered.contains(id))
         .chain(review.removed.iter().map(|r| r.id))
         .collect();
-    store
-        .each_output(run_id, false, |o| {
-            if leaving.contains(&o.task_id) {
-                changes.set_aside.push(SetAside {
-                    output_id: o.id,
-                    to: aside_path(run_dir, &o, None),
-                    from: o.path,
-                    sha256: None,
-                    reason: "the task runs again",
-                    refetch: false,
-                });
-            }
-            Ok(())
-        })
-        .await?;
+    let mut leaving: Vec<i64> = leaving.into_iter().collect();
+    leaving.sort_unstable();
+    for o in store.outputs_of_tasks(&leaving).await? {
+        changes.set_aside.push(SetAside {
+            output_id: o.id,
+            to: aside_path(run_dir, &o, None),
+            from: o.path,
+            sha256: None,
+            reason: "the task runs again",
+            refetch: false,
+        });
+    }
     applied.set_aside = changes.set_aside.len();
     changes.set_aside.extend(review.refetch.iter().map(|r| {
         let modified = r.modified.is_some();

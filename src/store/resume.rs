@@ -164,12 +164,27 @@ impl Store {
     /// The records of these outputs, in the order of their ids (`ids` sorted), one statement
     /// per 500; an id with no output is left out.
     pub async fn outputs_by_id(&self, ids: &[i64]) -> Result<Vec<OutputRow>, StoreError> {
+        self.outputs_where_in("o.id", ids).await
+    }
+
+    /// The outputs of the tasks of row ids `task_ids`, whole, in task and output order: a
+    /// statement per 500 tasks, where a scan of the run's outputs reads them all.
+    pub async fn outputs_of_tasks(&self, task_ids: &[i64]) -> Result<Vec<OutputRow>, StoreError> {
+        self.outputs_where_in("o.task_id", task_ids).await
+    }
+
+    /// Outputs whose `column` (`o.id` or `o.task_id`) is one of `ids`.
+    async fn outputs_where_in(
+        &self,
+        column: &'static str,
+        ids: &[i64],
+    ) -> Result<Vec<OutputRow>, StoreError> {
         let mut out = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(IDS_PER_STATEMENT) {
             let marks = rows(self.backend(), chunk.len(), 1, |p| p[0].clone());
             let sql = format!(
                 "SELECT {OUTPUT_COLUMNS} FROM outputs o JOIN tasks t ON t.id = o.task_id
-                 WHERE o.id IN ({marks}) ORDER BY o.id"
+                 WHERE {column} IN ({marks}) ORDER BY o.task_id, o.k, o.id"
             );
             // Built from a fixed placeholder list: no value is ever part of the text.
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));

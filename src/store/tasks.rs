@@ -120,6 +120,21 @@ pub struct UrlIssued {
     pub issued_at: i64,
 }
 
+/// An output as [`Store::each_output_url`] reads it.
+#[derive(Clone, Debug)]
+pub struct OutputUrlRow {
+    pub id: i64,
+    pub item: String,
+    pub step: String,
+    pub idx: u32,
+    pub k: u32,
+    pub job_id: String,
+    pub url: String,
+    pub url_issued_at: i64,
+    /// Its file or object is stored (its path recorded).
+    pub stored: bool,
+}
+
 #[derive(Clone, Debug)]
 pub struct OutputRow {
     pub id: i64,
@@ -614,6 +629,40 @@ impl Store {
             .fetch(self.pool());
         while let Some(r) = rows.try_next().await? {
             f(output_row(&r)?)?;
+        }
+        Ok(())
+    }
+
+    /// Calls `f` with what a continued run's executor needs of each output of the run (where
+    /// its URL is, whether its file is stored), in order: the columns of [`Store::each_output`]
+    /// but for the bytes, checksums and credits, which cost a lookup of the attempts a row.
+    pub async fn each_output_url(
+        &self,
+        run_id: &str,
+        mut f: impl FnMut(OutputUrlRow) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        use futures::TryStreamExt;
+        let mut rows = sqlx::query(
+            "SELECT o.id, t.item, t.step, t.idx, o.k, o.job_id, o.url, o.url_issued_at,
+                    CAST(CASE WHEN o.path IS NULL THEN 0 ELSE 1 END AS BIGINT) AS stored
+             FROM outputs o JOIN tasks t ON t.id = o.task_id
+             WHERE o.run_id = $1
+             ORDER BY t.id, o.k",
+        )
+        .bind(run_id)
+        .fetch(self.pool());
+        while let Some(r) = rows.try_next().await? {
+            f(OutputUrlRow {
+                id: r.try_get("id")?,
+                item: r.try_get("item")?,
+                step: r.try_get("step")?,
+                idx: u32::try_from(r.try_get::<i64, _>("idx")?).unwrap_or(0),
+                k: u32::try_from(r.try_get::<i64, _>("k")?).unwrap_or(0),
+                job_id: r.try_get("job_id")?,
+                url: r.try_get("url")?,
+                url_issued_at: r.try_get("url_issued_at")?,
+                stored: r.try_get::<i64, _>("stored")? != 0,
+            })?;
         }
         Ok(())
     }
