@@ -101,8 +101,10 @@ pub async fn run(
     observer: Arc<dyn Observer>,
     shutdown: CancellationToken,
 ) -> Result<Outcome, StoreError> {
+    let started = std::time::Instant::now();
     store.settle_orphaned_attempts(&config.run_id).await?;
     let (rows, state) = Rows::load(&store, &graph, &config).await?;
+    tracing::debug!("tasks' state read in {:.2?}", started.elapsed());
     let shared = Arc::new(Shared::new(
         client,
         downloader,
@@ -112,6 +114,7 @@ pub async fn run(
     ));
     let mut s = Scheduler::new(shared, graph, config, observer, rows, state, shutdown);
     s.restore_outputs().await?;
+    tracing::debug!("earlier outputs restored after {:.2?}", started.elapsed());
     s.main_loop().await;
     let (outcome, graph, rows, succeeded) = s.finish().await;
     record_identities(&store, &graph, &rows.ids, &succeeded).await?;

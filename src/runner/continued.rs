@@ -53,6 +53,7 @@ impl Runner<'_> {
         if row.status == RunStatus::Succeeded {
             return self.finished(store, &row.id, dry_run).await;
         }
+        let started = std::time::Instant::now();
         let conn = Connection::open(self.service).await?;
         let (balance, generation) = conn.ask(&pipeline).await?;
         let doc = crate::plan::make(&pipeline, generation, balance, self.settings.max_credits);
@@ -104,6 +105,7 @@ impl Runner<'_> {
                 ),
             });
         }
+        tracing::debug!("reviewed run {} in {:.2?}", row.id, started.elapsed());
         let cap = admit::cap_of(&doc, admit::spent(store, &row.id).await?);
         if dry_run {
             let (graph, review) = (&graph, &review);
@@ -117,6 +119,7 @@ impl Runner<'_> {
         }
         admit::over_cap(&row, &review, cap, &doc)?;
         let run = record::reopen(store, &row).await?;
+        tracing::debug!("run reopened after {:.2?}", started.elapsed());
         let applied = resume::apply(
             store,
             &conn.client,
