@@ -757,12 +757,17 @@ async fn tasks_are_priced_by_row_id_on_postgres_and_sqlite() {
     }
 }
 
-async fn priced_by_row_id(state: &str) {
-    use imgpipe::store::{Location, NewRun, NewTask, Store};
-    let store = Store::open_at(&Location::parse(state, "--state").unwrap())
+/// The state database at `state`, opened as imgpipe opens it.
+async fn store_at(state: &str) -> imgpipe::store::Store {
+    use imgpipe::store::{Location, Store};
+    Store::open_at(&Location::parse(state, "--state").unwrap())
         .await
-        .unwrap();
-    let run = NewRun {
+        .unwrap()
+}
+
+/// Run `r` of a one-step pipeline, its outputs under `output_dir`.
+fn one_step_run(output_dir: &str) -> imgpipe::store::NewRun<'_> {
+    imgpipe::store::NewRun {
         id: "r",
         pipeline_name: "p",
         pipeline_file: "p.yaml",
@@ -770,18 +775,28 @@ async fn priced_by_row_id(state: &str) {
         pipeline_sha256: "",
         items_sha256: "",
         plan_json: "{}",
-        output_dir: "out",
+        output_dir,
         credits_planned: 2,
         balance_before: None,
-    };
-    let task = |item: &str| NewTask {
+    }
+}
+
+/// An erase of item `item`, planned at a credit.
+fn erase_task(item: &str) -> imgpipe::store::NewTask {
+    imgpipe::store::NewTask {
         item: item.to_owned(),
         step: "s".to_owned(),
         idx: 0,
         operation: "erase",
         inputs: "[]".to_owned(),
         planned_credits: 1,
-    };
+    }
+}
+
+async fn priced_by_row_id(state: &str) {
+    let store = store_at(state).await;
+    let run = one_step_run("out");
+    let task = erase_task;
     store
         .create_run(&run, &[task("a"), task("b")])
         .await
@@ -824,34 +839,13 @@ async fn stored_outputs_come_in_the_byte_order_of_their_paths_on_postgres_and_sq
 }
 
 async fn in_byte_order(state: &str, writer: &str) {
-    use imgpipe::store::{Location, NewRun, NewTask, Store};
-    let store = Store::open_at(&Location::parse(state, "--state").unwrap())
-        .await
-        .unwrap();
-    let run = NewRun {
-        id: "r",
-        pipeline_name: "p",
-        pipeline_file: "p.yaml",
-        pipeline_text: "",
-        pipeline_sha256: "",
-        items_sha256: "",
-        plan_json: "{}",
-        output_dir: "s3://bkt/runs",
-        credits_planned: 2,
-        balance_before: None,
-    };
+    let store = store_at(state).await;
+    let run = one_step_run("s3://bkt/runs");
     let keys = [
         "a-b", "a/b", "aB", "ab", "ac", "a.b", "A", "_t", "é", "z", "Z", "a b", "a~",
     ];
-    let task = |item: &str| NewTask {
-        item: item.to_owned(),
-        step: "s".to_owned(),
-        idx: 0,
-        operation: "erase",
-        inputs: "[]".to_owned(),
-        planned_credits: 1,
-    };
-    let tasks: Vec<NewTask> = (0..keys.len() + 2)
+    let task = erase_task;
+    let tasks: Vec<imgpipe::store::NewTask> = (0..keys.len() + 2)
         .map(|i| task(&format!("i{i}")))
         .collect();
     store.create_run(&run, &tasks).await.unwrap();
