@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use crate::store::StoreError;
 
-pub use rows::{RowIds, new_task};
+pub use rows::{RowIds, new_task, read_rows};
 pub use scheduler::run;
 
 /// What to do with a call that was sent and got no complete answer.

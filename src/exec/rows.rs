@@ -8,12 +8,13 @@
 //! pending: a crash at any instant loses nothing, since nothing of an unrecorded item was
 //! sent (a paid call is sent only after its attempt, on its task's row, is durable).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::exec::scheduler::State;
 use crate::exec::{Config, OnAmbiguous};
+use crate::place::layout::BATCH;
 use crate::plan::graph::{Graph, Instance, Work};
-use crate::store::{NewTask, Store, StoreError, TaskStatus};
+use crate::store::{NewTask, Store, StoreError, TaskRow, TaskStatus};
 
 /// Items recorded in one transaction: a few hundred milliseconds' work at most.
 const CHUNK_ITEMS: usize = 1024;
@@ -33,6 +34,66 @@ pub fn new_task(graph: &Graph, t: usize) -> NewTask {
         inputs: graph.describe_inputs(t),
         planned_credits: task.planned,
     }
+}
+
+/// Reads the run's task rows: each task's row id, and whole only the rows that are not
+/// succeeded (or that `graph` does not have), handed to `whole` with their task in `graph`
+/// (`None`: a task the graph does not have). The database sums up an item whose tasks are
+/// all recorded in order in one row ([`Store::each_item_outline`]), so a takeover reads a
+/// row an item, and whole only the items it will work on, not a row a task.
+pub async fn read_rows(
+    store: &Store,
+    graph: &Graph,
+    run_id: &str,
+    mut whole: impl FnMut(Option<usize>, TaskRow),
+) -> Result<RowIds, StoreError> {
+    let index = graph.index();
+    let mut ids = RowIds::new(graph);
+    // Items whose rows are read whole: the batch's, and those that break the pattern.
+    let mut irregular: Vec<String> = vec![BATCH.to_owned()];
+    if graph.instances() > 0 {
+        let chain: Vec<(&str, u32)> = graph
+            .instance_tasks(Instance::Item(0))
+            .map(|t| {
+                let (_, step, idx) = graph.key_ref(t);
+                (step, idx)
+            })
+            .collect();
+        store
+            .each_item_outline(run_id, BATCH, &chain, |o| {
+                match (o.base, index.instance(&o.item)) {
+                    (Some(base), Some(i)) => {
+                        for (t, id) in graph.instance_tasks(i).zip(base..) {
+                            ids.set(t, id);
+                        }
+                    }
+                    _ => irregular.push(o.item),
+                }
+            })
+            .await?;
+    }
+    let read_whole: HashSet<&str> = irregular.iter().map(String::as_str).collect();
+    store
+        .each_open_task(run_id, |row| {
+            if read_whole.contains(row.item.as_str()) {
+                return;
+            }
+            let t = index.get(&row.item, &row.step, row.idx);
+            whole(t, row);
+        })
+        .await?;
+    store
+        .each_task_of_items(run_id, &irregular, |row| {
+            let t = index.get(&row.item, &row.step, row.idx);
+            if let Some(t) = t {
+                ids.set(t, row.id);
+            }
+            if t.is_none() || row.status != TaskStatus::Succeeded {
+                whole(t, row);
+            }
+        })
+        .await?;
+    Ok(ids)
 }
 
 /// Each task's row id, in a few bytes a task (see [`RowIds`]).
@@ -85,6 +146,13 @@ impl RowIds {
         (group, i64::try_from(offset).unwrap_or(i64::MAX))
     }
 
+    /// Whether any task of `instance` is recorded.
+    pub fn any_of(&self, graph: &Graph, instance: Instance) -> bool {
+        graph
+            .instance_tasks(instance)
+            .any(|t| self.recorded[t / 64] & (1 << (t % 64)) != 0)
+    }
+
     /// The row id of task `t`; 0 while it is not recorded.
     pub fn get(&self, t: usize) -> i64 {
         if self.recorded[t / 64] & (1 << (t % 64)) == 0 {
@@ -129,7 +197,7 @@ pub(super) struct Rows {
 }
 
 impl Rows {
-    /// Reads the run's rows, one at a time: each task's row id, and the state an earlier
+    /// Reads the run's rows (see [`read_rows`]): each task's row id, and the state an earlier
     /// process left it in (done, failed for good, or still to do: waiting), which becomes the
     /// scheduler's own state vector rather than a copy beside it.
     pub(super) async fn load(
@@ -137,31 +205,35 @@ impl Rows {
         graph: &Graph,
         config: &Config,
     ) -> Result<(Rows, Vec<State>), StoreError> {
-        let mut ids = RowIds::new(graph);
         let mut prior = vec![State::Waiting; graph.len()];
-        let index = graph.index();
-        store
-            .each_task(&config.run_id, None, |row| {
-                let Some(t) = index.get(&row.item, &row.step, row.idx) else {
-                    return;
-                };
-                ids.set(t, row.id);
-                prior[t] = match row.status {
-                    TaskStatus::Succeeded => State::Done,
-                    // Possibly billed already, and the user asked not to pay twice.
-                    TaskStatus::Failed
-                        if config.on_ambiguous == OnAmbiguous::Fail
-                            && row
-                                .last_attempt
-                                .as_ref()
-                                .is_some_and(|a| a.possibly_billed()) =>
-                    {
-                        State::Failed
-                    }
-                    _ => State::Waiting,
-                };
-            })
-            .await?;
+        let mut open = HashSet::new();
+        let ids = read_rows(store, graph, &config.run_id, |t, row| {
+            let Some(t) = t else {
+                return;
+            };
+            open.insert(t);
+            prior[t] = match row.status {
+                TaskStatus::Succeeded => State::Done,
+                // Possibly billed already, and the user asked not to pay twice.
+                TaskStatus::Failed
+                    if config.on_ambiguous == OnAmbiguous::Fail
+                        && row
+                            .last_attempt
+                            .as_ref()
+                            .is_some_and(|a| a.possibly_billed()) =>
+                {
+                    State::Failed
+                }
+                _ => State::Waiting,
+            };
+        })
+        .await?;
+        // The recorded tasks not read whole are the succeeded ones.
+        for (t, state) in prior.iter_mut().enumerate() {
+            if ids.get(t) != 0 && !open.contains(&t) {
+                *state = State::Done;
+            }
+        }
         let mut rows = Rows {
             ids,
             recorded_items: 0,
@@ -271,6 +343,118 @@ pub(super) async fn record_identities(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A new run `r` of `graph`'s tasks, recorded in the order of `order` (indexes into the
+    /// graph), then rows the graph does not have; every task succeeded but `open`.
+    async fn recorded(
+        store: &Store,
+        graph: &Graph,
+        order: &[usize],
+        extra: &[(&str, &str)],
+        open: &[usize],
+    ) {
+        let run = crate::store::NewRun {
+            id: "r",
+            pipeline_name: "p",
+            pipeline_file: "p.yaml",
+            pipeline_text: "",
+            pipeline_sha256: "",
+            items_sha256: "",
+            plan_json: "{}",
+            output_dir: "out",
+            credits_planned: 0,
+            balance_before: None,
+        };
+        let mut tasks: Vec<NewTask> = order.iter().map(|t| new_task(graph, *t)).collect();
+        tasks.extend(extra.iter().map(|(item, step)| NewTask {
+            item: (*item).to_owned(),
+            step: (*step).to_owned(),
+            idx: 0,
+            operation: "erase",
+            inputs: "[]".to_owned(),
+            planned_credits: 2,
+        }));
+        // One statement a task: the order given is the order of the ids.
+        store.create_run(&run, &[]).await.unwrap();
+        for task in &tasks {
+            store
+                .record_tasks("r", std::slice::from_ref(task))
+                .await
+                .unwrap();
+        }
+        sqlx::query("UPDATE tasks SET status = 'succeeded'")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        for t in open {
+            let (item, step, idx) = graph.key(*t);
+            sqlx::query(
+                "UPDATE tasks SET status = 'failed' WHERE item = $1 AND step = $2 AND idx = $3",
+            )
+            .bind(item)
+            .bind(step)
+            .bind(i64::from(idx))
+            .execute(store.pool())
+            .await
+            .unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn rows_are_read_an_item_at_a_time_where_the_ids_follow_the_chain_and_whole_elsewhere() {
+        let g = Graph::of_text(
+            "version: 1\nname: t\nitems: [{ id: a }, { id: b }, { id: c }, { id: d }]\nsteps:\n  - id: logo\n    once: true\n    generate: { prompt: p }\n  - id: shot\n    generate: { prompt: p, n: 2 }\n  - id: big\n    upscale: { from: shot, desired_increase: 2 }\n",
+        );
+        let item = |i| g.instance_tasks(Instance::Item(i));
+        // The batch; item a in order; item b backwards; item c in order with a task failed
+        // and a step the pipeline no longer has; item d never recorded; an item it lost.
+        let mut order: Vec<usize> = g.instance_tasks(Instance::Batch).collect();
+        order.extend(item(0));
+        order.extend(item(1).rev());
+        order.extend(item(2));
+        let failed = item(2).start + 1;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("state.db")).await.unwrap();
+        recorded(
+            &store,
+            &g,
+            &order,
+            &[("c", "old"), ("gone", "shot")],
+            &[failed],
+        )
+        .await;
+
+        let mut whole: Vec<(Option<usize>, String, String, TaskStatus)> = Vec::new();
+        let ids = read_rows(&store, &g, "r", |t, row| {
+            whole.push((t, row.item, row.step, row.status));
+        })
+        .await
+        .unwrap();
+        let index = g.index();
+        let rows = store.tasks("r").await.unwrap();
+        for row in &rows {
+            if let Some(t) = index.get(&row.item, &row.step, row.idx) {
+                assert_eq!(ids.get(t), row.id, "{}/{}[{}]", row.item, row.step, row.idx);
+            }
+        }
+        assert!(item(3).all(|t| ids.get(t) == 0), "item d has no rows");
+        assert!(ids.any_of(&g, Instance::Item(2)) && !ids.any_of(&g, Instance::Item(3)));
+        whole.sort_by(|x, y| (&x.1, &x.2).cmp(&(&y.1, &y.2)));
+        assert_eq!(
+            whole,
+            [
+                (
+                    Some(failed),
+                    "c".into(),
+                    g.key(failed).1,
+                    TaskStatus::Failed
+                ),
+                (None, "c".into(), "old".into(), TaskStatus::Succeeded),
+                (None, "gone".into(), "shot".into(), TaskStatus::Succeeded),
+            ],
+            "read whole: what is not succeeded, and what the graph does not have"
+        );
+    }
 
     #[test]
     fn row_ids_are_derived_where_consecutive_and_kept_where_not() {

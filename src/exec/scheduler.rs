@@ -203,14 +203,20 @@ impl Scheduler {
     }
 
     /// Loads the URLs of earlier outputs that a task still to run reads, and downloads those
-    /// not on disk: the others are not held at all.
+    /// not on disk: the others are not read at all.
     async fn restore_outputs(&mut self) -> Result<(), StoreError> {
         let store = self.shared.store.clone();
         let graph = Arc::clone(&self.graph);
         let index = graph.index();
         let run_id = self.config.run_id.clone();
+        let mut read: Vec<i64> = (0..graph.len())
+            .filter(|t| self.state[*t] == State::Done && self.still_read(*t))
+            .map(|t| self.rows.ids.get(t))
+            .filter(|id| *id != 0)
+            .collect();
+        read.sort_unstable();
         store
-            .each_output_url(&run_id, |o| {
+            .each_output_url(&run_id, &read, |o| {
                 let Some(t) = index.get(&o.item, &o.step, o.idx) else {
                     return Ok(());
                 };

@@ -628,6 +628,11 @@ impl KeyIndex<'_> {
         Some(i)
     }
 
+    /// The item of this id, when the graph has it.
+    pub fn instance(&self, item: &str) -> Option<Instance> {
+        self.item(item).map(Instance::Item)
+    }
+
     pub fn get(&self, item: &str, step: &str, idx: u32) -> Option<usize> {
         let step = *self.steps.get(step)?;
         let slot = *self.graph.slot_index.get(&(step, idx))?;

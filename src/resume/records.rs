@@ -3,8 +3,8 @@
 
 use std::collections::HashMap;
 
-use crate::exec::RowIds;
 use crate::exec::identity::from_record;
+use crate::exec::{RowIds, read_rows};
 use crate::plan::graph::{Graph, Instance};
 use crate::store::{Store, StoreError, TaskRow, TaskStatus};
 
@@ -23,31 +23,45 @@ pub(super) async fn load(
     identities: bool,
 ) -> Result<Records, StoreError> {
     let mut r = Records::empty(graph);
-    let index = graph.index();
     let batch = graph.instances();
+    let instance = |t: usize| match graph.task(t).instance {
+        Instance::Item(i) => i,
+        Instance::Batch => batch,
+    };
     // Under a changed pipeline the previous identities need every row, kept whole.
     let mut all: Vec<TaskRow> = Vec::new();
-    let keep_all = previous.is_some();
-    store
-        .each_task(run_id, None, |row| {
-            if keep_all {
+    if previous.is_some() {
+        let index = graph.index();
+        store
+            .each_task(run_id, None, |row| {
                 all.push(row.clone());
-            }
-            let Some(t) = index.get(&row.item, &row.step, row.idx) else {
-                r.removed.push(row);
-                return;
-            };
-            r.ids.set(t, row.id);
-            let i = match graph.task(t).instance {
-                Instance::Item(i) => i,
-                Instance::Batch => batch,
-            };
-            r.has_rows[i] = true;
-            if row.status != TaskStatus::Succeeded {
-                r.open.insert(t, row);
+                let Some(t) = index.get(&row.item, &row.step, row.idx) else {
+                    r.removed.push(row);
+                    return;
+                };
+                r.ids.set(t, row.id);
+                r.has_rows[instance(t)] = true;
+                if row.status != TaskStatus::Succeeded {
+                    r.open.insert(t, row);
+                }
+            })
+            .await?;
+    } else {
+        let (mut removed, mut open) = (Vec::new(), HashMap::new());
+        r.ids = read_rows(store, graph, run_id, |t, row| match t {
+            None => removed.push(row),
+            Some(t) => {
+                open.insert(t, row);
             }
         })
         .await?;
+        removed.sort_unstable_by_key(|row: &TaskRow| row.id);
+        (r.removed, r.open) = (removed, open);
+        for i in 0..graph.instances() {
+            r.has_rows[i] = r.ids.any_of(graph, Instance::Item(i));
+        }
+        r.has_rows[batch] = r.ids.any_of(graph, Instance::Batch);
+    }
     if identities || previous.is_some() {
         r.hashes = store.output_hashes(run_id).await?;
     }

@@ -24,6 +24,7 @@ mod changes;
 mod group;
 mod location;
 pub mod lock;
+mod outline;
 mod postgres;
 mod report;
 mod resume;
@@ -40,6 +41,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{AnyPool, ConnectOptions, Executor};
 
 pub use location::{Location, PgUrl};
+pub use outline::ItemOutline;
 
 pub use report::{ReportOutput, ReportRow, ReportTask, Spend, StepTotals};
 pub use resume::{

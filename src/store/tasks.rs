@@ -633,26 +633,22 @@ impl Store {
         Ok(())
     }
 
-    /// Calls `f` with what a continued run's executor needs of each output of the run (where
-    /// its URL is, whether its file is stored), in order: the columns of [`Store::each_output`]
-    /// but for the bytes, checksums and credits, which cost a lookup of the attempts a row.
+    /// Calls `f` with what a continued run's executor needs of outputs of the run (where its
+    /// URL is, whether its file is stored): those not stored, and those of the tasks of row ids
+    /// `of_tasks` (sorted), whose readers are still to run. Not the run's every output: a
+    /// takeover reads the few it needs, a statement per 500 tasks.
     pub async fn each_output_url(
         &self,
         run_id: &str,
+        of_tasks: &[i64],
         mut f: impl FnMut(OutputUrlRow) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
         use futures::TryStreamExt;
-        let mut rows = sqlx::query(
-            "SELECT o.id, t.item, t.step, t.idx, o.k, o.job_id, o.url, o.url_issued_at,
-                    CAST(CASE WHEN o.path IS NULL THEN 0 ELSE 1 END AS BIGINT) AS stored
-             FROM outputs o JOIN tasks t ON t.id = o.task_id
-             WHERE o.run_id = $1
-             ORDER BY t.id, o.k",
-        )
-        .bind(run_id)
-        .fetch(self.pool());
-        while let Some(r) = rows.try_next().await? {
-            f(OutputUrlRow {
+        const COLUMNS: &str = "o.id, t.item, t.step, t.idx, o.k, o.job_id, o.url, o.url_issued_at,
+            CAST(CASE WHEN o.path IS NULL THEN 0 ELSE 1 END AS BIGINT) AS stored
+            FROM outputs o JOIN tasks t ON t.id = o.task_id";
+        let row = |r: &sqlx::any::AnyRow| -> Result<OutputUrlRow, StoreError> {
+            Ok(OutputUrlRow {
                 id: r.try_get("id")?,
                 item: r.try_get("item")?,
                 step: r.try_get("step")?,
@@ -662,7 +658,31 @@ impl Store {
                 url: r.try_get("url")?,
                 url_issued_at: r.try_get("url_issued_at")?,
                 stored: r.try_get::<i64, _>("stored")? != 0,
-            })?;
+            })
+        };
+        let sql = format!("SELECT {COLUMNS} WHERE o.run_id = $1 AND o.path IS NULL ORDER BY o.id");
+        // A fixed text: no value is ever part of it.
+        let mut unstored = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(run_id)
+            .fetch(self.pool());
+        while let Some(r) = unstored.try_next().await? {
+            f(row(&r)?)?;
+        }
+        drop(unstored);
+        for chunk in of_tasks.chunks(500) {
+            let marks = rows(self.backend(), chunk.len(), 1, |p| p[0].clone());
+            let sql = format!(
+                "SELECT {COLUMNS} WHERE o.task_id IN ({marks}) AND o.path IS NOT NULL
+                 ORDER BY o.task_id, o.k"
+            );
+            // Built from a fixed placeholder list: no value is ever part of the text.
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for id in chunk {
+                query = query.bind(id);
+            }
+            for r in query.fetch_all(self.pool()).await? {
+                f(row(&r)?)?;
+            }
         }
         Ok(())
     }
@@ -753,7 +773,7 @@ pub(crate) fn output_row(r: &sqlx::any::AnyRow) -> Result<OutputRow, StoreError>
 }
 
 /// A task row as [`Store::tasks_where`] selects it.
-fn task_row(r: &sqlx::any::AnyRow) -> Result<TaskRow, StoreError> {
+pub(super) fn task_row(r: &sqlx::any::AnyRow) -> Result<TaskRow, StoreError> {
     Ok(TaskRow {
         id: r.try_get("id")?,
         item: r.try_get("item")?,
