@@ -24,6 +24,18 @@ use crate::store::StoreError;
 pub use rows::{RowIds, new_task, read_rows};
 pub use scheduler::run;
 
+/// Where the executor's calls, records and files go.
+#[derive(Clone)]
+pub struct Links {
+    pub store: crate::store::Store,
+    pub client: crate::api::Client,
+    pub downloader: crate::api::Downloader,
+}
+
+/// Outputs of earlier tasks that a resume, checking the kept files beside the run, found
+/// missing or modified (and set aside): the executor fetches each again from its job, free.
+pub type Refetch = tokio::sync::oneshot::Receiver<Vec<crate::store::OutputUrlRow>>;
+
 /// What to do with a call that was sent and got no complete answer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum OnAmbiguous {

@@ -15,15 +15,15 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{ApiError, Client, Downloader, ErrorKind};
+use crate::api::{ApiError, ErrorKind};
 use crate::exec::attempt::{Attempted, Failure, Success, attempt};
 use crate::exec::budget::Budget;
 use crate::exec::download::{Fetched, download};
 use crate::exec::rows::{Rows, record_identities};
 use crate::exec::shared::{OutputUrl, Shared};
-use crate::exec::{Config, Fatal, Observer, OnAmbiguous, Outcome, Stop};
+use crate::exec::{Config, Fatal, Links, Observer, OnAmbiguous, Outcome, Refetch, Stop};
 use crate::plan::graph::{Graph, Instance};
-use crate::store::{Store, StoreError, TaskStatus};
+use crate::store::{OutputUrlRow, StoreError, TaskStatus};
 
 /// 429s one task may meet before it fails: the limiter slows down long before this.
 const MAX_THROTTLED: u32 = 30;
@@ -88,19 +88,27 @@ struct Scheduler {
     outcome: Outcome,
     /// Cancelled on SIGINT/SIGTERM: stop dispatching, let what is in flight finish.
     shutdown: CancellationToken,
+    /// Earlier outputs to fetch again, once a resume's check of the kept files ends.
+    refetch: Option<Refetch>,
 }
 
 /// Runs every unfinished task of the run recorded in `store` until done, stopped or
 /// interrupted by `shutdown`.
+/// `refetch` brings, while it runs, earlier outputs to fetch again: the run does not end before
+/// they are fetched, unless it is interrupted or halted (the next resume finds them again).
 pub async fn run(
     graph: Arc<Graph>,
-    store: Store,
-    client: Client,
-    downloader: Downloader,
+    links: Links,
     config: Config,
     observer: Arc<dyn Observer>,
     shutdown: CancellationToken,
+    refetch: Option<Refetch>,
 ) -> Result<Outcome, StoreError> {
+    let Links {
+        store,
+        client,
+        downloader,
+    } = links;
     let started = std::time::Instant::now();
     store.settle_orphaned_attempts(&config.run_id).await?;
     let (rows, state) = Rows::load(&store, &graph, &config).await?;
@@ -113,6 +121,7 @@ pub async fn run(
         &config,
     ));
     let mut s = Scheduler::new(shared, graph, config, observer, rows, state, shutdown);
+    s.refetch = refetch;
     s.restore_outputs().await?;
     tracing::debug!("earlier outputs restored after {:.2?}", started.elapsed());
     s.main_loop().await;
@@ -155,6 +164,7 @@ impl Scheduler {
             closed: None,
             outcome: Outcome::default(),
             shutdown,
+            refetch: None,
             shared,
             graph,
             config,
@@ -242,6 +252,28 @@ impl Scheduler {
             .await
     }
 
+    /// Fetches again, from their jobs, earlier outputs found missing or modified.
+    fn fetch_again(&mut self, outputs: Vec<OutputUrlRow>) {
+        let graph = Arc::clone(&self.graph);
+        let index = graph.index();
+        for o in outputs {
+            let Some(t) = index.get(&o.item, &o.step, o.idx) else {
+                continue;
+            };
+            self.shared.set_url(
+                t,
+                o.k,
+                OutputUrl {
+                    output_id: o.id,
+                    job_id: o.job_id,
+                    url: o.url,
+                    issued_ms: o.url_issued_at,
+                },
+            );
+            self.spawn_download(t, o.k);
+        }
+    }
+
     fn spawn_download(&mut self, t: usize, k: u32) {
         *self.downloading.entry(t).or_default() += 1;
         self.downloads
@@ -314,7 +346,9 @@ impl Scheduler {
             // Calls held back for the downloads to catch up are not the end of the run.
             let held_back =
                 self.downloads_backlogged() && self.halt.is_none() && deadline.is_none();
-            if self.calls.is_empty() && !held_back {
+            // Nor is a check of the kept files still under way, unless the run must stop.
+            let checking = self.refetch.is_some() && self.halt.is_none() && deadline.is_none();
+            if self.calls.is_empty() && !held_back && !checking {
                 break;
             }
             tokio::select! {
@@ -324,6 +358,15 @@ impl Scheduler {
                 },
                 Some(joined) = self.downloads.join_next(), if !self.downloads.is_empty() => {
                     self.downloaded(joined);
+                }
+                found = checked(&mut self.refetch), if self.refetch.is_some() => {
+                    self.refetch = None;
+                    match found {
+                        Ok(outputs) => self.fetch_again(outputs),
+                        Err(_) => tracing::warn!(
+                            "the check of the kept files ended without an answer; the next resume checks them again"
+                        ),
+                    }
                 }
                 () = shutdown.cancelled(), if deadline.is_none() => {
                     self.shared.stop();
@@ -784,6 +827,16 @@ impl Scheduler {
         }
         self.outcome.stop = self.halt.take().or(self.closed.take());
         (self.outcome, self.graph, self.rows, self.succeeded)
+    }
+}
+
+/// The outputs a resume's check found to fetch again, once it ends; never, without one.
+async fn checked(
+    refetch: &mut Option<Refetch>,
+) -> Result<Vec<OutputUrlRow>, tokio::sync::oneshot::error::RecvError> {
+    match refetch {
+        Some(rx) => rx.await,
+        None => std::future::pending().await,
     }
 }
 

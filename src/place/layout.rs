@@ -28,12 +28,12 @@ pub const RUN_FILES: [&str; 2] = [MANIFEST, REPORT];
 /// The start of a temporary file written whole and renamed into place (manifest, report,
 /// thumbnails).
 pub const TEMP_PREFIX: &str = ".tmp";
-/// The end of a download's temporary file, `.<stem>.<random>.part`.
+/// The end of a download's temporary file, `.<stem>.<mark><random>.part` (see [`own_mark`]).
 pub const PART_SUFFIX: &str = ".part";
 
-/// The start of the temporary file of a download to `<stem>.<ext>`.
+/// The start of the temporary file of a download to `<stem>.<ext>`, by this process.
 pub fn part_prefix(stem: &str) -> String {
-    format!(".{stem}.")
+    format!(".{stem}.{}", own_mark())
 }
 
 /// Whether `name` is a temporary file a killed process left behind: a download's
@@ -123,10 +123,11 @@ impl RunDir<Address> {
             .map(|root| RunDir::at(root.to_path_buf()))
     }
 
-    /// Removes the temporary files a killed process left behind (see [`is_leftover`]): in the
-    /// run directory and in each directory directly under it. Best effort: what cannot be
-    /// read or removed stays, and is harmless. In object storage there are none: an upload
-    /// is invisible until it is whole.
+    /// Removes the temporary files another process left behind (see [`is_leftover`]): in the
+    /// run directory and in each directory directly under it; never this process's own (their
+    /// names carry [`own_mark`]), which it may be writing beside the cleaning. Best effort:
+    /// what cannot be read or removed stays, and is harmless. In object storage there are
+    /// none: an upload is invisible until it is whole.
     pub fn remove_leftovers(&self) {
         let Some(root) = self.root.as_local() else {
             return;
@@ -138,7 +139,7 @@ impl RunDir<Address> {
             let path = entry.path();
             if path.is_dir() {
                 remove_in(&path, true);
-            } else if is_leftover(&entry.file_name().to_string_lossy(), false) {
+            } else if is_foreign_leftover(&entry.file_name().to_string_lossy(), false) {
                 let _ = std::fs::remove_file(path);
             }
         }
@@ -150,10 +151,27 @@ fn remove_in(dir: &Path, in_item_dir: bool) {
         return;
     };
     for f in files.flatten() {
-        if is_leftover(&f.file_name().to_string_lossy(), in_item_dir) {
+        if is_foreign_leftover(&f.file_name().to_string_lossy(), in_item_dir) {
             let _ = std::fs::remove_file(f.path());
         }
     }
+}
+
+fn is_foreign_leftover(name: &str, in_item_dir: bool) -> bool {
+    is_leftover(name, in_item_dir) && !name.contains(own_mark())
+}
+
+/// A mark of this process in the names of its temporary files, random: a resume removes the
+/// temporary files of the processes before it while its own downloads are under way.
+pub fn own_mark() -> &'static str {
+    static MARK: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    MARK.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        // The standard library seeds each `RandomState` from the system's randomness.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        format!("{:016x}", h.finish())
+    })
 }
 
 #[cfg(test)]

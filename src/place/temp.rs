@@ -14,8 +14,8 @@ use super::layout;
 /// Random characters in a temporary file's name: enough that concurrent writers never meet.
 const RANDOM_CHARS: usize = 12;
 
-/// A download's temporary file in `dir`, hidden and named after the file it will become:
-/// `.<stem>.<random>.part`. Its mode is an ordinary new file's (`0o666` less the umask), as
+/// A download's temporary file in `dir`, hidden and named after the file it will become and
+/// marked as this process's: `.<stem>.<mark><random>.part`. Its mode is an ordinary new file's (`0o666` less the umask), as
 /// the image it becomes is the user's to open, not a secret.
 pub fn part_file(dir: &Path, stem: &str) -> io::Result<NamedTempFile> {
     let prefix = layout::part_prefix(stem);
@@ -32,8 +32,9 @@ pub fn part_file(dir: &Path, stem: &str) -> io::Result<NamedTempFile> {
 /// persisted: a manifest, a report, a thumbnail or a saved plan is meant to be read, served
 /// or mailed.
 pub fn readable(dir: &Path) -> io::Result<NamedTempFile> {
+    let prefix = format!("{}{}", layout::TEMP_PREFIX, layout::own_mark());
     let mut builder = Builder::new();
-    builder.prefix(layout::TEMP_PREFIX);
+    builder.prefix(&prefix);
     with_mode(&mut builder, 0o644);
     builder.tempfile_in(dir)
 }
@@ -51,6 +52,29 @@ fn with_mode(builder: &mut Builder<'_, '_>, mode: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cleanup_removes_other_processes_temporary_files_and_never_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = super::super::Address::Local(dir.path().to_path_buf());
+        let run = layout::RunDir::at(root);
+        let item = dir.path().join("a");
+        std::fs::create_dir_all(&item).unwrap();
+        // Being written by this process: a download and a report.
+        let part = part_file(&item, "shot-0").unwrap();
+        let page = readable(dir.path()).unwrap();
+        // Left by a process killed before it.
+        let theirs = [
+            item.join(".shot-1.0123456789abcdefXYZ.part"),
+            dir.path().join(".tmpQwErTy"),
+        ];
+        for path in &theirs {
+            std::fs::write(path, b"half").unwrap();
+        }
+        run.remove_leftovers();
+        assert!(theirs.iter().all(|p| !p.exists()), "{theirs:?}");
+        assert!(part.path().exists() && page.path().exists());
+    }
 
     #[test]
     fn temporary_names_are_the_ones_resume_cleans_up() {

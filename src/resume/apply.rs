@@ -10,6 +10,9 @@
 //!    the file and object moves: before its commit nothing of it happened, after it all did;
 //! 5. the journaled moves are made, then forgotten. A move is idempotent: one found made is
 //!    counted made.
+//!
+//! The kept outputs' check and the temporary files a killed process left are dealt with beside
+//! the run ([`super::beside`]), which sets aside what it finds in the same way.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -22,20 +25,20 @@ use crate::store::{
     TaskRef,
 };
 
-use super::{Reason, Review, objects, records, recover::recover};
+use super::{Reason, Refetch, Review, objects, records, recover::recover};
 
 /// What [`apply`] did.
 #[derive(Debug, Default)]
 pub struct Applied {
     pub recovered: usize,
     pub reused: usize,
-    pub refetch: usize,
     pub set_aside: usize,
 }
 
 /// Makes the record and the output directory agree with `review`: lost answers read back by
-/// job id, outputs of tasks to redo (and modified files) moved under
-/// [`crate::place::layout::SUPERSEDED`], changed tasks reset, reused results copied in.
+/// job id, outputs of tasks to redo moved under [`crate::place::layout::SUPERSEDED`], changed
+/// tasks reset, reused results copied in. The kept outputs' files are checked beside the run,
+/// not here (see [`super::beside`]): the first paid call does not wait for a look at each.
 pub async fn apply(
     store: &Store,
     client: &Client,
@@ -48,7 +51,6 @@ pub async fn apply(
     let mut applied = Applied::default();
     make_moves(store, store.pending_moves(run_id).await?).await?;
     store.settle_orphaned_attempts(run_id).await?;
-    run_dir.remove_leftovers();
     // A continued run's rows are the review's; a new run recorded some since its review.
     let read;
     let rows = match &review.rows {
@@ -98,28 +100,6 @@ pub async fn apply(
         });
     }
     applied.set_aside = changes.set_aside.len();
-    changes.set_aside.extend(review.refetch.iter().map(|r| {
-        let modified = r.modified.is_some();
-        if modified {
-            tracing::warn!(
-                "{} was modified since it was downloaded; moved aside and fetched again",
-                r.output.path.as_deref().unwrap_or("?")
-            );
-        }
-        SetAside {
-            output_id: r.output.id,
-            from: r.output.path.clone().filter(|_| modified),
-            to: aside_path(run_dir, &r.output, Some("modified")).filter(|_| modified),
-            sha256: r.modified.clone(),
-            reason: if modified {
-                "the file on disk differed from the one downloaded; fetched again"
-            } else {
-                "the file was missing; fetched again"
-            },
-            refetch: true,
-        }
-    }));
-    applied.refetch = review.refetch.len();
     // Under a changed pipeline every task to do is done as the pipeline now says.
     changes.reset = review
         .redo
@@ -166,6 +146,45 @@ pub async fn apply(
     crate::failpoint::hit("resume-apply-after-commit");
     make_moves(store, moves).await?;
     Ok(applied)
+}
+
+/// Sets aside the kept outputs `refetch` found missing or modified, to be fetched again: the
+/// record in one transaction that journals the moves of the modified files, then the moves.
+pub(super) async fn refetch(
+    store: &Store,
+    run_id: &str,
+    run_dir: &RunDir,
+    refetch: &[Refetch],
+) -> Result<(), StoreError> {
+    let set_aside = refetch.iter().map(|r| {
+        let modified = r.modified.is_some();
+        if modified {
+            tracing::warn!(
+                "{} was modified since it was downloaded; moved aside and fetched again",
+                r.output.path.as_deref().unwrap_or("?")
+            );
+        }
+        SetAside {
+            output_id: r.output.id,
+            from: r.output.path.clone().filter(|_| modified),
+            to: aside_path(run_dir, &r.output, Some("modified")).filter(|_| modified),
+            sha256: r.modified.clone(),
+            reason: if modified {
+                "the file on disk differed from the one downloaded; fetched again"
+            } else {
+                "the file was missing; fetched again"
+            },
+            refetch: true,
+        }
+    });
+    let changes = Changes {
+        set_aside: set_aside.collect(),
+        ..Changes::default()
+    };
+    crate::failpoint::hit("resume-refetch-before-commit");
+    let moves = store.apply_review(run_id, &changes).await?;
+    crate::failpoint::hit("resume-refetch-after-commit");
+    make_moves(store, moves).await
 }
 
 /// Makes journaled moves, then forgets them.

@@ -19,8 +19,8 @@ use tokio::sync::Semaphore;
 use crate::place::{Address, file_sha256, stamp};
 use crate::store::{Store, StoreError, StoredOutput};
 
+use super::Refetch;
 use super::objects::{Checker, OBJECTS_PER_PAGE, Recorded};
-use super::{Refetch, Review};
 
 /// Files hashed in one trip to the blocking pool: a trip per file would cost a thread wake-up
 /// each, one for the run a list of every file.
@@ -63,16 +63,17 @@ pub(super) fn differs(id: i64, sha256: &str, found: Found) -> Option<Differs> {
     }
 }
 
-/// The outputs of kept tasks whose file or object is missing or differs from the record.
+/// The outputs of the kept tasks (row ids `kept`, sorted) whose file or object is missing or
+/// differs from the record.
 pub(super) async fn outputs(
     store: &Store,
     run_id: &str,
-    review: &Review,
+    kept: &[i64],
 ) -> Result<Vec<Refetch>, StoreError> {
     let (hashing, objects) = (&Semaphore::new(HASHING_AT_ONCE), &Checker::new());
     let kept = store
         .stored_outputs(run_id)
-        .try_filter(|o| ready(review.is_kept(o.task_id)));
+        .try_filter(|o| ready(kept.binary_search(&o.task_id).is_ok()));
     let mut differ: Vec<Differs> = pages(kept)
         .map_ok(move |page| async move {
             match page {

@@ -6,13 +6,16 @@
 //! - [`records`]: reads what the core needs from the state database, in batches.
 //! - [`check`]: the kept outputs' files or objects compared with the record (what to fetch
 //!   again, what was modified and is set aside), streamed from the database in pages; the
-//!   objects by listing the run's prefix ([`objects`]).
+//!   objects by listing the run's prefix ([`objects`]). A dry run shows what it finds
+//!   ([`check()`]); a resume runs it beside the run ([`beside`]), whose first paid call waits
+//!   for no look at a night's files.
 //! - [`apply`]: the review applied: every state write in one transaction, every file or
 //!   object move journaled in it, so a process killed anywhere inside resumes correctly.
 //! - [`recover`]: lost answers read back by their job id, for free.
 //! - [`changes`]: what a changed pipeline would run again, in a sentence.
 //!
-//! [`review`] only reads, so `resume --dry-run` shows it; [`apply()`] changes things.
+//! [`review`] and [`check()`] only read, so `resume --dry-run` shows them; [`apply()`] and
+//! [`beside`] change things.
 //! The lifecycle around them (lock, plan, admission, execution) is the runner's.
 
 mod apply;
@@ -24,6 +27,7 @@ mod records;
 mod recover;
 
 use crate::exec::{OnAmbiguous, RowIds};
+use crate::place::RunDir;
 use crate::plan::graph::{Graph, Instance};
 use crate::store::{OutputRow, Reusable, Store, StoreError, TaskRow};
 
@@ -95,6 +99,7 @@ pub struct Review {
     /// Ambiguous tasks left failed, per `--on-ambiguous fail`.
     pub left_failed: Vec<Redo>,
     pub recover: Vec<Recover>,
+    /// Filled by [`check()`] for a dry run; a resume checks beside the run ([`beside`]).
     pub refetch: Vec<Refetch>,
     /// Tasks taken from an earlier run's succeeded task of the same identity (`--reuse`).
     pub reuse: Vec<(usize, String, Reusable)>,
@@ -179,9 +184,69 @@ pub async fn review(
             }
         }
     };
-    review.refetch = check::outputs(store, run_id, &review).await?;
     if records.has_rows.iter().any(|r| *r) || !records.removed.is_empty() {
         review.rows = Some(records.ids);
     }
     Ok(review)
+}
+
+/// The kept outputs whose file or object is missing or differs from the record, for a dry run
+/// to show: [`Review::refetch`].
+pub async fn check(
+    store: &Store,
+    run_id: &str,
+    review: &Review,
+) -> Result<Vec<Refetch>, StoreError> {
+    check::outputs(store, run_id, &review.kept).await
+}
+
+/// The check of the kept outputs running beside a resumed run (see [`beside`]); stopped when
+/// dropped, as the run ends. A check stopped anywhere is made again by the next resume: what it
+/// sets aside is one transaction, its moves journaled in it.
+pub struct Beside(tokio::task::JoinHandle<()>);
+
+impl Drop for Beside {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Starts the check of the kept outputs (row ids `kept`, sorted) beside the run: what is missing
+/// or modified is set aside ([`apply::refetch`]) and handed to the executor to fetch again from
+/// its job. The run pays meanwhile: no paid call reads a kept file (calls read URLs). First,
+/// the temporary files a killed process left are removed (not the executor's own).
+pub fn beside(
+    store: Store,
+    run_id: String,
+    run_dir: RunDir,
+    kept: Vec<i64>,
+) -> (crate::exec::Refetch, Beside) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        let dir = run_dir.clone();
+        let _ = tokio::task::spawn_blocking(move || dir.remove_leftovers()).await;
+        let found = async {
+            let refetch = check::outputs(&store, &run_id, &kept).await?;
+            if !refetch.is_empty() {
+                apply::refetch(&store, &run_id, &run_dir, &refetch).await?;
+            }
+            Ok::<_, StoreError>(refetch)
+        };
+        match found.await {
+            Ok(refetch) => {
+                tracing::info!(
+                    "checked the outputs of {} kept task(s) in {:.2?}: {} file(s) to fetch again",
+                    kept.len(),
+                    started.elapsed(),
+                    refetch.len()
+                );
+                let _ = tx.send(refetch.into_iter().map(|r| r.output.into()).collect());
+            }
+            Err(e) => tracing::warn!(
+                "cannot check the kept outputs of run {run_id}: {e}; the next resume checks them again"
+            ),
+        }
+    });
+    (rx, Beside(task))
 }

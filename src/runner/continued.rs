@@ -81,7 +81,7 @@ impl Runner<'_> {
             .transpose()?;
         let reuse = self.settings.reuse || pipeline.reuse;
         let on_ambiguous = self.settings.on_ambiguous;
-        let review = resume::review(
+        let mut review = resume::review(
             store,
             &row.id,
             &graph,
@@ -106,8 +106,10 @@ impl Runner<'_> {
             });
         }
         tracing::debug!("reviewed run {} in {:.2?}", row.id, started.elapsed());
-        let cap = admit::cap_of(&doc, admit::spent(store, &row.id).await?);
+        let spent = admit::spent(store, &row.id).await?;
+        let cap = admit::cap_of(&doc, spent);
         if dry_run {
+            review.refetch = resume::check(store, &row.id, &review).await?;
             let (graph, review) = (&graph, &review);
             self.view.review(&Reviewed {
                 row: &row,
@@ -118,7 +120,7 @@ impl Runner<'_> {
             return admit::over_cap(&row, review, cap, &doc);
         }
         admit::over_cap(&row, &review, cap, &doc)?;
-        let run = record::reopen(store, &row).await?;
+        let run = record::reopen(store, &row, spent).await?;
         tracing::debug!("run reopened after {:.2?}", started.elapsed());
         let applied = resume::apply(
             store,
@@ -131,15 +133,17 @@ impl Runner<'_> {
         )
         .await?;
         tracing::info!(
-            "resuming run {}: {} task(s) to pay for ({} credits), {} kept, {} recovered by job id, {} file(s) to fetch again, {} reused",
+            "resuming run {}: {} task(s) to pay for ({} credits), {} kept (their files checked beside the run), {} recovered by job id, {} reused",
             row.id,
             review.to_pay(),
             review.credits(),
             review.kept.len(),
             applied.recovered,
-            applied.refetch,
             applied.reused,
         );
+        let kept = std::mem::take(&mut review.kept);
+        let (refetch, _checking) =
+            resume::beside(store.clone(), row.id.clone(), run.dir.clone(), kept);
         if changed {
             let text = std::fs::read_to_string(&pipeline.file).unwrap_or(row.pipeline_text.clone());
             store
@@ -158,6 +162,7 @@ impl Runner<'_> {
             graph,
             doc,
             discover: false,
+            refetch: Some(refetch),
         };
         self.execute(&conn, store, &pipeline, start).await
     }

@@ -54,12 +54,15 @@ pub(super) async fn price(
     alone.on_ambiguous = exec::OnAmbiguous::Fail;
     let outcome = exec::run(
         Arc::clone(graph),
-        store.clone(),
-        conn.client.clone(),
-        conn.downloader.clone(),
+        exec::Links {
+            store: store.clone(),
+            client: conn.client.clone(),
+            downloader: conn.downloader.clone(),
+        },
         alone,
         Arc::new(Quiet),
         shutdown.clone(),
+        None,
     )
     .await?;
     if outcome.interrupted {

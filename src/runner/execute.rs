@@ -21,6 +21,8 @@ pub(super) struct Start {
     pub doc: PlanDocument,
     /// Run one generation first to learn its price.
     pub discover: bool,
+    /// A resume's earlier outputs to fetch again, found beside the run.
+    pub refetch: Option<exec::Refetch>,
 }
 
 impl Runner<'_> {
@@ -36,6 +38,7 @@ impl Runner<'_> {
             mut graph,
             mut doc,
             discover,
+            refetch,
         } = start;
         let mut config = self.config(conn, pipeline, &doc, &run).await;
         config.known_prices = known_prices(store, &doc).await?;
@@ -88,12 +91,15 @@ impl Runner<'_> {
         );
         let outcome = exec::run(
             Arc::clone(&graph),
-            store.clone(),
-            conn.client.clone(),
-            conn.downloader.clone(),
+            exec::Links {
+                store: store.clone(),
+                client: conn.client.clone(),
+                downloader: conn.downloader.clone(),
+            },
             config,
             Arc::clone(&progress),
             self.shutdown.clone(),
+            refetch,
         )
         .await?;
         progress.finish();

@@ -303,11 +303,13 @@ impl Runner<'_> {
                 );
             }
         }
+        // A new run keeps no output of its own: nothing to check.
         let start = execute::Start {
             run,
             graph,
             doc,
             discover,
+            refetch: None,
         };
         self.execute(f.conn, f.store, f.pipeline, start).await
     }

@@ -10,7 +10,6 @@ use crate::place::{Address, ObjectError, Place, RunDir};
 use crate::plan::Balance;
 use crate::plan::document::PlanDocument;
 use crate::plan::graph::{Graph, Instance};
-use crate::runner::admit;
 use crate::store::{NewRun, NewTask, RunRow, RunStatus, Store};
 
 /// The run to execute: newly recorded, or found to continue.
@@ -112,11 +111,10 @@ async fn open_place(dir: &Address) -> Result<Place, Error> {
     Ok(place)
 }
 
-/// A recorded run, marked running again.
-pub async fn reopen(store: &Store, row: &RunRow) -> Result<OpenRun, Error> {
+/// A recorded run, marked running again; `billed` is what it spent so far ([`crate::runner::admit::spent`]).
+pub async fn reopen(store: &Store, row: &RunRow, billed: u64) -> Result<OpenRun, Error> {
     let dir = row.dir();
     let place = open_place(dir.root()).await?;
-    let billed = admit::spent(store, &row.id).await?;
     store
         .set_run_status(&row.id, RunStatus::Running, None, None)
         .await?;

@@ -34,10 +34,15 @@ pub struct StoredOutput {
 /// `work_mem`, SQLite in temporary files past its cache), then the rows stream.
 const STORED_OUTPUTS_SQLITE: &str = "SELECT id, task_id, path, sha256, bytes, etag FROM outputs
      WHERE run_id = $1 AND path IS NOT NULL AND sha256 IS NOT NULL
-     ORDER BY path, id";
+       AND (path > $2 OR (path = $2 AND id > $3))
+     ORDER BY path, id LIMIT $4";
 const STORED_OUTPUTS_POSTGRES: &str = "SELECT id, task_id, path, sha256, bytes, etag FROM outputs
      WHERE run_id = $1 AND path IS NOT NULL AND sha256 IS NOT NULL
-     ORDER BY path COLLATE \"C\", id";
+       AND (path COLLATE \"C\" > $2 OR (path = $2 AND id > $3))
+     ORDER BY path COLLATE \"C\", id LIMIT $4";
+
+/// Stored outputs read in one statement (see [`Store::stored_outputs`]).
+const STORED_PER_PAGE: i64 = 1000;
 
 /// Ids a statement reading outputs back by id binds.
 const IDS_PER_STATEMENT: usize = 500;
@@ -132,10 +137,11 @@ impl ReusableOutput {
 }
 
 impl Store {
-    /// The run's outputs with a file or object and its sha256, one row at a time, in the byte
-    /// order of their path: the order S3 lists keys in, whatever the database's collation.
-    /// The database sorts them first. The stream holds a connection until it ends or is
-    /// dropped: on SQLite, the only one.
+    /// The run's outputs with a file or object and its sha256, in the byte order of their
+    /// path: the order S3 lists keys in, whatever the database's collation. Read a page of
+    /// [`STORED_PER_PAGE`] at a time, each page from where the last ended (an index seek, see
+    /// the `outputs_by_path` migration), so no statement holds a connection for long: on
+    /// SQLite the only one, which the executor writes on while a resume checks.
     pub fn stored_outputs<'a>(
         &'a self,
         run_id: &'a str,
@@ -144,21 +150,46 @@ impl Store {
             Backend::Sqlite => STORED_OUTPUTS_SQLITE,
             Backend::Postgres => STORED_OUTPUTS_POSTGRES,
         };
-        sqlx::query(sql)
-            .bind(run_id)
-            .fetch(self.pool())
-            .map_err(StoreError::from)
-            .and_then(|r| async move {
-                Ok(StoredOutput {
-                    id: r.try_get("id")?,
-                    task_id: r.try_get("task_id")?,
-                    path: r.try_get("path")?,
-                    sha256: r.try_get("sha256")?,
-                    bytes: r.try_get::<Option<i64>, _>("bytes")?.map(to_u64),
-                    etag: r.try_get("etag")?,
+        // From the empty path on: every recorded path is after it.
+        let start = Some((String::new(), 0_i64));
+        futures::stream::try_unfold(start, move |after| async move {
+            let Some((path, id)) = after else {
+                return Ok::<_, StoreError>(None);
+            };
+            let rows = sqlx::query(sql)
+                .bind(run_id)
+                .bind(&path)
+                .bind(id)
+                .bind(STORED_PER_PAGE)
+                .fetch_all(self.pool())
+                .await?;
+            let page = rows
+                .iter()
+                .map(|r| {
+                    Ok(StoredOutput {
+                        id: r.try_get("id")?,
+                        task_id: r.try_get("task_id")?,
+                        path: r.try_get("path")?,
+                        sha256: r.try_get("sha256")?,
+                        bytes: r.try_get::<Option<i64>, _>("bytes")?.map(to_u64),
+                        etag: r.try_get("etag")?,
+                    })
                 })
-            })
-            .boxed()
+                .collect::<Result<Vec<StoredOutput>, StoreError>>()?;
+            let next = match page.last() {
+                Some(last) if page.len() as i64 == STORED_PER_PAGE => {
+                    Some((last.path.clone(), last.id))
+                }
+                _ => None,
+            };
+            if page.is_empty() {
+                return Ok(None);
+            }
+            let page = futures::stream::iter(page.into_iter().map(Ok::<_, StoreError>));
+            Ok(Some((page, next)))
+        })
+        .try_flatten()
+        .boxed()
     }
 
     /// The records of these outputs, in the order of their ids (`ids` sorted), one statement

@@ -135,6 +135,22 @@ pub struct OutputUrlRow {
     pub stored: bool,
 }
 
+impl From<OutputRow> for OutputUrlRow {
+    fn from(o: OutputRow) -> OutputUrlRow {
+        OutputUrlRow {
+            stored: o.path.is_some(),
+            id: o.id,
+            item: o.item,
+            step: o.step,
+            idx: o.idx,
+            k: o.k,
+            job_id: o.job_id,
+            url: o.url,
+            url_issued_at: o.url_issued_at,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct OutputRow {
     pub id: i64,

@@ -1,6 +1,8 @@
 //! A resume killed inside the application of its review, on SQLite and on PostgreSQL: at each
-//! crash point (`IMGPIPE_TEST_CRASH_AT`: before the transaction commits, right after it, and
-//! between two of its journaled file moves) the process aborts as a `kill -9` there would;
+//! crash point (`IMGPIPE_TEST_CRASH_AT`: before the review's transaction commits and right
+//! after it; then, once the check of the kept files beside the run found files to fetch again,
+//! before and after the transaction that sets them aside, and between two of its journaled file
+//! moves) the process aborts as a `kill -9` there would;
 //! the next resume then pays for nothing twice, loses no file, and records each set-aside
 //! output once.
 
@@ -17,9 +19,11 @@ use crate::common::{
 use crate::resume::interrupt_when;
 use crate::run::{config, edit_chain, write};
 
-const POINTS: [&str; 3] = [
+const POINTS: [&str; 5] = [
     "resume-apply-before-commit",
     "resume-apply-after-commit",
+    "resume-refetch-before-commit",
+    "resume-refetch-after-commit",
     "resume-apply-moving",
 ];
 
@@ -88,7 +92,9 @@ async fn check_point(env: Env, state: String, point: &str) {
     let aside = count(&state, "SELECT COUNT(*) FROM superseded_outputs").await;
     let item = dir.join("out/r/i00");
     match point {
-        "resume-apply-before-commit" => {
+        "resume-apply-before-commit"
+        | "resume-apply-after-commit"
+        | "resume-refetch-before-commit" => {
             assert_eq!(
                 (journaled, aside),
                 (0, 0),
@@ -96,7 +102,7 @@ async fn check_point(env: Env, state: String, point: &str) {
             );
             assert_eq!(std::fs::read(item.join("clean.png")).unwrap(), changed[0].1);
         }
-        "resume-apply-after-commit" => {
+        "resume-refetch-after-commit" => {
             assert_eq!((journaled, aside), (2, 3), "{point}");
             assert_eq!(std::fs::read(item.join("clean.png")).unwrap(), changed[0].1);
             assert_eq!(std::fs::read(item.join("big.png")).unwrap(), changed[1].1);

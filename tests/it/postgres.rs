@@ -844,6 +844,12 @@ async fn in_byte_order(state: &str, writer: &str) {
     let keys = [
         "a-b", "a/b", "aB", "ab", "ac", "a.b", "A", "_t", "é", "z", "Z", "a b", "a~",
     ];
+    // Past the store's page of 1,000 rows twice: pages follow one another without a gap.
+    let many: Vec<String> = (0..2_100).map(|i| format!("p{i:05}")).collect();
+    let keys: Vec<&str> = keys
+        .into_iter()
+        .chain(many.iter().map(String::as_str))
+        .collect();
     let task = erase_task;
     let tasks: Vec<imgpipe::store::NewTask> = (0..keys.len() + 2)
         .map(|i| task(&format!("i{i}")))
@@ -881,6 +887,7 @@ async fn in_byte_order(state: &str, writer: &str) {
         // Not stored (its download failed), then stored but not hashed: neither is checked.
         .chain([None, Some("s3://bkt/runs/r/nohash.png".to_owned())])
         .collect();
+    let mut conn = conn.begin().await.unwrap();
     for (i, path) in paths.iter().enumerate() {
         let sha = (i < keys.len()).then(|| format!("{i:064}"));
         sqlx::query(
@@ -892,11 +899,11 @@ async fn in_byte_order(state: &str, writer: &str) {
         .bind(format!("job{i}"))
         .bind(path.clone())
         .bind(sha)
-        .execute(&mut conn)
+        .execute(&mut *conn)
         .await
         .unwrap();
     }
-    conn.close().await.unwrap();
+    conn.commit().await.unwrap();
     let stored: Vec<imgpipe::store::StoredOutput> =
         futures::TryStreamExt::try_collect(store.stored_outputs("r"))
             .await

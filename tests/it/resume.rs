@@ -741,6 +741,37 @@ async fn an_interrupted_run_resumes_paying_only_for_the_rest_and_fetches_lost_fi
 // 1 + 8. A finished run, an unknown run, and the list of runs
 // ---------------------------------------------------------------------------------------------
 
+/// A resume removes the temporary files a killed process left (a download's `.part` in an item's
+/// directory, a `.tmp` file in the run's), beside its run. (That it never removes its own, which
+/// it may be writing meanwhile, is the unit test of `place::layout`.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resume_removes_the_temporary_files_a_killed_process_left() {
+    let env = start(sandbox_with_latency(20)).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(2, None));
+    interrupt_run_r(&env, 2).await;
+    let run_dir = dir.join("out/r");
+    let left = [
+        run_dir.join("i00/.clean.a1b2c3.part"),
+        run_dir.join("i01/.big.d4e5f6.part"),
+        run_dir.join(".tmpX1y2z3"),
+    ];
+    for path in &left {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, b"half an image").unwrap();
+    }
+    let o = resume(&env, dir, &["r"]).await;
+    assert_exit_without_panic(&o, 0);
+    for path in &left {
+        assert!(
+            !path.exists(),
+            "{} was left: {}",
+            path.display(),
+            stderr(&o)
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_finished_run_is_only_summarised_even_offline_and_an_unknown_id_exits_2() {
     let env = start(config()).await;
