@@ -33,12 +33,12 @@ pub struct StoredOutput {
 /// Nothing indexes the paths: the database sorts the run's outputs (PostgreSQL on disk past
 /// `work_mem`, SQLite in temporary files past its cache), then the rows stream.
 const STORED_OUTPUTS_SQLITE: &str = "SELECT id, task_id, path, sha256, bytes, etag FROM outputs
-     WHERE run_id = $1 AND path IS NOT NULL AND sha256 IS NOT NULL
-       AND (path > $2 OR (path = $2 AND id > $3))
+     WHERE run_id = $1 AND path IS NOT NULL AND sha256 IS NOT NULL AND (path, id) > ($2, $3)
      ORDER BY path, id LIMIT $4";
+/// Run with sorts disabled (see [`Store::stored_outputs`]).
 const STORED_OUTPUTS_POSTGRES: &str = "SELECT id, task_id, path, sha256, bytes, etag FROM outputs
      WHERE run_id = $1 AND path IS NOT NULL AND sha256 IS NOT NULL
-       AND (path COLLATE \"C\" > $2 OR (path = $2 AND id > $3))
+       AND (path COLLATE \"C\", id) > ($2, $3)
      ORDER BY path COLLATE \"C\", id LIMIT $4";
 
 /// Stored outputs read in one statement (see [`Store::stored_outputs`]).
@@ -142,6 +142,11 @@ impl Store {
     /// [`STORED_PER_PAGE`] at a time, each page from where the last ended (an index seek, see
     /// the `outputs_by_path` migration), so no statement holds a connection for long: on
     /// SQLite the only one, which the executor writes on while a resume checks.
+    ///
+    /// On PostgreSQL each page is read with sorts disabled (`SET LOCAL enable_sort = off`):
+    /// on a table not analysed yet (right after a kill) the planner guesses fewer rows than a
+    /// page and would sort the run's outputs for each page (0.14–0.28 s a page at 300,000 of
+    /// them); the index gives them in order (1 ms a page).
     pub fn stored_outputs<'a>(
         &'a self,
         run_id: &'a str,
@@ -156,13 +161,23 @@ impl Store {
             let Some((path, id)) = after else {
                 return Ok::<_, StoreError>(None);
             };
-            let rows = sqlx::query(sql)
+            let query = sqlx::query(sql)
                 .bind(run_id)
                 .bind(&path)
                 .bind(id)
-                .bind(STORED_PER_PAGE)
-                .fetch_all(self.pool())
-                .await?;
+                .bind(STORED_PER_PAGE);
+            let rows = match self.backend() {
+                Backend::Sqlite => query.fetch_all(self.pool()).await?,
+                Backend::Postgres => {
+                    let mut tx = self.pool().begin().await?;
+                    sqlx::query("SET LOCAL enable_sort = off")
+                        .execute(&mut *tx)
+                        .await?;
+                    let rows = query.fetch_all(&mut *tx).await?;
+                    tx.commit().await?;
+                    rows
+                }
+            };
             let page = rows
                 .iter()
                 .map(|r| {
