@@ -234,18 +234,10 @@ impl Scheduler {
                 if !missing && !self.still_read(t) {
                     return Ok(());
                 }
-                self.shared.set_url(
-                    t,
-                    o.k,
-                    OutputUrl {
-                        output_id: o.id,
-                        job_id: o.job_id,
-                        url: o.url,
-                        issued_ms: o.url_issued_at,
-                    },
-                );
+                let k = o.k;
+                self.shared.set_url(t, k, url_of(o));
                 if missing {
-                    self.spawn_download(t, o.k);
+                    self.spawn_download(t, k);
                 }
                 Ok(())
             })
@@ -260,17 +252,9 @@ impl Scheduler {
             let Some(t) = index.get(&o.item, &o.step, o.idx) else {
                 continue;
             };
-            self.shared.set_url(
-                t,
-                o.k,
-                OutputUrl {
-                    output_id: o.id,
-                    job_id: o.job_id,
-                    url: o.url,
-                    issued_ms: o.url_issued_at,
-                },
-            );
-            self.spawn_download(t, o.k);
+            let k = o.k;
+            self.shared.set_url(t, k, url_of(o));
+            self.spawn_download(t, k);
         }
     }
 
@@ -827,6 +811,16 @@ impl Scheduler {
         }
         self.outcome.stop = self.halt.take().or(self.closed.take());
         (self.outcome, self.graph, self.rows, self.succeeded)
+    }
+}
+
+/// Where an earlier output's URL is, as recorded.
+fn url_of(o: OutputUrlRow) -> OutputUrl {
+    OutputUrl {
+        output_id: o.id,
+        job_id: o.job_id,
+        url: o.url,
+        issued_ms: o.url_issued_at,
     }
 }
 
