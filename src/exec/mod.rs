@@ -33,8 +33,9 @@ pub struct Links {
 }
 
 /// Outputs of earlier tasks that a resume, checking the kept files beside the run, found
-/// missing or modified (and set aside): the executor fetches each again from its job, free.
-pub type Refetch = tokio::sync::oneshot::Receiver<Vec<crate::store::OutputUrlRow>>;
+/// missing or modified (and set aside: no path recorded): the executor fetches each again from
+/// its job, free.
+pub type Refetch = tokio::sync::oneshot::Receiver<Vec<crate::store::OutputRow>>;
 
 /// What to do with a call that was sent and got no complete answer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]

@@ -23,7 +23,7 @@ use crate::exec::rows::{Rows, record_identities};
 use crate::exec::shared::{OutputUrl, Shared};
 use crate::exec::{Config, Fatal, Links, Observer, OnAmbiguous, Outcome, Refetch, Stop};
 use crate::plan::graph::{Graph, Instance};
-use crate::store::{OutputUrlRow, StoreError, TaskStatus};
+use crate::store::{OutputRow, StoreError, TaskStatus};
 
 /// 429s one task may meet before it fails: the limiter slows down long before this.
 const MAX_THROTTLED: u32 = 30;
@@ -216,45 +216,37 @@ impl Scheduler {
     /// not on disk: the others are not read at all.
     async fn restore_outputs(&mut self) -> Result<(), StoreError> {
         let store = self.shared.store.clone();
-        let graph = Arc::clone(&self.graph);
-        let index = graph.index();
-        let run_id = self.config.run_id.clone();
-        let mut read: Vec<i64> = (0..graph.len())
+        let mut read: Vec<i64> = (0..self.graph.len())
             .filter(|t| self.state[*t] == State::Done && self.still_read(*t))
             .map(|t| self.rows.ids.get(t))
             .filter(|id| *id != 0)
             .collect();
         read.sort_unstable();
-        store
-            .each_output_url(&run_id, &read, |o| {
-                let Some(t) = index.get(&o.item, &o.step, o.idx) else {
-                    return Ok(());
-                };
-                let missing = !o.stored;
-                if !missing && !self.still_read(t) {
-                    return Ok(());
-                }
-                let k = o.k;
-                self.shared.set_url(t, k, url_of(o));
-                if missing {
-                    self.spawn_download(t, k);
-                }
-                Ok(())
-            })
-            .await
+        let mut outputs = store.unstored_outputs(&self.config.run_id).await?;
+        let stored = store.outputs_of_tasks(&read).await?.into_iter();
+        outputs.extend(stored.filter(|o| o.path.is_some()));
+        self.take_outputs(outputs);
+        Ok(())
     }
 
-    /// Fetches again, from their jobs, earlier outputs found missing or modified.
-    fn fetch_again(&mut self, outputs: Vec<OutputUrlRow>) {
+    /// Keeps the URLs of earlier outputs that a task still to run reads, and downloads, from
+    /// their jobs, those with no file or object.
+    fn take_outputs(&mut self, outputs: Vec<OutputRow>) {
         let graph = Arc::clone(&self.graph);
         let index = graph.index();
         for o in outputs {
             let Some(t) = index.get(&o.item, &o.step, o.idx) else {
                 continue;
             };
+            let missing = o.path.is_none();
+            if !missing && !self.still_read(t) {
+                continue;
+            }
             let k = o.k;
             self.shared.set_url(t, k, url_of(o));
-            self.spawn_download(t, k);
+            if missing {
+                self.spawn_download(t, k);
+            }
         }
     }
 
@@ -346,7 +338,7 @@ impl Scheduler {
                 found = checked(&mut self.refetch), if self.refetch.is_some() => {
                     self.refetch = None;
                     match found {
-                        Ok(outputs) => self.fetch_again(outputs),
+                        Ok(outputs) => self.take_outputs(outputs),
                         Err(_) => tracing::warn!(
                             "the check of the kept files ended without an answer; the next resume checks them again"
                         ),
@@ -815,7 +807,7 @@ impl Scheduler {
 }
 
 /// Where an earlier output's URL is, as recorded.
-fn url_of(o: OutputUrlRow) -> OutputUrl {
+fn url_of(o: OutputRow) -> OutputUrl {
     OutputUrl {
         output_id: o.id,
         job_id: o.job_id,
@@ -827,7 +819,7 @@ fn url_of(o: OutputUrlRow) -> OutputUrl {
 /// The outputs a resume's check found to fetch again, once it ends; never, without one.
 async fn checked(
     refetch: &mut Option<Refetch>,
-) -> Result<Vec<OutputUrlRow>, tokio::sync::oneshot::error::RecvError> {
+) -> Result<Vec<OutputRow>, tokio::sync::oneshot::error::RecvError> {
     match refetch {
         Some(rx) => rx.await,
         None => std::future::pending().await,

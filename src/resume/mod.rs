@@ -241,7 +241,12 @@ pub fn beside(
                     started.elapsed(),
                     refetch.len()
                 );
-                let _ = tx.send(refetch.into_iter().map(|r| r.output.into()).collect());
+                // Set aside: no file or object is recorded for them any more.
+                let outputs = refetch.into_iter().map(|r| OutputRow {
+                    path: None,
+                    ..r.output
+                });
+                let _ = tx.send(outputs.collect());
             }
             Err(e) => tracing::warn!(
                 "cannot check the kept outputs of run {run_id}: {e}; the next resume checks them again"

@@ -23,11 +23,6 @@ pub(super) async fn load(
     identities: bool,
 ) -> Result<Records, StoreError> {
     let mut r = Records::empty(graph);
-    let batch = graph.instances();
-    let instance = |t: usize| match graph.task(t).instance {
-        Instance::Item(i) => i,
-        Instance::Batch => batch,
-    };
     // Under a changed pipeline the previous identities need every row, kept whole.
     let mut all: Vec<TaskRow> = Vec::new();
     if previous.is_some() {
@@ -40,7 +35,6 @@ pub(super) async fn load(
                     return;
                 };
                 r.ids.set(t, row.id);
-                r.has_rows[instance(t)] = true;
                 if row.status != TaskStatus::Succeeded {
                     r.open.insert(t, row);
                 }
@@ -57,11 +51,12 @@ pub(super) async fn load(
         .await?;
         removed.sort_unstable_by_key(|row: &TaskRow| row.id);
         (r.removed, r.open) = (removed, open);
-        for i in 0..graph.instances() {
-            r.has_rows[i] = r.ids.any_of(graph, Instance::Item(i));
-        }
-        r.has_rows[batch] = r.ids.any_of(graph, Instance::Batch);
     }
+    let batch = graph.instances();
+    for i in 0..batch {
+        r.has_rows[i] = r.ids.any_of(graph, Instance::Item(i));
+    }
+    r.has_rows[batch] = r.ids.any_of(graph, Instance::Batch);
     if identities || previous.is_some() {
         r.hashes = store.output_hashes(run_id).await?;
     }

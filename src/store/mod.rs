@@ -49,8 +49,8 @@ pub use resume::{
 };
 pub use runs::{AmbiguousAttempt, NewRun, RunRow, RunStatus, StepCounts};
 pub use tasks::{
-    AttemptOutcome, LastAttempt, NewTask, OutputRow, OutputUrlRow, Settled, TaskRow, TaskStatus,
-    Totals, UrlIssued,
+    AttemptOutcome, LastAttempt, NewTask, OutputRow, Settled, TaskRow, TaskStatus, Totals,
+    UrlIssued,
 };
 
 /// The directory under the user's state directory that holds the default database.

@@ -120,37 +120,6 @@ pub struct UrlIssued {
     pub issued_at: i64,
 }
 
-/// An output as [`Store::each_output_url`] reads it.
-#[derive(Clone, Debug)]
-pub struct OutputUrlRow {
-    pub id: i64,
-    pub item: String,
-    pub step: String,
-    pub idx: u32,
-    pub k: u32,
-    pub job_id: String,
-    pub url: String,
-    pub url_issued_at: i64,
-    /// Its file or object is stored (its path recorded).
-    pub stored: bool,
-}
-
-impl From<OutputRow> for OutputUrlRow {
-    fn from(o: OutputRow) -> OutputUrlRow {
-        OutputUrlRow {
-            stored: o.path.is_some(),
-            id: o.id,
-            item: o.item,
-            step: o.step,
-            idx: o.idx,
-            k: o.k,
-            job_id: o.job_id,
-            url: o.url,
-            url_issued_at: o.url_issued_at,
-        }
-    }
-}
-
 #[derive(Clone, Debug)]
 pub struct OutputRow {
     pub id: i64,
@@ -649,58 +618,21 @@ impl Store {
         Ok(())
     }
 
-    /// Calls `f` with what a continued run's executor needs of outputs of the run (where its
-    /// URL is, whether its file is stored): those not stored, and those of the tasks of row ids
-    /// `of_tasks` (sorted), whose readers are still to run. Not the run's every output: a
-    /// takeover reads the few it needs, a statement per 500 tasks.
-    pub async fn each_output_url(
-        &self,
-        run_id: &str,
-        of_tasks: &[i64],
-        mut f: impl FnMut(OutputUrlRow) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
-        use futures::TryStreamExt;
-        const COLUMNS: &str = "o.id, t.item, t.step, t.idx, o.k, o.job_id, o.url, o.url_issued_at,
-            CAST(CASE WHEN o.path IS NULL THEN 0 ELSE 1 END AS BIGINT) AS stored
-            FROM outputs o JOIN tasks t ON t.id = o.task_id";
-        let row = |r: &sqlx::any::AnyRow| -> Result<OutputUrlRow, StoreError> {
-            Ok(OutputUrlRow {
-                id: r.try_get("id")?,
-                item: r.try_get("item")?,
-                step: r.try_get("step")?,
-                idx: u32::try_from(r.try_get::<i64, _>("idx")?).unwrap_or(0),
-                k: u32::try_from(r.try_get::<i64, _>("k")?).unwrap_or(0),
-                job_id: r.try_get("job_id")?,
-                url: r.try_get("url")?,
-                url_issued_at: r.try_get("url_issued_at")?,
-                stored: r.try_get::<i64, _>("stored")? != 0,
-            })
-        };
-        let sql = format!("SELECT {COLUMNS} WHERE o.run_id = $1 AND o.path IS NULL ORDER BY o.id");
+    /// The run's outputs with no file or object (a download that failed, was cut by a kill,
+    /// or was set aside to be fetched again), whole: few, and each to be downloaded.
+    pub async fn unstored_outputs(&self, run_id: &str) -> Result<Vec<OutputRow>, StoreError> {
+        let sql = format!(
+            "SELECT {OUTPUT_COLUMNS}
+             FROM outputs o JOIN tasks t ON t.id = o.task_id
+             WHERE o.run_id = $1 AND o.path IS NULL
+             ORDER BY t.id, o.k"
+        );
         // A fixed text: no value is ever part of it.
-        let mut unstored = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(run_id)
-            .fetch(self.pool());
-        while let Some(r) = unstored.try_next().await? {
-            f(row(&r)?)?;
-        }
-        drop(unstored);
-        for chunk in of_tasks.chunks(500) {
-            let marks = rows(self.backend(), chunk.len(), 1, |p| p[0].clone());
-            let sql = format!(
-                "SELECT {COLUMNS} WHERE o.task_id IN ({marks}) AND o.path IS NOT NULL
-                 ORDER BY o.task_id, o.k"
-            );
-            // Built from a fixed placeholder list: no value is ever part of the text.
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for id in chunk {
-                query = query.bind(id);
-            }
-            for r in query.fetch_all(self.pool()).await? {
-                f(row(&r)?)?;
-            }
-        }
-        Ok(())
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter().map(output_row).collect()
     }
 
     pub async fn totals(&self, run_id: &str) -> Result<Totals, StoreError> {
