@@ -61,10 +61,10 @@ impl Destination for Path {
             bytes,
         } = body;
         let dest = self.join(format!("{stem}.{ext}"));
-        let (dir, stem, sha) = (self.to_path_buf(), stem.to_owned(), sha256.clone());
+        let (dir, stem) = (self.to_path_buf(), stem.to_owned());
         // The file lands in one trip to the blocking pool: every trip is two thread switches,
         // which cost more than writing a small image.
-        let path = blocking(&dest.clone(), move || {
+        blocking(&dest.clone(), move || {
             let part = match body {
                 Body::Held(chunks) => {
                     let part = new_part(&dir, &stem, &chunks)?;
@@ -78,17 +78,15 @@ impl Destination for Path {
                 }
                 Body::Spilled(part) => part,
             };
-            let path = persist(part, &dest, &sha)?;
-            let stamp = stamp(&path);
-            Ok((path, stamp))
+            let path = persist(part, &dest, &sha256)?;
+            Ok(LocalFile {
+                stamp: stamp(&path),
+                path,
+                bytes,
+                sha256,
+            })
         })
-        .await?;
-        Ok(LocalFile {
-            path: path.0,
-            bytes,
-            sha256,
-            stamp: path.1,
-        })
+        .await
     }
 }
 

@@ -15,8 +15,9 @@ use super::layout;
 const RANDOM_CHARS: usize = 12;
 
 /// A download's temporary file in `dir`, hidden and named after the file it will become and
-/// marked as this process's: `.<stem>.<mark><random>.part`. Its mode is an ordinary new file's (`0o666` less the umask), as
-/// the image it becomes is the user's to open, not a secret.
+/// marked as this process's: `.<stem>.<mark><random>.part`. Its mode is an ordinary new
+/// file's (`0o666` less the umask), as the image it becomes is the user's to open, not a
+/// secret.
 pub fn part_file(dir: &Path, stem: &str) -> io::Result<NamedTempFile> {
     let prefix = layout::part_prefix(stem);
     let mut builder = Builder::new();
