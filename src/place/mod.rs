@@ -20,6 +20,7 @@
 mod address;
 mod keep;
 pub mod layout;
+pub mod listing;
 pub mod local;
 mod objects;
 pub mod temp;

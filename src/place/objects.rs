@@ -345,12 +345,17 @@ impl Objects {
     }
 
     /// Writes a run file (manifest, report page, thumbnail) whole, replacing the one before:
-    /// a single PUT, so a reader sees the old file or the new one, never half of one.
-    pub async fn replace(&self, key: &Key, body: impl Into<PutPayload>) -> Result<(), ObjectError> {
+    /// a single PUT, so a reader sees the old file or the new one, never half of one. Returns
+    /// the object's ETag when the store gave one.
+    pub async fn replace(
+        &self,
+        key: &Key,
+        body: impl Into<PutPayload>,
+    ) -> Result<Option<String>, ObjectError> {
         self.store
             .put(key, body.into())
             .await
-            .map(|_| ())
+            .map(|put| put.e_tag)
             .map_err(|e| self.error("cannot write", key, &e))
     }
 

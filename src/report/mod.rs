@@ -81,18 +81,17 @@ pub async fn write(
         }
         (Address::Local(_), out) => out.and_then(Address::as_local),
     };
-    write_local(store, run, out, observed, None, thumbs::Known::default()).await
+    write_local(store, run, out, observed, None).await
 }
 
-/// [`write`] into a local directory; `rebase` turns recorded outputs under its first part into
-/// paths under its second (a run in object storage, staged locally).
+/// [`write`] into a local directory; `remote` stages each page's outputs of a run in object
+/// storage in it, and keeps what the page made there.
 async fn write_local(
     store: &Store,
     run: RunRow,
     out: Option<&Path>,
     observed: Observed,
-    rebase: Option<(&Address, &Path)>,
-    known: thumbs::Known,
+    remote: Option<remote::Pages>,
 ) -> Result<Written, Error> {
     let Some(run_dir) = run.dir().local() else {
         return Err(Error::Other(anyhow::anyhow!(
@@ -117,7 +116,7 @@ async fn write_local(
         shared: &shared,
         dir: &dir,
         thumbs: run_dir.thumbs(),
-        known: Arc::new(known),
+        remote,
         batch: Vec::new(),
         reads: HashSet::new(),
         images: 0,
@@ -132,10 +131,8 @@ async fn write_local(
     let mut items = 0;
     let mut item: Option<String> = None;
     while let Some(mut row) = rows.try_next().await? {
-        if let (Some((from, to)), Some(o)) = (rebase, row.output.as_mut())
-            && let Some(rel) = o.address().and_then(|a| a.relative_to(from))
-        {
-            o.path = Some(to.join(rel).to_string_lossy().into_owned());
+        if let (Some(remote), Some(o)) = (&book.remote, row.output.as_mut()) {
+            remote.rebase(o);
         }
         if item.as_deref() != Some(row.task.item.as_str()) {
             if items == PER_PAGE {
@@ -177,8 +174,8 @@ struct Book<'a> {
     shared: &'a Shared,
     dir: &'a Path,
     thumbs: PathBuf,
-    /// Thumbnails known without reading them (a run in object storage).
-    known: Arc<thumbs::Known>,
+    /// The run's place in object storage, staged a page at a time.
+    remote: Option<remote::Pages>,
     problems: Problems,
     /// The batch's tasks (first page), which items on later pages may read.
     batch: Vec<ReportTask>,
@@ -237,9 +234,18 @@ impl Book<'_> {
             .iter()
             .filter_map(|(_, o)| Some((PathBuf::from(o.path.as_deref()?), o.sha256.clone())))
             .collect();
-        let mut made = thumbs::previews(&self.thumbs, files, &self.known)
-            .await
-            .into_iter();
+        let (known, staged) = match &self.remote {
+            Some(remote) => {
+                let on_page: Vec<&ReportOutput> = outputs.iter().map(|(_, o)| o).collect();
+                remote.stage(&on_page).await?
+            }
+            None => Default::default(),
+        };
+        let previews = thumbs::previews(&self.thumbs, files, &Arc::new(known)).await;
+        if let Some(remote) = &self.remote {
+            remote.keep(&previews, staged).await?;
+        }
+        let mut made = previews.into_iter();
         let mut shown: HashMap<usize, Vec<Shown>> = HashMap::new();
         for (t, row) in outputs {
             let preview = if row.path.is_some() {

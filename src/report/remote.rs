@@ -1,49 +1,47 @@
 //! The report of a run whose directory is in object storage. The page is made by the same
-//! code as a local one, in a local staging copy of the run directory (what of its outputs and
-//! thumbnails must be read, read from the bucket), then its pages and new thumbnails are put
-//! under the run's prefix. Its links are relative to the run's prefix, so the page works when
-//! browsed from the bucket, wherever `--out` puts it.
+//! code as a local one, in a local staging copy of the run directory, a page at a time: what
+//! of a page's outputs must be read is read from the bucket before the page is made, the
+//! thumbnails it made are put under the run's prefix after, and its staged files removed.
+//! Its links are relative to the run's prefix, so the page works when browsed from the bucket,
+//! wherever `--out` puts it.
 //!
 //! A report reads an output whole only when it has no thumbnail yet: a thumbnail needs the
-//! image's bytes, and carries the image's size from then on. One whose thumbnail is in the
-//! bucket is not read at all: a listing of the run's prefix (a request per 1,000 keys) says it
-//! is there as recorded (its size and ETag), and the local report is told to trust it
-//! ([`Known::trusted`]). Nor is the thumbnail read when the catalogue beside the thumbnails
-//! ([`CATALOGUE`]) says what the page shows of it. So each image is read once in the run's life,
-//! by its first report; one the listing shows gone is said so on the page, one it shows changed
-//! is read again, and said changed. (A thumbnail made before thumbnails carried the size has its
-//! image's header read, 4 KiB, as then.)
+//! image's bytes, and what it shows (the image's size, its own, whether it has alpha) is
+//! recorded in the state database when it is put ([`Store::record_thumbnails`]). So each image
+//! is read once in the run's life, by its first report, and a report made again reads no image
+//! nor thumbnail: two comparisons with listings (a request per 1,000 keys) say the outputs and
+//! thumbnails are there as recorded (their size and ETag). An output the listing shows gone is
+//! said so on the page; one it shows changed is read again, and said changed; a thumbnail gone
+//! or changed is forgotten, and made again.
 //!
-//! Memory: the outputs to stage, and the names of the thumbnails, are held while the report is
-//! made (a key and a few numbers each): this report grows with the run's outputs, where a local
-//! one holds a page.
+//! Memory: the comparisons stream the records from the database in key order, a listing's
+//! page at a time ([`listing::compare`]), and keep for the run as a whole only the outputs
+//! that disagree (an id and a byte each); the rest is a page's: its thumbnails' rows and its
+//! staged files (on disk). A report of a night of 900,000 outputs holds what one of 900 does.
 
 use std::collections::{HashMap, HashSet};
+use std::future::ready;
 use std::path::{Path, PathBuf};
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt, TryStreamExt};
 
 use crate::error::Error;
 use crate::place::layout::THUMBS;
+use crate::place::listing::{self, OBJECTS_PER_PAGE, Record, Seen};
 use crate::place::{Address, ObjectError, ObjectUrl, Objects, strong_etag};
 use crate::report::html::MARKER;
 use crate::report::live::Observed;
-use crate::report::thumbs::{Facts, Known, image_size, thumb_path};
+use crate::report::thumbs::{Facts, Known, Preview, thumb_name};
 use crate::report::{Written, refuse_foreign, write_local};
-use crate::store::{RunRow, Store};
+use crate::store::{ReportOutput, RunRow, Store, ThumbnailRow};
 
-/// The thumbnails' catalogue, under `<run>/_thumbs/`: what each thumbnail says of itself
-/// (the image's size, its own, whether it has alpha), so that a report made again needs none
-/// of their bytes. A thumbnail it lacks (made by an older imgpipe, or by a report that ran
-/// at the same time and wrote its own catalogue last) is read, and the catalogue written again.
-const CATALOGUE: &str = "index.tsv";
-
-/// What is read of an output whose thumbnail is made: a PNG's size is in its first 33 bytes.
-const HEADER_BYTES: u64 = 4096;
-
-/// Objects read at once while staging: round trips, not bandwidth, bound a run of many
-/// small images.
+/// Objects read or put at once while a page is staged or kept: round trips, not bandwidth,
+/// bound a run of many small images.
 const READS_IN_FLIGHT: usize = 8;
+
+/// Listings compared with the records at once: a night's 900,000 outputs are 900 pages, a
+/// minute and a half of round trips one after the other.
+const LISTINGS_IN_FLIGHT: usize = 16;
 
 fn failed(e: impl std::fmt::Display) -> Error {
     Error::Other(anyhow::anyhow!("cannot write the report: {e}"))
@@ -63,18 +61,21 @@ pub(super) async fn write(
     let stage = tempfile::tempdir().map_err(failed)?;
     let local_run = stage.path().join(&run.id);
     let started = std::time::Instant::now();
-    let (made, mut known) = stage_thumbnails(&objects, &local_run)
-        .await
-        .map_err(failed)?;
+    let differ = outputs_not_as_recorded(store, &run.id, run_url).await?;
+    let forgotten = forget_missing_thumbnails(store, &run.id, &objects.child(THUMBS)).await?;
     tracing::debug!(
-        "{} thumbnail(s) known, {} read, in {:.2?}",
-        known.facts.len(),
-        made.len() - known.facts.len(),
+        "{} output(s) not as recorded, {forgotten} thumbnail(s) gone, found in {:.2?}",
+        differ.len(),
         started.elapsed()
     );
-    known.trusted = stage_outputs(store, &objects, &run.id, run_url, &local_run, &made).await?;
-    let catalogued = known.facts.clone();
-    tracing::debug!("outputs staged after {:.2?}", started.elapsed());
+    let pages = Pages {
+        store: store.clone(),
+        run_id: run.id.clone(),
+        run_url: run_url.clone(),
+        local_run: local_run.clone(),
+        thumbs: objects.child(THUMBS),
+        differ,
+    };
 
     let page = out
         .and_then(Address::file_name)
@@ -84,20 +85,8 @@ pub(super) async fn write(
         ..run
     };
     let staged_out = local_run.join(&page);
-    let rebase = (run_dir.root(), local_run.as_path());
-    let mut written = write_local(
-        store,
-        staged,
-        Some(&staged_out),
-        observed,
-        Some(rebase),
-        known,
-    )
-    .await?;
-
+    let mut written = write_local(store, staged, Some(&staged_out), observed, Some(pages)).await?;
     tracing::debug!("pages made after {:.2?}", started.elapsed());
-    put_thumbnails(&objects, &local_run.join(THUMBS), &made, catalogued).await?;
-    tracing::debug!("thumbnails put after {:.2?}", started.elapsed());
     // The staging directory's path would show where the run's place is named.
     let shown = local_run.to_string_lossy().into_owned();
     let pages: Vec<String> = names_in(&local_run)
@@ -124,279 +113,311 @@ pub(super) async fn write(
     Ok(written)
 }
 
-/// The thumbnails already under `<run>/_thumbs/`: those its catalogue ([`CATALOGUE`]) knows
-/// are not read, the others are read into the staging copy, several at once. Returns every
-/// thumbnail's name, each with whether it carries its image's size, and what the catalogue
-/// knows.
-async fn stage_thumbnails(
-    objects: &Objects,
-    local_run: &Path,
-) -> Result<(HashMap<String, bool>, Known), ObjectError> {
-    let thumbs = objects.child(THUMBS);
-    let names = objects.names(thumbs.prefix()).await?;
-    let catalogue = match thumbs.read(&thumbs.key(CATALOGUE)).await? {
-        Some(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
-        None => String::new(),
-    };
-    let mut listed: HashMap<String, bool> = HashMap::new();
-    let mut known = Known {
-        dated: thumbs_dated(),
-        ..Known::default()
-    };
-    let in_catalogue: HashMap<String, Facts> = Known::parse(&catalogue).collect();
-    let mut to_read = Vec::new();
-    for name in names.into_iter().filter(|n| n.ends_with(".png")) {
-        match in_catalogue.get(&name) {
-            Some(facts) => {
-                listed.insert(name.clone(), facts.size.is_some());
-                known.facts.insert(name, *facts);
-            }
-            None => to_read.push(name),
-        }
+/// Whether two ETags, one recorded and one listed, say other bytes: both say something of
+/// the bytes (neither weak nor missing), and differ.
+fn etags_differ(recorded: Option<&str>, listed: Option<&str>) -> bool {
+    match (recorded.and_then(strong_etag), listed.and_then(strong_etag)) {
+        (Some(a), Some(b)) => a != b,
+        _ => false,
     }
-    let dir = local_run.join(THUMBS);
-    let _ = std::fs::create_dir_all(&dir);
-    let (thumbs, dir) = (&thumbs, &dir);
-    let staged: Vec<Result<Option<(String, bool)>, ObjectError>> = futures::stream::iter(to_read)
-        .map(|name| async move {
-            let Some(bytes) = thumbs.read(&thumbs.key(&name)).await? else {
-                return Ok(None);
-            };
-            let sized = image_size(&bytes).is_some();
-            Ok(stage_file(&dir.join(&name), &bytes, Some(thumbs_dated()))
-                .is_ok()
-                .then_some((name, sized)))
-        })
-        .buffer_unordered(READS_IN_FLIGHT)
-        .collect()
-        .await;
-    for found in staged {
-        if let Some((name, sized)) = found? {
-            listed.insert(name, sized);
-        }
-    }
-    Ok((listed, known))
 }
 
-/// Puts the thumbnails this report made (those in the staging copy's `dir` that were not in
-/// the bucket, `listed`) under the run's prefix, several at once, then the catalogue of every
-/// thumbnail read or made when it knew fewer than that (`catalogued`: what it knew).
-async fn put_thumbnails(
-    objects: &Objects,
-    dir: &Path,
-    listed: &HashMap<String, bool>,
-    mut catalogued: HashMap<String, Facts>,
-) -> Result<(), Error> {
-    let thumbs = objects.child(THUMBS);
-    let before = catalogued.len();
-    let mut new = Vec::new();
-    for name in names_in(dir).into_iter().filter(|n| n.ends_with(".png")) {
-        let bytes = std::fs::read(dir.join(&name)).map_err(failed)?;
-        if let Some(facts) = Facts::of(&bytes) {
-            catalogued.insert(name.clone(), facts);
-        }
-        if !listed.contains_key(&name) {
-            new.push((name, bytes));
-        }
-    }
-    let thumbs = &thumbs;
-    let put: Vec<Result<(), ObjectError>> = futures::stream::iter(new)
-        .map(|(name, bytes)| async move { thumbs.replace(&thumbs.key(&name), bytes).await })
-        .buffer_unordered(READS_IN_FLIGHT)
-        .collect()
-        .await;
-    put.into_iter().collect::<Result<(), _>>().map_err(failed)?;
-    if catalogued.len() > before {
-        let text = Known::lines(catalogued.iter());
-        thumbs
-            .replace(&thumbs.key(CATALOGUE), text.into_bytes())
-            .await
-            .map_err(failed)?;
-    }
-    Ok(())
-}
-
-/// What of an output is read into the staging copy.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Read {
-    /// Nothing: its thumbnail is staged and carries the image's size. The file is staged
-    /// empty, which the report, trusting the record, does not read.
-    Nothing,
-    /// Its header (its size): its thumbnail is staged, but was made before thumbnails
-    /// carried the size.
-    Header,
-    /// All of it: it has no thumbnail yet, which the report makes of its bytes, or the
-    /// listing shows it changed since it was recorded.
-    Whole,
-    /// Not there: the listing of the run's prefix does not have it.
-    Gone,
-}
-
-/// An output to stage: its URL, what to read of it, and its size and ETag as recorded (the
-/// ETag as its hash: 8 bytes an output, not a string).
-struct Staging {
+/// A recorded output of the run, as its listing is compared with it.
+struct Kept {
+    id: i64,
     url: ObjectUrl,
-    read: Read,
     bytes: Option<u64>,
-    etag: Option<u64>,
+    etag: Option<String>,
 }
 
-/// The hash an ETag is compared by; `None` for one that says nothing of the bytes.
-fn etag_hash(etag: &str) -> Option<u64> {
-    use std::hash::{Hash, Hasher};
-    let etag = strong_etag(etag)?;
-    let mut hasher = std::hash::DefaultHasher::new();
-    etag.hash(&mut hasher);
-    Some(hasher.finish())
+impl Record for Kept {
+    fn url(&self) -> &ObjectUrl {
+        &self.url
+    }
+
+    /// As recorded, unless its size or ETag says otherwise: an output recorded before ETags
+    /// were kept is taken as there by its size, as its thumbnail is by its name.
+    fn agrees(&self, bytes: u64, etag: Option<&str>) -> bool {
+        self.bytes.is_none_or(|b| b == bytes) && !etags_differ(self.etag.as_deref(), etag)
+    }
 }
 
-/// Lists the run's prefix (a request per 1,000 keys) when some outputs are to be staged
-/// without their bytes, and reads whole those the listing shows changed (another size or
-/// ETag than recorded) or marks them gone: so the page still says what was removed or changed
-/// in the bucket, without a request an image.
-async fn confirm_by_listing(objects: &Objects, outputs: &mut [Staging]) -> Result<(), Error> {
-    if outputs.iter().all(|o| o.read == Read::Whole) {
-        return Ok(());
-    }
-    // By key (all are under the run's prefix): the order S3 lists in.
-    outputs.sort_unstable_by(|a, b| a.url.key.cmp(&b.url.key));
-    let listing = objects.list_after(Some(objects.prefix().as_ref()), None);
-    let mut listing = std::pin::pin!(listing);
-    let mut next = 0;
-    while let Some(found) = listing.next().await {
-        let found = found.map_err(failed)?;
-        while let Some(o) = outputs.get_mut(next) {
-            match o.url.key.as_str().cmp(found.key.as_str()) {
-                std::cmp::Ordering::Greater => break,
-                std::cmp::Ordering::Less => {
-                    if o.read != Read::Whole {
-                        o.read = Read::Gone;
-                    }
-                }
-                std::cmp::Ordering::Equal => {
-                    let listed = found.etag.as_deref().and_then(etag_hash);
-                    let etag_changed = o.etag.zip(listed).is_some_and(|(a, b)| a != b);
-                    if etag_changed || o.bytes.is_some_and(|b| b != found.bytes) {
-                        o.read = Read::Whole;
-                    }
-                }
-            }
-            next += 1;
-        }
-    }
-    for o in &mut outputs[next..] {
-        if o.read != Read::Whole {
-            o.read = Read::Gone;
-        }
-    }
-    Ok(())
+/// A thumbnail the report put, as its listing is compared with it.
+struct Put {
+    name: String,
+    url: ObjectUrl,
+    bytes: u64,
+    etag: Option<String>,
 }
 
-/// Reads each recorded output of the run into the staging copy, where the report looks for
-/// it, as much of it as the report needs (`thumbs`: the thumbnails staged, whether each
-/// carries its image's size); one that is gone from the bucket stays missing there too, and
-/// the page says so.
-async fn stage_outputs(
+impl Record for Put {
+    fn url(&self) -> &ObjectUrl {
+        &self.url
+    }
+
+    fn agrees(&self, bytes: u64, etag: Option<&str>) -> bool {
+        self.bytes == bytes && !etags_differ(self.etag.as_deref(), etag)
+    }
+}
+
+/// The records of `records` (in key order, of one bucket) that a listing does not show as
+/// recorded, each made `T` by `keep` with how it was seen: pages of [`OBJECTS_PER_PAGE`]
+/// compared side by side, [`LISTINGS_IN_FLIGHT`] at once.
+async fn not_as_listed<R, T>(
+    records: impl Stream<Item = Result<R, Error>> + Send,
+    keep: impl Fn(&R, Seen) -> T + Copy + Send,
+) -> Result<Vec<T>, Error>
+where
+    R: Record + Send + Sync,
+    T: Send,
+{
+    records
+        .try_chunks(OBJECTS_PER_PAGE)
+        .map_err(|e| e.1)
+        .map_ok(|page| async move {
+            let mut seen = vec![Seen::Unlisted; page.len()];
+            listing::compare(&page, &mut seen).await.map_err(failed)?;
+            Ok::<_, Error>(
+                page.iter()
+                    .zip(seen)
+                    .filter(|(_, seen)| *seen != Seen::Same)
+                    .map(|(r, seen)| keep(r, seen))
+                    .collect::<Vec<T>>(),
+            )
+        })
+        .try_buffer_unordered(LISTINGS_IN_FLIGHT)
+        .try_fold(Vec::new(), |mut all, some| {
+            all.extend(some);
+            ready(Ok(all))
+        })
+        .await
+}
+
+/// The run's outputs under its prefix that the listing does not show as recorded, by id
+/// (sorted): gone ([`Seen::Unlisted`]) or changed ([`Seen::Other`]).
+async fn outputs_not_as_recorded(
     store: &Store,
-    objects: &Objects,
     run_id: &str,
     run_url: &ObjectUrl,
-    local_run: &Path,
-    thumbs: &HashMap<String, bool>,
-) -> Result<HashSet<PathBuf>, Error> {
-    let mut outputs = Vec::new();
-    let thumb_dir = local_run.join(THUMBS);
-    store
-        .each_output(run_id, false, |o| {
-            let Some(Address::Object(url)) = o.address() else {
-                return Ok(());
-            };
-            if url.under(run_url).is_none() {
-                return Ok(());
-            }
-            let thumb = o.sha256.as_deref().and_then(|sha| {
-                let path = thumb_path(&thumb_dir, sha);
-                thumbs.get(&*path.file_name()?.to_string_lossy()).copied()
-            });
-            let read = match thumb {
-                Some(true) => Read::Nothing,
-                Some(false) => Read::Header,
-                None => Read::Whole,
-            };
-            outputs.push(Staging {
-                url,
-                read,
-                bytes: o.bytes,
-                etag: o.etag.as_deref().and_then(etag_hash),
-            });
-            Ok(())
-        })
-        .await?;
-    let started = std::time::Instant::now();
-    confirm_by_listing(objects, &mut outputs).await?;
-    tracing::debug!(
-        "{} output(s) compared with the listing in {:.2?}",
-        outputs.len(),
-        started.elapsed()
-    );
-    // Those the listing shows as recorded are not staged: their thumbnails stand for them.
-    let (unread, to_read): (Vec<Staging>, Vec<Staging>) = outputs
-        .into_iter()
-        .partition(|o| matches!(o.read, Read::Nothing | Read::Gone));
-    let trusted: HashSet<PathBuf> = unread
-        .into_iter()
-        .filter(|o| o.read == Read::Nothing)
-        .filter_map(|o| Some(local_run.join(o.url.under(run_url)?)))
-        .collect();
-    let (bucket, _) = Objects::at(run_url).map_err(failed)?;
-    let bucket = &bucket;
-    let staged: Vec<Result<(), Error>> = futures::stream::iter(to_read)
-        .map(|Staging { url, read, .. }| async move {
-            let Some(rel) = url.under(run_url) else {
-                return Ok(());
-            };
-            let key = object_store::path::Path::from(url.key.as_str());
-            let bytes = match read {
-                Read::Header => bucket.read_head(&key, HEADER_BYTES).await,
-                _ => bucket.read(&key).await,
-            };
-            let Some(bytes) = bytes.map_err(failed)? else {
-                return Ok(());
-            };
-            let dated = (read != Read::Whole).then_some(std::time::UNIX_EPOCH);
-            stage_file(&local_run.join(rel), &bytes, dated).map_err(failed)
-        })
-        .buffer_unordered(READS_IN_FLIGHT)
-        .collect()
-        .await;
-    staged.into_iter().collect::<Result<(), Error>>()?;
-    Ok(trusted)
+) -> Result<Vec<(i64, Seen)>, Error> {
+    let kept = store
+        .stored_outputs(run_id)
+        .map_err(Error::from)
+        .try_filter_map(|o| {
+            ready(Ok(match Address::recorded(&o.path) {
+                Address::Object(url) if url.under(run_url).is_some() => Some(Kept {
+                    id: o.id,
+                    url,
+                    bytes: o.bytes,
+                    etag: o.etag,
+                }),
+                _ => None,
+            }))
+        });
+    let mut differ = not_as_listed(kept, |k, seen| (k.id, seen)).await?;
+    differ.sort_unstable_by_key(|(id, _)| *id);
+    Ok(differ)
 }
 
-/// When the staged thumbnails say they were made: after the outputs staged without their
-/// bytes (dated at the epoch), before any output read whole (dated now), whatever the clock's
-/// grain: the local report reads an image again only when it is newer than its thumbnail.
+/// Forgets the recorded thumbnails the listing of `thumbs` does not show as they were put;
+/// returns how many.
+async fn forget_missing_thumbnails(
+    store: &Store,
+    run_id: &str,
+    thumbs: &Objects,
+) -> Result<usize, Error> {
+    let put = store
+        .thumbnails(run_id)
+        .map_err(Error::from)
+        .map_ok(|t| Put {
+            url: thumbs.url_of(&thumbs.key(&format!("{}.png", t.name))),
+            name: t.name,
+            bytes: t.bytes,
+            etag: t.etag,
+        });
+    let gone = not_as_listed(put, |t, _| t.name.clone()).await?;
+    store.forget_thumbnails(run_id, &gone).await?;
+    Ok(gone.len())
+}
+
+/// The pages of a report of a run in object storage, made in a local staging copy of the run
+/// directory (`local_run`): what of each page's outputs must be read is staged before it is
+/// made, and what it made is put after.
+pub(super) struct Pages {
+    store: Store,
+    run_id: String,
+    run_url: ObjectUrl,
+    local_run: PathBuf,
+    thumbs: Objects,
+    /// The outputs the listing did not show as recorded, by id (sorted).
+    differ: Vec<(i64, Seen)>,
+}
+
+impl Pages {
+    /// Makes an output recorded under the run's prefix a file of the staging copy.
+    pub(super) fn rebase(&self, o: &mut ReportOutput) {
+        if let Some(Address::Object(url)) = o.address()
+            && let Some(rel) = url.under(&self.run_url)
+        {
+            o.path = Some(self.local_run.join(rel).to_string_lossy().into_owned());
+        }
+    }
+
+    /// Stages what the page of `outputs` (rebased) needs: each output whose thumbnail is
+    /// recorded and that the listing showed as recorded is trusted unread; one the listing
+    /// showed changed, or with no thumbnail yet, is read whole; one gone stays missing, and
+    /// the page says so. Returns what the page knows without reading, and the files staged.
+    pub(super) async fn stage(
+        &self,
+        outputs: &[&ReportOutput],
+    ) -> Result<(Known, Vec<PathBuf>), Error> {
+        let mut names: Vec<String> = outputs
+            .iter()
+            .filter_map(|o| o.sha256.as_deref().map(thumb_name))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        let facts: HashMap<String, Facts> = self
+            .store
+            .thumbnails_named(&self.run_id, &names)
+            .await?
+            .into_iter()
+            .map(|t| {
+                let facts = Facts {
+                    size: Some(t.size),
+                    thumb_size: t.thumb_size,
+                    alpha: t.alpha,
+                };
+                (format!("{}.png", t.name), facts)
+            })
+            .collect();
+        let mut known = Known {
+            facts,
+            dated: thumbs_dated(),
+            trusted: HashSet::new(),
+        };
+        let mut to_read = Vec::new();
+        for o in outputs {
+            let Some(path) = o.path.as_deref().map(PathBuf::from) else {
+                continue;
+            };
+            let Ok(rel) = path.strip_prefix(&self.local_run) else {
+                continue;
+            };
+            let seen = self
+                .differ
+                .binary_search_by_key(&o.id, |(id, _)| *id)
+                .map_or(Seen::Same, |at| self.differ[at].1);
+            let thumbnailed = o.sha256.as_deref().is_some_and(|sha| {
+                known
+                    .facts
+                    .contains_key(&format!("{}.png", thumb_name(sha)))
+            });
+            match seen {
+                Seen::Unlisted => {}
+                Seen::Same if thumbnailed => {
+                    known.trusted.insert(path);
+                }
+                _ => {
+                    let url = self.run_url.join(&rel.to_string_lossy());
+                    to_read.push((path, url));
+                }
+            }
+        }
+        let staged = self.read(to_read).await?;
+        Ok((known, staged))
+    }
+
+    /// Reads each object into its file of the staging copy, several at once; returns the
+    /// files written (an object gone since the listing is not).
+    async fn read(&self, objects: Vec<(PathBuf, ObjectUrl)>) -> Result<Vec<PathBuf>, Error> {
+        let read: Vec<Result<Option<PathBuf>, Error>> = futures::stream::iter(objects)
+            .map(|(path, url)| async move {
+                let (bucket, key) = Objects::at(&url).map_err(failed)?;
+                let Some(bytes) = bucket.read(&key).await.map_err(failed)? else {
+                    return Ok(None);
+                };
+                stage_file(&path, &bytes).map_err(failed)?;
+                Ok(Some(path))
+            })
+            .buffer_unordered(READS_IN_FLIGHT)
+            .collect()
+            .await;
+        read.into_iter().filter_map(Result::transpose).collect()
+    }
+
+    /// After a page is made: puts the thumbnails it made under the run's prefix, records them,
+    /// and removes them and the page's `staged` files from the staging copy.
+    pub(super) async fn keep(
+        &self,
+        previews: &[Preview],
+        staged: Vec<PathBuf>,
+    ) -> Result<(), Error> {
+        let mut made: Vec<&Path> = previews
+            .iter()
+            .filter(|p| p.made)
+            .filter_map(|p| p.thumb.as_deref())
+            .collect();
+        made.sort_unstable();
+        made.dedup();
+        let thumbs = &self.thumbs;
+        let put: Vec<Result<Option<ThumbnailRow>, ObjectError>> = futures::stream::iter(made)
+            .map(|file| async move {
+                let (Some(name), Ok(bytes)) = (
+                    file.file_stem().map(|n| n.to_string_lossy().into_owned()),
+                    std::fs::read(file),
+                ) else {
+                    return Ok(None);
+                };
+                let facts = Facts::of(&bytes);
+                let size = bytes.len() as u64;
+                let etag = thumbs
+                    .replace(&thumbs.key(&format!("{name}.png")), bytes)
+                    .await?;
+                let _ = std::fs::remove_file(file);
+                Ok(facts.and_then(|f| {
+                    Some(ThumbnailRow {
+                        name,
+                        size: f.size?,
+                        thumb_size: f.thumb_size,
+                        alpha: f.alpha,
+                        bytes: size,
+                        etag,
+                    })
+                }))
+            })
+            .buffer_unordered(READS_IN_FLIGHT)
+            .collect()
+            .await;
+        for file in staged {
+            let _ = std::fs::remove_file(file);
+        }
+        let rows: Vec<ThumbnailRow> = put
+            .into_iter()
+            .filter_map(Result::transpose)
+            .collect::<Result<_, _>>()
+            .map_err(failed)?;
+        if let Err(e) = self.store.record_thumbnails(&self.run_id, &rows).await {
+            // The page is right; the next report makes these thumbnails again.
+            tracing::warn!("cannot record the report's thumbnails: {e}");
+        }
+        Ok(())
+    }
+}
+
+/// When the recorded thumbnails say they were made: before any output read whole (dated now),
+/// whatever the clock's grain: the local report reads an image again only when it is newer
+/// than its thumbnail.
 fn thumbs_dated() -> std::time::SystemTime {
     std::time::UNIX_EPOCH + std::time::Duration::from_secs(1)
 }
 
-/// Writes a staged file (its directory made), dated `modified` when given.
-fn stage_file(
-    to: &Path,
-    bytes: &[u8],
-    modified: Option<std::time::SystemTime>,
-) -> std::io::Result<()> {
+/// Writes a staged file, its directory made.
+fn stage_file(to: &Path, bytes: &[u8]) -> std::io::Result<()> {
     if let Some(dir) = to.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(to, bytes)?;
-    match modified {
-        Some(at) => std::fs::File::options()
-            .write(true)
-            .open(to)?
-            .set_modified(at),
-        None => Ok(()),
-    }
+    std::fs::write(to, bytes)
 }
 
 fn names_in(dir: &Path) -> Vec<String> {

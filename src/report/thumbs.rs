@@ -55,7 +55,7 @@ impl Facts {
 }
 
 /// Thumbnails known by name without being read or being on the local disk: a report of a run
-/// in object storage lists them in the bucket, and keeps what each says of itself beside them,
+/// in object storage records what each says of itself in the state database when it puts it,
 /// so a report made again reads none. Each counts as made at `dated`.
 #[derive(Debug)]
 pub struct Known {
@@ -77,48 +77,6 @@ impl Default for Known {
 }
 
 impl Known {
-    /// The catalogue's text: a line a thumbnail, `name  width  height  thumb-width
-    /// thumb-height  alpha` separated by tabs (`-` for a size the thumbnail does not carry).
-    pub fn lines<'a>(facts: impl Iterator<Item = (&'a String, &'a Facts)>) -> String {
-        let mut lines: Vec<String> = facts
-            .map(|(name, f)| {
-                let (w, h) = f.size.map_or(("-".into(), "-".into()), |(w, h)| {
-                    (w.to_string(), h.to_string())
-                });
-                let (tw, th) = f.thumb_size;
-                format!("{name}\t{w}\t{h}\t{tw}\t{th}\t{}", u8::from(f.alpha))
-            })
-            .collect();
-        lines.sort_unstable();
-        lines.iter().map(|l| format!("{l}\n")).collect()
-    }
-
-    /// The entries of a catalogue's text; a line that does not read is left out (its
-    /// thumbnail is then read, as one the catalogue lacks).
-    pub fn parse(text: &str) -> impl Iterator<Item = (String, Facts)> + '_ {
-        text.lines().filter_map(|line| {
-            let f: Vec<&str> = line.split('\t').collect();
-            let [name, w, h, tw, th, alpha] = f[..] else {
-                return None;
-            };
-            let size = match (w.parse(), h.parse()) {
-                (Ok(w), Ok(h)) => Some((w, h)),
-                _ if (w, h) == ("-", "-") => None,
-                _ => return None,
-            };
-            let facts = Facts {
-                size,
-                thumb_size: (tw.parse().ok()?, th.parse().ok()?),
-                alpha: match alpha {
-                    "0" => false,
-                    "1" => true,
-                    _ => return None,
-                },
-            };
-            (name.ends_with(".png") && !name.contains('/')).then(|| (name.to_owned(), facts))
-        })
-    }
-
     fn get(&self, thumb: &Path) -> Option<&Facts> {
         self.facts.get(&*thumb.file_name()?.to_string_lossy())
     }
@@ -318,8 +276,13 @@ fn written_after(file: &std::fs::Metadata, thumb: Option<&Path>, known: &Known) 
 }
 
 pub(crate) fn thumb_path(dir: &Path, sha: &str) -> PathBuf {
+    dir.join(format!("{}.png", thumb_name(sha)))
+}
+
+/// The name of the thumbnail of an image of this sha256, less `.png`: its first 128 bits.
+pub(crate) fn thumb_name(sha: &str) -> String {
     let name: String = sha.chars().take(32).collect();
-    dir.join(format!("{}.png", name.to_ascii_lowercase()))
+    name.to_ascii_lowercase()
 }
 
 /// The preview from a thumbnail already made for `sha`; the full image's size is the one the

@@ -30,6 +30,7 @@ mod report;
 mod resume;
 mod runs;
 pub(crate) mod tasks;
+mod thumbnails;
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -52,6 +53,7 @@ pub use tasks::{
     AttemptOutcome, LastAttempt, NewTask, OutputRow, Settled, TaskRow, TaskStatus, Totals,
     UrlIssued,
 };
+pub use thumbnails::ThumbnailRow;
 
 /// The directory under the user's state directory that holds the default database.
 pub const APP_DIR: &str = "imgpipe";
@@ -590,6 +592,31 @@ pub fn default_path() -> Option<PathBuf> {
         .filter(|p| p.is_absolute())
         .or_else(|| non_empty("HOME").map(|h| h.join(".local").join("state")))?;
     Some(base.join(APP_DIR).join(DEFAULT_FILE))
+}
+
+impl Store {
+    /// The rows of `query`, a page in the order of an index, read on PostgreSQL with sorts
+    /// disabled (`SET LOCAL enable_sort = off`): on a table not analysed yet (right after a
+    /// kill, when a takeover arrives) the planner guesses fewer rows than a page and would
+    /// rather sort every row of the run for each page than walk the index that gives them in
+    /// order (see the `outputs_by_path` migration).
+    pub(crate) async fn fetch_unsorted<'q>(
+        &self,
+        query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+    ) -> Result<Vec<sqlx::any::AnyRow>, StoreError> {
+        Ok(match self.backend() {
+            Backend::Sqlite => query.fetch_all(self.pool()).await?,
+            Backend::Postgres => {
+                let mut tx = self.pool().begin().await?;
+                sqlx::query("SET LOCAL enable_sort = off")
+                    .execute(&mut *tx)
+                    .await?;
+                let rows = query.fetch_all(&mut *tx).await?;
+                tx.commit().await?;
+                rows
+            }
+        })
+    }
 }
 
 /// `n` rows of `per_row` placeholders each, in order, laid out by `row` and joined with commas:

@@ -35,6 +35,7 @@ pub struct ReportTask {
 /// One output as the report shows it.
 #[derive(Clone, Debug)]
 pub struct ReportOutput {
+    pub id: i64,
     pub k: u32,
     pub job_id: String,
     pub path: Option<String>,
@@ -60,7 +61,7 @@ const REPORT_ROWS_SQLITE: &str = "WITH items AS MATERIALIZED (
             t.planned_credits, t.credits_billed, t.job_id, t.error,
             0 AS removed, r.run_id AS reused_run,
             (SELECT COUNT(*) FROM attempts a WHERE a.task_id = t.id) AS attempts,
-            o.k, o.job_id AS o_job, o.path, o.sha256, o.download_error
+            o.id AS o_id, o.k, o.job_id AS o_job, o.path, o.sha256, o.download_error
      FROM items i
      CROSS JOIN tasks t ON t.run_id = $1 AND t.item = i.item
      LEFT JOIN tasks r ON r.id = t.reused_from
@@ -78,7 +79,7 @@ const REPORT_ROWS_POSTGRES: &str = "SELECT t.id, t.item, t.step, t.idx, t.operat
             t.status, t.planned_credits, t.credits_billed, t.job_id, t.error,
             0 AS removed, r.run_id AS reused_run,
             (SELECT COUNT(*) FROM attempts a WHERE a.task_id = t.id) AS attempts,
-            o.k, o.job_id AS o_job, o.path, o.sha256, o.download_error
+            o.id AS o_id, o.k, o.job_id AS o_job, o.path, o.sha256, o.download_error
      FROM (SELECT id, item, step, idx, operation, inputs, status, planned_credits,
                   credits_billed, job_id, error, reused_from, removed_at,
                   MIN(id) OVER (PARTITION BY item) AS first
@@ -142,6 +143,7 @@ impl Store {
             .and_then(|r| async move {
                 let output = match r.try_get::<Option<i64>, _>("k")? {
                     Some(k) => Some(ReportOutput {
+                        id: r.try_get("o_id")?,
                         k: u32::try_from(k).unwrap_or(0),
                         job_id: r.try_get("o_job")?,
                         path: r.try_get("path")?,

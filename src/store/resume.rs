@@ -29,9 +29,7 @@ pub struct StoredOutput {
 /// The run's stored outputs in the byte order of their path, which is the order S3 lists keys
 /// in (their UTF-8 bytes): SQLite's default collation compares bytes; PostgreSQL's may not
 /// (ICU's `en-US` puts `_t` before `A`, `aB` between `ab` and `ac`, `é` before `z`), so it is
-/// told "C".
-/// Nothing indexes the paths: the database sorts the run's outputs (PostgreSQL on disk past
-/// `work_mem`, SQLite in temporary files past its cache), then the rows stream.
+/// told "C". Each page is a seek in the `outputs_by_path` index.
 const STORED_OUTPUTS_SQLITE: &str = "SELECT id, task_id, path, sha256, bytes, etag FROM outputs
      WHERE run_id = $1 AND path IS NOT NULL AND sha256 IS NOT NULL AND (path, id) > ($2, $3)
      ORDER BY path, id LIMIT $4";
@@ -166,18 +164,7 @@ impl Store {
                 .bind(&path)
                 .bind(id)
                 .bind(STORED_PER_PAGE);
-            let rows = match self.backend() {
-                Backend::Sqlite => query.fetch_all(self.pool()).await?,
-                Backend::Postgres => {
-                    let mut tx = self.pool().begin().await?;
-                    sqlx::query("SET LOCAL enable_sort = off")
-                        .execute(&mut *tx)
-                        .await?;
-                    let rows = query.fetch_all(&mut *tx).await?;
-                    tx.commit().await?;
-                    rows
-                }
-            };
+            let rows = self.fetch_unsorted(query).await?;
             let page = rows
                 .iter()
                 .map(|r| {

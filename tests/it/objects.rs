@@ -232,14 +232,20 @@ struct Recorded {
     error: Option<String>,
 }
 
-async fn outputs(dir: &Path) -> Vec<Recorded> {
-    use sqlx::{ConnectOptions, Connection, Row};
-    let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+/// The test's state database, opened to read.
+async fn read_state(dir: &Path) -> sqlx::SqliteConnection {
+    use sqlx::ConnectOptions;
+    sqlx::sqlite::SqliteConnectOptions::new()
         .filename(state_path(dir))
         .read_only(true)
         .connect()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+async fn outputs(dir: &Path) -> Vec<Recorded> {
+    use sqlx::{Connection, Row};
+    let mut conn = read_state(dir).await;
     let rows = sqlx::query(
         "SELECT t.item, o.path, o.sha256, o.bytes, o.etag, o.download_error FROM outputs o
          JOIN tasks t ON t.id = o.task_id ORDER BY t.item",
@@ -258,6 +264,18 @@ async fn outputs(dir: &Path) -> Vec<Recorded> {
             error: r.get(5),
         })
         .collect()
+}
+
+/// The names of the thumbnails the state database records.
+async fn thumbnail_names(dir: &Path) -> Vec<String> {
+    use sqlx::Connection;
+    let mut conn = read_state(dir).await;
+    let names: Vec<(String,)> = sqlx::query_as("SELECT name FROM thumbnails ORDER BY name")
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+    let _ = conn.close().await;
+    names.into_iter().map(|(n,)| n).collect()
 }
 
 /// The key of a recorded `s3://shots/…` URL.
@@ -357,36 +375,29 @@ async fn a_run_into_a_bucket_writes_every_output_with_its_sha256_and_the_manifes
                 .is_some_and(|x| x == "png")
         })
         .count();
-    let catalogue = std::fs::read_to_string(s3.file("runs/r/_thumbs/index.tsv")).unwrap();
-    assert_eq!(catalogue.lines().count(), thumbs, "{catalogue}");
+    // What each thumbnail shows is recorded beside the run, one row a thumbnail put.
+    let recorded_thumbs = thumbnail_names(dir).await;
+    assert_eq!(recorded_thumbs.len(), thumbs, "{recorded_thumbs:?}");
+    for name in &recorded_thumbs {
+        assert!(
+            s3.file(&format!("runs/r/_thumbs/{name}.png")).is_file(),
+            "{name}"
+        );
+    }
     let images: std::collections::BTreeSet<_> = recorded.iter().map(|o| &o.sha256).collect();
     assert_eq!(
         thumbs,
         images.len(),
         "a thumbnail per image, named by its sha256"
     );
-    s3.take_requests();
-    let o = finish(imgpipe_s3(
-        &env,
-        &s3,
-        dir,
-        &["report", "r", "--out", "page.html"],
-    ))
-    .await;
-    assert_exit_without_panic(&o, 0);
-    let local = std::fs::read_to_string(dir.join("page.html")).unwrap();
+    let (local, log, _) = report_again(&env, &s3, "page.html").await;
     assert!(local.contains("href=\"a/shot.png\""), "{local}");
     // The thumbnails are made and carry their image's size: no image is read again, a
     // listing of the prefix says they are there, and the page still gives every image's size.
     assert!(!local.contains("size unknown"), "{local}");
-    let log = s3.take_requests();
-    let images: Vec<&Request> = log
-        .iter()
-        .filter(|r| r.path.ends_with("shot.png"))
-        .collect();
-    assert!(images.is_empty(), "{images:#?}");
+    assert!(images_read(&log).is_empty(), "{log:#?}");
     assert!(of_kind(&log, "LIST").len() <= 2, "{log:#?}");
-    // Nor any thumbnail: the catalogue beside them says what each would.
+    // Nor any thumbnail: the state database says what each shows.
     let thumbs_read: Vec<&str> = of_kind(&log, "GET")
         .into_iter()
         .filter(|k| k.contains("_thumbs/") && k.ends_with(".png"))
@@ -403,28 +414,30 @@ async fn a_run_into_a_bucket_writes_every_output_with_its_sha256_and_the_manifes
         )
         .await
         .unwrap();
-    s3.take_requests();
-    let o = finish(imgpipe_s3(
-        &env,
-        &s3,
-        dir,
-        &["report", "r", "--out", "again.html"],
-    ))
-    .await;
-    assert_exit_without_panic(&o, 0);
-    let again = std::fs::read_to_string(dir.join("again.html")).unwrap();
+    let (again, log, o) = report_again(&env, &s3, "again.html").await;
     assert!(again.contains("no longer on disk"), "{again}");
     assert!(
         again.contains("changed on disk since it was downloaded"),
         "{again}"
     );
-    let log = s3.take_requests();
-    let images: Vec<&str> = log
+    assert_eq!(images_read(&log), ["runs/r/c/shot.png"], "{log:#?}");
+    // A thumbnail removed from the bucket is forgotten, and made again from its image: read
+    // once more, that image alone, and the thumbnail put back.
+    let a_thumb = recorded
         .iter()
-        .filter(|r| r.path.ends_with("shot.png"))
-        .map(Request::key)
-        .collect();
-    assert_eq!(images, ["runs/r/c/shot.png"], "{log:#?}");
+        .find(|o| o.item == "a")
+        .and_then(|o| o.sha256.as_deref())
+        .map(|sha| format!("runs/r/_thumbs/{}.png", &sha[..32]))
+        .unwrap();
+    store.delete(&Key::from(a_thumb.as_str())).await.unwrap();
+    let (_, log, _) = report_again(&env, &s3, "third.html").await;
+    assert_eq!(
+        images_read(&log),
+        ["runs/r/a/shot.png", "runs/r/c/shot.png"],
+        "{log:#?}"
+    );
+    assert!(s3.file(&a_thumb).is_file(), "{a_thumb}");
+    assert_eq!(thumbnail_names(dir).await.len(), thumbs);
     // Nothing was made locally under a name that looks like the URL.
     assert!(!dir.join("s3:").exists());
     let said = both(&o);
@@ -433,6 +446,28 @@ async fn a_run_into_a_bucket_writes_every_output_with_its_sha256_and_the_manifes
     let o = finish(imgpipe_s3(&env, &s3, dir, &["status", "r", "--json"])).await;
     assert_exit_without_panic(&o, 0);
     assert_eq!(json_stdout(&o)["output_dir"], "s3://shots/runs/r");
+}
+
+/// Makes run `r`'s report again into `out` (in the test's directory): the page, the requests
+/// to the store while it was made, and the process's output.
+async fn report_again(env: &Env, s3: &S3, out: &str) -> (String, Vec<Request>, Output) {
+    let dir = env.dir.path();
+    s3.take_requests();
+    let o = finish(imgpipe_s3(env, s3, dir, &["report", "r", "--out", out])).await;
+    assert_exit_without_panic(&o, 0);
+    let page = std::fs::read_to_string(dir.join(out)).unwrap();
+    (page, s3.take_requests(), o)
+}
+
+/// The outputs (`…/shot.png`) the store was asked for, by key, sorted.
+fn images_read(log: &[Request]) -> Vec<&str> {
+    let mut read: Vec<&str> = log
+        .iter()
+        .filter(|r| r.path.ends_with("shot.png"))
+        .map(Request::key)
+        .collect();
+    read.sort_unstable();
+    read
 }
 
 fn both(o: &Output) -> String {

@@ -942,3 +942,75 @@ async fn in_byte_order(state: &str, writer: &str) {
     );
     store.close().await;
 }
+
+/// A report of a run in object storage lists `_thumbs/` against the recorded thumbnails in
+/// the order of their names, a page of the store's at a time, and looks a page's up by name:
+/// on both backends the pages follow one another without a gap, a name put again replaces
+/// its row, and a forgotten one is gone.
+#[tokio::test(flavor = "multi_thread")]
+async fn recorded_thumbnails_come_in_name_order_a_page_at_a_time_on_postgres_and_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("state.db");
+    thumbnails_recorded(&file.to_string_lossy()).await;
+    if let Some(url) = postgres_database("thumbs").await {
+        thumbnails_recorded(&url).await;
+    }
+}
+
+async fn thumbnails_recorded(state: &str) {
+    use imgpipe::store::ThumbnailRow;
+    let store = store_at(state).await;
+    let run = one_step_run("s3://bkt/runs");
+    store.create_run(&run, &[erase_task("a")]).await.unwrap();
+    let row = |i: u32| ThumbnailRow {
+        // Hex, as a sha256's start is, written out of order.
+        name: format!("{:032x}", u128::from(i.wrapping_mul(2_654_435_761))),
+        size: (2048, 1536 + i),
+        thumb_size: (256, 192),
+        alpha: i.is_multiple_of(2),
+        bytes: 100 + u64::from(i),
+        etag: (!i.is_multiple_of(3)).then(|| format!("\"e{i}\"")),
+    };
+    // Past the store's page of 1,000 rows twice, in statements of a few hundred.
+    let rows: Vec<ThumbnailRow> = (0..2_100).map(row).collect();
+    store.record_thumbnails("r", &rows).await.unwrap();
+    let listed: Vec<ThumbnailRow> = futures::TryStreamExt::try_collect(store.thumbnails("r"))
+        .await
+        .unwrap();
+    let mut expected = rows.clone();
+    expected.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    assert_eq!(listed, expected, "{state}");
+    // Put again: the row is replaced, not doubled.
+    let again = ThumbnailRow {
+        bytes: 7,
+        etag: None,
+        ..rows[5].clone()
+    };
+    store
+        .record_thumbnails("r", std::slice::from_ref(&again))
+        .await
+        .unwrap();
+    let names: Vec<String> = rows[..300]
+        .iter()
+        .map(|t| t.name.clone())
+        .chain(["f".repeat(32)])
+        .collect();
+    let mut found = store.thumbnails_named("r", &names).await.unwrap();
+    found.sort_unstable_by_key(|t| t.size.1);
+    assert_eq!(found.len(), 300, "{state}: a name with none is left out");
+    assert_eq!(found[5], again, "{state}");
+    assert_eq!(found[6], rows[6], "{state}");
+    store.forget_thumbnails("r", &names[..250]).await.unwrap();
+    let left = futures::TryStreamExt::try_collect::<Vec<_>>(store.thumbnails("r"))
+        .await
+        .unwrap();
+    assert_eq!(left.len(), 1_850, "{state}");
+    assert!(
+        store
+            .thumbnails_named("r", &names[..250])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    store.close().await;
+}
