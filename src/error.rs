@@ -20,6 +20,9 @@ pub mod exit {
     pub const TASKS_FAILED: u8 = 4;
     /// Another run holds the lock.
     pub const LOCKED: u8 = 5;
+    /// A spending cap's window is spent: the run did tonight's share and goes on in the next
+    /// window (the same run id again).
+    pub const CAP: u8 = 6;
     /// Interrupted by SIGINT or SIGTERM.
     pub const INTERRUPTED: u8 = 130;
 }
@@ -54,6 +57,11 @@ pub enum Error {
     /// Another run of the pipeline holds the lock.
     #[error("{message}\nhint: {hint}")]
     Locked { message: String, hint: String },
+
+    /// A spending cap's window has too little left: what fitted was done, the rest waits for
+    /// the window to reopen.
+    #[error("{message}\nhint: {hint}")]
+    CapSpent { message: String, hint: String },
 
     /// A run finished with failed tasks or downloads; the message names them.
     #[error("{message}")]
@@ -114,6 +122,7 @@ impl Error {
             Error::Interrupted { .. } => exit::INTERRUPTED,
             Error::TasksFailed { .. } => exit::TASKS_FAILED,
             Error::Locked { .. } => exit::LOCKED,
+            Error::CapSpent { .. } => exit::CAP,
             Error::Store { source } if source.is_bad_input() => exit::INVALID,
             Error::Download { .. }
             | Error::Store { .. }

@@ -26,6 +26,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod caps;
 pub mod cli;
 pub mod error;
 pub mod exec;

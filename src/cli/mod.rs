@@ -7,6 +7,7 @@
 
 mod account;
 mod args;
+mod cap;
 mod generate;
 mod job;
 mod logging;
@@ -91,6 +92,8 @@ pub enum Command {
     Resume(resume::ResumeArgs),
     /// List the runs in the state database
     Runs(runs::RunsArgs),
+    /// Spending caps shared by every run on every host: set, list, remove
+    Cap(cap::CapArgs),
     /// Write a run's HTML report: each item's images step by step, and where every credit went
     Report(report::ReportArgs),
     /// Show one run: per-step counts, failures and their reasons, possibly billed attempts,
@@ -128,6 +131,7 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
         Command::Validate(args) => return validate::run(args, g),
         Command::Schema => return schema::run(),
         Command::Runs(args) => return runs::run(args, g).await,
+        Command::Cap(args) => return cap::run(args, g).await,
         Command::Status(args) => return status::run(args, g).await,
         Command::Report(args) => return report::run(args, g).await,
         _ => {}
@@ -150,6 +154,7 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
             Command::Validate(_)
             | Command::Schema
             | Command::Runs(_)
+            | Command::Cap(_)
             | Command::Status(_)
             | Command::Report(_) => Ok(()),
         }

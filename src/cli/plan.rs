@@ -56,10 +56,11 @@ pub(super) async fn run(args: &PlanArgs, global: &GlobalArgs) -> Result<(), Erro
         conn.ask(&pipeline).await?
     };
     let mut doc = crate::plan::make(&pipeline, generation, balance, args.max_credits);
+    let state = args.state.location(args.service.sandbox)?;
     if args.reuse || pipeline.reuse {
-        let state = args.state.location(args.service.sandbox)?;
         doc.reuse = Some(runner::reuse_estimate(&state, &pipeline, &doc).await?);
     }
+    doc.caps = runner::cap_fits(&state, &pipeline, &doc).await;
     view.plan(&doc)?;
     if let Some(path) = &args.save {
         doc.save(path).map_err(|e| Error::usage(e, None))?;

@@ -17,6 +17,9 @@ pub struct Budget {
     in_flight: u64,
     /// `spent` plus the planned price of every unfinished task of admitted chains.
     committed: u64,
+    /// What the caps that cover the run leased to it (see [`crate::caps::Leash`]): what may
+    /// be committed, besides the cap; `None` when no cap covers the run.
+    leased: Option<u64>,
 }
 
 impl Budget {
@@ -26,7 +29,18 @@ impl Budget {
             spent: 0,
             in_flight: 0,
             committed: 0,
+            leased: None,
         }
+    }
+
+    /// The caps leased this much to the run, all told: commitments stay within it.
+    pub fn lease(&mut self, leased: u64) {
+        self.leased = Some(leased);
+    }
+
+    /// What the caps' leases leave to commit; `None` when no cap covers the run.
+    pub fn unleased(&self) -> Option<u64> {
+        self.leased.map(|l| l.saturating_sub(self.committed))
     }
 
     pub fn cap(&self) -> Option<u64> {
@@ -41,10 +55,16 @@ impl Budget {
         self.cap.is_none_or(|cap| total <= cap)
     }
 
-    /// Admits a chain whose unfinished tasks are planned at `cost`, when it fits.
+    /// Whether a commitment of `total` is within the caps' leases.
+    fn leased_for(&self, total: u64) -> bool {
+        self.leased.is_none_or(|leased| total <= leased)
+    }
+
+    /// Admits a chain whose unfinished tasks are planned at `cost`, when it fits the budget
+    /// and the caps' leases.
     pub fn admit(&mut self, cost: u64) -> bool {
         let total = self.committed.saturating_add(cost);
-        if self.fits(total) {
+        if self.fits(total) && self.leased_for(total) {
             self.committed = total;
             true
         } else {
@@ -88,7 +108,7 @@ impl Budget {
         self.in_flight = self.in_flight.saturating_sub(planned);
         self.spent = self.spent.saturating_add(planned);
         let total = self.committed.saturating_add(planned);
-        if self.fits(total) {
+        if self.fits(total) && self.leased_for(total) {
             self.committed = total;
             true
         } else {
@@ -134,6 +154,19 @@ mod tests {
         assert_eq!(b.spent(), 6);
         let mut open = Budget::new(None);
         assert!(open.admit(u64::MAX) && open.reserve(5) && open.ambiguous(5));
+    }
+
+    #[test]
+    fn commitments_stay_within_what_the_caps_leased() {
+        let mut b = Budget::new(Some(100));
+        b.lease(10);
+        assert!(b.admit(6));
+        assert!(!b.admit(6), "the lease leaves 4");
+        assert_eq!(b.unleased(), Some(4));
+        b.lease(16);
+        assert!(b.admit(6));
+        assert!(b.reserve(6));
+        assert!(!b.ambiguous(6), "a retry would pass the lease");
     }
 
     #[test]

@@ -76,6 +76,9 @@ pub struct Config {
     /// By step: whether its price is known to be what the service bills (stated by the
     /// service or the spec, or billed before), so no single call has to confirm it first.
     pub known_prices: Vec<bool>,
+    /// The run's hold on the spending caps that cover it: chains are committed only from what
+    /// it leased.
+    pub leash: Option<crate::caps::Leash>,
 }
 
 /// Live news of the run, for the progress display or log lines.
@@ -112,6 +115,10 @@ pub enum Stop {
         planned: u64,
         billed: u64,
     },
+    /// A spending cap's window has too little left for the next chain.
+    Cap(crate::caps::Spent),
+    /// Another run took this one for dead and closed its cap leases.
+    LeaseLost,
     /// The service answered 402.
     Balance(String),
     /// Nothing more can be done: the key was refused, or the record cannot be written.
@@ -131,6 +138,11 @@ impl Stop {
             } => format!(
                 "{task} was billed {billed} credits where the plan said {planned}; no call was sent after that bill"
             ),
+            Stop::Cap(s) => format!(
+                "cap {} ({} credits a {}) has {} left in this window and the next item needs {}; the rest is left pending until the window reopens at {}",
+                s.cap, s.credits, s.per, s.left, s.needed, s.reopens
+            ),
+            Stop::LeaseLost => "another run took this one for dead and closed its cap leases; the rest is left pending".to_owned(),
             Stop::Balance(e) => format!("the service refused a call for lack of credits: {e}"),
             Stop::Fatal(e) => e.to_string(),
         }

@@ -90,6 +90,8 @@ struct Scheduler {
     shutdown: CancellationToken,
     /// Earlier outputs to fetch again, once a resume's check of the kept files ends.
     refetch: Option<Refetch>,
+    /// The cost of a chain waiting for the caps to lease enough to commit it.
+    leasing: Option<u64>,
 }
 
 /// Runs every unfinished task of the run recorded in `store` until done, stopped or
@@ -125,6 +127,9 @@ pub async fn run(
     s.restore_outputs().await?;
     tracing::debug!("earlier outputs restored after {:.2?}", started.elapsed());
     s.main_loop().await;
+    if let Some(leash) = &s.config.leash {
+        leash.spent(s.budget.spent());
+    }
     let (outcome, graph, rows, succeeded) = s.finish().await;
     record_identities(&store, &graph, &rows.ids, &succeeded).await?;
     Ok(outcome)
@@ -157,7 +162,13 @@ impl Scheduler {
             unfinished: 0,
             downloading: HashMap::new(),
             succeeded: Vec::new(),
-            budget: Budget::new(config.cap),
+            budget: {
+                let mut budget = Budget::new(config.cap);
+                if let Some(leash) = &config.leash {
+                    budget.lease(leash.leased());
+                }
+                budget
+            },
             calls: JoinSet::new(),
             downloads: JoinSet::new(),
             halt: None,
@@ -165,6 +176,7 @@ impl Scheduler {
             outcome: Outcome::default(),
             shutdown,
             refetch: None,
+            leasing: None,
             shared,
             graph,
             config,
@@ -312,6 +324,7 @@ impl Scheduler {
         loop {
             if deadline.is_none() && self.halt.is_none() && self.closed.is_none() {
                 self.record_ahead().await;
+                self.lease_ahead().await;
             }
             if deadline.is_none() {
                 self.dispatch();
@@ -324,6 +337,15 @@ impl Scheduler {
                 self.downloads_backlogged() && self.halt.is_none() && deadline.is_none();
             // Nor is a check of the kept files still under way, unless the run must stop.
             let checking = self.refetch.is_some() && self.halt.is_none() && deadline.is_none();
+            // A chain waiting for a lease is leased at the top of the loop, calls in flight
+            // or not.
+            let leasing = self.leasing.is_some()
+                && self.halt.is_none()
+                && self.closed.is_none()
+                && deadline.is_none();
+            if leasing {
+                continue;
+            }
             if self.calls.is_empty() && !held_back && !checking {
                 break;
             }
@@ -409,6 +431,7 @@ impl Scheduler {
             // A chain is admitted once its tasks are recorded (see `record_ahead`).
             let fresh = self.new_ready.first().filter(|t| {
                 self.closed.is_none()
+                    && self.leasing.is_none()
                     && self.may_send(*t)
                     && self.rows.is_recorded(self.graph.task(*t).instance)
             });
@@ -485,14 +508,53 @@ impl Scheduler {
         self.confirmed[step] || !self.probing[step]
     }
 
-    /// Admits `instance` when what is left of its chain fits; else closes admission.
-    fn admit(&mut self, instance: Instance) {
-        let tasks = self.graph.instance_tasks(instance);
-        let cost: u64 = tasks
-            .clone()
+    /// What is left of `instance`'s chain to pay for.
+    fn chain_cost(&self, instance: Instance) -> u64 {
+        self.graph
+            .instance_tasks(instance)
             .filter(|t| matches!(self.state[*t], State::Waiting | State::Ready))
             .map(|t| self.graph.task(t).planned)
-            .sum();
+            .sum()
+    }
+
+    /// Leases from the caps what the next chain needs beyond what they leased, when a cap
+    /// covers the run; closes admission when a cap's window has too little left.
+    async fn lease_ahead(&mut self) {
+        let Some(leash) = self.config.leash.clone() else {
+            return;
+        };
+        if leash.lost() {
+            self.closed = Some(Stop::LeaseLost);
+            return;
+        }
+        let cost = match self.leasing.take() {
+            Some(cost) => cost,
+            None => match self.new_ready.first() {
+                Some(next) => self.chain_cost(self.graph.task(next).instance),
+                None => return,
+            },
+        };
+        let short = cost.saturating_sub(self.budget.unleased().unwrap_or(u64::MAX));
+        if short == 0 {
+            return;
+        }
+        match leash.grow(short).await {
+            Ok(crate::caps::Grant::Leased) => self.budget.lease(leash.leased()),
+            Ok(crate::caps::Grant::Spent(spent)) => self.closed = Some(Stop::Cap(spent)),
+            Err(e) => self.fatal(Fatal::Store(Arc::new(e))),
+        }
+    }
+
+    /// Admits `instance` when what is left of its chain fits; else closes admission, or waits
+    /// for the caps to lease what it needs.
+    fn admit(&mut self, instance: Instance) {
+        let tasks = self.graph.instance_tasks(instance);
+        let cost = self.chain_cost(instance);
+        let within_budget = self.budget.uncommitted().is_none_or(|left| cost <= left);
+        if within_budget && self.budget.unleased().is_some_and(|left| left < cost) {
+            self.leasing = Some(cost);
+            return;
+        }
         if !self.budget.admit(cost) {
             self.closed = Some(Stop::Budget {
                 needed: cost,

@@ -35,6 +35,26 @@ pub struct PlanDocument {
     /// With `--reuse`: what earlier runs' results would save.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reuse: Option<ReuseEstimate>,
+    /// The spending caps that cover the pipeline, where each stands now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub caps: Vec<CapFit>,
+}
+
+/// A spending cap that covers the pipeline, and whether the run fits what its window has
+/// left. One that does not fit does not refuse the run: it does the whole chains that fit,
+/// and stops with exit 6 until the window reopens.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapFit {
+    pub name: String,
+    pub credits: u64,
+    /// `day`, `week` or `month`.
+    pub per: String,
+    pub spent: u64,
+    pub left: u64,
+    /// When the window ends, and the next begins.
+    pub window_end: String,
+    /// Whether the run's total fits what is left (false when the total is unknown).
+    pub fits: bool,
 }
 
 /// Tasks whose results an earlier run in the state database already has.
@@ -121,6 +141,7 @@ impl PlanDocument {
             balance,
             verdict,
             reuse: None,
+            caps: Vec::new(),
         }
     }
 

@@ -98,6 +98,21 @@ pub fn text(doc: &PlanDocument) -> String {
                 .unwrap_or_default()
         );
     }
+    for cap in &doc.caps {
+        let fits = if cap.fits {
+            "the run fits".to_owned()
+        } else {
+            format!(
+                "the run does what fits and stops (exit 6) until {}",
+                cap.window_end
+            )
+        };
+        let _ = writeln!(
+            out,
+            "cap      {}: {} credits a {}, {} spent, {} left in this window; {fits}",
+            cap.name, cap.credits, cap.per, cap.spent, cap.left
+        );
+    }
     if doc.verdict.fits {
         let _ = writeln!(out, "\nverdict  fits: the run may start");
     } else {

@@ -33,6 +33,32 @@ impl Runner<'_> {
         pipeline: &Pipeline,
         start: Start,
     ) -> Result<(), Error> {
+        let mut config = self.config(conn, pipeline, &start.doc, &start.run).await;
+        config.known_prices = known_prices(store, &start.doc).await?;
+        config.leash = leash(store, pipeline, &start.run.id).await?;
+        let leash = config.leash.clone();
+        let ran = self
+            .execute_leashed(conn, store, pipeline, start, config)
+            .await;
+        if let Some(leash) = leash
+            && let Err(e) = leash.close().await
+        {
+            tracing::warn!(
+                "cannot close this run's cap leases: {e}; they count whole until another run finds this one gone"
+            );
+        }
+        ran
+    }
+
+    /// [`Runner::execute`] once the run holds its caps' leash (in `config`).
+    async fn execute_leashed(
+        &self,
+        conn: &Connection,
+        store: &Store,
+        pipeline: &Pipeline,
+        start: Start,
+        mut config: exec::Config,
+    ) -> Result<(), Error> {
         let Start {
             run,
             mut graph,
@@ -40,8 +66,6 @@ impl Runner<'_> {
             discover,
             refetch,
         } = start;
-        let mut config = self.config(conn, pipeline, &doc, &run).await;
-        config.known_prices = known_prices(store, &doc).await?;
         if discover {
             let found =
                 discover::price(conn, store, &graph, &config, &doc.balance, &self.shutdown).await?;
@@ -191,6 +215,12 @@ impl Runner<'_> {
                 cause,
                 continue_with: resume,
             }),
+            Some(stop @ (Stop::Cap(_) | Stop::LeaseLost)) => Err(Error::CapSpent {
+                message: format!("the run stopped: {}", stop.describe()),
+                hint: format!(
+                    "run the same command again in the next window (or `{resume}`): it continues without paying twice"
+                ),
+            }),
             Some(stop) => Err(Error::Refused {
                 message: format!("the run stopped: {}", stop.describe()),
                 hint: Some(format!(
@@ -206,6 +236,16 @@ impl Runner<'_> {
             None => Ok(()),
         }
     }
+}
+
+/// The run's hold on the spending caps that cover its pipeline; `None` when none does.
+async fn leash(
+    store: &Store,
+    pipeline: &Pipeline,
+    run_id: &str,
+) -> Result<Option<crate::caps::Leash>, Error> {
+    let caps = crate::caps::recorded(store).await?;
+    Ok(crate::caps::Leash::open(store, caps, &pipeline.name, run_id).await?)
 }
 
 /// By step, whether its price needs no single call to confirm it: a price the service

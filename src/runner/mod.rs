@@ -154,10 +154,11 @@ impl Runner<'_> {
             .and_then(|d| d.budget.as_ref())
             .map(|b| b.max_credits);
         let max_credits = crate::plan::tighter(self.settings.max_credits, saved_budget);
-        let doc = crate::plan::make(&pipeline, generation, balance, max_credits);
+        let mut doc = crate::plan::make(&pipeline, generation, balance, max_credits);
         if let Some(saved) = &saved {
             admit::same_as_saved(saved, &doc)?;
         }
+        doc.caps = cap_fits(&self.settings.state, &pipeline, &doc).await;
         let reuse = self.settings.reuse || pipeline.reuse;
         if request.dry_run && !reuse {
             self.view.plan(&doc)?;
@@ -207,6 +208,55 @@ pub async fn reuse_estimate(
     let review = crate::resume::review(&store, "", &graph, None, OnAmbiguous::Retry, true).await;
     let review = state::close(store, review.map_err(Error::from)).await?;
     Ok(admit::estimate(doc, &review, &graph))
+}
+
+/// The spending caps that cover `pipeline`, where each stands now against the plan's total;
+/// none when there is no state database yet. A plan needs no state: one that cannot be read
+/// (damaged, from a newer imgpipe) is said and left as it is, and the plan goes on.
+pub async fn cap_fits(
+    state: &StateLocation,
+    pipeline: &Pipeline,
+    doc: &PlanDocument,
+) -> Vec<crate::plan::document::CapFit> {
+    if !state.exists() {
+        return Vec::new();
+    }
+    match read_cap_fits(state, pipeline, doc).await {
+        Ok(fits) => fits,
+        Err(e) => {
+            tracing::warn!("the spending caps were not checked: {e}");
+            Vec::new()
+        }
+    }
+}
+
+async fn read_cap_fits(
+    state: &StateLocation,
+    pipeline: &Pipeline,
+    doc: &PlanDocument,
+) -> Result<Vec<crate::plan::document::CapFit>, Error> {
+    let store = state.open_existing().await?;
+    let fits = async {
+        let mut fits = Vec::new();
+        for cap in crate::caps::recorded(&store).await? {
+            if !cap.covers(&pipeline.name) {
+                continue;
+            }
+            let s = crate::caps::Standing::of(&store, &cap).await?;
+            fits.push(crate::plan::document::CapFit {
+                fits: doc.costs.total_credits.is_some_and(|t| t <= s.left),
+                name: s.name,
+                credits: s.credits,
+                per: s.per.as_str().to_owned(),
+                spent: s.spent,
+                left: s.left,
+                window_end: s.window_end,
+            });
+        }
+        Ok(fits)
+    };
+    let fits = fits.await;
+    state::close(store, fits).await
 }
 
 /// Shows the file's problems and gives the pipeline, or exit 2 when anything is wrong.
@@ -333,6 +383,7 @@ impl Runner<'_> {
             cap: None,
             only: None,
             known_prices: Vec::new(),
+            leash: None,
         }
     }
 }

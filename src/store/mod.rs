@@ -20,6 +20,7 @@
 //! then linked into place, so a crash while creating it never leaves at its path a file that
 //! imgpipe would later refuse as empty or unmarked.
 
+mod caps;
 mod changes;
 mod group;
 mod location;
@@ -41,6 +42,7 @@ use sqlx::migrate::MigrateError;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{AnyPool, ConnectOptions, Executor};
 
+pub use caps::{CapRow, CapWindow, Lessee};
 pub use location::{Location, PgUrl};
 pub use outline::ItemOutline;
 

@@ -8,6 +8,7 @@
 mod apply_crash;
 mod broken;
 mod browser;
+mod caps;
 mod cli;
 mod client;
 mod common;

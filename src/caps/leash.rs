@@ -1,0 +1,216 @@
+//! A run's hold on the caps that cover it: credits leased in blocks, so the executor commits a
+//! chain from what it holds and asks the database only when that runs out; a heartbeat, so a
+//! process that died gives its unused credits back; and the close, at the end of the process.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use crate::caps::{Cap, now_ms, shown};
+use crate::store::{CapWindow, Lessee, Store, StoreError};
+
+/// How often a holder says it is alive.
+const BEAT_EVERY: Duration = Duration::from_secs(10);
+
+/// A holder silent for this long is taken for dead, and its leases closed by the next run
+/// that leases: six beats missed, never a process merely slowed by a loaded machine.
+const STALE_AFTER_MS: i64 = 60_000;
+
+/// A block is this share of the smallest cap: runs sharing a cap lease often enough to share
+/// it, rarely enough that the database is not on the hot path.
+const BLOCKS_PER_CAP: u64 = 20;
+
+/// What a lease brought.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Grant {
+    /// The credits asked for, or more.
+    Leased,
+    /// A cap's window has too little left: the run stops committing until it reopens.
+    Spent(Spent),
+}
+
+/// A cap whose window has too little left for the next chain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Spent {
+    pub cap: String,
+    pub credits: u64,
+    pub per: &'static str,
+    pub left: u64,
+    pub needed: u64,
+    /// When its window ends, as people read it.
+    pub reopens: String,
+}
+
+/// A run's leases on the caps that cover it. Clones share them.
+#[derive(Clone)]
+pub struct Leash {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Store,
+    caps: Vec<Cap>,
+    holder: String,
+    run_id: String,
+    block: u64,
+    /// Credits leased by this process, from every cap alike.
+    leased: AtomicU64,
+    /// Lease rows this process holds open.
+    rows: AtomicU64,
+    /// What this process's executors spent, told at their end.
+    spent: AtomicU64,
+    /// Another run found this holder silent and closed its leases.
+    lost: AtomicBool,
+    beating: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Leash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leash")
+            .field("caps", &self.inner.caps.len())
+            .field("leased", &self.leased())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Leash {
+    /// The leash of run `run_id` of `pipeline` on `caps` (those that cover it); `None` when
+    /// none does. Leases of the run left by a process that is gone (this one holds the run's
+    /// lock) are closed first, with what that process spent.
+    pub async fn open(
+        store: &Store,
+        caps: Vec<Cap>,
+        pipeline: &str,
+        run_id: &str,
+    ) -> Result<Option<Leash>, StoreError> {
+        let caps: Vec<Cap> = caps.into_iter().filter(|c| c.covers(pipeline)).collect();
+        if caps.is_empty() {
+            return Ok(None);
+        }
+        let holder = format!(
+            "{}:{}:{}",
+            crate::store::lock::hostname(),
+            std::process::id(),
+            crate::place::layout::own_mark()
+        );
+        store.close_leases_of(run_id, &holder).await?;
+        let block = caps
+            .iter()
+            .map(|c| (c.credits / BLOCKS_PER_CAP).max(1))
+            .min()
+            .unwrap_or(1);
+        let inner = Arc::new(Inner {
+            store: store.clone(),
+            caps,
+            holder,
+            run_id: run_id.to_owned(),
+            block,
+            leased: AtomicU64::new(0),
+            rows: AtomicU64::new(0),
+            spent: AtomicU64::new(0),
+            lost: AtomicBool::new(false),
+            beating: std::sync::Mutex::new(None),
+        });
+        let beating = tokio::spawn(beat(Arc::downgrade(&inner)));
+        if let Ok(mut slot) = inner.beating.lock() {
+            *slot = Some(beating);
+        }
+        Ok(Some(Leash { inner }))
+    }
+
+    pub fn caps(&self) -> &[Cap] {
+        &self.inner.caps
+    }
+
+    /// Credits leased so far by this process, from every cap alike.
+    pub fn leased(&self) -> u64 {
+        self.inner.leased.load(Relaxed)
+    }
+
+    /// Whether another run took this process for dead and closed its leases: nothing more
+    /// may be committed.
+    pub fn lost(&self) -> bool {
+        self.inner.lost.load(Relaxed)
+    }
+
+    /// Leases at least `need` more credits (a block when that is more) from every cap, or
+    /// says which cap's window has too little left.
+    pub async fn grow(&self, need: u64) -> Result<Grant, StoreError> {
+        let i = &self.inner;
+        let now = now_ms();
+        let mut windows = Vec::with_capacity(i.caps.len());
+        for cap in &i.caps {
+            let window = cap.window(now).map_err(StoreError::Inconsistent)?;
+            windows.push(CapWindow {
+                cap: cap.name.clone(),
+                start: window.start,
+                credits: cap.credits,
+            });
+        }
+        let lessee = Lessee {
+            holder: &i.holder,
+            run_id: &i.run_id,
+        };
+        let stale = crate::store::now_ms() - STALE_AFTER_MS;
+        let want = need.max(i.block);
+        let granted = i.store.lease(&windows, lessee, want, need, stale).await?;
+        if granted > 0 {
+            i.leased.fetch_add(granted, Relaxed);
+            i.rows.fetch_add(windows.len() as u64, Relaxed);
+            return Ok(Grant::Leased);
+        }
+        for (cap, window) in i.caps.iter().zip(&windows) {
+            let spent = i.store.cap_spent(&cap.name, window.start).await?;
+            let left = cap.credits.saturating_sub(spent);
+            if left < need.max(1) {
+                let end = cap.window(now).map_err(StoreError::Inconsistent)?.end;
+                return Ok(Grant::Spent(Spent {
+                    cap: cap.name.clone(),
+                    credits: cap.credits,
+                    per: cap.per.as_str(),
+                    left,
+                    needed: need,
+                    reopens: shown(cap, end),
+                }));
+            }
+        }
+        // Another run took the room between the lease and this look: try again later.
+        Ok(Grant::Leased)
+    }
+
+    /// An executor of this process ended having spent `credits` (billed, and possibly
+    /// billed).
+    pub fn spent(&self, credits: u64) {
+        self.inner.spent.fetch_add(credits, Relaxed);
+    }
+
+    /// Closes this process's leases: what it did not spend returns to the windows.
+    pub async fn close(&self) -> Result<(), StoreError> {
+        let i = &self.inner;
+        if let Ok(mut slot) = i.beating.lock()
+            && let Some(beating) = slot.take()
+        {
+            beating.abort();
+        }
+        i.store.close_leases(&i.holder, i.spent.load(Relaxed)).await
+    }
+}
+
+/// Says every [`BEAT_EVERY`] that the holder is alive, until its leash is dropped; notes when
+/// its leases were closed by another run.
+async fn beat(inner: std::sync::Weak<Inner>) {
+    loop {
+        tokio::time::sleep(BEAT_EVERY).await;
+        let Some(i) = inner.upgrade() else { return };
+        match i.store.beat(&i.holder).await {
+            Ok(open) if open < i.rows.load(Relaxed) => {
+                tracing::warn!(
+                    "this run's cap leases were closed by another run that took it for dead; it commits nothing more"
+                );
+                i.lost.store(true, Relaxed);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("cannot renew this run's cap leases: {e}"),
+        }
+    }
+}

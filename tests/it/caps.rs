@@ -1,0 +1,237 @@
+//! Spending caps: set, listed and removed by the binary; runs started at once under a cap
+//! smaller than their sum, on SQLite and on PostgreSQL, never bill more than it together (the
+//! sandbox's ledger says so) and stop with exit 6; a run stopped by a cap continues in the
+//! next window (the clock moved by `IMGPIPE_TEST_CAP_CLOCK_OFFSET_SECS`, a test-only setting)
+//! and pays each task once.
+
+use std::path::Path;
+
+use imgpipe::sandbox::{self, Faults};
+
+use crate::common::*;
+use crate::run::{CHAIN_CREDITS, config, edit_chain, write};
+
+const CAP_EXIT: i32 = 6;
+
+/// `imgpipe ARGS --state STATE` against `env`'s sandbox, the caps' clock moved `offset` s.
+fn imgpipe_at(
+    env: &Env,
+    dir: &Path,
+    state: &str,
+    offset: i64,
+    args: &[&str],
+) -> tokio::process::Command {
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--state", state]);
+    let mut cmd = command(&all, dir);
+    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
+        .env("IMGPIPE_API_KEY", env.sandbox.key())
+        .env("IMGPIPE_TEST_CAP_CLOCK_OFFSET_SECS", offset.to_string());
+    cmd
+}
+
+/// A pipeline of [`edit_chain`] named `name`.
+fn chain_named(dir: &Path, name: &str, items: usize) {
+    let text = edit_chain(items, None).replace("name: chain\n", &format!("name: {name}\n"));
+    write(dir, &format!("{name}.yaml"), &text);
+}
+
+fn billed(env: &Env) -> u64 {
+    env.sandbox.ledger().iter().map(|e| e.credits).sum()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn caps_are_set_listed_and_removed_and_a_bad_one_is_named() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    let state = dir.join("state.db").to_string_lossy().into_owned();
+    let cap = |args: &[&str]| finish(imgpipe_at(&env, dir, &state, 0, args));
+    let o = cap(&[
+        "cap",
+        "set",
+        "night",
+        "--credits",
+        "100",
+        "--per",
+        "day",
+        "--tz",
+        "Mars/Olympus",
+    ])
+    .await;
+    assert_exit_without_panic(&o, 2);
+    assert!(stderr(&o).contains("Mars/Olympus"), "{}", stderr(&o));
+    let o = cap(&[
+        "cap",
+        "set",
+        "night",
+        "--credits",
+        "100",
+        "--per",
+        "day",
+        "--tz",
+        "Europe/Paris",
+    ])
+    .await;
+    assert_exit_without_panic(&o, 0);
+    let o = cap(&[
+        "cap",
+        "set",
+        "shots",
+        "--credits",
+        "40",
+        "--per",
+        "month",
+        "--pipeline",
+        "shots",
+    ])
+    .await;
+    assert_exit_without_panic(&o, 0);
+    let o = cap(&["cap", "list", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let listed = json_stdout(&o);
+    assert_eq!(listed[0]["name"], "night", "{listed}");
+    assert_eq!(listed[0]["tz"], "Europe/Paris");
+    assert_eq!(listed[0]["left"], 100);
+    assert_eq!(listed[1]["per"], "month");
+    assert_eq!(listed[1]["pipeline"], "shots");
+    let o = cap(&["cap", "remove", "nothing"]).await;
+    assert_exit_without_panic(&o, 2);
+    let o = cap(&["cap", "remove", "night"]).await;
+    assert_exit_without_panic(&o, 0);
+    let o = cap(&["cap", "list", "--json"]).await;
+    assert_eq!(json_stdout(&o).as_array().map(Vec::len), Some(1));
+}
+
+/// Two runs of different pipelines, started at once on one state, each alone more than the
+/// cap, with calls billed and then dropped: together they bill no more than the cap, and each
+/// stops with exit 6.
+async fn two_runs_under_one_cap(env: &Env, state: &str) {
+    let dir = env.dir.path();
+    chain_named(dir, "left", 8);
+    chain_named(dir, "right", 8);
+    let cap = 5 * CHAIN_CREDITS + 4;
+    let set = [
+        "cap",
+        "set",
+        "daily",
+        "--credits",
+        &cap.to_string(),
+        "--per",
+        "day",
+    ];
+    assert_exit_without_panic(&finish(imgpipe_at(env, dir, state, 0, &set)).await, 0);
+    let plan = finish(imgpipe_at(
+        env,
+        dir,
+        state,
+        0,
+        &["plan", "left.yaml", "--offline", "--json"],
+    ))
+    .await;
+    let doc = json_stdout(&plan);
+    assert_eq!(doc["caps"][0]["name"], "daily", "{doc}");
+    assert_eq!(doc["caps"][0]["fits"], false, "{doc}");
+    let run = |name: &str| {
+        let file = format!("{name}.yaml");
+        let run_id = format!("r-{name}");
+        imgpipe_at(
+            env,
+            dir,
+            state,
+            0,
+            &["run", &file, "--run-id", &run_id, "--concurrency", "4"],
+        )
+    };
+    let (a, b) = tokio::join!(finish(run("left")), finish(run("right")));
+    for o in [&a, &b] {
+        assert_exit_without_panic(o, CAP_EXIT);
+        assert!(both(o).contains("cap daily"), "{}", both(o));
+    }
+    let billed = billed(env);
+    assert!(billed <= cap, "billed {billed} under a cap of {cap}");
+    assert!(billed >= CHAIN_CREDITS, "something ran: {billed}");
+    // The cap's window counts what was billed or possibly billed, never less than the ledger.
+    let o = finish(imgpipe_at(env, dir, state, 0, &["cap", "list", "--json"])).await;
+    let listed = json_stdout(&o);
+    let spent = listed[0]["spent"].as_u64().unwrap();
+    assert!(
+        spent >= billed && spent <= cap,
+        "spent {spent}, billed {billed}: {listed}"
+    );
+}
+
+fn both(o: &std::process::Output) -> String {
+    format!("{}\n{}", stdout(o), stderr(o))
+}
+
+fn dropping() -> sandbox::Config {
+    sandbox::Config {
+        faults: Faults {
+            drop_after_billing: 0.15,
+            seed: 7,
+            ..Faults::default()
+        },
+        ..config()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn runs_at_once_on_sqlite_never_bill_more_than_their_cap_together() {
+    let env = start(dropping()).await;
+    let state = env
+        .dir
+        .path()
+        .join("state.db")
+        .to_string_lossy()
+        .into_owned();
+    two_runs_under_one_cap(&env, &state).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn runs_at_once_on_postgres_never_bill_more_than_their_cap_together() {
+    let Some(url) = postgres_database("caps").await else {
+        return;
+    };
+    let env = start(dropping()).await;
+    two_runs_under_one_cap(&env, &url).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_stopped_by_its_cap_continues_in_the_next_window_paying_each_task_once() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    let state = dir.join("state.db").to_string_lossy().into_owned();
+    chain_named(dir, "night", 4);
+    let cap = 2 * CHAIN_CREDITS + 1;
+    let set = [
+        "cap",
+        "set",
+        "nightly",
+        "--credits",
+        &cap.to_string(),
+        "--per",
+        "day",
+        "--pipeline",
+        "night",
+    ];
+    assert_exit_without_panic(&finish(imgpipe_at(&env, dir, &state, 0, &set)).await, 0);
+    let run = ["run", "night.yaml", "--run-id", "backlog"];
+    let first = finish(imgpipe_at(&env, dir, &state, 0, &run)).await;
+    assert_exit_without_panic(&first, CAP_EXIT);
+    assert!(both(&first).contains("reopens"), "{}", both(&first));
+    assert_eq!(billed(&env), 2 * CHAIN_CREDITS, "two whole chains fit");
+    // The same window again: nothing more fits, nothing is paid.
+    let again = finish(imgpipe_at(&env, dir, &state, 0, &run)).await;
+    assert_exit_without_panic(&again, CAP_EXIT);
+    assert_eq!(billed(&env), 2 * CHAIN_CREDITS);
+    // A day later: the rest, each task paid once.
+    let next = finish(imgpipe_at(&env, dir, &state, 86_400, &run)).await;
+    assert_exit_without_panic(&next, 0);
+    let ledger = env.sandbox.ledger();
+    assert_eq!(billed(&env), 4 * CHAIN_CREDITS, "{ledger:?}");
+    assert_eq!(
+        ledger.len(),
+        12,
+        "three calls an item, each once: {ledger:?}"
+    );
+}
