@@ -20,6 +20,7 @@ mod run;
 mod runs;
 mod sandbox;
 mod schema;
+mod spend;
 mod status;
 mod stdio;
 mod tool;
@@ -96,6 +97,9 @@ pub enum Command {
     /// Show one run: per-step counts, failures and their reasons, possibly billed attempts,
     /// where the outputs are
     Status(status::StatusArgs),
+    /// What the runs cost: credits billed, possibly billed and planned, calls and failures,
+    /// per day, week, month, pipeline, step or run
+    Spend(spend::SpendArgs),
 }
 
 /// Runs a parsed command line and returns the process exit code.
@@ -129,6 +133,7 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
         Command::Schema => return schema::run(),
         Command::Runs(args) => return runs::run(args, g).await,
         Command::Status(args) => return status::run(args, g).await,
+        Command::Spend(args) => return spend::run(args, g).await,
         Command::Report(args) => return report::run(args, g).await,
         _ => {}
     }
@@ -151,6 +156,7 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
             | Command::Schema
             | Command::Runs(_)
             | Command::Status(_)
+            | Command::Spend(_)
             | Command::Report(_) => Ok(()),
         }
     };
