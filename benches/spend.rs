@@ -133,6 +133,7 @@ async fn fill(state: &Path, runs: usize) {
 
 /// `imgpipe spend ARGS --json` [`TIMES`] times: the median wall time, the largest peak RSS,
 /// and the calls the ledger counted.
+#[allow(clippy::zombie_processes)] // reaped below by wait4, which also reads its rusage
 fn measure(dir: &Path, state: &Path, args: &[&str]) -> (Usage, u64) {
     let mut walls = Vec::new();
     let mut peak: f64 = 0.0;
