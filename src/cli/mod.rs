@@ -21,6 +21,7 @@ mod run;
 mod runs;
 mod sandbox;
 mod schema;
+mod spend;
 mod status;
 mod stdio;
 mod tool;
@@ -99,6 +100,9 @@ pub enum Command {
     /// Show one run: per-step counts, failures and their reasons, possibly billed attempts,
     /// where the outputs are
     Status(status::StatusArgs),
+    /// What the runs cost: credits billed, possibly billed and planned, calls and failures,
+    /// per day, week, month, pipeline, step or run
+    Spend(spend::SpendArgs),
 }
 
 /// Runs a parsed command line and returns the process exit code.
@@ -133,6 +137,7 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
         Command::Runs(args) => return runs::run(args, g).await,
         Command::Cap(args) => return cap::run(args, g).await,
         Command::Status(args) => return status::run(args, g).await,
+        Command::Spend(args) => return spend::run(args, g).await,
         Command::Report(args) => return report::run(args, g).await,
         _ => {}
     }
@@ -156,6 +161,7 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
             | Command::Runs(_)
             | Command::Cap(_)
             | Command::Status(_)
+            | Command::Spend(_)
             | Command::Report(_) => Ok(()),
         }
     };

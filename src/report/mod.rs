@@ -11,6 +11,7 @@ pub mod live;
 mod model;
 mod pages;
 mod remote;
+pub mod spend;
 pub mod summary;
 pub mod thumbs;
 

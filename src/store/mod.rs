@@ -30,6 +30,7 @@ mod postgres;
 mod report;
 mod resume;
 mod runs;
+pub mod spend;
 pub(crate) mod tasks;
 mod thumbnails;
 

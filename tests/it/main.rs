@@ -26,4 +26,5 @@ mod run;
 mod runner;
 mod sandbox_http;
 mod scale;
+mod spend;
 mod validate;
