@@ -21,6 +21,7 @@
 //! imgpipe would later refuse as empty or unmarked.
 
 mod changes;
+mod gauges;
 mod group;
 mod location;
 pub mod lock;
@@ -41,6 +42,7 @@ use sqlx::migrate::MigrateError;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{AnyPool, ConnectOptions, Executor};
 
+pub use gauges::RunGauges;
 pub use location::{Location, PgUrl};
 pub use outline::ItemOutline;
 
