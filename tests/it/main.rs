@@ -12,6 +12,7 @@ mod cli;
 mod client;
 mod common;
 mod crash;
+mod events;
 mod fuzz;
 mod hostile;
 mod objects;
