@@ -107,7 +107,7 @@ impl Event {
     pub fn text(&self) -> String {
         match self {
             Event::RunFinished(r) => format!(
-                "imgpipe: run {} of {} {} (exit {}) in {:.0}s: {}/{} tasks succeeded, {} failed; {} of {} credits billed{}",
+                "imgpipe: run {} of {} {} (exit {}) in {:.1}s: {}/{} tasks succeeded, {} failed; {} of {} credits billed{}",
                 r.run_id,
                 r.pipeline,
                 r.status,
