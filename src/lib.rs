@@ -12,6 +12,8 @@
 //!   run lock.
 //! - [`api`]: the service: wire types and rules, client, billing-aware errors, retries, and
 //!   downloads checked whole, then handed to a destination the caller gives.
+//! - [`events`]: what a run tells the world outside it: alerts posted to a webhook, and a
+//!   metrics file for Prometheus, both off the hot path.
 //! - [`report`]: what the record says of a run: its summary, status and HTML page.
 //! - [`task_key`]: a task's name, `item/step[index]`, written and read back in one place.
 //! - [`place`]: where a run directory is (an address: a local path or an `s3://` prefix, parsed
@@ -29,6 +31,7 @@ pub mod api;
 pub mod caps;
 pub mod cli;
 pub mod error;
+pub mod events;
 pub mod exec;
 pub mod failpoint;
 pub mod pipeline;

@@ -80,6 +80,11 @@ pub struct StateArgs {
     pub state: Option<Location>,
 }
 
+/// `--notify`: https, or http to a loopback address; anything else is exit 2.
+fn notify_url(s: &str) -> Result<url::Url, String> {
+    crate::events::notify::check_url(s)
+}
+
 /// `--state`: a local file or a PostgreSQL URL; any other URL is refused (exit 2) rather than
 /// taken for a relative path.
 fn state_location(s: &str) -> Result<Location, String> {
@@ -211,6 +216,22 @@ pub struct RunOptions {
         help_heading = "Pace"
     )]
     pub grace: f64,
+    /// Post the run's events as signed JSON to this webhook: https, or http to 127.0.0.1 (also
+    /// `notify:` in the pipeline file); the signing secret from IMGPIPE_NOTIFY_SECRET
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "IMGPIPE_NOTIFY_URL",
+        hide_env_values = true,
+        value_parser = notify_url,
+        help_heading = "Events"
+    )]
+    pub notify: Option<url::Url>,
+    /// Write the run's metrics for node_exporter's textfile collector (Prometheus text format)
+    /// to this file, e.g. /var/lib/node_exporter/imgpipe.prom: at the start, every 10 s and at
+    /// the end
+    #[arg(long, value_name = "PATH", help_heading = "Events")]
+    pub metrics_file: Option<PathBuf>,
     /// First retry delay in milliseconds (tests set it low)
     #[arg(long, default_value_t = 500, hide = true)]
     pub retry_base_ms: u64,
@@ -278,8 +299,33 @@ impl RunOptions {
             grace: seconds("--grace", self.grace)?,
             report: self.report,
             retry_base: Duration::from_millis(self.retry_base_ms),
+            events: self.events()?,
         };
         Ok((settings, self.service.settings(fields)?))
+    }
+
+    /// Alerts and metrics: the webhook, its secret from the environment, the metrics file
+    /// (whose directory must exist: a file that could never be written is exit 2).
+    fn events(&self) -> Result<crate::events::Config, Error> {
+        if let Some(path) = &self.metrics_file {
+            let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+            if dir.is_some_and(|d| !d.is_dir()) || path.is_dir() {
+                return Err(Error::usage(
+                    format!(
+                        "--metrics-file {}: the file cannot be written there",
+                        path.display()
+                    ),
+                    Some("name a file in a directory that exists"),
+                ));
+            }
+        }
+        let secret = std::env::var_os("IMGPIPE_NOTIFY_SECRET")
+            .and_then(|s| crate::events::notify::Secret::new(s.into_encoded_bytes()));
+        Ok(crate::events::Config {
+            notify_url: self.notify.clone(),
+            notify_secret: secret,
+            metrics_file: self.metrics_file.clone(),
+        })
     }
 
     /// The flags that continuing the run must be given again: where the service, the key,
@@ -310,6 +356,8 @@ impl RunOptions {
         flag("--max-credits", self.max_credits.map(|c| c.to_string()));
         flag("--concurrency", self.concurrency.map(|c| c.to_string()));
         flag("--rate", self.rate.clone());
+        // Not --notify: a webhook's URL is often its credential, and this command is printed.
+        flag("--metrics-file", self.metrics_file.as_deref().map(path));
         let on_fail = self.on_ambiguous == OnAmbiguous::Fail;
         flag("--on-ambiguous", on_fail.then(|| "fail".to_owned()));
         for (given, name) in [

@@ -85,6 +85,9 @@ pub struct Config {
 pub trait Observer: Send + Sync {
     fn task_succeeded(&self, step: usize, credits: u64);
     fn task_failed(&self, step: usize, item: &str, reason: &str);
+    /// A call of task `task` (`item/step[i]`) of step `step` was billed `billed` credits where
+    /// the plan priced it at `planned`, before its outputs are checked.
+    fn call_billed(&self, _step: usize, _task: &str, _planned: u64, _billed: u64) {}
     /// The run stopped dispatching and everything in flight was settled.
     fn finish(&self) {}
 }

@@ -606,6 +606,12 @@ impl Scheduler {
 
     async fn succeeded(&mut self, t: usize, planned: u64, success: Success) {
         self.budget.settle(planned, success.credits);
+        self.observer.call_billed(
+            self.graph.task(t).step.0,
+            &self.name(t),
+            planned,
+            success.credits,
+        );
         if success.credits <= planned {
             self.confirmed[self.graph.task(t).step.0] = true;
         }

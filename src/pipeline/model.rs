@@ -26,6 +26,8 @@ pub struct Pipeline {
     pub rate_limit: Option<Rate>,
     /// `reuse: true`: earlier runs' results of the same tasks are taken, not paid for again.
     pub reuse: bool,
+    /// `notify:`, the webhook the run's events go to unless the command line names one.
+    pub notify: Option<url::Url>,
     /// Shared: a task graph renders its templates from them, and a batch holds them once.
     pub items: std::sync::Arc<Items>,
     /// In an order where every step comes after its inputs.

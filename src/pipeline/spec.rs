@@ -39,6 +39,10 @@ pub struct PipelineSpec {
     /// images) instead of paying for it again, as `--reuse` does.
     #[serde(default)]
     pub reuse: Option<bool>,
+    /// Where the run posts its events (run finished, budget crossed, a call billed above the
+    /// plan): an https URL, or http to 127.0.0.1. `--notify` and `IMGPIPE_NOTIFY_URL` win.
+    #[serde(default)]
+    pub notify: Option<String>,
     /// The items, inline. Each is a mapping of fields that templates use as `{{ item.<field> }}`;
     /// `id` (optional) names the item's output directory.
     #[serde(default)]

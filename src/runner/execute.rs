@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use crate::error::Error;
+use crate::error::{Error, exit};
+use crate::events::{self, Ending, Session};
 use crate::exec::{self, Outcome, Stop, manifest};
 use crate::pipeline::Pipeline;
 use crate::plan::PriceSource;
@@ -25,7 +26,23 @@ pub(super) struct Start {
     pub refetch: Option<exec::Refetch>,
 }
 
+/// Where a run tells how it goes and how it ended: its events session, and what its end
+/// gives `run.finished`.
+struct Told<'a> {
+    session: &'a Session,
+    concluded: &'a mut Concluded,
+}
+
+/// What the run's end gives its `run.finished` event besides the record.
+#[derive(Default)]
+struct Concluded {
+    failures: Vec<(String, String)>,
+    report: Option<String>,
+}
+
 impl Runner<'_> {
+    /// Executes and concludes the run inside its events session: alerts and metrics while it
+    /// goes on, and `run.finished` with the exit code however it ends.
     pub(super) async fn execute(
         &self,
         conn: &Connection,
@@ -33,12 +50,62 @@ impl Runner<'_> {
         pipeline: &Pipeline,
         start: Start,
     ) -> Result<(), Error> {
+        let config = self.events_config(pipeline);
+        let session = Session::start(&config, store, &start.run.id, &pipeline.name).await;
+        let output = start.run.dir.root().to_string();
+        let mut concluded = Concluded::default();
+        let result = self
+            .execute_in(
+                conn,
+                store,
+                pipeline,
+                start,
+                Told {
+                    session: &session,
+                    concluded: &mut concluded,
+                },
+            )
+            .await;
+        let ending = Ending {
+            store,
+            exit_code: result
+                .as_ref()
+                .err()
+                .map_or(exit::SUCCESS, Error::exit_code),
+            failures: &concluded.failures,
+            output,
+            report: concluded.report,
+        };
+        session.finish(ending).await;
+        result
+    }
+
+    /// The settings' webhook and metrics file; the pipeline file's webhook when no flag or
+    /// environment variable names one.
+    fn events_config(&self, pipeline: &Pipeline) -> events::Config {
+        let mut config = self.settings.events.clone();
+        if config.notify_url.is_none() {
+            config.notify_url = pipeline.notify.clone();
+        }
+        config
+    }
+
+    /// [`Runner::execute`] inside the events session: the run holds its caps' leash while
+    /// it goes, and gives back what it did not spend however it ends.
+    async fn execute_in(
+        &self,
+        conn: &Connection,
+        store: &Store,
+        pipeline: &Pipeline,
+        start: Start,
+        told: Told<'_>,
+    ) -> Result<(), Error> {
         let mut config = self.config(conn, pipeline, &start.doc, &start.run).await;
         config.known_prices = known_prices(store, &start.doc).await?;
         config.leash = leash(store, pipeline, &start.run.id).await?;
         let leash = config.leash.clone();
         let ran = self
-            .execute_leashed(conn, store, pipeline, start, config)
+            .execute_leashed(conn, store, pipeline, start, config, told)
             .await;
         if let Some(leash) = leash
             && let Err(e) = leash.close().await
@@ -50,7 +117,7 @@ impl Runner<'_> {
         ran
     }
 
-    /// [`Runner::execute`] once the run holds its caps' leash (in `config`).
+    /// [`Runner::execute_in`] once the run holds its caps' leash (in `config`).
     async fn execute_leashed(
         &self,
         conn: &Connection,
@@ -58,6 +125,7 @@ impl Runner<'_> {
         pipeline: &Pipeline,
         start: Start,
         mut config: exec::Config,
+        told: Told<'_>,
     ) -> Result<(), Error> {
         let Start {
             run,
@@ -113,6 +181,12 @@ impl Runner<'_> {
             doc.costs.known_credits,
             config.run_dir.root()
         );
+        let Told { session, concluded } = told;
+        let observer = session.observer(
+            Arc::clone(&progress),
+            doc.budget.as_ref().map(|b| b.max_credits),
+            run.billed,
+        );
         let outcome = exec::run(
             Arc::clone(&graph),
             exec::Links {
@@ -121,13 +195,15 @@ impl Runner<'_> {
                 downloader: conn.downloader.clone(),
             },
             config,
-            Arc::clone(&progress),
+            observer,
             self.shutdown.clone(),
             refetch,
         )
         .await?;
         progress.finish();
-        self.conclude(conn, store, &run, outcome).await
+        concluded.failures = outcome.failures.clone();
+        self.conclude(conn, store, &run, outcome, &mut concluded.report)
+            .await
     }
 
     /// What the run may do: the settings first, then the pipeline, then the account's word.
@@ -177,6 +253,7 @@ impl Runner<'_> {
         store: &Store,
         run: &OpenRun,
         outcome: Outcome,
+        report: &mut Option<String>,
     ) -> Result<(), Error> {
         let resume = self.view.continue_command(&run.id);
         if let Err(e) = manifest::write(store, &run.id, &run.dir).await {
@@ -201,7 +278,7 @@ impl Runner<'_> {
         self.view
             .summary(&crate::report::summary::summary_of(store, &run.id).await?)?;
         if self.settings.report {
-            write_report(store, &run.id).await;
+            *report = write_report(store, &run.id).await;
         }
         if outcome.interrupted {
             return Err(Error::Interrupted {
@@ -266,23 +343,30 @@ async fn known_prices(store: &Store, doc: &PlanDocument) -> Result<Vec<bool>, Er
     Ok(known)
 }
 
-/// Writes the report next to the manifest. The run's own exit code stands either way: a
-/// report that cannot be written is said on stderr, with the command that tries again.
-pub(super) async fn write_report(store: &Store, run_id: &str) {
+/// Writes the report next to the manifest and gives where it is. The run's own exit code
+/// stands either way: a report that cannot be written is said on stderr, with the command
+/// that tries again.
+pub(super) async fn write_report(store: &Store, run_id: &str) -> Option<String> {
     let written = match store.run(run_id).await {
         Ok(Some(row)) => crate::report::write(store, row, None, Default::default()).await,
-        Ok(None) => return,
+        Ok(None) => return None,
         Err(e) => Err(e.into()),
     };
     match written {
-        Ok(w) => tracing::info!(
-            "report written to {} ({} images, {} new thumbnails)",
-            w.path,
-            w.images,
-            w.thumbnails_made
-        ),
-        Err(e) => tracing::error!(
-            "cannot write the report: {e}\nhint: `imgpipe report {run_id}` tries again"
-        ),
+        Ok(w) => {
+            tracing::info!(
+                "report written to {} ({} images, {} new thumbnails)",
+                w.path,
+                w.images,
+                w.thumbnails_made
+            );
+            Some(w.path.to_string())
+        }
+        Err(e) => {
+            tracing::error!(
+                "cannot write the report: {e}\nhint: `imgpipe report {run_id}` tries again"
+            );
+            None
+        }
     }
 }

@@ -65,6 +65,8 @@ pub struct Settings {
     pub grace: Duration,
     pub report: bool,
     pub retry_base: Duration,
+    /// Alerts and metrics (`--notify`, `--metrics-file`).
+    pub events: crate::events::Config,
 }
 
 /// What `imgpipe run` was asked.

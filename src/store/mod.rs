@@ -22,6 +22,7 @@
 
 mod caps;
 mod changes;
+mod gauges;
 mod group;
 mod location;
 pub mod lock;
@@ -44,6 +45,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{AnyPool, ConnectOptions, Executor};
 
 pub use caps::{CapRow, CapWindow, Lessee};
+pub use gauges::RunGauges;
 pub use location::{Location, PgUrl};
 pub use outline::ItemOutline;
 

@@ -102,6 +102,8 @@ pub fn command(args: &[&str], cwd: &Path) -> Command {
         .env_remove("IMGPIPE_API_KEY")
         .env_remove("IMGPIPE_LOG")
         .env_remove("IMGPIPE_STATE")
+        .env_remove("IMGPIPE_NOTIFY_URL")
+        .env_remove("IMGPIPE_NOTIFY_SECRET")
         .stdin(Stdio::null())
         .kill_on_drop(true);
     cmd

@@ -13,6 +13,7 @@ mod cli;
 mod client;
 mod common;
 mod crash;
+mod events;
 mod fuzz;
 mod hostile;
 mod objects;

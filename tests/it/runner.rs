@@ -231,6 +231,7 @@ fn settings(dir: &Path) -> Settings {
         grace: Duration::from_secs(20),
         report: false,
         retry_base: Duration::from_millis(1),
+        events: Default::default(),
     }
 }
 

@@ -93,6 +93,10 @@ pub fn check(
         concurrency: spec.concurrency.and_then(NonZeroU32::new),
         rate_limit: spec.rate_limit.as_deref().and_then(|r| r.parse().ok()),
         reuse: spec.reuse.unwrap_or(false),
+        notify: spec
+            .notify
+            .as_deref()
+            .and_then(|u| crate::events::notify::check_url(u).ok()),
         items: std::sync::Arc::new(items),
         steps,
     };
@@ -198,6 +202,12 @@ impl Checker<'_> {
         {
             let mark = self.at(&["output_dir"]);
             self.error(mark, "output_dir must not be empty; leave it out for `out`");
+        }
+        if let Some(url) = spec.notify.as_deref()
+            && let Err(why) = crate::events::notify::check_url(url)
+        {
+            let mark = self.at(&["notify"]);
+            self.error(mark, why);
         }
         if let Some(n) = spec.concurrency
             && !(1..=256).contains(&n)

@@ -1,0 +1,317 @@
+//! Metrics for node_exporter's textfile collector: the Prometheus text format, written whole to
+//! a temporary file beside `--metrics-file` and renamed over it, at the start of the run, every
+//! [`EVERY`] and at its end. The collector reads `*.prom` files only, so the temporary file (a
+//! hidden name without that ending) is never read half written, and a killed run leaves the
+//! last whole file.
+//!
+//! The figures are read from the state database, the same record `status` and the summary
+//! read, so they agree with them; nothing is counted on the hot path. The format is a dozen
+//! lines of `# HELP`, `# TYPE` and samples: written here rather than through a crate, since a
+//! registry of live metric objects would only be filled from these same reads.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::store::{RunGauges, Store, Totals};
+
+/// How often the file is written while the run goes on.
+pub const EVERY: Duration = Duration::from_secs(10);
+
+/// What one writing of the file shows.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub pipeline: String,
+    pub run_id: String,
+    pub totals: Totals,
+    pub gauges: RunGauges,
+    /// Room left under each spending cap that covers the run, by cap name. Empty until caps
+    /// exist; the family is left out when it is.
+    pub caps: Vec<(String, u64)>,
+    /// When the snapshot was read, unix ms.
+    pub now_ms: i64,
+}
+
+/// The Prometheus text exposition format of a snapshot.
+pub fn render(s: &Snapshot) -> String {
+    let p = format!("pipeline=\"{}\"", escape(&s.pipeline));
+    let mut out = String::new();
+    let mut family = |name: &str, kind: &str, help: &str, samples: &[(String, u64)]| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (labels, value) in samples {
+            let _ = writeln!(out, "{name}{{{labels}}} {value}");
+        }
+    };
+    let t = &s.totals;
+    let g = &s.gauges;
+    family(
+        "imgpipe_run_info",
+        "gauge",
+        "The run this file describes (always 1).",
+        &[(format!("{p},run_id=\"{}\"", escape(&s.run_id)), 1)],
+    );
+    family(
+        "imgpipe_credits_billed_total",
+        "counter",
+        "Credits the service billed the run.",
+        &[(p.clone(), t.billed_credits)],
+    );
+    family(
+        "imgpipe_credits_planned",
+        "gauge",
+        "Credits the plan priced the run's tasks at.",
+        &[(p.clone(), t.planned_credits)],
+    );
+    family(
+        "imgpipe_credits_possibly_billed",
+        "gauge",
+        "Credits of calls sent without a complete answer, at their planned price.",
+        &[(p.clone(), t.possibly_billed_credits)],
+    );
+    let calls: Vec<(String, u64)> = ["succeeded", "answered_error", "not_sent", "ambiguous"]
+        .iter()
+        .map(|outcome| {
+            let n = g
+                .calls
+                .iter()
+                .find(|(o, _)| o == outcome)
+                .map_or(0, |c| c.1);
+            (format!("{p},outcome=\"{outcome}\""), n)
+        })
+        .collect();
+    family(
+        "imgpipe_calls_total",
+        "counter",
+        "Paid calls that ended, by outcome.",
+        &calls,
+    );
+    family(
+        "imgpipe_calls_in_flight",
+        "gauge",
+        "Paid calls sent and not answered yet.",
+        &[(p.clone(), g.in_flight)],
+    );
+    family(
+        "imgpipe_rate_limited_calls_total",
+        "counter",
+        "Calls the service answered 429 (too many requests).",
+        &[(p.clone(), g.rate_limited)],
+    );
+    let tasks: Vec<(String, u64)> = [
+        ("succeeded", t.succeeded),
+        ("failed", t.failed),
+        ("blocked", t.blocked),
+        ("pending", t.pending),
+    ]
+    .iter()
+    .map(|(status, n)| (format!("{p},status=\"{status}\""), *n))
+    .collect();
+    family(
+        "imgpipe_tasks",
+        "gauge",
+        "The run's tasks by status.",
+        &tasks,
+    );
+    if !s.caps.is_empty() {
+        let caps: Vec<(String, u64)> = s
+            .caps
+            .iter()
+            .map(|(cap, left)| (format!("{p},cap=\"{}\"", escape(cap)), *left))
+            .collect();
+        family(
+            "imgpipe_cap_remaining_credits",
+            "gauge",
+            "Credits a spending cap covering the run has left in its window.",
+            &caps,
+        );
+    }
+    let age_ms = g
+        .oldest_undownloaded_ms
+        .map_or(0, |made| s.now_ms.saturating_sub(made).max(0));
+    let _ = writeln!(
+        out,
+        "# HELP imgpipe_oldest_undownloaded_output_age_seconds Age of the oldest output made and not downloaded yet (0 when none).\n\
+         # TYPE imgpipe_oldest_undownloaded_output_age_seconds gauge\n\
+         imgpipe_oldest_undownloaded_output_age_seconds{{{p}}} {}",
+        seconds(age_ms)
+    );
+    if let Some(last) = g.last_success_ms {
+        let _ = writeln!(
+            out,
+            "# HELP imgpipe_last_success_timestamp_seconds When a run of the pipeline last succeeded, in unix seconds.\n\
+             # TYPE imgpipe_last_success_timestamp_seconds gauge\n\
+             imgpipe_last_success_timestamp_seconds{{{p}}} {}",
+            seconds(last)
+        );
+    }
+    out
+}
+
+/// Milliseconds as seconds with three decimals, the format's float.
+fn seconds(ms: i64) -> String {
+    format!("{}.{:03}", ms / 1000, ms % 1000)
+}
+
+/// A label value as the format quotes it: backslash, double quote and newline escaped.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', r"\\")
+        .replace('"', "\\\"")
+        .replace('\n', r"\n")
+}
+
+/// Reads the snapshot of `run_id` now.
+async fn snapshot(store: &Store, run_id: &str, pipeline: &str) -> Result<Snapshot, String> {
+    let totals = store.totals(run_id).await.map_err(|e| e.to_string())?;
+    let gauges = store
+        .run_gauges(run_id, pipeline)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Snapshot {
+        pipeline: pipeline.to_owned(),
+        run_id: run_id.to_owned(),
+        totals,
+        gauges,
+        caps: Vec::new(),
+        now_ms: crate::store::now_ms(),
+    })
+}
+
+/// Writes `text` to `path` whole: a temporary file in its directory, synced, then renamed
+/// over it. `later`: not the first writing, where the test crash point may cut it halfway.
+fn write_whole(path: &Path, text: &str, later: bool) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut file = tempfile::Builder::new()
+        .prefix(".imgpipe-metrics")
+        .suffix(".tmp")
+        .tempfile_in(dir)?;
+    let bytes = text.as_bytes();
+    let half = bytes.len() / 2;
+    file.write_all(&bytes[..half])?;
+    if later {
+        file.flush()?;
+        crate::failpoint::hit("metrics-file-half-written");
+    }
+    file.write_all(&bytes[half..])?;
+    file.as_file().sync_all()?;
+    // The collector runs as another user: the file is readable by all, as a metric is.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        file.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    }
+    file.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// The file kept up to date while a run goes on.
+pub struct MetricsFile {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<Writer>,
+}
+
+struct Writer {
+    path: PathBuf,
+    store: Store,
+    run_id: String,
+    pipeline: String,
+    written: usize,
+}
+
+impl Writer {
+    /// One writing; a failure is said and the run goes on.
+    async fn write(&mut self) {
+        let text = match snapshot(&self.store, &self.run_id, &self.pipeline).await {
+            Ok(s) => render(&s),
+            Err(e) => {
+                tracing::warn!("metrics: cannot read the run's figures: {e}");
+                return;
+            }
+        };
+        let path = self.path.clone();
+        let later = self.written > 0;
+        let written = tokio::task::spawn_blocking(move || write_whole(&path, &text, later)).await;
+        match written {
+            Ok(Ok(())) => self.written += 1,
+            Ok(Err(e)) => tracing::warn!("metrics: cannot write {}: {e}", self.path.display()),
+            Err(e) => tracing::warn!("metrics: the writer failed: {e}"),
+        }
+    }
+}
+
+impl MetricsFile {
+    /// Writes the file once, then every [`EVERY`] until [`MetricsFile::finish`].
+    pub async fn start(path: PathBuf, store: Store, run_id: &str, pipeline: &str) -> MetricsFile {
+        let mut writer = Writer {
+            path,
+            store,
+            run_id: run_id.to_owned(),
+            pipeline: pipeline.to_owned(),
+            written: 0,
+        };
+        writer.write().await;
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + EVERY, EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = stopped.cancelled() => return writer,
+                    _ = tick.tick() => writer.write().await,
+                }
+            }
+        });
+        MetricsFile { stop, task }
+    }
+
+    /// The last writing, with the run's figures as it ended.
+    pub async fn finish(self) {
+        self.stop.cancel();
+        match self.task.await {
+            Ok(mut writer) => writer.write().await,
+            Err(e) => tracing::warn!("metrics: the writer failed: {e}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
+    #[test]
+    fn a_family_without_caps_is_left_out_and_ages_are_seconds() {
+        let snapshot = Snapshot {
+            pipeline: "night\"ly".into(),
+            run_id: "r1".into(),
+            gauges: RunGauges {
+                oldest_undownloaded_ms: Some(1_000),
+                ..RunGauges::default()
+            },
+            now_ms: 3_500,
+            ..Snapshot::default()
+        };
+        let text = render(&snapshot);
+        assert!(!text.contains("imgpipe_cap_remaining_credits"), "{text}");
+        assert!(!text.contains("imgpipe_last_success"), "{text}");
+        assert!(
+            text.contains(
+                "imgpipe_oldest_undownloaded_output_age_seconds{pipeline=\"night\\\"ly\"} 2.500\n"
+            ),
+            "{text}"
+        );
+    }
+}

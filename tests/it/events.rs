@@ -1,0 +1,677 @@
+//! Alerts and metrics end to end: the real binary against the sandbox, posting its events to a
+//! receiver on 127.0.0.1 in the test and writing its metrics file, both held against the
+//! sandbox's ledger and the state database.
+//!
+//! A receiver that is down or holds every request must change neither the exit code nor, past
+//! the documented bound, when the process exits: checked against a ceiling far below what the
+//! unbounded retries would take, never against a measured time.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Output;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use bytes::Bytes;
+use hmac::{Hmac, KeyInit, Mac};
+use serde_json::Value;
+use sha2::Sha256;
+use sqlx::Row;
+
+use crate::common::*;
+use crate::run::{config, edit_chain, state_path, write};
+
+const SECRET: &str = "s3cret-for-the-receiver";
+/// erase 2 + upscale 2× 2 + remove_background 5 credits, three items.
+const ITEMS: usize = 3;
+const PLANNED: u64 = 27;
+/// Far below what a held webhook would keep an unbounded sender (four tries of 10 s each), far
+/// above the documented 5 s bound plus a run of a few tasks.
+const CEILING: Duration = Duration::from_secs(25);
+/// How long a test waits for an event that should come.
+const EVENT_WAIT: Duration = Duration::from_secs(20);
+
+// ---------------------------------------------------------------------------------------------
+// A receiver on loopback
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+struct Got {
+    event: Option<String>,
+    signature: Option<String>,
+    body: Bytes,
+}
+
+impl Got {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+}
+
+type Log = Arc<Mutex<Vec<Got>>>;
+
+/// A webhook receiver: records every request; answers 204 or, `holding`, never answers.
+struct Receiver {
+    url: String,
+    got: Log,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+async fn receiver(holding: bool) -> Receiver {
+    async fn hook(
+        State((got, holding)): State<(Log, bool)>,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> StatusCode {
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        got.lock().unwrap().push(Got {
+            event: header("x-imgpipe-event"),
+            signature: header("x-imgpipe-signature"),
+            body,
+        });
+        if holding {
+            std::future::pending::<()>().await;
+        }
+        StatusCode::NO_CONTENT
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let got = Log::default();
+    let app = axum::Router::new()
+        .route("/hook", post(hook))
+        .with_state((Arc::clone(&got), holding));
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Receiver {
+        url: format!("http://{addr}/hook"),
+        got,
+        server,
+    }
+}
+
+impl Receiver {
+    fn all(&self) -> Vec<Got> {
+        self.got.lock().unwrap().clone()
+    }
+
+    fn of_kind(&self, kind: &str) -> Vec<Got> {
+        self.all()
+            .into_iter()
+            .filter(|g| g.event.as_deref() == Some(kind))
+            .collect()
+    }
+
+    /// Waits for a `kind` event, failing with what came instead.
+    async fn wait_for(&self, kind: &str) -> Got {
+        let deadline = tokio::time::Instant::now() + EVENT_WAIT;
+        loop {
+            if let Some(g) = self.of_kind(kind).pop() {
+                return g;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no {kind} event within {EVENT_WAIT:?}; got {:?}",
+                self.all()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// A loopback port nothing listens on: connections are refused.
+async fn closed_port_url() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    format!("http://{addr}/hook")
+}
+
+fn assert_signed(got: &Got) {
+    let mut mac = Hmac::<Sha256>::new_from_slice(SECRET.as_bytes()).unwrap();
+    mac.update(&got.body);
+    let expected = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+    assert_eq!(got.signature.as_deref(), Some(expected.as_str()), "{got:?}");
+}
+
+/// No key, secret or password in any body the receiver got.
+fn assert_no_secret(env: &Env, receiver: &Receiver) {
+    for got in receiver.all() {
+        let body = String::from_utf8_lossy(&got.body);
+        for secret in [env.sandbox.key(), SECRET] {
+            assert!(!body.contains(secret), "a secret in {body}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running the binary
+// ---------------------------------------------------------------------------------------------
+
+/// `imgpipe run ARGS --state DIR/state.db` against `env`'s sandbox with the signing secret.
+fn run_command(env: &Env, dir: &Path, args: &[&str]) -> tokio::process::Command {
+    let state = state_path(dir).to_string_lossy().into_owned();
+    let mut all = vec!["run"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--state", &state, "--retry-base-ms", "10"]);
+    let mut cmd = command(&all, dir);
+    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
+        .env("IMGPIPE_API_KEY", env.sandbox.key())
+        .env("IMGPIPE_NOTIFY_SECRET", SECRET)
+        .env_remove("IMGPIPE_NOTIFY_URL");
+    cmd
+}
+
+/// Runs to the end, failing if the process is still there after `ceiling`.
+async fn run_within(cmd: tokio::process::Command, ceiling: Duration) -> Output {
+    let mut cmd = cmd;
+    tokio::time::timeout(ceiling, cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("imgpipe still running after {ceiling:?}"))
+        .expect("imgpipe runs")
+}
+
+fn ledger_total(env: &Env) -> u64 {
+    env.sandbox.ledger().iter().map(|e| e.credits).sum()
+}
+
+/// The run's id, status, task count and planned credits, as the state database has them.
+async fn recorded(dir: &Path) -> (String, String, i64, i64) {
+    let mut db = state_connection(&state_path(dir).to_string_lossy()).await;
+    let run = sqlx::query("SELECT id, status FROM runs")
+        .fetch_one(&mut db)
+        .await
+        .unwrap();
+    let tasks = sqlx::query(
+        "SELECT COUNT(*) AS n, CAST(SUM(planned_credits) AS BIGINT) AS planned FROM tasks",
+    )
+    .fetch_one(&mut db)
+    .await
+    .unwrap();
+    (
+        run.get("id"),
+        run.get("status"),
+        tasks.get("n"),
+        tasks.get("planned"),
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Alerts
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn run_finished_arrives_signed_with_the_figures_of_the_ledger_and_the_record() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "chain.yaml", &edit_chain(ITEMS, None));
+    let hook = receiver(false).await;
+    let o = run_within(
+        run_command(
+            &env,
+            dir,
+            &["chain.yaml", "--report", "--notify", &hook.url],
+        ),
+        CEILING,
+    )
+    .await;
+    assert_exit_without_panic(&o, 0);
+
+    let got = hook.wait_for("run.finished").await;
+    assert_signed(&got);
+    let body = got.json();
+    let (run_id, status, tasks, planned) = recorded(dir).await;
+    assert_eq!(body["event"], "run.finished");
+    assert_eq!(body["run_id"], run_id.as_str());
+    assert_eq!(body["pipeline"], "chain");
+    assert_eq!(body["status"], status.as_str());
+    assert_eq!(body["status"], "succeeded");
+    assert_eq!(body["exit_code"], 0);
+    assert_eq!(body["credits"]["billed"], ledger_total(&env));
+    assert_eq!(body["credits"]["billed"], PLANNED);
+    assert_eq!(body["credits"]["planned"], planned);
+    assert_eq!(body["credits"]["possibly_billed"], 0);
+    assert_eq!(body["tasks"]["total"], tasks);
+    assert_eq!(body["tasks"]["succeeded"], tasks);
+    assert_eq!(body["tasks"]["failed"], 0);
+    assert_eq!(body["failures"], serde_json::json!([]));
+    assert!(body["duration_seconds"].as_f64().unwrap() > 0.0, "{body}");
+    assert!(
+        body["output"].as_str().unwrap().ends_with(&run_id),
+        "{body}"
+    );
+    assert!(
+        body["report"].as_str().unwrap().ends_with("report.html"),
+        "{body}"
+    );
+    let text = body["text"].as_str().unwrap();
+    assert!(
+        text.contains(&run_id) && text.contains("succeeded"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("{PLANNED} of {PLANNED} credits billed")),
+        "{text}"
+    );
+    // No budget: no mark to cross; every bill as planned.
+    assert_eq!(hook.all().len(), 1, "{:?}", hook.all());
+    assert_no_secret(&env, &hook);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tight_budget_is_announced_at_50_80_and_100_percent_each_once() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "chain.yaml", &edit_chain(2, None));
+    let hook = receiver(false).await;
+    let budget = 18.to_string();
+    let o = run_within(
+        run_command(
+            &env,
+            dir,
+            &[
+                "chain.yaml",
+                "--max-credits",
+                &budget,
+                "--notify",
+                &hook.url,
+            ],
+        ),
+        CEILING,
+    )
+    .await;
+    assert_exit_without_panic(&o, 0);
+    hook.wait_for("run.finished").await;
+    let mut marks: Vec<u64> = hook
+        .of_kind("budget.crossed")
+        .iter()
+        .map(|g| {
+            assert_signed(g);
+            let body = g.json();
+            assert_eq!(body["max_credits"], 18);
+            let percent = body["percent"].as_u64().unwrap();
+            let billed = body["credits_billed"].as_u64().unwrap();
+            assert!(billed * 100 >= percent * 18, "{body}");
+            percent
+        })
+        .collect();
+    marks.sort_unstable();
+    assert_eq!(marks, [50, 80, 100], "{:?}", hook.all());
+    assert_eq!(ledger_total(&env), 18);
+    assert_no_secret(&env, &hook);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_billed_above_the_plan_is_announced_and_the_exit_code_stays_3() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    // The sandbox bills 4 credits a generation; the file says 2.
+    write(
+        dir,
+        "gens.yaml",
+        "version: 1\nname: gens\npricing: { generation: 2 }\nitems: [{ id: a }, { id: b }]\nsteps:\n  - id: shot\n    generate: { prompt: \"a {{ item.id }}\" }\n",
+    );
+    let hook = receiver(false).await;
+    let o = run_within(
+        run_command(&env, dir, &["gens.yaml", "--notify", &hook.url]),
+        CEILING,
+    )
+    .await;
+    assert_exit_without_panic(&o, 3);
+    let above = hook.wait_for("call.billed_above_plan").await;
+    assert_signed(&above);
+    let body = above.json();
+    assert_eq!(
+        (body["planned"].as_u64(), body["billed"].as_u64()),
+        (Some(2), Some(4))
+    );
+    assert!(
+        body["task"].as_str().unwrap().ends_with("/shot[0]"),
+        "{body}"
+    );
+    let finished = hook.wait_for("run.finished").await.json();
+    assert_eq!(finished["exit_code"], 3);
+    assert_eq!(finished["status"], "stopped");
+    assert_eq!(finished["credits"]["billed"], ledger_total(&env));
+    assert_no_secret(&env, &hook);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_receiver_that_is_down_changes_neither_the_exit_code_nor_the_exit() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "chain.yaml", &edit_chain(1, None));
+    let url = closed_port_url().await;
+    let o = run_within(
+        run_command(&env, dir, &["chain.yaml", "--notify", &url]),
+        CEILING,
+    )
+    .await;
+    assert_exit_without_panic(&o, 0);
+    assert!(
+        stderr(&o).contains("notify: run.finished not delivered"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        !stderr(&o).contains(&url),
+        "the webhook's URL is not logged"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_receiver_that_never_answers_holds_the_exit_only_within_the_bound() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "chain.yaml", &edit_chain(1, None));
+    let hook = receiver(true).await;
+    let o = run_within(
+        run_command(&env, dir, &["chain.yaml", "--notify", &hook.url]),
+        CEILING,
+    )
+    .await;
+    assert_exit_without_panic(&o, 0);
+    // It was tried, held, and given up on, in that order, before the process ended.
+    assert_eq!(hook.of_kind("run.finished").len(), 1, "{:?}", hook.all());
+    assert!(
+        stderr(&o).contains("notify: gave up on events not delivered within 5s"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn plain_http_to_another_host_is_refused_before_anything_is_sent() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "chain.yaml", &edit_chain(1, None));
+    let o = run_within(
+        run_command(
+            &env,
+            dir,
+            &["chain.yaml", "--notify", "http://example.com/hook"],
+        ),
+        CEILING,
+    )
+    .await;
+    assert_exit_without_panic(&o, 2);
+    assert_nothing_billed(&env);
+    write(
+        dir,
+        "notify.yaml",
+        &edit_chain(1, None).replace(
+            "output_dir: out\n",
+            "output_dir: out\nnotify: http://example.com/x\n",
+        ),
+    );
+    let o = run_within(run_command(&env, dir, &["notify.yaml"]), CEILING).await;
+    assert_exit_without_panic(&o, 2);
+    assert!(stderr(&o).contains("notify"), "{}", stderr(&o));
+    assert_nothing_billed(&env);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn notify_in_the_pipeline_file_is_used_without_a_flag() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    let hook = receiver(false).await;
+    write(
+        dir,
+        "notify.yaml",
+        &edit_chain(1, None).replace(
+            "output_dir: out\n",
+            &format!("output_dir: out\nnotify: {}\n", hook.url),
+        ),
+    );
+    let o = run_within(run_command(&env, dir, &["notify.yaml"]), CEILING).await;
+    assert_exit_without_panic(&o, 0);
+    let body = hook.wait_for("run.finished").await.json();
+    assert_eq!(body["credits"]["billed"], ledger_total(&env));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Metrics
+// ---------------------------------------------------------------------------------------------
+
+/// The families every metrics file has.
+const FAMILIES: [&str; 9] = [
+    "imgpipe_run_info",
+    "imgpipe_credits_billed_total",
+    "imgpipe_credits_planned",
+    "imgpipe_credits_possibly_billed",
+    "imgpipe_calls_total",
+    "imgpipe_calls_in_flight",
+    "imgpipe_rate_limited_calls_total",
+    "imgpipe_tasks",
+    "imgpipe_oldest_undownloaded_output_age_seconds",
+];
+
+/// A metrics file parsed as the text exposition format: samples by `name{labels}`. Fails on a
+/// line that is not a comment, a blank or a sample, a sample of a family with no `# TYPE`
+/// before it, a value that is not a number, a file not ended by a newline, or a missing family.
+fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
+    assert!(text.ends_with('\n'), "not ended by a newline:\n{text}");
+    let mut typed = BTreeMap::new();
+    let mut samples = BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').expect("# TYPE name kind");
+            assert!(["counter", "gauge"].contains(&kind), "{line}");
+            assert!(
+                typed.insert(name.to_owned(), kind.to_owned()).is_none(),
+                "{line}"
+            );
+            continue;
+        }
+        if line.starts_with("# HELP ") || line.is_empty() {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("{line}"));
+        let name = series.split('{').next().unwrap();
+        assert!(typed.contains_key(name), "{name} sampled before its # TYPE");
+        if typed[name] == "counter" {
+            assert!(name.ends_with("_total"), "counter {name}");
+        }
+        if series.contains('{') {
+            assert!(series.ends_with('}'), "{line}");
+        }
+        let value: f64 = value.parse().unwrap_or_else(|e| panic!("{line}: {e}"));
+        samples.insert(series.to_owned(), value);
+    }
+    for family in FAMILIES {
+        assert!(typed.contains_key(family), "no {family} in:\n{text}");
+    }
+    samples
+}
+
+/// `promtool check metrics` on the file when promtool is on PATH; under `CI=true` it must be.
+fn promtool_accepts(text: &str) {
+    let child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "promtool is not on PATH ({e}): `bash .ci/run` provides it; CI must check the metrics with it"
+            );
+            eprintln!("skipped promtool: {e}");
+            return;
+        }
+    };
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics refused the file:\n{}{}\n--- file\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_metrics_file_parses_and_its_credits_agree_with_the_ledger() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "chain.yaml", &edit_chain(ITEMS, None));
+    let file = dir.join("imgpipe.prom");
+    let o = run_within(
+        run_command(
+            &env,
+            dir,
+            &["chain.yaml", "--metrics-file", &file.to_string_lossy()],
+        ),
+        CEILING,
+    )
+    .await;
+    assert_exit_without_panic(&o, 0);
+    let text = std::fs::read_to_string(&file).unwrap();
+    let m = parse_metrics(&text);
+    promtool_accepts(&text);
+    let (run_id, _, tasks, planned) = recorded(dir).await;
+    let p = "pipeline=\"chain\"";
+    assert_eq!(
+        m[&format!("imgpipe_run_info{{{p},run_id=\"{run_id}\"}}")],
+        1.0
+    );
+    assert_eq!(
+        m[&format!("imgpipe_credits_billed_total{{{p}}}")],
+        ledger_total(&env) as f64
+    );
+    assert_eq!(
+        m[&format!("imgpipe_credits_planned{{{p}}}")],
+        planned as f64
+    );
+    assert_eq!(m[&format!("imgpipe_credits_possibly_billed{{{p}}}")], 0.0);
+    assert_eq!(
+        m[&format!("imgpipe_calls_total{{{p},outcome=\"succeeded\"}}")],
+        env.sandbox.ledger().len() as f64
+    );
+    assert_eq!(
+        m[&format!("imgpipe_tasks{{{p},status=\"succeeded\"}}")],
+        tasks as f64
+    );
+    assert_eq!(m[&format!("imgpipe_tasks{{{p},status=\"pending\"}}")], 0.0);
+    assert_eq!(
+        m[&format!("imgpipe_oldest_undownloaded_output_age_seconds{{{p}}}")],
+        0.0
+    );
+    // The run itself succeeded: the pipeline's last success is its end.
+    assert!(m.contains_key(&format!("imgpipe_last_success_timestamp_seconds{{{p}}}")));
+    // Only the file: no temporary file left beside it.
+    let beside: Vec<_> = entries(dir)
+        .into_iter()
+        .filter(|e| {
+            e.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(".imgpipe-metrics")
+        })
+        .collect();
+    assert!(beside.is_empty(), "{beside:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_killed_while_writing_the_metrics_leaves_the_last_whole_file() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "chain.yaml", &edit_chain(ITEMS, None));
+    let file = dir.join("imgpipe.prom");
+    let mut cmd = run_command(
+        &env,
+        dir,
+        &["chain.yaml", "--metrics-file", &file.to_string_lossy()],
+    );
+    // Aborts, as a kill -9 would, with half of the run's last metrics written.
+    cmd.env(imgpipe::failpoint::ENV, "metrics-file-half-written");
+    let o = run_within(cmd, CEILING).await;
+    assert_eq!(o.status.code(), None, "killed by a signal: {o:?}");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let m = parse_metrics(&text);
+    promtool_accepts(&text);
+    // The file of the run's start, whole: nothing billed yet then, all of it by the kill.
+    assert_eq!(m["imgpipe_credits_billed_total{pipeline=\"chain\"}"], 0.0);
+    assert_eq!(ledger_total(&env), PLANNED);
+    // The half-written last file is where it was cut: a hidden temporary file, which the
+    // collector (reading `*.prom` only) never reads.
+    let half: Vec<_> = entries(dir)
+        .into_iter()
+        .filter(|e| {
+            e.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(".imgpipe-metrics")
+        })
+        .collect();
+    assert_eq!(half.len(), 1, "{half:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_killed_with_sigkill_mid_run_leaves_a_whole_metrics_file() {
+    // Slow calls, one at a time: the run is still paying when it is killed.
+    let env = start(imgpipe::sandbox::Config {
+        latency: Duration::from_millis(300),
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    write(dir, "chain.yaml", &edit_chain(ITEMS, None));
+    let file = dir.join("imgpipe.prom");
+    let mut cmd = run_command(
+        &env,
+        dir,
+        &[
+            "chain.yaml",
+            "--concurrency",
+            "1",
+            "--metrics-file",
+            &file.to_string_lossy(),
+        ],
+    );
+    let mut child = cmd.stderr(std::process::Stdio::null()).spawn().unwrap();
+    let deadline = tokio::time::Instant::now() + EVENT_WAIT;
+    while !file.exists() || env.sandbox.ledger().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no metrics file and first bill within {EVENT_WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The child is not reaped before `wait` below, so its pid cannot have been reused.
+    let pid = libc::pid_t::try_from(child.id().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let status = tokio::time::timeout(CEILING, child.wait())
+        .await
+        .expect("the killed process is reaped")
+        .unwrap();
+    assert_eq!(status.code(), None, "killed mid-run: {status:?}");
+    assert!(ledger_total(&env) < PLANNED, "killed before the run's end");
+    let text = std::fs::read_to_string(&file).unwrap();
+    parse_metrics(&text);
+    promtool_accepts(&text);
+}
