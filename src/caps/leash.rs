@@ -20,11 +20,27 @@ const STALE_AFTER_MS: i64 = 60_000;
 /// it, rarely enough that the database is not on the hot path.
 const BLOCKS_PER_CAP: u64 = 20;
 
+/// Shares of a cap's window that, once leased, are announced (`cap.crossed`), in percent.
+const MARKS: [u8; 3] = [50, 80, 100];
+
+/// A lease that took a cap's window past one of [`MARKS`]: leases are taken one at a time, so
+/// exactly one run announces each mark of a window.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Crossing {
+    pub cap: String,
+    pub percent: u8,
+    /// What the window had spent (leased, billed, possibly billed) after the lease.
+    pub spent: u64,
+    pub credits: u64,
+    /// When the window ends, as people read it.
+    pub window_end: String,
+}
+
 /// What a lease brought.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Grant {
-    /// The credits asked for, or more.
-    Leased,
+    /// The credits asked for, or more; the marks of the caps' windows the lease passed.
+    Leased(Vec<Crossing>),
     /// A cap's window has too little left: the run stops committing until it reopens.
     Spent(Spent),
 }
@@ -153,11 +169,28 @@ impl Leash {
         };
         let stale = crate::store::now_ms() - STALE_AFTER_MS;
         let want = need.max(i.block);
-        let granted = i.store.lease(&windows, lessee, want, need, stale).await?;
+        let (granted, before) = i.store.lease(&windows, lessee, want, need, stale).await?;
         if granted > 0 {
             i.leased.fetch_add(granted, Relaxed);
             i.rows.fetch_add(windows.len() as u64, Relaxed);
-            return Ok(Grant::Leased);
+            let mut crossed = Vec::new();
+            for (cap, spent) in i.caps.iter().zip(before) {
+                let after = spent + granted;
+                let end = cap.window(now).map_err(StoreError::Inconsistent)?.end;
+                for percent in MARKS {
+                    let mark = cap.credits * u64::from(percent);
+                    if spent * 100 < mark && mark <= after * 100 {
+                        crossed.push(Crossing {
+                            cap: cap.name.clone(),
+                            percent,
+                            spent: after,
+                            credits: cap.credits,
+                            window_end: shown(cap, end),
+                        });
+                    }
+                }
+            }
+            return Ok(Grant::Leased(crossed));
         }
         for (cap, window) in i.caps.iter().zip(&windows) {
             let spent = i.store.cap_spent(&cap.name, window.start).await?;
@@ -174,8 +207,8 @@ impl Leash {
                 }));
             }
         }
-        // Another run took the room between the lease and this look: try again later.
-        Ok(Grant::Leased)
+        // Another run gave room back between the lease and this look: try again.
+        Ok(Grant::Leased(Vec::new()))
     }
 
     /// An executor of this process ended having spent `credits` (billed, and possibly

@@ -16,7 +16,7 @@ mod leash;
 use jiff::tz::TimeZone;
 use jiff::{Span, Timestamp, ZonedDateTime};
 
-pub use leash::{Grant, Leash, Spent};
+pub use leash::{Crossing, Grant, Leash, Spent};
 
 use crate::store::CapRow;
 

@@ -20,9 +20,24 @@ pub enum Event {
     /// A call was billed more than the plan priced it at (the run stops sending after it).
     #[serde(rename = "call.billed_above_plan")]
     CallBilledAbovePlan(CallBilledAbovePlan),
-    // Spending caps add `#[serde(rename = "cap.crossed")] CapCrossed(CapCrossed)` here, with
-    // `CapCrossed { run_id, pipeline, cap, window, percent, credits_spent, credits }`, its line
-    // in `Event::text` and `Event::kind`, and send it where a reservation crosses 50/80/100%.
+    /// A lease of this run took a spending cap's window past 50, 80 or 100% (each mark of a
+    /// window announced once, by the run whose lease passed it).
+    #[serde(rename = "cap.crossed")]
+    CapCrossed(CapCrossed),
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CapCrossed {
+    pub run_id: String,
+    pub pipeline: String,
+    pub cap: String,
+    /// 50, 80 or 100.
+    pub percent: u8,
+    /// What the window has spent: leased to runs under way, billed and possibly billed.
+    pub credits_spent: u64,
+    pub credits: u64,
+    /// When the window ends.
+    pub window_end: String,
 }
 
 /// The run's figures as recorded when it ended.
@@ -100,6 +115,7 @@ impl Event {
             Event::RunFinished(_) => "run.finished",
             Event::BudgetCrossed(_) => "budget.crossed",
             Event::CallBilledAbovePlan(_) => "call.billed_above_plan",
+            Event::CapCrossed(_) => "cap.crossed",
         }
     }
 
@@ -130,6 +146,10 @@ impl Event {
             Event::CallBilledAbovePlan(c) => format!(
                 "imgpipe: run {} of {}: {} was billed {} credits where the plan said {}",
                 c.run_id, c.pipeline, c.task, c.billed, c.planned
+            ),
+            Event::CapCrossed(c) => format!(
+                "imgpipe: cap {} is {}% spent ({} of {} credits, until {}), run {} of {}",
+                c.cap, c.percent, c.credits_spent, c.credits, c.window_end, c.run_id, c.pipeline
             ),
         }
     }

@@ -176,9 +176,24 @@ async fn snapshot(store: &Store, run_id: &str, pipeline: &str) -> Result<Snapsho
         run_id: run_id.to_owned(),
         totals,
         gauges,
-        caps: Vec::new(),
+        caps: cap_room(store, pipeline).await,
         now_ms: crate::store::now_ms(),
     })
+}
+
+/// The credits each spending cap covering `pipeline` has left in its window; none when they
+/// cannot be read (the metrics go on without them).
+async fn cap_room(store: &Store, pipeline: &str) -> Vec<(String, u64)> {
+    let Ok(caps) = crate::caps::recorded(store).await else {
+        return Vec::new();
+    };
+    let mut room = Vec::new();
+    for cap in caps.iter().filter(|c| c.covers(pipeline)) {
+        if let Ok(standing) = crate::caps::Standing::of(store, cap).await {
+            room.push((standing.name, standing.left));
+        }
+    }
+    room
 }
 
 /// Writes `text` to `path` whole: a temporary file in its directory, synced, then renamed

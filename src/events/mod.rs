@@ -19,7 +19,9 @@ use std::time::Instant;
 
 pub use event::Event;
 
-use crate::events::event::{BudgetCrossed, CallBilledAbovePlan, Credits, Failure, RunFinished};
+use crate::events::event::{
+    BudgetCrossed, CallBilledAbovePlan, CapCrossed, Credits, Failure, RunFinished,
+};
 use crate::events::metrics::MetricsFile;
 use crate::events::notify::{DELIVERY_BOUND, Notifier};
 use crate::exec::Observer;
@@ -236,6 +238,19 @@ impl Observer for Watch {
                 max_credits: max,
             }));
         }
+    }
+
+    fn cap_crossed(&self, c: &crate::caps::Crossing) {
+        self.inner.cap_crossed(c);
+        self.sender.send(Event::CapCrossed(CapCrossed {
+            run_id: self.run_id.clone(),
+            pipeline: self.pipeline.clone(),
+            cap: c.cap.clone(),
+            percent: c.percent,
+            credits_spent: c.spent,
+            credits: c.credits,
+            window_end: c.window_end.clone(),
+        }));
     }
 
     fn finish(&self) {

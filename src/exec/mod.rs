@@ -88,6 +88,8 @@ pub trait Observer: Send + Sync {
     /// A call of task `task` (`item/step[i]`) of step `step` was billed `billed` credits where
     /// the plan priced it at `planned`, before its outputs are checked.
     fn call_billed(&self, _step: usize, _task: &str, _planned: u64, _billed: u64) {}
+    /// A lease of this run took a spending cap's window past 50, 80 or 100%.
+    fn cap_crossed(&self, _crossing: &crate::caps::Crossing) {}
     /// The run stopped dispatching and everything in flight was settled.
     fn finish(&self) {}
 }

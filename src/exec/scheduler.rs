@@ -534,13 +534,31 @@ impl Scheduler {
                 None => return,
             },
         };
+        self.lease_more(cost).await;
+    }
+
+    /// Leases from the caps what `cost` needs beyond what they leased; closes admission when
+    /// a cap's window has too little left.
+    async fn lease_more(&mut self, cost: u64) {
+        let Some(leash) = self.config.leash.clone() else {
+            return;
+        };
         let short = cost.saturating_sub(self.budget.unleased().unwrap_or(u64::MAX));
-        if short == 0 {
+        if short == 0 || leash.lost() {
             return;
         }
         match leash.grow(short).await {
-            Ok(crate::caps::Grant::Leased) => self.budget.lease(leash.leased()),
-            Ok(crate::caps::Grant::Spent(spent)) => self.closed = Some(Stop::Cap(spent)),
+            Ok(crate::caps::Grant::Leased(crossed)) => {
+                self.budget.lease(leash.leased());
+                for crossing in &crossed {
+                    self.observer.cap_crossed(crossing);
+                }
+            }
+            Ok(crate::caps::Grant::Spent(spent)) => {
+                if self.closed.is_none() {
+                    self.closed = Some(Stop::Cap(spent));
+                }
+            }
             Err(e) => self.fatal(Fatal::Store(Arc::new(e))),
         }
     }
@@ -710,10 +728,14 @@ impl Scheduler {
     }
 
     async fn ambiguous(&mut self, t: usize, planned: u64, reason: &str) {
+        // The call counts as spent and a retry pays again: the caps lease it first.
+        self.lease_more(planned).await;
         let fits = self.budget.ambiguous(planned);
         self.tries.entry(t).or_default().ambiguous += 1;
         let why = if self.config.on_ambiguous == OnAmbiguous::Fail {
             "--on-ambiguous fail"
+        } else if !fits && self.config.leash.is_some() {
+            "another try would not fit the budget or the spending caps"
         } else if !fits {
             "another try would not fit the budget"
         } else if !self

@@ -108,7 +108,8 @@ impl Store {
     }
 
     /// Leases up to `want` credits from the windows of `caps`, the same from each, all or none,
-    /// and none unless at least `least` fits every one: returns what was leased. Leases whose
+    /// and none unless at least `least` fits every one: returns what was leased, and what each
+    /// window had spent before (in the order of `caps`). Leases whose
     /// holder has not beaten since `stale_before` are closed first (see
     /// [`Store::close_leases_of`]).
     pub async fn lease(
@@ -118,20 +119,22 @@ impl Store {
         want: u64,
         least: u64,
         stale_before: i64,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<(u64, Vec<u64>), StoreError> {
         let mut tx = self.pool().begin().await?;
         hold_caps(&mut tx, self, caps).await?;
         for stale in stale_holders(&mut tx, self, caps, stale_before).await? {
             close_dead(&mut tx, &stale.0, &stale.1).await?;
         }
         let mut room = want;
+        let mut before = Vec::with_capacity(caps.len());
         for cap in caps {
             let spent = spent_in(&mut tx, &cap.cap, cap.start).await?;
             room = room.min(cap.credits.saturating_sub(spent));
+            before.push(spent);
         }
         if room < least.max(1) {
             tx.commit().await?;
-            return Ok(0);
+            return Ok((0, before));
         }
         let now = now_ms();
         for cap in caps {
@@ -150,7 +153,7 @@ impl Store {
             .await?;
         }
         tx.commit().await?;
-        Ok(room)
+        Ok((room, before))
     }
 
     /// Says the holder is alive; returns how many of its leases are still open (fewer than it

@@ -675,3 +675,66 @@ async fn a_run_killed_with_sigkill_mid_run_leaves_a_whole_metrics_file() {
     parse_metrics(&text);
     promtool_accepts(&text);
 }
+
+/// A spending cap's window is announced at 50, 80 and 100% as the run's leases pass them,
+/// each once, and the metrics file says what the cap has left, as `cap list` does.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cap_crossed_is_announced_and_its_room_is_in_the_metrics() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "chain.yaml", &edit_chain(4, None));
+    let state = state_path(dir).to_string_lossy().into_owned();
+    // Two chains of 9 fit a cap of 20: the leases pass 50 and 80%, never 100.
+    let set = [
+        "cap",
+        "set",
+        "nightly",
+        "--credits",
+        "20",
+        "--per",
+        "day",
+        "--state",
+        &state,
+    ];
+    assert_exit_without_panic(&finish(command(&set, dir)).await, 0);
+    let hook = receiver(false).await;
+    let file = dir.join("imgpipe.prom");
+    let o = run_within(
+        run_command(
+            &env,
+            dir,
+            &[
+                "chain.yaml",
+                "--notify",
+                &hook.url,
+                "--metrics-file",
+                &file.to_string_lossy(),
+            ],
+        ),
+        CEILING,
+    )
+    .await;
+    assert_exit_without_panic(&o, 6);
+    hook.wait_for("run.finished").await;
+    let mut marks: Vec<u64> = hook
+        .of_kind("cap.crossed")
+        .iter()
+        .map(|g| {
+            assert_signed(g);
+            let body = g.json();
+            assert_eq!(body["cap"], "nightly", "{body}");
+            assert_eq!(body["credits"], 20, "{body}");
+            let percent = body["percent"].as_u64().unwrap();
+            let spent = body["credits_spent"].as_u64().unwrap();
+            assert!(spent * 100 >= percent * 20 && spent <= 20, "{body}");
+            percent
+        })
+        .collect();
+    marks.sort_unstable();
+    assert_eq!(marks, [50, 80], "{:?}", hook.all());
+    assert_eq!(ledger_total(&env), 18);
+    let m = parse_metrics(&std::fs::read_to_string(&file).unwrap());
+    let left = m[r#"imgpipe_cap_remaining_credits{pipeline="chain",cap="nightly"}"#];
+    assert_eq!(left, 2.0, "20 less the 18 the run spent, its leases closed");
+    assert_no_secret(&env, &hook);
+}
