@@ -26,6 +26,7 @@
 //! run's state in a fresh database of that PostgreSQL server instead of a SQLite file, and
 //! IMGPIPE_BENCH_OUT=s3 puts each run's outputs in a bucket of an S3-compatible server the bench
 //! runs on 127.0.0.1 (s3s-fs, as the tests use) instead of a local directory.
+//! IMGPIPE_BENCH_CAP=N sets a daily spending cap of N credits in each run's state first.
 
 // Benchmarks and tests report on stdout and stderr by design, and share helpers between
 // their own modules.
@@ -226,6 +227,7 @@ fn run_once(s: &Scenario, kept: &mut Vec<tempfile::TempDir>) -> Sample {
         &sandbox.base_url
     };
     let state = state_for(dir.path());
+    set_cap(&state);
     let mut cmd = Command::new(binary());
     let out = out_for(dir.path(), &mut cmd);
     cmd.arg("run")
@@ -284,6 +286,35 @@ fn run_once(s: &Scenario, kept: &mut Vec<tempfile::TempDir>) -> Sample {
     );
     kept.push(dir);
     sample
+}
+
+/// With IMGPIPE_BENCH_CAP=N, a daily spending cap of N credits in the run's state before it
+/// starts: the run then leases its chains from the cap (a block a twentieth of it), and the
+/// figures say what holding a cap costs the hot path, against the same bench without it.
+fn set_cap(state: &str) {
+    let Some(credits) = std::env::var("IMGPIPE_BENCH_CAP")
+        .ok()
+        .filter(|c| !c.is_empty())
+    else {
+        return;
+    };
+    let status = Command::new(binary())
+        .args([
+            "cap",
+            "set",
+            "bench",
+            "--credits",
+            &credits,
+            "--per",
+            "day",
+            "--state",
+            state,
+        ])
+        .env_remove("IMGPIPE_STATE")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("imgpipe cap set runs");
+    assert!(status.success(), "imgpipe cap set failed");
 }
 
 fn write_inputs(dir: &Path, s: &Scenario) -> PathBuf {
