@@ -16,6 +16,11 @@ const BEAT_EVERY: Duration = Duration::from_secs(10);
 /// that leases: six beats missed, never a process merely slowed by a loaded machine.
 const STALE_AFTER_MS: i64 = 60_000;
 
+/// A holder that has not beaten for this long beats before it commits anything more: a process
+/// frozen (SIGSTOP, a suspended machine) past [`STALE_AFTER_MS`] may have had its leases closed,
+/// and must learn it before it spends them.
+const FRESH_FOR: Duration = Duration::from_secs(20);
+
 /// A block is this share of the smallest cap: runs sharing a cap lease often enough to share
 /// it, rarely enough that the database is not on the hot path.
 const BLOCKS_PER_CAP: u64 = 20;
@@ -77,6 +82,9 @@ struct Inner {
     spent: AtomicU64,
     /// Another run found this holder silent and closed its leases.
     lost: AtomicBool,
+    /// When the holder last beat, on both clocks: the monotonic one stops while a machine is
+    /// suspended, the wall clock does not.
+    beaten: std::sync::Mutex<(std::time::Instant, std::time::SystemTime)>,
     beating: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -125,6 +133,7 @@ impl Leash {
             rows: AtomicU64::new(0),
             spent: AtomicU64::new(0),
             lost: AtomicBool::new(false),
+            beaten: std::sync::Mutex::new(now()),
             beating: std::sync::Mutex::new(None),
         });
         let beating = tokio::spawn(beat(Arc::downgrade(&inner)));
@@ -147,6 +156,18 @@ impl Leash {
     /// may be committed.
     pub fn lost(&self) -> bool {
         self.inner.lost.load(Relaxed)
+    }
+
+    /// Beats now unless the holder beat within [`FRESH_FOR`]; returns whether its leases were
+    /// closed by another run (then nothing more may be sent).
+    pub async fn ensure_fresh(&self) -> Result<bool, StoreError> {
+        let fresh = self.inner.beaten.lock().is_ok_and(|at| {
+            at.0.elapsed() < FRESH_FOR && at.1.elapsed().is_ok_and(|wall| wall < FRESH_FOR)
+        });
+        if !fresh {
+            beat_once(&self.inner).await?;
+        }
+        Ok(self.lost())
     }
 
     /// Leases at least `need` more credits (a block when that is more) from every cap, or
@@ -229,21 +250,31 @@ impl Leash {
     }
 }
 
-/// Says every [`BEAT_EVERY`] that the holder is alive, until its leash is dropped; notes when
-/// its leases were closed by another run.
+fn now() -> (std::time::Instant, std::time::SystemTime) {
+    (std::time::Instant::now(), std::time::SystemTime::now())
+}
+
+/// Says every [`BEAT_EVERY`] that the holder is alive, until its leash is dropped.
 async fn beat(inner: std::sync::Weak<Inner>) {
     loop {
         tokio::time::sleep(BEAT_EVERY).await;
         let Some(i) = inner.upgrade() else { return };
-        match i.store.beat(&i.holder).await {
-            Ok(open) if open < i.rows.load(Relaxed) => {
-                tracing::warn!(
-                    "this run's cap leases were closed by another run that took it for dead; it commits nothing more"
-                );
-                i.lost.store(true, Relaxed);
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!("cannot renew this run's cap leases: {e}"),
+        if let Err(e) = beat_once(&i).await {
+            tracing::warn!("cannot renew this run's cap leases: {e}");
         }
     }
+}
+
+/// One beat; notes when the holder's leases were closed by another run.
+async fn beat_once(i: &Inner) -> Result<(), StoreError> {
+    let open = i.store.beat(&i.holder).await?;
+    if open < i.rows.load(Relaxed) && !i.lost.swap(true, Relaxed) {
+        tracing::warn!(
+            "this run's cap leases were closed by another run that took it for dead; it sends nothing more"
+        );
+    }
+    if let Ok(mut at) = i.beaten.lock() {
+        *at = now();
+    }
+    Ok(())
 }

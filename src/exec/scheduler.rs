@@ -322,6 +322,9 @@ impl Scheduler {
         let shutdown = self.shutdown.clone();
         let mut deadline: Option<Instant> = None;
         loop {
+            if deadline.is_none() && self.halt.is_none() {
+                self.check_lease().await;
+            }
             if deadline.is_none() && self.halt.is_none() && self.closed.is_none() {
                 self.record_ahead().await;
                 self.lease_ahead().await;
@@ -517,14 +520,24 @@ impl Scheduler {
             .sum()
     }
 
-    /// Leases from the caps what the next chain needs beyond what they leased, when a cap
-    /// covers the run; closes admission when a cap's window has too little left.
-    async fn lease_ahead(&mut self) {
+    /// Halts the run when its cap leases were closed by another run that took this process
+    /// for dead (frozen past the caps' silence limit): they were given back to their windows,
+    /// so nothing more is sent, not even for chains already committed.
+    async fn check_lease(&mut self) {
         let Some(leash) = self.config.leash.clone() else {
             return;
         };
-        if leash.lost() {
-            self.closed = Some(Stop::LeaseLost);
+        match leash.ensure_fresh().await {
+            Ok(true) => self.halt = Some(Stop::LeaseLost),
+            Ok(false) => {}
+            Err(e) => self.fatal(Fatal::Store(Arc::new(e))),
+        }
+    }
+
+    /// Leases from the caps what the next chain needs beyond what they leased, when a cap
+    /// covers the run; closes admission when a cap's window has too little left.
+    async fn lease_ahead(&mut self) {
+        if self.config.leash.is_none() {
             return;
         }
         let cost = match self.leasing.take() {
