@@ -232,6 +232,12 @@ impl Leash {
         Ok(Grant::Leased(Vec::new()))
     }
 
+    /// What this process's executors that ended spent: an executor that starts after another
+    /// (the main run after a discovering call) leases only beyond it.
+    pub fn spent_so_far(&self) -> u64 {
+        self.inner.spent.load(Relaxed)
+    }
+
     /// An executor of this process ended having spent `credits` (billed, and possibly
     /// billed).
     pub fn spent(&self, credits: u64) {

@@ -92,6 +92,9 @@ struct Scheduler {
     refetch: Option<Refetch>,
     /// The cost of a chain waiting for the caps to lease enough to commit it.
     leasing: Option<u64>,
+    /// What earlier executors of this process spent of the caps' leases: this one commits only
+    /// what was leased beyond it.
+    lease_base: u64,
 }
 
 /// Runs every unfinished task of the run recorded in `store` until done, stopped or
@@ -165,7 +168,7 @@ impl Scheduler {
             budget: {
                 let mut budget = Budget::new(config.cap);
                 if let Some(leash) = &config.leash {
-                    budget.lease(leash.leased());
+                    budget.lease(leash.leased().saturating_sub(leash.spent_so_far()));
                 }
                 budget
             },
@@ -177,6 +180,10 @@ impl Scheduler {
             shutdown,
             refetch: None,
             leasing: None,
+            lease_base: config
+                .leash
+                .as_ref()
+                .map_or(0, crate::caps::Leash::spent_so_far),
             shared,
             graph,
             config,
@@ -562,7 +569,8 @@ impl Scheduler {
         }
         match leash.grow(short).await {
             Ok(crate::caps::Grant::Leased(crossed)) => {
-                self.budget.lease(leash.leased());
+                self.budget
+                    .lease(leash.leased().saturating_sub(self.lease_base));
                 for crossing in &crossed {
                     self.observer.cap_crossed(crossing);
                 }
