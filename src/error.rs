@@ -23,6 +23,9 @@ pub mod exit {
     /// A spending cap's window is spent: the run did tonight's share and goes on in the next
     /// window (the same run id again).
     pub const CAP: u8 = 6;
+    /// The part of a run that was asked for (`--items`, `--until`, a reroll) is done; the
+    /// rest is left pending for a later resume.
+    pub const PART_DONE: u8 = 7;
     /// Interrupted by SIGINT or SIGTERM.
     pub const INTERRUPTED: u8 = 130;
 }
@@ -62,6 +65,10 @@ pub enum Error {
     /// the window to reopen.
     #[error("{message}\nhint: {hint}")]
     CapSpent { message: String, hint: String },
+
+    /// The part of the run that was asked for is done, the rest left pending (exit 7).
+    #[error("{message}\nhint: {hint}")]
+    PartDone { message: String, hint: String },
 
     /// A run finished with failed tasks or downloads; the message names them.
     #[error("{message}")]
@@ -123,6 +130,7 @@ impl Error {
             Error::TasksFailed { .. } => exit::TASKS_FAILED,
             Error::Locked { .. } => exit::LOCKED,
             Error::CapSpent { .. } => exit::CAP,
+            Error::PartDone { .. } => exit::PART_DONE,
             Error::Store { source } if source.is_bad_input() => exit::INVALID,
             Error::Download { .. }
             | Error::Store { .. }

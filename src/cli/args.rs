@@ -8,6 +8,7 @@ use clap::Args;
 
 use crate::error::Error;
 use crate::exec::OnAmbiguous;
+use crate::plan::scope::ItemSelector;
 use crate::runner::{AccountFields, DEFAULT_DOWNLOADS, ServiceSettings, Settings, StateLocation};
 use crate::store::Location;
 
@@ -170,6 +171,15 @@ pub struct RunOptions {
     /// When another run of this pipeline holds the lock, wait for it instead of exiting 5
     #[arg(long, help_heading = "Run")]
     pub wait: bool,
+    /// Pay now only for these items: ids and shell-style globs, comma separated (mug,lamp-*),
+    /// first:N, or sample:N (a seed is drawn and printed; sample:N:SEED picks the same items
+    /// again). The rest stays pending: the same run continued without --items pays for it
+    #[arg(long, value_name = "SELECTOR", help_heading = "Run", value_parser = item_selector)]
+    pub items: Option<ItemSelector>,
+    /// Pay now only for STEP and the steps it needs, then stop with exit 7; the run
+    /// continued without --until pays for the rest
+    #[arg(long, value_name = "STEP", help_heading = "Run")]
+    pub until: Option<String>,
     /// A call sent without a complete answer may have been billed: call again, or fail the
     /// task (also for calls in flight when an earlier process died)
     #[arg(long, value_enum, default_value = "retry", help_heading = "Run")]
@@ -289,6 +299,8 @@ impl RunOptions {
             allow_changes: self.allow_changes,
             reuse: self.reuse,
             wait: self.wait,
+            items: self.items.clone(),
+            until: self.until.clone(),
             concurrency: self.concurrency,
             rate,
             max_credits: self.max_credits,
@@ -331,7 +343,9 @@ impl RunOptions {
     /// The flags that continuing the run must be given again: where the service, the key,
     /// the state and the budget are, and the choices that shape what is paid for. Flags
     /// given through the environment need no repeating: the environment is still there.
-    pub fn continue_flags(&self) -> Vec<String> {
+    /// With `scoped`, the `--items` and `--until` it was given too: the command then continues
+    /// the part asked for; without, it continues the whole run.
+    pub fn continue_flags(&self, scoped: bool) -> Vec<String> {
         let mut out = Vec::new();
         let mut flag = |name: &str, value: Option<String>| {
             if let Some(v) = value {
@@ -358,6 +372,10 @@ impl RunOptions {
         flag("--rate", self.rate.clone());
         // Not --notify: a webhook's URL is often its credential, and this command is printed.
         flag("--metrics-file", self.metrics_file.as_deref().map(path));
+        if scoped {
+            flag("--items", self.items.as_ref().map(ToString::to_string));
+            flag("--until", self.until.clone());
+        }
         let on_fail = self.on_ambiguous == OnAmbiguous::Fail;
         flag("--on-ambiguous", on_fail.then(|| "fail".to_owned()));
         for (given, name) in [
@@ -372,6 +390,12 @@ impl RunOptions {
         }
         out
     }
+}
+
+/// `--items`: a selector as written; a sample given no seed draws one here, once, so that the
+/// run and every command printed to continue it pick the same items.
+pub(super) fn item_selector(text: &str) -> Result<ItemSelector, String> {
+    text.parse::<ItemSelector>().map(ItemSelector::seeded)
 }
 
 /// `--state` as the user can paste it: a PostgreSQL URL without its password, which they keep

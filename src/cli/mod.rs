@@ -16,6 +16,7 @@ mod output;
 mod plan;
 mod progress;
 mod report;
+mod reroll;
 mod resume;
 mod run;
 mod runs;
@@ -91,6 +92,8 @@ pub enum Command {
     Run(run::RunArgs),
     /// Resume an interrupted run without paying twice; --dry-run lists what it would pay for
     Resume(resume::ResumeArgs),
+    /// Pay again for chosen tasks of a run and what is downstream of them; --dry-run prices it
+    Reroll(reroll::RerollArgs),
     /// List the runs in the state database
     Runs(runs::RunsArgs),
     /// Spending caps shared by every run on every host: set, list, remove
@@ -149,6 +152,7 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
             // The runner handles the signal itself: it records what is in flight first.
             Command::Run(args) => run::run(args, g, shutdown.clone()).await,
             Command::Resume(args) => resume::run(args, g, shutdown.clone()).await,
+            Command::Reroll(args) => reroll::run(args, g, shutdown.clone()).await,
             Command::Sandbox(args) => sandbox::run(args, g, shutdown.clone()).await,
             Command::Plan(args) => plan::run(args, g).await,
             Command::Account(args) => account::run(args, g).await,
@@ -167,7 +171,7 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
     };
     if matches!(
         command,
-        Command::Run(_) | Command::Resume(_) | Command::Sandbox(_)
+        Command::Run(_) | Command::Resume(_) | Command::Reroll(_) | Command::Sandbox(_)
     ) {
         return work.await;
     }

@@ -10,6 +10,7 @@ use crate::cli::args::{BalanceFieldArg, ServiceArgs, StateArgs};
 use crate::cli::view::Terminal;
 use crate::error::Error;
 use crate::pipeline;
+use crate::plan::scope::{ItemSelector, Scope};
 use crate::plan::{Balance, GenerationPrice, ModelsAnswer};
 use crate::runner::{self, AccountFields, Connection, View, admit};
 
@@ -26,6 +27,13 @@ pub struct PlanArgs {
     /// Most credits the run may spend; the smaller of this and budget.max_credits applies
     #[arg(long, value_name = "CREDITS", help_heading = "Budget")]
     pub max_credits: Option<u64>,
+    /// Price only these items: ids and globs (mug,lamp-*), first:N or sample:N[:SEED], as
+    /// `run --items` takes them; the plan says what the whole file would cost too
+    #[arg(long, value_name = "SELECTOR", value_parser = crate::cli::args::item_selector)]
+    pub items: Option<ItemSelector>,
+    /// Price only STEP and the steps it needs, as `run --until` pays for them
+    #[arg(long, value_name = "STEP")]
+    pub until: Option<String>,
     /// Show what earlier runs' results would save (also `reuse: true` in the pipeline file)
     #[arg(long)]
     pub reuse: bool,
@@ -55,10 +63,13 @@ pub(super) async fn run(args: &PlanArgs, global: &GlobalArgs) -> Result<(), Erro
         let conn = Connection::open(&settings).await.map_err(offline_hint)?;
         conn.ask(&pipeline).await?
     };
-    let mut doc = crate::plan::make(&pipeline, generation, balance, args.max_credits);
+    let scope = Scope::of(&pipeline, args.items.as_ref(), args.until.as_deref())
+        .map_err(|e| Error::usage(e.message, e.hint.as_deref()))?;
+    let doc = crate::plan::make(&pipeline, generation, balance, args.max_credits);
+    let mut doc = crate::plan::narrow(doc, &pipeline, &scope);
     let state = args.state.location(args.service.sandbox)?;
     if args.reuse || pipeline.reuse {
-        doc.reuse = Some(runner::reuse_estimate(&state, &pipeline, &doc).await?);
+        doc.reuse = Some(runner::reuse_estimate(&state, &pipeline, &doc, &scope).await?);
     }
     doc.caps = runner::cap_fits(&state, &pipeline, &doc).await;
     view.plan(&doc)?;

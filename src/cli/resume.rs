@@ -27,16 +27,18 @@ pub(super) async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     let (settings, service) = args.opts.settings()?;
-    let after: String = args
-        .opts
-        .continue_flags()
-        .iter()
-        .map(|w| format!(" {w}"))
-        .collect();
+    let words = |scoped: bool| -> String {
+        let flags = args.opts.continue_flags(scoped);
+        flags.iter().map(|w| format!(" {w}")).collect()
+    };
+    let (scoped, all) = (words(true), words(false));
     let view = Terminal {
         json: global.json,
         quiet: global.quiet,
-        continue_with: Box::new(move |id| format!("imgpipe resume {}{after}", quote(id))),
+        continue_with: Box::new(move |id, part| {
+            let after = if part { &scoped } else { &all };
+            format!("imgpipe resume {}{after}", quote(id))
+        }),
     };
     let runner = Runner {
         settings: &settings,

@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::GlobalArgs;
 use crate::cli::args::{RunOptions, quote};
-use crate::cli::view::Terminal;
+use crate::cli::view::{ContinueWith, Terminal};
 use crate::error::Error;
 use crate::runner::{RunRequest, Runner};
 
@@ -69,9 +69,18 @@ pub(super) async fn run(
 }
 
 /// `imgpipe run FILE --run-id ID` with every flag the run was given that continuing it needs.
-fn continue_with(args: &RunArgs) -> Box<dyn Fn(&str) -> String + Send + Sync> {
+fn continue_with(args: &RunArgs) -> ContinueWith {
+    let (scoped, all) = (command_after(args, true), command_after(args, false));
+    Box::new(move |id, part| {
+        let (file, after) = if part { &scoped } else { &all };
+        format!("imgpipe run{file} --run-id {}{after}", quote(id))
+    })
+}
+
+/// The words of the continue command before and after its run id.
+fn command_after(args: &RunArgs, scoped: bool) -> (String, String) {
     let file = args.file.as_ref().map(|f| quote(&f.display().to_string()));
-    let mut after = args.opts.continue_flags();
+    let mut after = args.opts.continue_flags(scoped);
     if let Some(out) = &args.out {
         after.push("--out".into());
         after.push(quote(&out.to_string()));
@@ -84,5 +93,5 @@ fn continue_with(args: &RunArgs) -> Box<dyn Fn(&str) -> String + Send + Sync> {
     }
     let after = after.iter().map(|w| format!(" {w}")).collect::<String>();
     let file = file.map(|f| format!(" {f}")).unwrap_or_default();
-    Box::new(move |id| format!("imgpipe run{file} --run-id {}{after}", quote(id)))
+    (file, after)
 }

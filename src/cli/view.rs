@@ -32,8 +32,13 @@ pub(super) struct Terminal {
     pub json: bool,
     pub quiet: bool,
     /// `imgpipe …` up to the run id, and the flags after it.
-    pub continue_with: Box<dyn Fn(&str) -> String + Send + Sync>,
+    /// The command that continues a run: with `true`, only the part it was asked for
+    /// (`--items`, `--until`); with `false`, all of it.
+    pub continue_with: ContinueWith,
 }
+
+/// Given a run id and whether only the part asked for is continued, the command to paste.
+pub(super) type ContinueWith = Box<dyn Fn(&str, bool) -> String + Send + Sync>;
 
 impl Terminal {
     /// For commands that never continue a run.
@@ -41,7 +46,7 @@ impl Terminal {
         Terminal {
             json,
             quiet: false,
-            continue_with: Box::new(|id| format!("imgpipe resume {id}")),
+            continue_with: Box::new(|id, _| format!("imgpipe resume {id}")),
         }
     }
 }
@@ -89,7 +94,11 @@ impl View for Terminal {
     }
 
     fn continue_command(&self, run_id: &str) -> String {
-        (self.continue_with)(run_id)
+        (self.continue_with)(run_id, true)
+    }
+
+    fn continue_rest(&self, run_id: &str) -> String {
+        (self.continue_with)(run_id, false)
     }
 }
 

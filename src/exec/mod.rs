@@ -73,6 +73,9 @@ pub struct Config {
     pub cap: Option<u64>,
     /// Run this task alone (a generation that discovers the price), nothing else.
     pub only: Option<usize>,
+    /// The tasks to pay for now (`--items`, `--until`, a reroll's); the others are left
+    /// pending, untouched, for a later resume.
+    pub scope: crate::plan::scope::Scope,
     /// By step: whether its price is known to be what the service bills (stated by the
     /// service or the spec, or billed before), so no single call has to confirm it first.
     pub known_prices: Vec<bool>,
@@ -163,4 +166,6 @@ pub struct Outcome {
     pub failures: Vec<(String, String)>,
     /// The last `credits_remaining` the service reported.
     pub last_balance: Option<i64>,
+    /// Tasks left pending because they are outside the scope asked for.
+    pub held: usize,
 }

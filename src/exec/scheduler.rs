@@ -36,6 +36,8 @@ pub(super) enum State {
     Done,
     Failed,
     Blocked,
+    /// Outside the scope asked for: left pending for a later resume.
+    Held,
 }
 
 #[derive(Default, Clone, Copy)]
@@ -189,6 +191,15 @@ impl Scheduler {
             config,
             observer,
         };
+        // Outside the scope, what is still to do is held: never ready, never paid for.
+        if !s.config.scope.is_all() {
+            for t in 0..n {
+                if s.state[t] == State::Waiting && !s.config.scope.contains(&s.graph, t) {
+                    s.state[t] = State::Held;
+                    s.outcome.held += 1;
+                }
+            }
+        }
         // Below a task failed for good, what is still to do is blocked.
         for t in 0..n {
             if s.state[t] == State::Failed {
@@ -220,8 +231,13 @@ impl Scheduler {
                 .all(|d| self.state[*d] == State::Done)
     }
 
+    /// Whether `t` will not run in this process: done, failed, blocked, or held outside
+    /// the scope.
     fn settled(&self, t: usize) -> bool {
-        matches!(self.state[t], State::Done | State::Failed | State::Blocked)
+        matches!(
+            self.state[t],
+            State::Done | State::Failed | State::Blocked | State::Held
+        )
     }
 
     /// Whether a task's URLs are still needed: a task that reads them is not settled. The
@@ -681,6 +697,7 @@ impl Scheduler {
             return;
         }
         self.state[t] = State::Done;
+        crate::failpoint::hit("exec-task-succeeded");
         self.tries.remove(&t);
         self.succeeded.push(t);
         self.unfinished = self.unfinished.saturating_sub(1);

@@ -38,6 +38,22 @@ pub struct PlanDocument {
     /// The spending caps that cover the pipeline, where each stands now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub caps: Vec<CapFit>,
+    /// `--items` / `--until`: the costs above are those of the tasks asked for now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<ScopePlan>,
+}
+
+/// What `--items` and `--until` asked for, and what the whole file would cost.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScopePlan {
+    /// As asked, a sample's seed included: `--items sample:5:42 --until shot`.
+    pub asked: String,
+    /// Items taken, of how many.
+    pub items: usize,
+    pub of_items: usize,
+    /// The whole file: its tasks, and its credits when every price is known.
+    pub whole_tasks: u64,
+    pub whole_credits: Option<u64>,
 }
 
 /// A spending cap that covers the pipeline, and whether the run fits what its window has
@@ -142,6 +158,7 @@ impl PlanDocument {
             verdict,
             reuse: None,
             caps: Vec::new(),
+            scope: None,
         }
     }
 

@@ -8,6 +8,7 @@
 pub mod document;
 pub mod graph;
 pub mod render;
+pub mod scope;
 
 use serde::{Deserialize, Serialize};
 
@@ -162,9 +163,28 @@ pub struct Costs {
 
 impl Costs {
     pub fn of(pipeline: &Pipeline, generation: &GenerationPrice) -> Costs {
+        Costs::scoped(pipeline, generation, &scope::Scope::all())
+    }
+
+    /// The tasks of `scope` priced (its items and steps): what `--items` and `--until` pay.
+    pub fn scoped(
+        pipeline: &Pipeline,
+        generation: &GenerationPrice,
+        scope: &scope::Scope,
+    ) -> Costs {
         let steps: Vec<StepCost> = pipeline
             .step_refs()
-            .map(|r| step_cost(pipeline, r, generation))
+            .map(|r| {
+                let instances = match (scope.has_step(r), pipeline.step(r).once) {
+                    (false, _) => 0,
+                    (true, true) => 1,
+                    (true, false) => scope
+                        .items_chosen()
+                        .map_or_else(|| pipeline.instances(r), |n| n as u64),
+                };
+                let tasks = instances * pipeline.tasks_per_instance(r);
+                step_cost(pipeline, r, generation, tasks)
+            })
             .collect();
         // Saturating: an absurd price must give a total over any budget, not wrap around.
         let tasks = steps.iter().fold(0u64, |a, s| a.saturating_add(s.tasks));
@@ -187,9 +207,13 @@ impl Costs {
     }
 }
 
-fn step_cost(pipeline: &Pipeline, r: StepRef, generation: &GenerationPrice) -> StepCost {
+fn step_cost(
+    pipeline: &Pipeline,
+    r: StepRef,
+    generation: &GenerationPrice,
+    tasks: u64,
+) -> StepCost {
     let step = pipeline.step(r);
-    let tasks = pipeline.tasks(r);
     let (detail, per_task, source) = match &step.op {
         Operation::Generate(g) => (
             format!("{} ×{}", g.size, g.n),
@@ -236,6 +260,29 @@ pub fn tool_prices() -> Vec<(String, u64)> {
         }
     }
     out
+}
+
+/// The plan of `scope` alone: its tasks priced and judged against the budget and the balance,
+/// with what the whole file would cost beside them. `doc` is the plan of the whole file.
+pub fn narrow(
+    mut doc: document::PlanDocument,
+    pipeline: &Pipeline,
+    scope: &scope::Scope,
+) -> document::PlanDocument {
+    if scope.is_all() {
+        return doc;
+    }
+    let narrowed = Costs::scoped(pipeline, &doc.prices.generation, scope);
+    let whole = std::mem::replace(&mut doc.costs, narrowed);
+    doc.verdict = Verdict::judge(&doc.costs, doc.budget.as_ref(), &doc.balance);
+    doc.scope = Some(document::ScopePlan {
+        asked: scope.said.clone(),
+        items: scope.items_chosen().unwrap_or(pipeline.items.len()),
+        of_items: pipeline.items.len(),
+        whole_tasks: whole.tasks,
+        whole_credits: whole.total_credits,
+    });
+    doc
 }
 
 /// The tighter of two optional limits; either alone when the other is absent.

@@ -66,6 +66,16 @@ pub fn text(doc: &PlanDocument) -> String {
         ),
     };
     let _ = writeln!(out, "total    {total}");
+    if let Some(scope) = &doc.scope {
+        let whole = scope
+            .whole_credits
+            .map_or_else(|| "credits unknown".to_owned(), |c| format!("{c} credits"));
+        let _ = writeln!(
+            out,
+            "asked    {}: {} of {} items; the whole file is {} tasks, {whole}",
+            scope.asked, scope.items, scope.of_items, scope.whole_tasks
+        );
+    }
     let balance = match &doc.balance {
         Balance::Known { credits, field } => format!("{credits} credits (GET /v1/account {field})"),
         Balance::Unknown { reason } => format!("unknown: {reason}"),

@@ -89,13 +89,23 @@ pub async fn apply(
         .collect();
     let mut leaving: Vec<i64> = leaving.into_iter().collect();
     leaving.sort_unstable();
+    let rerolled: HashSet<i64> = review
+        .redo
+        .iter()
+        .filter(|r| r.reason == Reason::Rerolled)
+        .map(|r| rows.get(r.task))
+        .collect();
     for o in store.outputs_of_tasks(&leaving).await? {
         changes.set_aside.push(SetAside {
             output_id: o.id,
             to: aside_path(run_dir, &o, None),
+            reason: if rerolled.contains(&o.task_id) {
+                "rerolled"
+            } else {
+                "the task runs again"
+            },
             from: o.path,
             sha256: None,
-            reason: "the task runs again",
             refetch: false,
         });
     }
@@ -104,11 +114,12 @@ pub async fn apply(
     changes.reset = review
         .redo
         .iter()
-        .filter(|r| review.changes || r.reason == Reason::Changed)
+        .filter(|r| review.changes || matches!(r.reason, Reason::Changed | Reason::Rerolled))
         .filter(|r| rows.get(r.task) != 0)
         .map(|r| (rows.get(r.task), describe(r.task)))
         .collect();
     changes.removed = review.removed.iter().map(|r| r.id).collect();
+    changes.reroll = review.reroll.clone();
     for f in &review.left_failed {
         let why = format!(
             "a call was sent without a complete answer and may have been billed; not called again (--on-ambiguous fail){}",

@@ -25,15 +25,18 @@ pub mod decide;
 mod objects;
 mod records;
 mod recover;
+mod reroll;
 
 use crate::exec::{OnAmbiguous, RowIds};
 use crate::place::RunDir;
 use crate::plan::graph::{Graph, Instance};
+use crate::plan::scope::Scope;
 use crate::store::{OutputRow, Reusable, Store, StoreError, TaskRow};
 
 pub use apply::{Applied, apply};
 pub use changes::describe_changes;
 use decide::{Decision, Lookups, Options};
+pub use reroll::{Target, resolve as resolve_targets, said as targets_said};
 
 /// Why a task will be paid for (again).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -49,6 +52,8 @@ pub enum Reason {
     NeverStarted,
     /// An input failed, so it never ran.
     Blocked,
+    /// `imgpipe reroll`: it, or a task upstream of it, was chosen to be paid for again.
+    Rerolled,
 }
 
 impl Reason {
@@ -59,6 +64,7 @@ impl Reason {
             Reason::Ambiguous => "ambiguous",
             Reason::NeverStarted => "never started",
             Reason::Blocked => "blocked",
+            Reason::Rerolled => "rerolled",
         }
     }
 }
@@ -112,12 +118,16 @@ pub struct Review {
     /// The row id of each task, as the review read them, for [`apply()`]; `None` when the run
     /// had no row yet (a new run, which records some before it applies the review).
     pub rows: Option<RowIds>,
+    /// A reroll, recorded when the review is applied ([`Review::reroll`]).
+    pub reroll: Option<crate::store::NewReroll>,
 }
 
 /// The tasks of items with no recorded task.
 #[derive(Default)]
 pub struct Unrecorded {
     pub instances: Vec<Instance>,
+    /// Of their tasks, those asked for now: all of them but under `--until`.
+    pub scope: Scope,
     pub tasks: usize,
     pub credits: u64,
 }
@@ -134,8 +144,12 @@ impl Review {
 
     /// Every task to pay for: the recorded ones, then those of unrecorded items.
     pub fn each_redo<'a>(&'a self, graph: &'a Graph) -> impl Iterator<Item = Redo> + 'a {
+        let scope = &self.unrecorded.scope;
         let unrecorded = self.unrecorded.instances.iter().flat_map(move |i| {
-            graph.instance_tasks(*i).map(move |t| Redo {
+            let asked = graph
+                .instance_tasks(*i)
+                .filter(|t| scope.contains(graph, *t));
+            asked.map(move |t| Redo {
                 task: t,
                 reason: Reason::NeverStarted,
                 credits: graph.task(t).planned,
@@ -143,6 +157,34 @@ impl Review {
             })
         });
         self.redo.iter().cloned().chain(unrecorded)
+    }
+
+    /// Keeps of what is to pay for only what `scope` asks for now (`--items`, `--until`);
+    /// the rest stays as the record has it, pending or failed, for a later resume.
+    pub fn narrow(&mut self, graph: &Graph, scope: &Scope) {
+        if scope.is_all() {
+            return;
+        }
+        self.redo.retain(|r| scope.contains(graph, r.task));
+        self.left_failed.retain(|r| scope.contains(graph, r.task));
+        self.reuse.retain(|(t, ..)| scope.contains(graph, *t));
+        let mut unrecorded = Unrecorded {
+            scope: scope.clone(),
+            ..Unrecorded::default()
+        };
+        for instance in std::mem::take(&mut self.unrecorded.instances) {
+            let asked = graph
+                .instance_tasks(instance)
+                .filter(|t| scope.contains(graph, *t));
+            let (tasks, credits) =
+                asked.fold((0, 0), |(n, c), t| (n + 1, c + graph.task(t).planned));
+            if tasks > 0 {
+                unrecorded.instances.push(instance);
+                unrecorded.tasks += tasks;
+                unrecorded.credits += credits;
+            }
+        }
+        self.unrecorded = unrecorded;
     }
 
     pub fn is_kept(&self, row_id: i64) -> bool {

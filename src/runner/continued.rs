@@ -24,13 +24,34 @@ impl Runner<'_> {
         pipeline: Option<Pipeline>,
         dry_run: bool,
     ) -> Result<(), Error> {
-        if row.status == RunStatus::Succeeded {
+        self.continued_with(store, row, pipeline, dry_run, None)
+            .await
+    }
+
+    /// [`Runner::continued`], or with `reroll` the run's chosen tasks paid for again (a
+    /// finished run too), and what is downstream of them.
+    pub(super) async fn continued_with(
+        &self,
+        store: &Store,
+        row: RunRow,
+        pipeline: Option<Pipeline>,
+        dry_run: bool,
+        reroll: Option<&[resume::Target]>,
+    ) -> Result<(), Error> {
+        if row.status == RunStatus::Succeeded && reroll.is_none() {
             return self.finished(store, &row.id, dry_run).await;
         }
         let pipeline = match pipeline {
             Some(p) => p,
             None => self.current_pipeline(&row)?,
         };
+        let mut scope = self.scope(&pipeline)?;
+        if reroll.is_some() && !scope.is_all() {
+            return Err(Error::usage(
+                "a reroll pays for the tasks it names and what is downstream of them: --items and --until do not apply",
+                None,
+            ));
+        }
         if self.service.sandbox && store.totals(&row.id).await?.succeeded > 0 {
             return Err(Error::usage(
                 format!(
@@ -50,13 +71,14 @@ impl Runner<'_> {
         };
         // While this process waited for the lock, the holder may have finished the run.
         let row = store.run(&row.id).await?.unwrap_or(row);
-        if row.status == RunStatus::Succeeded {
+        if row.status == RunStatus::Succeeded && reroll.is_none() {
             return self.finished(store, &row.id, dry_run).await;
         }
         let started = std::time::Instant::now();
         let conn = Connection::open(self.service).await?;
         let (balance, generation) = conn.ask(&pipeline).await?;
         let doc = crate::plan::make(&pipeline, generation, balance, self.settings.max_credits);
+        let doc = crate::plan::narrow(doc, &pipeline, &scope);
         // A price the service no longer states is the one the run was planned with.
         let price = priced_at(&doc, &row);
         let graph = Arc::new(Graph::build(&pipeline, &Costs::of(&pipeline, &price))?);
@@ -105,6 +127,17 @@ impl Runner<'_> {
                 ),
             });
         }
+        let rerolling = match reroll {
+            Some(targets) => {
+                let (rerolled, said) = rerolled(store, &row, &graph, &mut review, targets).await?;
+                scope = rerolled;
+                Some(said)
+            }
+            None => {
+                review.narrow(&graph, &scope);
+                None
+            }
+        };
         tracing::debug!("reviewed run {} in {:.2?}", row.id, started.elapsed());
         let spent = admit::spent(store, &row.id).await?;
         let cap = admit::cap_of(&doc, spent);
@@ -144,6 +177,13 @@ impl Runner<'_> {
         let kept = std::mem::take(&mut review.kept);
         let (refetch, _checking) =
             resume::beside(store.clone(), row.id.clone(), run.dir.clone(), kept);
+        if !changed && asked_before(&row) != doc.scope {
+            // The part asked for changed (a sample, then every item): so does the plan.
+            let plan_json = serde_json::to_string(&doc).unwrap_or_default();
+            store
+                .set_run_plan(&row.id, &plan_json, doc.costs.known_credits)
+                .await?;
+        }
         if changed {
             let text = std::fs::read_to_string(&pipeline.file).unwrap_or(row.pipeline_text.clone());
             store
@@ -163,8 +203,15 @@ impl Runner<'_> {
             doc,
             discover: false,
             refetch: Some(refetch),
+            scope,
         };
-        self.execute(&conn, store, &pipeline, start).await
+        let result = self.execute(&conn, store, &pipeline, start).await;
+        if let Some(said) = rerolling
+            && matches!(result, Ok(()) | Err(Error::PartDone { .. }))
+        {
+            store.finish_reroll(&row.id, &said).await?;
+        }
+        result
     }
 
     /// A finished run: its summary (and its report when asked), and nothing spent.
@@ -204,6 +251,39 @@ impl Runner<'_> {
         );
         checked(self.view, path, loaded)
     }
+}
+
+/// Makes `review` the reroll of `targets`, or the continuation of an unfinished reroll of the
+/// same targets; gives the scope to run and what the reroll names (`said`).
+async fn rerolled(
+    store: &Store,
+    row: &RunRow,
+    graph: &Graph,
+    review: &mut resume::Review,
+    targets: &[resume::Target],
+) -> Result<(crate::plan::scope::Scope, String), Error> {
+    let hint = format!("`imgpipe status {}` lists the run's tasks", row.id);
+    let chosen =
+        resume::resolve_targets(graph, targets).map_err(|e| Error::usage(e, Some(&hint)))?;
+    let said = resume::targets_said(targets);
+    let open = store.open_reroll(&row.id, &said).await?;
+    if open.is_some() {
+        tracing::info!(
+            "continuing the unfinished reroll of {said}: what it already paid for is kept"
+        );
+    }
+    let ids = open.as_ref().map(|o| o.task_ids.as_slice());
+    let scope = review
+        .reroll(graph, &chosen, ids, said.clone())
+        .map_err(|e| Error::usage(e, None))?;
+    Ok((scope, said))
+}
+
+/// The part of the run its recorded plan was made for (`--items`, `--until`), if not all.
+fn asked_before(row: &RunRow) -> Option<crate::plan::document::ScopePlan> {
+    serde_json::from_str::<PlanDocument>(&row.plan_json)
+        .ok()
+        .and_then(|d| d.scope)
 }
 
 /// The generation price now, else the one the run was planned (or discovered) with.

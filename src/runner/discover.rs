@@ -30,7 +30,7 @@ pub(super) async fn price(
     shutdown: &CancellationToken,
 ) -> Result<GenerationPrice, Error> {
     let Some((t, n, size)) = (0..graph.len())
-        .filter(|t| !graph.reads_outputs(*t))
+        .filter(|t| !graph.reads_outputs(*t) && config.scope.contains(graph, *t))
         .find_map(|t| match graph.work(t) {
             Ok(Work::Generate { n, size, .. }) => Some((t, n, size)),
             _ => None,

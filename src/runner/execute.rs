@@ -11,6 +11,7 @@ use crate::pipeline::Pipeline;
 use crate::plan::PriceSource;
 use crate::plan::document::PlanDocument;
 use crate::plan::graph::Graph;
+use crate::plan::scope::Scope;
 use crate::runner::record::{self, OpenRun};
 use crate::runner::{Connection, DEFAULT_CONCURRENCY, Runner, admit, discover};
 use crate::store::{RunStatus, Store};
@@ -24,6 +25,8 @@ pub(super) struct Start {
     pub discover: bool,
     /// A resume's earlier outputs to fetch again, found beside the run.
     pub refetch: Option<exec::Refetch>,
+    /// The tasks to pay for now; the others are left pending.
+    pub scope: Scope,
 }
 
 /// Where a run tells how it goes and how it ended: its events session, and what its end
@@ -101,6 +104,7 @@ impl Runner<'_> {
         told: Told<'_>,
     ) -> Result<(), Error> {
         let mut config = self.config(conn, pipeline, &start.doc, &start.run).await;
+
         config.known_prices = known_prices(store, &start.doc).await?;
         config.leash = leash(store, pipeline, &start.run.id).await?;
         let leash = config.leash.clone();
@@ -133,12 +137,15 @@ impl Runner<'_> {
             mut doc,
             discover,
             refetch,
+            scope,
         } = start;
+        config.scope = scope.clone();
         if discover {
             let found =
                 discover::price(conn, store, &graph, &config, &doc.balance, &self.shutdown).await?;
             let budget = doc.budget.as_ref().map(|b| b.max_credits);
             doc = crate::plan::make(pipeline, found, doc.balance.clone(), budget);
+            doc = crate::plan::narrow(doc, pipeline, &scope);
             graph = Arc::new(Graph::build(pipeline, &doc.costs)?);
             record::reprice(store, &run.id, &graph, &doc).await?;
             config.known_prices = known_prices(store, &doc).await?;
@@ -202,7 +209,7 @@ impl Runner<'_> {
         .await?;
         progress.finish();
         concluded.failures = outcome.failures.clone();
-        self.conclude(conn, store, &run, outcome, &mut concluded.report)
+        self.conclude(conn, store, &run, outcome, &scope, &mut concluded.report)
             .await
     }
 
@@ -253,6 +260,7 @@ impl Runner<'_> {
         store: &Store,
         run: &OpenRun,
         outcome: Outcome,
+        scope: &Scope,
         report: &mut Option<String>,
     ) -> Result<(), Error> {
         let resume = self.view.continue_command(&run.id);
@@ -262,22 +270,32 @@ impl Runner<'_> {
         let balance_after = conn.balance_now().await.or(outcome.last_balance);
         let totals = store.totals(&run.id).await?;
         let troubled = totals.failed > 0 || totals.download_failures > 0;
+        // Only the part asked for was done, and done well: the rest waits, as asked.
+        let part_done = outcome.held > 0 && !outcome.interrupted && outcome.stop.is_none();
+        let part_done = part_done && !troubled && totals.blocked == 0;
         let status = if outcome.interrupted {
             RunStatus::Interrupted
-        } else if outcome.stop.is_some() {
+        } else if outcome.stop.is_some() || part_done {
             RunStatus::Stopped
         } else if troubled || totals.pending > 0 || totals.blocked > 0 {
             RunStatus::Failed
         } else {
             RunStatus::Succeeded
         };
-        let stop_reason = outcome.stop.as_ref().map(Stop::describe);
+        let asked = part_done.then(|| {
+            format!(
+                "{} is done as asked; {} task(s) left pending",
+                scope.said, outcome.held
+            )
+        });
+        let stop_reason = outcome.stop.as_ref().map(Stop::describe).or(asked.clone());
         store
             .set_run_status(&run.id, status, stop_reason.as_deref(), balance_after)
             .await?;
         self.view
             .summary(&crate::report::summary::summary_of(store, &run.id).await?)?;
-        if self.settings.report {
+        // A part done as asked is there to be looked at: its report is written unasked.
+        if self.settings.report || part_done {
             *report = write_report(store, &run.id).await;
         }
         if outcome.interrupted {
@@ -303,6 +321,16 @@ impl Runner<'_> {
                 hint: Some(format!(
                     "raise the budget or top up the account, then continue with: {resume}"
                 )),
+            }),
+            None if part_done => Err(Error::PartDone {
+                message: format!("the run stopped: {}", asked.unwrap_or_default()),
+                hint: format!(
+                    "look at the report ({}), then pay for the rest with: {}",
+                    report
+                        .as_deref()
+                        .unwrap_or("`imgpipe report RUN_ID` writes it"),
+                    self.view.continue_rest(&run.id)
+                ),
             }),
             None if troubled || totals.blocked > 0 => Err(Error::TasksFailed {
                 message: format!(

@@ -32,6 +32,7 @@ use crate::exec::{self, Observer, OnAmbiguous};
 use crate::pipeline::{self, Loaded, Pipeline, Report};
 use crate::plan::document::{PlanDocument, ReuseEstimate};
 use crate::plan::graph::Graph;
+use crate::plan::scope::Scope;
 use crate::report::summary::Summary;
 use crate::resume::Review;
 use crate::store::{RunRow, StepCounts};
@@ -53,6 +54,10 @@ pub struct Settings {
     pub allow_changes: bool,
     pub reuse: bool,
     pub wait: bool,
+    /// `--items`: the items to pay for now (a sample's seed drawn).
+    pub items: Option<crate::plan::scope::ItemSelector>,
+    /// `--until`: the step to stop after.
+    pub until: Option<String>,
     /// Paid calls in flight; else the pipeline's, the account's, or [`DEFAULT_CONCURRENCY`].
     pub concurrency: Option<usize>,
     /// Paid calls per second; else the pipeline's, or the account's.
@@ -110,8 +115,11 @@ pub trait View: Send + Sync {
         done: &[StepCounts],
         planned: u64,
     ) -> Arc<dyn Observer>;
-    /// The command that continues run `run_id`, as it can be pasted.
+    /// The command that continues run `run_id`, as it can be pasted: the part it was asked
+    /// for (`--items`, `--until`) when it was asked for one.
     fn continue_command(&self, run_id: &str) -> String;
+    /// The command that continues all of run `run_id`, beyond the part it was asked for.
+    fn continue_rest(&self, run_id: &str) -> String;
 }
 
 /// One command's run of the lifecycle.
@@ -137,6 +145,7 @@ impl Runner<'_> {
             (None, None) => return Err(Error::usage("name a pipeline file or --plan", None)),
         };
         let pipeline = checked(self.view, &file, pipeline::load(&file))?;
+        let scope = self.scope(&pipeline)?;
         if let Some(id) = &request.run_id {
             record::check_run_id(id)?;
             let store = self.settings.state.open().await?;
@@ -156,7 +165,8 @@ impl Runner<'_> {
             .and_then(|d| d.budget.as_ref())
             .map(|b| b.max_credits);
         let max_credits = crate::plan::tighter(self.settings.max_credits, saved_budget);
-        let mut doc = crate::plan::make(&pipeline, generation, balance, max_credits);
+        let doc = crate::plan::make(&pipeline, generation, balance, max_credits);
+        let mut doc = crate::plan::narrow(doc, &pipeline, &scope);
         if let Some(saved) = &saved {
             admit::same_as_saved(saved, &doc)?;
         }
@@ -173,8 +183,29 @@ impl Runner<'_> {
             store: &store,
             pipeline: &pipeline,
             reuse,
+            scope,
         };
         let result = self.fresh(fresh, doc).await;
+        state::close(store, result).await
+    }
+
+    /// `imgpipe reroll RUN_ID TASK...`: the named tasks of a run and what is downstream of
+    /// them paid for again, their earlier outputs set aside.
+    pub async fn reroll(
+        &self,
+        run_id: &str,
+        targets: &[crate::resume::Target],
+        dry_run: bool,
+    ) -> Result<(), Error> {
+        let store = self.settings.state.open_existing().await?;
+        let result = match store.run(run_id).await {
+            Err(e) => Err(e.into()),
+            Ok(None) => Err(state::no_such_run(&store, run_id)),
+            Ok(Some(row)) => {
+                self.continued_with(&store, row, None, dry_run, Some(targets))
+                    .await
+            }
+        };
         state::close(store, result).await
     }
 
@@ -196,6 +227,7 @@ pub async fn reuse_estimate(
     state: &StateLocation,
     pipeline: &Pipeline,
     doc: &PlanDocument,
+    scope: &Scope,
 ) -> Result<ReuseEstimate, Error> {
     if !state.exists() {
         return Ok(ReuseEstimate {
@@ -208,7 +240,8 @@ pub async fn reuse_estimate(
     let graph = Graph::build(pipeline, &doc.costs)?;
     // A run id no run has: every task looks new, and any earlier run may supply it.
     let review = crate::resume::review(&store, "", &graph, None, OnAmbiguous::Retry, true).await;
-    let review = state::close(store, review.map_err(Error::from)).await?;
+    let mut review = state::close(store, review.map_err(Error::from)).await?;
+    review.narrow(&graph, scope);
     Ok(admit::estimate(doc, &review, &graph))
 }
 
@@ -292,9 +325,17 @@ struct Fresh<'a> {
     store: &'a crate::store::Store,
     pipeline: &'a Pipeline,
     reuse: bool,
+    scope: Scope,
 }
 
 impl Runner<'_> {
+    /// What `--items` and `--until` ask of `pipeline`: exit 2 naming an item or step it
+    /// does not have.
+    pub(super) fn scope(&self, pipeline: &Pipeline) -> Result<Scope, Error> {
+        let (items, until) = (self.settings.items.as_ref(), self.settings.until.as_deref());
+        Scope::of(pipeline, items, until).map_err(|e| Error::usage(e.message, e.hint.as_deref()))
+    }
+
     /// A new run: refused unless it fits (after what earlier runs' results save), then
     /// recorded and executed.
     async fn fresh(&self, f: Fresh<'_>, mut doc: PlanDocument) -> Result<(), Error> {
@@ -307,6 +348,10 @@ impl Runner<'_> {
         } else {
             None
         };
+        let review = review.map(|mut r| {
+            r.narrow(&graph, &f.scope);
+            r
+        });
         if let Some(r) = &review {
             doc.reuse = Some(admit::estimate(&doc, r, &graph));
         }
@@ -362,6 +407,7 @@ impl Runner<'_> {
             doc,
             discover,
             refetch: None,
+            scope: f.scope,
         };
         self.execute(f.conn, f.store, f.pipeline, start).await
     }
@@ -384,6 +430,7 @@ impl Runner<'_> {
             grace: s.grace,
             cap: None,
             only: None,
+            scope: Scope::all(),
             known_prices: Vec::new(),
             leash: None,
         }

@@ -72,6 +72,9 @@ impl Store {
             };
             reuse(&mut tx, run_id, id, r, now).await?;
         }
+        if let Some(reroll) = &changes.reroll {
+            crate::store::rerolls::insert(&mut tx, run_id, reroll).await?;
+        }
         tx.commit().await?;
         Ok(moves)
     }

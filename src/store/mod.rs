@@ -29,6 +29,7 @@ pub mod lock;
 mod outline;
 mod postgres;
 mod report;
+mod rerolls;
 mod resume;
 mod runs;
 pub mod spend;
@@ -50,6 +51,7 @@ pub use location::{Location, PgUrl};
 pub use outline::ItemOutline;
 
 pub use report::{ReportOutput, ReportRow, ReportTask, Spend, StepTotals};
+pub use rerolls::{NewReroll, OpenReroll};
 pub use resume::{
     Changes, PendingMove, Reusable, ReusableOutput, Reused, SetAside, StoredOutput, TaskRef,
 };

@@ -95,6 +95,8 @@ pub struct Changes {
     pub failed: Vec<(i64, String)>,
     pub blocked: Vec<(Vec<i64>, String)>,
     pub reused: Vec<Reused>,
+    /// A reroll, recorded with the tasks it resets.
+    pub reroll: Option<crate::store::NewReroll>,
 }
 
 /// A file or object move a resume journaled: made after the change's commit, then forgotten

@@ -177,6 +177,10 @@ impl View for Recorder {
         self.seen().continue_asked.push(run_id.to_owned());
         continue_command(run_id)
     }
+
+    fn continue_rest(&self, run_id: &str) -> String {
+        continue_command(run_id)
+    }
 }
 
 /// The progress observer: records each success and calls the hook.
@@ -221,6 +225,8 @@ fn settings(dir: &Path) -> Settings {
         allow_changes: false,
         reuse: false,
         wait: false,
+        items: None,
+        until: None,
         concurrency: Some(1),
         rate: None,
         max_credits: None,

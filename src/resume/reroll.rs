@@ -1,0 +1,206 @@
+//! A reroll: chosen tasks of a run paid for again, with everything downstream of them that
+//! ran, their earlier outputs set aside under `_superseded/` (never overwritten).
+//!
+//! A reroll is recorded in the same transaction that resets its tasks ([`Store::apply_review`]
+//! with [`crate::store::Changes::reroll`]), with the row ids it reset. Until it ends with all
+//! of them done, the same command continues it rather than starting another: a reroll killed
+//! half way and given again pays for what is left of it, and nothing twice.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::str::FromStr;
+
+use crate::place::layout::BATCH;
+use crate::plan::graph::{Graph, Instance};
+use crate::plan::scope::Scope;
+use crate::task_key::TaskKey;
+
+use super::{Reason, Redo, Review};
+
+/// What a reroll names: a whole item, one of its steps, or one task.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// `mug`: every task of the item.
+    Item(String),
+    /// `mug/clean`: every task of the step for the item.
+    Step { item: String, step: String },
+    /// `mug/clean[0]`.
+    Task(TaskKey),
+}
+
+impl FromStr for Target {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Target, String> {
+        let plain = |p: &str| !p.is_empty() && !p.contains(['/', '[', ']']);
+        if s.ends_with(']') {
+            return s
+                .parse::<TaskKey>()
+                .map(Target::Task)
+                .map_err(|e| e.to_string());
+        }
+        match s.split_once('/') {
+            Some((item, step)) if plain(item) && plain(step) => Ok(Target::Step {
+                item: item.to_owned(),
+                step: step.to_owned(),
+            }),
+            None if plain(s) => Ok(Target::Item(s.to_owned())),
+            _ => Err(format!(
+                "`{s}` names no task: write item, item/step or item/step[index], e.g. mug/clean[0]"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Item(item) => write!(f, "{item}"),
+            Target::Step { item, step } => write!(f, "{item}/{step}"),
+            Target::Task(key) => write!(f, "{key}"),
+        }
+    }
+}
+
+/// The targets as one text, the same whatever their order: how a reroll is recognised again.
+pub fn said(targets: &[Target]) -> String {
+    let mut words: Vec<String> = targets.iter().map(ToString::to_string).collect();
+    words.sort_unstable();
+    words.dedup();
+    words.join(" ")
+}
+
+/// The graph's tasks that `targets` name; an item, step or index the run does not have is an
+/// error naming it.
+pub fn resolve(graph: &Graph, targets: &[Target]) -> Result<Vec<usize>, String> {
+    let index = graph.index();
+    let instance = |item: &str| -> Result<Instance, String> {
+        if item == BATCH {
+            return Ok(Instance::Batch);
+        }
+        index
+            .instance(item)
+            .ok_or_else(|| format!("the run has no item `{item}`"))
+    };
+    let step_of = |step: &str| -> Result<usize, String> {
+        graph
+            .step_ids
+            .iter()
+            .position(|s| s == step)
+            .ok_or_else(|| {
+                format!(
+                    "the pipeline has no step `{step}` (its steps: {})",
+                    graph.step_ids.join(", ")
+                )
+            })
+    };
+    let mut chosen = Vec::new();
+    for target in targets {
+        let found: Vec<usize> = match target {
+            Target::Item(item) => graph.instance_tasks(instance(item)?).collect(),
+            Target::Step { item, step } => {
+                let s = step_of(step)?;
+                graph
+                    .instance_tasks(instance(item)?)
+                    .filter(|t| graph.task(*t).step.0 == s)
+                    .collect()
+            }
+            Target::Task(key) => {
+                instance(&key.item)?;
+                step_of(&key.step)?;
+                let t = index.get(&key.item, &key.step, key.index).ok_or_else(|| {
+                    format!("`{key}`: the step has no task of that index for this item")
+                })?;
+                vec![t]
+            }
+        };
+        if found.is_empty() {
+            return Err(format!("`{target}` names no task of the run"));
+        }
+        chosen.extend(found);
+    }
+    chosen.sort_unstable();
+    chosen.dedup();
+    Ok(chosen)
+}
+
+impl Review {
+    /// Makes the review a reroll of `chosen`: each of them, and each task downstream of them
+    /// that ran (succeeded, failed or blocked), is paid for again; downstream tasks that never
+    /// ran stay as they are. Gives the scope to run; the row ids to reset are recorded with
+    /// the reroll ([`Review::reroll`] field) when the review is applied.
+    ///
+    /// `said` is what the reroll names ([`said`]), as it is recorded.
+    /// `continuing` holds the row ids an unfinished reroll of the same targets reset: then
+    /// nothing is reset again, and only those of them not done yet are paid for.
+    pub fn reroll(
+        &mut self,
+        graph: &Graph,
+        chosen: &[usize],
+        continuing: Option<&[i64]>,
+        said: String,
+    ) -> Result<Scope, String> {
+        let named: HashSet<usize> = chosen.iter().copied().collect();
+        let mut set: Vec<usize> = chosen.to_vec();
+        for t in chosen {
+            set.extend(graph.descendants(*t));
+        }
+        set.sort_unstable();
+        set.dedup();
+        let row = |t: usize| self.rows.as_ref().map_or(0, |r| r.get(t));
+        let open: std::collections::HashMap<usize, Reason> =
+            self.redo.iter().map(|r| (r.task, r.reason)).collect();
+        let mut scope = Vec::new();
+        let mut reset = Vec::new();
+        match continuing {
+            Some(ids) => {
+                let ids: HashSet<i64> = ids.iter().copied().collect();
+                scope.extend(set.iter().copied().filter(|t| {
+                    let id = row(*t);
+                    ids.contains(&id) && !self.is_kept(id)
+                }));
+            }
+            None => {
+                for &t in &set {
+                    let id = row(t);
+                    if id == 0 {
+                        if named.contains(&t) {
+                            return Err(format!(
+                                "{} never ran: there is nothing to reroll",
+                                graph.task_key(t)
+                            ));
+                        }
+                        continue;
+                    }
+                    let ran = match open.get(&t) {
+                        None => self.is_kept(id),
+                        Some(reason) => *reason != Reason::NeverStarted,
+                    };
+                    if !(ran || named.contains(&t)) {
+                        continue;
+                    }
+                    if self.is_kept(id) {
+                        self.redo.push(Redo {
+                            task: t,
+                            reason: Reason::Rerolled,
+                            credits: graph.task(t).planned,
+                            detail: None,
+                        });
+                    }
+                    scope.push(t);
+                    reset.push(id);
+                }
+                let rerolled: HashSet<i64> = reset.iter().copied().collect();
+                self.kept.retain(|id| !rerolled.contains(id));
+                self.reroll = Some(crate::store::NewReroll {
+                    said: said.clone(),
+                    task_ids: reset,
+                });
+            }
+        }
+        self.redo.sort_by_key(|r| r.task);
+        let scope = Scope::tasks(scope, format!("reroll {said}"));
+        self.narrow(graph, &scope);
+        Ok(scope)
+    }
+}

@@ -1,0 +1,353 @@
+//! The review loop end to end, on the sample pipeline (`pipelines/product-shots.yaml`: three
+//! products, a generation of two images each, then erase → expand → upscale → cut-out for each
+//! image; 40 credits an item): a priced sample of items, a stop after a step, a reroll of one
+//! chain. The sandbox's ledger says what was paid, the files and the state database what was
+//! kept.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use crate::common::*;
+
+const PIPELINE: &str = include_str!("../../pipelines/product-shots.yaml");
+/// What each item's chain costs: a generation of two 2K images at 4, then per image erase 2,
+/// expand 5, upscale 4x 4 and cut-out 5.
+const ITEM: u64 = 8 + 2 * (2 + 5 + 4 + 5);
+
+/// A directory with the sample pipeline in it; its outputs go to `out/` beside it.
+fn pipeline_dir(env: &Env) -> PathBuf {
+    let dir = env.dir.path().join("work");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("shots.yaml"), PIPELINE).unwrap();
+    dir
+}
+
+/// `imgpipe ARGS --state DIR/state.db` in `dir`, against the sandbox, retries without delay.
+async fn imgpipe_in(env: &Env, dir: &Path, args: &[&str]) -> Output {
+    let state = dir.join("state.db");
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--state", state.to_str().unwrap()]);
+    let mut cmd = command(&all, dir);
+    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
+        .env("IMGPIPE_API_KEY", env.sandbox.key());
+    finish(cmd).await
+}
+
+async fn run(env: &Env, dir: &Path, args: &[&str]) -> Output {
+    let mut all = vec!["run", "shots.yaml", "--retry-base-ms", "1"];
+    all.extend_from_slice(args);
+    imgpipe_in(env, dir, &all).await
+}
+
+/// The `hint:` line of what the command printed.
+fn hint_of(o: &Output) -> String {
+    let err = stderr(o);
+    let hint = err.lines().find(|l| l.starts_with("hint:"));
+    hint.unwrap_or_else(|| panic!("no hint: {err}")).to_owned()
+}
+
+fn billed(env: &Env) -> u64 {
+    env.sandbox.ledger().iter().map(|e| e.credits).sum()
+}
+
+/// Each billed operation and how many times it was billed.
+fn operations(env: &Env, from: usize) -> BTreeMap<String, usize> {
+    let mut ops = BTreeMap::new();
+    for e in &env.sandbox.ledger()[from..] {
+        *ops.entry(e.operation.clone()).or_default() += 1;
+    }
+    ops
+}
+
+/// Every file under `dir`, by its path relative to `dir`, with its sha256.
+fn files(dir: &Path) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let path = e.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let rel = path
+                    .strip_prefix(dir)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
+                out.insert(rel, sha256_hex(&std::fs::read(&path).unwrap()));
+            }
+        }
+    }
+    out
+}
+
+fn items_with_outputs(run_dir: &Path) -> Vec<String> {
+    let mut items: Vec<String> = std::fs::read_dir(run_dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.path().is_dir() && !e.file_name().to_string_lossy().starts_with('_'))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    items.sort();
+    items
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sample_bills_its_plan_and_the_whole_run_after_it_bills_only_the_rest() {
+    let env = start_default().await;
+    let dir = pipeline_dir(&env);
+
+    let plan = imgpipe_in(
+        &env,
+        &dir,
+        &["plan", "shots.yaml", "--items", "mug,chair", "--json"],
+    )
+    .await;
+    assert_exit(&plan, 0);
+    let doc = json_stdout(&plan);
+    assert_eq!(doc["costs"]["total_credits"], 2 * ITEM, "{doc}");
+    assert_eq!(doc["scope"]["items"], 2);
+    assert_eq!(doc["scope"]["of_items"], 3);
+    assert_eq!(doc["scope"]["whole_credits"], 3 * ITEM);
+    assert_nothing_billed(&env);
+
+    let sample = run(&env, &dir, &["--items", "mug,chair", "--run-id", "cat"]).await;
+    assert_exit(&sample, 7);
+    assert_eq!(billed(&env), 2 * ITEM, "the sample bills exactly its plan");
+    assert_eq!(env.sandbox.ledger().len(), 18);
+    let run_dir = dir.join("out/cat");
+    assert_eq!(items_with_outputs(&run_dir), ["chair", "mug"]);
+    let hint = hint_of(&sample);
+    assert!(
+        hint.contains("imgpipe run shots.yaml --run-id cat"),
+        "{hint}"
+    );
+    assert!(
+        !hint.contains("--items"),
+        "the rest is continued without --items: {hint}"
+    );
+    assert!(
+        run_dir.join("report.html").exists(),
+        "a part done is reported unasked"
+    );
+
+    let dry = run(&env, &dir, &["--run-id", "cat", "--dry-run"]).await;
+    assert_exit(&dry, 0);
+    assert!(
+        has_phrase(
+            &stdout(&dry),
+            &format!("9 task(s) to pay for, {ITEM} credits")
+        ),
+        "{}",
+        stdout(&dry)
+    );
+
+    let rest = run(&env, &dir, &["--run-id", "cat"]).await;
+    assert_exit(&rest, 0);
+    assert_eq!(
+        billed(&env),
+        3 * ITEM,
+        "the whole run afterwards bills only the third item"
+    );
+    assert_eq!(env.sandbox.ledger().len(), 27);
+    assert_eq!(items_with_outputs(&run_dir), ["chair", "lamp", "mug"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sample_picks_the_same_items_again_from_its_printed_seed() {
+    let env = start_default().await;
+    let dir = pipeline_dir(&env);
+    let first = imgpipe_in(&env, &dir, &["plan", "shots.yaml", "--items", "sample:2"]).await;
+    assert_exit(&first, 0);
+    let text = stdout(&first);
+    let asked = text
+        .lines()
+        .find_map(|l| l.strip_prefix("asked    --items "))
+        .unwrap_or_else(|| panic!("the plan names the sample: {text}"));
+    let selector = asked.split(':').take(3).collect::<Vec<_>>().join(":");
+    let selector = selector.trim_end_matches(|c: char| !c.is_ascii_digit());
+    assert!(selector.starts_with("sample:2:"), "{selector}");
+    let run_a = run(&env, &dir, &["--items", selector, "--run-id", "a"]).await;
+    assert_exit(&run_a, 7);
+    let run_b = run(&env, &dir, &["--items", selector, "--run-id", "b"]).await;
+    assert_exit(&run_b, 7);
+    let (a, b) = (
+        items_with_outputs(&dir.join("out/a")),
+        items_with_outputs(&dir.join("out/b")),
+    );
+    assert_eq!(a.len(), 2);
+    assert_eq!(a, b, "the same seed picks the same items");
+
+    let typo = run(&env, &dir, &["--items", "mugg"]).await;
+    assert_exit(&typo, 2);
+    assert!(
+        stderr(&typo).contains("no item has the id `mugg`"),
+        "{}",
+        stderr(&typo)
+    );
+    assert!(
+        stderr(&typo).contains("did you mean mug"),
+        "{}",
+        stderr(&typo)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn until_a_step_bills_only_it_and_continuing_bills_only_the_rest() {
+    let env = start_default().await;
+    let dir = pipeline_dir(&env);
+    let shots = run(&env, &dir, &["--until", "shot", "--run-id", "u"]).await;
+    assert_exit(&shots, 7);
+    assert_eq!(
+        operations(&env, 0),
+        BTreeMap::from([("generate".to_owned(), 3)])
+    );
+    assert_eq!(billed(&env), 3 * 8);
+    let hint = hint_of(&shots);
+    assert!(hint.contains("imgpipe run shots.yaml --run-id u"), "{hint}");
+    assert!(!hint.contains("--until"), "{hint}");
+
+    let bad = run(&env, &dir, &["--until", "shoot", "--run-id", "v"]).await;
+    assert_exit(&bad, 2);
+    assert!(stderr(&bad).contains("no step `shoot`"), "{}", stderr(&bad));
+
+    let rest = imgpipe_in(&env, &dir, &["resume", "u", "--retry-base-ms", "1"]).await;
+    assert_exit(&rest, 0);
+    let tools = operations(&env, 3);
+    assert_eq!(
+        tools,
+        BTreeMap::from([
+            ("erase".to_owned(), 6),
+            ("expand".to_owned(), 6),
+            ("remove_background".to_owned(), 6),
+            ("upscale".to_owned(), 6),
+        ])
+    );
+    assert_eq!(billed(&env), 3 * ITEM, "nothing billed twice");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reroll_bills_its_chain_once_and_sets_the_old_files_aside() {
+    let env = start_default().await;
+    let dir = pipeline_dir(&env);
+    assert_exit(&run(&env, &dir, &["--run-id", "r"]).await, 0);
+    let run_dir = dir.join("out/r");
+    let before = files(&run_dir);
+    let calls = env.sandbox.ledger().len();
+
+    let dry = imgpipe_in(&env, &dir, &["reroll", "r", "mug/clean[0]", "--dry-run"]).await;
+    assert_exit(&dry, 0);
+    let text = stdout(&dry);
+    assert!(
+        has_phrase(&text, "4 task(s) to pay for, 16 credits"),
+        "{text}"
+    );
+    for task in ["mug/clean[0]", "mug/wide[0]", "mug/big[0]", "mug/cutout[0]"] {
+        assert!(text.contains(task), "{task} is listed: {text}");
+    }
+    assert!(!text.contains("mug/clean[1]"), "{text}");
+    assert_eq!(env.sandbox.ledger().len(), calls, "a dry run pays nothing");
+
+    let reroll = imgpipe_in(
+        &env,
+        &dir,
+        &["reroll", "r", "mug/clean[0]", "--retry-base-ms", "1"],
+    )
+    .await;
+    assert_exit(&reroll, 0);
+    assert_eq!(
+        operations(&env, calls),
+        BTreeMap::from([
+            ("erase".to_owned(), 1),
+            ("expand".to_owned(), 1),
+            ("remove_background".to_owned(), 1),
+            ("upscale".to_owned(), 1),
+        ])
+    );
+    assert_eq!(billed(&env), 3 * ITEM + 16);
+
+    let after = files(&run_dir);
+    let rerolled = |path: &str| {
+        path.starts_with("mug/")
+            && ["clean", "wide", "big", "cutout"]
+                .iter()
+                .any(|s| path.contains(&format!("{s}_0")) || path.contains(&format!("{s}-0")))
+    };
+    let mut set_aside = 0;
+    for (path, sha) in &before {
+        if path.starts_with("_") || path.ends_with(".jsonl") || path.ends_with(".html") {
+            continue;
+        }
+        if rerolled(path) {
+            assert!(after.contains_key(path), "{path} has its new version");
+            let kept = after
+                .iter()
+                .any(|(p, s)| p.starts_with("_superseded/mug/") && s == sha);
+            assert!(
+                kept,
+                "the earlier {path} is under _superseded/, bytes unchanged"
+            );
+            set_aside += 1;
+        } else {
+            assert_eq!(after.get(path), Some(sha), "{path} is left byte for byte");
+        }
+    }
+    assert_eq!(set_aside, 4, "{before:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reroll_killed_half_way_and_given_again_pays_nothing_twice() {
+    let env = start_default().await;
+    let dir = pipeline_dir(&env);
+    assert_exit(&run(&env, &dir, &["--run-id", "r"]).await, 0);
+    let calls = env.sandbox.ledger().len();
+    let args = [
+        "reroll",
+        "r",
+        "mug/clean[0]",
+        "--concurrency",
+        "1",
+        "--retry-base-ms",
+        "1",
+    ];
+    let state = dir.join("state.db");
+    let mut killed = command(
+        &[&args[..], &["--state", state.to_str().unwrap()]].concat(),
+        &dir,
+    );
+    killed
+        .env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
+        .env("IMGPIPE_API_KEY", env.sandbox.key())
+        .env(imgpipe::failpoint::ENV, "exec-task-succeeded");
+    let killed = finish(killed).await;
+    assert!(
+        killed.status.code().is_none(),
+        "aborted at the crash point: {killed:?}"
+    );
+    assert_eq!(
+        env.sandbox.ledger().len(),
+        calls + 1,
+        "one call paid before the kill"
+    );
+
+    let again = imgpipe_in(&env, &dir, &args).await;
+    assert_exit(&again, 0);
+    assert_eq!(
+        operations(&env, calls),
+        BTreeMap::from([
+            ("erase".to_owned(), 1),
+            ("expand".to_owned(), 1),
+            ("remove_background".to_owned(), 1),
+            ("upscale".to_owned(), 1),
+        ]),
+        "the reroll given again continues it: each of its calls paid once"
+    );
+    // Now done, the same command is a new reroll.
+    let anew = imgpipe_in(&env, &dir, &["reroll", "r", "mug/clean[0]", "--dry-run"]).await;
+    assert!(
+        has_phrase(&stdout(&anew), "4 task(s) to pay for, 16 credits"),
+        "{}",
+        stdout(&anew)
+    );
+}
