@@ -23,11 +23,16 @@ fn pipeline_dir(env: &Env) -> PathBuf {
     dir
 }
 
-/// `imgpipe ARGS --state DIR/state.db` in `dir`, against the sandbox, retries without delay.
+/// `imgpipe ARGS --state DIR/state.db` in `dir`, against the sandbox.
 async fn imgpipe_in(env: &Env, dir: &Path, args: &[&str]) -> Output {
     let state = dir.join("state.db");
+    imgpipe_with(env, dir, state.to_str().unwrap(), args).await
+}
+
+/// `imgpipe ARGS --state STATE` in `dir`, against the sandbox.
+async fn imgpipe_with(env: &Env, dir: &Path, state: &str, args: &[&str]) -> Output {
     let mut all = args.to_vec();
-    all.extend_from_slice(&["--state", state.to_str().unwrap()]);
+    all.extend_from_slice(&["--state", state]);
     let mut cmd = command(&all, dir);
     cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
         .env("IMGPIPE_API_KEY", env.sandbox.key());
@@ -350,4 +355,41 @@ async fn a_reroll_killed_half_way_and_given_again_pays_nothing_twice() {
         "{}",
         stdout(&anew)
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_postgres_a_sample_then_a_reroll_pay_each_task_once() {
+    let Some(state) = postgres_database("review_loop").await else {
+        return;
+    };
+    let env = start_default().await;
+    let dir = pipeline_dir(&env);
+    let run = |args: &'static [&'static str]| {
+        let mut all = vec!["run", "shots.yaml", "--retry-base-ms", "1"];
+        all.extend_from_slice(args);
+        all
+    };
+    let sample = imgpipe_with(
+        &env,
+        &dir,
+        &state,
+        &run(&["--items", "first:1", "--run-id", "p"]),
+    )
+    .await;
+    assert_exit(&sample, 7);
+    assert_eq!(billed(&env), ITEM);
+    let rest = imgpipe_with(&env, &dir, &state, &run(&["--run-id", "p"])).await;
+    assert_exit(&rest, 0);
+    assert_eq!(billed(&env), 3 * ITEM);
+    let reroll = imgpipe_with(
+        &env,
+        &dir,
+        &state,
+        &["reroll", "p", "lamp/wide", "--retry-base-ms", "1"],
+    )
+    .await;
+    assert_exit(&reroll, 0);
+    // Both of lamp's expands, and the upscale and cut-out below each.
+    assert_eq!(billed(&env), 3 * ITEM + 2 * (5 + 4 + 5));
+    assert_eq!(env.sandbox.ledger().len(), 27 + 6);
 }
