@@ -254,6 +254,24 @@ async fn a_reroll_bills_its_chain_once_and_sets_the_old_files_aside() {
     assert!(!text.contains("mug/clean[1]"), "{text}");
     assert_eq!(env.sandbox.ledger().len(), calls, "a dry run pays nothing");
 
+    let over = imgpipe_in(
+        &env,
+        &dir,
+        &["reroll", "r", "mug/clean[0]", "--max-credits", "130"],
+    )
+    .await;
+    assert_exit(&over, 3);
+    assert!(
+        stderr(&over).contains("16"),
+        "the refusal gives the price: {}",
+        stderr(&over)
+    );
+    assert_eq!(
+        env.sandbox.ledger().len(),
+        calls,
+        "a reroll over the budget pays nothing"
+    );
+
     let reroll = imgpipe_in(
         &env,
         &dir,
@@ -271,6 +289,21 @@ async fn a_reroll_bills_its_chain_once_and_sets_the_old_files_aside() {
         ])
     );
     assert_eq!(billed(&env), 3 * ITEM + 16);
+    let new_erase = env.sandbox.ledger()[calls..]
+        .iter()
+        .find(|e| e.operation == "erase")
+        .map(|e| e.job_id.clone())
+        .unwrap();
+    let lines = crate::run::manifest(&run_dir);
+    let clean0 = lines
+        .iter()
+        .find(|l| l["item"] == "mug" && l["step"] == "clean" && l["index"] == 0)
+        .expect("the manifest lists mug/clean[0]");
+    assert_eq!(
+        clean0["job_id"],
+        new_erase.as_str(),
+        "the manifest shows the new output"
+    );
 
     let after = files(&run_dir);
     let rerolled = |path: &str| {
