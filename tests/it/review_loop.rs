@@ -65,6 +65,14 @@ fn operations(env: &Env, from: usize) -> BTreeMap<String, usize> {
     ops
 }
 
+/// Each of the four tools billed `n` times.
+fn tools(n: usize) -> BTreeMap<String, usize> {
+    ["erase", "expand", "remove_background", "upscale"]
+        .into_iter()
+        .map(|t| (t.to_owned(), n))
+        .collect()
+}
+
 /// Every file under `dir`, by its path relative to `dir`, with its sha256.
 fn files(dir: &Path) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
@@ -219,15 +227,10 @@ async fn until_a_step_bills_only_it_and_continuing_bills_only_the_rest() {
 
     let rest = imgpipe_in(&env, &dir, &["resume", "u", "--retry-base-ms", "1"]).await;
     assert_exit(&rest, 0);
-    let tools = operations(&env, 3);
     assert_eq!(
-        tools,
-        BTreeMap::from([
-            ("erase".to_owned(), 6),
-            ("expand".to_owned(), 6),
-            ("remove_background".to_owned(), 6),
-            ("upscale".to_owned(), 6),
-        ])
+        operations(&env, 3),
+        tools(6),
+        "every tool call of the three items, once"
     );
     assert_eq!(billed(&env), 3 * ITEM, "nothing billed twice");
 }
@@ -279,15 +282,7 @@ async fn a_reroll_bills_its_chain_once_and_sets_the_old_files_aside() {
     )
     .await;
     assert_exit(&reroll, 0);
-    assert_eq!(
-        operations(&env, calls),
-        BTreeMap::from([
-            ("erase".to_owned(), 1),
-            ("expand".to_owned(), 1),
-            ("remove_background".to_owned(), 1),
-            ("upscale".to_owned(), 1),
-        ])
-    );
+    assert_eq!(operations(&env, calls), tools(1));
     assert_eq!(billed(&env), 3 * ITEM + 16);
     let new_erase = env.sandbox.ledger()[calls..]
         .iter()
@@ -373,12 +368,7 @@ async fn a_reroll_killed_half_way_and_given_again_pays_nothing_twice() {
     assert_exit(&again, 0);
     assert_eq!(
         operations(&env, calls),
-        BTreeMap::from([
-            ("erase".to_owned(), 1),
-            ("expand".to_owned(), 1),
-            ("remove_background".to_owned(), 1),
-            ("upscale".to_owned(), 1),
-        ]),
+        tools(1),
         "the reroll given again continues it: each of its calls paid once"
     );
     // Now done, the same command is a new reroll.
