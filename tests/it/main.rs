@@ -17,6 +17,7 @@ mod events;
 mod fuzz;
 mod hostile;
 mod objects;
+mod pg_promises;
 mod places;
 mod plan;
 mod postgres;

@@ -1,0 +1,179 @@
+//! Promises of README's "Beyond one machine" and "Exit codes" about a PostgreSQL state that no
+//! other test would miss if they broke: the password of a `--state` URL appears nowhere a user
+//! or a log reader sees it, and a database that is not imgpipe's (empty, another
+//! application's, a newer imgpipe's) is refused with exit 2 and left exactly as it was.
+
+use std::path::Path;
+use std::process::Output;
+
+use sqlx::Connection;
+
+use crate::common::*;
+use crate::run::{edit_chain, write};
+
+const SECRET: &str = "pg-secret-7781";
+
+/// `imgpipe ARGS --state URL` in `dir`, against the sandbox.
+async fn imgpipe_on(env: &Env, dir: &Path, url: &str, args: &[&str]) -> Output {
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--state", url]);
+    let mut cmd = command(&all, dir);
+    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
+        .env("IMGPIPE_API_KEY", env.sandbox.key());
+    finish(cmd).await
+}
+
+/// The tables of the database's public schema, sorted.
+async fn tables(url: &str) -> Vec<String> {
+    let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+    let rows: Vec<(String,)> = sqlx::query_as(
+        "SELECT table_name::text FROM information_schema.tables
+         WHERE table_schema = 'public' ORDER BY table_name",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+    rows.into_iter().map(|r| r.0).collect()
+}
+
+async fn execute(url: &str, sql: &'static str) {
+    let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+    sqlx::raw_sql(sql).execute(&mut conn).await.unwrap();
+    conn.close().await.unwrap();
+}
+
+/// The same database's URL with a password in it; the tests' server trusts loopback, so it
+/// is accepted and ignored, as a real one would check it.
+fn with_password(url: &str) -> String {
+    let mut url = url::Url::parse(url).unwrap();
+    url.set_password(Some(SECRET)).unwrap();
+    url.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_postgres_password_reaches_no_output_log_or_row() {
+    let Some(url) = postgres_database("secret").await else {
+        return;
+    };
+    let url = with_password(&url);
+    let env = start_default().await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(2, None));
+    // A run that stops part way prints the command that continues it, state URL included.
+    let run = imgpipe_on(
+        &env,
+        dir,
+        &url,
+        &["-vv", "run", "p.yaml", "--run-id", "r", "--until", "clean"],
+    )
+    .await;
+    assert_exit(&run, 7);
+    let status = imgpipe_on(&env, dir, &url, &["-vv", "status", "r"]).await;
+    assert_exit(&status, 0);
+    let runs = imgpipe_on(&env, dir, &url, &["runs", "--json"]).await;
+    assert_exit(&runs, 0);
+    for (what, o) in [("run -vv", &run), ("status -vv", &status), ("runs", &runs)] {
+        let text = format!("{}{}", stdout(o), stderr(o));
+        assert!(!text.contains(SECRET), "{what} shows the password:\n{text}");
+    }
+    let hint = stderr(&run);
+    assert!(
+        hint.contains("--state postgres://postgres@127.0.0.1"),
+        "the continue command names the database without its password: {hint}"
+    );
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let (rows,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM runs
+         WHERE pipeline_text LIKE '%' || $1 || '%' OR plan_json LIKE '%' || $1 || '%'
+            OR output_dir LIKE '%' || $1 || '%' OR COALESCE(stop_reason, '') LIKE '%' || $1 || '%'",
+    )
+    .bind(SECRET)
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+    assert_eq!(rows, 0, "no run's row holds the password");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn commands_that_only_read_make_no_tables_in_an_empty_postgres_database() {
+    let Some(url) = postgres_database("empty").await else {
+        return;
+    };
+    let env = start_default().await;
+    let dir = env.dir.path();
+    for args in [
+        &["status", "r"][..],
+        &["report", "r"],
+        &["runs"],
+        &["spend"],
+        &["cap", "list"],
+    ] {
+        let o = imgpipe_on(&env, dir, &url, args).await;
+        assert_exit(&o, 2);
+        assert!(
+            tables(&url).await.is_empty(),
+            "`{}` made tables in an empty database",
+            args.join(" ")
+        );
+    }
+    assert_nothing_billed(&env);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_postgres_database_of_another_application_is_refused_and_left_alone() {
+    let Some(url) = postgres_database("other_app").await else {
+        return;
+    };
+    execute(
+        &url,
+        "CREATE TABLE customers (id BIGINT PRIMARY KEY, name TEXT)",
+    )
+    .await;
+    let env = start_default().await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(1, None));
+    let o = imgpipe_on(&env, dir, &url, &["run", "p.yaml"]).await;
+    assert_exit(&o, 2);
+    assert_eq!(
+        tables(&url).await,
+        ["customers"],
+        "nothing added, nothing removed"
+    );
+    assert_nothing_billed(&env);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_postgres_database_from_a_newer_imgpipe_is_refused_and_left_alone() {
+    let Some(url) = postgres_database("newer").await else {
+        return;
+    };
+    let env = start_default().await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(1, None));
+    assert_exit(
+        &imgpipe_on(&env, dir, &url, &["run", "p.yaml", "--run-id", "r"]).await,
+        0,
+    );
+    execute(
+        &url,
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+         VALUES (99991231000000, 'from the future', true, '\\x00', 0)",
+    )
+    .await;
+    let before = tables(&url).await;
+    let calls = env.sandbox.ledger().len();
+    for args in [&["runs"][..], &["run", "p.yaml", "--run-id", "s"]] {
+        let o = imgpipe_on(&env, dir, &url, args).await;
+        assert_exit(&o, 2);
+        assert!(
+            stderr(&o).contains("newer imgpipe"),
+            "`{}`: {}",
+            args.join(" "),
+            stderr(&o)
+        );
+    }
+    assert_eq!(tables(&url).await, before);
+    assert_eq!(env.sandbox.ledger().len(), calls, "nothing billed");
+}
