@@ -1,7 +1,8 @@
-//! Promises of README's "Beyond one machine" and "Exit codes" about a PostgreSQL state that no
-//! other test would miss if they broke: the password of a `--state` URL appears nowhere a user
+//! Promises of README that no other test would miss if they broke. On a PostgreSQL state
+//! ("Beyond one machine", "Exit codes"): the password of a `--state` URL appears nowhere a user
 //! or a log reader sees it, and a database that is not imgpipe's (empty, another
-//! application's, a newer imgpipe's) is refused with exit 2 and left exactly as it was.
+//! application's, a newer imgpipe's) is refused with exit 2 and left exactly as it was. And a
+//! one-off command the service answers with 400 exits 2, having written and paid nothing.
 
 use std::path::Path;
 use std::process::Output;
@@ -176,4 +177,42 @@ async fn a_postgres_database_from_a_newer_imgpipe_is_refused_and_left_alone() {
     }
     assert_eq!(tables(&url).await, before);
     assert_eq!(env.sandbox.ledger().len(), calls, "nothing billed");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_one_off_command_the_service_refuses_as_invalid_exits_2_and_writes_nothing() {
+    let env = start_default().await;
+    let dir = env.dir.path();
+    // The client cannot know which images the service can read: the sandbox answers 400.
+    let missing = format!("{}assets/nosuch.png", env.sandbox.base_url());
+    for args in [
+        vec![
+            "tool",
+            "erase",
+            "--object-name",
+            "the cable",
+            "--image-url",
+            &missing,
+            "--out",
+            "out",
+        ],
+        vec![
+            "generate",
+            "--prompt",
+            "a lamp",
+            "--image-url",
+            &missing,
+            "--out",
+            "out",
+        ],
+    ] {
+        let mut cmd = command(&args, dir);
+        cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
+            .env("IMGPIPE_API_KEY", env.sandbox.key());
+        let o = finish(cmd).await;
+        assert_exit(&o, 2);
+        assert!(stderr(&o).contains("400"), "{}: {}", args[0], stderr(&o));
+        assert!(!dir.join("out").exists(), "{}: nothing written", args[0]);
+    }
+    assert_nothing_billed(&env);
 }
