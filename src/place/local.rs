@@ -61,6 +61,12 @@ impl Destination for Path {
             bytes,
         } = body;
         let dest = self.join(format!("{stem}.{ext}"));
+        if let Some(full) = crate::failpoint::disk_full() {
+            return Err(DownloadError::Io {
+                path: self.to_path_buf(),
+                source: full,
+            });
+        }
         let (dir, stem) = (self.to_path_buf(), stem.to_owned());
         // The file lands in one trip to the blocking pool: every trip is two thread switches,
         // which cost more than writing a small image.
