@@ -30,10 +30,28 @@ pub const DISK_FULL_ENV: &str = "IMGPIPE_TEST_DISK_FULL_AFTER";
 /// `IMGPIPE_TEST_DISK_FULL_AFTER` allows in local directories, for every output after; `None`
 /// without the variable. Each call counts one output about to be kept.
 pub fn disk_full() -> Option<std::io::Error> {
-    use std::sync::atomic::{AtomicU64, Ordering};
+    let room = disk_room()?;
+    (KEPT.fetch_add(1, Ordering::Relaxed) >= room).then(no_space)
+}
+
+/// ENOSPC when the disk `IMGPIPE_TEST_DISK_FULL_AFTER` sets is full already; counts nothing
+/// (a run's check that it can write, before it pays).
+pub fn disk_is_full() -> Option<std::io::Error> {
+    let room = disk_room()?;
+    (KEPT.load(Ordering::Relaxed) >= room).then(no_space)
+}
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Outputs kept so far under `IMGPIPE_TEST_DISK_FULL_AFTER`.
+static KEPT: AtomicU64 = AtomicU64::new(0);
+
+fn disk_room() -> Option<u64> {
     static ROOM: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    static KEPT: AtomicU64 = AtomicU64::new(0);
-    let room = (*ROOM.get_or_init(|| std::env::var(DISK_FULL_ENV).ok()?.parse().ok()))?;
+    *ROOM.get_or_init(|| std::env::var(DISK_FULL_ENV).ok()?.parse().ok())
+}
+
+fn no_space() -> std::io::Error {
     // 28 is ENOSPC on Linux, macOS and the BSDs.
-    (KEPT.fetch_add(1, Ordering::Relaxed) >= room).then(|| std::io::Error::from_raw_os_error(28))
+    std::io::Error::from_raw_os_error(28)
 }

@@ -90,9 +90,10 @@ pub enum DownloadError {
     #[error("refusing to overwrite {at}: it holds other bytes than this download")]
     Exists { at: String },
     /// The destination's store failed (after its own retries); the destination scrubs the
-    /// message of credentials.
+    /// message of credentials. `store_failed`: the store takes no write now (it refused, or
+    /// failed for every request), rather than this one upload failed.
     #[error("{reason}")]
-    Store { reason: String },
+    Store { reason: String, store_failed: bool },
     #[error("cannot write {}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -108,13 +109,13 @@ impl DownloadError {
     }
 
     /// Whether the destination failed rather than this download: a full disk or quota, a
-    /// permission lost, a read-only file system, or a store refusing writes (after its own
-    /// retries). Every further download into it would fail the same way, so a run stops
+    /// permission lost, a read-only file system, or a store refusing writes or failing every
+    /// request after its own retries. Every further download into it would fail the same way, so a run stops
     /// paying for outputs it cannot keep; a bad image or an expired URL is this download's
     /// alone.
     pub fn is_storage_failure(&self) -> bool {
         match self {
-            DownloadError::Store { .. } => true,
+            DownloadError::Store { store_failed, .. } => *store_failed,
             DownloadError::Io { source, .. } => is_storage_io(source),
             _ => false,
         }
@@ -418,10 +419,12 @@ mod tests {
         for errno in [21, 36] {
             assert!(!io(errno).is_storage_failure(), "errno {errno}");
         }
-        let store = DownloadError::Store {
-            reason: "cannot write s3://b/run/a/shot-0.png: 403 Forbidden".into(),
+        let store = |store_failed| DownloadError::Store {
+            reason: "cannot write s3://b/run/a/shot-0.png: …".into(),
+            store_failed,
         };
-        assert!(store.is_storage_failure());
+        assert!(store(true).is_storage_failure());
+        assert!(!store(false).is_storage_failure());
         for one in [
             DownloadError::Expired { status: 403 },
             DownloadError::NotImage {

@@ -135,16 +135,18 @@ async fn outputs(state: &str) -> Vec<(String, Option<String>, Option<String>)> {
         .collect()
 }
 
-/// The last lines of stderr from `error: ` on, the run directory written `[RUN]` and the
-/// state `[STATE]`.
-fn error_said(o: &Output, run_dir: &str, state: &str) -> String {
+/// The last lines of stderr from `error: ` on, each of `names` (a path, say) written as its
+/// placeholder.
+fn error_said(o: &Output, names: &[(&str, &str)]) -> String {
     let err = stderr(o);
     let at = err
         .find("error: ")
         .unwrap_or_else(|| panic!("no error in:\n{err}"));
-    err[at..]
-        .replace(run_dir, "[RUN]")
-        .replace(state, "[STATE]")
+    names
+        .iter()
+        .fold(err[at..].to_owned(), |said, (name, shown)| {
+            said.replace(name, shown)
+        })
 }
 
 /// After every run of a test: all of the run's outputs are in the record with their place,
@@ -173,6 +175,19 @@ async fn a_full_disk_stops_the_calls_and_a_resume_fetches_what_was_paid_for_with
     let state = state_file.display().to_string();
     let run_dir = dir.join("out/full").display().to_string();
 
+    // Full from the start: said before anything is paid for.
+    let mut cmd = imgpipe_on(&env, dir, &state, &["run", "p.yaml", "--run-id", "early"]);
+    cmd.env("IMGPIPE_TEST_DISK_FULL_AFTER", "0");
+    let o = finish(cmd).await;
+    assert_exit_without_panic(&o, 1);
+    assert_nothing_billed(&env);
+    assert_eq!(
+        error_said(&o, &[(&dir.display().to_string(), "[DIR]"), (&state, "[STATE]")]),
+        "error: outputs cannot be written to [DIR]/out/early: cannot write [DIR]: No space left on device (os error 28); nothing was paid for
+hint: free space there (or restore the permission, or give another --out), then run the same command again
+"
+    );
+
     // The disk holds KEPT outputs, then fills.
     let mut cmd = imgpipe_on(
         &env,
@@ -189,7 +204,7 @@ async fn a_full_disk_stops_the_calls_and_a_resume_fetches_what_was_paid_for_with
     billed_once(&env);
     let unstored = paid - KEPT;
     assert_eq!(
-        error_said(&o, &run_dir, &state),
+        error_said(&o, &[(&run_dir, "[RUN]"), (&state, "[STATE]")]),
         format!(
             "error: the run stopped: outputs cannot be written to [RUN]: cannot write [RUN]/i01: No space left on device (os error 28)
 no call was sent after that; the calls in flight then finished and are recorded
@@ -205,13 +220,13 @@ hint: {unstored} paid output(s) are not stored; once [RUN] can be written again 
         json_stdout(&finish(imgpipe_on(&env, dir, &state, &["status", "full", "--json"])).await);
     assert_eq!(status["status"], "stopped", "{status}");
 
-    // Still full: the resume fetches first, and pays nothing while the disk keeps nothing.
+    // Still full: the resume pays nothing.
     let mut cmd = imgpipe_on(&env, dir, &state, &["resume", "full"]);
     cmd.env("IMGPIPE_TEST_DISK_FULL_AFTER", "0");
     let o = finish(cmd).await;
     assert_exit_without_panic(&o, 1);
     assert!(
-        stderr(&o).contains("No space left on device"),
+        stderr(&o).contains("No space left on device (os error 28); nothing was paid for"),
         "{}",
         stderr(&o)
     );
@@ -382,18 +397,7 @@ async fn no_call_without_its_intent(state: &str) {
     refuse_intents_after(state, first + 2).await;
 
     let o = finish(on(&["resume", "db", "--concurrency", "2"])).await;
-    assert_exit_without_panic(&o, 1);
-    assert!(
-        stderr(&o).contains("the run stopped: cannot record the run: state database:"),
-        "{}",
-        stderr(&o)
-    );
     let (recorded, jobs) = attempts(state).await;
-    assert_eq!(
-        recorded,
-        first + 2,
-        "the refused intent is not in the record"
-    );
     assert_eq!(
         env.sandbox.ledger().len(),
         recorded,
@@ -404,6 +408,17 @@ async fn no_call_without_its_intent(state: &str) {
         billed_once(&env),
         jobs,
         "every call billed is recorded with its job"
+    );
+    assert_eq!(
+        recorded,
+        first + 2,
+        "the refused intent is not in the record"
+    );
+    assert_exit_without_panic(&o, 1);
+    assert!(
+        stderr(&o).contains("the run stopped: cannot record the run: state database:"),
+        "{}",
+        stderr(&o)
     );
 
     allow_intents(state).await;
