@@ -74,6 +74,12 @@ pub enum Error {
     #[error("{message}")]
     TasksFailed { message: String },
 
+    /// A run stopped because its run directory cannot keep outputs (a full disk, a permission
+    /// lost, a bucket refusing writes); the hint says what is not stored and how to fetch it
+    /// without paying again.
+    #[error("{message}\nhint: {hint}")]
+    StorageFailed { message: String, hint: String },
+
     /// A run stopped for a cause no retry cures: a refused key, a state database that
     /// cannot be written.
     #[error("the run stopped: {cause}\nhint: continue with: {continue_with}")]
@@ -124,7 +130,7 @@ impl Error {
                 _ => exit::FAILURE,
             },
             Error::Usage { .. } | Error::Graph(_) => exit::INVALID,
-            Error::Stopped { .. } => exit::FAILURE,
+            Error::Stopped { .. } | Error::StorageFailed { .. } => exit::FAILURE,
             Error::Refused { .. } => exit::CREDITS,
             Error::Interrupted { .. } => exit::INTERRUPTED,
             Error::TasksFailed { .. } => exit::TASKS_FAILED,

@@ -21,7 +21,8 @@
 //!   through temporary files a resume recognises.
 //! - [`time`]: times as RFC 3339, the same in plans, locks, logs and reports.
 //! - [`error`]: the top-level error and the stable exit codes.
-//! - [`failpoint`]: crash points for the tests that kill a process at a chosen step.
+//! - [`failpoint`]: test-only faults: crash points that kill a process at a chosen step, and a
+//!   disk that fills.
 //! - [`sandbox`]: the local emulator of the service, for tests, benchmarks and `--sandbox`.
 
 // The library needs no unsafe code; the test and bench harnesses call libc themselves.

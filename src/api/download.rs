@@ -90,9 +90,10 @@ pub enum DownloadError {
     #[error("refusing to overwrite {at}: it holds other bytes than this download")]
     Exists { at: String },
     /// The destination's store failed (after its own retries); the destination scrubs the
-    /// message of credentials.
+    /// message of credentials. `store_failed`: the store takes no write now (it refused, or
+    /// failed for every request), rather than this one upload failed.
     #[error("{reason}")]
-    Store { reason: String },
+    Store { reason: String, store_failed: bool },
     #[error("cannot write {}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -107,6 +108,19 @@ impl DownloadError {
         matches!(self, DownloadError::Expired { .. })
     }
 
+    /// Whether the destination failed rather than this download: a full disk or quota, a
+    /// permission lost, a read-only file system, or a store refusing writes or failing every
+    /// request after its own retries. Every further download into it would fail the same way, so a run stops
+    /// paying for outputs it cannot keep; a bad image or an expired URL is this download's
+    /// alone.
+    pub fn is_storage_failure(&self) -> bool {
+        match self {
+            DownloadError::Store { store_failed, .. } => *store_failed,
+            DownloadError::Io { source, .. } => is_storage_io(source),
+            _ => false,
+        }
+    }
+
     /// Whether the same download may succeed when tried again.
     pub fn is_transient(&self) -> bool {
         match self {
@@ -117,6 +131,18 @@ impl DownloadError {
             _ => false,
         }
     }
+}
+
+/// Whether a write failed for a cause of the file system itself, not of the bytes written:
+/// ENOSPC, EDQUOT, EACCES or EPERM, EROFS.
+fn is_storage_io(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::StorageFull
+            | io::ErrorKind::QuotaExceeded
+            | io::ErrorKind::PermissionDenied
+            | io::ErrorKind::ReadOnlyFilesystem
+    )
 }
 
 #[derive(Clone, Debug)]
@@ -376,6 +402,42 @@ mod tests {
         assert_eq!(seen.head.len(), 16);
         assert_eq!(seen.tail.len(), 32);
         assert!(looks_complete("png", &seen.tail));
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_failing_disk_or_store_is_told_from_a_failing_download() {
+        let io = |errno| DownloadError::Io {
+            path: PathBuf::from("/out/run/a/.shot-0.x.part"),
+            source: io::Error::from_raw_os_error(errno),
+        };
+        // ENOSPC, EDQUOT, EACCES, EPERM, EROFS (Linux numbers).
+        for errno in [28, 122, 13, 1, 30] {
+            assert!(io(errno).is_storage_failure(), "errno {errno}");
+        }
+        // EISDIR, ENAMETOOLONG: this file's trouble, not the disk's.
+        for errno in [21, 36] {
+            assert!(!io(errno).is_storage_failure(), "errno {errno}");
+        }
+        let store = |store_failed| DownloadError::Store {
+            reason: "cannot write s3://b/run/a/shot-0.png: …".into(),
+            store_failed,
+        };
+        assert!(store(true).is_storage_failure());
+        assert!(!store(false).is_storage_failure());
+        for one in [
+            DownloadError::Expired { status: 403 },
+            DownloadError::NotImage {
+                start: "<html>".into(),
+            },
+            DownloadError::Exists { at: "x".into() },
+            DownloadError::Truncated {
+                got: 1,
+                expected: 2,
+            },
+        ] {
+            assert!(!one.is_storage_failure(), "{one}");
+        }
     }
 
     #[test]

@@ -129,6 +129,10 @@ pub enum Stop {
     LeaseLost,
     /// The service answered 402.
     Balance(String),
+    /// The run directory cannot keep outputs (a full disk or quota, a permission lost, a
+    /// read-only file system, a store refusing writes): every output paid for after this
+    /// would be lost too. `place` is the run directory, `error` the first failure there.
+    Storage { place: String, error: String },
     /// Nothing more can be done: the key was refused, or the record cannot be written.
     Fatal(Fatal),
 }
@@ -152,6 +156,9 @@ impl Stop {
             ),
             Stop::LeaseLost => "another run took this one for dead and closed its cap leases; the rest is left pending".to_owned(),
             Stop::Balance(e) => format!("the service refused a call for lack of credits: {e}"),
+            Stop::Storage { place, error } => format!(
+                "outputs cannot be written to {place}: {error}; no call was sent after that, and the calls in flight then were recorded"
+            ),
             Stop::Fatal(e) => e.to_string(),
         }
     }

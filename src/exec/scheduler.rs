@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{ApiError, ErrorKind};
 use crate::exec::attempt::{Attempted, Failure, Success, attempt};
 use crate::exec::budget::Budget;
-use crate::exec::download::{Fetched, download};
+use crate::exec::download::{Fetched, Unfetched, download};
 use crate::exec::rows::{Rows, record_identities};
 use crate::exec::shared::{OutputUrl, Shared};
 use crate::exec::{Config, Fatal, Links, Observer, OnAmbiguous, Outcome, Refetch, Stop};
@@ -97,6 +97,10 @@ struct Scheduler {
     /// What earlier executors of this process spent of the caps' leases: this one commits only
     /// what was leased beyond it.
     lease_base: u64,
+    /// Earlier outputs without a file still being fetched, while none has been kept yet: a
+    /// resume sends no call before its run directory has kept one of them, so a disk still
+    /// full (or a bucket still refusing) costs nothing.
+    unproven: Option<usize>,
 }
 
 /// Runs every unfinished task of the run recorded in `store` until done, stopped or
@@ -186,6 +190,7 @@ impl Scheduler {
                 .leash
                 .as_ref()
                 .map_or(0, crate::caps::Leash::spent_so_far),
+            unproven: None,
             shared,
             graph,
             config,
@@ -261,6 +266,8 @@ impl Scheduler {
         let stored = store.outputs_of_tasks(&read).await?.into_iter();
         outputs.extend(stored.filter(|o| o.path.is_some()));
         self.take_outputs(outputs);
+        // Every download so far fetches an output a run paid for and could not keep.
+        self.unproven = (!self.downloads.is_empty()).then_some(self.downloads.len());
         Ok(())
     }
 
@@ -363,6 +370,8 @@ impl Scheduler {
                 self.downloads_backlogged() && self.halt.is_none() && deadline.is_none();
             // Nor is a check of the kept files still under way, unless the run must stop.
             let checking = self.refetch.is_some() && self.halt.is_none() && deadline.is_none();
+            // Nor is a resume waiting for its run directory to keep an earlier output.
+            let proving = self.unproven.is_some() && self.halt.is_none() && deadline.is_none();
             // A chain waiting for a lease is leased at the top of the loop, calls in flight
             // or not.
             let leasing = self.leasing.is_some()
@@ -372,7 +381,7 @@ impl Scheduler {
             if leasing {
                 continue;
             }
-            if self.calls.is_empty() && !held_back && !checking {
+            if self.calls.is_empty() && !held_back && !checking && !proving {
                 break;
             }
             tokio::select! {
@@ -442,7 +451,12 @@ impl Scheduler {
     }
 
     fn dispatch(&mut self) {
+        if let Some(error) = self.shared.storage_failure() {
+            let error = error.to_owned();
+            self.storage_failed(error);
+        }
         while self.halt.is_none()
+            && self.unproven.is_none()
             && self.calls.len() < self.config.concurrency
             && !self.downloads_backlogged()
         {
@@ -894,6 +908,20 @@ impl Scheduler {
         }
     }
 
+    /// Stops every dispatch: the run directory cannot keep what more calls would buy. Only a
+    /// state database that cannot be written says more (the first of the two is kept).
+    fn storage_failed(&mut self, error: String) {
+        if matches!(self.halt, Some(Stop::Fatal(_) | Stop::Storage { .. })) {
+            return;
+        }
+        let place = self.config.run_dir.root().to_string();
+        tracing::error!(
+            "the outputs cannot be written to {place}: {error}; no new call is sent, and the calls already sent are recorded as they end"
+        );
+        self.halt = Some(Stop::Storage { place, error });
+        self.shared.stop();
+    }
+
     fn downloaded(&mut self, joined: Result<Fetched, tokio::task::JoinError>) {
         let fetched = match joined {
             Ok(fetched) => fetched,
@@ -903,12 +931,29 @@ impl Scheduler {
                 )));
             }
         };
-        if let Err(reason) = &fetched.result {
-            let name = format!("{} output {}", self.name(fetched.task), fetched.k);
+        let Fetched { task: t, k, result } = fetched;
+        let name = |s: &Self| format!("{} output {k}", s.name(t));
+        match result {
+            Ok(_) => self.unproven = None,
             // Recorded with the output; the summary reads it from there.
-            tracing::error!("download of {name} failed: {reason}");
+            Err(Unfetched::Output(reason)) => {
+                tracing::error!("download of {} failed: {reason}", name(self));
+            }
+            Err(Unfetched::Storage(reason)) => {
+                tracing::error!("download of {} failed: {reason}", name(self));
+                self.storage_failed(reason);
+            }
+            Err(Unfetched::NotTried) => {
+                tracing::debug!("{} is left for the next resume to fetch", name(self));
+            }
+            Err(Unfetched::Store(e)) => self.fatal(Fatal::Store(Arc::new(e))),
         }
-        let t = fetched.task;
+        if let Some(n) = &mut self.unproven {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.unproven = None;
+            }
+        }
         if let Some(n) = self.downloading.get_mut(&t) {
             *n = n.saturating_sub(1);
             if *n == 0 {

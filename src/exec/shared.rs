@@ -2,7 +2,7 @@
 //! latest URL of every output, refreshed before it expires.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
@@ -51,6 +51,10 @@ pub(super) struct Shared {
     stop: tokio::sync::watch::Sender<bool>,
     free: Semaphore,
     urls: Mutex<HashMap<(usize, u32), OutputUrl>>,
+    /// The first failure of the run directory itself (see
+    /// [`DownloadError::is_storage_failure`](crate::api::download::DownloadError::is_storage_failure)):
+    /// once set, no call is sent and no download starts.
+    storage_failure: OnceLock<String>,
 }
 
 impl Shared {
@@ -78,11 +82,25 @@ impl Shared {
             stop: tokio::sync::watch::Sender::new(false),
             free: Semaphore::new(FREE_CONCURRENCY),
             urls: Mutex::new(HashMap::new()),
+            storage_failure: OnceLock::new(),
         }
     }
 
     pub(super) fn stop(&self) {
         self.stop.send_replace(true);
+    }
+
+    /// The run directory cannot keep outputs: stops dispatching at once, from the download
+    /// that found it, so that no call still waiting for its turn is sent meanwhile. The first
+    /// failure is the one kept.
+    pub(super) fn storage_failed(&self, error: String) {
+        let _ = self.storage_failure.set(error);
+        self.stop();
+    }
+
+    /// The first failure of the run directory, once there was one.
+    pub(super) fn storage_failure(&self) -> Option<&str> {
+        self.storage_failure.get().map(String::as_str)
     }
 
     pub(super) fn is_stopping(&self) -> bool {

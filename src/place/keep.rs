@@ -65,6 +65,7 @@ async fn keep_object(
     let etag = written.map_err(|e| match e {
         ObjectError::Exists { url } => DownloadError::Exists { at: url },
         other => DownloadError::Store {
+            store_failed: other.is_store_failure(),
             reason: other.to_string(),
         },
     })?;

@@ -61,6 +61,12 @@ impl Destination for Path {
             bytes,
         } = body;
         let dest = self.join(format!("{stem}.{ext}"));
+        if let Some(full) = crate::failpoint::disk_full() {
+            return Err(DownloadError::Io {
+                path: self.to_path_buf(),
+                source: full,
+            });
+        }
         let (dir, stem) = (self.to_path_buf(), stem.to_owned());
         // The file lands in one trip to the blocking pool: every trip is two thread switches,
         // which cost more than writing a small image.
@@ -89,6 +95,37 @@ impl Destination for Path {
         .await
     }
 }
+
+/// Whether files can be written in `dir` now, before anything is paid for: a small file
+/// written, synced and removed there, or in its nearest existing parent while `dir` is not
+/// made yet (a run makes it with its first output). A full disk or quota, a read-only file
+/// system or a permission missing fails here; a disk with a little room passes, and fails at
+/// the first output that does not fit (the run then stops its calls).
+pub async fn probe(dir: &Path) -> Result<(), DownloadError> {
+    let dir = dir.to_path_buf();
+    blocking(&dir.clone(), move || {
+        let at = dir
+            .ancestors()
+            .find(|d| d.is_dir())
+            .unwrap_or(Path::new("."))
+            .to_path_buf();
+        let io_err = |source| DownloadError::Io {
+            path: at.clone(),
+            source,
+        };
+        if let Some(full) = crate::failpoint::disk_is_full() {
+            return Err(io_err(full));
+        }
+        let mut probe = temp::readable(&at).map_err(io_err)?;
+        io::Write::write_all(&mut probe, &[0u8; PROBE_BYTES]).map_err(io_err)?;
+        probe.as_file().sync_all().map_err(io_err)?;
+        probe.close().map_err(io_err)
+    })
+    .await
+}
+
+/// What [`probe`] writes: a block of most file systems.
+const PROBE_BYTES: usize = 4096;
 
 /// A new, empty temporary file for a download of `<stem>.*` in `dir` (made if missing).
 pub(super) async fn spill_in(dir: &Path, stem: &str) -> Result<NamedTempFile, DownloadError> {

@@ -59,11 +59,22 @@ impl Place {
     }
 
     /// Asks the store, before anything is paid for, whether it answers these credentials
-    /// here; a local directory is checked when it is written.
+    /// here; a local directory is checked by [`Place::probe`].
     pub async fn check(&self) -> Result<(), ObjectError> {
         match self {
             Place::Local(_) => Ok(()),
             Place::Objects(o) => o.check().await,
+        }
+    }
+
+    /// Whether a local directory takes a file now, before anything is paid for (see
+    /// [`local::probe`]). A bucket is not written to try it: its writes are create-only and
+    /// the credentials may not remove what a try would leave; a bucket refusing writes stops
+    /// the run at its first output.
+    pub async fn probe(&self) -> Result<(), crate::api::download::DownloadError> {
+        match self {
+            Place::Local(dir) => local::probe(dir).await,
+            Place::Objects(_) => Ok(()),
         }
     }
 }

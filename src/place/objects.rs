@@ -10,8 +10,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use object_store::aws::AmazonS3Builder;
 use object_store::client::{
-    ClientOptions, HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse, HttpService,
-    ReqwestConnector,
+    ClientOptions, HttpClient, HttpConnector, HttpError, HttpErrorKind, HttpRequest, HttpResponse,
+    HttpService, ReqwestConnector,
 };
 use object_store::path::Path as Key;
 use object_store::{
@@ -45,7 +45,47 @@ pub enum ObjectError {
         what: &'static str,
         url: String,
         reason: String,
+        /// Whether the store itself failed rather than this request (see
+        /// [`ObjectError::is_store_failure`]).
+        store_failed: bool,
     },
+}
+
+impl ObjectError {
+    /// Whether the store takes no request now, rather than this one failed: it refused the
+    /// credentials or the write (401, 403), answered an error status its retries did not cure
+    /// (a 5xx, 507 Insufficient Storage), or could not be connected to at all. A request cut on
+    /// its way, or a conflict at one key, is that request's alone.
+    pub fn is_store_failure(&self) -> bool {
+        matches!(
+            self,
+            ObjectError::Request {
+                store_failed: true,
+                ..
+            }
+        )
+    }
+}
+
+/// See [`ObjectError::is_store_failure`].
+fn store_failed(e: &object_store::Error) -> bool {
+    match e {
+        object_store::Error::PermissionDenied { .. }
+        | object_store::Error::Unauthenticated { .. } => true,
+        // A request that got no answer fails with an HTTP error in its chain; without one,
+        // the store answered, with an error status.
+        object_store::Error::Generic { source, .. } => {
+            let mut next: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
+            while let Some(e) = next {
+                if let Some(http) = e.downcast_ref::<HttpError>() {
+                    return matches!(http.kind(), HttpErrorKind::Connect);
+                }
+                next = e.source();
+            }
+            true
+        }
+        _ => false,
+    }
 }
 
 /// What is at a key.
@@ -182,6 +222,7 @@ impl Objects {
             what,
             url: self.key_url(key),
             reason: format!("{}{hint}", scrub(&e.to_string())),
+            store_failed: store_failed(e),
         }
     }
 
@@ -233,6 +274,7 @@ impl Objects {
             what: "cannot read the download for",
             url: self.key_url(key),
             reason: e.to_string(),
+            store_failed: false,
         };
         let mut source = tokio::fs::File::open(file).await.map_err(io)?;
         let mut buf = vec![0u8; PART_BYTES];

@@ -306,6 +306,15 @@ impl Runner<'_> {
             });
         }
         match outcome.stop {
+            Some(Stop::Storage { place, error }) => Err(Error::StorageFailed {
+                message: format!(
+                    "the run stopped: outputs cannot be written to {place}: {error}\nno call was sent after that; the calls in flight then finished and are recorded"
+                ),
+                hint: format!(
+                    "{} paid output(s) are not stored; once {place} can be written again (free space, restore the permission), `{resume}` fetches them from their jobs without paying for them again, then goes on with the rest",
+                    totals.outputs.saturating_sub(totals.downloaded)
+                ),
+            }),
             Some(Stop::Fatal(cause)) => Err(Error::Stopped {
                 cause,
                 continue_with: resume,

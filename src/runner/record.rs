@@ -2,6 +2,7 @@
 //! marked running again. Directories and files are recorded as absolute paths, so a resume
 //! from another working directory (cron) finds the same files.
 
+use crate::api::download::DownloadError;
 use crate::error::Error;
 use crate::exec;
 use crate::pipeline::Pipeline;
@@ -108,7 +109,25 @@ async fn open_place(dir: &Address) -> Result<Place, Error> {
     };
     let place = Place::open(dir).map_err(refused)?;
     place.check().await.map_err(refused)?;
+    place.probe().await.map_err(|e| unwritable(dir, &e))?;
     Ok(place)
+}
+
+/// A local run directory that takes no file: a full disk, a lost permission (exit 1), or a
+/// path that cannot be a directory (exit 2). Nothing was paid for.
+fn unwritable(dir: &Address, e: &DownloadError) -> Error {
+    let message = format!("outputs cannot be written to {dir}: {e}; nothing was paid for");
+    if e.is_storage_failure() {
+        Error::StorageFailed {
+            message,
+            hint: "free space there (or restore the permission, or give another --out), then run the same command again".into(),
+        }
+    } else {
+        Error::usage(
+            message,
+            Some("give --out (or output_dir) a directory imgpipe can write"),
+        )
+    }
 }
 
 /// A recorded run, marked running again; `billed` is what it spent so far ([`crate::runner::admit::spent`]).

@@ -277,9 +277,10 @@ async fn finish(
     let books = Arc::clone(state);
     let latency = state.latency();
     tokio::spawn(async move {
-        let (pngs, ()) = tokio::join!(
+        let (pngs, (), ()) = tokio::join!(
             tokio::task::spawn_blocking(work),
-            tokio::time::sleep(latency)
+            tokio::time::sleep(latency),
+            books.pass_hold()
         );
         let result = match pngs {
             Err(e) => Err(server_fault(&e)),

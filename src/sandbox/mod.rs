@@ -137,6 +137,28 @@ impl Sandbox {
         self.state.set_balance(balance);
     }
 
+    /// Holds every paid call from now on, received but not billed, until the test lets it
+    /// through ([`Sandbox::let_through`]): a call stays in flight exactly as long as a test
+    /// needs, with no clock to race.
+    pub fn hold_calls(&self) {
+        self.state.hold_calls();
+    }
+
+    /// Lets `n` more held calls be billed and answered.
+    pub fn let_through(&self, n: usize) {
+        self.state.let_through(n);
+    }
+
+    /// Holds no more calls and lets every waiting one go.
+    pub fn release_calls(&self) {
+        self.state.release_calls();
+    }
+
+    /// Paid calls waiting to be let through now.
+    pub fn held(&self) -> usize {
+        self.state.held()
+    }
+
     /// Stops accepting connections and waits for the server to finish.
     pub async fn stop(mut self) -> std::io::Result<()> {
         if let Some(stop) = self.stop.take() {

@@ -123,6 +123,17 @@ pub struct State {
     /// Paid requests per second, when the sandbox is told to limit them.
     pub limiter: Option<governor::DefaultDirectRateLimiter>,
     samples: HashMap<&'static str, Bytes>,
+    hold: Hold,
+}
+
+/// Paid calls held before they are billed, for as long as a test says: a call is then in
+/// flight exactly as long as the test needs, without racing any clock.
+#[derive(Default)]
+struct Hold {
+    /// The calls let through are its permits; `None` while nothing is held.
+    gate: Mutex<Option<Arc<tokio::sync::Semaphore>>>,
+    /// Calls waiting at the gate now.
+    waiting: AtomicUsize,
 }
 
 impl State {
@@ -154,6 +165,7 @@ impl State {
             started: Instant::now(),
             limiter: config.rate_limit.and_then(limiter),
             samples,
+            hold: Hold::default(),
             config,
             key,
             base,
@@ -392,6 +404,56 @@ impl State {
                 "data": {"url": urls.first()},
                 "created_at": job.created_ms / 1000,
             }),
+        }
+    }
+
+    /// From now on, every paid call waits before it is billed until [`State::let_through`]
+    /// lets it go.
+    pub fn hold_calls(&self) {
+        let mut gate = self.hold.gate.lock().unwrap_or_else(|e| e.into_inner());
+        gate.get_or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(0)));
+    }
+
+    /// Lets `n` more held calls be billed and answered, now or when they come.
+    pub fn let_through(&self, n: usize) {
+        if let Some(gate) = &*self.hold.gate.lock().unwrap_or_else(|e| e.into_inner()) {
+            gate.add_permits(n);
+        }
+    }
+
+    /// Holds no more calls, and lets every waiting one go.
+    pub fn release_calls(&self) {
+        if let Some(gate) = self
+            .hold
+            .gate
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            gate.close();
+        }
+    }
+
+    /// Paid calls waiting at the gate now: received, not billed.
+    pub fn held(&self) -> usize {
+        self.hold.waiting.load(Ordering::SeqCst)
+    }
+
+    /// Waits at the gate while calls are held.
+    pub async fn pass_hold(&self) {
+        let gate = self
+            .hold
+            .gate
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(gate) = gate {
+            self.hold.waiting.fetch_add(1, Ordering::SeqCst);
+            // A closed gate lets everyone go; a permit lets one.
+            if let Ok(permit) = gate.acquire().await {
+                permit.forget();
+            }
+            self.hold.waiting.fetch_sub(1, Ordering::SeqCst);
         }
     }
 

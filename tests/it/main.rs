@@ -14,6 +14,7 @@ mod client;
 mod common;
 mod crash;
 mod events;
+mod full_disk;
 mod fuzz;
 mod hostile;
 mod objects;

@@ -69,10 +69,16 @@ pub(crate) struct S3 {
     root: tempfile::TempDir,
     /// PUTs whose path holds this are cut: the connection is dropped before any answer.
     cut: Arc<Mutex<Option<String>>>,
+    /// See [`S3::refuse_writes_after`].
+    refuse: Refusal,
     /// Every request the server answered.
     requests: RequestLog,
     task: tokio::task::JoinHandle<()>,
 }
+
+/// Writes still allowed before the bucket refuses every one with this status; none refused
+/// while `None`.
+type Refusal = Arc<Mutex<Option<(usize, http::StatusCode)>>>;
 
 impl Drop for S3 {
     fn drop(&mut self) {
@@ -85,6 +91,7 @@ impl Drop for S3 {
 struct Cutting {
     inner: s3s::service::S3Service,
     cut: Arc<Mutex<Option<String>>>,
+    refuse: Refusal,
     requests: RequestLog,
 }
 
@@ -103,6 +110,14 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Cutting {
             path: req.uri().path().to_owned(),
             query: req.uri().query().unwrap_or_default().to_owned(),
         });
+        if matches!(*req.method(), http::Method::PUT | http::Method::POST)
+            && let Some((allowed, status)) = self.refuse.lock().unwrap().as_mut()
+        {
+            if *allowed == 0 {
+                return Box::pin(refused(*status));
+            }
+            *allowed -= 1;
+        }
         let cut = self.cut.lock().unwrap().clone();
         if req.method() == http::Method::PUT
             && cut.is_some_and(|c| req.uri().path().contains(c.as_str()))
@@ -117,6 +132,22 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Cutting {
     }
 }
 
+/// What S3 answers a write it refuses: its error document with `status`.
+async fn refused(status: http::StatusCode) -> Result<s3s::HttpResponse, s3s::HttpError> {
+    let code = match status {
+        http::StatusCode::FORBIDDEN => "AccessDenied",
+        _ => "InsufficientStorage",
+    };
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code><Message>refused by the test</Message></Error>"
+    );
+    Ok(http::Response::builder()
+        .status(status)
+        .header(http::header::CONTENT_TYPE, "application/xml")
+        .body(s3s::Body::from(body))
+        .unwrap())
+}
+
 #[path = "../../benches/support/s3_etags.rs"]
 mod s3_etags;
 use s3_etags::ListingETags;
@@ -129,10 +160,12 @@ impl S3 {
             s3s::service::S3ServiceBuilder::new(ListingETags::new(root.path()).unwrap());
         builder.set_auth(s3s::auth::SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
         let cut = Arc::new(Mutex::new(None));
+        let refuse = Arc::new(Mutex::new(None));
         let requests = Arc::new(Mutex::new(Vec::new()));
         let service = Cutting {
             inner: builder.build(),
             cut: Arc::clone(&cut),
+            refuse: Arc::clone(&refuse),
             requests: Arc::clone(&requests),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -156,6 +189,7 @@ impl S3 {
             port,
             root,
             cut,
+            refuse,
             requests,
             task,
         }
@@ -201,12 +235,19 @@ impl S3 {
         self.root.path().join(BUCKET).join(key)
     }
 
+    /// Lets `allowed` more writes (PUTs, and POSTs of multipart uploads) through, then answers
+    /// every one with `status`, as a bucket whose policy or quota changed would; `None` lifts
+    /// the refusal.
+    pub(crate) fn refuse_writes_after(&self, refusal: Option<(usize, http::StatusCode)>) {
+        *self.refuse.lock().unwrap() = refusal;
+    }
+
     fn cut_uploads_to(&self, key: Option<&str>) {
         *self.cut.lock().unwrap() = key.map(str::to_owned);
     }
 }
 
-fn imgpipe_s3(env: &Env, s3: &S3, dir: &Path, args: &[&str]) -> tokio::process::Command {
+pub(crate) fn imgpipe_s3(env: &Env, s3: &S3, dir: &Path, args: &[&str]) -> tokio::process::Command {
     let state = state_path(dir).to_string_lossy().into_owned();
     let mut all = args.to_vec();
     all.extend_from_slice(&["--state", &state]);
