@@ -5,6 +5,7 @@
 mod chart;
 mod costs;
 mod html;
+mod items;
 mod lineage;
 mod links;
 pub mod live;
@@ -283,7 +284,7 @@ impl Book<'_> {
         }
         html.open();
         html.later_header();
-        html.w("<main>\n");
+        html.raw("<main>\n");
         html.items(&model);
         html.close();
         let text = html.take();
@@ -313,7 +314,7 @@ impl Book<'_> {
             self.images,
             self.items,
         );
-        html.w("<main>\n");
+        html.raw("<main>\n");
         html.costs(&steps, &total, removed.as_ref());
         let problems = &mut self.problems;
         let items = std::mem::take(&mut self.first_items);
@@ -321,7 +322,8 @@ impl Book<'_> {
         persist(self.dir, out, |w| {
             let mut w = Counted { inner: w, bytes: 0 };
             html.problems(problems, &mut w)?;
-            html.w(&items);
+            w.write_all(html.take().as_bytes())?;
+            w.write_all(items.as_bytes())?;
             html.close();
             w.write_all(html.take().as_bytes())?;
             bytes = w.bytes;

@@ -6,7 +6,7 @@
 //!
 //! Every command passes `--state DIR/state.db`; those that run tasks pass `--retry-base-ms 20`.
 //! The page is read with a few string scans, not a parser: the report writes plain, quoted
-//! attributes and escapes `<`, `>`, `"`, `'` and `&` everywhere.
+//! attributes and its templates (maud) escape `<`, `>`, `"` and `&` in every value.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
