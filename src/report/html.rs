@@ -14,7 +14,7 @@ use maud::{DOCTYPE, Markup, PreEscaped, html};
 use crate::report::links::href;
 use crate::report::live::{GONE, Process};
 use crate::report::model::{Shared, StepCost};
-use crate::store::ReportTask;
+use crate::store::{ReportTask, RunStatus};
 use crate::task_key::TaskKey;
 use crate::time::rfc3339_ms as time;
 
@@ -116,10 +116,38 @@ impl<'a> Page<'a> {
         self.raw("<body>\n");
     }
 
-    /// From the end of `<main>` to the end of the document.
+    /// From the end of `<main>` to the end of the document: the reroll command's bar, then
+    /// the script.
     pub(super) fn close(&mut self) {
         self.raw("</main>\n");
-        self.put(html! { script { (PreEscaped(include_str!("page.js"))) } "\n" });
+        let run = &self.shared.run;
+        let commands = &self.shared.commands;
+        let end = html! {
+            // Shown by the script, which fills it: without the script there is nothing to tick.
+            div #reroll .reroll hidden data-run=(run.id) data-command=(commands.reroll) data-flags=(commands.flags) {
+                label for="reroll-command" {
+                    "Make the ticked outputs again, and everything downstream of them:"
+                }
+                div.line {
+                    textarea #reroll-command readonly rows="2" spellcheck="false" {}
+                    button #reroll-copy type="button" { "Copy" }
+                    button #reroll-clear type="button" { "Clear" }
+                }
+                p #reroll-said {}
+                p.note {
+                    code { "imgpipe reroll" } " pays again for those tasks; their earlier outputs \
+                     are set aside under " code { "_superseded/" } ". Ticks on the run's other \
+                     pages add up in this tab."
+                    @if commands.flags != " --sandbox" {
+                        " A run made with " code { "--sandbox" } " or " code { "--base-url" }
+                        " needs that flag too, as for " code { "imgpipe resume" } "."
+                    }
+                }
+            }
+            script { (PreEscaped(include_str!("page.js"))) }
+            "\n"
+        };
+        self.put(end);
         self.raw("</body></html>\n");
     }
 
@@ -185,7 +213,13 @@ impl<'a> Page<'a> {
                     }
                 }
                 @if let Some(command) = &m.observed.continue_with {
-                    p.continue { "Continue it with " code #continue-with { (command) } }
+                    p.continue {
+                        @if let Some(why) = run.stop_reason.as_ref().filter(|_| run.status == RunStatus::Stopped) {
+                            "The run stopped: " (why) ". "
+                        }
+                        "Continue it with " code #continue-with { (command) }
+                        ": it pays only for what is not done."
+                    }
                 }
                 dl.facts {
                     @for (k, v) in &facts { div { dt { (k) } dd { (v) } } }

@@ -1,16 +1,13 @@
 //! The page's items: each item's lineage as rows of thumbnails in pipeline order, a task after
 //! the output it reads, with its placeholder when it has no image to show.
 
-use std::path::Path;
-
 use maud::{Markup, html};
 
 use crate::place::layout;
-use crate::report::html::{EAGER, Page, label_in_item, output_label, output_label_in_item};
+use crate::report::html::{EAGER, Page, output_label};
 use crate::report::lineage::Input;
-use crate::report::links::href;
 use crate::report::model::{Model, Shown};
-use crate::store::{ReportTask, TaskStatus};
+use crate::store::TaskStatus;
 
 impl Page<'_> {
     /// The page's items, with the pager above and below them.
@@ -52,6 +49,12 @@ impl Page<'_> {
                             (chain.id)
                         }
                         " " span.badge { (billed) " cr" }
+                        @if chain.id != layout::BATCH {
+                            label.pick.whole title="Pick the whole item for imgpipe reroll: every task of it is made again" {
+                                input.pick type="checkbox" value=(chain.id);
+                                "reroll the whole item"
+                            }
+                        }
                         @for status in [TaskStatus::Failed, TaskStatus::Blocked, TaskStatus::Running, TaskStatus::Pending] {
                             @let n = count(status);
                             @if n > 0 {
@@ -74,13 +77,14 @@ impl Page<'_> {
         let task = &m.tasks[t];
         let shown: &[Shown] = m.outputs.get(&t).map_or(&[], Vec::as_slice);
         let others = self.other_inputs(m, t);
+        let earlier = m.earlier.get(&t).map_or(&[][..], Vec::as_slice);
         let mut slots: Vec<(Markup, Vec<Markup>)> = Vec::new();
         if shown.is_empty() {
             let kids = self.kids(m, m.lineage.children(t, None));
-            slots.push((self.placeholder(task, &others), kids));
+            slots.push((self.placeholder(task, &others, earlier), kids));
         }
         for s in shown {
-            let figure = self.figure(task, s, shown.len(), &others);
+            let figure = self.figure(task, s, shown.len(), &others, earlier);
             let kids = self.kids(m, m.lineage.children(t, Some(s.row.k)));
             slots.push((figure, kids));
         }
@@ -101,101 +105,6 @@ impl Page<'_> {
 
     fn kids(&mut self, m: &Model, kids: Vec<usize>) -> Vec<Markup> {
         kids.into_iter().map(|kid| self.task(m, kid)).collect()
-    }
-
-    fn placeholder(&self, task: &ReportTask, others: &Markup) -> Markup {
-        let status = task.status.as_str();
-        html! {
-            figure {
-                div.thumb.none {
-                    span.badge.(format!("b-{status}")) { (status) }
-                    span.why { (self.shared.reason(task)) }
-                }
-                figcaption {
-                    b { (label_in_item(task)) } " · " (task.operation) br;
-                    "planned " (task.planned_credits) " cr"
-                    @if task.credits_billed > 0 { ", billed " (task.credits_billed) }
-                    @if let Some(job) = &task.job_id { code title={ "job " (job) } { (job) } }
-                    (others)
-                }
-            }
-        }
-    }
-
-    fn figure(&mut self, task: &ReportTask, s: &Shown, outputs: usize, others: &Markup) -> Markup {
-        let row = &s.row;
-        let p = &s.preview;
-        let full = row.path.as_deref().map(|f| href(self.dir, Path::new(f)));
-        let picture = match (&p.thumb, &full) {
-            (Some(thumb), Some(full)) => {
-                let (tw, th) = p.thumb_size.unwrap_or((160, 160));
-                // The first few load with the page (not `loading="lazy"`: Chromium would hold
-                // back those below the fold); the script gives the others theirs.
-                let eager = self.eager > 0;
-                self.eager = self.eager.saturating_sub(1);
-                let thumb = href(self.dir, thumb);
-                let alt = output_label(task, row.k);
-                html! {
-                    a class={ "thumb" @if p.alpha { " alpha" } } href=(full) target="_blank" title="open the full-size image" {
-                        @if eager {
-                            img src=(thumb) width=(tw) height=(th) decoding="async" alt=(alt)
-                                onerror="this.parentNode.classList.add('gone')";
-                        } @else {
-                            img loading="lazy" data-src=(thumb) width=(tw) height=(th) decoding="async" alt=(alt)
-                                onerror="this.parentNode.classList.add('gone')";
-                        }
-                    }
-                }
-            }
-            (None, Some(full)) => html! {
-                a.thumb.none href=(full) { span.why { (p.note.as_deref().unwrap_or("no preview")) } }
-            },
-            (_, None) => {
-                let (class, badge, why) = match &row.download_error {
-                    Some(e) => ("failed", "not downloaded", e.clone()),
-                    None if self.shared.in_progress() => (
-                        "pending",
-                        "downloading",
-                        "the job succeeded; its file is on its way".to_owned(),
-                    ),
-                    None => (
-                        "failed",
-                        "not downloaded",
-                        format!(
-                            "the run ended before its download; `imgpipe resume {}` fetches it without a new call",
-                            self.shared.run.id
-                        ),
-                    ),
-                };
-                html! {
-                    div.thumb.none { span.badge.(format!("b-{class}")) { (badge) } span.why { (why) } }
-                }
-            }
-        };
-        let size = p
-            .size
-            .map_or_else(|| "size unknown".to_owned(), |(w, h)| format!("{w}×{h}"));
-        let credits = if let Some(from) = &task.reused_from_run {
-            format!("0 cr, reused from run {from}")
-        } else if outputs > 1 {
-            format!("{} cr for {outputs}", task.credits_billed)
-        } else {
-            format!("{} cr", task.credits_billed)
-        };
-        html! {
-            figure id={ "o" (task.id) "-" (row.k) } {
-                (picture)
-                figcaption {
-                    b { (output_label_in_item(task, row.k)) } " · " (task.operation) br;
-                    (size) " · " (credits)
-                    @if task.attempts > 1 { " · " (task.attempts) " calls" }
-                    br;
-                    code title={ "job " (row.job_id) } { (row.job_id) }
-                    @if let (Some(note), Some(_)) = (&p.note, &p.thumb) { br; span.note { (note) } }
-                    (others)
-                }
-            }
-        }
     }
 
     /// The inputs a task reads besides the output it is drawn after.

@@ -3,7 +3,9 @@
 //! be made for any run, finished or still going, without the network.
 
 mod chart;
+mod commands;
 mod costs;
+mod figure;
 mod html;
 mod items;
 mod lineage;
@@ -30,8 +32,8 @@ use crate::report::costs::Problems;
 use crate::report::html::{PER_PAGE, Page};
 use crate::report::lineage::Lineage;
 use crate::report::live::Observed;
-use crate::report::model::{Model, Shared, Shown};
-use crate::store::{ReportOutput, ReportRow, ReportTask, RunRow, Store};
+use crate::report::model::{Earlier, Model, Shared, Shown};
+use crate::store::{EarlierOutput, ReportOutput, ReportRow, ReportTask, RunRow, Store};
 
 pub use html::MARKER;
 
@@ -138,7 +140,7 @@ async fn write_local(
         }
         if item.as_deref() != Some(row.task.item.as_str()) {
             if items == PER_PAGE {
-                book.page(page, std::mem::take(&mut on_page)).await?;
+                book.page(store, page, std::mem::take(&mut on_page)).await?;
                 page += 1;
                 items = 0;
             }
@@ -149,7 +151,7 @@ async fn write_local(
         on_page.push(row);
     }
     drop(rows);
-    book.page(page, on_page).await?;
+    book.page(store, page, on_page).await?;
     book.first_page(&out)?;
     for stale in shared.pages.stale(page) {
         // A page an earlier, longer report left would still be found next to the new ones.
@@ -196,7 +198,12 @@ struct Book<'a> {
 impl Book<'_> {
     /// Makes the thumbnails of page `page` and writes it (the first page's items are kept
     /// for [`Book::first_page`]).
-    async fn page(&mut self, page: usize, mut rows: Vec<ReportRow>) -> Result<(), Error> {
+    async fn page(
+        &mut self,
+        store: &Store,
+        page: usize,
+        mut rows: Vec<ReportRow>,
+    ) -> Result<(), Error> {
         // Rows of one item come together: number the items, then order each one's tasks as
         // recorded and each task's outputs by index.
         let mut order: HashMap<String, usize> = HashMap::new();
@@ -232,10 +239,16 @@ impl Book<'_> {
                 .cloned()
                 .collect();
         }
-        let files: Vec<(PathBuf, Option<String>)> = outputs
+        let earlier = self.earlier(store, &tasks, borrowed).await?;
+        let mut files: Vec<(PathBuf, Option<String>)> = outputs
             .iter()
             .filter_map(|(_, o)| Some((PathBuf::from(o.path.as_deref()?), o.sha256.clone())))
             .collect();
+        // Earlier versions get thumbnails too, where their files are on this machine.
+        let local = self.remote.is_none();
+        files.extend(earlier.iter().filter_map(|(_, e)| {
+            Some((PathBuf::from(e.path.as_deref()?), e.sha256.clone())).filter(|_| local)
+        }));
         let (known, staged) = match &self.remote {
             Some(remote) => {
                 let on_page: Vec<&ReportOutput> = outputs.iter().map(|(_, o)| o).collect();
@@ -259,6 +272,16 @@ impl Book<'_> {
             self.made += usize::from(preview.made);
             shown.entry(t).or_default().push(Shown { row, preview });
         }
+        let mut was: HashMap<usize, Vec<Earlier>> = HashMap::new();
+        for (t, row) in earlier {
+            let preview = if local && row.path.is_some() {
+                made.next().unwrap_or_default()
+            } else {
+                thumbs::Preview::default()
+            };
+            self.made += usize::from(preview.made);
+            was.entry(t).or_default().push(Earlier { row, preview });
+        }
         let lineage = Lineage::build(&tasks);
         for (from, to) in lineage.reads(&tasks) {
             if !self.reads.contains(&(from.to_owned(), to.to_owned())) {
@@ -271,6 +294,7 @@ impl Book<'_> {
             borrowed,
             tasks,
             outputs: shown,
+            earlier: was,
             lineage,
         };
         let mut html = Page::new(self.shared, self.dir, page);
@@ -290,6 +314,31 @@ impl Book<'_> {
         let text = html.take();
         self.bytes += text.len();
         persist(self.dir, &path, |w| w.write_all(text.as_bytes()))
+    }
+
+    /// The earlier versions of the outputs of `tasks[from..]` (the page's own), by index in
+    /// `tasks`; the database is asked only when the run set any output aside.
+    async fn earlier(
+        &self,
+        store: &Store,
+        tasks: &[ReportTask],
+        from: usize,
+    ) -> Result<Vec<(usize, EarlierOutput)>, Error> {
+        if self.shared.superseded == 0 || tasks.len() <= from {
+            return Ok(Vec::new());
+        }
+        let index: HashMap<i64, usize> = tasks
+            .iter()
+            .enumerate()
+            .skip(from)
+            .map(|(i, t)| (t.id, i))
+            .collect();
+        let ids: Vec<i64> = index.keys().copied().collect();
+        let rows = store.earlier_outputs(&self.shared.run.id, &ids).await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|r| Some((*index.get(&r.task_id)?, r)))
+            .collect())
     }
 
     /// Writes the first page: the run's header, costs and problems, then its items.

@@ -8,7 +8,7 @@ use sqlx::Row;
 
 use crate::place::Address;
 use crate::store::tasks::{TaskStatus, to_u64};
-use crate::store::{Backend, Store, StoreError};
+use crate::store::{Backend, Store, StoreError, rows};
 
 /// A task as the report shows it.
 #[derive(Clone, Debug)]
@@ -128,6 +128,20 @@ pub struct StepTotals {
     pub billed: u64,
     /// The planned price of the step's calls sent without a complete answer.
     pub at_risk: u64,
+}
+
+/// An output a task no longer has: set aside (its file moved under `_superseded/`) when the
+/// task was done again (`reroll`), changed (`--allow-changes`), or its file found modified.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EarlierOutput {
+    pub task_id: i64,
+    pub k: u32,
+    pub job_id: String,
+    /// Where the file was moved to; `None` when it was not kept.
+    pub path: Option<String>,
+    pub sha256: Option<String>,
+    pub reason: String,
+    pub superseded_at: i64,
 }
 
 /// One billed call: when its answer arrived and what it cost.
@@ -279,6 +293,45 @@ impl Store {
                 credits: to_u64(credits),
             })
             .collect())
+    }
+
+    /// The earlier outputs of `tasks` (row ids of run `run_id`), by task, output and age: a
+    /// page's tasks are asked, never the whole run's, one statement per 500 tasks.
+    pub async fn earlier_outputs(
+        &self,
+        run_id: &str,
+        tasks: &[i64],
+    ) -> Result<Vec<EarlierOutput>, StoreError> {
+        let mut out = Vec::new();
+        for chunk in tasks.chunks(500) {
+            let marks = rows(self.backend(), chunk.len(), 1, |p| p[0].clone());
+            let run = match self.backend() {
+                Backend::Sqlite => "?".to_owned(),
+                Backend::Postgres => format!("${}", chunk.len() + 1),
+            };
+            let sql = format!(
+                "SELECT task_id, k, job_id, path, sha256, reason, superseded_at
+                 FROM superseded_outputs WHERE task_id IN ({marks}) AND run_id = {run}
+                 ORDER BY task_id, k, superseded_at, id"
+            );
+            // Built from a fixed placeholder list: no value is ever part of the text.
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for id in chunk {
+                query = query.bind(id);
+            }
+            for r in query.bind(run_id).fetch_all(self.pool()).await? {
+                out.push(EarlierOutput {
+                    task_id: r.try_get("task_id")?,
+                    k: u32::try_from(r.try_get::<i64, _>("k")?).unwrap_or(0),
+                    job_id: r.try_get("job_id")?,
+                    path: r.try_get("path")?,
+                    sha256: r.try_get("sha256")?,
+                    reason: r.try_get("reason")?,
+                    superseded_at: r.try_get("superseded_at")?,
+                });
+            }
+        }
+        Ok(out)
     }
 
     /// The balance the service reported with the run's latest answer, if any did.
