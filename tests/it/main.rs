@@ -23,6 +23,7 @@ mod postgres;
 mod report;
 mod report_page;
 mod resume;
+mod review;
 mod run;
 mod runner;
 mod sandbox_http;

@@ -1779,6 +1779,15 @@ async fn a_run_stopped_for_credits_says_why_and_that_the_balance_moved_by_more_t
         header.contains("credits"),
         "the reason for the stop: {header}"
     );
+    // The page of a stopped run says how to continue it, with the database it is in.
+    let state = state_path(env.dir.path());
+    let resume = format!("imgpipe resume b --state {}", state.display());
+    assert!(header.contains("The run stopped: "), "{header}");
+    assert!(
+        header.contains(&format!("Continue it with {resume}: it pays only")),
+        "{header}"
+    );
+    assert_eq!(page.text_of("code", "continue-with"), resume);
     assert!(page.html.contains("not run: the run stopped ("));
     let (before, after) = (db.balance_before.unwrap(), db.balance_after.unwrap());
     assert_eq!(after, env.sandbox.balance());
