@@ -15,18 +15,25 @@ pub(super) struct Commands {
     pub reroll: String,
     /// What follows the tasks: ` --state …`, ` --sandbox`, or nothing.
     pub flags: String,
-    /// Whether the database is the default one: the page then says that a run made with
-    /// `--sandbox` or another service needs those flags too.
-    pub default_state: bool,
+    /// The database is a file on the host that made the report, which the page does not
+    /// name: the page of a run in object storage is read from the bucket, on other hosts.
+    pub unnamed_state: bool,
 }
 
 impl Commands {
-    pub(super) fn new(run_id: &str, state: &Location) -> Commands {
-        let flags = state_flags(state, default_path().as_deref());
+    /// The commands of run `run_id` recorded in `state`; `portable` for the page of a run in
+    /// object storage, which names no local file.
+    pub(super) fn new(run_id: &str, state: &Location, portable: bool) -> Commands {
+        let unnamed_state = portable && matches!(state, Location::File(_));
+        let flags = if unnamed_state {
+            Vec::new()
+        } else {
+            state_flags(state, default_path().as_deref())
+        };
         Commands {
             reroll: format!("imgpipe reroll {}", quote(run_id)),
-            default_state: flags.is_empty(),
             flags: flags.iter().map(|w| format!(" {w}")).collect(),
+            unnamed_state,
         }
     }
 
@@ -73,7 +80,7 @@ mod tests {
         let commands = Commands {
             reroll: "imgpipe reroll r1".into(),
             flags: " --state /x.db".into(),
-            default_state: false,
+            unnamed_state: false,
         };
         assert_eq!(commands.resume("a b"), "imgpipe resume 'a b' --state /x.db");
     }

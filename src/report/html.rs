@@ -138,6 +138,10 @@ impl<'a> Page<'a> {
                     code { "imgpipe reroll" } " pays again for those tasks; their earlier outputs \
                      are set aside under " code { "_superseded/" } ". Ticks on the run's other \
                      pages add up in this tab."
+                    @if commands.unnamed_state {
+                        " Add " code { "--state" } " naming the SQLite file this run is recorded \
+                         in, on the host that has it."
+                    }
                     @if commands.flags != " --sandbox" {
                         " A run made with " code { "--sandbox" } " or " code { "--base-url" }
                         " needs that flag too, as for " code { "imgpipe resume" } "."

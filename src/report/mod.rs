@@ -109,7 +109,7 @@ async fn write_local(
     let dir = out.parent().unwrap_or(Path::new("/")).to_owned();
     std::fs::create_dir_all(&dir)
         .map_err(|e| Error::Other(anyhow::anyhow!("cannot create {}: {e}", dir.display())))?;
-    let shared = Shared::load(store, run, &out, observed).await?;
+    let shared = Shared::load(store, run, &out, observed, remote.is_some()).await?;
     let _writing = thumbs::Writing::start(&run_dir.thumbs());
     // Every page's name is checked before any is written: a refusal leaves no half report.
     for n in 2..=shared.pages.count() {

@@ -107,12 +107,14 @@ impl StepCost {
 }
 
 impl Shared {
-    /// Reads what every page needs: sums and short lists, never a row per task.
+    /// Reads what every page needs: sums and short lists, never a row per task. A
+    /// `portable` page (of a run in object storage) names no local file.
     pub(super) async fn load(
         store: &Store,
         run: RunRow,
         first_page: &Path,
         mut observed: Observed,
+        portable: bool,
     ) -> Result<Shared, StoreError> {
         let generated_at = crate::store::now_ms();
         let in_progress = run.status == RunStatus::Running;
@@ -121,7 +123,7 @@ impl Shared {
             .and_then(|v| v.pointer("/budget/max_credits").and_then(|b| b.as_u64()));
         let end = run.finished_at.unwrap_or(generated_at);
         let items = store.report_items(&run.id).await?;
-        let commands = Commands::new(&run.id, store.location());
+        let commands = Commands::new(&run.id, store.location(), portable);
         if observed.continue_with.is_none() && run.status.unfinished() {
             observed.continue_with = Some(commands.resume(&run.id));
         }
