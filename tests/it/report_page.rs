@@ -238,6 +238,7 @@ async fn ticked_outputs_make_the_exact_reroll_command_and_an_items_markup_runs_n
         browser.run(COMMAND).await,
         format!("imgpipe reroll r1 'mug/clean[0]' 'cup/wide[0]' 'mug/shot[0]' {flags}")
     );
+    browser.screenshot(&screenshot("report-reroll")).await;
     // The whole item: its tasks need not be named.
     browser.click(r#"input.pick[value="cup"]"#).await;
     let whole = format!("imgpipe reroll r1 'mug/clean[0]' 'mug/shot[0]' cup {flags}");
