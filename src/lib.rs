@@ -20,6 +20,7 @@
 //!   once) and how its files are named and written: downloads kept, never over other bytes,
 //!   through temporary files a resume recognises.
 //! - [`time`]: times as RFC 3339, the same in plans, locks, logs and reports.
+//! - [`shell`]: words of the commands imgpipe prints for pasting, quoted as a shell reads them.
 //! - [`error`]: the top-level error and the stable exit codes.
 //! - [`failpoint`]: test-only faults: crash points that kill a process at a chosen step, and a
 //!   disk that fills.
@@ -42,6 +43,7 @@ pub mod report;
 pub mod resume;
 pub mod runner;
 pub mod sandbox;
+pub mod shell;
 pub mod store;
 pub mod task_key;
 pub mod time;

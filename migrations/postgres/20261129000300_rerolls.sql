@@ -1,4 +1,4 @@
--- The PostgreSQL twin of migrations/sqlite/20261129000100_rerolls.sql.
+-- The PostgreSQL twin of migrations/sqlite/20261129000300_rerolls.sql.
 -- Rerolls (`imgpipe reroll RUN TASK...`): each is recorded in the one transaction that resets
 -- its tasks, with what it named (`said`, its targets sorted) and the row ids it reset (a JSON
 -- array). Until it ends with all of them done, the same command continues it instead of

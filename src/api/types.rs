@@ -216,14 +216,20 @@ impl GenerationRequest {
     }
 
     pub fn to_body(&self) -> Value {
-        let mut body = Map::new();
-        body.insert("prompt".into(), self.prompt.clone().into());
-        body.insert("n".into(), self.n.into());
-        body.insert("size".into(), self.size.as_str().into());
+        let mut body = self.params();
         if !self.image_urls.is_empty() {
             body.insert("image_urls".into(), self.image_urls.clone().into());
         }
         Value::Object(body)
+    }
+
+    /// The body without its image URLs: what the task asks, whatever its inputs' URLs are.
+    pub fn params(&self) -> Map<String, Value> {
+        let mut body = Map::new();
+        body.insert("prompt".into(), self.prompt.clone().into());
+        body.insert("n".into(), self.n.into());
+        body.insert("size".into(), self.size.as_str().into());
+        body
     }
 }
 
@@ -294,8 +300,14 @@ impl ToolRequest {
     }
 
     pub fn to_body(&self) -> Value {
-        let mut body = Map::new();
+        let mut body = self.params();
         body.insert("image_url".into(), self.image_url.clone().into());
+        Value::Object(body)
+    }
+
+    /// The body without its image URL: what the task asks, whatever its input's URL is.
+    pub fn params(&self) -> Map<String, Value> {
+        let mut body = Map::new();
         if let Some(keep) = self.preserve_alpha {
             body.insert("preserve_alpha".into(), keep.into());
         }
@@ -319,7 +331,7 @@ impl ToolRequest {
                 body.insert("object_name".into(), object_name.clone().into());
             }
         }
-        Value::Object(body)
+        body
     }
 }
 

@@ -411,18 +411,7 @@ fn path(p: &std::path::Path) -> String {
     p.display().to_string()
 }
 
-/// A word as a POSIX shell reads it back: as is when it is plain, else single-quoted.
-pub(super) fn quote(word: &str) -> String {
-    let plain = !word.is_empty()
-        && word
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c));
-    if plain {
-        word.to_owned()
-    } else {
-        format!("'{}'", word.replace('\'', r"'\''"))
-    }
-}
+pub(super) use crate::shell::quote;
 
 /// A positive, finite number of seconds from a flag; anything else is a usage error naming it.
 pub(super) fn seconds(flag: &str, secs: f64) -> Result<Duration, Error> {
@@ -442,18 +431,3 @@ pub(super) fn seconds(flag: &str, secs: f64) -> Result<Duration, Error> {
 
 /// A week: longer than any sensible timeout or URL lifetime, short enough to add to a clock.
 const MAX_SECONDS: Duration = Duration::from_secs(7 * 24 * 3600);
-
-#[cfg(test)]
-mod tests {
-    use super::quote;
-
-    #[test]
-    fn words_are_quoted_only_when_a_shell_would_split_or_expand_them() {
-        assert_eq!(quote("daily.yaml"), "daily.yaml");
-        assert_eq!(quote("/srv/shots/key"), "/srv/shots/key");
-        assert_eq!(quote("my key"), "'my key'");
-        assert_eq!(quote("it's"), r"'it'\''s'");
-        assert_eq!(quote("$HOME"), "'$HOME'");
-        assert_eq!(quote(""), "''");
-    }
-}

@@ -212,6 +212,16 @@ fn failed<'a>(e: &'a ApiError, error: &'a str) -> AttemptOutcome<'a> {
     }
 }
 
+/// The parameters of the call `work` makes, as sent but without its image URLs (the task's
+/// inputs, which change on every refresh), as compact JSON: what a task records of its request.
+pub(crate) fn request_params(work: Work) -> String {
+    let params = match Call::of(work, Vec::new()) {
+        Call::Generate(req) => req.params(),
+        Call::Tool(req) => req.params(),
+    };
+    serde_json::Value::Object(params).to_string()
+}
+
 /// The paid call a task makes: one of the service's two kinds.
 enum Call {
     Generate(GenerationRequest),

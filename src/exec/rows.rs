@@ -10,6 +10,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use crate::exec::attempt::request_params;
 use crate::exec::scheduler::State;
 use crate::exec::{Config, OnAmbiguous};
 use crate::place::layout::BATCH;
@@ -19,20 +20,23 @@ use crate::store::{NewTask, Store, StoreError, TaskRow, TaskStatus};
 /// Items recorded in one transaction: a few hundred milliseconds' work at most.
 const CHUNK_ITEMS: usize = 1024;
 
-/// How task `t` of `graph` is recorded.
+/// How task `t` of `graph` is recorded: its key, operation, inputs, price, and its request
+/// as the executor will send it (rendered by the same code, its URLs left out).
 pub fn new_task(graph: &Graph, t: usize) -> NewTask {
     let task = graph.task(t);
     let (item, step, idx) = graph.key(t);
+    let work = graph.work(t).ok();
     NewTask {
         item,
         step,
         idx,
-        operation: match graph.work(t) {
-            Ok(Work::Tool { params, .. }) => params.tool().as_str(),
+        operation: match &work {
+            Some(Work::Tool { params, .. }) => params.tool().as_str(),
             _ => "generate",
         },
         inputs: graph.describe_inputs(t),
         planned_credits: task.planned,
+        request: work.map(request_params),
     }
 }
 
@@ -373,6 +377,7 @@ mod tests {
             operation: "erase",
             inputs: "[]".to_owned(),
             planned_credits: 2,
+            request: None,
         }));
         // One statement a task: the order given is the order of the ids.
         store.create_run(&run, &[]).await.unwrap();
@@ -489,5 +494,68 @@ mod tests {
         }
         let got: Vec<i64> = c.map(|t| ids.get(t)).collect();
         assert_eq!(got, [1, 2, 3]);
+    }
+
+    #[test]
+    fn each_task_records_its_request_as_sent_without_urls() {
+        use crate::store::TaskRequest;
+        let g = Graph::of_text(
+            r#"version: 1
+name: t
+items: [{ id: a, thing: "a <b>mug</b>", gone: 'the "tag"' }]
+steps:
+  - id: shot
+    generate: { prompt: "photo of {{ item.thing }}", n: 2, size: 4K }
+  - id: clean
+    erase: { from: shot, object_name: "{{ item.gone }}" }
+  - id: wide
+    expand: { from: clean, aspect_ratio: "16:9", prompt: more backdrop }
+  - id: big
+    upscale: { from: wide, desired_increase: 4, preserve_alpha: false }
+  - id: cut
+    remove_background: { from: big }
+"#,
+        );
+        let recorded = |step: &str| {
+            let t = (0..g.len())
+                .find(|t| g.key(*t).1 == step && g.key(*t).2 == 0)
+                .unwrap();
+            let text = new_task(&g, t).request.expect("a request");
+            assert!(!text.contains("url"), "no URL in {text}");
+            serde_json::from_str::<TaskRequest>(&text).unwrap()
+        };
+        assert_eq!(
+            recorded("shot"),
+            TaskRequest {
+                prompt: Some("photo of a <b>mug</b>".into()),
+                n: Some(2),
+                size: Some("4K".into()),
+                ..TaskRequest::default()
+            }
+        );
+        assert_eq!(
+            recorded("clean"),
+            TaskRequest {
+                object_name: Some(r#"the "tag""#.into()),
+                ..TaskRequest::default()
+            }
+        );
+        assert_eq!(
+            recorded("wide"),
+            TaskRequest {
+                aspect_ratio: Some("16:9".into()),
+                prompt: Some("more backdrop".into()),
+                ..TaskRequest::default()
+            }
+        );
+        assert_eq!(
+            recorded("big"),
+            TaskRequest {
+                desired_increase: Some(4),
+                preserve_alpha: Some(false),
+                ..TaskRequest::default()
+            }
+        );
+        assert_eq!(recorded("cut"), TaskRequest::default());
     }
 }

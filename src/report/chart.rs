@@ -2,6 +2,8 @@
 
 use std::fmt::Write;
 
+use maud::{Markup, html};
+
 use crate::store::Spend;
 
 const W: f64 = 640.0;
@@ -17,8 +19,15 @@ pub(super) struct Marks {
     pub budget: Option<u64>,
 }
 
-/// Cumulative credits billed from `start` to `end` (unix ms) as a step line.
-pub(super) fn spend_svg(spend: &[Spend], start: i64, end: i64, marks: &Marks) -> String {
+/// A coordinate as the chart writes it.
+fn at(v: f64) -> String {
+    format!("{v:.1}")
+}
+
+/// Cumulative credits billed from `start` to `end` (unix ms) as a step line. SVG elements are
+/// written with end tags (`<line …></line>`): inside `<svg>` a start tag alone would hold the
+/// elements after it.
+pub(super) fn spend_svg(spend: &[Spend], start: i64, end: i64, marks: &Marks) -> Markup {
     let total: u64 = spend.iter().map(|s| s.credits).sum();
     let reach = total.max(marks.planned);
     // A budget far above the spend would flatten the line: it is only drawn when close.
@@ -27,29 +36,11 @@ pub(super) fn spend_svg(spend: &[Spend], start: i64, end: i64, marks: &Marks) ->
     let end = end.max(spend.last().map_or(start, |s| s.at)).max(start + 1);
     let x = |at: i64| LEFT + (at - start).max(0) as f64 / (end - start) as f64 * (W - LEFT - RIGHT);
     let y = |credits: u64| TOP + (1.0 - credits as f64 / top) * (H - TOP - BOTTOM);
-    let mut svg = format!(
-        r#"<svg class="chart" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-labelledby="chart-title"><title id="chart-title">Credits billed over time: {total} in all</title>"#
-    );
     let base = y(0);
-    let _ = write!(
-        svg,
-        r#"<line class="axis" x1="{LEFT}" y1="{base:.1}" x2="{:.1}" y2="{base:.1}"/><line class="axis" x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{base:.1}"/>"#,
-        W - RIGHT
-    );
-    for (class, label, value) in [
-        ("planned", "planned", Some(marks.planned)),
-        ("budget", "budget", budget),
-    ] {
-        if let Some(v) = value.filter(|v| *v > 0) {
-            let _ = write!(
-                svg,
-                r#"<line class="{class}" x1="{LEFT}" y1="{0:.1}" x2="{1:.1}" y2="{0:.1}"/><text class="{class}" x="{1:.1}" y="{2:.1}" text-anchor="end">{label} {v}</text>"#,
-                y(v),
-                W - RIGHT,
-                y(v) - 3.0
-            );
-        }
-    }
+    let lines: Vec<(&str, u64)> = [("planned", Some(marks.planned)), ("budget", budget)]
+        .into_iter()
+        .filter_map(|(class, v)| Some((class, v.filter(|v| *v > 0)?)))
+        .collect();
     let mut path = format!("M{LEFT:.1},{base:.1}");
     let mut sum = 0;
     for s in spend {
@@ -57,21 +48,22 @@ pub(super) fn spend_svg(spend: &[Spend], start: i64, end: i64, marks: &Marks) ->
         let _ = write!(path, " H{:.1} V{:.1}", x(s.at), y(sum));
     }
     let _ = write!(path, " H{:.1}", x(end));
-    let _ = write!(
-        svg,
-        r#"<path class="spend" d="{path}"/><text x="{0:.1}" y="{1:.1}" text-anchor="end">{total}</text><text x="{0:.1}" y="{base:.1}" text-anchor="end">0</text>"#,
-        LEFT - 6.0,
-        y(total) + 4.0
-    );
-    let _ = write!(
-        svg,
-        r#"<text x="{LEFT}" y="{0:.1}">{1}</text><text x="{2:.1}" y="{0:.1}" text-anchor="end">{3}</text></svg>"#,
-        H - 8.0,
-        clock(start),
-        W - RIGHT,
-        clock(end)
-    );
-    svg
+    html! {
+        svg.chart viewBox={ "0 0 " (W) " " (H) } width=(W) height=(H) role="img" aria-labelledby="chart-title" {
+            title #chart-title { "Credits billed over time: " (total) " in all" }
+            line.axis x1=(LEFT) y1=(at(base)) x2=(at(W - RIGHT)) y2=(at(base)) {}
+            line.axis x1=(LEFT) y1=(TOP) x2=(LEFT) y2=(at(base)) {}
+            @for (class, v) in lines {
+                line class=(class) x1=(LEFT) y1=(at(y(v))) x2=(at(W - RIGHT)) y2=(at(y(v))) {}
+                text class=(class) x=(at(W - RIGHT)) y=(at(y(v) - 3.0)) text-anchor="end" { (class) " " (v) }
+            }
+            path.spend d=(path) {}
+            text x=(at(LEFT - 6.0)) y=(at(y(total) + 4.0)) text-anchor="end" { (total) }
+            text x=(at(LEFT - 6.0)) y=(at(base)) text-anchor="end" { "0" }
+            text x=(LEFT) y=(at(H - 8.0)) { (clock(start)) }
+            text x=(at(W - RIGHT)) y=(at(H - 8.0)) text-anchor="end" { (clock(end)) }
+        }
+    }
 }
 
 /// `HH:MM:SS` UTC.
@@ -105,7 +97,7 @@ mod tests {
             planned: 30,
             budget: Some(40),
         };
-        let svg = spend_svg(&spend, 0, 4_000, &marks);
+        let svg = spend_svg(&spend, 0, 4_000, &marks).into_string();
         let far = spend_svg(
             &spend,
             0,
@@ -114,7 +106,8 @@ mod tests {
                 budget: Some(400),
                 planned: 20,
             },
-        );
+        )
+        .into_string();
         assert!(svg.contains("10 in all"));
         assert!(svg.contains("planned 30"));
         assert!(svg.contains("budget 40"));
@@ -133,7 +126,8 @@ mod tests {
                 planned: 0,
                 budget: None,
             },
-        );
+        )
+        .into_string();
         assert!(svg.contains("0 in all"));
         assert!(!svg.contains("planned"));
     }

@@ -1,15 +1,20 @@
 //! The page: one HTML file with its style and its one small script inline, and links to the
 //! run's thumbnails and full-size files by relative paths.
+//!
+//! Markup is made with `maud`, which escapes every value it is given: text from the record
+//! (an item's id, a prompt, an error) can never become markup. A page is written in pieces (its
+//! items stream in a page at a time, the first page's problem lists are copied in from files),
+//! so the few tags left open across pieces are written by [`Page::raw`], which takes only
+//! `&'static str`: nothing read at run time can reach the page unescaped.
 
-use std::fmt::Write;
 use std::path::Path;
 
-use crate::place::layout;
-use crate::report::lineage::Input;
+use maud::{DOCTYPE, Markup, PreEscaped, html};
+
 use crate::report::links::href;
 use crate::report::live::{GONE, Process};
-use crate::report::model::{Model, Shared, Shown, StepCost};
-use crate::store::{ReportTask, TaskStatus};
+use crate::report::model::{Shared, StepCost};
+use crate::store::{ReportTask, RunStatus};
 use crate::task_key::TaskKey;
 use crate::time::rfc3339_ms as time;
 
@@ -37,24 +42,8 @@ pub(super) struct Page<'a> {
     /// 1-based.
     pub(super) page: usize,
     /// Thumbnails still to be given a plain `src`.
-    eager: usize,
-    pub(super) out: String,
-}
-
-/// Escapes text for HTML content and quoted attributes.
-pub(super) fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
+    pub(super) eager: usize,
+    out: String,
 }
 
 fn duration(ms: i64) -> String {
@@ -77,8 +66,14 @@ impl<'a> Page<'a> {
         }
     }
 
-    pub(super) fn w(&mut self, s: &str) {
-        self.out.push_str(s);
+    /// Markup made by a template: every value in it was escaped.
+    pub(super) fn put(&mut self, markup: Markup) {
+        self.out.push_str(&markup.into_string());
+    }
+
+    /// Fixed markup, such as a tag that stays open across pieces of the page.
+    pub(super) fn raw(&mut self, markup: &'static str) {
+        self.out.push_str(markup);
     }
 
     /// The markup so far, leaving the page empty for what follows.
@@ -98,34 +93,76 @@ impl<'a> Page<'a> {
         }
     }
 
-    /// From the doctype to the opening of `<main>`.
+    /// From the doctype to the opening of `<body>`.
     pub(super) fn open(&mut self) {
         let run = &self.shared.run;
         let pages = self.shared.pages.count();
-        let part = if self.page > 1 {
-            format!(" · page {} of {pages}", self.page)
-        } else {
-            String::new()
+        let head = html! {
+            (DOCTYPE) "\n" (PreEscaped(MARKER)) "\n"
+            (PreEscaped("<html lang=\"en\">"))
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                meta name="generator" content={ "imgpipe " (env!("CARGO_PKG_VERSION")) };
+                title {
+                    (run.pipeline_name) " · run " (run.id)
+                    @if self.page > 1 { " · page " (self.page) " of " (pages) }
+                }
+                style { (PreEscaped(include_str!("page.css"))) }
+            }
+            "\n"
         };
-        let _ = write!(
-            self.out,
-            "<!DOCTYPE html>\n{MARKER}\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
-             <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-             <meta name=\"generator\" content=\"imgpipe {}\">\
-             <title>{} · run {}{part}</title><style>{}</style></head>\n<body data-page=\"{}\" data-pages=\"{pages}\">\n",
-            env!("CARGO_PKG_VERSION"),
-            esc(&run.pipeline_name),
-            esc(&run.id),
-            include_str!("page.css"),
-            self.page,
-        );
+        self.put(head);
+        self.raw("<body>\n");
     }
 
-    /// From the end of `<main>` to the end of the document.
+    /// From the end of `<main>` to the end of the document: the reroll command's bar, then
+    /// the script.
     pub(super) fn close(&mut self) {
-        self.w("</main>\n<script>");
-        self.w(include_str!("page.js"));
-        self.w("</script>\n</body></html>\n");
+        self.raw("</main>\n");
+        let run = &self.shared.run;
+        let commands = &self.shared.commands;
+        let end = html! {
+            // Shown by the script, which fills it: without the script there is nothing to tick.
+            div #reroll .reroll hidden data-run=(run.id) data-command=(commands.reroll) data-flags=(commands.flags) {
+                label for="reroll-command" {
+                    "Make the ticked outputs again, and everything downstream of them:"
+                }
+                div.line {
+                    textarea #reroll-command readonly rows="2" spellcheck="false" {}
+                    button #reroll-copy type="button" { "Copy" }
+                    button #reroll-clear type="button" { "Clear" }
+                }
+                p #reroll-said {}
+                p.note {
+                    code { "imgpipe reroll" } " pays again for those tasks; their earlier outputs \
+                     are set aside under " code { "_superseded/" } ". Ticks on the run's other \
+                     pages add up in this tab."
+                    @if commands.unnamed_state {
+                        " Add " code { "--state" } " naming the SQLite file this run is recorded \
+                         in, on the host that has it."
+                    }
+                    @if commands.flags != " --sandbox" {
+                        " A run made with " code { "--sandbox" } " or " code { "--base-url" }
+                        " needs that flag too, as for " code { "imgpipe resume" } "."
+                    }
+                }
+            }
+            script { (PreEscaped(include_str!("page.js"))) }
+            "\n"
+        };
+        self.put(end);
+        self.raw("</body></html>\n");
+    }
+
+    /// The run's name and status, at the top of every page.
+    fn title(&self) -> Markup {
+        let run = &self.shared.run;
+        let status = run.status.as_str();
+        html! {
+            h1 { (run.pipeline_name) span.run { "run " (run.id) } }
+            span.badge.(format!("b-{status}")) #run-status { (status) }
+        }
     }
 
     /// The first page's header: the run at a glance.
@@ -138,57 +175,16 @@ impl<'a> Page<'a> {
     ) {
         let m = self.shared;
         let run = &m.run;
-        let status = run.status.as_str();
-        let _ = write!(
-            self.out,
-            "<header><h1>{}<span class=\"run\">run {}</span></h1>\
-             <span class=\"badge b-{status}\" id=\"run-status\">{status}</span>",
-            esc(&run.pipeline_name),
-            esc(&run.id)
-        );
-        if let Some(why) = &run.stop_reason {
-            let _ = write!(self.out, " <span class=\"why\">{}</span>", esc(why));
-        }
         let process = m.observed.process.as_ref();
-        if m.in_progress() {
-            let who = process
-                .and_then(Process::holder)
-                .map(|h| format!(", by {h}"))
-                .unwrap_or_default();
-            let _ = write!(
-                self.out,
-                "<p class=\"banner\" id=\"run-process\">This run was still going when this page was made, at {}{}. \
-                 Pending tasks show where they are; <code>imgpipe report {}</code> makes the page again.</p>",
-                time(m.generated_at),
-                esc(&who),
-                esc(&run.id)
-            );
-        } else if process.is_some_and(|p| !p.alive) {
-            let _ = write!(
-                self.out,
-                "<p class=\"gone\" id=\"run-process\">The run is recorded as running, but its process is gone: \
-                 {}. Calls it had in flight may have been billed.</p>",
-                esc(GONE)
-            );
-        }
-        if let Some(command) = &m.observed.continue_with {
-            let _ = write!(
-                self.out,
-                "<p class=\"continue\">Continue it with <code id=\"continue-with\">{}</code></p>",
-                esc(command)
-            );
-        }
         let end = run.finished_at.unwrap_or(m.generated_at);
+        let took = if run.finished_at.is_some() {
+            "Took"
+        } else {
+            "Running for"
+        };
         let mut facts = vec![
             ("Started", time(run.created_at)),
-            (
-                if run.finished_at.is_some() {
-                    "Took"
-                } else {
-                    "Running for"
-                },
-                duration(end - run.created_at),
-            ),
+            (took, duration(end - run.created_at)),
             (
                 "Tasks done",
                 format!("{} of {}", total.succeeded, total.tasks),
@@ -203,53 +199,71 @@ impl<'a> Page<'a> {
         if total.at_risk > 0 {
             facts.push(("Possibly billed", format!("{} more", total.at_risk)));
         }
-        self.w("<dl class=\"facts\">");
-        for (k, v) in facts {
-            let _ = write!(self.out, "<div><dt>{k}</dt><dd>{}</dd></div>", esc(&v));
-        }
-        let _ = write!(
-            self.out,
-            "</dl><p>Files in <code>{}</code> · page made {}{}</p>",
-            esc(&run.dir().root().to_string()),
-            time(m.generated_at),
-            if m.superseded > 0 {
-                format!(
-                    " · {} earlier file(s) set aside under <code>_superseded/</code>",
-                    m.superseded
-                )
-            } else {
-                String::new()
+        let header = html! {
+            header {
+                (self.title())
+                @if let Some(why) = &run.stop_reason { " " span.why { (why) } }
+                @if m.in_progress() {
+                    p.banner #run-process {
+                        "This run was still going when this page was made, at " (time(m.generated_at))
+                        @if let Some(holder) = process.and_then(Process::holder) { ", by " (holder) }
+                        ". Pending tasks show where they are; "
+                        code { "imgpipe report " (run.id) } " makes the page again."
+                    }
+                } @else if process.is_some_and(|p| !p.alive) {
+                    p.gone #run-process {
+                        "The run is recorded as running, but its process is gone: " (GONE)
+                        ". Calls it had in flight may have been billed."
+                    }
+                }
+                @if let Some(command) = &m.observed.continue_with {
+                    p.continue {
+                        @if let Some(why) = run.stop_reason.as_ref().filter(|_| run.status == RunStatus::Stopped) {
+                            "The run stopped: " (why) ". "
+                        }
+                        "Continue it with " code #continue-with { (command) }
+                        ": it pays only for what is not done."
+                    }
+                }
+                dl.facts {
+                    @for (k, v) in &facts { div { dt { (k) } dd { (v) } } }
+                }
+                p {
+                    "Files in " code { (run.dir().root().to_string()) } " · page made " (time(m.generated_at))
+                    @if m.superseded > 0 {
+                        " · " (m.superseded) " earlier file(s) set aside under " code { "_superseded/" }
+                    }
+                }
+                nav.jump {
+                    a href="#costs" { "Costs" }
+                    a href="#problems" { "Problems (" (problems) ")" }
+                    a href="#items" { "Items (" (items) ")" }
+                }
             }
-        );
-        let _ = write!(
-            self.out,
-            "<nav class=\"jump\"><a href=\"#costs\">Costs</a><a href=\"#problems\">Problems ({problems})</a>\
-             <a href=\"#items\">Items ({items})</a></nav></header>"
-        );
+        };
+        self.put(header);
     }
 
     /// A later page's header: which items it holds, and the way back to the costs.
     pub(super) fn later_header(&mut self) {
         let m = self.shared;
-        let run = &m.run;
-        let status = run.status.as_str();
         let (from, to) = self.item_range(self.page);
-        let _ = write!(
-            self.out,
-            "<header><h1>{}<span class=\"run\">run {}</span></h1>\
-             <span class=\"badge b-{status}\" id=\"run-status\">{status}</span>\
-             <p>Items {from}–{to} of {}, page {} of {} · page made {}</p>\
-             <nav class=\"jump\"><a href=\"{first}#costs\">Costs</a><a href=\"{first}#problems\">Problems</a>\
-             <a href=\"#items\">Items ({})</a></nav></header>",
-            esc(&run.pipeline_name),
-            esc(&run.id),
-            m.items,
-            self.page,
-            m.pages.count(),
-            time(m.generated_at),
-            m.items,
-            first = href(self.dir, &m.pages.path(1)),
-        );
+        let first = href(self.dir, &m.pages.path(1));
+        let header = html! {
+            header {
+                (self.title())
+                p {
+                    "Items " (from) "–" (to) " of " (m.items) ", page " (self.page) " of "
+                    (m.pages.count()) " · page made " (time(m.generated_at))
+                }
+                nav.jump {
+                    a href={ (first) "#costs" } { "Costs" }
+                    a href={ (first) "#problems" } { "Problems" }
+                    a href="#items" { "Items (" (m.items) ")" }
+                }
+            }
+        };
+        self.put(header);
     }
 
     /// The 1-based numbers of the first and last items of page `page`.
@@ -261,48 +275,44 @@ impl<'a> Page<'a> {
 
     /// Links to the other pages: all of them when few, else the first, the last and those
     /// near this one, so a page's weight does not grow with the run.
-    fn pager(&mut self, id: &str) {
+    pub(super) fn pager(&self, id: &str) -> Markup {
         let count = self.shared.pages.count();
         if count <= 1 {
-            return;
+            return html! {};
         }
-        let _ = write!(self.out, "<nav class=\"pages\" id=\"{id}\">");
-        if self.page > 1 {
-            let prev = self.link(self.page - 1, "items");
-            let _ = write!(
-                self.out,
-                "<a rel=\"prev\" href=\"{}\">‹ previous</a>",
-                esc(&prev)
-            );
-        }
-        let mut gap = false;
+        // Each page shown, or `None` for a gap in the run of pages.
+        let mut shown: Vec<Option<usize>> = Vec::new();
         for p in 1..=count {
-            let shown = count <= PAGER_ALL || p == 1 || p == count || p.abs_diff(self.page) <= 2;
-            if !shown {
-                if !gap {
-                    self.w("<span class=\"gap\">…</span>");
+            if count <= PAGER_ALL || p == 1 || p == count || p.abs_diff(self.page) <= 2 {
+                shown.push(Some(p));
+            } else if shown.last() != Some(&None) {
+                shown.push(None);
+            }
+        }
+        html! {
+            nav.pages id=(id) {
+                @if self.page > 1 {
+                    a rel="prev" href=(self.link(self.page - 1, "items")) { "‹ previous" }
                 }
-                gap = true;
-                continue;
+                @for p in shown {
+                    @match p {
+                        None => span.gap { "…" },
+                        Some(p) => {
+                            @let (from, to) = self.item_range(p);
+                            @if p == self.page {
+                                b.on { (from) "–" (to) }
+                            } @else {
+                                a href=(self.link(p, "items")) { (from) "–" (to) }
+                            }
+                        }
+                    }
+                }
+                @if self.page < count {
+                    a rel="next" href=(self.link(self.page + 1, "items")) { "next ›" }
+                }
             }
-            gap = false;
-            let (from, to) = self.item_range(p);
-            if p == self.page {
-                let _ = write!(self.out, "<b class=\"on\">{from}–{to}</b>");
-            } else {
-                let to_page = self.link(p, "items");
-                let _ = write!(self.out, "<a href=\"{}\">{from}–{to}</a>", esc(&to_page));
-            }
+            "\n"
         }
-        if self.page < count {
-            let next = self.link(self.page + 1, "items");
-            let _ = write!(
-                self.out,
-                "<a rel=\"next\" href=\"{}\">next ›</a>",
-                esc(&next)
-            );
-        }
-        self.w("</nav>\n");
     }
 
     fn balance_text(&self) -> String {
@@ -322,241 +332,6 @@ impl<'a> Page<'a> {
             ),
         }
     }
-
-    /// The page's items, with the pager above and below them.
-    pub(super) fn items(&mut self, m: &Model) {
-        self.w(
-            "<section id=\"items\"><h2>Items</h2><p>Each item's images from step to step: \
-             click one for the full-size file. A checkerboard shows through transparent parts.</p>",
-        );
-        if m.images().filter(|s| s.preview.thumb.is_some()).count() > EAGER {
-            let _ = write!(
-                self.out,
-                "<noscript><p class=\"banner\">Thumbnails after the first {EAGER} load with \
-                 JavaScript on; each one's link to the full-size file works either way.</p></noscript>"
-            );
-        }
-        self.pager("pages");
-        for chain in &m.lineage.chains {
-            let tasks = &chain.tasks;
-            // The batch's chain is drawn on the first page; later ones only link to it.
-            if tasks.iter().all(|&t| t < m.borrowed) {
-                continue;
-            }
-            let count = |s: TaskStatus| tasks.iter().filter(|&&t| m.tasks[t].status == s).count();
-            let billed: u64 = tasks.iter().map(|&t| m.tasks[t].credits_billed).sum();
-            let title = if chain.id == layout::BATCH {
-                "Batch steps (run once for all items)".to_owned()
-            } else {
-                esc(&chain.id)
-            };
-            let _ = write!(
-                self.out,
-                "<section class=\"item\" id=\"item-{}\"><h3>{title} <span class=\"badge\">{billed} cr</span>",
-                esc(&chain.id)
-            );
-            for status in [
-                TaskStatus::Failed,
-                TaskStatus::Blocked,
-                TaskStatus::Running,
-                TaskStatus::Pending,
-            ] {
-                let n = count(status);
-                if n > 0 {
-                    let _ = write!(
-                        self.out,
-                        "<span class=\"badge b-{0}\">{n} {0}</span>",
-                        status.as_str()
-                    );
-                }
-            }
-            self.w("</h3><div class=\"lineage\">");
-            for &root in &chain.roots {
-                self.task(m, root);
-            }
-            self.w("</div></section>\n");
-        }
-        self.pager("pages-end");
-        self.w("</section>\n");
-    }
-
-    fn task(&mut self, m: &Model, t: usize) {
-        let task = &m.tasks[t];
-        let shown: &[Shown] = m.outputs.get(&t).map_or(&[], Vec::as_slice);
-        let fan = if shown.len() > 1 { " fan" } else { "" };
-        let _ = write!(
-            self.out,
-            "<div class=\"task st-{}{fan}\" id=\"t{}\">",
-            task.status.as_str(),
-            task.id
-        );
-        let others = self.other_inputs(m, t);
-        if shown.is_empty() {
-            self.placeholder(task, &others);
-            self.kids(m, m.lineage.children(t, None));
-        }
-        for s in shown {
-            self.w("<div class=\"slot\">");
-            self.figure(task, s, shown.len(), &others);
-            self.kids(m, m.lineage.children(t, Some(s.row.k)));
-            self.w("</div>");
-        }
-        if shown.is_empty() {
-            self.w("</div>");
-        }
-        self.w("</div>");
-    }
-
-    fn kids(&mut self, m: &Model, kids: Vec<usize>) {
-        if kids.is_empty() {
-            return;
-        }
-        self.w("<span class=\"arrow\">&rarr;</span><div class=\"kids\">");
-        for kid in kids {
-            self.task(m, kid);
-        }
-        self.w("</div>");
-    }
-
-    fn placeholder(&mut self, task: &ReportTask, others: &str) {
-        let status = task.status.as_str();
-        let _ = write!(
-            self.out,
-            "<div class=\"slot\"><figure><div class=\"thumb none\"><span class=\"badge b-{status}\">{status}</span>\
-             <span class=\"why\">{}</span></div><figcaption><b>{}</b> · {}<br>planned {} cr{}{}{}</figcaption></figure>",
-            esc(&self.shared.reason(task)),
-            esc(&label_in_item(task)),
-            esc(&task.operation),
-            task.planned_credits,
-            if task.credits_billed > 0 {
-                format!(", billed {}", task.credits_billed)
-            } else {
-                String::new()
-            },
-            task.job_id
-                .as_deref()
-                .map(|j| format!("<code title=\"job {0}\">{0}</code>", esc(j)))
-                .unwrap_or_default(),
-            others
-        );
-    }
-
-    fn figure(&mut self, task: &ReportTask, s: &Shown, outputs: usize, others: &str) {
-        let row = &s.row;
-        let p = &s.preview;
-        let full = row.path.as_deref().map(|f| href(self.dir, Path::new(f)));
-        let _ = write!(self.out, "<figure id=\"o{}-{}\">", task.id, row.k);
-        match (&p.thumb, &full) {
-            (Some(thumb), Some(full)) => {
-                let (tw, th) = p.thumb_size.unwrap_or((160, 160));
-                // The first few load with the page (not `loading="lazy"`: Chromium would hold
-                // back those below the fold); the script gives the others theirs.
-                let src = if self.eager > 0 {
-                    self.eager -= 1;
-                    "src"
-                } else {
-                    "loading=\"lazy\" data-src"
-                };
-                let _ = write!(
-                    self.out,
-                    "<a class=\"thumb{}\" href=\"{}\" target=\"_blank\" title=\"open the full-size image\">\
-                     <img {src}=\"{}\" width=\"{tw}\" height=\"{th}\" decoding=\"async\" alt=\"{}\" \
-                     onerror=\"this.parentNode.classList.add('gone')\"></a>",
-                    if p.alpha { " alpha" } else { "" },
-                    esc(full),
-                    esc(&href(self.dir, thumb)),
-                    esc(&output_label(task, row.k)),
-                );
-            }
-            (None, Some(full)) => {
-                let _ = write!(
-                    self.out,
-                    "<a class=\"thumb none\" href=\"{}\"><span class=\"why\">{}</span></a>",
-                    esc(full),
-                    esc(p.note.as_deref().unwrap_or("no preview"))
-                );
-            }
-            (_, None) => {
-                let (class, badge, why) = match &row.download_error {
-                    Some(e) => ("failed", "not downloaded", e.clone()),
-                    None if self.shared.in_progress() => (
-                        "pending",
-                        "downloading",
-                        "the job succeeded; its file is on its way".to_owned(),
-                    ),
-                    None => (
-                        "failed",
-                        "not downloaded",
-                        format!(
-                            "the run ended before its download; `imgpipe resume {}` fetches it without a new call",
-                            self.shared.run.id
-                        ),
-                    ),
-                };
-                let _ = write!(
-                    self.out,
-                    "<div class=\"thumb none\"><span class=\"badge b-{class}\">{badge}</span><span class=\"why\">{}</span></div>",
-                    esc(&why)
-                );
-            }
-        }
-        let size = p
-            .size
-            .map_or_else(|| "size unknown".to_owned(), |(w, h)| format!("{w}×{h}"));
-        let credits = if let Some(from) = &task.reused_from_run {
-            format!("0 cr, reused from run {}", esc(from))
-        } else if outputs > 1 {
-            format!("{} cr for {outputs}", task.credits_billed)
-        } else {
-            format!("{} cr", task.credits_billed)
-        };
-        let calls = if task.attempts > 1 {
-            format!(" · {} calls", task.attempts)
-        } else {
-            String::new()
-        };
-        let note = match (&p.note, &p.thumb) {
-            (Some(n), Some(_)) => format!("<br><span class=\"note\">{}</span>", esc(n)),
-            _ => String::new(),
-        };
-        let _ = write!(
-            self.out,
-            "<figcaption><b>{}</b> · {}<br>{size} · {credits}{calls}<br><code title=\"job {2}\">{2}</code>{note}{others}</figcaption></figure>",
-            esc(&output_label_in_item(task, row.k)),
-            esc(&task.operation),
-            esc(&row.job_id),
-        );
-    }
-
-    /// The inputs a task reads besides the output it is drawn after.
-    fn other_inputs(&self, m: &Model, t: usize) -> String {
-        let parts: Vec<String> = m
-            .lineage
-            .other_inputs(t, &m.tasks)
-            .into_iter()
-            .map(|input| match input {
-                Input::Output { task, k } => {
-                    let from = &m.tasks[*task];
-                    // A borrowed task (the batch's) is drawn on the first page.
-                    let page = if *task < m.borrowed { 1 } else { self.page };
-                    format!(
-                        "<a href=\"{}\">{}</a>",
-                        esc(&self.link(page, &format!("o{}-{k}", from.id))),
-                        esc(&output_label(from, *k))
-                    )
-                }
-                Input::Url(u) | Input::Unknown(u) => format!("<code>{}</code>", esc(u)),
-            })
-            .collect();
-        // A task drawn after none of its inputs (the first of its chain) lists them all.
-        let root = parts.len() == m.tasks[t].inputs.len();
-        if parts.is_empty() {
-            String::new()
-        } else {
-            let verb = if root { "reads" } else { "also reads" };
-            format!("<br>{verb} {}", parts.join(", "))
-        }
-    }
 }
 
 /// `item/step[idx]`.
@@ -564,7 +339,7 @@ pub(super) fn label(t: &ReportTask) -> String {
     TaskKey::new(t.item.as_str(), t.step.as_str(), t.idx).to_string()
 }
 
-fn label_in_item(t: &ReportTask) -> String {
+pub(super) fn label_in_item(t: &ReportTask) -> String {
     format!("{}[{}]", t.step, t.idx)
 }
 
@@ -572,21 +347,13 @@ pub(super) fn output_label(t: &ReportTask, k: u32) -> String {
     TaskKey::new(t.item.as_str(), t.step.as_str(), t.idx + k).to_string()
 }
 
-fn output_label_in_item(t: &ReportTask, k: u32) -> String {
+pub(super) fn output_label_in_item(t: &ReportTask, k: u32) -> String {
     format!("{}[{}]", t.step, t.idx + k)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn escapes_markup_and_quotes() {
-        assert_eq!(
-            esc(r#"<a href="x">'&'</a>"#),
-            "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;"
-        );
-    }
 
     #[test]
     fn durations_read_naturally() {

@@ -229,6 +229,7 @@ mod tests {
             removed: false,
             reused_from_run: None,
             attempts: 1,
+            request: None,
         }
     }
 

@@ -2,9 +2,13 @@
 //! where every credit went. It reads only the state database and the run's files, so it can
 //! be made for any run, finished or still going, without the network.
 
+mod book;
 mod chart;
+mod commands;
 mod costs;
+mod figure;
 mod html;
+mod items;
 mod lineage;
 mod links;
 pub mod live;
@@ -15,22 +19,21 @@ pub mod spend;
 pub mod summary;
 pub mod thumbs;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 
 use futures::TryStreamExt;
 
 use crate::error::Error;
+use crate::place::Address;
 use crate::place::temp;
-use crate::place::{Address, layout};
+use crate::report::book::Book;
 use crate::report::costs::Problems;
-use crate::report::html::{PER_PAGE, Page};
-use crate::report::lineage::Lineage;
+use crate::report::html::PER_PAGE;
 use crate::report::live::Observed;
-use crate::report::model::{Model, Shared, Shown};
-use crate::store::{ReportOutput, ReportRow, ReportTask, RunRow, Store};
+use crate::report::model::Shared;
+use crate::store::{ReportRow, RunRow, Store};
 
 pub use html::MARKER;
 
@@ -106,7 +109,7 @@ async fn write_local(
     let dir = out.parent().unwrap_or(Path::new("/")).to_owned();
     std::fs::create_dir_all(&dir)
         .map_err(|e| Error::Other(anyhow::anyhow!("cannot create {}: {e}", dir.display())))?;
-    let shared = Shared::load(store, run, &out, observed).await?;
+    let shared = Shared::load(store, run, &out, observed, remote.is_some()).await?;
     let _writing = thumbs::Writing::start(&run_dir.thumbs());
     // Every page's name is checked before any is written: a refusal leaves no half report.
     for n in 2..=shared.pages.count() {
@@ -137,7 +140,7 @@ async fn write_local(
         }
         if item.as_deref() != Some(row.task.item.as_str()) {
             if items == PER_PAGE {
-                book.page(page, std::mem::take(&mut on_page)).await?;
+                book.page(store, page, std::mem::take(&mut on_page)).await?;
                 page += 1;
                 items = 0;
             }
@@ -148,7 +151,7 @@ async fn write_local(
         on_page.push(row);
     }
     drop(rows);
-    book.page(page, on_page).await?;
+    book.page(store, page, on_page).await?;
     book.first_page(&out)?;
     for stale in shared.pages.stale(page) {
         // A page an earlier, longer report left would still be found next to the new ones.
@@ -166,193 +169,13 @@ async fn write_local(
     })
 }
 
-fn cannot_write(path: &Path, e: &dyn std::fmt::Display) -> Error {
+pub(super) fn cannot_write(path: &Path, e: &dyn std::fmt::Display) -> Error {
     Error::Other(anyhow::anyhow!("cannot write {}: {e}", path.display()))
-}
-
-/// The report being written: what the first page gathers from the others.
-struct Book<'a> {
-    shared: &'a Shared,
-    dir: &'a Path,
-    thumbs: PathBuf,
-    /// The run's place in object storage, staged a page at a time.
-    remote: Option<remote::Pages>,
-    problems: Problems,
-    /// The batch's tasks (first page), which items on later pages may read.
-    batch: Vec<ReportTask>,
-    /// Which step reads which, for the cost table's order.
-    reads: HashSet<(String, String)>,
-    /// Outputs whose file is where the record says.
-    images: usize,
-    made: usize,
-    bytes: usize,
-    /// The first page's items, kept until its costs and problems are known.
-    first_items: String,
-    /// Items read.
-    items: usize,
-}
-
-impl Book<'_> {
-    /// Makes the thumbnails of page `page` and writes it (the first page's items are kept
-    /// for [`Book::first_page`]).
-    async fn page(&mut self, page: usize, mut rows: Vec<ReportRow>) -> Result<(), Error> {
-        // Rows of one item come together: number the items, then order each one's tasks as
-        // recorded and each task's outputs by index.
-        let mut order: HashMap<String, usize> = HashMap::new();
-        let mut keyed: Vec<(usize, i64, u32, ReportRow)> = rows
-            .drain(..)
-            .map(|r| {
-                let n = order.len();
-                let item = *order.entry(r.task.item.clone()).or_insert(n);
-                let k = r.output.as_ref().map_or(0, |o| o.k);
-                (item, r.task.id, k, r)
-            })
-            .collect();
-        keyed.sort_unstable_by_key(|(item, id, k, _)| (*item, *id, *k));
-        let borrowed = if page > 1 { self.batch.len() } else { 0 };
-        let mut tasks: Vec<ReportTask> = if page > 1 {
-            self.batch.clone()
-        } else {
-            Vec::new()
-        };
-        let mut outputs: Vec<(usize, ReportOutput)> = Vec::new();
-        for (_, id, _, row) in keyed {
-            if tasks.len() == borrowed || tasks.last().is_none_or(|t| t.id != id) {
-                tasks.push(row.task);
-            }
-            if let Some(o) = row.output {
-                outputs.push((tasks.len() - 1, o));
-            }
-        }
-        if page == 1 {
-            self.batch = tasks
-                .iter()
-                .filter(|t| t.item == layout::BATCH)
-                .cloned()
-                .collect();
-        }
-        let files: Vec<(PathBuf, Option<String>)> = outputs
-            .iter()
-            .filter_map(|(_, o)| Some((PathBuf::from(o.path.as_deref()?), o.sha256.clone())))
-            .collect();
-        let (known, staged) = match &self.remote {
-            Some(remote) => {
-                let on_page: Vec<&ReportOutput> = outputs.iter().map(|(_, o)| o).collect();
-                remote.stage(&on_page).await?
-            }
-            None => Default::default(),
-        };
-        let previews = thumbs::previews(&self.thumbs, files, &Arc::new(known)).await;
-        if let Some(remote) = &self.remote {
-            remote.keep(&previews, staged).await?;
-        }
-        let mut made = previews.into_iter();
-        let mut shown: HashMap<usize, Vec<Shown>> = HashMap::new();
-        for (t, row) in outputs {
-            let preview = if row.path.is_some() {
-                made.next().unwrap_or_default()
-            } else {
-                thumbs::Preview::default()
-            };
-            self.images += usize::from(preview.on_disk);
-            self.made += usize::from(preview.made);
-            shown.entry(t).or_default().push(Shown { row, preview });
-        }
-        let lineage = Lineage::build(&tasks);
-        for (from, to) in lineage.reads(&tasks) {
-            if !self.reads.contains(&(from.to_owned(), to.to_owned())) {
-                self.reads.insert((from.to_owned(), to.to_owned()));
-            }
-        }
-        let model = Model {
-            shared: self.shared,
-            page,
-            borrowed,
-            tasks,
-            outputs: shown,
-            lineage,
-        };
-        let mut html = Page::new(self.shared, self.dir, page);
-        let path = self.shared.pages.path(page);
-        html.gather(&model, &mut self.problems)
-            .map_err(|e| cannot_write(&path, &e))?;
-        if page == 1 {
-            html.items(&model);
-            self.first_items = html.take();
-            return Ok(());
-        }
-        html.open();
-        html.later_header();
-        html.w("<main>\n");
-        html.items(&model);
-        html.close();
-        let text = html.take();
-        self.bytes += text.len();
-        persist(self.dir, &path, |w| w.write_all(text.as_bytes()))
-    }
-
-    /// Writes the first page: the run's header, costs and problems, then its items.
-    fn first_page(&mut self, out: &Path) -> Result<(), Error> {
-        let recorded: Vec<&str> = self
-            .shared
-            .step_totals
-            .iter()
-            .filter(|s| !s.removed)
-            .map(|s| s.step.as_str())
-            .collect();
-        let order = lineage::order(
-            &recorded,
-            self.reads.iter().map(|(a, b)| (a.as_str(), b.as_str())),
-        );
-        let (steps, total, removed) = self.shared.costs(&order);
-        let mut html = Page::new(self.shared, self.dir, 1);
-        html.open();
-        html.header(
-            &total,
-            self.problems.count(self.shared),
-            self.images,
-            self.items,
-        );
-        html.w("<main>\n");
-        html.costs(&steps, &total, removed.as_ref());
-        let problems = &mut self.problems;
-        let items = std::mem::take(&mut self.first_items);
-        let mut bytes = 0;
-        persist(self.dir, out, |w| {
-            let mut w = Counted { inner: w, bytes: 0 };
-            html.problems(problems, &mut w)?;
-            html.w(&items);
-            html.close();
-            w.write_all(html.take().as_bytes())?;
-            bytes = w.bytes;
-            Ok(())
-        })?;
-        self.bytes += bytes;
-        Ok(())
-    }
-}
-
-/// A writer that counts what went through it.
-struct Counted<W> {
-    inner: W,
-    bytes: usize,
-}
-
-impl<W: Write> Write for Counted<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.bytes += n;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
 }
 
 /// Writes a page under a temporary name in `dir` and renames it to `path`, so a reader never
 /// sees half a page; a file at `path` that is not a report is left alone.
-fn persist(
+pub(super) fn persist(
     dir: &Path,
     path: &Path,
     fill: impl FnOnce(&mut std::io::BufWriter<&std::fs::File>) -> std::io::Result<()>,

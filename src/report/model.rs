@@ -8,12 +8,14 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use crate::report::commands::Commands;
 use crate::report::lineage::Lineage;
 use crate::report::live::Observed;
 use crate::report::pages::Pages;
 use crate::report::thumbs::Preview;
-use crate::store::{AmbiguousAttempt, ReportOutput, ReportTask, RunRow, Spend, Store, StoreError};
+use crate::store::{AmbiguousAttempt, EarlierOutput, ReportOutput, ReportTask, RunRow, Spend};
 use crate::store::{RunStatus, StepTotals, TaskStatus};
+use crate::store::{Store, StoreError};
 
 /// Points of the spend chart: finer than its width in pixels, and a fixed number whatever the
 /// run's calls.
@@ -22,6 +24,12 @@ const SPEND_BUCKETS: i64 = 1024;
 /// One output with its preview.
 pub(super) struct Shown {
     pub row: ReportOutput,
+    pub preview: Preview,
+}
+
+/// An earlier version of an output (set aside under `_superseded/`), with its preview.
+pub(super) struct Earlier {
+    pub row: EarlierOutput,
     pub preview: Preview,
 }
 
@@ -39,8 +47,11 @@ pub(super) struct Shared {
     /// Items shown (the batch's `once` steps count as one).
     pub items: u64,
     pub pages: Pages,
-    /// The run's process and how to continue the run, beyond what the record says.
+    /// The run's process and how to continue the run, beyond what the record says: an
+    /// unfinished run always has a command that continues it.
     pub observed: Observed,
+    /// How the page's commands find this run again.
+    pub commands: Commands,
 }
 
 /// One page: its items' tasks (after those of the batch it may link to), outputs and lineage.
@@ -53,6 +64,8 @@ pub(super) struct Model<'a> {
     pub tasks: Vec<ReportTask>,
     /// Outputs by task index, in `k` order.
     pub outputs: HashMap<usize, Vec<Shown>>,
+    /// Earlier versions of the outputs by task index, in `k` order, the oldest first.
+    pub earlier: HashMap<usize, Vec<Earlier>>,
     pub lineage: Lineage,
 }
 
@@ -94,12 +107,14 @@ impl StepCost {
 }
 
 impl Shared {
-    /// Reads what every page needs: sums and short lists, never a row per task.
+    /// Reads what every page needs: sums and short lists, never a row per task. A
+    /// `portable` page (of a run in object storage) names no local file.
     pub(super) async fn load(
         store: &Store,
         run: RunRow,
         first_page: &Path,
-        observed: Observed,
+        mut observed: Observed,
+        portable: bool,
     ) -> Result<Shared, StoreError> {
         let generated_at = crate::store::now_ms();
         let in_progress = run.status == RunStatus::Running;
@@ -108,6 +123,10 @@ impl Shared {
             .and_then(|v| v.pointer("/budget/max_credits").and_then(|b| b.as_u64()));
         let end = run.finished_at.unwrap_or(generated_at);
         let items = store.report_items(&run.id).await?;
+        let commands = Commands::new(&run.id, store.location(), portable);
+        if observed.continue_with.is_none() && run.status.unfinished() {
+            observed.continue_with = Some(commands.resume(&run.id));
+        }
         Ok(Shared {
             ambiguous: store.ambiguous_attempts(&run.id).await?,
             spend: store
@@ -122,6 +141,7 @@ impl Shared {
             items,
             run,
             observed,
+            commands,
         })
     }
 

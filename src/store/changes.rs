@@ -195,13 +195,14 @@ async fn reset_task(
 ) -> Result<(), StoreError> {
     sqlx::query(
         "UPDATE tasks SET status = 'pending', operation = $1, inputs = $2, planned_credits = $3,
-             identity = NULL, job_id = NULL, error = NULL,
-             removed_at = NULL, reused_from = NULL, updated_at = $4
-         WHERE id = $5",
+             request = $4, identity = NULL, job_id = NULL, error = NULL,
+             removed_at = NULL, reused_from = NULL, updated_at = $5
+         WHERE id = $6",
     )
     .bind(task.operation)
     .bind(&task.inputs)
     .bind(to_i64(task.planned_credits))
+    .bind(task.request.as_deref())
     .bind(now)
     .bind(task_id)
     .execute(&mut *conn)

@@ -50,7 +50,9 @@ pub use gauges::RunGauges;
 pub use location::{Location, PgUrl};
 pub use outline::ItemOutline;
 
-pub use report::{ReportOutput, ReportRow, ReportTask, Spend, StepTotals};
+pub use report::{
+    EarlierOutput, ReportOutput, ReportRow, ReportTask, Spend, StepTotals, TaskRequest,
+};
 pub use rerolls::{NewReroll, OpenReroll};
 pub use resume::{
     Changes, PendingMove, Reusable, ReusableOutput, Reused, SetAside, StoredOutput, TaskRef,

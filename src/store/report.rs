@@ -8,7 +8,7 @@ use sqlx::Row;
 
 use crate::place::Address;
 use crate::store::tasks::{TaskStatus, to_u64};
-use crate::store::{Backend, Store, StoreError};
+use crate::store::{Backend, Store, StoreError, rows};
 
 /// A task as the report shows it.
 #[derive(Clone, Debug)]
@@ -30,6 +30,22 @@ pub struct ReportTask {
     /// The earlier run whose outputs it took (`--reuse`).
     pub reused_from_run: Option<String>,
     pub attempts: u32,
+    /// What the task asks of the service, as recorded with it; `None` for tasks recorded
+    /// before requests were, or whose record cannot be read.
+    pub request: Option<TaskRequest>,
+}
+
+/// A task's request as recorded: the body's fields other than image URLs. Each field is
+/// there when the request has it (a generation: prompt, n, size; a tool: its own fields).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+pub struct TaskRequest {
+    pub prompt: Option<String>,
+    pub n: Option<u64>,
+    pub size: Option<String>,
+    pub object_name: Option<String>,
+    pub aspect_ratio: Option<String>,
+    pub desired_increase: Option<u64>,
+    pub preserve_alpha: Option<bool>,
 }
 
 /// One output as the report shows it.
@@ -58,7 +74,7 @@ const REPORT_ROWS_SQLITE: &str = "WITH items AS MATERIALIZED (
          SELECT item, MIN(id) AS first FROM tasks WHERE run_id = $1
          GROUP BY item ORDER BY item <> '_batch', first)
      SELECT t.id, t.item, t.step, t.idx, t.operation, t.inputs, t.status,
-            t.planned_credits, t.credits_billed, t.job_id, t.error,
+            t.planned_credits, t.credits_billed, t.job_id, t.error, t.request,
             0 AS removed, r.run_id AS reused_run,
             (SELECT COUNT(*) FROM attempts a WHERE a.task_id = t.id) AS attempts,
             o.id AS o_id, o.k, o.job_id AS o_job, o.path, o.sha256, o.download_error
@@ -76,12 +92,12 @@ const REPORT_ROWS_SQLITE: &str = "WITH items AS MATERIALIZED (
 /// nested loop over all the run's tasks for each item, 17 s for 3,072 items (README, "cargo
 /// bench --bench scale"). Here no join has two sides of the run's size without an index.
 const REPORT_ROWS_POSTGRES: &str = "SELECT t.id, t.item, t.step, t.idx, t.operation, t.inputs,
-            t.status, t.planned_credits, t.credits_billed, t.job_id, t.error,
+            t.status, t.planned_credits, t.credits_billed, t.job_id, t.error, t.request,
             0 AS removed, r.run_id AS reused_run,
             (SELECT COUNT(*) FROM attempts a WHERE a.task_id = t.id) AS attempts,
             o.id AS o_id, o.k, o.job_id AS o_job, o.path, o.sha256, o.download_error
      FROM (SELECT id, item, step, idx, operation, inputs, status, planned_credits,
-                  credits_billed, job_id, error, reused_from, removed_at,
+                  credits_billed, job_id, error, request, reused_from, removed_at,
                   MIN(id) OVER (PARTITION BY item) AS first
            FROM tasks WHERE run_id = $1) AS t
      LEFT JOIN tasks r ON r.id = t.reused_from
@@ -112,6 +128,20 @@ pub struct StepTotals {
     pub billed: u64,
     /// The planned price of the step's calls sent without a complete answer.
     pub at_risk: u64,
+}
+
+/// An output a task no longer has: set aside (its file moved under `_superseded/`) when the
+/// task was done again (`reroll`), changed (`--allow-changes`), or its file found modified.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EarlierOutput {
+    pub task_id: i64,
+    pub k: u32,
+    pub job_id: String,
+    /// Where the file was moved to; `None` when it was not kept.
+    pub path: Option<String>,
+    pub sha256: Option<String>,
+    pub reason: String,
+    pub superseded_at: i64,
 }
 
 /// One billed call: when its answer arrived and what it cost.
@@ -265,6 +295,45 @@ impl Store {
             .collect())
     }
 
+    /// The earlier outputs of `tasks` (row ids of run `run_id`), by task, output and age: a
+    /// page's tasks are asked, never the whole run's, one statement per 500 tasks.
+    pub async fn earlier_outputs(
+        &self,
+        run_id: &str,
+        tasks: &[i64],
+    ) -> Result<Vec<EarlierOutput>, StoreError> {
+        let mut out = Vec::new();
+        for chunk in tasks.chunks(500) {
+            let marks = rows(self.backend(), chunk.len(), 1, |p| p[0].clone());
+            let run = match self.backend() {
+                Backend::Sqlite => "?".to_owned(),
+                Backend::Postgres => format!("${}", chunk.len() + 1),
+            };
+            let sql = format!(
+                "SELECT task_id, k, job_id, path, sha256, reason, superseded_at
+                 FROM superseded_outputs WHERE task_id IN ({marks}) AND run_id = {run}
+                 ORDER BY task_id, k, superseded_at, id"
+            );
+            // Built from a fixed placeholder list: no value is ever part of the text.
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for id in chunk {
+                query = query.bind(id);
+            }
+            for r in query.bind(run_id).fetch_all(self.pool()).await? {
+                out.push(EarlierOutput {
+                    task_id: r.try_get("task_id")?,
+                    k: u32::try_from(r.try_get::<i64, _>("k")?).unwrap_or(0),
+                    job_id: r.try_get("job_id")?,
+                    path: r.try_get("path")?,
+                    sha256: r.try_get("sha256")?,
+                    reason: r.try_get("reason")?,
+                    superseded_at: r.try_get("superseded_at")?,
+                });
+            }
+        }
+        Ok(out)
+    }
+
     /// The balance the service reported with the run's latest answer, if any did.
     pub async fn last_reported_balance(&self, run_id: &str) -> Result<Option<i64>, StoreError> {
         let row: Option<(i64,)> = sqlx::query_as(
@@ -282,6 +351,7 @@ impl Store {
 /// A task as [`Store::report_rows`] selects it.
 fn report_task(r: &sqlx::any::AnyRow) -> Result<ReportTask, StoreError> {
     let inputs: String = r.try_get("inputs")?;
+    let request: Option<String> = r.try_get("request")?;
     Ok(ReportTask {
         id: r.try_get("id")?,
         item: r.try_get("item")?,
@@ -297,5 +367,6 @@ fn report_task(r: &sqlx::any::AnyRow) -> Result<ReportTask, StoreError> {
         removed: r.try_get::<i64, _>("removed")? != 0,
         reused_from_run: r.try_get("reused_run")?,
         attempts: u32::try_from(r.try_get::<i64, _>("attempts")?).unwrap_or(0),
+        request: request.and_then(|r| serde_json::from_str(&r).ok()),
     })
 }

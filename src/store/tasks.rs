@@ -46,6 +46,9 @@ pub struct NewTask {
     pub operation: &'static str,
     pub inputs: String,
     pub planned_credits: u64,
+    /// The request's parameters as sent, without image URLs: a compact JSON object, shown by
+    /// the report. `None` when the request could not be rendered.
+    pub request: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -746,8 +749,8 @@ pub(super) fn task_row(r: &sqlx::any::AnyRow) -> Result<TaskRow, StoreError> {
 }
 
 /// Rows per INSERT: one statement per row made recording a large batch's tasks take seconds
-/// (each statement is a round trip to the database's thread); 100 rows bind 800 values,
-/// within any SQLite's limit.
+/// (each statement is a round trip to the database's thread); 100 rows bind 900 values,
+/// within any SQLite's limit (999 before 3.32).
 const ROWS_PER_INSERT: usize = 100;
 
 /// Records tasks within `tx`; tasks already recorded are kept as they are.
@@ -760,21 +763,21 @@ pub(crate) async fn insert_tasks(
     let now = now_ms();
     let mut ids = Vec::with_capacity(tasks.len());
     for chunk in tasks.chunks(ROWS_PER_INSERT) {
-        let values = rows(backend, chunk.len(), 8, |p| {
+        let values = rows(backend, chunk.len(), 9, |p| {
             format!(
-                "({}, {}, {}, {}, {}, {}, {}, 'pending', {})",
-                p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]
+                "({}, {}, {}, {}, {}, {}, {}, {}, 'pending', {})",
+                p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8]
             )
         });
         // A task that `--allow-changes` dropped and a later change brought back is the same
         // row, revived; a live task is left as it is.
         let sql = format!(
             "INSERT INTO tasks (run_id, item, step, idx, operation, inputs, planned_credits,
-                 status, updated_at)
+                 request, status, updated_at)
              VALUES {values}
              ON CONFLICT (run_id, item, step, idx) DO UPDATE SET removed_at = NULL,
                  status = 'pending', operation = excluded.operation, inputs = excluded.inputs,
-                 planned_credits = excluded.planned_credits, identity = NULL, job_id = NULL,
+                 request = excluded.request, planned_credits = excluded.planned_credits, identity = NULL, job_id = NULL,
                  error = NULL, reused_from = NULL, updated_at = excluded.updated_at
              WHERE tasks.removed_at IS NOT NULL
              RETURNING id, item, step, idx"
@@ -790,6 +793,7 @@ pub(crate) async fn insert_tasks(
                 .bind(t.operation)
                 .bind(&t.inputs)
                 .bind(to_i64(t.planned_credits))
+                .bind(t.request.as_deref())
                 .bind(now);
         }
         for row in query.fetch_all(&mut **tx).await? {

@@ -329,6 +329,25 @@ impl Browser {
         }
     }
 
+    /// Clicks the element `css` selects, as a reader would (a trusted click), after scrolling
+    /// it to the middle of the window (clear of the page's sticky bar).
+    pub async fn click(&self, css: &str) {
+        let centre = format!(
+            "document.querySelector({}).scrollIntoView({{block: 'center'}})",
+            serde_json::to_string(css).unwrap()
+        );
+        self.run(&centre).await;
+        let element = self
+            .command(
+                &format!("finding {css}"),
+                SCRIPT_TIMEOUT,
+                self.client.find(Locator::Css(css)),
+            )
+            .await;
+        self.command(&format!("clicking {css}"), SCRIPT_TIMEOUT, element.click())
+            .await;
+    }
+
     /// Writes a screenshot of the window to `to`, after checking it is a PNG with more than one
     /// colour in it (a page that rendered).
     pub async fn screenshot(&self, to: &Path) {

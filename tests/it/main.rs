@@ -25,6 +25,7 @@ mod promises;
 mod report;
 mod report_page;
 mod resume;
+mod review;
 mod review_loop;
 mod run;
 mod runner;

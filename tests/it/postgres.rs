@@ -790,6 +790,7 @@ fn erase_task(item: &str) -> imgpipe::store::NewTask {
         operation: "erase",
         inputs: "[]".to_owned(),
         planned_credits: 1,
+        request: Some(r#"{"object_name":"logo"}"#.to_owned()),
     }
 }
 

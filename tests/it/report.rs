@@ -6,7 +6,7 @@
 //!
 //! Every command passes `--state DIR/state.db`; those that run tasks pass `--retry-base-ms 20`.
 //! The page is read with a few string scans, not a parser: the report writes plain, quoted
-//! attributes and escapes `<`, `>`, `"`, `'` and `&` everywhere.
+//! attributes and its templates (maud) escape `<`, `>`, `"` and `&` in every value.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -1779,6 +1779,15 @@ async fn a_run_stopped_for_credits_says_why_and_that_the_balance_moved_by_more_t
         header.contains("credits"),
         "the reason for the stop: {header}"
     );
+    // The page of a stopped run says how to continue it, with the database it is in.
+    let state = state_path(env.dir.path());
+    let resume = format!("imgpipe resume b --state {}", state.display());
+    assert!(header.contains("The run stopped: "), "{header}");
+    assert!(
+        header.contains(&format!("Continue it with {resume}: it pays only")),
+        "{header}"
+    );
+    assert_eq!(page.text_of("code", "continue-with"), resume);
     assert!(page.html.contains("not run: the run stopped ("));
     let (before, after) = (db.balance_before.unwrap(), db.balance_after.unwrap());
     assert_eq!(after, env.sandbox.balance());

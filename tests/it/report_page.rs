@@ -8,6 +8,7 @@ use imgpipe::sandbox;
 
 use crate::browser::{Browser, check_page};
 use crate::common::*;
+use crate::review::run_review;
 use crate::run::{config, edit_chain, state_path, write};
 
 /// The screenshot of a report, kept in the target directory for anyone to look at.
@@ -158,4 +159,106 @@ async fn a_run_of_many_items_is_paged_and_still_loads_every_image() {
     );
     assert_eq!(page.images + next.images, images);
     assert!(next.broken.is_empty(), "broken images: {:?}", next.broken);
+}
+
+/// On arrival: whether anything in the item ran, the page's scripts, images the item's text
+/// would have made, the requests shown in the item's figures, the reroll bar shown with its copy
+/// button, and the command (nothing ticked yet).
+const ARRIVAL_OF_HOSTILE: &str = "return [
+    typeof window.__pwned,
+    document.scripts.length,
+    document.querySelectorAll('img[src=\"x\"], #item-mug script').length,
+    [...document.querySelectorAll('#item-mug dl.req dd')].map(d => d.textContent),
+    document.getElementById('reroll').hidden,
+    document.getElementById('reroll-copy').tagName,
+    document.getElementById('reroll-command').value,
+]";
+
+const COMMAND: &str = "return document.getElementById('reroll-command').value";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ticked_outputs_make_the_exact_reroll_command_and_an_items_markup_runs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = state_path(dir.path()).to_string_lossy().into_owned();
+    let subject = r#"<script>window.__pwned=1</script> "><img src=x onerror="window.__pwned=2">"#;
+    let remove = r#"'><img src=x onerror="window.__pwned=3"> & more"#;
+    let report = run_review(dir.path(), &state, subject, remove).await;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    browser.open(&report).await;
+    let arrival = browser.run(ARRIVAL_OF_HOSTILE).await;
+    assert_eq!(
+        arrival[0], "undefined",
+        "nothing of the item ran: {arrival}"
+    );
+    assert_eq!(arrival[1], 1, "the page's own script only: {arrival}");
+    assert_eq!(
+        arrival[2], 0,
+        "no element made of the item's text: {arrival}"
+    );
+    let shown: Vec<&str> = arrival[3]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let prompt = format!("Studio photo of {subject}");
+    assert_eq!(
+        shown.iter().filter(|s| **s == prompt).count(),
+        2,
+        "the prompt as text in both of the generation's figures: {shown:?}"
+    );
+    assert_eq!(
+        shown.iter().filter(|s| **s == remove).count(),
+        2,
+        "the object name as text in both erases' figures: {shown:?}"
+    );
+    assert_eq!(arrival[4], false, "the reroll bar is shown");
+    assert_eq!(arrival[5], "BUTTON", "a copy button");
+    assert_eq!(arrival[6], "", "nothing ticked yet");
+
+    // Two outputs ticked: their tasks, in the order ticked, with the database's flag.
+    browser.click(r#"input.pick[value="mug/clean[0]"]"#).await;
+    browser.click(r#"input.pick[value="cup/wide[0]"]"#).await;
+    let flags = format!("--state {state}");
+    assert_eq!(
+        browser.run(COMMAND).await,
+        format!("imgpipe reroll r1 'mug/clean[0]' 'cup/wide[0]' {flags}")
+    );
+    // A generation's two images are one task: ticking one ticks both, named once.
+    browser
+        .click(r#"#item-mug input.pick[value="mug/shot[0]"]"#)
+        .await;
+    let both = browser
+        .run("return [...document.querySelectorAll('input.pick[value=\"mug/shot[0]\"]')].map(b => b.checked)")
+        .await;
+    assert_eq!(both, serde_json::json!([true, true]));
+    assert_eq!(
+        browser.run(COMMAND).await,
+        format!("imgpipe reroll r1 'mug/clean[0]' 'cup/wide[0]' 'mug/shot[0]' {flags}")
+    );
+    browser.screenshot(&screenshot("report-reroll")).await;
+    // The whole item: its tasks need not be named.
+    browser.click(r#"input.pick[value="cup"]"#).await;
+    let whole = format!("imgpipe reroll r1 'mug/clean[0]' 'mug/shot[0]' cup {flags}");
+    assert_eq!(browser.run(COMMAND).await, whole);
+    // The choice outlives the page: opened again (in the same tab), the same command.
+    browser.open(&report).await;
+    assert_eq!(browser.run(COMMAND).await, whole);
+    browser.click("#reroll-copy").await;
+    let said = browser
+        .run("return document.getElementById('reroll-said').textContent")
+        .await;
+    assert!(
+        said == "Copied." || said.as_str().is_some_and(|s| s.starts_with("Selected")),
+        "{said}"
+    );
+    browser.click("#reroll-clear").await;
+    assert_eq!(browser.run(COMMAND).await, "");
+    assert_eq!(
+        browser.run("return typeof window.__pwned").await,
+        "undefined"
+    );
+    browser.close().await;
 }

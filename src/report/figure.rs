@@ -1,0 +1,200 @@
+//! One task on the page: each output's picture (or the task's placeholder), its caption with
+//! the request the task sent, the box that picks it for `imgpipe reroll`, and the earlier
+//! versions of the output that a reroll or a resume set aside.
+
+use std::path::Path;
+
+use maud::{Markup, html};
+
+use crate::report::html::{Page, label, label_in_item, output_label, output_label_in_item};
+use crate::report::links::href;
+use crate::report::model::{Earlier, Shown};
+use crate::store::{ReportTask, TaskRequest};
+use crate::time::rfc3339_ms as time;
+
+impl Page<'_> {
+    pub(super) fn placeholder(
+        &self,
+        task: &ReportTask,
+        others: &Markup,
+        earlier: &[Earlier],
+    ) -> Markup {
+        let status = task.status.as_str();
+        html! {
+            figure {
+                div.thumb.none {
+                    span.badge.(format!("b-{status}")) { (status) }
+                    span.why { (self.shared.reason(task)) }
+                }
+                figcaption {
+                    b { (label_in_item(task)) } " · " (task.operation) br;
+                    "planned " (task.planned_credits) " cr"
+                    @if task.credits_billed > 0 { ", billed " (task.credits_billed) }
+                    @if let Some(job) = &task.job_id { code title={ "job " (job) } { (job) } }
+                    (others)
+                    @if let Some(request) = &task.request { (asked(request)) }
+                }
+                (self.earlier(task, earlier))
+            }
+        }
+    }
+
+    pub(super) fn figure(
+        &mut self,
+        task: &ReportTask,
+        s: &Shown,
+        outputs: usize,
+        others: &Markup,
+        earlier: &[Earlier],
+    ) -> Markup {
+        let row = &s.row;
+        let p = &s.preview;
+        let full = row.path.as_deref().map(|f| href(self.dir, Path::new(f)));
+        let picture = match (&p.thumb, &full) {
+            (Some(thumb), Some(full)) => {
+                let (tw, th) = p.thumb_size.unwrap_or((160, 160));
+                // The first few load with the page (not `loading="lazy"`: Chromium would hold
+                // back those below the fold); the script gives the others theirs.
+                let eager = self.eager > 0;
+                self.eager = self.eager.saturating_sub(1);
+                let thumb = href(self.dir, thumb);
+                let alt = output_label(task, row.k);
+                html! {
+                    a class={ "thumb" @if p.alpha { " alpha" } } href=(full) target="_blank" title="open the full-size image" {
+                        @if eager {
+                            img src=(thumb) width=(tw) height=(th) decoding="async" alt=(alt)
+                                onerror="this.parentNode.classList.add('gone')";
+                        } @else {
+                            img loading="lazy" data-src=(thumb) width=(tw) height=(th) decoding="async" alt=(alt)
+                                onerror="this.parentNode.classList.add('gone')";
+                        }
+                    }
+                }
+            }
+            (None, Some(full)) => html! {
+                a.thumb.none href=(full) { span.why { (p.note.as_deref().unwrap_or("no preview")) } }
+            },
+            (_, None) => {
+                let (class, badge, why) = match &row.download_error {
+                    Some(e) => ("failed", "not downloaded", e.clone()),
+                    None if self.shared.in_progress() => (
+                        "pending",
+                        "downloading",
+                        "the job succeeded; its file is on its way".to_owned(),
+                    ),
+                    None => (
+                        "failed",
+                        "not downloaded",
+                        format!(
+                            "the run ended before its download; `imgpipe resume {}` fetches it without a new call",
+                            self.shared.run.id
+                        ),
+                    ),
+                };
+                html! {
+                    div.thumb.none { span.badge.(format!("b-{class}")) { (badge) } span.why { (why) } }
+                }
+            }
+        };
+        let size = p
+            .size
+            .map_or_else(|| "size unknown".to_owned(), |(w, h)| format!("{w}×{h}"));
+        let credits = if let Some(from) = &task.reused_from_run {
+            format!("0 cr, reused from run {from}")
+        } else if outputs > 1 {
+            format!("{} cr for {outputs}", task.credits_billed)
+        } else {
+            format!("{} cr", task.credits_billed)
+        };
+        let mine: Vec<&Earlier> = earlier.iter().filter(|e| e.row.k == row.k).collect();
+        html! {
+            figure id={ "o" (task.id) "-" (row.k) } {
+                (picture)
+                figcaption {
+                    (pick(task))
+                    b { (output_label_in_item(task, row.k)) } " · " (task.operation) br;
+                    (size) " · " (credits)
+                    @if task.attempts > 1 { " · " (task.attempts) " calls" }
+                    br;
+                    code title={ "job " (row.job_id) } { (row.job_id) }
+                    @if let (Some(note), Some(_)) = (&p.note, &p.thumb) { br; span.note { (note) } }
+                    (others)
+                    @if let Some(request) = &task.request { (asked(request)) }
+                }
+                (self.earlier(task, mine))
+            }
+        }
+    }
+
+    /// The earlier versions of an output, oldest first, each with its thumbnail (made like
+    /// the outputs') linked to its file under `_superseded/`.
+    fn earlier<'e>(
+        &self,
+        task: &ReportTask,
+        earlier: impl IntoIterator<Item = &'e Earlier>,
+    ) -> Markup {
+        let earlier: Vec<&Earlier> = earlier.into_iter().collect();
+        if earlier.is_empty() {
+            return html! {};
+        }
+        html! {
+            details.earlier {
+                summary { (earlier.len()) " earlier version" @if earlier.len() > 1 { "s" } }
+                @for e in earlier {
+                    @let full = e.row.path.as_deref().map(|f| href(self.dir, Path::new(f)));
+                    div.was {
+                        @match (&e.preview.thumb, &full) {
+                            (Some(thumb), Some(full)) => {
+                                @let (tw, th) = e.preview.thumb_size.unwrap_or((160, 160));
+                                a.thumb.small.alpha[e.preview.alpha] href=(full) target="_blank" {
+                                    img src=(href(self.dir, thumb)) loading="lazy" width=(tw) height=(th)
+                                        alt={ "earlier " (output_label(task, e.row.k)) };
+                                }
+                            }
+                            (None, Some(full)) => a href=(full) target="_blank" { "the file" },
+                            (_, None) => {
+                                @if let Some(path) = &e.row.path { code { (path) } } @else { "file not kept" }
+                            }
+                        }
+                        br;
+                        (e.row.reason) " · " (time(e.row.superseded_at)) br;
+                        code title={ "job " (e.row.job_id) } { (e.row.job_id) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The box that picks an output's task for the reroll command: every output of a task (a
+/// generation's several images) carries the same task.
+fn pick(task: &ReportTask) -> Markup {
+    html! {
+        label.pick title="Pick this task for imgpipe reroll: it and everything downstream of it are made again" {
+            input.pick type="checkbox" value=(label(task));
+            "reroll"
+        }
+    }
+}
+
+/// What the task asked of the service, as recorded: each field it has.
+fn asked(r: &TaskRequest) -> Markup {
+    let fields: [(&str, Option<String>); 7] = [
+        ("prompt", r.prompt.clone()),
+        ("object name", r.object_name.clone()),
+        ("aspect ratio", r.aspect_ratio.clone()),
+        ("increase", r.desired_increase.map(|x| format!("×{x}"))),
+        ("n", r.n.map(|n| n.to_string())),
+        ("size", r.size.clone()),
+        ("preserve alpha", r.preserve_alpha.map(|b| b.to_string())),
+    ];
+    html! {
+        dl.req {
+            @for (name, value) in fields {
+                @if let Some(value) = value {
+                    div { dt { (name) } dd title=(value) { (value) } }
+                }
+            }
+        }
+    }
+}
