@@ -117,6 +117,42 @@ pub async fn finish(mut cmd: Command) -> Output {
         .expect("imgpipe runs")
 }
 
+/// Runs a blocking `cmd` to completion, its output piped, failing the test with `what` if it
+/// has not ended within `limit` (it is killed then, so nothing outlives the test).
+#[track_caller]
+pub fn finish_blocking(mut cmd: std::process::Command, limit: Duration, what: &str) -> Output {
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    let pid = child.id();
+    let (done, outcome) = std::sync::mpsc::channel();
+    std::thread::spawn(move || done.send(child.wait_with_output()));
+    match outcome.recv_timeout(limit) {
+        Ok(output) => output.unwrap_or_else(|e| panic!("{what}: {e}")),
+        Err(_) => {
+            // Not reaped yet (its waiter still waits), so the pid is still the child's.
+            // SAFETY: kill(2) on our own child's pid; no memory involved.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            panic!("{what}: still running after {limit:?}, killed");
+        }
+    }
+}
+
+/// One test of this very binary run alone in a process of its own, with the variables `remove`
+/// removed and `env` set: how a test proves what another does where this process is not (no
+/// browser, no PostgreSQL, not CI). Fails if it has not ended within `limit`.
+pub fn test_alone(test: &str, remove: &[&str], env: &[(&str, &str)], limit: Duration) -> Output {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", test]).stdin(Stdio::null());
+    for name in remove {
+        cmd.env_remove(name);
+    }
+    cmd.envs(env.iter().copied());
+    finish_blocking(cmd, limit, &format!("the test {test} run alone"))
+}
+
 /// Runs the real binary with the given arguments, pointed at `env`'s sandbox unless the
 /// arguments say otherwise.
 pub async fn imgpipe(env: Option<&Env>, args: &[&str], cwd: &Path) -> Output {
@@ -227,20 +263,61 @@ pub async fn rows_in(state: &Path, table: &str) -> i64 {
     count.await.unwrap_or(0)
 }
 
+/// `Some("NAME=value")` when the environment variable `name`, read through `var`, is `true` or
+/// `1` in any case (blanks around it ignored): how every switch of the tests is read, CI's
+/// own included.
+pub fn flag_in(var: impl Fn(&str) -> Option<String>, name: &str) -> Option<String> {
+    var(name)
+        .filter(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "true" | "1"))
+        .map(|v| format!("{name}={v}"))
+}
+
+/// Whether the tests run under CI (`CI=true` or `CI=1`, as CI services set it): `Some("CI=…")`,
+/// for the message, when they do. There a test that lacks what it needs (a browser, a
+/// PostgreSQL server, promtool) fails instead of skipping.
+pub fn ci() -> Option<String> {
+    flag_in(|name| std::env::var(name).ok(), "CI")
+}
+
+/// Says that the running test skips, and why, in a line that names it as libtest's result line
+/// does: `test NAME ... skipped: WHY`. libtest captures what `print!` writes and shows it only
+/// for failing tests (or with `--nocapture` / `--show-output`), so the line is written to the
+/// process's stdout directly and shows in every `cargo test` output, next to the test's `ok`.
+pub fn say_skipped(why: &str) {
+    use std::io::Write as _;
+    // libtest runs each test on a thread named after it.
+    let thread = std::thread::current();
+    let name = thread.name().unwrap_or("<unnamed>");
+    let line = format!("test {name} ... skipped: {why}\n");
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(line.as_bytes()).and_then(|()| out.flush());
+}
+
+/// A test cannot have `what` it needs: under CI it fails with `why` and `hint`; elsewhere it
+/// says it skips ([`say_skipped`]) and the caller returns.
+#[track_caller]
+pub fn skip_unless_ci(what: &str, why: &str, hint: &str) {
+    if let Some(ci) = ci() {
+        panic!("{what} unavailable, and {ci} requires it: {why}\nhint: {hint}");
+    }
+    say_skipped(&format!("no {what}: {why} ({hint}; under CI this fails)"));
+}
+
 /// A fresh, empty PostgreSQL database for one test, on the server `.ci/run` starts (its URL in
-/// `IMGPIPE_TEST_POSTGRES`, an administrator's). `None` when there is no server outside CI;
-/// under `CI=true` a missing server fails the test with the reason.
+/// `IMGPIPE_TEST_POSTGRES`, an administrator's). `None` when there is no server outside CI, the
+/// skip said in the test's output ([`skip_unless_ci`]); under CI a missing server fails the
+/// test with the reason.
 pub async fn postgres_database(tag: &str) -> Option<String> {
     use sqlx::Connection;
     let Some(admin) = std::env::var("IMGPIPE_TEST_POSTGRES")
         .ok()
         .filter(|v| !v.is_empty())
     else {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "IMGPIPE_TEST_POSTGRES is unset: `bash .ci/run` starts a PostgreSQL server and sets it; CI must run the PostgreSQL tests"
+        skip_unless_ci(
+            "PostgreSQL",
+            "IMGPIPE_TEST_POSTGRES is unset",
+            "`bash .ci/run` starts a server and sets it",
         );
-        eprintln!("skipped: IMGPIPE_TEST_POSTGRES is unset (`bash .ci/run` sets it)");
         return None;
     };
     let name = format!(

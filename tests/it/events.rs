@@ -499,7 +499,7 @@ fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
     samples
 }
 
-/// `promtool check metrics` on the file when promtool is on PATH; under `CI=true` it must be.
+/// `promtool check metrics` on the file when promtool is on PATH; under CI it must be.
 fn promtool_accepts(text: &str) {
     let child = std::process::Command::new("promtool")
         .args(["check", "metrics"])
@@ -510,11 +510,11 @@ fn promtool_accepts(text: &str) {
     let mut child = match child {
         Ok(c) => c,
         Err(e) => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "promtool is not on PATH ({e}): `bash .ci/run` provides it; CI must check the metrics with it"
+            crate::common::skip_unless_ci(
+                "promtool",
+                &format!("promtool is not on PATH ({e})"),
+                "`bash .ci/run` provides it",
             );
-            eprintln!("skipped promtool: {e}");
             return;
         }
     };

@@ -4,8 +4,9 @@
 //! The crash suite's SIGKILL run has its PostgreSQL twin in `crash.rs`. A run of 20,000 items
 //! killed and taken over at once is held to a number of statements, counted by a relay.
 //!
-//! Each test gets a database of its own. Without `IMGPIPE_TEST_POSTGRES` they are skipped,
-//! except under `CI=true`, where that fails them.
+//! Each test gets a database of its own. Without `IMGPIPE_TEST_POSTGRES` they pass after
+//! printing `test NAME ... skipped: no PostgreSQL: …` on stdout, except under CI (`CI=true` or
+//! `CI=1`), where that fails them.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -101,6 +102,50 @@ fn files_in(dir: &Path) -> usize {
             .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
             .count()
     })
+}
+
+/// A test run alone without `IMGPIPE_TEST_POSTGRES`: outside CI it passes and its skip shows in
+/// the output libtest shows for a passing test, naming it; under CI it fails with the reason.
+#[test]
+fn without_a_server_a_test_says_skipped_on_stdout_and_under_ci_fails_with_the_reason() {
+    const TEST: &str =
+        "postgres::a_run_on_postgres_records_every_step_and_status_report_and_resume_read_it";
+    let alone = |env: &[(&str, &str)]| {
+        let o = crate::common::test_alone(
+            TEST,
+            &["CI", "IMGPIPE_TEST_POSTGRES"],
+            env,
+            Duration::from_secs(60),
+        );
+        let text = format!("{}\n--- stderr\n{}", stdout(&o), stderr(&o));
+        (o.status.code(), stdout(&o), text)
+    };
+    for env in [
+        &[][..],
+        &[("CI", "false")],
+        &[("IMGPIPE_TEST_POSTGRES", "")],
+    ] {
+        let (code, out, text) = alone(env);
+        assert_eq!(code, Some(0), "{env:?}: {text}");
+        assert!(
+            out.contains(&format!(
+                "test {TEST} ... skipped: no PostgreSQL: IMGPIPE_TEST_POSTGRES is unset"
+            )),
+            "{env:?}: {text}"
+        );
+        assert!(out.contains("1 passed"), "{env:?}: {text}");
+    }
+    for ci in ["true", "1", "TRUE"] {
+        let (code, _, text) = alone(&[("CI", ci)]);
+        assert_eq!(code, Some(101), "CI={ci}: {text}");
+        assert!(
+            text.contains(&format!(
+                "PostgreSQL unavailable, and CI={ci} requires it: IMGPIPE_TEST_POSTGRES is unset"
+            )),
+            "CI={ci}: {text}"
+        );
+        assert!(!text.contains("skipped:"), "CI={ci}: {text}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,6 +1,6 @@
 //! The run report in a real browser (headless Chromium, see `browser.rs`): every image loads,
 //! large runs are paged and their pager followed, and a screenshot is kept for eyes. Without a
-//! browser these tests fail under `CI=true` and say they skipped otherwise.
+//! browser these tests fail under CI (`CI=true` or `CI=1`) and say they skipped otherwise.
 
 use std::path::{Path, PathBuf};
 
