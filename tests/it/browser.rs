@@ -719,17 +719,16 @@ fn ci_true_or_1_or_require_chromium_require_the_browser() {
 fn ci_stops_when_it_cannot_have_chromium() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let missing = "/nonexistent/imgpipe-test/chromium";
-    let o = Command::new("bash")
-        .args([
-            "-c",
-            "set -euo pipefail; source .ci/chromium.sh; echo 'went on'",
-        ])
-        .current_dir(root)
-        .env("IMGPIPE_CHROMIUM", missing)
-        .env_remove("IMGPIPE_CHROMEDRIVER")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let mut cmd = Command::new("bash");
+    cmd.args([
+        "-c",
+        "set -euo pipefail; source .ci/chromium.sh; echo 'went on'",
+    ])
+    .current_dir(root)
+    .env("IMGPIPE_CHROMIUM", missing)
+    .env_remove("IMGPIPE_CHROMEDRIVER")
+    .stdin(Stdio::null());
+    let o = crate::common::finish_blocking(cmd, Duration::from_secs(60), "source .ci/chromium.sh");
     let stdout = String::from_utf8_lossy(&o.stdout);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_ne!(o.status.code(), Some(0), "{stdout}\n{stderr}");

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::{ExitStatus, Output, Stdio};
 use std::time::Duration;
 
 use imgpipe::api::download::DEFAULT_MAX_BYTES;
@@ -12,7 +12,7 @@ use imgpipe::api::{ApiKey, Client, ClientConfig, Downloader};
 use imgpipe::sandbox::{self, Faults, Sandbox};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 
 /// The sandbox's default starting balance.
 pub const START_BALANCE: i64 = 1000;
@@ -109,33 +109,98 @@ pub fn command(args: &[&str], cwd: &Path) -> Command {
     cmd
 }
 
-/// Runs `cmd` to completion, failing the test if it does not finish within [`RUN_LIMIT`].
-pub async fn finish(mut cmd: Command) -> Output {
-    tokio::time::timeout(RUN_LIMIT, cmd.output())
+/// How long a process killed with SIGKILL may take to be reaped: the kernel ends it at once,
+/// so only a machine stalled outright takes this long.
+pub const KILL_LIMIT: Duration = Duration::from_secs(10);
+
+/// `program arg…` of `cmd`, the program by its file name, for messages.
+pub fn describe(cmd: &std::process::Command) -> String {
+    let program = Path::new(cmd.get_program());
+    let mut text = program
+        .file_name()
+        .unwrap_or(program.as_os_str())
+        .to_string_lossy()
+        .into_owned();
+    for arg in cmd.get_args() {
+        text += " ";
+        text += &arg.to_string_lossy();
+    }
+    text
+}
+
+/// Runs `cmd` to completion, failing the test, with the command line, if it does not finish
+/// within [`RUN_LIMIT`].
+pub fn finish(cmd: Command) -> impl Future<Output = Output> {
+    finish_within(cmd, RUN_LIMIT)
+}
+
+/// [`finish`] within `limit`; the process is killed when the limit passes.
+pub fn finish_within(mut cmd: Command, limit: Duration) -> impl Future<Output = Output> {
+    let what = describe(cmd.as_std());
+    cmd.kill_on_drop(true);
+    async move {
+        tokio::time::timeout(limit, cmd.output())
+            .await
+            .unwrap_or_else(|_| panic!("`{what}` did not finish within {limit:?}"))
+            .unwrap_or_else(|e| panic!("`{what}` did not run: {e}"))
+    }
+}
+
+/// What a started `child` printed, once it ends: fails the test with `what` (the command or
+/// what it should do) if it has not ended within [`RUN_LIMIT`].
+pub async fn finish_child(child: Child, what: &str) -> Output {
+    tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
         .await
-        .expect("imgpipe finishes in time")
-        .expect("imgpipe runs")
+        .unwrap_or_else(|_| panic!("{what}: not ended within {RUN_LIMIT:?}"))
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+/// Waits for `child` to end by itself, failing the test with `what` if it has not within
+/// `limit`.
+pub async fn wait_child(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
+    tokio::time::timeout(limit, child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not ended within {limit:?}"))
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+/// Kills `child` with SIGKILL and reaps it, within [`KILL_LIMIT`].
+pub async fn kill_child(child: &mut Child, what: &str) {
+    child
+        .start_kill()
+        .unwrap_or_else(|e| panic!("{what}: cannot kill: {e}"));
+    wait_child(child, KILL_LIMIT, &format!("{what}, killed")).await;
 }
 
 /// Runs a blocking `cmd` to completion, its output piped, failing the test with `what` if it
 /// has not ended within `limit` (it is killed then, so nothing outlives the test).
 #[track_caller]
-pub fn finish_blocking(mut cmd: std::process::Command, limit: Duration, what: &str) -> Output {
+pub fn finish_blocking(cmd: std::process::Command, limit: Duration, what: &str) -> Output {
+    try_finish_blocking(cmd, limit, what).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`finish_blocking`], saying why instead of failing (for a property test, which must not
+/// panic to report).
+pub fn try_finish_blocking(
+    mut cmd: std::process::Command,
+    limit: Duration,
+    what: &str,
+) -> Result<Output, String> {
     let child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+        .map_err(|e| format!("{what}: cannot start: {e}"))?;
     let pid = child.id();
     let (done, outcome) = std::sync::mpsc::channel();
     std::thread::spawn(move || done.send(child.wait_with_output()));
     match outcome.recv_timeout(limit) {
-        Ok(output) => output.unwrap_or_else(|e| panic!("{what}: {e}")),
+        Ok(output) => output.map_err(|e| format!("{what}: {e}")),
         Err(_) => {
             // Not reaped yet (its waiter still waits), so the pid is still the child's.
             // SAFETY: kill(2) on our own child's pid; no memory involved.
             unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-            panic!("{what}: still running after {limit:?}, killed");
+            Err(format!("{what}: still running after {limit:?}, killed"))
         }
     }
 }
@@ -161,7 +226,7 @@ pub async fn imgpipe(env: Option<&Env>, args: &[&str], cwd: &Path) -> Output {
         cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
             .env("IMGPIPE_API_KEY", env.sandbox.key());
     }
-    cmd.output().await.expect("imgpipe runs")
+    finish(cmd).await
 }
 
 pub fn stdout(o: &Output) -> String {
@@ -328,8 +393,9 @@ pub async fn postgres_database(tag: &str) -> Option<String> {
             .unwrap()
             .subsec_nanos()
     );
-    let mut conn = sqlx::PgConnection::connect(&admin)
+    let mut conn = tokio::time::timeout(RUN_LIMIT, sqlx::PgConnection::connect(&admin))
         .await
+        .unwrap_or_else(|_| panic!("IMGPIPE_TEST_POSTGRES did not answer within {RUN_LIMIT:?}"))
         .unwrap_or_else(|e| panic!("cannot reach IMGPIPE_TEST_POSTGRES: {e}"));
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
         .execute(&mut conn)
@@ -355,4 +421,36 @@ pub async fn state_connection(state: &str) -> sqlx::AnyConnection {
     sqlx::AnyConnection::connect(&url)
         .await
         .unwrap_or_else(|e| panic!("cannot open the state {state}: {e}"))
+}
+
+/// A process that hangs fails the test, named, well before it would have ended; it is killed.
+#[tokio::test]
+#[should_panic(expected = "`sleep 20` did not finish within 200ms")]
+async fn a_command_that_hangs_fails_the_test_with_its_command_line() {
+    let mut cmd = Command::new("sleep");
+    cmd.arg("20").stdin(Stdio::null());
+    finish_within(cmd, Duration::from_millis(200)).await;
+}
+
+#[test]
+fn a_blocking_command_that_hangs_fails_the_test_and_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let mut cmd = std::process::Command::new("sh");
+    cmd.args(["-c", "echo $$ > \"$0\"; exec sleep 20"])
+        .arg(&pid_file)
+        .stdin(Stdio::null());
+    let e = try_finish_blocking(cmd, Duration::from_secs(2), "sleep 20").unwrap_err();
+    assert_eq!(e, "sleep 20: still running after 2s, killed");
+    let pid = std::fs::read_to_string(&pid_file).unwrap();
+    let proc = PathBuf::from(format!("/proc/{}", pid.trim()));
+    let deadline = std::time::Instant::now() + KILL_LIMIT;
+    while proc.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the hung process {} still lives",
+            pid.trim()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

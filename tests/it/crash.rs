@@ -455,8 +455,7 @@ async fn drive(runner: &Runner<'_>, child: &mut Child, trigger: Trigger, signal:
             after: sent.elapsed(),
         },
         Err(_) => {
-            child.start_kill().unwrap();
-            child.wait().await.unwrap();
+            crate::common::kill_child(child, "the run that ignored the signal").await;
             Driven::Ignored {
                 at_ms,
                 after: sent.elapsed(),
@@ -1090,7 +1089,7 @@ async fn planned_tasks(dir: &Path, sandbox: &External) -> usize {
     let mut cmd = command(&["plan", "p.yaml", "--json"], dir);
     cmd.env("IMGPIPE_BASE_URL", &sandbox.base)
         .env("IMGPIPE_API_KEY", KEY);
-    let o = cmd.output().await.unwrap();
+    let o = crate::common::finish(cmd).await;
     assert_eq!(o.status.code(), Some(0), "{o:?}");
     let doc: Value = serde_json::from_slice(&o.stdout).unwrap();
     doc["costs"]["tasks"].as_u64().unwrap() as usize
@@ -1217,8 +1216,7 @@ async fn killed_as_the_run_is_being_recorded_it_is_continued() {
         assert!(started.elapsed() < ROUND_LIMIT, "no task was recorded");
         tokio::time::sleep(Duration::from_micros(200)).await;
     }
-    child.start_kill().unwrap();
-    child.wait().await.unwrap();
+    crate::common::kill_child(&mut child, "the recording run").await;
     let first = read_db(&state).await;
     let recorded = first.tasks.len();
     eprintln!("crash (recording): killed with {recorded} of {TASKS} tasks recorded");

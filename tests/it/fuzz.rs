@@ -20,6 +20,9 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 const DEFAULT_CASES: u32 = 384;
 /// Through the binary: a process per input, so fewer.
 const BINARY_SHARE: u32 = 8;
+/// How long one `imgpipe validate` may take (it takes milliseconds): a binary stuck on an
+/// input fails the case rather than hang the suite.
+const VALIDATE_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A sample pipeline with its items file, if it has one.
 #[derive(Clone, Debug)]
@@ -702,12 +705,11 @@ fn the_binary_exits_0_or_2_on_mutated_samples_as_the_library_says() {
         if json {
             cmd.arg("--json");
         }
-        let o = cmd
-            .current_dir(dir.path())
+        cmd.current_dir(dir.path())
             .env_remove("IMGPIPE_LOG")
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
+            .stdin(Stdio::null());
+        let o = crate::common::try_finish_blocking(cmd, VALIDATE_LIMIT, "imgpipe validate")
+            .map_err(TestCaseError::fail)?;
         let (stdout, stderr) = (
             String::from_utf8_lossy(&o.stdout),
             String::from_utf8_lossy(&o.stderr),

@@ -600,7 +600,7 @@ async fn killed_then_resumed_a_deleted_object_is_fetched_again_and_a_modified_on
         assert!(Instant::now() < deadline, "outputs recorded");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    child.kill().await.unwrap();
+    kill_child(&mut child, "the run").await;
     // A call in flight at the kill finishes on the server's side.
     tokio::time::sleep(Duration::from_millis(400)).await;
     let before = env.sandbox.ledger().len();

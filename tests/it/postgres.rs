@@ -18,8 +18,8 @@ use imgpipe::sandbox;
 use sqlx::Connection;
 
 use crate::common::{
-    Env, assert_exit_without_panic, command, finish, postgres_database, start, state_connection,
-    stderr, stdout,
+    Env, assert_exit_without_panic, command, finish, finish_child, kill_child, postgres_database,
+    start, state_connection, stderr, stdout,
 };
 use crate::run::{config, edit_chain, write};
 
@@ -277,7 +277,7 @@ async fn two_hosts_on_one_postgres_state_one_runs_the_other_exits_5_or_waits_and
     )
     .await;
     assert_exit_without_panic(&waited, 0);
-    let first = first.wait_with_output().await.unwrap();
+    let first = finish_child(first, "the first host's run").await;
     assert_exit_without_panic(&first, 0);
     assert!(
         stderr(&waited).contains("run nightly is already finished"),
@@ -317,8 +317,7 @@ async fn a_host_killed_mid_run_is_taken_over_by_another_without_paying_twice() {
         "three outputs downloaded",
     )
     .await;
-    first.start_kill().unwrap();
-    first.wait().await.unwrap();
+    kill_child(&mut first, "the first host's run").await;
     let out = a.path().join("out/night");
     let lost = ["i00", "i01", "i02", "i03"]
         .iter()
@@ -415,7 +414,7 @@ async fn a_run_whose_lock_session_is_cut_stops_and_its_resume_pays_nothing_twice
     .await;
     assert_eq!(cut, 1, "one session held the lock");
     let started = Instant::now();
-    let stopped = run.wait_with_output().await.unwrap();
+    let stopped = finish_child(run, "the run whose lock session was cut").await;
     assert_exit_without_panic(&stopped, 130);
     assert!(
         started.elapsed() < Duration::from_secs(15),
@@ -476,8 +475,7 @@ async fn a_pod_killed_with_state_in_postgres_and_outputs_in_a_bucket_is_taken_ov
         "three outputs stored",
     )
     .await;
-    first.start_kill().unwrap();
-    first.wait().await.unwrap();
+    kill_child(&mut first, "the first pod's run").await;
     drop(a);
 
     let mut cmd = on(&env, b.path(), &url, &args);
@@ -731,8 +729,7 @@ steps:
         "2,500 outputs stored",
     )
     .await;
-    first.start_kill().unwrap();
-    first.wait().await.unwrap();
+    kill_child(&mut first, "the run of 20,000 items").await;
     let recorded = count(&url, "SELECT COUNT(*) FROM tasks").await;
     let done = count(
         &url,
@@ -779,8 +776,7 @@ steps:
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    second.start_kill().unwrap();
-    second.wait().await.unwrap();
+    kill_child(&mut second, "the takeover").await;
     let seen = relay.seen();
     assert!(
         first_call <= TAKEOVER_STATEMENTS,

@@ -959,7 +959,7 @@ async fn killed_with_two_calls_in_flight(env: &Env) {
         env.sandbox.ledger().len() == 1 && env.sandbox.stats().paid_requests >= 3
     })
     .await;
-    child.kill().await.unwrap();
+    kill_child(&mut child, "the run").await;
     wait_until("both calls billed", || env.sandbox.stats().abandoned >= 2).await;
     let ledger = env.sandbox.ledger();
     let ops: BTreeSet<(&str, bool)> = ledger
@@ -1177,7 +1177,7 @@ async fn killed_while_reading_back_a_cut_answer_the_resume_reads_it_back_for_fre
         assert!(Instant::now() < deadline, "no cut upscale was recorded");
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
-    child.kill().await.unwrap();
+    kill_child(&mut child, "the run").await;
     assert_eq!(
         lost.len(),
         1,

@@ -1783,8 +1783,11 @@ async fn a_second_run_of_a_pipeline_exits_5_naming_the_first_or_waits_its_turn()
     .await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(3, None));
-    let first = run_command(&env, dir, &["p.yaml", "--run-id", "first"]).output();
-    let first = tokio::spawn(first);
+    let first = tokio::spawn(finish(run_command(
+        &env,
+        dir,
+        &["p.yaml", "--run-id", "first"],
+    )));
     wait_for_lock_holder(dir).await;
 
     let refused = run(&env, dir, &["p.yaml", "--run-id", "second"]).await;
@@ -1795,7 +1798,7 @@ async fn a_second_run_of_a_pipeline_exits_5_naming_the_first_or_waits_its_turn()
 
     let waited = run(&env, dir, &["p.yaml", "--run-id", "second", "--wait"]).await;
     assert_exit_without_panic(&waited, 0);
-    let first = first.await.unwrap().unwrap();
+    let first = first.await.unwrap();
     assert_exit_without_panic(&first, 0);
     assert_eq!(
         env.sandbox.ledger().len(),
@@ -1839,8 +1842,7 @@ async fn a_lock_left_by_a_killed_run_does_not_block_the_next() {
         .spawn()
         .unwrap();
     wait_for_lock_holder(dir).await;
-    child.kill().await.unwrap();
-    let _ = child.wait().await;
+    kill_child(&mut child, "the first run").await;
     let next = run(&env, dir, &["p.yaml", "--run-id", "next"]).await;
     assert_exit_without_panic(&next, 0);
 }
@@ -1856,11 +1858,15 @@ async fn waiting_for_a_run_that_then_finishes_says_it_is_finished_and_pays_nothi
     .await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(3, None));
-    let first = tokio::spawn(run_command(&env, dir, &["p.yaml", "--run-id", "same"]).output());
+    let first = tokio::spawn(finish(run_command(
+        &env,
+        dir,
+        &["p.yaml", "--run-id", "same"],
+    )));
     wait_for_lock_holder(dir).await;
     let waited = run(&env, dir, &["p.yaml", "--run-id", "same", "--wait"]).await;
     assert_exit_without_panic(&waited, 0);
-    let first = first.await.unwrap().unwrap();
+    let first = first.await.unwrap();
     assert_exit_without_panic(&first, 0);
     let text = stderr(&waited);
     assert!(text.contains("run same is already finished"), "{text}");
@@ -1914,7 +1920,7 @@ async fn the_continue_command_printed_after_an_interruption_works_when_pasted() 
     }
     let pid = child.id().unwrap() as i32;
     assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
-    let interrupted = finish_child(child).await;
+    let interrupted = finish_child(child, "the run interrupted with SIGINT").await;
     assert_exit_without_panic(&interrupted, 130);
     let text = stderr(&interrupted);
     let printed = text
@@ -1958,13 +1964,6 @@ async fn the_continue_command_printed_after_an_interruption_works_when_pasted() 
     let ledger = env.sandbox.ledger();
     assert_eq!(ledger.len(), 9, "{ledger:#?}");
     assert!(ledger.iter().all(|e| e.delivered), "{ledger:#?}");
-}
-
-async fn finish_child(child: tokio::process::Child) -> Output {
-    tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
-        .await
-        .expect("imgpipe finishes in time")
-        .expect("imgpipe runs")
 }
 
 /// `runs` where there is no database says where it looked and how to look elsewhere,
