@@ -72,23 +72,6 @@ fn one_step(item_id: &str, step_id: &str) -> String {
 const ITEM_LINE: usize = 5;
 const STEP_LINE: usize = 7;
 
-/// Every file and directory under `root`, relative to it, sorted; hidden files included.
-fn tree(root: &Path) -> Vec<PathBuf> {
-    fn walk(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            out.push(path.strip_prefix(root).unwrap().to_path_buf());
-            if path.is_dir() && !path.is_symlink() {
-                walk(root, &path, out);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(root, root, &mut out);
-    out.sort();
-    out
-}
-
 fn paths(list: &[&str]) -> Vec<PathBuf> {
     list.iter().map(PathBuf::from).collect()
 }
@@ -200,14 +183,6 @@ async fn run_ids(path: &Path) -> Vec<String> {
         .collect();
     conn.close().await.unwrap();
     ids
-}
-
-/// Regular files under `dir` (recursively), relative to it; hidden ones included.
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    tree(dir)
-        .into_iter()
-        .filter(|p| dir.join(p).is_file())
-        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1003,7 +978,7 @@ async fn a_run_whose_downloads_are_cut_short_leaves_no_partial_file() {
         stderr(&o)
     );
     let run_dir = dir.join("out").join("r");
-    assert_eq!(files_under(&run_dir), paths(&["manifest.jsonl"]));
+    assert_eq!(files_under(&run_dir), ["manifest.jsonl".to_owned()].into());
     assert_eq!(
         std::fs::read_to_string(run_dir.join("manifest.jsonl")).unwrap(),
         ""
@@ -1089,7 +1064,7 @@ async fn a_run_whose_results_are_no_image_or_too_large_leaves_no_file() {
     assert_eq!(fake.count("GET", "/page"), 1);
     assert_eq!(fake.count("GET", "/huge"), 1);
     let run_dir = dir.path().join("out").join("r");
-    assert_eq!(files_under(&run_dir), paths(&["manifest.jsonl"]));
+    assert_eq!(files_under(&run_dir), ["manifest.jsonl".to_owned()].into());
     assert_eq!(
         std::fs::read_to_string(run_dir.join("manifest.jsonl")).unwrap(),
         ""
@@ -1570,9 +1545,9 @@ async fn a_new_state_database_is_marked_and_one_from_before_the_mark_is_marked_o
     assert_exit_without_panic(&b, 0);
     assert_eq!(run_ids(&state).await.len(), 2);
     assert_eq!(&application_id(&std::fs::read(&state).unwrap()), b"imgp");
-    let strays: Vec<PathBuf> = files_under(dir.path())
+    let strays: Vec<String> = files_under(dir.path())
         .into_iter()
-        .filter(|p| p.to_string_lossy().ends_with(".new"))
+        .filter(|p| p.ends_with(".new"))
         .collect();
     assert!(strays.is_empty(), "{strays:?}");
 

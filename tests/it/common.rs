@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Output, Stdio};
 use std::time::Duration;
@@ -164,6 +165,34 @@ pub async fn wait_child(child: &mut Child, limit: Duration, what: &str) -> ExitS
         .unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
+/// How long a test waits for something it expects of a run (a file, a call, a row) before it
+/// fails naming it.
+pub const WAIT_LIMIT: Duration = Duration::from_secs(15);
+
+/// Waits until `cond` holds, failing the test with `what` after [`WAIT_LIMIT`].
+pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + WAIT_LIMIT;
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what} ({WAIT_LIMIT:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// [`wait_until`] for a condition that must await (a database read).
+pub async fn wait_until_async<F: Future<Output = bool>>(what: &str, mut cond: impl FnMut() -> F) {
+    let deadline = std::time::Instant::now() + WAIT_LIMIT;
+    while !cond().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what} ({WAIT_LIMIT:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Kills `child` with SIGKILL and reaps it, within [`KILL_LIMIT`].
 pub async fn kill_child(child: &mut Child, what: &str) {
     child
@@ -294,6 +323,50 @@ pub fn entries(dir: &Path) -> Vec<PathBuf> {
         .collect();
     all.sort();
     all
+}
+
+/// Every file and directory under `root`, relative to it, sorted; hidden ones included. A
+/// symlink is listed, not followed.
+pub fn tree(root: &Path) -> Vec<PathBuf> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
+        for path in entries(dir) {
+            out.push(path.strip_prefix(root).unwrap().to_path_buf());
+            if path.is_dir() && !path.is_symlink() {
+                walk(root, &path, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, root, &mut out);
+    out.sort();
+    out
+}
+
+/// Every file under `dir` (all but directories: symlinks and hidden leftovers included),
+/// relative to it, as text.
+pub fn files_under(dir: &Path) -> BTreeSet<String> {
+    tree(dir)
+        .into_iter()
+        .filter(|p| {
+            let path = dir.join(p);
+            path.is_symlink() || !path.is_dir()
+        })
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Every file under `dir` with its sha256; none when `dir` does not exist.
+pub fn file_digests(dir: &Path) -> BTreeMap<String, String> {
+    if !dir.exists() {
+        return BTreeMap::new();
+    }
+    files_under(dir)
+        .into_iter()
+        .map(|f| {
+            let digest = sha256_hex(&std::fs::read(dir.join(&f)).unwrap());
+            (f, digest)
+        })
+        .collect()
 }
 
 pub fn decode(path: &Path) -> image::DynamicImage {

@@ -25,7 +25,7 @@ use sqlx::{Connection, Row};
 use tokio::io::AsyncBufReadExt;
 use tokio::process::Child;
 
-use crate::common::{command, entries, sha256_hex};
+use crate::common::{command, files_under, sha256_hex};
 
 // ---------------------------------------------------------------------------------------------
 // The sandbox in a process of its own
@@ -1002,23 +1002,6 @@ async fn check_outputs(
     });
     p.check(missing.is_empty(), || format!("files missing: {missing:?}"));
     expected.len() - 1
-}
-
-/// Every file under `dir`, hidden ones included, relative to it.
-fn files_under(dir: &Path) -> BTreeSet<String> {
-    let mut found = BTreeSet::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in entries(&d) {
-            if entry.is_dir() {
-                stack.push(entry);
-            } else {
-                let rel = entry.strip_prefix(dir).unwrap();
-                found.insert(rel.to_string_lossy().into_owned());
-            }
-        }
-    }
-    found
 }
 
 /// The database is sound and holds one run, finished.

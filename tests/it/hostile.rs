@@ -32,7 +32,7 @@ use tokio::process::Command;
 
 use crate::common::{
     assert_exit_without_panic, command, entries, finish, json_stdout, leftovers, sha256_hex,
-    stderr, stdout,
+    stderr, stdout, tree,
 };
 
 const GENERATIONS: &str = "/v1/images/generations";
@@ -188,23 +188,6 @@ fn generation(id: &str, url: &str) -> Value {
 // ---------------------------------------------------------------------------------------------
 // Helpers for the binary and the file system
 // ---------------------------------------------------------------------------------------------
-
-/// Every file and directory under `root`, relative to it, sorted; hidden files included.
-fn tree(root: &Path) -> Vec<PathBuf> {
-    fn walk(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            out.push(path.strip_prefix(root).unwrap().to_path_buf());
-            if path.is_dir() {
-                walk(root, &path, out);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(root, root, &mut out);
-    out.sort();
-    out
-}
 
 // ---------------------------------------------------------------------------------------------
 // 1. A job id that is a path

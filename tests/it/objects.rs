@@ -548,15 +548,6 @@ async fn an_upload_cut_leaves_no_object_and_the_resume_uploads_it_without_paying
     assert_objects_agree(&s3, &outputs(dir).await, "s3://shots/runs/r/").await;
 }
 
-/// Waits (at most 10 s) until `cond` holds.
-async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_then_resumed_a_deleted_object_is_fetched_again_and_a_modified_one_kept_aside() {
     let env = start(crate::resume::sandbox_with_latency(150)).await;

@@ -11,13 +11,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
-use std::time::Duration;
 
 use imgpipe::sandbox::{self, Faults};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteRow};
 use sqlx::{ConnectOptions, Connection, Row, SqliteConnection};
 use tokio::process::Child;
-use tokio::time::Instant;
 
 use crate::common::*;
 use crate::resume::{connect, interrupt_when, sandbox_with_latency};
@@ -94,18 +92,6 @@ async fn ended(child: Child) -> Output {
         .await
         .expect("the run ends in time")
         .unwrap()
-}
-
-/// Waits (at most 15 s) until `cond` holds.
-async fn wait_until<F: std::future::Future<Output = bool>>(
-    what: &str,
-    mut cond: impl FnMut() -> F,
-) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !cond().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 fn signal(child: &tokio::process::Child, sig: i32) {
@@ -1332,7 +1318,7 @@ async fn a_report_of_a_run_in_progress_shows_what_is_done_and_what_waits_then_th
     let env = start_with_chain(sandbox_with_latency(150), 3).await;
     let dir = env.dir.path();
     let child = one_at_a_time(&env, "g", &[]).spawn().unwrap();
-    wait_until("three files and a call in flight", || async {
+    wait_until_async("three files and a call in flight", || async {
         let stats = env.sandbox.stats();
         let in_flight = stats.paid_requests > env.sandbox.ledger().len() as u64;
         let downloaded = progress(dir, "g").await.is_some_and(|(_, n)| n >= 3);
@@ -1341,7 +1327,7 @@ async fn a_report_of_a_run_in_progress_shows_what_is_done_and_what_waits_then_th
     .await;
     signal(&child, libc::SIGSTOP);
     let stat = format!("/proc/{}/stat", child.id().unwrap());
-    wait_until("the run to stop", || async {
+    wait_until_async("the run to stop", || async {
         // `pid (comm) STATE ...`: T when stopped.
         let s = std::fs::read_to_string(&stat).unwrap_or_default();
         s.rsplit_once(')')
@@ -1767,7 +1753,7 @@ async fn a_run_stopped_for_credits_says_why_and_that_the_balance_moved_by_more_t
     let env = start_with_chain(sandbox_with_latency(40), 3).await;
     let child = one_at_a_time(&env, "b", &["--report"]).spawn().unwrap();
     // Someone else spends the account down after the second bill.
-    wait_until("two bills", || async { env.sandbox.ledger().len() >= 2 }).await;
+    wait_until_async("two bills", || async { env.sandbox.ledger().len() >= 2 }).await;
     env.sandbox.set_balance(1);
     let o = ended(child).await;
     assert_exit_without_panic(&o, 3);

@@ -18,9 +18,7 @@ use sqlx::{ConnectOptions, Connection, Row};
 use tokio::time::Instant;
 
 use crate::common::*;
-use crate::run::{
-    CHAIN_CREDITS, both, config, edit_chain, files_under, manifest, state_path, write,
-};
+use crate::run::{CHAIN_CREDITS, both, config, edit_chain, manifest, state_path, write};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -65,15 +63,6 @@ async fn query(env: &Env, dir: &Path, args: &[&str]) -> Output {
         args,
     ))
     .await
-}
-
-/// Waits (at most 10 s) until `cond` holds.
-async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 /// Starts `cmd` with its streams captured, waits until `cond` holds of the sandbox, sends
@@ -356,20 +345,6 @@ async fn dump(dir: &Path) -> BTreeMap<String, Vec<String>> {
     all
 }
 
-/// Every file under `dir` with its sha256.
-fn tree(dir: &Path) -> BTreeMap<String, String> {
-    if !dir.exists() {
-        return BTreeMap::new();
-    }
-    files_under(dir)
-        .into_iter()
-        .map(|f| {
-            let digest = sha256_hex(&std::fs::read(dir.join(&f)).unwrap());
-            (f, digest)
-        })
-        .collect()
-}
-
 /// What must not move when nothing is to be spent: the record, the files, the ledger, the
 /// paid requests the sandbox saw.
 struct Still {
@@ -382,7 +357,7 @@ struct Still {
 async fn still(env: &Env, dir: &Path) -> Still {
     Still {
         db: dump(dir).await,
-        files: tree(&dir.join("out")),
+        files: file_digests(&dir.join("out")),
         ledger: env.sandbox.ledger(),
         paid_requests: env.sandbox.stats().paid_requests,
     }
@@ -1772,8 +1747,11 @@ async fn reuse_takes_earlier_results_for_free_and_pays_only_downstream_of_a_chan
         assert_eq!(t.job_id, original.job_id);
         assert!(db.attempts_of(t.id).is_empty());
     }
-    assert_eq!(tree(&dir.join("out/a")).len(), 10);
-    let (a, b) = (tree(&dir.join("out/a")), tree(&dir.join("out/b")));
+    assert_eq!(file_digests(&dir.join("out/a")).len(), 10);
+    let (a, b) = (
+        file_digests(&dir.join("out/a")),
+        file_digests(&dir.join("out/b")),
+    );
     for (file, sha) in a.iter().filter(|(f, _)| f.ends_with(".png")) {
         assert_eq!(b.get(file), Some(sha), "{file}");
     }

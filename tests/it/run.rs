@@ -296,23 +296,6 @@ pub(crate) fn manifest(run_dir: &Path) -> Vec<Value> {
         .collect()
 }
 
-/// Every file under `dir`, as paths relative to it.
-pub(crate) fn files_under(dir: &Path) -> BTreeSet<String> {
-    let mut found = BTreeSet::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in entries(&d) {
-            if entry.is_dir() {
-                stack.push(entry);
-            } else {
-                let rel = entry.strip_prefix(dir).unwrap();
-                found.insert(rel.to_string_lossy().into_owned());
-            }
-        }
-    }
-    found
-}
-
 /// Every output of the database was downloaded, and the manifest, the database's outputs and
 /// the files on disk name the same files with the same digests and sizes. Returns the
 /// manifest's lines.

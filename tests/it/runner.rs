@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::common::*;
 use crate::resume::{connect, sandbox_with_latency};
-use crate::run::{CHAIN_CREDITS, config, edit_chain, files_under, manifest, state_path, write};
+use crate::run::{CHAIN_CREDITS, config, edit_chain, manifest, state_path, write};
 
 // ---------------------------------------------------------------------------------------------
 // A view that records
@@ -474,15 +474,8 @@ async fn dump(dir: &Path) -> BTreeMap<String, Vec<String>> {
 }
 
 /// Every file under the output directory with its sha256.
-fn tree(env: &Env) -> BTreeMap<String, String> {
-    let out = env.dir.path().join("out");
-    if !out.exists() {
-        return BTreeMap::new();
-    }
-    files_under(&out)
-        .into_iter()
-        .map(|f| (f.clone(), sha256_hex(&std::fs::read(out.join(&f)).unwrap())))
-        .collect()
+fn out_files(env: &Env) -> BTreeMap<String, String> {
+    file_digests(&env.dir.path().join("out"))
 }
 
 fn ledger_total(env: &Env) -> u64 {
@@ -634,7 +627,7 @@ async fn a_finished_run_run_again_is_only_summarised_and_a_dry_run_says_it_is_fi
     .unwrap();
     let ledger = env.sandbox.ledger();
     let record = dump(dir).await;
-    let files = tree(&env);
+    let files = out_files(&env);
 
     let again = Recorder::new();
     run(&env, &settings, &again, token(), &request(&file, Some("r")))
@@ -667,7 +660,7 @@ async fn a_finished_run_run_again_is_only_summarised_and_a_dry_run_says_it_is_fi
     assert_eq!(env.sandbox.ledger(), ledger, "nothing billed again");
     assert_eq!(env.sandbox.stats().paid_requests, TASKS as u64);
     assert_eq!(dump(dir).await, record, "the record did not move");
-    assert_eq!(tree(&env), files, "the files did not move");
+    assert_eq!(out_files(&env), files, "the files did not move");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -849,7 +842,7 @@ async fn a_dry_run_resume_reviews_the_remaining_tasks_and_changes_nothing() {
     let ledger = env.sandbox.ledger();
     let paid = env.sandbox.stats().paid_requests;
     let record = dump(dir).await;
-    let files = tree(&env);
+    let files = out_files(&env);
 
     let view = Recorder::new();
     resume(&env, &settings(dir), &view, "r", true)
@@ -859,7 +852,7 @@ async fn a_dry_run_resume_reviews_the_remaining_tasks_and_changes_nothing() {
     assert_eq!(env.sandbox.ledger(), ledger, "nothing billed");
     assert_eq!(env.sandbox.stats().paid_requests, paid, "no paid request");
     assert_eq!(dump(dir).await, record, "a table changed");
-    assert_eq!(tree(&env), files, "files changed");
+    assert_eq!(out_files(&env), files, "files changed");
 
     let seen = view.seen();
     assert_eq!(seen.reviews.len(), 1);
