@@ -12,28 +12,22 @@
 //! Everything talks to 127.0.0.1 only: the in-process sandbox, or a small fake service for what
 //! the sandbox never serves (bodies that are no image, an oversized image).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Output;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 use futures::StreamExt;
 use imgpipe::api::Downloader;
 use imgpipe::api::download::{DEFAULT_MAX_BYTES, DownloadError};
-use imgpipe::sandbox::images::{draw_sample, encode_png};
 use imgpipe::sandbox::{self, Faults};
 use serde_json::{Value, json};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 use sqlx::{ConnectOptions, Connection, Row};
-use tokio::net::TcpListener;
 
 use crate::common::*;
 
@@ -188,74 +182,6 @@ async fn run_ids(path: &Path) -> Vec<String> {
 // ---------------------------------------------------------------------------------------------
 // A small fake service, for what the sandbox never serves
 // ---------------------------------------------------------------------------------------------
-
-const FAKE_KEY: &str = "fake-key-0123456789";
-
-type Hits = Arc<Mutex<HashMap<String, usize>>>;
-
-struct Fake {
-    base: String,
-    hits: Hits,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Fake {
-    async fn start(build: impl FnOnce(&str) -> Router) -> Fake {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}/", listener.local_addr().unwrap());
-        let hits: Hits = Arc::default();
-        let app = build(&base).layer(middleware::from_fn_with_state(hits.clone(), count));
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Fake { base, hits, task }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{}", self.base.trim_end_matches('/'), path)
-    }
-
-    /// Requests seen for `METHOD /path`.
-    fn count(&self, method: &str, path: &str) -> usize {
-        let key = format!("{method} {path}");
-        self.hits.lock().unwrap().get(&key).copied().unwrap_or(0)
-    }
-
-    async fn run(&self, args: &[&str], cwd: &Path) -> Output {
-        let mut cmd = command(args, cwd);
-        cmd.env("IMGPIPE_BASE_URL", &self.base)
-            .env("IMGPIPE_API_KEY", FAKE_KEY);
-        finish(cmd).await
-    }
-}
-
-impl Drop for Fake {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn count(State(hits): State<Hits>, request: Request, next: Next) -> Response {
-    let key = format!("{} {}", request.method(), request.uri().path());
-    *hits.lock().unwrap().entry(key).or_default() += 1;
-    next.run(request).await
-}
-
-fn sample_png() -> Vec<u8> {
-    encode_png(&draw_sample("mug", 32))
-}
-
-/// A generation answer with one image at `url`.
-fn generation(id: &str, url: &str) -> Value {
-    json!({
-        "id": id,
-        "status": "succeeded",
-        "model": "fake-1",
-        "credits_used": 4,
-        "credits_remaining": 996,
-        "images": [{"url": url}],
-    })
-}
 
 fn post_json(body: Value) -> MethodRouter {
     post(move || async move { axum::Json(body).into_response() })

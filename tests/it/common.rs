@@ -496,6 +496,124 @@ pub async fn state_connection(state: &str) -> sqlx::AnyConnection {
         .unwrap_or_else(|e| panic!("cannot open the state {state}: {e}"))
 }
 
+// ---------------------------------------------------------------------------------------------
+// A fake service, for what the sandbox never serves
+// ---------------------------------------------------------------------------------------------
+
+/// The key the binary and the client send to a [`Fake`] service (which checks none).
+pub const FAKE_KEY: &str = "fake-key-0123456789";
+
+/// A request a [`Fake`] service received.
+#[derive(Clone, Debug)]
+pub struct Hit {
+    pub method: String,
+    pub path: String,
+    pub with_key: bool,
+}
+
+type Log = std::sync::Arc<std::sync::Mutex<Vec<Hit>>>;
+
+/// A fake service on 127.0.0.1:0 that answers what its router says and counts what it is
+/// asked; stops serving when dropped.
+pub struct Fake {
+    /// `http://127.0.0.1:<port>/`
+    pub base: String,
+    log: Log,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Fake {
+    /// Serves the router `build` makes; `build` gets the base URL, so canned answers can hold
+    /// URLs that lead back to the fake.
+    pub async fn start(build: impl FnOnce(&str) -> axum::Router) -> Fake {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}/", listener.local_addr().unwrap());
+        let log: Log = Log::default();
+        let app = build(&base).layer(axum::middleware::from_fn_with_state(log.clone(), record));
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Fake { base, log, task }
+    }
+
+    /// A URL on the fake; `path` starts with '/'.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base.trim_end_matches('/'), path)
+    }
+
+    /// The requests seen for `METHOD /path`.
+    pub fn hits(&self, method: &str, path: &str) -> Vec<Hit> {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|h| h.method == method && h.path == path)
+            .cloned()
+            .collect()
+    }
+
+    /// How many requests were seen for `METHOD /path`.
+    pub fn count(&self, method: &str, path: &str) -> usize {
+        self.hits(method, path).len()
+    }
+
+    /// How many requests were seen in all.
+    pub fn total(&self) -> usize {
+        self.log.lock().unwrap().len()
+    }
+
+    /// A client pointed at the fake.
+    pub fn client(&self) -> Client {
+        let mut config = ClientConfig::new(&self.base, ApiKey::new(FAKE_KEY).unwrap()).unwrap();
+        config.timeout = Duration::from_secs(10);
+        Client::new(config).unwrap()
+    }
+
+    /// The real binary pointed at the fake, with a clean environment.
+    pub async fn run(&self, args: &[&str], cwd: &Path) -> Output {
+        let mut cmd = command(args, cwd);
+        cmd.env("IMGPIPE_BASE_URL", &self.base)
+            .env("IMGPIPE_API_KEY", FAKE_KEY);
+        finish(cmd).await
+    }
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn record(
+    axum::extract::State(log): axum::extract::State<Log>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    log.lock().unwrap().push(Hit {
+        method: request.method().to_string(),
+        path: request.uri().path().to_owned(),
+        with_key: request.headers().get("x-api-key").is_some(),
+    });
+    next.run(request).await
+}
+
+/// A small real PNG, as the service would serve it.
+pub fn sample_png() -> Vec<u8> {
+    sandbox::images::encode_png(&sandbox::images::draw_sample("mug", 32))
+}
+
+/// A documented generation answer with one image at `url`.
+pub fn generation(id: &str, url: &str) -> Value {
+    serde_json::json!({
+        "id": id,
+        "status": "succeeded",
+        "model": "fake-1",
+        "credits_used": 4,
+        "credits_remaining": 996,
+        "images": [{"url": url}],
+    })
+}
+
 /// A process that hangs fails the test, named, well before it would have ended; it is killed.
 #[tokio::test]
 #[should_panic(expected = "`sleep 20` did not finish within 200ms")]
