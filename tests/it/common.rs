@@ -497,6 +497,346 @@ pub async fn state_connection(state: &str) -> sqlx::AnyConnection {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The state database, read back
+// ---------------------------------------------------------------------------------------------
+
+/// A row of `runs`.
+#[derive(Clone, Debug)]
+pub struct RunRow {
+    pub id: String,
+    pub status: String,
+    pub output_dir: PathBuf,
+    pub pipeline_text: String,
+    pub credits_planned: u64,
+    pub balance_before: Option<i64>,
+    pub balance_after: Option<i64>,
+}
+
+/// A row of `tasks`.
+#[derive(Clone, Debug)]
+pub struct TaskRow {
+    pub id: i64,
+    pub run_id: String,
+    pub item: String,
+    pub step: String,
+    pub idx: i64,
+    pub operation: String,
+    pub status: String,
+    pub inputs: Vec<String>,
+    pub planned: u64,
+    pub billed: u64,
+    pub job_id: Option<String>,
+    pub error: Option<String>,
+    /// Dropped from the pipeline by a later version of it (`removed_at` set).
+    pub removed: bool,
+    pub reused_from: Option<i64>,
+}
+
+impl TaskRow {
+    /// `item/step[idx]`.
+    pub fn name(&self) -> String {
+        format!("{}/{}[{}]", self.item, self.step, self.idx)
+    }
+}
+
+/// A row of `attempts`.
+#[derive(Clone, Debug)]
+pub struct AttemptRow {
+    pub id: i64,
+    pub task_id: i64,
+    pub run_id: String,
+    pub started_at: i64,
+    pub finished_at: Option<i64>,
+    pub outcome: Option<String>,
+    pub http_status: Option<i64>,
+    pub billed: u64,
+    pub job_id: Option<String>,
+    /// The error, or a success's note (such as that it was read back by its job id).
+    pub error: Option<String>,
+}
+
+/// A row of `outputs`.
+#[derive(Clone, Debug)]
+pub struct OutputRow {
+    pub id: i64,
+    pub task_id: i64,
+    pub run_id: String,
+    pub k: i64,
+    pub job_id: String,
+    pub parent_job_id: Option<String>,
+    pub url: String,
+    pub url_issued_at: i64,
+    pub path: Option<String>,
+    pub sha256: Option<String>,
+    pub bytes: Option<i64>,
+    pub download_error: Option<String>,
+}
+
+/// A row of `superseded_outputs`.
+#[derive(Clone, Debug)]
+pub struct SupersededRow {
+    pub task_id: i64,
+    pub job_id: String,
+    pub path: Option<String>,
+    pub sha256: Option<String>,
+    pub bytes: Option<i64>,
+    pub reason: String,
+}
+
+/// The whole state (a SQLite file or a PostgreSQL database), read at once through one
+/// connection, in row order. Its questions ask of the tasks still in the pipeline ([`Db::live`])
+/// unless they say otherwise.
+#[derive(Debug)]
+pub struct Db {
+    /// In the order they were made.
+    pub runs: Vec<RunRow>,
+    /// Every task, those removed from the pipeline too.
+    pub tasks: Vec<TaskRow>,
+    pub attempts: Vec<AttemptRow>,
+    pub outputs: Vec<OutputRow>,
+    pub superseded: Vec<SupersededRow>,
+    /// SQLite's `integrity_check` (`ok` for PostgreSQL, which checks its own pages).
+    pub integrity: String,
+    /// Rows SQLite's `foreign_key_check` reports (0 for PostgreSQL, which enforces its keys).
+    pub foreign_key_faults: usize,
+}
+
+fn unsigned(n: i64) -> u64 {
+    u64::try_from(n).unwrap()
+}
+
+impl Db {
+    /// The state in the SQLite file at `path`.
+    pub async fn read_file(path: &Path) -> Db {
+        Db::read(&path.to_string_lossy()).await
+    }
+
+    /// The state at `state`: a SQLite file (opened read-only) or a PostgreSQL URL.
+    pub async fn read(state: &str) -> Db {
+        use sqlx::{Connection, Row};
+        let mut conn = state_connection(state).await;
+        let (integrity, foreign_key_faults) = if state.starts_with("postgres") {
+            ("ok".to_owned(), 0)
+        } else {
+            let (integrity,): (String,) = sqlx::query_as("PRAGMA integrity_check")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+            let faults = sqlx::query("PRAGMA foreign_key_check")
+                .fetch_all(&mut conn)
+                .await
+                .unwrap()
+                .len();
+            (integrity, faults)
+        };
+        macro_rules! rows {
+            ($sql:expr, |$r:ident| $make:expr) => {
+                sqlx::query($sql)
+                    .fetch_all(&mut conn)
+                    .await
+                    .unwrap_or_else(|e| panic!("{}: {e}", $sql))
+                    .iter()
+                    .map(|$r| $make)
+                    .collect()
+            };
+        }
+        let runs = rows!(
+            "SELECT id, status, output_dir, pipeline_text, credits_planned, balance_before,
+                    balance_after
+             FROM runs ORDER BY created_at, id",
+            |r| RunRow {
+                id: r.get("id"),
+                status: r.get("status"),
+                output_dir: PathBuf::from(r.get::<String, _>("output_dir")),
+                pipeline_text: r.get("pipeline_text"),
+                credits_planned: unsigned(r.get("credits_planned")),
+                balance_before: r.get("balance_before"),
+                balance_after: r.get("balance_after"),
+            }
+        );
+        let tasks = rows!(
+            "SELECT id, run_id, item, step, idx, operation, status, inputs, planned_credits,
+                    credits_billed, job_id, error, removed_at, reused_from
+             FROM tasks ORDER BY id",
+            |r| TaskRow {
+                id: r.get("id"),
+                run_id: r.get("run_id"),
+                item: r.get("item"),
+                step: r.get("step"),
+                idx: r.get("idx"),
+                operation: r.get("operation"),
+                status: r.get("status"),
+                inputs: serde_json::from_str(&r.get::<String, _>("inputs")).unwrap(),
+                planned: unsigned(r.get("planned_credits")),
+                billed: unsigned(r.get("credits_billed")),
+                job_id: r.get("job_id"),
+                error: r.get("error"),
+                removed: r.get::<Option<i64>, _>("removed_at").is_some(),
+                reused_from: r.get("reused_from"),
+            }
+        );
+        let attempts = rows!(
+            "SELECT id, task_id, run_id, started_at, finished_at, outcome, http_status,
+                    credits_billed, job_id, error
+             FROM attempts ORDER BY id",
+            |r| AttemptRow {
+                id: r.get("id"),
+                task_id: r.get("task_id"),
+                run_id: r.get("run_id"),
+                started_at: r.get("started_at"),
+                finished_at: r.get("finished_at"),
+                outcome: r.get("outcome"),
+                http_status: r.get("http_status"),
+                billed: unsigned(r.get("credits_billed")),
+                job_id: r.get("job_id"),
+                error: r.get("error"),
+            }
+        );
+        let outputs = rows!(
+            "SELECT id, task_id, run_id, k, job_id, parent_job_id, url, url_issued_at, path,
+                    sha256, bytes, download_error
+             FROM outputs ORDER BY task_id, k, id",
+            |r| OutputRow {
+                id: r.get("id"),
+                task_id: r.get("task_id"),
+                run_id: r.get("run_id"),
+                k: r.get("k"),
+                job_id: r.get("job_id"),
+                parent_job_id: r.get("parent_job_id"),
+                url: r.get("url"),
+                url_issued_at: r.get("url_issued_at"),
+                path: r.get("path"),
+                sha256: r.get("sha256"),
+                bytes: r.get("bytes"),
+                download_error: r.get("download_error"),
+            }
+        );
+        let superseded = rows!(
+            "SELECT task_id, job_id, path, sha256, bytes, reason
+             FROM superseded_outputs ORDER BY id",
+            |r| SupersededRow {
+                task_id: r.get("task_id"),
+                job_id: r.get("job_id"),
+                path: r.get("path"),
+                sha256: r.get("sha256"),
+                bytes: r.get("bytes"),
+                reason: r.get("reason"),
+            }
+        );
+        conn.close().await.unwrap();
+        Db {
+            runs,
+            tasks,
+            attempts,
+            outputs,
+            superseded,
+            integrity,
+            foreign_key_faults,
+        }
+    }
+
+    /// The run `id`.
+    #[track_caller]
+    pub fn run(&self, id: &str) -> &RunRow {
+        self.runs
+            .iter()
+            .find(|r| r.id == id)
+            .unwrap_or_else(|| panic!("no run {id}"))
+    }
+
+    pub fn run_status(&self, id: &str) -> &str {
+        &self.run(id).status
+    }
+
+    /// Tasks still in the pipeline.
+    pub fn live(&self) -> impl Iterator<Item = &TaskRow> {
+        self.tasks.iter().filter(|t| !t.removed)
+    }
+
+    /// Tasks of the run `run` still in the pipeline.
+    pub fn tasks_of(&self, run: &str) -> Vec<&TaskRow> {
+        self.live().filter(|t| t.run_id == run).collect()
+    }
+
+    /// The task with the row id `id`, removed or not.
+    #[track_caller]
+    pub fn task(&self, id: i64) -> &TaskRow {
+        self.tasks
+            .iter()
+            .find(|t| t.id == id)
+            .unwrap_or_else(|| panic!("no task {id}"))
+    }
+
+    /// The live task `item/step[idx]` of any run.
+    pub fn find(&self, item: &str, step: &str, idx: i64) -> Option<&TaskRow> {
+        self.live()
+            .find(|t| t.item == item && t.step == step && t.idx == idx)
+    }
+
+    /// Live tasks in `status`.
+    pub fn count(&self, status: &str) -> usize {
+        self.live().filter(|t| t.status == status).count()
+    }
+
+    /// Live tasks of `run` in `status`.
+    pub fn count_in(&self, run: &str, status: &str) -> usize {
+        self.tasks_of(run)
+            .iter()
+            .filter(|t| t.status == status)
+            .count()
+    }
+
+    pub fn attempts_of(&self, task: i64) -> Vec<&AttemptRow> {
+        self.attempts.iter().filter(|a| a.task_id == task).collect()
+    }
+
+    pub fn outputs_of(&self, task: i64) -> Vec<&OutputRow> {
+        self.outputs.iter().filter(|o| o.task_id == task).collect()
+    }
+
+    /// Credits billed by every attempt.
+    pub fn billed(&self) -> u64 {
+        self.attempts.iter().map(|a| a.billed).sum()
+    }
+
+    /// Attempts sent without a complete answer (or still marked in flight): possibly billed.
+    pub fn ambiguous(&self) -> Vec<&AttemptRow> {
+        self.attempts
+            .iter()
+            .filter(|a| a.outcome.as_deref().is_none_or(|o| o == "ambiguous"))
+            .collect()
+    }
+}
+
+/// Every row of every table of the SQLite state at `path`, column by column, to tell whether
+/// anything at all was written.
+pub async fn dump(path: &Path) -> BTreeMap<String, Vec<String>> {
+    use sqlx::{Connection, Row};
+    let mut conn = state_connection(&path.to_string_lossy()).await;
+    let mut all = BTreeMap::new();
+    for table in ["runs", "tasks", "attempts", "outputs", "superseded_outputs"] {
+        let columns: Vec<String> =
+            sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA table_info({table})")))
+                .fetch_all(&mut conn)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| format!("quote({})", r.get::<String, _>("name")))
+                .collect();
+        let rows: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {} FROM {table} ORDER BY rowid",
+            columns.join(" || '|' || ")
+        )))
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        all.insert(table.to_owned(), rows.into_iter().map(|(r,)| r).collect());
+    }
+    conn.close().await.unwrap();
+    all
+}
+
+// ---------------------------------------------------------------------------------------------
 // A fake service, for what the sandbox never serves
 // ---------------------------------------------------------------------------------------------
 
