@@ -799,6 +799,40 @@ impl Db {
         self.attempts.iter().map(|a| a.billed).sum()
     }
 
+    /// Credits planned for the live tasks.
+    pub fn planned(&self) -> u64 {
+        self.live().map(|t| t.planned).sum()
+    }
+
+    /// Outputs on disk (or in the bucket): recorded with a path.
+    pub fn downloaded(&self) -> Vec<&OutputRow> {
+        self.outputs.iter().filter(|o| o.path.is_some()).collect()
+    }
+
+    /// The record of the run `run` alone: its row, tasks, attempts and outputs.
+    pub fn only_run(mut self, run: &str) -> Db {
+        self.runs.retain(|r| r.id == run);
+        assert_eq!(self.runs.len(), 1, "no run {run}");
+        let tasks: std::collections::HashSet<i64> = self
+            .tasks
+            .iter()
+            .filter(|t| t.run_id == run)
+            .map(|t| t.id)
+            .collect();
+        self.tasks.retain(|t| t.run_id == run);
+        self.attempts.retain(|a| a.run_id == run);
+        self.outputs.retain(|o| o.run_id == run);
+        self.superseded.retain(|s| tasks.contains(&s.task_id));
+        self
+    }
+
+    /// The one run of a record made [`Db::only_run`].
+    #[track_caller]
+    pub fn the_run(&self) -> &RunRow {
+        assert_eq!(self.runs.len(), 1, "not one run: {:#?}", self.runs);
+        &self.runs[0]
+    }
+
     /// Attempts sent without a complete answer (or still marked in flight): possibly billed.
     pub fn ambiguous(&self) -> Vec<&AttemptRow> {
         self.attempts

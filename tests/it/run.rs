@@ -17,7 +17,7 @@ use imgpipe::sandbox::faults::Dice;
 use imgpipe::sandbox::{self, Faults};
 use serde_json::Value;
 use sqlx::sqlite::SqliteConnectOptions;
-use sqlx::{ConnectOptions, Connection, Row};
+use sqlx::{ConnectOptions, Connection};
 
 use crate::common::*;
 
@@ -116,175 +116,17 @@ pub(crate) fn both(o: &Output) -> String {
     format!("{}\n{}", stdout(o), stderr(o))
 }
 
-#[derive(Debug)]
-struct TaskRow {
-    id: i64,
-    item: String,
-    step: String,
-    idx: i64,
-    status: String,
-    planned: u64,
-    billed: u64,
-    job_id: Option<String>,
-    error: Option<String>,
-}
-
-impl TaskRow {
-    fn name(&self) -> String {
-        format!("{}/{}[{}]", self.item, self.step, self.idx)
-    }
-}
-
-#[derive(Debug)]
-struct AttemptRow {
-    task_id: i64,
-    outcome: Option<String>,
-    http_status: Option<i64>,
-    billed: u64,
-    job_id: Option<String>,
-    finished_at: Option<i64>,
-    /// The error, or the note of a success (e.g. that it was read back by job id).
-    error: Option<String>,
-}
-
-#[derive(Debug)]
-struct OutputRow {
-    task_id: i64,
-    job_id: String,
-    url_issued_at: i64,
-    path: Option<String>,
-    sha256: Option<String>,
-    bytes: Option<i64>,
-    download_error: Option<String>,
-}
-
-/// The whole state database, read after the process exited.
-#[derive(Debug)]
-struct Db {
-    runs: Vec<(String, String)>,
-    tasks: Vec<TaskRow>,
-    attempts: Vec<AttemptRow>,
-    outputs: Vec<OutputRow>,
-}
-
-impl Db {
-    fn billed(&self) -> u64 {
-        self.attempts.iter().map(|a| a.billed).sum()
-    }
-
-    /// Attempts sent without a complete answer (or still marked in flight).
-    fn ambiguous(&self) -> Vec<&AttemptRow> {
-        self.attempts
-            .iter()
-            .filter(|a| a.outcome.as_deref().is_none_or(|o| o == "ambiguous"))
-            .collect()
-    }
-
-    fn task(&self, id: i64) -> &TaskRow {
-        self.tasks.iter().find(|t| t.id == id).unwrap()
-    }
-
-    fn count(&self, status: &str) -> usize {
-        self.tasks.iter().filter(|t| t.status == status).count()
-    }
-
-    fn attempts_of(&self, task: i64) -> Vec<&AttemptRow> {
-        self.attempts.iter().filter(|a| a.task_id == task).collect()
-    }
-
-    /// Tasks by item, in task order.
-    fn by_item(&self) -> BTreeMap<String, Vec<&TaskRow>> {
-        let mut items: BTreeMap<String, Vec<&TaskRow>> = BTreeMap::new();
-        for t in &self.tasks {
-            items.entry(t.item.clone()).or_default().push(t);
-        }
-        items
-    }
-}
-
-fn u(n: i64) -> u64 {
-    u64::try_from(n).unwrap()
-}
-
-/// One plain connection, not a pool: sqlx 0.9's pool maintenance task was seen spinning after
-/// `close()`, which hung the test runtime's shutdown.
 async fn read_db(path: &Path) -> Db {
-    let mut conn = SqliteConnectOptions::new()
-        .filename(path)
-        .read_only(true)
-        .connect()
-        .await
-        .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
-    let runs = sqlx::query("SELECT id, status FROM runs ORDER BY created_at")
-        .fetch_all(&mut conn)
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get("id"), r.get("status")))
-        .collect();
-    let tasks = sqlx::query(
-        "SELECT id, item, step, idx, status, planned_credits, credits_billed, job_id, error
-         FROM tasks ORDER BY id",
-    )
-    .fetch_all(&mut conn)
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| TaskRow {
-        id: r.get("id"),
-        item: r.get("item"),
-        step: r.get("step"),
-        idx: r.get("idx"),
-        status: r.get("status"),
-        planned: u(r.get("planned_credits")),
-        billed: u(r.get("credits_billed")),
-        job_id: r.get("job_id"),
-        error: r.get("error"),
-    })
-    .collect();
-    let attempts = sqlx::query(
-        "SELECT task_id, outcome, http_status, credits_billed, job_id, finished_at, error
-         FROM attempts ORDER BY id",
-    )
-    .fetch_all(&mut conn)
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| AttemptRow {
-        task_id: r.get("task_id"),
-        outcome: r.get("outcome"),
-        http_status: r.get("http_status"),
-        billed: u(r.get("credits_billed")),
-        job_id: r.get("job_id"),
-        finished_at: r.get("finished_at"),
-        error: r.get("error"),
-    })
-    .collect();
-    let outputs = sqlx::query(
-        "SELECT task_id, job_id, url_issued_at, path, sha256, bytes, download_error
-         FROM outputs ORDER BY task_id, k",
-    )
-    .fetch_all(&mut conn)
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| OutputRow {
-        task_id: r.get("task_id"),
-        job_id: r.get("job_id"),
-        url_issued_at: r.get("url_issued_at"),
-        path: r.get("path"),
-        sha256: r.get("sha256"),
-        bytes: r.get("bytes"),
-        download_error: r.get("download_error"),
-    })
-    .collect();
-    conn.close().await.unwrap();
-    Db {
-        runs,
-        tasks,
-        attempts,
-        outputs,
+    Db::read_file(path).await
+}
+
+/// Tasks by item, in task order.
+fn by_item(db: &Db) -> BTreeMap<String, Vec<&TaskRow>> {
+    let mut items: BTreeMap<String, Vec<&TaskRow>> = BTreeMap::new();
+    for t in db.live() {
+        items.entry(t.item.clone()).or_default().push(t);
     }
+    items
 }
 
 pub(crate) fn manifest(run_dir: &Path) -> Vec<Value> {
@@ -430,7 +272,7 @@ fn assert_ledger_agrees(env: &Env, db: &Db, start_balance: i64) {
 /// tasks beside pending ones: that is money stranded in a half-finished chain.
 #[track_caller]
 fn assert_no_half_chains(db: &Db) {
-    for (item, tasks) in db.by_item() {
+    for (item, tasks) in by_item(db) {
         let statuses: Vec<&str> = tasks.iter().map(|t| t.status.as_str()).collect();
         let untouched = tasks
             .iter()
@@ -455,7 +297,7 @@ fn assert_no_half_chains(db: &Db) {
 /// failed one is blocked.
 #[track_caller]
 fn assert_descendants_blocked(db: &Db) {
-    for (item, tasks) in db.by_item() {
+    for (item, tasks) in by_item(db) {
         if let Some(first) = tasks.iter().position(|t| t.status == "failed") {
             for t in &tasks[first + 1..] {
                 assert_eq!(t.status, "blocked", "{item}: {t:?}");
@@ -570,7 +412,12 @@ async fn product_shots_runs_the_whole_chain_and_every_record_agrees() {
     );
 
     let db = read_db(&state_path(dir)).await;
-    assert_eq!(db.runs, [("full".to_owned(), "succeeded".to_owned())]);
+    let runs: Vec<(&str, &str)> = db
+        .runs
+        .iter()
+        .map(|r| (r.id.as_str(), r.status.as_str()))
+        .collect();
+    assert_eq!(runs, [("full", "succeeded")]);
     assert_eq!(db.count("succeeded"), 27);
     assert_eq!(db.attempts.len(), 27, "one attempt per task: no retries");
     assert_eq!(db.billed(), 120);
