@@ -1055,3 +1055,55 @@ async fn thumbnails_recorded(state: &str) {
     );
     store.close().await;
 }
+
+/// `.ci/postgres.sh` as `.ci/run` sources it, given server binaries that are not there, or an
+/// `initdb` that fails: CI must stop there with the reason rather than go on without the
+/// PostgreSQL tests.
+#[test]
+fn ci_stops_when_it_cannot_have_postgresql() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let broken = tempfile::tempdir().unwrap();
+    let initdb = broken.path().join("initdb");
+    std::fs::write(
+        &initdb,
+        "#!/bin/sh\necho 'initdb: no space left' >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&initdb, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let broken = broken.path().to_string_lossy().into_owned();
+    let missing = "/nonexistent/imgpipe-test/postgresql/bin";
+    for (bin, why) in [
+        (missing, format!("IMGPIPE_PG_BIN={missing} holds no initdb")),
+        (broken.as_str(), "initdb failed, see ".to_owned()),
+    ] {
+        let mut cmd = std::process::Command::new("bash");
+        cmd.args([
+            "-c",
+            "set -euo pipefail; source .ci/postgres.sh; echo 'went on'",
+        ])
+        .current_dir(root)
+        .env("IMGPIPE_PG_BIN", bin)
+        .env_remove("IMGPIPE_TEST_POSTGRES")
+        .stdin(std::process::Stdio::null());
+        let o =
+            crate::common::finish_blocking(cmd, Duration::from_secs(60), "source .ci/postgres.sh");
+        let text = format!("{}\n--- stderr\n{}", stdout(&o), stderr(&o));
+        assert_ne!(o.status.code(), Some(0), "{bin}: {text}");
+        assert!(!stdout(&o).contains("went on"), "{bin}: {text}");
+        assert!(
+            stderr(&o).contains(&format!("error: PostgreSQL unavailable ({why}")),
+            "{bin}: {text}"
+        );
+        // The cluster's directory, kept for its log: the test's own, so removed.
+        if let Some(log) = stderr(&o)
+            .split_whitespace()
+            .find(|w| w.contains("/initdb.log"))
+        {
+            let dir = Path::new(log.trim_end_matches([')', ':']))
+                .parent()
+                .unwrap();
+            assert!(dir.starts_with("/tmp"), "{}", dir.display());
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+    }
+}
