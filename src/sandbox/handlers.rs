@@ -38,6 +38,8 @@ pub(super) fn router(state: Arc<State>) -> Router {
         .route("/files/{file}", get(files::result))
         .route("/assets/{file}", get(files::sample))
         .route("/_sandbox/stats", get(stats))
+        .route("/_sandbox/hold", post(hold))
+        .route("/_sandbox/release", post(release))
         .fallback(|| async { Reply::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .with_state(state)
@@ -281,6 +283,8 @@ async fn finish(
             tokio::task::spawn_blocking(work),
             tokio::time::sleep(latency)
         );
+        // Held, the call waits here: done, in flight, not billed yet.
+        books.gate.pass().await;
         let result = match pngs {
             Err(e) => Err(server_fault(&e)),
             Ok(Err(e)) => Err(invalid(&books, e)),
@@ -411,5 +415,21 @@ async fn stats(Shared(state): App) -> axum::Json<Value> {
         "balance": state.balance(),
         "stats": state.stats(),
         "ledger": state.ledger(),
+        "held": state.gate.waiting(),
     }))
+}
+
+/// Holds paid calls before billing until `/_sandbox/release` (see `hold.rs`).
+async fn hold(Shared(state): App) -> StatusCode {
+    state.gate.hold();
+    StatusCode::NO_CONTENT
+}
+
+/// Releases one hold; 409 when none was taken.
+async fn release(Shared(state): App) -> Response {
+    if state.gate.release() {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        Reply::new(StatusCode::CONFLICT, "not_held", "the sandbox is not held").into_response()
+    }
 }

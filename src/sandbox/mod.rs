@@ -9,6 +9,7 @@ mod edit;
 pub mod faults;
 mod files;
 mod handlers;
+mod hold;
 pub mod images;
 mod signing;
 mod state;
@@ -137,6 +138,21 @@ impl Sandbox {
         self.state.set_balance(balance);
     }
 
+    /// Holds every paid call, from now until the returned guard is dropped, at the gate after
+    /// its work and before its billing (see `hold.rs`): a run stays mid-call, in flight and
+    /// unbilled, for as long as a test needs.
+    pub fn hold(&self) -> Hold {
+        self.state.gate.hold();
+        Hold {
+            state: Arc::clone(&self.state),
+        }
+    }
+
+    /// Paid calls waiting at a hold now.
+    pub fn held_calls(&self) -> usize {
+        self.state.gate.waiting()
+    }
+
     /// Stops accepting connections and waits for the server to finish.
     pub async fn stop(mut self) -> std::io::Result<()> {
         if let Some(stop) = self.stop.take() {
@@ -154,6 +170,17 @@ impl Drop for Sandbox {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+    }
+}
+
+/// A hold on the sandbox's paid calls ([`Sandbox::hold`]); dropping it releases them.
+pub struct Hold {
+    state: Arc<State>,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.state.gate.release();
     }
 }
 

@@ -120,6 +120,8 @@ pub struct State {
     in_flight: AtomicUsize,
     /// The origin of the ledger's `received_us`.
     started: Instant,
+    /// Where paid calls wait, unbilled, while the sandbox is held.
+    pub(crate) gate: crate::sandbox::hold::Gate,
     /// Paid requests per second, when the sandbox is told to limit them.
     pub limiter: Option<governor::DefaultDirectRateLimiter>,
     samples: HashMap<&'static str, Bytes>,
@@ -152,6 +154,7 @@ impl State {
             ]),
             in_flight: AtomicUsize::new(0),
             started: Instant::now(),
+            gate: crate::sandbox::hold::Gate::new(),
             limiter: config.rate_limit.and_then(limiter),
             samples,
             config,
