@@ -193,6 +193,95 @@ pub async fn wait_until_async<F: Future<Output = bool>>(what: &str, mut cond: im
     }
 }
 
+/// A started process whose stderr is read line by line as it comes, so a test can wait for
+/// what it says (`waiting for …`) before going on.
+pub struct Watched {
+    child: Child,
+    what: String,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Watched {
+    /// Starts `cmd`, its stdout and stderr piped.
+    pub fn start(mut cmd: Command) -> Watched {
+        use tokio::io::AsyncBufReadExt as _;
+        let what = describe(cmd.as_std());
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("`{what}` did not start: {e}"));
+        let stderr = child.stderr.take().unwrap();
+        let lines = std::sync::Arc::<std::sync::Mutex<Vec<String>>>::default();
+        let seen = std::sync::Arc::clone(&lines);
+        let reader = tokio::spawn(async move {
+            let mut stderr = tokio::io::BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = stderr.next_line().await {
+                seen.lock().unwrap().push(line);
+            }
+        });
+        Watched {
+            child,
+            what,
+            lines,
+            reader,
+        }
+    }
+
+    pub fn id(&self) -> u32 {
+        self.child.id().expect("still running")
+    }
+
+    /// Waits until a line of its stderr holds `text`, failing the test after [`WAIT_LIMIT`]
+    /// (or when the process ends first) with what it said.
+    pub async fn wait_for_line(&mut self, text: &str) {
+        let deadline = std::time::Instant::now() + WAIT_LIMIT;
+        loop {
+            if self.lines.lock().unwrap().iter().any(|l| l.contains(text)) {
+                return;
+            }
+            let said = || self.lines.lock().unwrap().join("\n");
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "`{}` ended ({status}) without saying {text:?}:\n{}",
+                    self.what,
+                    said()
+                );
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "`{}` did not say {text:?} within {WAIT_LIMIT:?}:\n{}",
+                self.what,
+                said()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// What it printed once it ends, within [`RUN_LIMIT`].
+    pub async fn finish(self) -> Output {
+        let Watched {
+            child,
+            what,
+            lines,
+            reader,
+        } = self;
+        let mut output = finish_child(child, &format!("`{what}`")).await;
+        tokio::time::timeout(KILL_LIMIT, reader)
+            .await
+            .unwrap_or_else(|_| panic!("`{what}`: its stderr did not close"))
+            .unwrap();
+        let mut text = lines.lock().unwrap().join("\n");
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        output.stderr = text.into_bytes();
+        output
+    }
+}
+
 /// Kills `child` with SIGKILL and reaps it, within [`KILL_LIMIT`].
 pub async fn kill_child(child: &mut Child, what: &str) {
     child

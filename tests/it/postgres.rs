@@ -18,8 +18,8 @@ use imgpipe::sandbox;
 use sqlx::Connection;
 
 use crate::common::{
-    Env, assert_exit_without_panic, command, finish, finish_child, kill_child, postgres_database,
-    start, state_connection, stderr, stdout,
+    Env, Watched, assert_exit_without_panic, command, finish, finish_child, kill_child,
+    postgres_database, start, state_connection, stderr, stdout, wait_until,
 };
 use crate::run::{config, edit_chain, write};
 
@@ -225,33 +225,28 @@ async fn a_run_on_postgres_records_every_step_and_status_report_and_resume_read_
     );
 }
 
-/// Two hosts started by the same cron line: one runs, the other exits 5 naming it; with
-/// `--wait` it waits, then finds the run finished and pays nothing.
+/// Two hosts started by the same cron line: one runs (held mid-call by the sandbox, so it
+/// holds the lock), the other exits 5 naming it; with `--wait` it is seen waiting, then finds
+/// the run finished and pays nothing.
 #[tokio::test(flavor = "multi_thread")]
 async fn two_hosts_on_one_postgres_state_one_runs_the_other_exits_5_or_waits_and_pays_nothing() {
     let Some(url) = postgres_database("lock").await else {
         return;
     };
-    let env = start(sandbox::Config {
-        latency: Duration::from_millis(150),
-        ..config()
-    })
-    .await;
+    let env = start(config()).await;
     let (a, b) = (host(&edit_chain(3, None)), host(&edit_chain(3, None)));
+    let hold = env.sandbox.hold();
     let first = on(
         &env,
         a.path(),
         &url,
         &["run", "p.yaml", "--run-id", "nightly"],
-    )
-    .spawn()
-    .unwrap();
-    let first_pid = first.id().unwrap();
-    wait_for(
-        &url,
-        "SELECT COUNT(*) FROM run_locks",
-        "the first host taking the lock",
-    )
+    );
+    let first = Watched::start(first);
+    let first_pid = first.id();
+    wait_until("the first host's call held mid-flight", || {
+        env.sandbox.held_calls() >= 1
+    })
     .await;
 
     let refused = run_on(
@@ -269,15 +264,19 @@ async fn two_hosts_on_one_postgres_state_one_runs_the_other_exits_5_or_waits_and
     );
     assert!(text.contains("--wait"), "{text}");
 
-    let waited = run_on(
+    let mut waiting = Watched::start(on(
         &env,
         b.path(),
         &url,
         &["run", "p.yaml", "--run-id", "nightly", "--wait"],
-    )
-    .await;
+    ));
+    waiting
+        .wait_for_line(&format!("waiting for run nightly by pid {first_pid}"))
+        .await;
+    drop(hold);
+    let waited = waiting.finish().await;
     assert_exit_without_panic(&waited, 0);
-    let first = finish_child(first, "the first host's run").await;
+    let first = first.finish().await;
     assert_exit_without_panic(&first, 0);
     assert!(
         stderr(&waited).contains("run nightly is already finished"),
@@ -516,26 +515,27 @@ async fn two_hosts_started_at_the_same_instant_on_a_new_database_pay_once() {
     let Some(url) = postgres_database("together").await else {
         return;
     };
-    let env = start(sandbox::Config {
-        latency: Duration::from_millis(100),
-        ..config()
-    })
-    .await;
+    let env = start(config()).await;
     let (a, b) = (host(&edit_chain(3, None)), host(&edit_chain(3, None)));
     let args = ["run", "p.yaml", "--run-id", "same"];
-    let (one, two) = tokio::join!(
-        run_on(&env, a.path(), &url, &args),
-        run_on(&env, b.path(), &url, &args)
+    // Held, the host that takes the lock cannot finish: the other must be refused, whenever
+    // it gets there.
+    let hold = env.sandbox.hold();
+    let mut one = tokio::spawn(finish(on(&env, a.path(), &url, &args)));
+    let mut two = tokio::spawn(finish(on(&env, b.path(), &url, &args)));
+    let (refused, runs) = tokio::select! {
+        done = &mut one => (done.unwrap(), two),
+        done = &mut two => (done.unwrap(), one),
+    };
+    assert_exit_without_panic(&refused, 5);
+    assert!(
+        stderr(&refused).contains("run same by pid"),
+        "{}",
+        stderr(&refused)
     );
-    let mut codes = [one.status.code(), two.status.code()];
-    codes.sort_unstable();
-    assert_eq!(
-        codes,
-        [Some(0), Some(5)],
-        "one runs, the other is refused:\n{}\n{}",
-        stderr(&one),
-        stderr(&two)
-    );
+    drop(hold);
+    let ran = runs.await.unwrap();
+    assert_exit_without_panic(&ran, 0);
     assert_eq!(env.sandbox.ledger().len(), 9);
 
     let waiting = ["run", "p.yaml", "--run-id", "again", "--wait"];

@@ -1587,38 +1587,31 @@ async fn the_api_key_appears_in_no_output_file_database_or_stream() {
 // The run lock
 // ---------------------------------------------------------------------------------------------
 
-/// Waits until a run holds the lock of a pipeline in `dir`'s state database.
-async fn wait_for_lock_holder(dir: &Path) {
-    let locks = dir.join("state.db.locks");
-    for _ in 0..200 {
-        let held = std::fs::read_dir(&locks).ok().is_some_and(|entries| {
-            entries
-                .flatten()
-                .any(|e| std::fs::read(e.path()).is_ok_and(|b| b.starts_with(b"{")))
-        });
-        if held {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("no run took the lock in {}", locks.display());
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_second_run_of_a_pipeline_exits_5_naming_the_first_or_waits_its_turn() {
-    let env = start(sandbox::Config {
-        latency: Duration::from_millis(150),
-        ..config()
+/// Holds `env`'s sandbox and starts `imgpipe run ARGS` in `dir`; returns once its first paid
+/// call waits at the hold, so it holds the run lock (taken before any call) for as long as the
+/// hold is kept.
+async fn started_and_held(
+    env: &Env,
+    dir: &Path,
+    args: &[&str],
+) -> (sandbox::Hold, tokio::task::JoinHandle<Output>) {
+    let hold = env.sandbox.hold();
+    let run = tokio::spawn(finish(run_command(env, dir, args)));
+    wait_until("the first run's call held mid-flight", || {
+        env.sandbox.held_calls() >= 1
     })
     .await;
+    (hold, run)
+}
+
+/// A second run of the pipeline while the first is held mid-call: refused with exit 5 naming
+/// the first; with `--wait`, seen waiting for it, and paying only once the first has finished.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_run_of_a_pipeline_exits_5_naming_the_first_or_waits_its_turn() {
+    let env = start(config()).await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(3, None));
-    let first = tokio::spawn(finish(run_command(
-        &env,
-        dir,
-        &["p.yaml", "--run-id", "first"],
-    )));
-    wait_for_lock_holder(dir).await;
+    let (hold, first) = started_and_held(&env, dir, &["p.yaml", "--run-id", "first"]).await;
 
     let refused = run(&env, dir, &["p.yaml", "--run-id", "second"]).await;
     assert_exit_without_panic(&refused, 5);
@@ -1626,7 +1619,15 @@ async fn a_second_run_of_a_pipeline_exits_5_naming_the_first_or_waits_its_turn()
     assert!(text.contains("run first by pid"), "{text}");
     assert!(text.contains("--wait"), "{text}");
 
-    let waited = run(&env, dir, &["p.yaml", "--run-id", "second", "--wait"]).await;
+    let mut waiting = Watched::start(run_command(
+        &env,
+        dir,
+        &["p.yaml", "--run-id", "second", "--wait"],
+    ));
+    waiting.wait_for_line("waiting for run first by pid").await;
+    assert!(env.sandbox.ledger().is_empty(), "nothing billed while held");
+    drop(hold);
+    let waited = waiting.finish().await;
     assert_exit_without_panic(&waited, 0);
     let first = first.await.unwrap();
     assert_exit_without_panic(&first, 0);
@@ -1636,65 +1637,65 @@ async fn a_second_run_of_a_pipeline_exits_5_naming_the_first_or_waits_its_turn()
         "each run paid once for its 9 calls"
     );
 
-    let mut conn = SqliteConnectOptions::new()
-        .filename(state_path(dir))
-        .read_only(true)
-        .connect()
-        .await
+    let db = read_db(&state_path(dir)).await;
+    let first_done = db
+        .attempts
+        .iter()
+        .filter(|a| a.run_id == "first")
+        .filter_map(|a| a.finished_at)
+        .max()
         .unwrap();
-    let (first_done,): (i64,) =
-        sqlx::query_as("SELECT MAX(finished_at) FROM attempts WHERE run_id = 'first'")
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
-    let (second_began,): (i64,) =
-        sqlx::query_as("SELECT MIN(started_at) FROM attempts WHERE run_id = 'second'")
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
+    let second_began = db
+        .attempts
+        .iter()
+        .filter(|a| a.run_id == "second")
+        .map(|a| a.started_at)
+        .min()
+        .unwrap();
     assert!(
         second_began >= first_done,
         "the waiting run called before the first finished"
     );
-    conn.close().await.unwrap();
 }
 
+/// A run killed (SIGKILL) while it holds the lock, mid-call: the lock goes with the process,
+/// and the next run is not blocked by it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lock_left_by_a_killed_run_does_not_block_the_next() {
-    let env = start(sandbox::Config {
-        latency: Duration::from_millis(300),
-        ..config()
-    })
-    .await;
+    let env = start(config()).await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(3, None));
+    let hold = env.sandbox.hold();
     let mut child = run_command(&env, dir, &["p.yaml", "--run-id", "killed"])
         .spawn()
         .unwrap();
-    wait_for_lock_holder(dir).await;
+    wait_until("the run's call held mid-flight", || {
+        env.sandbox.held_calls() >= 1
+    })
+    .await;
     kill_child(&mut child, "the first run").await;
+    drop(hold);
     let next = run(&env, dir, &["p.yaml", "--run-id", "next"]).await;
     assert_exit_without_panic(&next, 0);
 }
 
-/// A second process given the same run id with `--wait` waits for the first, then finds the
-/// run finished: it says so and pays nothing, rather than "resuming" it.
+/// A second process given the same run id with `--wait` waits for the first (seen waiting
+/// while the first is held mid-call), then finds the run finished: it says so and pays
+/// nothing, rather than "resuming" it.
 #[tokio::test(flavor = "multi_thread")]
 async fn waiting_for_a_run_that_then_finishes_says_it_is_finished_and_pays_nothing() {
-    let env = start(sandbox::Config {
-        latency: Duration::from_millis(150),
-        ..config()
-    })
-    .await;
+    let env = start(config()).await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(3, None));
-    let first = tokio::spawn(finish(run_command(
+    let (hold, first) = started_and_held(&env, dir, &["p.yaml", "--run-id", "same"]).await;
+    let mut waiting = Watched::start(run_command(
         &env,
         dir,
-        &["p.yaml", "--run-id", "same"],
-    )));
-    wait_for_lock_holder(dir).await;
-    let waited = run(&env, dir, &["p.yaml", "--run-id", "same", "--wait"]).await;
+        &["p.yaml", "--run-id", "same", "--wait"],
+    ));
+    waiting.wait_for_line("waiting for run same by pid").await;
+    drop(hold);
+    let waited = waiting.finish().await;
     assert_exit_without_panic(&waited, 0);
     let first = first.await.unwrap();
     assert_exit_without_panic(&first, 0);
