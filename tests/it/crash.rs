@@ -201,6 +201,17 @@ fn file_state(dir: &Path) -> String {
 }
 
 impl Runner<'_> {
+    /// The `--grace` its runs are given.
+    fn grace(&self) -> Duration {
+        self.extra
+            .iter()
+            .position(|a| *a == "--grace")
+            .and_then(|i| self.extra.get(i + 1))
+            .map_or(DEFAULT_GRACE, |s| {
+                Duration::from_secs_f64(s.parse().expect("--grace is a number"))
+            })
+    }
+
     fn state(&self) -> &str {
         &self.state
     }
@@ -322,9 +333,12 @@ enum Driven {
 
 /// Nothing a trigger waits for takes this long unless the run is stuck.
 const ROUND_LIMIT: Duration = Duration::from_secs(30);
-/// How long an interrupted run may take to record and exit: its calls in flight take a few
-/// hundred milliseconds at most here.
-const SIGINT_LIMIT: Duration = Duration::from_secs(3);
+/// How long an interrupted run may take, past its grace period for the calls in flight, to
+/// record and exit. A run still there after its grace and this ignored the signal; one that
+/// exits within them kept its promise, however slow the machine made it.
+const RECORD_LIMIT: Duration = Duration::from_secs(10);
+/// imgpipe's `--grace` when none is given.
+const DEFAULT_GRACE: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(1);
 /// After SIGINT no call may start later than this (ms): dispatch stops at once, and a call
 /// already past its last check is only waiting for its turn to write its intent.
@@ -444,9 +458,9 @@ async fn drive(runner: &Runner<'_>, child: &mut Child, trigger: Trigger, signal:
         "kill({pid}, {signal})"
     );
     let limit = if signal == libc::SIGKILL {
-        Duration::from_secs(10)
+        crate::common::KILL_LIMIT
     } else {
-        SIGINT_LIMIT
+        runner.grace() + RECORD_LIMIT
     };
     match tokio::time::timeout(limit, child.wait()).await {
         Ok(status) => Driven::Signalled {
