@@ -416,6 +416,7 @@ async fn stats(Shared(state): App) -> axum::Json<Value> {
         "stats": state.stats(),
         "ledger": state.ledger(),
         "held": state.gate.waiting(),
+        "in_flight": state.in_flight(),
     }))
 }
 

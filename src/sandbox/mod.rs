@@ -148,6 +148,12 @@ impl Sandbox {
         }
     }
 
+    /// Paid calls received and not yet done (billed or refused) now, held ones included: a
+    /// test waits for 0 after killing a client to know the service has settled its calls.
+    pub fn in_flight(&self) -> usize {
+        self.state.in_flight()
+    }
+
     /// Paid calls waiting at a hold now.
     pub fn held_calls(&self) -> usize {
         self.state.gate.waiting()

@@ -189,6 +189,11 @@ impl State {
         self.books().balance = balance;
     }
 
+    /// Paid calls received and not yet done (billed or refused) now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
     /// Takes a slot among the paid calls in flight; `None` when the configured limit is full.
     pub fn enter(self: &Arc<Self>) -> Option<InFlight> {
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;

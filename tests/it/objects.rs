@@ -592,8 +592,13 @@ async fn killed_then_resumed_a_deleted_object_is_fetched_again_and_a_modified_on
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     kill_child(&mut child, "the run").await;
-    // A call in flight at the kill finishes on the server's side.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // A call in flight at the kill finishes on the server's side, billed: the baseline is
+    // taken once the service has settled every call it received.
+    wait_until(
+        "the service settled the calls in flight at the kill",
+        || env.sandbox.in_flight() == 0,
+    )
+    .await;
     let before = env.sandbox.ledger().len();
     let done: Vec<Recorded> = outputs(dir)
         .await
