@@ -40,6 +40,7 @@ pub(super) fn router(state: Arc<State>) -> Router {
         .route("/_sandbox/stats", get(stats))
         .route("/_sandbox/hold", post(hold))
         .route("/_sandbox/release", post(release))
+        .route("/_sandbox/expire-urls", post(expire_urls))
         .fallback(|| async { Reply::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .with_state(state)
@@ -423,6 +424,12 @@ async fn stats(Shared(state): App) -> axum::Json<Value> {
 /// Holds paid calls before billing until `/_sandbox/release` (see `hold.rs`).
 async fn hold(Shared(state): App) -> StatusCode {
     state.gate.hold();
+    StatusCode::NO_CONTENT
+}
+
+/// Expires every result URL issued so far (see `Sandbox::expire_urls`).
+async fn expire_urls(Shared(state): App) -> StatusCode {
+    state.expire_urls();
     StatusCode::NO_CONTENT
 }
 

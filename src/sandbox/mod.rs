@@ -154,6 +154,13 @@ impl Sandbox {
         self.state.in_flight()
     }
 
+    /// Expires every result URL issued so far, as if its lifetime had passed (downloads get
+    /// 403, tools 400), while `GET /v1/jobs/{id}` gives fresh ones: a test of expiry that does
+    /// not wait for the clock, nor race it. Standalone: `POST /_sandbox/expire-urls`.
+    pub fn expire_urls(&self) {
+        self.state.expire_urls();
+    }
+
     /// Paid calls waiting at a hold now.
     pub fn held_calls(&self) -> usize {
         self.state.gate.waiting()

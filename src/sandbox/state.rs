@@ -189,6 +189,12 @@ impl State {
         self.books().balance = balance;
     }
 
+    /// Expires every result URL issued so far, as if its lifetime had passed; the jobs give
+    /// fresh ones.
+    pub fn expire_urls(&self) {
+        self.signer.expire_all(self.config.url_ttl);
+    }
+
     /// Paid calls received and not yet done (billed or refused) now.
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::SeqCst)
@@ -220,7 +226,7 @@ impl State {
 
     /// A freshly signed URL for a stored image, valid for the configured TTL.
     pub fn result_url(&self, image_id: &str) -> String {
-        let expires = now_ms() + self.config.url_ttl.as_millis() as u64;
+        let expires = self.signer.expires_after(self.config.url_ttl);
         format!(
             "{}files/{image_id}.png?{}",
             self.base,

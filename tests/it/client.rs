@@ -815,17 +815,13 @@ async fn a_client_timeout_is_ambiguous_and_the_call_is_still_billed() {
 #[tokio::test]
 async fn a_download_error_says_when_a_fresh_url_is_needed() {
     // Covered in depth in sandbox_http; here only the client-facing classification.
-    let env = start(Config {
-        url_ttl: Duration::from_millis(300),
-        ..Config::default()
-    })
-    .await;
+    let env = start_default().await;
     let job = env
         .client
         .generate(&GenerationRequest::new("x"))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    env.sandbox.expire_urls();
     let err = env
         .downloader
         .fetch(&job.images[0].url, env.dir.path(), "late")
