@@ -64,9 +64,18 @@ pub fn client_for(sandbox: &Sandbox, key: &str) -> Client {
     Client::new(config).unwrap()
 }
 
+/// A plain HTTP client for the tests' own requests, each bounded by [`RUN_LIMIT`]: a request
+/// that hangs fails with its URL instead of hanging the test.
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(RUN_LIMIT)
+        .build()
+        .unwrap()
+}
+
 /// Posts a raw JSON body, bypassing the client's own checks, to see what the sandbox says.
 pub async fn raw_post(env: &Env, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
-    let response = reqwest::Client::new()
+    let response = http()
         .post(env.sandbox.base_url().join(path).unwrap())
         .header("X-API-Key", env.sandbox.key())
         .json(body)

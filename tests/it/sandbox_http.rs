@@ -14,10 +14,6 @@ use crate::common::*;
 
 const GENERATIONS: &str = "v1/images/generations";
 
-fn http() -> reqwest::Client {
-    reqwest::Client::new()
-}
-
 /// GET on the sandbox with an optional key; the status and the JSON body (Null if none).
 async fn raw_get(env: &Env, path: &str, key: Option<&str>) -> (u16, Value) {
     let mut req = http().get(env.sandbox.base_url().join(path).unwrap());
