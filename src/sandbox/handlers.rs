@@ -38,6 +38,9 @@ pub(super) fn router(state: Arc<State>) -> Router {
         .route("/files/{file}", get(files::result))
         .route("/assets/{file}", get(files::sample))
         .route("/_sandbox/stats", get(stats))
+        .route("/_sandbox/hold", post(hold))
+        .route("/_sandbox/release", post(release))
+        .route("/_sandbox/expire-urls", post(expire_urls))
         .fallback(|| async { Reply::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .with_state(state)
@@ -277,11 +280,12 @@ async fn finish(
     let books = Arc::clone(state);
     let latency = state.latency();
     tokio::spawn(async move {
-        let (pngs, (), ()) = tokio::join!(
+        let (pngs, ()) = tokio::join!(
             tokio::task::spawn_blocking(work),
-            tokio::time::sleep(latency),
-            books.pass_hold()
+            tokio::time::sleep(latency)
         );
+        // Held, the call waits here: done, in flight, not billed yet.
+        books.gate.pass().await;
         let result = match pngs {
             Err(e) => Err(server_fault(&e)),
             Ok(Err(e)) => Err(invalid(&books, e)),
@@ -412,5 +416,28 @@ async fn stats(Shared(state): App) -> axum::Json<Value> {
         "balance": state.balance(),
         "stats": state.stats(),
         "ledger": state.ledger(),
+        "held": state.gate.waiting(),
+        "in_flight": state.in_flight(),
     }))
+}
+
+/// Holds paid calls before billing until `/_sandbox/release` (see `hold.rs`).
+async fn hold(Shared(state): App) -> StatusCode {
+    state.gate.hold();
+    StatusCode::NO_CONTENT
+}
+
+/// Expires every result URL issued so far (see `Sandbox::expire_urls`).
+async fn expire_urls(Shared(state): App) -> StatusCode {
+    state.expire_urls();
+    StatusCode::NO_CONTENT
+}
+
+/// Releases one hold; 409 when none was taken.
+async fn release(Shared(state): App) -> Response {
+    if state.gate.release() {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        Reply::new(StatusCode::CONFLICT, "not_held", "the sandbox is not held").into_response()
+    }
 }

@@ -9,6 +9,7 @@ mod edit;
 pub mod faults;
 mod files;
 mod handlers;
+mod hold;
 pub mod images;
 mod signing;
 mod state;
@@ -137,9 +138,8 @@ impl Sandbox {
         self.state.set_balance(balance);
     }
 
-    /// Holds every paid call from now on, received but not billed, until the test lets it
-    /// through ([`Sandbox::let_through`]): a call stays in flight exactly as long as a test
-    /// needs, with no clock to race.
+    /// Holds every paid call from now on at the gate of [`Sandbox::hold`], received but not
+    /// billed, until the test lets it through ([`Sandbox::let_through`]) or releases the calls.
     pub fn hold_calls(&self) {
         self.state.hold_calls();
     }
@@ -154,9 +154,32 @@ impl Sandbox {
         self.state.release_calls();
     }
 
-    /// Paid calls waiting to be let through now.
-    pub fn held(&self) -> usize {
-        self.state.held()
+    /// Holds every paid call, from now until the returned guard is dropped, at the gate after
+    /// its work and before its billing (see `hold.rs`): a run stays mid-call, in flight and
+    /// unbilled, for as long as a test needs.
+    pub fn hold(&self) -> Hold {
+        self.state.gate.hold();
+        Hold {
+            state: Arc::clone(&self.state),
+        }
+    }
+
+    /// Paid calls received and not yet done (billed or refused) now, held ones included: a
+    /// test waits for 0 after killing a client to know the service has settled its calls.
+    pub fn in_flight(&self) -> usize {
+        self.state.in_flight()
+    }
+
+    /// Expires every result URL issued so far, as if its lifetime had passed (downloads get
+    /// 403, tools 400), while `GET /v1/jobs/{id}` gives fresh ones: a test of expiry that does
+    /// not wait for the clock, nor race it. Standalone: `POST /_sandbox/expire-urls`.
+    pub fn expire_urls(&self) {
+        self.state.expire_urls();
+    }
+
+    /// Paid calls waiting at a hold now.
+    pub fn held_calls(&self) -> usize {
+        self.state.gate.waiting()
     }
 
     /// Stops accepting connections and waits for the server to finish.
@@ -176,6 +199,17 @@ impl Drop for Sandbox {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+    }
+}
+
+/// A hold on the sandbox's paid calls ([`Sandbox::hold`]); dropping it releases them.
+pub struct Hold {
+    state: Arc<State>,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.state.gate.release();
     }
 }
 

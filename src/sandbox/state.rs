@@ -120,20 +120,11 @@ pub struct State {
     in_flight: AtomicUsize,
     /// The origin of the ledger's `received_us`.
     started: Instant,
+    /// Where paid calls wait, unbilled, while the sandbox is held.
+    pub(crate) gate: crate::sandbox::hold::Gate,
     /// Paid requests per second, when the sandbox is told to limit them.
     pub limiter: Option<governor::DefaultDirectRateLimiter>,
     samples: HashMap<&'static str, Bytes>,
-    hold: Hold,
-}
-
-/// Paid calls held before they are billed, for as long as a test says: a call is then in
-/// flight exactly as long as the test needs, without racing any clock.
-#[derive(Default)]
-struct Hold {
-    /// The calls let through are its permits; `None` while nothing is held.
-    gate: Mutex<Option<Arc<tokio::sync::Semaphore>>>,
-    /// Calls waiting at the gate now.
-    waiting: AtomicUsize,
 }
 
 impl State {
@@ -163,9 +154,9 @@ impl State {
             ]),
             in_flight: AtomicUsize::new(0),
             started: Instant::now(),
+            gate: crate::sandbox::hold::Gate::new(),
             limiter: config.rate_limit.and_then(limiter),
             samples,
-            hold: Hold::default(),
             config,
             key,
             base,
@@ -198,6 +189,17 @@ impl State {
         self.books().balance = balance;
     }
 
+    /// Expires every result URL issued so far, as if its lifetime had passed; the jobs give
+    /// fresh ones.
+    pub fn expire_urls(&self) {
+        self.signer.expire_all(self.config.url_ttl);
+    }
+
+    /// Paid calls received and not yet done (billed or refused) now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
     /// Takes a slot among the paid calls in flight; `None` when the configured limit is full.
     pub fn enter(self: &Arc<Self>) -> Option<InFlight> {
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
@@ -224,7 +226,7 @@ impl State {
 
     /// A freshly signed URL for a stored image, valid for the configured TTL.
     pub fn result_url(&self, image_id: &str) -> String {
-        let expires = now_ms() + self.config.url_ttl.as_millis() as u64;
+        let expires = self.signer.expires_after(self.config.url_ttl);
         format!(
             "{}files/{image_id}.png?{}",
             self.base,
@@ -410,51 +412,17 @@ impl State {
     /// From now on, every paid call waits before it is billed until [`State::let_through`]
     /// lets it go.
     pub fn hold_calls(&self) {
-        let mut gate = self.hold.gate.lock().unwrap_or_else(|e| e.into_inner());
-        gate.get_or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(0)));
+        self.gate.hold();
     }
 
     /// Lets `n` more held calls be billed and answered, now or when they come.
     pub fn let_through(&self, n: usize) {
-        if let Some(gate) = &*self.hold.gate.lock().unwrap_or_else(|e| e.into_inner()) {
-            gate.add_permits(n);
-        }
+        self.gate.let_through(n);
     }
 
     /// Holds no more calls, and lets every waiting one go.
     pub fn release_calls(&self) {
-        if let Some(gate) = self
-            .hold
-            .gate
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            gate.close();
-        }
-    }
-
-    /// Paid calls waiting at the gate now: received, not billed.
-    pub fn held(&self) -> usize {
-        self.hold.waiting.load(Ordering::SeqCst)
-    }
-
-    /// Waits at the gate while calls are held.
-    pub async fn pass_hold(&self) {
-        let gate = self
-            .hold
-            .gate
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        if let Some(gate) = gate {
-            self.hold.waiting.fetch_add(1, Ordering::SeqCst);
-            // A closed gate lets everyone go; a permit lets one.
-            if let Ok(permit) = gate.acquire().await {
-                permit.forget();
-            }
-            self.hold.waiting.fetch_sub(1, Ordering::SeqCst);
-        }
+        self.gate.release_all();
     }
 
     /// Added latency for a paid call: the configured base plus jitter.

@@ -34,6 +34,8 @@ mod resume;
 mod runs;
 pub mod spend;
 pub(crate) mod tasks;
+#[cfg(test)]
+pub(crate) mod test_postgres;
 mod thumbnails;
 
 use std::path::{Path, PathBuf};

@@ -161,3 +161,218 @@ pub(crate) fn describe(e: &sqlx::Error) -> String {
         other => other.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use sqlx::PgConnection;
+
+    use super::*;
+    use crate::store::test_postgres::{connect, database};
+
+    /// The tables of the database's schema, by name.
+    async fn tables(conn: &mut PgConnection) -> Vec<String> {
+        sqlx::query_as::<_, (String,)>(
+            "SELECT table_name::text FROM information_schema.tables
+             WHERE table_schema = current_schema() ORDER BY table_name",
+        )
+        .fetch_all(conn)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(t,)| t)
+        .collect()
+    }
+
+    #[tokio::test]
+    async fn an_empty_database_gets_imgpipes_tables_only_when_asked_to_create_them() {
+        let Some(url) = database("empty").await else {
+            return;
+        };
+        let refused = open(&url, false).await.unwrap_err();
+        assert!(matches!(refused, StoreError::Absent { .. }), "{refused}");
+        let mut conn = connect(&url).await;
+        assert_eq!(tables(&mut conn).await, Vec::<String>::new());
+
+        let store = open(&url, true).await.unwrap();
+        let made = tables(&mut conn).await;
+        for table in [
+            "_sqlx_migrations",
+            "runs",
+            "tasks",
+            "attempts",
+            "outputs",
+            "run_locks",
+        ] {
+            assert!(made.iter().any(|t| t == table), "{table} in {made:?}");
+        }
+        let (applied,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM _sqlx_migrations")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(applied, i64::try_from(MIGRATOR.iter().count()).unwrap());
+        store.pool().close().await;
+        open(&url, false).await.unwrap().pool().close().await;
+        conn.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn another_applications_tables_are_refused_and_left_untouched() {
+        let Some(url) = database("foreign").await else {
+            return;
+        };
+        let mut conn = connect(&url).await;
+        sqlx::query("CREATE TABLE invoices (id BIGINT PRIMARY KEY)")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        for create in [true, false] {
+            let refused = open(&url, create).await.unwrap_err();
+            let StoreError::Foreign { reason, .. } = &refused else {
+                panic!("{refused}");
+            };
+            assert!(reason.contains("invoices"), "{refused}");
+        }
+        assert_eq!(tables(&mut conn).await, ["invoices"]);
+        conn.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn sqlxs_own_table_left_empty_by_a_first_run_that_died_counts_as_no_tables() {
+        let Some(url) = database("halfmade").await else {
+            return;
+        };
+        let mut conn = connect(&url).await;
+        sqlx::query(
+            "CREATE TABLE _sqlx_migrations (version BIGINT PRIMARY KEY, description TEXT NOT NULL,
+             installed_on TIMESTAMPTZ NOT NULL DEFAULT now(), success BOOLEAN NOT NULL,
+             checksum BYTEA NOT NULL, execution_time BIGINT NOT NULL)",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        open(&url, true).await.unwrap().pool().close().await;
+        assert!(tables(&mut conn).await.iter().any(|t| t == "runs"));
+        conn.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_newer_imgpipes_schema_is_refused_and_left_untouched() {
+        let Some(url) = database("newer").await else {
+            return;
+        };
+        open(&url, true).await.unwrap().pool().close().await;
+        let mut conn = connect(&url).await;
+        sqlx::query(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+             VALUES (99991231000000, 'from the future', TRUE, '\\x00', 0)",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        let before = tables(&mut conn).await;
+        let refused = open(&url, true).await.unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                StoreError::Newer {
+                    version: 99_991_231_000_000,
+                    ..
+                }
+            ),
+            "{refused}"
+        );
+        assert_eq!(tables(&mut conn).await, before);
+        conn.close().await.unwrap();
+    }
+
+    /// Hosts of a CronJob started at the same instant on a new database: each waits for the
+    /// one making the tables, then finds them imgpipe's (not another application's half-made
+    /// ones).
+    #[tokio::test]
+    async fn hosts_opening_a_new_database_at_once_all_find_imgpipes_tables() {
+        let Some(url) = database("together").await else {
+            return;
+        };
+        let opened = futures::future::join_all((0..8).map(|_| open(&url, true))).await;
+        for store in opened {
+            store.unwrap_or_else(|e| panic!("{e}")).pool().close().await;
+        }
+    }
+
+    /// Another host's session holds the lock under which a database is looked at and
+    /// migrated: opening waits for it (seen waiting by the server) and finishes only after.
+    #[tokio::test]
+    async fn opening_waits_while_another_host_prepares_the_database() {
+        let Some(url) = database("prepare").await else {
+            return;
+        };
+        let mut other = connect(&url).await;
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(PREPARE_KEY)
+            .execute(&mut other)
+            .await
+            .unwrap();
+        let bits = PREPARE_KEY.cast_unsigned();
+        let mut watcher = connect(&url).await;
+        let waiting = async {
+            loop {
+                let (waiters,): (i64,) = sqlx::query_as(
+                    "SELECT COUNT(*) FROM pg_locks
+                     WHERE locktype = 'advisory' AND NOT granted AND objsubid = 1
+                       AND database = (SELECT oid FROM pg_database
+                                       WHERE datname = current_database())
+                       AND classid::bigint = $1 AND objid::bigint = $2",
+                )
+                .bind(i64::from((bits >> 32) as u32))
+                .bind(i64::from(bits as u32))
+                .fetch_one(&mut watcher)
+                .await
+                .unwrap();
+                if waiters > 0 {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        let opening = open(&url, true);
+        tokio::pin!(opening);
+        tokio::select! {
+            opened = &mut opening => {
+                panic!("opened while another host held the lock: {:?}", opened.map(|_| ()));
+            }
+            seen = tokio::time::timeout(Duration::from_secs(30), waiting) => {
+                seen.expect("the server sees the opening session wait for the lock");
+            }
+        }
+        sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(PREPARE_KEY)
+            .execute(&mut other)
+            .await
+            .unwrap();
+        let store = tokio::time::timeout(Duration::from_secs(30), opening)
+            .await
+            .expect("opened once the lock was let go")
+            .unwrap();
+        store.pool().close().await;
+        other.close().await.unwrap();
+        watcher.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_failure_names_the_server_and_never_the_password() {
+        let Some(admin) = crate::store::test_postgres::admin() else {
+            return;
+        };
+        let mut url = url::Url::parse(&admin).unwrap();
+        url.set_path("imgpipe_unit_no_such_database");
+        url.set_password(Some("hunter2-secret")).unwrap();
+        let Ok(Location::Postgres(url)) = Location::parse(url.as_str(), "test") else {
+            panic!("{url}");
+        };
+        let refused = open(&url, true).await.unwrap_err();
+        let text = refused.to_string();
+        assert!(matches!(refused, StoreError::Io { .. }), "{text}");
+        assert!(text.contains("imgpipe_unit_no_such_database"), "{text}");
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+}

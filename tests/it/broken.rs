@@ -12,28 +12,22 @@
 //! Everything talks to 127.0.0.1 only: the in-process sandbox, or a small fake service for what
 //! the sandbox never serves (bodies that are no image, an oversized image).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Output;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 use futures::StreamExt;
 use imgpipe::api::Downloader;
 use imgpipe::api::download::{DEFAULT_MAX_BYTES, DownloadError};
-use imgpipe::sandbox::images::{draw_sample, encode_png};
 use imgpipe::sandbox::{self, Faults};
 use serde_json::{Value, json};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 use sqlx::{ConnectOptions, Connection, Row};
-use tokio::net::TcpListener;
 
 use crate::common::*;
 
@@ -71,23 +65,6 @@ fn one_step(item_id: &str, step_id: &str) -> String {
 
 const ITEM_LINE: usize = 5;
 const STEP_LINE: usize = 7;
-
-/// Every file and directory under `root`, relative to it, sorted; hidden files included.
-fn tree(root: &Path) -> Vec<PathBuf> {
-    fn walk(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            out.push(path.strip_prefix(root).unwrap().to_path_buf());
-            if path.is_dir() && !path.is_symlink() {
-                walk(root, &path, out);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(root, root, &mut out);
-    out.sort();
-    out
-}
 
 fn paths(list: &[&str]) -> Vec<PathBuf> {
     list.iter().map(PathBuf::from).collect()
@@ -202,85 +179,9 @@ async fn run_ids(path: &Path) -> Vec<String> {
     ids
 }
 
-/// Regular files under `dir` (recursively), relative to it; hidden ones included.
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    tree(dir)
-        .into_iter()
-        .filter(|p| dir.join(p).is_file())
-        .collect()
-}
-
 // ---------------------------------------------------------------------------------------------
 // A small fake service, for what the sandbox never serves
 // ---------------------------------------------------------------------------------------------
-
-const FAKE_KEY: &str = "fake-key-0123456789";
-
-type Hits = Arc<Mutex<HashMap<String, usize>>>;
-
-struct Fake {
-    base: String,
-    hits: Hits,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Fake {
-    async fn start(build: impl FnOnce(&str) -> Router) -> Fake {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}/", listener.local_addr().unwrap());
-        let hits: Hits = Arc::default();
-        let app = build(&base).layer(middleware::from_fn_with_state(hits.clone(), count));
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Fake { base, hits, task }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{}", self.base.trim_end_matches('/'), path)
-    }
-
-    /// Requests seen for `METHOD /path`.
-    fn count(&self, method: &str, path: &str) -> usize {
-        let key = format!("{method} {path}");
-        self.hits.lock().unwrap().get(&key).copied().unwrap_or(0)
-    }
-
-    async fn run(&self, args: &[&str], cwd: &Path) -> Output {
-        let mut cmd = command(args, cwd);
-        cmd.env("IMGPIPE_BASE_URL", &self.base)
-            .env("IMGPIPE_API_KEY", FAKE_KEY);
-        finish(cmd).await
-    }
-}
-
-impl Drop for Fake {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn count(State(hits): State<Hits>, request: Request, next: Next) -> Response {
-    let key = format!("{} {}", request.method(), request.uri().path());
-    *hits.lock().unwrap().entry(key).or_default() += 1;
-    next.run(request).await
-}
-
-fn sample_png() -> Vec<u8> {
-    encode_png(&draw_sample("mug", 32))
-}
-
-/// A generation answer with one image at `url`.
-fn generation(id: &str, url: &str) -> Value {
-    json!({
-        "id": id,
-        "status": "succeeded",
-        "model": "fake-1",
-        "credits_used": 4,
-        "credits_remaining": 996,
-        "images": [{"url": url}],
-    })
-}
 
 fn post_json(body: Value) -> MethodRouter {
     post(move || async move { axum::Json(body).into_response() })
@@ -1003,7 +904,7 @@ async fn a_run_whose_downloads_are_cut_short_leaves_no_partial_file() {
         stderr(&o)
     );
     let run_dir = dir.join("out").join("r");
-    assert_eq!(files_under(&run_dir), paths(&["manifest.jsonl"]));
+    assert_eq!(files_under(&run_dir), ["manifest.jsonl".to_owned()].into());
     assert_eq!(
         std::fs::read_to_string(run_dir.join("manifest.jsonl")).unwrap(),
         ""
@@ -1089,7 +990,7 @@ async fn a_run_whose_results_are_no_image_or_too_large_leaves_no_file() {
     assert_eq!(fake.count("GET", "/page"), 1);
     assert_eq!(fake.count("GET", "/huge"), 1);
     let run_dir = dir.path().join("out").join("r");
-    assert_eq!(files_under(&run_dir), paths(&["manifest.jsonl"]));
+    assert_eq!(files_under(&run_dir), ["manifest.jsonl".to_owned()].into());
     assert_eq!(
         std::fs::read_to_string(run_dir.join("manifest.jsonl")).unwrap(),
         ""
@@ -1570,9 +1471,9 @@ async fn a_new_state_database_is_marked_and_one_from_before_the_mark_is_marked_o
     assert_exit_without_panic(&b, 0);
     assert_eq!(run_ids(&state).await.len(), 2);
     assert_eq!(&application_id(&std::fs::read(&state).unwrap()), b"imgp");
-    let strays: Vec<PathBuf> = files_under(dir.path())
+    let strays: Vec<String> = files_under(dir.path())
         .into_iter()
-        .filter(|p| p.to_string_lossy().ends_with(".new"))
+        .filter(|p| p.ends_with(".new"))
         .collect();
     assert!(strays.is_empty(), "{strays:?}");
 

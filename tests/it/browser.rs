@@ -4,14 +4,14 @@
 //!
 //! Binaries: `IMGPIPE_CHROMIUM` (default `/usr/bin/chromium`) and `IMGPIPE_CHROMEDRIVER`
 //! (default `/usr/bin/chromedriver`). When the browser cannot be started, a test fails with the
-//! reason under `CI=true` or `IMGPIPE_REQUIRE_CHROMIUM=1`, and otherwise passes after printing
-//! `browser test skipped: <reason>` on stdout (see [`Settings::unavailable`]).
+//! reason under CI (`CI=true` or `CI=1`) or `IMGPIPE_REQUIRE_CHROMIUM=1`, and otherwise passes
+//! after printing `test NAME ... skipped: no browser: <reason>` on stdout (see
+//! [`Settings::unavailable`]).
 //!
 //! Everything stays on 127.0.0.1: fantoccini talks plain HTTP to chromedriver there (no proxy),
 //! and Chromium is told to use no proxy and to resolve no host name but `localhost`.
 
 use std::fmt::Display;
-use std::io::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
+
+use crate::common::{flag_in, say_skipped};
 
 /// How long the in-page script waits, in total, for all images to load or fail.
 const IMAGE_WAIT: Duration = Duration::from_secs(20);
@@ -95,7 +97,7 @@ return (async () => {
 pub struct Settings {
     pub chromium: PathBuf,
     pub chromedriver: PathBuf,
-    /// Why a missing browser fails the test (`CI=true`, `IMGPIPE_REQUIRE_CHROMIUM=1`); `None`
+    /// Why a missing browser fails the test (`CI=true`, `CI=1`, `IMGPIPE_REQUIRE_CHROMIUM=1`); `None`
     /// when it may skip.
     pub required_by: Option<String>,
 }
@@ -108,14 +110,7 @@ impl Settings {
     /// The settings that the environment variables `var` reads would give.
     pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Settings {
         let path = |name: &str, default: &str| PathBuf::from(var(name).unwrap_or(default.into()));
-        let set = |name: &str| {
-            var(name).filter(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "true" | "1"))
-        };
-        let required_by = match (set("CI"), set("IMGPIPE_REQUIRE_CHROMIUM")) {
-            (Some(v), _) => Some(format!("CI={v}")),
-            (None, Some(v)) => Some(format!("IMGPIPE_REQUIRE_CHROMIUM={v}")),
-            (None, None) => None,
-        };
+        let required_by = flag_in(&var, "CI").or_else(|| flag_in(&var, "IMGPIPE_REQUIRE_CHROMIUM"));
         Settings {
             chromium: path("IMGPIPE_CHROMIUM", "/usr/bin/chromium"),
             chromedriver: path("IMGPIPE_CHROMEDRIVER", "/usr/bin/chromedriver"),
@@ -124,9 +119,7 @@ impl Settings {
     }
 
     /// The browser cannot be started: panics with `why` when a browser is required, else says
-    /// on stdout that the test is skipped. libtest captures what `print!` writes and shows it
-    /// only for failing tests (or with `--nocapture` / `--show-output`), so the line is written
-    /// to the process's stdout directly and shows in every `cargo test` output.
+    /// in the test's output that it skips ([`say_skipped`]).
     pub fn unavailable(&self, why: &str) {
         if let Some(required_by) = &self.required_by {
             panic!(
@@ -135,12 +128,10 @@ impl Settings {
                  IMGPIPE_CHROMEDRIVER at them"
             );
         }
-        let line = format!(
-            "browser test skipped: {why} (install `chromium chromium-driver` or set \
-             IMGPIPE_CHROMIUM / IMGPIPE_CHROMEDRIVER; under CI=true this fails)\n"
-        );
-        let mut out = std::io::stdout().lock();
-        let _ = out.write_all(line.as_bytes()).and_then(|()| out.flush());
+        say_skipped(&format!(
+            "no browser: {why} (install `chromium chromium-driver` or set IMGPIPE_CHROMIUM / \
+             IMGPIPE_CHROMEDRIVER; under CI this fails)"
+        ));
     }
 }
 
@@ -624,13 +615,12 @@ async fn the_harness_sees_broken_images() {
 /// The test above run as its own process (this very test binary), with `env` set and the
 /// variables that require a browser removed unless `env` sets them.
 fn harness_test_alone(env: &[(&str, &str)]) -> std::process::Output {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "browser::the_harness_sees_broken_images"])
-        .env_remove("CI")
-        .env_remove("IMGPIPE_REQUIRE_CHROMIUM")
-        .envs(env.iter().copied())
-        .stdin(Stdio::null());
-    cmd.output().unwrap()
+    crate::common::test_alone(
+        "browser::the_harness_sees_broken_images",
+        &["CI", "IMGPIPE_REQUIRE_CHROMIUM"],
+        env,
+        Duration::from_secs(120),
+    )
 }
 
 #[test]
@@ -650,7 +640,8 @@ fn without_a_browser_a_test_says_skipped_on_stdout_and_under_ci_fails_with_the_r
     assert_eq!(skipped.status.code(), Some(0), "{}", text(&skipped));
     assert!(
         stdout.contains(&format!(
-            "browser test skipped: Chromium not found at {missing}"
+            "test browser::the_harness_sees_broken_images ... skipped: no browser: \
+             Chromium not found at {missing}"
         )),
         "{}",
         text(&skipped)
@@ -662,6 +653,11 @@ fn without_a_browser_a_test_says_skipped_on_stdout_and_under_ci_fails_with_the_r
         (
             &[("CI", "true"), ("IMGPIPE_CHROMIUM", missing)][..],
             "CI=true",
+            format!("Chromium not found at {missing}"),
+        ),
+        (
+            &[("CI", "1"), ("IMGPIPE_CHROMIUM", missing)][..],
+            "CI=1",
             format!("Chromium not found at {missing}"),
         ),
         (
@@ -692,12 +688,12 @@ fn without_a_browser_a_test_says_skipped_on_stdout_and_under_ci_fails_with_the_r
             )),
             "{env:?}: {all}"
         );
-        assert!(!all.contains("browser test skipped"), "{env:?}: {all}");
+        assert!(!all.contains("skipped:"), "{env:?}: {all}");
     }
 }
 
 #[test]
-fn ci_true_or_require_chromium_require_the_browser() {
+fn ci_true_or_1_or_require_chromium_require_the_browser() {
     let settings = |vars: &[(&str, &str)]| {
         Settings::from_vars(|name| {
             vars.iter()
@@ -712,6 +708,8 @@ fn ci_true_or_require_chromium_require_the_browser() {
     for (vars, required_by) in [
         (&[("CI", "true")][..], Some("CI=true")),
         (&[("CI", "1")], Some("CI=1")),
+        (&[("CI", "TRUE")], Some("CI=TRUE")),
+        (&[("CI", " True ")], Some("CI= True ")),
         (&[("CI", "false")], None),
         (&[("CI", "")], None),
         (
@@ -740,17 +738,16 @@ fn ci_true_or_require_chromium_require_the_browser() {
 fn ci_stops_when_it_cannot_have_chromium() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let missing = "/nonexistent/imgpipe-test/chromium";
-    let o = Command::new("bash")
-        .args([
-            "-c",
-            "set -euo pipefail; source .ci/chromium.sh; echo 'went on'",
-        ])
-        .current_dir(root)
-        .env("IMGPIPE_CHROMIUM", missing)
-        .env_remove("IMGPIPE_CHROMEDRIVER")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let mut cmd = Command::new("bash");
+    cmd.args([
+        "-c",
+        "set -euo pipefail; source .ci/chromium.sh; echo 'went on'",
+    ])
+    .current_dir(root)
+    .env("IMGPIPE_CHROMIUM", missing)
+    .env_remove("IMGPIPE_CHROMEDRIVER")
+    .stdin(Stdio::null());
+    let o = crate::common::finish_blocking(cmd, Duration::from_secs(60), "source .ci/chromium.sh");
     let stdout = String::from_utf8_lossy(&o.stdout);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_ne!(o.status.code(), Some(0), "{stdout}\n{stderr}");

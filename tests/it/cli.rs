@@ -116,11 +116,15 @@ async fn spawn_standalone(args: &[&str], cwd: &Path) -> (tokio::process::Child, 
 }
 
 fn send_signal(signal: &str, pid: u32) {
-    let status = std::process::Command::new("kill")
-        .args([&format!("-{signal}"), &pid.to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(status.success(), "kill -{signal} {pid} failed");
+    let mut kill = std::process::Command::new("kill");
+    kill.args([&format!("-{signal}"), &pid.to_string()])
+        .stdin(std::process::Stdio::null());
+    let o = finish_blocking(
+        kill,
+        Duration::from_secs(10),
+        &format!("kill -{signal} {pid}"),
+    );
+    assert!(o.status.success(), "kill -{signal} {pid} failed: {o:?}");
 }
 
 // ---------------------------------------------------------------------------------------------

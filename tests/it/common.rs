@@ -3,8 +3,9 @@
 
 #![allow(dead_code)]
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::{ExitStatus, Output, Stdio};
 use std::time::Duration;
 
 use imgpipe::api::download::DEFAULT_MAX_BYTES;
@@ -12,7 +13,7 @@ use imgpipe::api::{ApiKey, Client, ClientConfig, Downloader};
 use imgpipe::sandbox::{self, Faults, Sandbox};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 
 /// The sandbox's default starting balance.
 pub const START_BALANCE: i64 = 1000;
@@ -63,9 +64,18 @@ pub fn client_for(sandbox: &Sandbox, key: &str) -> Client {
     Client::new(config).unwrap()
 }
 
+/// A plain HTTP client for the tests' own requests, each bounded by [`RUN_LIMIT`]: a request
+/// that hangs fails with its URL instead of hanging the test.
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(RUN_LIMIT)
+        .build()
+        .unwrap()
+}
+
 /// Posts a raw JSON body, bypassing the client's own checks, to see what the sandbox says.
 pub async fn raw_post(env: &Env, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
-    let response = reqwest::Client::new()
+    let response = http()
         .post(env.sandbox.base_url().join(path).unwrap())
         .header("X-API-Key", env.sandbox.key())
         .json(body)
@@ -109,12 +119,230 @@ pub fn command(args: &[&str], cwd: &Path) -> Command {
     cmd
 }
 
-/// Runs `cmd` to completion, failing the test if it does not finish within [`RUN_LIMIT`].
-pub async fn finish(mut cmd: Command) -> Output {
-    tokio::time::timeout(RUN_LIMIT, cmd.output())
+/// How long a process killed with SIGKILL may take to be reaped: the kernel ends it at once,
+/// so only a machine stalled outright takes this long.
+pub const KILL_LIMIT: Duration = Duration::from_secs(10);
+
+/// `program arg…` of `cmd`, the program by its file name, for messages.
+pub fn describe(cmd: &std::process::Command) -> String {
+    let program = Path::new(cmd.get_program());
+    let mut text = program
+        .file_name()
+        .unwrap_or(program.as_os_str())
+        .to_string_lossy()
+        .into_owned();
+    for arg in cmd.get_args() {
+        text += " ";
+        text += &arg.to_string_lossy();
+    }
+    text
+}
+
+/// Runs `cmd` to completion, failing the test, with the command line, if it does not finish
+/// within [`RUN_LIMIT`].
+pub fn finish(cmd: Command) -> impl Future<Output = Output> {
+    finish_within(cmd, RUN_LIMIT)
+}
+
+/// [`finish`] within `limit`; the process is killed when the limit passes.
+pub fn finish_within(mut cmd: Command, limit: Duration) -> impl Future<Output = Output> {
+    let what = describe(cmd.as_std());
+    cmd.kill_on_drop(true);
+    async move {
+        tokio::time::timeout(limit, cmd.output())
+            .await
+            .unwrap_or_else(|_| panic!("`{what}` did not finish within {limit:?}"))
+            .unwrap_or_else(|e| panic!("`{what}` did not run: {e}"))
+    }
+}
+
+/// What a started `child` printed, once it ends: fails the test with `what` (the command or
+/// what it should do) if it has not ended within [`RUN_LIMIT`].
+pub async fn finish_child(child: Child, what: &str) -> Output {
+    tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
         .await
-        .expect("imgpipe finishes in time")
-        .expect("imgpipe runs")
+        .unwrap_or_else(|_| panic!("{what}: not ended within {RUN_LIMIT:?}"))
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+/// Waits for `child` to end by itself, failing the test with `what` if it has not within
+/// `limit`.
+pub async fn wait_child(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
+    tokio::time::timeout(limit, child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not ended within {limit:?}"))
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+/// How long a test waits for something it expects of a run (a file, a call, a row) before it
+/// fails naming it.
+pub const WAIT_LIMIT: Duration = Duration::from_secs(15);
+
+/// Waits until `cond` holds, failing the test with `what` after [`WAIT_LIMIT`].
+pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + WAIT_LIMIT;
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what} ({WAIT_LIMIT:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// [`wait_until`] for a condition that must await (a database read).
+pub async fn wait_until_async<F: Future<Output = bool>>(what: &str, mut cond: impl FnMut() -> F) {
+    let deadline = std::time::Instant::now() + WAIT_LIMIT;
+    while !cond().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what} ({WAIT_LIMIT:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A started process whose stderr is read line by line as it comes, so a test can wait for
+/// what it says (`waiting for …`) before going on.
+pub struct Watched {
+    child: Child,
+    what: String,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Watched {
+    /// Starts `cmd`, its stdout and stderr piped.
+    pub fn start(mut cmd: Command) -> Watched {
+        use tokio::io::AsyncBufReadExt as _;
+        let what = describe(cmd.as_std());
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("`{what}` did not start: {e}"));
+        let stderr = child.stderr.take().unwrap();
+        let lines = std::sync::Arc::<std::sync::Mutex<Vec<String>>>::default();
+        let seen = std::sync::Arc::clone(&lines);
+        let reader = tokio::spawn(async move {
+            let mut stderr = tokio::io::BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = stderr.next_line().await {
+                seen.lock().unwrap().push(line);
+            }
+        });
+        Watched {
+            child,
+            what,
+            lines,
+            reader,
+        }
+    }
+
+    pub fn id(&self) -> u32 {
+        self.child.id().expect("still running")
+    }
+
+    /// Waits until a line of its stderr holds `text`, failing the test after [`WAIT_LIMIT`]
+    /// (or when the process ends first) with what it said.
+    pub async fn wait_for_line(&mut self, text: &str) {
+        let deadline = std::time::Instant::now() + WAIT_LIMIT;
+        loop {
+            if self.lines.lock().unwrap().iter().any(|l| l.contains(text)) {
+                return;
+            }
+            let said = || self.lines.lock().unwrap().join("\n");
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "`{}` ended ({status}) without saying {text:?}:\n{}",
+                    self.what,
+                    said()
+                );
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "`{}` did not say {text:?} within {WAIT_LIMIT:?}:\n{}",
+                self.what,
+                said()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// What it printed once it ends, within [`RUN_LIMIT`].
+    pub async fn finish(self) -> Output {
+        let Watched {
+            child,
+            what,
+            lines,
+            reader,
+        } = self;
+        let mut output = finish_child(child, &format!("`{what}`")).await;
+        tokio::time::timeout(KILL_LIMIT, reader)
+            .await
+            .unwrap_or_else(|_| panic!("`{what}`: its stderr did not close"))
+            .unwrap();
+        let mut text = lines.lock().unwrap().join("\n");
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        output.stderr = text.into_bytes();
+        output
+    }
+}
+
+/// Kills `child` with SIGKILL and reaps it, within [`KILL_LIMIT`].
+pub async fn kill_child(child: &mut Child, what: &str) {
+    child
+        .start_kill()
+        .unwrap_or_else(|e| panic!("{what}: cannot kill: {e}"));
+    wait_child(child, KILL_LIMIT, &format!("{what}, killed")).await;
+}
+
+/// Runs a blocking `cmd` to completion, its output piped, failing the test with `what` if it
+/// has not ended within `limit` (it is killed then, so nothing outlives the test).
+#[track_caller]
+pub fn finish_blocking(cmd: std::process::Command, limit: Duration, what: &str) -> Output {
+    try_finish_blocking(cmd, limit, what).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`finish_blocking`], saying why instead of failing (for a property test, which must not
+/// panic to report).
+pub fn try_finish_blocking(
+    mut cmd: std::process::Command,
+    limit: Duration,
+    what: &str,
+) -> Result<Output, String> {
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{what}: cannot start: {e}"))?;
+    let pid = child.id();
+    let (done, outcome) = std::sync::mpsc::channel();
+    std::thread::spawn(move || done.send(child.wait_with_output()));
+    match outcome.recv_timeout(limit) {
+        Ok(output) => output.map_err(|e| format!("{what}: {e}")),
+        Err(_) => {
+            // Not reaped yet (its waiter still waits), so the pid is still the child's.
+            // SAFETY: kill(2) on our own child's pid; no memory involved.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            Err(format!("{what}: still running after {limit:?}, killed"))
+        }
+    }
+}
+
+/// One test of this very binary run alone in a process of its own, with the variables `remove`
+/// removed and `env` set: how a test proves what another does where this process is not (no
+/// browser, no PostgreSQL, not CI). Fails if it has not ended within `limit`.
+pub fn test_alone(test: &str, remove: &[&str], env: &[(&str, &str)], limit: Duration) -> Output {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", test]).stdin(Stdio::null());
+    for name in remove {
+        cmd.env_remove(name);
+    }
+    cmd.envs(env.iter().copied());
+    finish_blocking(cmd, limit, &format!("the test {test} run alone"))
 }
 
 /// Runs the real binary with the given arguments, pointed at `env`'s sandbox unless the
@@ -125,7 +353,7 @@ pub async fn imgpipe(env: Option<&Env>, args: &[&str], cwd: &Path) -> Output {
         cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
             .env("IMGPIPE_API_KEY", env.sandbox.key());
     }
-    cmd.output().await.expect("imgpipe runs")
+    finish(cmd).await
 }
 
 pub fn stdout(o: &Output) -> String {
@@ -195,6 +423,50 @@ pub fn entries(dir: &Path) -> Vec<PathBuf> {
     all
 }
 
+/// Every file and directory under `root`, relative to it, sorted; hidden ones included. A
+/// symlink is listed, not followed.
+pub fn tree(root: &Path) -> Vec<PathBuf> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
+        for path in entries(dir) {
+            out.push(path.strip_prefix(root).unwrap().to_path_buf());
+            if path.is_dir() && !path.is_symlink() {
+                walk(root, &path, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, root, &mut out);
+    out.sort();
+    out
+}
+
+/// Every file under `dir` (all but directories: symlinks and hidden leftovers included),
+/// relative to it, as text.
+pub fn files_under(dir: &Path) -> BTreeSet<String> {
+    tree(dir)
+        .into_iter()
+        .filter(|p| {
+            let path = dir.join(p);
+            path.is_symlink() || !path.is_dir()
+        })
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Every file under `dir` with its sha256; none when `dir` does not exist.
+pub fn file_digests(dir: &Path) -> BTreeMap<String, String> {
+    if !dir.exists() {
+        return BTreeMap::new();
+    }
+    files_under(dir)
+        .into_iter()
+        .map(|f| {
+            let digest = sha256_hex(&std::fs::read(dir.join(&f)).unwrap());
+            (f, digest)
+        })
+        .collect()
+}
+
 pub fn decode(path: &Path) -> image::DynamicImage {
     let bytes = std::fs::read(path).unwrap();
     assert!(
@@ -227,20 +499,61 @@ pub async fn rows_in(state: &Path, table: &str) -> i64 {
     count.await.unwrap_or(0)
 }
 
+/// `Some("NAME=value")` when the environment variable `name`, read through `var`, is `true` or
+/// `1` in any case (blanks around it ignored): how every switch of the tests is read, CI's
+/// own included.
+pub fn flag_in(var: impl Fn(&str) -> Option<String>, name: &str) -> Option<String> {
+    var(name)
+        .filter(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "true" | "1"))
+        .map(|v| format!("{name}={v}"))
+}
+
+/// Whether the tests run under CI (`CI=true` or `CI=1`, as CI services set it): `Some("CI=…")`,
+/// for the message, when they do. There a test that lacks what it needs (a browser, a
+/// PostgreSQL server, promtool) fails instead of skipping.
+pub fn ci() -> Option<String> {
+    flag_in(|name| std::env::var(name).ok(), "CI")
+}
+
+/// Says that the running test skips, and why, in a line that names it as libtest's result line
+/// does: `test NAME ... skipped: WHY`. libtest captures what `print!` writes and shows it only
+/// for failing tests (or with `--nocapture` / `--show-output`), so the line is written to the
+/// process's stdout directly and shows in every `cargo test` output, next to the test's `ok`.
+pub fn say_skipped(why: &str) {
+    use std::io::Write as _;
+    // libtest runs each test on a thread named after it.
+    let thread = std::thread::current();
+    let name = thread.name().unwrap_or("<unnamed>");
+    let line = format!("test {name} ... skipped: {why}\n");
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(line.as_bytes()).and_then(|()| out.flush());
+}
+
+/// A test cannot have `what` it needs: under CI it fails with `why` and `hint`; elsewhere it
+/// says it skips ([`say_skipped`]) and the caller returns.
+#[track_caller]
+pub fn skip_unless_ci(what: &str, why: &str, hint: &str) {
+    if let Some(ci) = ci() {
+        panic!("{what} unavailable, and {ci} requires it: {why}\nhint: {hint}");
+    }
+    say_skipped(&format!("no {what}: {why} ({hint}; under CI this fails)"));
+}
+
 /// A fresh, empty PostgreSQL database for one test, on the server `.ci/run` starts (its URL in
-/// `IMGPIPE_TEST_POSTGRES`, an administrator's). `None` when there is no server outside CI;
-/// under `CI=true` a missing server fails the test with the reason.
+/// `IMGPIPE_TEST_POSTGRES`, an administrator's). `None` when there is no server outside CI, the
+/// skip said in the test's output ([`skip_unless_ci`]); under CI a missing server fails the
+/// test with the reason.
 pub async fn postgres_database(tag: &str) -> Option<String> {
     use sqlx::Connection;
     let Some(admin) = std::env::var("IMGPIPE_TEST_POSTGRES")
         .ok()
         .filter(|v| !v.is_empty())
     else {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "IMGPIPE_TEST_POSTGRES is unset: `bash .ci/run` starts a PostgreSQL server and sets it; CI must run the PostgreSQL tests"
+        skip_unless_ci(
+            "PostgreSQL",
+            "IMGPIPE_TEST_POSTGRES is unset",
+            "`bash .ci/run` starts a server and sets it",
         );
-        eprintln!("skipped: IMGPIPE_TEST_POSTGRES is unset (`bash .ci/run` sets it)");
         return None;
     };
     let name = format!(
@@ -251,8 +564,9 @@ pub async fn postgres_database(tag: &str) -> Option<String> {
             .unwrap()
             .subsec_nanos()
     );
-    let mut conn = sqlx::PgConnection::connect(&admin)
+    let mut conn = tokio::time::timeout(RUN_LIMIT, sqlx::PgConnection::connect(&admin))
         .await
+        .unwrap_or_else(|_| panic!("IMGPIPE_TEST_POSTGRES did not answer within {RUN_LIMIT:?}"))
         .unwrap_or_else(|e| panic!("cannot reach IMGPIPE_TEST_POSTGRES: {e}"));
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
         .execute(&mut conn)
@@ -278,4 +592,528 @@ pub async fn state_connection(state: &str) -> sqlx::AnyConnection {
     sqlx::AnyConnection::connect(&url)
         .await
         .unwrap_or_else(|e| panic!("cannot open the state {state}: {e}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The state database, read back
+// ---------------------------------------------------------------------------------------------
+
+/// A row of `runs`.
+#[derive(Clone, Debug)]
+pub struct RunRow {
+    pub id: String,
+    pub status: String,
+    pub output_dir: PathBuf,
+    pub pipeline_text: String,
+    pub credits_planned: u64,
+    pub balance_before: Option<i64>,
+    pub balance_after: Option<i64>,
+}
+
+/// A row of `tasks`.
+#[derive(Clone, Debug)]
+pub struct TaskRow {
+    pub id: i64,
+    pub run_id: String,
+    pub item: String,
+    pub step: String,
+    pub idx: i64,
+    pub operation: String,
+    pub status: String,
+    pub inputs: Vec<String>,
+    pub planned: u64,
+    pub billed: u64,
+    pub job_id: Option<String>,
+    pub error: Option<String>,
+    /// Dropped from the pipeline by a later version of it (`removed_at` set).
+    pub removed: bool,
+    pub reused_from: Option<i64>,
+}
+
+impl TaskRow {
+    /// `item/step[idx]`.
+    pub fn name(&self) -> String {
+        format!("{}/{}[{}]", self.item, self.step, self.idx)
+    }
+}
+
+/// A row of `attempts`.
+#[derive(Clone, Debug)]
+pub struct AttemptRow {
+    pub id: i64,
+    pub task_id: i64,
+    pub run_id: String,
+    pub started_at: i64,
+    pub finished_at: Option<i64>,
+    pub outcome: Option<String>,
+    pub http_status: Option<i64>,
+    pub billed: u64,
+    pub job_id: Option<String>,
+    /// The error, or a success's note (such as that it was read back by its job id).
+    pub error: Option<String>,
+}
+
+/// A row of `outputs`.
+#[derive(Clone, Debug)]
+pub struct OutputRow {
+    pub id: i64,
+    pub task_id: i64,
+    pub run_id: String,
+    pub k: i64,
+    pub job_id: String,
+    pub parent_job_id: Option<String>,
+    pub url: String,
+    pub url_issued_at: i64,
+    pub path: Option<String>,
+    pub sha256: Option<String>,
+    pub bytes: Option<i64>,
+    pub download_error: Option<String>,
+}
+
+/// A row of `superseded_outputs`.
+#[derive(Clone, Debug)]
+pub struct SupersededRow {
+    pub task_id: i64,
+    pub job_id: String,
+    pub path: Option<String>,
+    pub sha256: Option<String>,
+    pub bytes: Option<i64>,
+    pub reason: String,
+}
+
+/// The whole state (a SQLite file or a PostgreSQL database), read at once through one
+/// connection, in row order. Its questions ask of the tasks still in the pipeline ([`Db::live`])
+/// unless they say otherwise.
+#[derive(Debug)]
+pub struct Db {
+    /// In the order they were made.
+    pub runs: Vec<RunRow>,
+    /// Every task, those removed from the pipeline too.
+    pub tasks: Vec<TaskRow>,
+    pub attempts: Vec<AttemptRow>,
+    pub outputs: Vec<OutputRow>,
+    pub superseded: Vec<SupersededRow>,
+    /// SQLite's `integrity_check` (`ok` for PostgreSQL, which checks its own pages).
+    pub integrity: String,
+    /// Rows SQLite's `foreign_key_check` reports (0 for PostgreSQL, which enforces its keys).
+    pub foreign_key_faults: usize,
+}
+
+fn unsigned(n: i64) -> u64 {
+    u64::try_from(n).unwrap()
+}
+
+impl Db {
+    /// The state in the SQLite file at `path`.
+    pub async fn read_file(path: &Path) -> Db {
+        Db::read(&path.to_string_lossy()).await
+    }
+
+    /// The state at `state`: a SQLite file (opened read-only) or a PostgreSQL URL.
+    pub async fn read(state: &str) -> Db {
+        use sqlx::{Connection, Row};
+        let mut conn = state_connection(state).await;
+        let (integrity, foreign_key_faults) = if state.starts_with("postgres") {
+            ("ok".to_owned(), 0)
+        } else {
+            let (integrity,): (String,) = sqlx::query_as("PRAGMA integrity_check")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+            let faults = sqlx::query("PRAGMA foreign_key_check")
+                .fetch_all(&mut conn)
+                .await
+                .unwrap()
+                .len();
+            (integrity, faults)
+        };
+        macro_rules! rows {
+            ($sql:expr, |$r:ident| $make:expr) => {
+                sqlx::query($sql)
+                    .fetch_all(&mut conn)
+                    .await
+                    .unwrap_or_else(|e| panic!("{}: {e}", $sql))
+                    .iter()
+                    .map(|$r| $make)
+                    .collect()
+            };
+        }
+        let runs = rows!(
+            "SELECT id, status, output_dir, pipeline_text, credits_planned, balance_before,
+                    balance_after
+             FROM runs ORDER BY created_at, id",
+            |r| RunRow {
+                id: r.get("id"),
+                status: r.get("status"),
+                output_dir: PathBuf::from(r.get::<String, _>("output_dir")),
+                pipeline_text: r.get("pipeline_text"),
+                credits_planned: unsigned(r.get("credits_planned")),
+                balance_before: r.get("balance_before"),
+                balance_after: r.get("balance_after"),
+            }
+        );
+        let tasks = rows!(
+            "SELECT id, run_id, item, step, idx, operation, status, inputs, planned_credits,
+                    credits_billed, job_id, error, removed_at, reused_from
+             FROM tasks ORDER BY id",
+            |r| TaskRow {
+                id: r.get("id"),
+                run_id: r.get("run_id"),
+                item: r.get("item"),
+                step: r.get("step"),
+                idx: r.get("idx"),
+                operation: r.get("operation"),
+                status: r.get("status"),
+                inputs: serde_json::from_str(&r.get::<String, _>("inputs")).unwrap(),
+                planned: unsigned(r.get("planned_credits")),
+                billed: unsigned(r.get("credits_billed")),
+                job_id: r.get("job_id"),
+                error: r.get("error"),
+                removed: r.get::<Option<i64>, _>("removed_at").is_some(),
+                reused_from: r.get("reused_from"),
+            }
+        );
+        let attempts = rows!(
+            "SELECT id, task_id, run_id, started_at, finished_at, outcome, http_status,
+                    credits_billed, job_id, error
+             FROM attempts ORDER BY id",
+            |r| AttemptRow {
+                id: r.get("id"),
+                task_id: r.get("task_id"),
+                run_id: r.get("run_id"),
+                started_at: r.get("started_at"),
+                finished_at: r.get("finished_at"),
+                outcome: r.get("outcome"),
+                http_status: r.get("http_status"),
+                billed: unsigned(r.get("credits_billed")),
+                job_id: r.get("job_id"),
+                error: r.get("error"),
+            }
+        );
+        let outputs = rows!(
+            "SELECT id, task_id, run_id, k, job_id, parent_job_id, url, url_issued_at, path,
+                    sha256, bytes, download_error
+             FROM outputs ORDER BY task_id, k, id",
+            |r| OutputRow {
+                id: r.get("id"),
+                task_id: r.get("task_id"),
+                run_id: r.get("run_id"),
+                k: r.get("k"),
+                job_id: r.get("job_id"),
+                parent_job_id: r.get("parent_job_id"),
+                url: r.get("url"),
+                url_issued_at: r.get("url_issued_at"),
+                path: r.get("path"),
+                sha256: r.get("sha256"),
+                bytes: r.get("bytes"),
+                download_error: r.get("download_error"),
+            }
+        );
+        let superseded = rows!(
+            "SELECT task_id, job_id, path, sha256, bytes, reason
+             FROM superseded_outputs ORDER BY id",
+            |r| SupersededRow {
+                task_id: r.get("task_id"),
+                job_id: r.get("job_id"),
+                path: r.get("path"),
+                sha256: r.get("sha256"),
+                bytes: r.get("bytes"),
+                reason: r.get("reason"),
+            }
+        );
+        conn.close().await.unwrap();
+        Db {
+            runs,
+            tasks,
+            attempts,
+            outputs,
+            superseded,
+            integrity,
+            foreign_key_faults,
+        }
+    }
+
+    /// The run `id`.
+    #[track_caller]
+    pub fn run(&self, id: &str) -> &RunRow {
+        self.runs
+            .iter()
+            .find(|r| r.id == id)
+            .unwrap_or_else(|| panic!("no run {id}"))
+    }
+
+    pub fn run_status(&self, id: &str) -> &str {
+        &self.run(id).status
+    }
+
+    /// Tasks still in the pipeline.
+    pub fn live(&self) -> impl Iterator<Item = &TaskRow> {
+        self.tasks.iter().filter(|t| !t.removed)
+    }
+
+    /// Tasks of the run `run` still in the pipeline.
+    pub fn tasks_of(&self, run: &str) -> Vec<&TaskRow> {
+        self.live().filter(|t| t.run_id == run).collect()
+    }
+
+    /// The task with the row id `id`, removed or not.
+    #[track_caller]
+    pub fn task(&self, id: i64) -> &TaskRow {
+        self.tasks
+            .iter()
+            .find(|t| t.id == id)
+            .unwrap_or_else(|| panic!("no task {id}"))
+    }
+
+    /// The live task `item/step[idx]` of any run.
+    pub fn find(&self, item: &str, step: &str, idx: i64) -> Option<&TaskRow> {
+        self.live()
+            .find(|t| t.item == item && t.step == step && t.idx == idx)
+    }
+
+    /// Live tasks in `status`.
+    pub fn count(&self, status: &str) -> usize {
+        self.live().filter(|t| t.status == status).count()
+    }
+
+    /// Live tasks of `run` in `status`.
+    pub fn count_in(&self, run: &str, status: &str) -> usize {
+        self.tasks_of(run)
+            .iter()
+            .filter(|t| t.status == status)
+            .count()
+    }
+
+    pub fn attempts_of(&self, task: i64) -> Vec<&AttemptRow> {
+        self.attempts.iter().filter(|a| a.task_id == task).collect()
+    }
+
+    pub fn outputs_of(&self, task: i64) -> Vec<&OutputRow> {
+        self.outputs.iter().filter(|o| o.task_id == task).collect()
+    }
+
+    /// Credits billed by every attempt.
+    pub fn billed(&self) -> u64 {
+        self.attempts.iter().map(|a| a.billed).sum()
+    }
+
+    /// Credits planned for the live tasks.
+    pub fn planned(&self) -> u64 {
+        self.live().map(|t| t.planned).sum()
+    }
+
+    /// Outputs on disk (or in the bucket): recorded with a path.
+    pub fn downloaded(&self) -> Vec<&OutputRow> {
+        self.outputs.iter().filter(|o| o.path.is_some()).collect()
+    }
+
+    /// The record of the run `run` alone: its row, tasks, attempts and outputs.
+    pub fn only_run(mut self, run: &str) -> Db {
+        self.runs.retain(|r| r.id == run);
+        assert_eq!(self.runs.len(), 1, "no run {run}");
+        let tasks: std::collections::HashSet<i64> = self
+            .tasks
+            .iter()
+            .filter(|t| t.run_id == run)
+            .map(|t| t.id)
+            .collect();
+        self.tasks.retain(|t| t.run_id == run);
+        self.attempts.retain(|a| a.run_id == run);
+        self.outputs.retain(|o| o.run_id == run);
+        self.superseded.retain(|s| tasks.contains(&s.task_id));
+        self
+    }
+
+    /// The one run of a record made [`Db::only_run`].
+    #[track_caller]
+    pub fn the_run(&self) -> &RunRow {
+        assert_eq!(self.runs.len(), 1, "not one run: {:#?}", self.runs);
+        &self.runs[0]
+    }
+
+    /// Attempts sent without a complete answer (or still marked in flight): possibly billed.
+    pub fn ambiguous(&self) -> Vec<&AttemptRow> {
+        self.attempts
+            .iter()
+            .filter(|a| a.outcome.as_deref().is_none_or(|o| o == "ambiguous"))
+            .collect()
+    }
+}
+
+/// Every row of every table of the SQLite state at `path`, column by column, to tell whether
+/// anything at all was written.
+pub async fn dump(path: &Path) -> BTreeMap<String, Vec<String>> {
+    use sqlx::{Connection, Row};
+    let mut conn = state_connection(&path.to_string_lossy()).await;
+    let mut all = BTreeMap::new();
+    for table in ["runs", "tasks", "attempts", "outputs", "superseded_outputs"] {
+        let columns: Vec<String> =
+            sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA table_info({table})")))
+                .fetch_all(&mut conn)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| format!("quote({})", r.get::<String, _>("name")))
+                .collect();
+        let rows: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {} FROM {table} ORDER BY rowid",
+            columns.join(" || '|' || ")
+        )))
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        all.insert(table.to_owned(), rows.into_iter().map(|(r,)| r).collect());
+    }
+    conn.close().await.unwrap();
+    all
+}
+
+// ---------------------------------------------------------------------------------------------
+// A fake service, for what the sandbox never serves
+// ---------------------------------------------------------------------------------------------
+
+/// The key the binary and the client send to a [`Fake`] service (which checks none).
+pub const FAKE_KEY: &str = "fake-key-0123456789";
+
+/// A request a [`Fake`] service received.
+#[derive(Clone, Debug)]
+pub struct Hit {
+    pub method: String,
+    pub path: String,
+    pub with_key: bool,
+}
+
+type Log = std::sync::Arc<std::sync::Mutex<Vec<Hit>>>;
+
+/// A fake service on 127.0.0.1:0 that answers what its router says and counts what it is
+/// asked; stops serving when dropped.
+pub struct Fake {
+    /// `http://127.0.0.1:<port>/`
+    pub base: String,
+    log: Log,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Fake {
+    /// Serves the router `build` makes; `build` gets the base URL, so canned answers can hold
+    /// URLs that lead back to the fake.
+    pub async fn start(build: impl FnOnce(&str) -> axum::Router) -> Fake {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}/", listener.local_addr().unwrap());
+        let log: Log = Log::default();
+        let app = build(&base).layer(axum::middleware::from_fn_with_state(log.clone(), record));
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Fake { base, log, task }
+    }
+
+    /// A URL on the fake; `path` starts with '/'.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base.trim_end_matches('/'), path)
+    }
+
+    /// The requests seen for `METHOD /path`.
+    pub fn hits(&self, method: &str, path: &str) -> Vec<Hit> {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|h| h.method == method && h.path == path)
+            .cloned()
+            .collect()
+    }
+
+    /// How many requests were seen for `METHOD /path`.
+    pub fn count(&self, method: &str, path: &str) -> usize {
+        self.hits(method, path).len()
+    }
+
+    /// How many requests were seen in all.
+    pub fn total(&self) -> usize {
+        self.log.lock().unwrap().len()
+    }
+
+    /// A client pointed at the fake.
+    pub fn client(&self) -> Client {
+        let mut config = ClientConfig::new(&self.base, ApiKey::new(FAKE_KEY).unwrap()).unwrap();
+        config.timeout = Duration::from_secs(10);
+        Client::new(config).unwrap()
+    }
+
+    /// The real binary pointed at the fake, with a clean environment.
+    pub async fn run(&self, args: &[&str], cwd: &Path) -> Output {
+        let mut cmd = command(args, cwd);
+        cmd.env("IMGPIPE_BASE_URL", &self.base)
+            .env("IMGPIPE_API_KEY", FAKE_KEY);
+        finish(cmd).await
+    }
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn record(
+    axum::extract::State(log): axum::extract::State<Log>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    log.lock().unwrap().push(Hit {
+        method: request.method().to_string(),
+        path: request.uri().path().to_owned(),
+        with_key: request.headers().get("x-api-key").is_some(),
+    });
+    next.run(request).await
+}
+
+/// A small real PNG, as the service would serve it.
+pub fn sample_png() -> Vec<u8> {
+    sandbox::images::encode_png(&sandbox::images::draw_sample("mug", 32))
+}
+
+/// A documented generation answer with one image at `url`.
+pub fn generation(id: &str, url: &str) -> Value {
+    serde_json::json!({
+        "id": id,
+        "status": "succeeded",
+        "model": "fake-1",
+        "credits_used": 4,
+        "credits_remaining": 996,
+        "images": [{"url": url}],
+    })
+}
+
+/// A process that hangs fails the test, named, well before it would have ended; it is killed.
+#[tokio::test]
+#[should_panic(expected = "`sleep 20` did not finish within 200ms")]
+async fn a_command_that_hangs_fails_the_test_with_its_command_line() {
+    let mut cmd = Command::new("sleep");
+    cmd.arg("20").stdin(Stdio::null());
+    finish_within(cmd, Duration::from_millis(200)).await;
+}
+
+#[test]
+fn a_blocking_command_that_hangs_fails_the_test_and_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let mut cmd = std::process::Command::new("sh");
+    cmd.args(["-c", "echo $$ > \"$0\"; exec sleep 20"])
+        .arg(&pid_file)
+        .stdin(Stdio::null());
+    let e = try_finish_blocking(cmd, Duration::from_secs(2), "sleep 20").unwrap_err();
+    assert_eq!(e, "sleep 20: still running after 2s, killed");
+    let pid = std::fs::read_to_string(&pid_file).unwrap();
+    let proc = PathBuf::from(format!("/proc/{}", pid.trim()));
+    let deadline = std::time::Instant::now() + KILL_LIMIT;
+    while proc.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the hung process {} still lives",
+            pid.trim()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -21,11 +21,11 @@ use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
-use sqlx::{Connection, Row};
+use sqlx::Connection;
 use tokio::io::AsyncBufReadExt;
 use tokio::process::Child;
 
-use crate::common::{command, entries, sha256_hex};
+use crate::common::{AttemptRow, Db, OutputRow, TaskRow, command, files_under, sha256_hex};
 
 // ---------------------------------------------------------------------------------------------
 // The sandbox in a process of its own
@@ -201,6 +201,17 @@ fn file_state(dir: &Path) -> String {
 }
 
 impl Runner<'_> {
+    /// The `--grace` its runs are given.
+    fn grace(&self) -> Duration {
+        self.extra
+            .iter()
+            .position(|a| *a == "--grace")
+            .and_then(|i| self.extra.get(i + 1))
+            .map_or(DEFAULT_GRACE, |s| {
+                Duration::from_secs_f64(s.parse().expect("--grace is a number"))
+            })
+    }
+
     fn state(&self) -> &str {
         &self.state
     }
@@ -322,9 +333,12 @@ enum Driven {
 
 /// Nothing a trigger waits for takes this long unless the run is stuck.
 const ROUND_LIMIT: Duration = Duration::from_secs(30);
-/// How long an interrupted run may take to record and exit: its calls in flight take a few
-/// hundred milliseconds at most here.
-const SIGINT_LIMIT: Duration = Duration::from_secs(3);
+/// How long an interrupted run may take, past its grace period for the calls in flight, to
+/// record and exit. A run still there after its grace and this ignored the signal; one that
+/// exits within them kept its promise, however slow the machine made it.
+const RECORD_LIMIT: Duration = Duration::from_secs(10);
+/// imgpipe's `--grace` when none is given.
+const DEFAULT_GRACE: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(1);
 /// After SIGINT no call may start later than this (ms): dispatch stops at once, and a call
 /// already past its last check is only waiting for its turn to write its intent.
@@ -444,9 +458,9 @@ async fn drive(runner: &Runner<'_>, child: &mut Child, trigger: Trigger, signal:
         "kill({pid}, {signal})"
     );
     let limit = if signal == libc::SIGKILL {
-        Duration::from_secs(10)
+        crate::common::KILL_LIMIT
     } else {
-        SIGINT_LIMIT
+        runner.grace() + RECORD_LIMIT
     };
     match tokio::time::timeout(limit, child.wait()).await {
         Ok(status) => Driven::Signalled {
@@ -455,8 +469,7 @@ async fn drive(runner: &Runner<'_>, child: &mut Child, trigger: Trigger, signal:
             after: sent.elapsed(),
         },
         Err(_) => {
-            child.start_kill().unwrap();
-            child.wait().await.unwrap();
+            crate::common::kill_child(child, "the run that ignored the signal").await;
             Driven::Ignored {
                 at_ms,
                 after: sent.elapsed(),
@@ -523,177 +536,17 @@ fn schedule(rng: &mut Rng, n: usize, last_files: usize, locked: usize) -> Vec<Tr
 // The state database
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Debug)]
-struct Task {
-    id: i64,
-    item: String,
-    step: String,
-    idx: i64,
-    operation: String,
-    status: String,
-    planned: u64,
-    billed: u64,
-    job_id: Option<String>,
-}
-
-#[derive(Debug)]
-struct Attempt {
-    id: i64,
-    task_id: i64,
-    started_at: i64,
-    outcome: Option<String>,
-    billed: u64,
-    job_id: Option<String>,
-    /// The error, or a success's note (such as that it was read back by its job id).
-    note: Option<String>,
-}
-
-#[derive(Debug)]
-struct Output {
-    task_id: i64,
-    k: i64,
-    job_id: String,
-    parent_job_id: Option<String>,
-    url: String,
-    url_issued_at: i64,
-    path: Option<String>,
-    sha256: Option<String>,
-    bytes: Option<i64>,
-    download_error: Option<String>,
-}
-
-#[derive(Debug)]
-struct Db {
-    runs: Vec<(String, String)>,
-    tasks: Vec<Task>,
-    attempts: Vec<Attempt>,
-    outputs: Vec<Output>,
-    integrity: String,
-    foreign_key_faults: usize,
-}
-
-impl Db {
-    fn task(&self, id: i64) -> &Task {
-        self.tasks.iter().find(|t| t.id == id).unwrap()
-    }
-
-    fn find(&self, item: &str, step: &str, idx: i64) -> Option<&Task> {
-        self.tasks
-            .iter()
-            .find(|t| t.item == item && t.step == step && t.idx == idx)
-    }
-
-    fn attempts_of(&self, task: i64) -> impl Iterator<Item = &Attempt> {
-        self.attempts.iter().filter(move |a| a.task_id == task)
-    }
-
-    /// Attempts sent without a complete answer: possibly billed.
-    fn ambiguous(&self) -> impl Iterator<Item = &Attempt> {
-        self.attempts
-            .iter()
-            .filter(|a| a.outcome.as_deref().is_none_or(|o| o == "ambiguous"))
-    }
-}
-
-fn u(n: i64) -> u64 {
-    u64::try_from(n).unwrap()
-}
-
-/// The whole database, through one read-only connection (no pool: see run.rs).
-/// The state at `state` (a SQLite file or a PostgreSQL URL), whole. PostgreSQL enforces its
-/// foreign keys and checks its own pages: only SQLite is asked.
+/// The state at `state` (a SQLite file or a PostgreSQL URL), whole.
 async fn read_db(state: &str) -> Db {
-    let mut conn = crate::common::state_connection(state).await;
-    let (integrity, foreign_key_faults) = if state.starts_with("postgres") {
-        ("ok".to_owned(), 0)
-    } else {
-        let (integrity,): (String,) = sqlx::query_as("PRAGMA integrity_check")
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
-        let faults = sqlx::query("PRAGMA foreign_key_check")
-            .fetch_all(&mut conn)
-            .await
-            .unwrap()
-            .len();
-        (integrity, faults)
-    };
-    let runs = sqlx::query("SELECT id, status FROM runs ORDER BY created_at")
-        .fetch_all(&mut conn)
-        .await
-        .unwrap()
+    Db::read(state).await
+}
+
+/// (id, status) of every run.
+fn runs(db: &Db) -> Vec<(String, String)> {
+    db.runs
         .iter()
-        .map(|r| (r.get("id"), r.get("status")))
-        .collect();
-    let tasks = sqlx::query(
-        "SELECT id, item, step, idx, operation, status, planned_credits, credits_billed, job_id
-         FROM tasks ORDER BY id",
-    )
-    .fetch_all(&mut conn)
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| Task {
-        id: r.get("id"),
-        item: r.get("item"),
-        step: r.get("step"),
-        idx: r.get("idx"),
-        operation: r.get("operation"),
-        status: r.get("status"),
-        planned: u(r.get("planned_credits")),
-        billed: u(r.get("credits_billed")),
-        job_id: r.get("job_id"),
-    })
-    .collect();
-    let attempts = sqlx::query(
-        "SELECT id, task_id, started_at, outcome, credits_billed, job_id, error
-         FROM attempts ORDER BY id",
-    )
-    .fetch_all(&mut conn)
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| Attempt {
-        id: r.get("id"),
-        task_id: r.get("task_id"),
-        started_at: r.get("started_at"),
-        outcome: r.get("outcome"),
-        billed: u(r.get("credits_billed")),
-        job_id: r.get("job_id"),
-        note: r.get("error"),
-    })
-    .collect();
-    let outputs = sqlx::query(
-        "SELECT task_id, k, job_id, parent_job_id, url, url_issued_at, path, sha256, bytes,
-                download_error
-         FROM outputs ORDER BY task_id, k",
-    )
-    .fetch_all(&mut conn)
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| Output {
-        task_id: r.get("task_id"),
-        k: r.get("k"),
-        job_id: r.get("job_id"),
-        parent_job_id: r.get("parent_job_id"),
-        url: r.get("url"),
-        url_issued_at: r.get("url_issued_at"),
-        path: r.get("path"),
-        sha256: r.get("sha256"),
-        bytes: r.get("bytes"),
-        download_error: r.get("download_error"),
-    })
-    .collect();
-    conn.close().await.unwrap();
-    Db {
-        runs,
-        tasks,
-        attempts,
-        outputs,
-        integrity,
-        foreign_key_faults,
-    }
+        .map(|r| (r.id.clone(), r.status.clone()))
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -774,7 +627,7 @@ fn check_books(db: &Db, stats: &Value, p: &mut Problems) -> Books {
     p.check(by_job.len() == ledger.len(), || {
         "the ledger names a job twice".into()
     });
-    let mut named: HashMap<&str, Vec<&Attempt>> = HashMap::new();
+    let mut named: HashMap<&str, Vec<&AttemptRow>> = HashMap::new();
     for a in &db.attempts {
         if let Some(job) = &a.job_id {
             named.entry(job).or_default().push(a);
@@ -795,8 +648,9 @@ fn check_books(db: &Db, stats: &Value, p: &mut Problems) -> Books {
         "attempts are left without an outcome after a finished run".into()
     });
     for t in &db.tasks {
-        let won: Vec<&Attempt> = db
+        let won: Vec<&AttemptRow> = db
             .attempts_of(t.id)
+            .into_iter()
             .filter(|a| a.outcome.as_deref() == Some("succeeded"))
             .collect();
         p.check(t.status == "succeeded", || format!("{t:?} did not succeed"));
@@ -841,7 +695,7 @@ fn check_books(db: &Db, stats: &Value, p: &mut Problems) -> Books {
         slot.1 += e.credits;
     }
     let mut possible: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
-    for a in db.ambiguous().filter(|a| a.job_id.is_none()) {
+    for a in db.ambiguous().into_iter().filter(|a| a.job_id.is_none()) {
         let t = db.task(a.task_id);
         let slot = possible.entry(t.operation.as_str()).or_default();
         slot.0 += 1;
@@ -862,7 +716,7 @@ fn check_books(db: &Db, stats: &Value, p: &mut Problems) -> Books {
         };
         let took = attempts.iter().any(|a| {
             a.outcome.as_deref() == Some("succeeded")
-                && a.note.as_deref().is_some_and(|n| n.contains("recovered"))
+                && a.error.as_deref().is_some_and(|n| n.contains("recovered"))
         });
         read_back += usize::from(took);
         p.check(took, || {
@@ -878,7 +732,7 @@ fn check_books(db: &Db, stats: &Value, p: &mut Problems) -> Books {
         partial: ledger.iter().filter(|e| e.partial).count(),
         read_back,
         unrecorded: unrecorded.values().map(|v| v.0).sum(),
-        ambiguous: db.ambiguous().count(),
+        ambiguous: db.ambiguous().len(),
     }
 }
 
@@ -894,9 +748,9 @@ async fn check_outputs(
     p: &mut Problems,
 ) -> usize {
     let mut expected: BTreeSet<String> = BTreeSet::new();
-    let mut by_path: HashMap<String, &Output> = HashMap::new();
+    let mut by_path: HashMap<String, &OutputRow> = HashMap::new();
     for t in &db.tasks {
-        let outs: Vec<&Output> = db.outputs.iter().filter(|o| o.task_id == t.id).collect();
+        let outs: Vec<&OutputRow> = db.outputs.iter().filter(|o| o.task_id == t.id).collect();
         p.check(outs.len() as i64 == outputs_of(&t.operation), || {
             format!("{t:?} has outputs {outs:?}")
         });
@@ -1005,23 +859,6 @@ async fn check_outputs(
     expected.len() - 1
 }
 
-/// Every file under `dir`, hidden ones included, relative to it.
-fn files_under(dir: &Path) -> BTreeSet<String> {
-    let mut found = BTreeSet::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in entries(&d) {
-            if entry.is_dir() {
-                stack.push(entry);
-            } else {
-                let rel = entry.strip_prefix(dir).unwrap();
-                found.insert(rel.to_string_lossy().into_owned());
-            }
-        }
-    }
-    found
-}
-
 /// The database is sound and holds one run, finished.
 fn check_db(db: &Db, run_id: &str, tasks: usize, p: &mut Problems) {
     p.check(db.integrity == "ok", || {
@@ -1031,8 +868,8 @@ fn check_db(db: &Db, run_id: &str, tasks: usize, p: &mut Problems) {
         format!("{} rows break a foreign key", db.foreign_key_faults)
     });
     p.check(
-        db.runs == [(run_id.to_owned(), "succeeded".to_owned())],
-        || format!("runs: {:?}", db.runs),
+        runs(db) == [(run_id.to_owned(), "succeeded".to_owned())],
+        || format!("runs: {:?}", runs(db)),
     );
     p.check(db.tasks.len() == tasks, || {
         format!("{} tasks recorded of {tasks}", db.tasks.len())
@@ -1090,7 +927,7 @@ async fn planned_tasks(dir: &Path, sandbox: &External) -> usize {
     let mut cmd = command(&["plan", "p.yaml", "--json"], dir);
     cmd.env("IMGPIPE_BASE_URL", &sandbox.base)
         .env("IMGPIPE_API_KEY", KEY);
-    let o = cmd.output().await.unwrap();
+    let o = crate::common::finish(cmd).await;
     assert_eq!(o.status.code(), Some(0), "{o:?}");
     let doc: Value = serde_json::from_slice(&o.stdout).unwrap();
     doc["costs"]["tasks"].as_u64().unwrap() as usize
@@ -1217,8 +1054,7 @@ async fn killed_as_the_run_is_being_recorded_it_is_continued() {
         assert!(started.elapsed() < ROUND_LIMIT, "no task was recorded");
         tokio::time::sleep(Duration::from_micros(200)).await;
     }
-    child.start_kill().unwrap();
-    child.wait().await.unwrap();
+    crate::common::kill_child(&mut child, "the recording run").await;
     let first = read_db(&state).await;
     let recorded = first.tasks.len();
     eprintln!("crash (recording): killed with {recorded} of {TASKS} tasks recorded");
@@ -1231,7 +1067,7 @@ async fn killed_as_the_run_is_being_recorded_it_is_continued() {
         "the killed run had all but finished"
     );
     assert_eq!(
-        first.runs,
+        runs(&first),
         [("early".to_owned(), "running".to_owned())],
         "the run was recorded before its tasks, and the kill left it unfinished"
     );
@@ -1341,7 +1177,7 @@ async fn interrupted_20_times_each_run_stops_at_once_and_records_everything() {
         let db = read_db(runner.state()).await;
         // A call that passed its last check before the signal may still be recorded a little
         // after it (behind other writes); none may start later.
-        let late: Vec<&Attempt> = db
+        let late: Vec<&AttemptRow> = db
             .attempts
             .iter()
             .filter(|a| a.id > before.1 && a.started_at > at_ms + LATE_MS)
@@ -1354,7 +1190,7 @@ async fn interrupted_20_times_each_run_stops_at_once_and_records_everything() {
             )
         });
         let Some(status) = status else { continue };
-        let run = db.runs.first().map(|r| r.1.as_str());
+        let run = db.runs.first().map(|r| r.status.as_str());
         match (status.code(), status.signal()) {
             // Interrupted while waiting for the run lock: nothing was touched.
             (Some(130), _) if text.contains("interrupted; nothing was started") => {
@@ -1507,7 +1343,7 @@ async fn continued_after_its_urls_expired_the_run_pays_nothing_twice() {
     let first = read_db(runner.state()).await;
     let interrupted_at = now_ms();
     // Items whose generation succeeded and whose edits were never tried.
-    let waiting: Vec<&Task> = first
+    let waiting: Vec<&TaskRow> = first
         .tasks
         .iter()
         .filter(|t| {
@@ -1517,7 +1353,7 @@ async fn continued_after_its_urls_expired_the_run_pays_nothing_twice() {
                     .tasks
                     .iter()
                     .filter(|d| d.item == t.item && d.step != "shot")
-                    .all(|d| first.attempts_of(d.id).next().is_none())
+                    .all(|d| first.attempts_of(d.id).is_empty())
         })
         .collect();
     assert!(

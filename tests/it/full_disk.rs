@@ -91,7 +91,7 @@ async fn lockstep(env: &Env, mut cmd: Command, state: &Path) -> (Output, usize) 
         let paid = env.sandbox.ledger().len();
         let (stored, failures) = settled(state).await;
         failed |= failures > 0;
-        let held = env.sandbox.held();
+        let held = env.sandbox.held_calls();
         if held > 0 && failed {
             after += held;
             assert!(

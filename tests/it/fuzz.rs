@@ -4,8 +4,11 @@
 //! `validate` exits 0 or 2 on them, agreeing with the library.
 //!
 //! Bounded for CI: [`DEFAULT_CASES`] inputs in-process and an eighth of that through the binary,
-//! a few seconds. `IMGPIPE_FUZZ_CASES=N` runs a longer campaign (`--nocapture` shows the count);
-//! proptest picks a new seed each run and prints the smallest failing input it finds.
+//! a few seconds. `IMGPIPE_FUZZ_CASES=N` runs a longer campaign (`--nocapture` shows the count).
+//! Each run draws a new seed, prints it, and names it when it fails; `IMGPIPE_FUZZ_SEED=S`
+//! draws the inputs of seed S again. A failing input is kept, as proptest's seed of that one
+//! input, in `tests/fuzz-regressions/` (one file per test, committed), and every run tries the
+//! inputs kept there before any new one; proptest prints the smallest failing input it finds.
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -14,12 +17,26 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use imgpipe::pipeline::{self, Diagnostic};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::{
+    Config, FileFailurePersistence, RngAlgorithm, TestCaseError, TestRng, TestRunner,
+};
 
 /// Inputs tried in-process per run unless `IMGPIPE_FUZZ_CASES` says otherwise.
 const DEFAULT_CASES: u32 = 384;
 /// Through the binary: a process per input, so fewer.
 const BINARY_SHARE: u32 = 8;
+/// The failing inputs of each test, kept and tried again first on every run (see the module).
+const IN_PROCESS_REGRESSIONS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fuzz-regressions/in-process.txt"
+);
+const BINARY_REGRESSIONS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fuzz-regressions/binary.txt"
+);
+/// How long one `imgpipe validate` may take (it takes milliseconds): a binary stuck on an
+/// input fails the case rather than hang the suite.
+const VALIDATE_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A sample pipeline with its items file, if it has one.
 #[derive(Clone, Debug)]
@@ -634,14 +651,47 @@ fn cases() -> u32 {
         .unwrap_or(DEFAULT_CASES)
 }
 
-fn runner(cases: u32) -> TestRunner {
-    TestRunner::new(Config {
-        cases,
-        // Failures are turned into regression tests by hand; nothing is written to the source tree.
-        failure_persistence: None,
-        max_shrink_iters: 4096,
-        ..Config::default()
-    })
+/// The seed of this run's new inputs: `IMGPIPE_FUZZ_SEED`, to draw a failed run's inputs
+/// again, else a new one.
+fn run_seed() -> u64 {
+    use std::hash::BuildHasher as _;
+    match std::env::var("IMGPIPE_FUZZ_SEED") {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .expect("IMGPIPE_FUZZ_SEED is a number, as a fuzz run prints it"),
+        Err(_) => {
+            std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now())
+        }
+    }
+}
+
+/// A runner drawing `cases` new inputs from `seed`, after the inputs kept in `regressions`; an
+/// input that fails is added there.
+fn runner(cases: u32, seed: u64, regressions: &'static str) -> TestRunner {
+    let mut bytes = [0; 32];
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    TestRunner::new_with_rng(
+        Config {
+            cases,
+            failure_persistence: Some(Box::new(FileFailurePersistence::Direct(regressions))),
+            max_shrink_iters: 4096,
+            rng_algorithm: RngAlgorithm::ChaCha,
+            ..Config::default()
+        },
+        TestRng::from_seed(RngAlgorithm::ChaCha, &bytes),
+    )
+}
+
+/// Fails the test with what the runner found, the seed to draw its inputs again and the file
+/// where the failing input was kept.
+fn fail_with_seed(test: &str, seed: u64, regressions: &str, failure: impl std::fmt::Display) -> ! {
+    panic!(
+        "{failure}\nfuzz: seed {seed}; draw these inputs again with \
+         IMGPIPE_FUZZ_SEED={seed} cargo test --test it -- --exact fuzz::{test}\n\
+         fuzz: a failing input found anew was added to {regressions}: commit it, and every \
+         run tries it first"
+    );
 }
 
 /// What `validate` makes of the file at `path`, checked: every diagnostic inside its file, and
@@ -666,9 +716,11 @@ fn validate_in_process(path: &Path) -> Result<bool, TestCaseError> {
 fn mutated_samples_validate_without_panic_and_every_error_points_inside_its_file() {
     let seeds = seeds();
     let base = tempfile::tempdir().unwrap();
-    let cases = cases();
+    let (cases, seed) = (cases(), run_seed());
+    println!("fuzz: seed {seed}");
     let (tried, valid) = (AtomicU64::new(0), AtomicU64::new(0));
-    let result = runner(cases).run(&case(seeds.len()), |case| {
+    let mut runner = runner(cases, seed, IN_PROCESS_REGRESSIONS);
+    let result = runner.run(&case(seeds.len()), |case| {
         let (_dir, path) = write_case(base.path(), &seeds, &case);
         tried.fetch_add(1, Ordering::Relaxed);
         if validate_in_process(&path)? {
@@ -682,7 +734,12 @@ fn mutated_samples_validate_without_panic_and_every_error_points_inside_its_file
         valid.into_inner()
     );
     if let Err(e) = result {
-        panic!("{e}");
+        fail_with_seed(
+            "mutated_samples_validate_without_panic_and_every_error_points_inside_its_file",
+            seed,
+            IN_PROCESS_REGRESSIONS,
+            e,
+        );
     }
 }
 
@@ -690,9 +747,11 @@ fn mutated_samples_validate_without_panic_and_every_error_points_inside_its_file
 fn the_binary_exits_0_or_2_on_mutated_samples_as_the_library_says() {
     let seeds = seeds();
     let base = tempfile::tempdir().unwrap();
-    let cases = (cases() / BINARY_SHARE).max(16);
+    let (cases, seed) = ((cases() / BINARY_SHARE).max(16), run_seed());
+    println!("fuzz: seed {seed}");
     let tried = AtomicU64::new(0);
-    let result = runner(cases).run(&(case(seeds.len()), any::<bool>()), |(case, json)| {
+    let mut runner = runner(cases, seed, BINARY_REGRESSIONS);
+    let result = runner.run(&(case(seeds.len()), any::<bool>()), |(case, json)| {
         let (dir, path) = write_case(base.path(), &seeds, &case);
         tried.fetch_add(1, Ordering::Relaxed);
         let valid = validate_in_process(&path)?;
@@ -702,12 +761,11 @@ fn the_binary_exits_0_or_2_on_mutated_samples_as_the_library_says() {
         if json {
             cmd.arg("--json");
         }
-        let o = cmd
-            .current_dir(dir.path())
+        cmd.current_dir(dir.path())
             .env_remove("IMGPIPE_LOG")
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
+            .stdin(Stdio::null());
+        let o = crate::common::try_finish_blocking(cmd, VALIDATE_LIMIT, "imgpipe validate")
+            .map_err(TestCaseError::fail)?;
         let (stdout, stderr) = (
             String::from_utf8_lossy(&o.stdout),
             String::from_utf8_lossy(&o.stderr),
@@ -737,6 +795,65 @@ fn the_binary_exits_0_or_2_on_mutated_samples_as_the_library_says() {
         tried.into_inner()
     );
     if let Err(e) = result {
-        panic!("{e}");
+        fail_with_seed(
+            "the_binary_exits_0_or_2_on_mutated_samples_as_the_library_says",
+            seed,
+            BINARY_REGRESSIONS,
+            e,
+        );
     }
+}
+
+/// The first `n` inputs a runner draws from `seed`, as text.
+fn drawn(seed: u64, n: usize, regressions: &'static str) -> Vec<String> {
+    use proptest::strategy::ValueTree as _;
+    let strategy = case(seeds().len());
+    let mut runner = runner(1, seed, regressions);
+    (0..n)
+        .map(|_| format!("{:?}", strategy.new_tree(&mut runner).unwrap().current()))
+        .collect()
+}
+
+#[test]
+fn a_seed_draws_the_same_inputs_again_and_a_failing_input_is_kept_and_tried_first() {
+    let dir = tempfile::tempdir().unwrap();
+    // The runner keeps its file's path for the life of the process.
+    let kept: &'static str = Box::leak(
+        dir.path()
+            .join("kept.txt")
+            .to_string_lossy()
+            .into_owned()
+            .into_boxed_str(),
+    );
+    assert_eq!(drawn(7, 20, kept), drawn(7, 20, kept), "seed 7 twice");
+    assert_ne!(drawn(7, 20, kept), drawn(8, 20, kept), "seeds 7 and 8");
+
+    // A property that fails on some inputs: the first failing one is kept in the file.
+    let strategy = case(seeds().len());
+    let fails = |case: &Case| case.mutations.len() >= 3 && case.items;
+    let failed = runner(256, 7, kept).run(&strategy, |case| {
+        prop_assert!(!fails(&case));
+        Ok(())
+    });
+    assert!(failed.is_err(), "no input failed");
+    let file = std::fs::read_to_string(kept).unwrap();
+    assert_eq!(
+        file.lines().filter(|l| l.starts_with("cc ")).count(),
+        1,
+        "{file}"
+    );
+
+    // Another seed, no new input at all: the kept input is still tried, and fails again.
+    let first = std::sync::Mutex::new(None);
+    let again = runner(0, 8, kept).run(&strategy, |case| {
+        first.lock().unwrap().get_or_insert_with(|| fails(&case));
+        prop_assert!(!fails(&case));
+        Ok(())
+    });
+    assert_eq!(
+        first.into_inner().unwrap(),
+        Some(true),
+        "the kept input was tried first"
+    );
+    assert!(again.is_err());
 }

@@ -6,125 +6,35 @@
 //! (method, path, whether it carried `X-API-Key`) so a test can count what was asked.
 
 use std::path::{Path, PathBuf};
-use std::process::Output;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 use imgpipe::api::download::{DEFAULT_MAX_BYTES, DownloadError};
 use imgpipe::api::retry::MAX_RETRY_AFTER;
 use imgpipe::api::{
-    ApiError, ApiKey, Billing, Client, ClientConfig, Downloader, ErrorKind, GenerationRequest,
-    ToolParams, ToolRequest,
+    ApiError, Billing, Downloader, ErrorKind, GenerationRequest, ToolParams, ToolRequest,
 };
-use imgpipe::sandbox::images::{draw_sample, encode_png};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 use tokio::process::Command;
 
 use crate::common::{
-    assert_exit_without_panic, command, entries, finish, json_stdout, leftovers, sha256_hex,
-    stderr, stdout,
+    FAKE_KEY, Fake, assert_exit_without_panic, command, entries, finish, generation, json_stdout,
+    leftovers, sample_png, sha256_hex, stderr, stdout, tree,
 };
 
 const GENERATIONS: &str = "/v1/images/generations";
-const FAKE_KEY: &str = "fake-key-0123456789";
 
 // ---------------------------------------------------------------------------------------------
 // The fake service
 // ---------------------------------------------------------------------------------------------
-
-#[derive(Clone, Debug)]
-struct Hit {
-    method: String,
-    path: String,
-    with_key: bool,
-}
-
-type Log = Arc<Mutex<Vec<Hit>>>;
-
-/// A fake service on 127.0.0.1:0; stops serving when dropped.
-struct Fake {
-    /// `http://127.0.0.1:<port>/`
-    base: String,
-    log: Log,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Fake {
-    /// Serves the router `build` makes; `build` gets the base URL, so canned answers can hold
-    /// URLs that lead back to the fake.
-    async fn start(build: impl FnOnce(&str) -> Router) -> Fake {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}/", listener.local_addr().unwrap());
-        let log: Log = Arc::default();
-        let app = build(&base).layer(middleware::from_fn_with_state(log.clone(), record));
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Fake { base, log, task }
-    }
-
-    /// A URL on the fake; `path` starts with '/'.
-    fn url(&self, path: &str) -> String {
-        format!("{}{}", self.base.trim_end_matches('/'), path)
-    }
-
-    fn hits(&self, method: &str, path: &str) -> Vec<Hit> {
-        self.log
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|h| h.method == method && h.path == path)
-            .cloned()
-            .collect()
-    }
-
-    fn count(&self, method: &str, path: &str) -> usize {
-        self.hits(method, path).len()
-    }
-
-    fn total(&self) -> usize {
-        self.log.lock().unwrap().len()
-    }
-
-    fn client(&self) -> Client {
-        let mut config = ClientConfig::new(&self.base, ApiKey::new(FAKE_KEY).unwrap()).unwrap();
-        config.timeout = Duration::from_secs(10);
-        Client::new(config).unwrap()
-    }
-
-    /// The real binary pointed at the fake, with a clean environment.
-    async fn run(&self, args: &[&str], cwd: &Path) -> Output {
-        let mut cmd = command(args, cwd);
-        cmd.env("IMGPIPE_BASE_URL", &self.base)
-            .env("IMGPIPE_API_KEY", FAKE_KEY);
-        finish(cmd).await
-    }
-}
-
-impl Drop for Fake {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn record(State(log): State<Log>, request: Request, next: Next) -> Response {
-    log.lock().unwrap().push(Hit {
-        method: request.method().to_string(),
-        path: request.uri().path().to_owned(),
-        with_key: request.headers().get("x-api-key").is_some(),
-    });
-    next.run(request).await
-}
 
 /// A canned JSON answer with the given status.
 fn json_reply(status: u16, body: Value) -> Response {
@@ -168,43 +78,9 @@ fn downloader() -> Downloader {
     .unwrap()
 }
 
-/// A small real PNG, as the service would serve it.
-fn sample_png() -> Vec<u8> {
-    encode_png(&draw_sample("mug", 32))
-}
-
-/// A documented generation answer with one image at `url`.
-fn generation(id: &str, url: &str) -> Value {
-    json!({
-        "id": id,
-        "status": "succeeded",
-        "model": "fake-1",
-        "credits_used": 4,
-        "credits_remaining": 996,
-        "images": [{"url": url}],
-    })
-}
-
 // ---------------------------------------------------------------------------------------------
 // Helpers for the binary and the file system
 // ---------------------------------------------------------------------------------------------
-
-/// Every file and directory under `root`, relative to it, sorted; hidden files included.
-fn tree(root: &Path) -> Vec<PathBuf> {
-    fn walk(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            out.push(path.strip_prefix(root).unwrap().to_path_buf());
-            if path.is_dir() {
-                walk(root, &path, out);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(root, root, &mut out);
-    out.sort();
-    out
-}
 
 // ---------------------------------------------------------------------------------------------
 // 1. A job id that is a path

@@ -589,15 +589,6 @@ async fn an_upload_cut_leaves_no_object_and_the_resume_uploads_it_without_paying
     assert_objects_agree(&s3, &outputs(dir).await, "s3://shots/runs/r/").await;
 }
 
-/// Waits (at most 10 s) until `cond` holds.
-async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_then_resumed_a_deleted_object_is_fetched_again_and_a_modified_one_kept_aside() {
     let env = start(crate::resume::sandbox_with_latency(150)).await;
@@ -641,9 +632,14 @@ async fn killed_then_resumed_a_deleted_object_is_fetched_again_and_a_modified_on
         assert!(Instant::now() < deadline, "outputs recorded");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    child.kill().await.unwrap();
-    // A call in flight at the kill finishes on the server's side.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    kill_child(&mut child, "the run").await;
+    // A call in flight at the kill finishes on the server's side, billed: the baseline is
+    // taken once the service has settled every call it received.
+    wait_until(
+        "the service settled the calls in flight at the kill",
+        || env.sandbox.in_flight() == 0,
+    )
+    .await;
     let before = env.sandbox.ledger().len();
     let done: Vec<Recorded> = outputs(dir)
         .await

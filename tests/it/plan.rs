@@ -670,7 +670,7 @@ async fn advertising_sandbox() -> Env {
 
 /// `GET /v1/models` straight from the sandbox, not through imgpipe.
 async fn models_json(env: &Env) -> Value {
-    reqwest::Client::new()
+    crate::common::http()
         .get(env.sandbox.base_url().join("v1/models").unwrap())
         .header("X-API-Key", env.sandbox.key())
         .send()

@@ -4,8 +4,9 @@
 //! The crash suite's SIGKILL run has its PostgreSQL twin in `crash.rs`. A run of 20,000 items
 //! killed and taken over at once is held to a number of statements, counted by a relay.
 //!
-//! Each test gets a database of its own. Without `IMGPIPE_TEST_POSTGRES` they are skipped,
-//! except under `CI=true`, where that fails them.
+//! Each test gets a database of its own. Without `IMGPIPE_TEST_POSTGRES` they pass after
+//! printing `test NAME ... skipped: no PostgreSQL: …` on stdout, except under CI (`CI=true` or
+//! `CI=1`), where that fails them.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -17,8 +18,8 @@ use imgpipe::sandbox;
 use sqlx::Connection;
 
 use crate::common::{
-    Env, assert_exit_without_panic, command, finish, postgres_database, start, state_connection,
-    stderr, stdout,
+    Env, Watched, assert_exit_without_panic, command, finish, finish_child, kill_child,
+    postgres_database, start, state_connection, stderr, stdout, wait_until,
 };
 use crate::run::{config, edit_chain, write};
 
@@ -103,6 +104,50 @@ fn files_in(dir: &Path) -> usize {
     })
 }
 
+/// A test run alone without `IMGPIPE_TEST_POSTGRES`: outside CI it passes and its skip shows in
+/// the output libtest shows for a passing test, naming it; under CI it fails with the reason.
+#[test]
+fn without_a_server_a_test_says_skipped_on_stdout_and_under_ci_fails_with_the_reason() {
+    const TEST: &str =
+        "postgres::a_run_on_postgres_records_every_step_and_status_report_and_resume_read_it";
+    let alone = |env: &[(&str, &str)]| {
+        let o = crate::common::test_alone(
+            TEST,
+            &["CI", "IMGPIPE_TEST_POSTGRES"],
+            env,
+            Duration::from_secs(60),
+        );
+        let text = format!("{}\n--- stderr\n{}", stdout(&o), stderr(&o));
+        (o.status.code(), stdout(&o), text)
+    };
+    for env in [
+        &[][..],
+        &[("CI", "false")],
+        &[("IMGPIPE_TEST_POSTGRES", "")],
+    ] {
+        let (code, out, text) = alone(env);
+        assert_eq!(code, Some(0), "{env:?}: {text}");
+        assert!(
+            out.contains(&format!(
+                "test {TEST} ... skipped: no PostgreSQL: IMGPIPE_TEST_POSTGRES is unset"
+            )),
+            "{env:?}: {text}"
+        );
+        assert!(out.contains("1 passed"), "{env:?}: {text}");
+    }
+    for ci in ["true", "1", "TRUE"] {
+        let (code, _, text) = alone(&[("CI", ci)]);
+        assert_eq!(code, Some(101), "CI={ci}: {text}");
+        assert!(
+            text.contains(&format!(
+                "PostgreSQL unavailable, and CI={ci} requires it: IMGPIPE_TEST_POSTGRES is unset"
+            )),
+            "CI={ci}: {text}"
+        );
+        assert!(!text.contains("skipped:"), "CI={ci}: {text}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_run_on_postgres_records_every_step_and_status_report_and_resume_read_it() {
     let Some(url) = postgres_database("run").await else {
@@ -180,33 +225,28 @@ async fn a_run_on_postgres_records_every_step_and_status_report_and_resume_read_
     );
 }
 
-/// Two hosts started by the same cron line: one runs, the other exits 5 naming it; with
-/// `--wait` it waits, then finds the run finished and pays nothing.
+/// Two hosts started by the same cron line: one runs (held mid-call by the sandbox, so it
+/// holds the lock), the other exits 5 naming it; with `--wait` it is seen waiting, then finds
+/// the run finished and pays nothing.
 #[tokio::test(flavor = "multi_thread")]
 async fn two_hosts_on_one_postgres_state_one_runs_the_other_exits_5_or_waits_and_pays_nothing() {
     let Some(url) = postgres_database("lock").await else {
         return;
     };
-    let env = start(sandbox::Config {
-        latency: Duration::from_millis(150),
-        ..config()
-    })
-    .await;
+    let env = start(config()).await;
     let (a, b) = (host(&edit_chain(3, None)), host(&edit_chain(3, None)));
+    let hold = env.sandbox.hold();
     let first = on(
         &env,
         a.path(),
         &url,
         &["run", "p.yaml", "--run-id", "nightly"],
-    )
-    .spawn()
-    .unwrap();
-    let first_pid = first.id().unwrap();
-    wait_for(
-        &url,
-        "SELECT COUNT(*) FROM run_locks",
-        "the first host taking the lock",
-    )
+    );
+    let first = Watched::start(first);
+    let first_pid = first.id();
+    wait_until("the first host's call held mid-flight", || {
+        env.sandbox.held_calls() >= 1
+    })
     .await;
 
     let refused = run_on(
@@ -224,15 +264,19 @@ async fn two_hosts_on_one_postgres_state_one_runs_the_other_exits_5_or_waits_and
     );
     assert!(text.contains("--wait"), "{text}");
 
-    let waited = run_on(
+    let mut waiting = Watched::start(on(
         &env,
         b.path(),
         &url,
         &["run", "p.yaml", "--run-id", "nightly", "--wait"],
-    )
-    .await;
+    ));
+    waiting
+        .wait_for_line(&format!("waiting for run nightly by pid {first_pid}"))
+        .await;
+    drop(hold);
+    let waited = waiting.finish().await;
     assert_exit_without_panic(&waited, 0);
-    let first = first.wait_with_output().await.unwrap();
+    let first = first.finish().await;
     assert_exit_without_panic(&first, 0);
     assert!(
         stderr(&waited).contains("run nightly is already finished"),
@@ -272,8 +316,7 @@ async fn a_host_killed_mid_run_is_taken_over_by_another_without_paying_twice() {
         "three outputs downloaded",
     )
     .await;
-    first.start_kill().unwrap();
-    first.wait().await.unwrap();
+    kill_child(&mut first, "the first host's run").await;
     let out = a.path().join("out/night");
     let lost = ["i00", "i01", "i02", "i03"]
         .iter()
@@ -370,7 +413,7 @@ async fn a_run_whose_lock_session_is_cut_stops_and_its_resume_pays_nothing_twice
     .await;
     assert_eq!(cut, 1, "one session held the lock");
     let started = Instant::now();
-    let stopped = run.wait_with_output().await.unwrap();
+    let stopped = finish_child(run, "the run whose lock session was cut").await;
     assert_exit_without_panic(&stopped, 130);
     assert!(
         started.elapsed() < Duration::from_secs(15),
@@ -431,8 +474,7 @@ async fn a_pod_killed_with_state_in_postgres_and_outputs_in_a_bucket_is_taken_ov
         "three outputs stored",
     )
     .await;
-    first.start_kill().unwrap();
-    first.wait().await.unwrap();
+    kill_child(&mut first, "the first pod's run").await;
     drop(a);
 
     let mut cmd = on(&env, b.path(), &url, &args);
@@ -473,26 +515,27 @@ async fn two_hosts_started_at_the_same_instant_on_a_new_database_pay_once() {
     let Some(url) = postgres_database("together").await else {
         return;
     };
-    let env = start(sandbox::Config {
-        latency: Duration::from_millis(100),
-        ..config()
-    })
-    .await;
+    let env = start(config()).await;
     let (a, b) = (host(&edit_chain(3, None)), host(&edit_chain(3, None)));
     let args = ["run", "p.yaml", "--run-id", "same"];
-    let (one, two) = tokio::join!(
-        run_on(&env, a.path(), &url, &args),
-        run_on(&env, b.path(), &url, &args)
+    // Held, the host that takes the lock cannot finish: the other must be refused, whenever
+    // it gets there.
+    let hold = env.sandbox.hold();
+    let mut one = tokio::spawn(finish(on(&env, a.path(), &url, &args)));
+    let mut two = tokio::spawn(finish(on(&env, b.path(), &url, &args)));
+    let (refused, runs) = tokio::select! {
+        done = &mut one => (done.unwrap(), two),
+        done = &mut two => (done.unwrap(), one),
+    };
+    assert_exit_without_panic(&refused, 5);
+    assert!(
+        stderr(&refused).contains("run same by pid"),
+        "{}",
+        stderr(&refused)
     );
-    let mut codes = [one.status.code(), two.status.code()];
-    codes.sort_unstable();
-    assert_eq!(
-        codes,
-        [Some(0), Some(5)],
-        "one runs, the other is refused:\n{}\n{}",
-        stderr(&one),
-        stderr(&two)
-    );
+    drop(hold);
+    let ran = runs.await.unwrap();
+    assert_exit_without_panic(&ran, 0);
     assert_eq!(env.sandbox.ledger().len(), 9);
 
     let waiting = ["run", "p.yaml", "--run-id", "again", "--wait"];
@@ -686,8 +729,7 @@ steps:
         "2,500 outputs stored",
     )
     .await;
-    first.start_kill().unwrap();
-    first.wait().await.unwrap();
+    kill_child(&mut first, "the run of 20,000 items").await;
     let recorded = count(&url, "SELECT COUNT(*) FROM tasks").await;
     let done = count(
         &url,
@@ -734,8 +776,7 @@ steps:
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    second.start_kill().unwrap();
-    second.wait().await.unwrap();
+    kill_child(&mut second, "the takeover").await;
     let seen = relay.seen();
     assert!(
         first_call <= TAKEOVER_STATEMENTS,
@@ -1014,4 +1055,56 @@ async fn thumbnails_recorded(state: &str) {
             .is_empty()
     );
     store.close().await;
+}
+
+/// `.ci/postgres.sh` as `.ci/run` sources it, given server binaries that are not there, or an
+/// `initdb` that fails: CI must stop there with the reason rather than go on without the
+/// PostgreSQL tests.
+#[test]
+fn ci_stops_when_it_cannot_have_postgresql() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let broken = tempfile::tempdir().unwrap();
+    let initdb = broken.path().join("initdb");
+    std::fs::write(
+        &initdb,
+        "#!/bin/sh\necho 'initdb: no space left' >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&initdb, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let broken = broken.path().to_string_lossy().into_owned();
+    let missing = "/nonexistent/imgpipe-test/postgresql/bin";
+    for (bin, why) in [
+        (missing, format!("IMGPIPE_PG_BIN={missing} holds no initdb")),
+        (broken.as_str(), "initdb failed, see ".to_owned()),
+    ] {
+        let mut cmd = std::process::Command::new("bash");
+        cmd.args([
+            "-c",
+            "set -euo pipefail; source .ci/postgres.sh; echo 'went on'",
+        ])
+        .current_dir(root)
+        .env("IMGPIPE_PG_BIN", bin)
+        .env_remove("IMGPIPE_TEST_POSTGRES")
+        .stdin(std::process::Stdio::null());
+        let o =
+            crate::common::finish_blocking(cmd, Duration::from_secs(60), "source .ci/postgres.sh");
+        let text = format!("{}\n--- stderr\n{}", stdout(&o), stderr(&o));
+        assert_ne!(o.status.code(), Some(0), "{bin}: {text}");
+        assert!(!stdout(&o).contains("went on"), "{bin}: {text}");
+        assert!(
+            stderr(&o).contains(&format!("error: PostgreSQL unavailable ({why}")),
+            "{bin}: {text}"
+        );
+        // The cluster's directory, kept for its log: the test's own, so removed.
+        if let Some(log) = stderr(&o)
+            .split_whitespace()
+            .find(|w| w.contains("/initdb.log"))
+        {
+            let dir = Path::new(log.trim_end_matches([')', ':']))
+                .parent()
+                .unwrap();
+            assert!(dir.starts_with("/tmp"), "{}", dir.display());
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+    }
 }

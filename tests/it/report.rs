@@ -11,16 +11,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
-use std::time::Duration;
 
 use imgpipe::sandbox::{self, Faults};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteRow};
-use sqlx::{ConnectOptions, Connection, Row, SqliteConnection};
+use sqlx::sqlite::SqliteConnectOptions;
+use sqlx::{ConnectOptions, Connection};
 use tokio::process::Child;
-use tokio::time::Instant;
 
 use crate::common::*;
-use crate::resume::{connect, interrupt_when, sandbox_with_latency};
+use crate::resume::{interrupt_when, sandbox_with_latency};
 use crate::run::{both, config, copy_sample, edit_chain, seed_for, state_path, write};
 
 type Command = tokio::process::Command;
@@ -96,18 +94,6 @@ async fn ended(child: Child) -> Output {
         .unwrap()
 }
 
-/// Waits (at most 15 s) until `cond` holds.
-async fn wait_until<F: std::future::Future<Output = bool>>(
-    what: &str,
-    mut cond: impl FnMut() -> F,
-) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !cond().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 fn signal(child: &tokio::process::Child, sig: i32) {
     let pid = i32::try_from(child.id().expect("still running")).unwrap();
     // SAFETY: sending a signal to our own child, whose pid we hold.
@@ -118,188 +104,16 @@ fn signal(child: &tokio::process::Child, sig: i32) {
 // The state database
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Debug, Clone)]
-struct Task {
-    id: i64,
-    item: String,
-    step: String,
-    idx: u32,
-    status: String,
-    inputs: Vec<String>,
-    planned: u64,
-    billed: u64,
-    error: Option<String>,
-    removed: bool,
-    reused: bool,
-}
-
-#[derive(Debug, Clone)]
-struct Out {
-    task_id: i64,
-    k: u32,
-    path: Option<String>,
-    sha256: Option<String>,
-    download_error: Option<String>,
-}
-
-#[derive(Debug, Clone)]
-struct Attempt {
-    task_id: i64,
-    outcome: Option<String>,
-    billed: u64,
-}
-
-/// One run of the state database, read after (or while) its process ran.
-#[derive(Debug)]
-struct Db {
-    status: String,
-    output_dir: PathBuf,
-    credits_planned: u64,
-    balance_before: Option<i64>,
-    balance_after: Option<i64>,
-    tasks: Vec<Task>,
-    attempts: Vec<Attempt>,
-    outputs: Vec<Out>,
-}
-
-fn u(n: i64) -> u64 {
-    u64::try_from(n).unwrap()
-}
-
-impl Db {
-    fn run_dir(&self, run: &str) -> PathBuf {
-        self.output_dir.join(run)
-    }
-
-    /// Tasks still in the pipeline.
-    fn live(&self) -> impl Iterator<Item = &Task> {
-        self.tasks.iter().filter(|t| !t.removed)
-    }
-
-    fn task(&self, id: i64) -> &Task {
-        self.tasks.iter().find(|t| t.id == id).unwrap()
-    }
-
-    fn find(&self, item: &str, step: &str, idx: u32) -> &Task {
-        self.live()
-            .find(|t| t.item == item && t.step == step && t.idx == idx)
-            .unwrap_or_else(|| panic!("no task {item}/{step}[{idx}]"))
-    }
-
-    fn outputs_of(&self, task: i64) -> Vec<&Out> {
-        self.outputs.iter().filter(|o| o.task_id == task).collect()
-    }
-
-    fn billed(&self) -> u64 {
-        self.attempts.iter().map(|a| a.billed).sum()
-    }
-
-    fn planned(&self) -> u64 {
-        self.live().map(|t| t.planned).sum()
-    }
-
-    fn ambiguous(&self) -> Vec<&Attempt> {
-        self.attempts
-            .iter()
-            .filter(|a| a.outcome.as_deref().is_none_or(|o| o == "ambiguous"))
-            .collect()
-    }
-
-    fn count(&self, status: &str) -> usize {
-        self.live().filter(|t| t.status == status).count()
-    }
-
-    /// Outputs on disk: recorded with a path.
-    fn downloaded(&self) -> Vec<&Out> {
-        self.outputs.iter().filter(|o| o.path.is_some()).collect()
-    }
-}
-
-/// Every row `sql` selects for the run `run` (its one `?`), each made into a `T`.
-async fn rows<T>(
-    conn: &mut SqliteConnection,
-    sql: &'static str,
-    run: &str,
-    each: impl FnMut(&SqliteRow) -> T,
-) -> Vec<T> {
-    let rows = sqlx::query(sql).bind(run).fetch_all(conn).await.unwrap();
-    rows.iter().map(each).collect()
-}
-
+/// The record of the run `run` alone, read after (or while) its process ran.
 async fn read_db(dir: &Path, run: &str) -> Db {
-    let mut conn = connect(dir).await;
-    let r = sqlx::query(
-        "SELECT status, output_dir, credits_planned, balance_before, balance_after
-         FROM runs WHERE id = ?",
-    )
-    .bind(run)
-    .fetch_one(&mut conn)
-    .await
-    .unwrap();
-    let (status, output_dir, credits_planned, balance_before, balance_after) = (
-        r.get("status"),
-        PathBuf::from(r.get::<String, _>("output_dir")),
-        u(r.get("credits_planned")),
-        r.get("balance_before"),
-        r.get("balance_after"),
-    );
-    let tasks = rows(
-        &mut conn,
-        "SELECT id, item, step, idx, status, inputs, planned_credits, credits_billed, error,
-                removed_at IS NOT NULL AS removed, reused_from IS NOT NULL AS reused
-         FROM tasks WHERE run_id = ? ORDER BY id",
-        run,
-        |r| Task {
-            id: r.get("id"),
-            item: r.get("item"),
-            step: r.get("step"),
-            idx: u32::try_from(r.get::<i64, _>("idx")).unwrap(),
-            status: r.get("status"),
-            inputs: serde_json::from_str(&r.get::<String, _>("inputs")).unwrap(),
-            planned: u(r.get("planned_credits")),
-            billed: u(r.get("credits_billed")),
-            error: r.get("error"),
-            removed: r.get("removed"),
-            reused: r.get("reused"),
-        },
-    )
-    .await;
-    let attempts = rows(
-        &mut conn,
-        "SELECT task_id, outcome, credits_billed FROM attempts WHERE run_id = ? ORDER BY id",
-        run,
-        |r| Attempt {
-            task_id: r.get("task_id"),
-            outcome: r.get("outcome"),
-            billed: u(r.get("credits_billed")),
-        },
-    )
-    .await;
-    let outputs = rows(
-        &mut conn,
-        "SELECT task_id, k, path, sha256, download_error FROM outputs
-         WHERE run_id = ? ORDER BY task_id, k",
-        run,
-        |r| Out {
-            task_id: r.get("task_id"),
-            k: u32::try_from(r.get::<i64, _>("k")).unwrap(),
-            path: r.get("path"),
-            sha256: r.get("sha256"),
-            download_error: r.get("download_error"),
-        },
-    )
-    .await;
-    conn.close().await.unwrap();
-    Db {
-        status,
-        output_dir,
-        credits_planned,
-        balance_before,
-        balance_after,
-        tasks,
-        attempts,
-        outputs,
-    }
+    Db::read_file(&state_path(dir)).await.only_run(run)
+}
+
+/// The live task `item/step[idx]`.
+#[track_caller]
+fn find<'d>(db: &'d Db, item: &str, step: &str, idx: i64) -> &'d TaskRow {
+    db.find(item, step, idx)
+        .unwrap_or_else(|| panic!("no task {item}/{step}[{idx}]"))
 }
 
 /// `(status, downloaded outputs)` of a run, read while its process may still write.
@@ -656,10 +470,14 @@ fn assert_page_agrees(page: &Page, db: &Db, run: &str) -> BTreeSet<PathBuf> {
             );
         }
     }
-    assert_eq!(page.text_of("span", "run-status"), db.status, "{path}");
+    assert_eq!(
+        page.text_of("span", "run-status"),
+        db.the_run().status,
+        "{path}"
+    );
 
     // Every task once, in its item's section, under the output it reads.
-    let run_dir = db.run_dir(run);
+    let run_dir = db.the_run().output_dir.join(run);
     let mut thumbs = BTreeSet::new();
     for t in db.live() {
         let div = page.must("div", &format!("t{}", t.id));
@@ -684,7 +502,7 @@ fn assert_page_agrees(page: &Page, db: &Db, run: &str) -> BTreeSet<PathBuf> {
         let parent = t.inputs.iter().find_map(|i| {
             let (key, index) = i.strip_suffix(']')?.rsplit_once('[')?;
             let (item, step) = key.split_once('/')?;
-            let index: u32 = index.parse().ok()?;
+            let index: i64 = index.parse().ok()?;
             (item == t.item).then_some(())?;
             let p = db
                 .live()
@@ -832,7 +650,7 @@ fn assert_page_agrees(page: &Page, db: &Db, run: &str) -> BTreeSet<PathBuf> {
 
     // Costs.
     let n = |s: &str| page.number(&format!("total-{s}"));
-    let live: Vec<&Task> = db.live().collect();
+    let live: Vec<&TaskRow> = db.live().collect();
     let count = |st: &[&str]| {
         live.iter()
             .filter(|t| st.contains(&t.status.as_str()))
@@ -843,7 +661,10 @@ fn assert_page_agrees(page: &Page, db: &Db, run: &str) -> BTreeSet<PathBuf> {
     assert_eq!(n("failed"), count(&["failed"]), "{path}");
     assert_eq!(n("blocked"), count(&["blocked"]), "{path}");
     assert_eq!(n("pending"), count(&["pending", "running"]), "{path}");
-    assert_eq!(n("reused"), live.iter().filter(|t| t.reused).count() as u64);
+    assert_eq!(
+        n("reused"),
+        live.iter().filter(|t| t.reused_from.is_some()).count() as u64
+    );
     assert_eq!(n("planned"), db.planned(), "{path}: planned");
     assert_eq!(
         n("billed"),
@@ -856,13 +677,13 @@ fn assert_page_agrees(page: &Page, db: &Db, run: &str) -> BTreeSet<PathBuf> {
         .map(|a| db.task(a.task_id).planned)
         .sum();
     // While the run goes on, a call in flight (no outcome yet) may count as at risk or not.
-    let settled: Vec<&Attempt> = db
+    let settled: Vec<&AttemptRow> = db
         .ambiguous()
         .into_iter()
         .filter(|a| a.outcome.is_some())
         .collect();
     let settled_risk: u64 = settled.iter().map(|a| db.task(a.task_id).planned).sum();
-    let running = db.status == "running";
+    let running = db.the_run().status == "running";
     assert!(
         n("at-risk") == at_risk || (running && n("at-risk") == settled_risk),
         "{path}: possibly billed {} against {at_risk}",
@@ -873,7 +694,7 @@ fn assert_page_agrees(page: &Page, db: &Db, run: &str) -> BTreeSet<PathBuf> {
         let row = page
             .step_row(step)
             .unwrap_or_else(|| panic!("{path}: no cost row for {step}"));
-        let of: Vec<&&Task> = live.iter().filter(|t| t.step == *step).collect();
+        let of: Vec<&&TaskRow> = live.iter().filter(|t| t.step == *step).collect();
         let ids: BTreeSet<i64> = of.iter().map(|t| t.id).collect();
         let num = |i: usize| row[i].parse::<u64>().unwrap();
         assert_eq!(row[0], *step);
@@ -1004,7 +825,7 @@ async fn product_shots_report_links_every_output_and_its_costs_are_the_records_a
     );
     assert!(run_dir.join("manifest.jsonl").is_file());
     let db = read_db(dir, "full").await;
-    assert_eq!(db.status, "succeeded");
+    assert_eq!(db.the_run().status, "succeeded");
     assert_eq!(db.outputs.len(), 30, "{:#?}", db.outputs);
     assert_eq!(db.downloaded().len(), 30);
 
@@ -1021,9 +842,9 @@ async fn product_shots_report_links_every_output_and_its_costs_are_the_records_a
     assert_eq!(db.billed(), 120);
     assert_eq!(page.number("total-billed"), 120);
     assert_eq!(page.number("total-planned"), 120);
-    assert_eq!(page.number("total-planned"), db.credits_planned);
+    assert_eq!(page.number("total-planned"), db.the_run().credits_planned);
     assert_eq!(
-        (db.balance_before, db.balance_after),
+        (db.the_run().balance_before, db.the_run().balance_after),
         (
             summary["balance_before"].as_i64(),
             summary["balance_after"].as_i64()
@@ -1059,7 +880,7 @@ async fn product_shots_report_links_every_output_and_its_costs_are_the_records_a
     }
     // Each shot's two outputs fan out, each into its own chain of four.
     for item in ["mug", "lamp", "chair"] {
-        let shot = db.find(item, "shot", 0);
+        let shot = find(&db, item, "shot", 0);
         let div = page.must("div", &format!("t{}", shot.id));
         assert!(div.classes().contains("fan"), "{div:?}");
         let section = page.element(page.must("section", &format!("item-{item}")).at);
@@ -1198,7 +1019,7 @@ async fn failed_tasks_show_their_reason_in_place_their_chain_blocked_and_the_run
     let err = stderr(&o);
     assert!(err.contains("report written to"), "{err}");
     let (db, page) = record_and_page(dir, "f").await;
-    assert_eq!(db.status, "failed");
+    assert_eq!(db.the_run().status, "failed");
     assert_eq!(
         (db.count("failed"), db.count("blocked")),
         (1, 2),
@@ -1206,7 +1027,7 @@ async fn failed_tasks_show_their_reason_in_place_their_chain_blocked_and_the_run
         db.tasks
     );
 
-    let failed = db.find("i01", "clean", 0);
+    let failed = find(&db, "i01", "clean", 0);
     let reason = failed.error.as_deref().unwrap();
     assert!(
         reason.contains("no sample image named") && reason.contains("nope"),
@@ -1219,7 +1040,7 @@ async fn failed_tasks_show_their_reason_in_place_their_chain_blocked_and_the_run
     assert!(reason.contains("{\"error\":"), "{reason}");
     assert!(page.element(div.at).contains("{&quot;error&quot;:"));
     for step in ["big", "cutout"] {
-        let t = db.find("i01", step, 0);
+        let t = find(&db, "i01", step, 0);
         assert_eq!(t.status, "blocked");
         let d = page.must("div", &format!("t{}", t.id));
         assert!(d.classes().contains("st-blocked"), "{d:?}");
@@ -1268,7 +1089,7 @@ async fn calls_that_may_have_been_billed_and_failed_downloads_are_listed_with_li
     let args = ["--report", "--concurrency", "1", "--on-ambiguous", "fail"];
     assert_exit_without_panic(&run_chain(&env, "a", &args).await, 4);
     let (db, page) = record_and_page(dir, "a").await;
-    let big = db.find("i00", "big", 0);
+    let big = find(&db, "i00", "big", 0);
     assert_eq!(big.status, "failed", "{:#?}", db.tasks);
     assert_eq!(db.ambiguous().len(), 1);
     assert_eq!(
@@ -1332,7 +1153,7 @@ async fn a_report_of_a_run_in_progress_shows_what_is_done_and_what_waits_then_th
     let env = start_with_chain(sandbox_with_latency(150), 3).await;
     let dir = env.dir.path();
     let child = one_at_a_time(&env, "g", &[]).spawn().unwrap();
-    wait_until("three files and a call in flight", || async {
+    wait_until_async("three files and a call in flight", || async {
         let stats = env.sandbox.stats();
         let in_flight = stats.paid_requests > env.sandbox.ledger().len() as u64;
         let downloaded = progress(dir, "g").await.is_some_and(|(_, n)| n >= 3);
@@ -1341,7 +1162,7 @@ async fn a_report_of_a_run_in_progress_shows_what_is_done_and_what_waits_then_th
     .await;
     signal(&child, libc::SIGSTOP);
     let stat = format!("/proc/{}/stat", child.id().unwrap());
-    wait_until("the run to stop", || async {
+    wait_until_async("the run to stop", || async {
         // `pid (comm) STATE ...`: T when stopped.
         let s = std::fs::read_to_string(&stat).unwrap_or_default();
         s.rsplit_once(')')
@@ -1353,7 +1174,7 @@ async fn a_report_of_a_run_in_progress_shows_what_is_done_and_what_waits_then_th
     let db = read_db(dir, "g").await;
     signal(&child, libc::SIGCONT);
     assert_exit_without_panic(&o, 0);
-    assert_eq!(db.status, "running");
+    assert_eq!(db.the_run().status, "running");
     let first = json_stdout(&o);
     assert_eq!(first["status"], "running", "{first:#}");
     let page = Page::read(&dir.join("out/g/report.html"));
@@ -1373,7 +1194,7 @@ async fn a_report_of_a_run_in_progress_shows_what_is_done_and_what_waits_then_th
             .contains("b-pending\">pending</span><span class=\"why\">waiting its turn")
     );
     // The call caught in flight: a task running, its call not settled.
-    let running: Vec<&Task> = db.live().filter(|t| t.status == "running").collect();
+    let running: Vec<&TaskRow> = db.live().filter(|t| t.status == "running").collect();
     assert_eq!(running.len(), 1, "{:#?}", db.tasks);
     let div = page.must("div", &format!("t{}", running[0].id));
     assert!(text(page.element(div.at)).contains("a call is in flight"));
@@ -1387,7 +1208,7 @@ async fn a_report_of_a_run_in_progress_shows_what_is_done_and_what_waits_then_th
     assert_exit_without_panic(&o, 0);
     let second = json_stdout(&o);
     let (db, page) = record_and_page(dir, "g").await;
-    assert_eq!(db.status, "succeeded");
+    assert_eq!(db.the_run().status, "succeeded");
     assert!(!page.html.contains("class=\"banner\""));
     assert_eq!(page.number("total-pending"), 0);
     assert!(!page.html.contains("badge b-pending\""));
@@ -1412,7 +1233,7 @@ async fn an_interrupted_run_reports_itself_and_its_resume_replaces_the_report() 
     assert_exit_without_panic(&o, 130);
     assert!(stderr(&o).contains("report written to"), "{}", stderr(&o));
     let (db, page) = record_and_page(dir, "s").await;
-    assert_eq!(db.status, "interrupted");
+    assert_eq!(db.the_run().status, "interrupted");
     let pending = db.count("pending");
     assert!(pending > 0, "{:#?}", db.tasks);
     assert_eq!(page.number("total-pending"), pending as u64);
@@ -1426,7 +1247,7 @@ async fn an_interrupted_run_reports_itself_and_its_resume_replaces_the_report() 
     assert_exit_without_panic(&o, 0);
     assert!(stderr(&o).contains("report written to"), "{}", both(&o));
     let (db, page) = record_and_page(dir, "s").await;
-    assert_eq!(db.status, "succeeded");
+    assert_eq!(db.the_run().status, "succeeded");
     assert_eq!(page.number("total-pending"), 0);
     assert_eq!(page.number("total-billed"), 27);
     assert_eq!(thumb_files(&dir.join("out/s")), wanted_thumbs(&db));
@@ -1445,7 +1266,11 @@ async fn reused_outputs_say_from_which_run_and_cost_nothing() {
     assert_exit_without_panic(&o, 0);
     assert_eq!(env.sandbox.ledger().len(), ledger, "nothing paid");
     let (db, page) = record_and_page(env.dir.path(), "b").await;
-    assert!(db.live().all(|t| t.reused), "{:#?}", db.tasks);
+    assert!(
+        db.live().all(|t| t.reused_from.is_some()),
+        "{:#?}",
+        db.tasks
+    );
     assert_eq!(page.number("total-reused"), 6);
     assert_eq!(page.number("total-billed"), 0);
     for t in db.live() {
@@ -1517,9 +1342,9 @@ async fn a_batch_step_has_its_own_section_and_items_link_to_the_references_they_
         ["item-_batch", "item-fox", "item-owl", "item-otter"]
     );
     assert!(page.html.contains("Batch steps (run once for all items)"));
-    let style = db.find("_batch", "style", 0);
+    let style = find(&db, "_batch", "style", 0);
     for item in ["fox", "owl", "otter"] {
-        let portrait = db.find(item, "portrait", 0);
+        let portrait = find(&db, item, "portrait", 0);
         let html = page.element(page.must("div", &format!("t{}", portrait.id)).at);
         for input in &portrait.inputs {
             if let Some(k) = input
@@ -1549,8 +1374,8 @@ async fn an_output_deleted_after_the_run_is_said_to_be_gone_and_the_report_still
     let dir = env.dir.path();
     let db = read_db(dir, "r").await;
     let run_dir = dir.join("out/r");
-    let cutout = db.find("i00", "cutout", 0);
-    let clean = db.find("i01", "clean", 0);
+    let cutout = find(&db, "i00", "cutout", 0);
+    let clean = find(&db, "i01", "clean", 0);
     // One file deleted after its thumbnail was made, one before any was.
     std::fs::remove_file(run_dir.join("i00/cutout.png")).unwrap();
     std::fs::remove_dir_all(run_dir.join("_thumbs")).unwrap();
@@ -1563,7 +1388,7 @@ async fn an_output_deleted_after_the_run_is_said_to_be_gone_and_the_report_still
     assert_eq!(written["thumbnails_made"], 0);
     let page = Page::read(&run_dir.join("report.html"));
     assert_page_agrees(&page, &db, "r");
-    let fig = |t: &Task| text(page.element(page.must("figure", &format!("o{}-0", t.id)).at));
+    let fig = |t: &TaskRow| text(page.element(page.must("figure", &format!("o{}-0", t.id)).at));
     assert!(fig(cutout).contains("not on disk"), "{}", fig(cutout));
     assert!(fig(clean).contains("no longer on disk"), "{}", fig(clean));
 }
@@ -1600,7 +1425,7 @@ async fn a_file_changed_after_an_earlier_report_does_not_show_the_old_picture() 
     let o = ip(Some(&env), dir, &["report", "r"]).await;
     assert_exit_without_panic(&o, 0);
     let page = Page::read(&run_dir.join("report.html"));
-    let t = db.find("i01", "clean", 0);
+    let t = find(&db, "i01", "clean", 0);
     let fig = page.must("figure", &format!("o{}-0", t.id));
     let img = &page.inner(fig.at, "img")[0];
     let shown = page.target(img.attr("src"));
@@ -1638,8 +1463,8 @@ async fn a_step_dropped_by_allow_changes_keeps_its_cost_on_a_line_of_its_own() {
     .await;
     assert_exit_without_panic(&o, 0);
     let (db, page) = record_and_page(dir, "c").await;
-    assert_eq!(db.status, "succeeded");
-    let removed: Vec<&Task> = db.tasks.iter().filter(|t| t.removed).collect();
+    assert_eq!(db.the_run().status, "succeeded");
+    let removed: Vec<&TaskRow> = db.tasks.iter().filter(|t| t.removed).collect();
     assert_eq!(removed.len(), 2, "{:#?}", db.tasks);
     let ledger: u64 = env.sandbox.ledger().iter().map(|e| e.credits).sum();
     assert_eq!(
@@ -1655,7 +1480,7 @@ async fn a_step_dropped_by_allow_changes_keeps_its_cost_on_a_line_of_its_own() {
     assert_eq!(page.number("total-tasks"), 4);
     // The resume re-planned the run: the plan on record is the new one, 2 × (2 + 2).
     assert_eq!(page.number("total-planned"), 8);
-    assert_eq!(db.credits_planned, 8);
+    assert_eq!(db.the_run().credits_planned, 8);
     assert!(!page.html.contains("the plan changed since"));
     for t in removed {
         assert!(page.by_id("div", &format!("t{}", t.id)).is_none(), "{t:?}");
@@ -1767,13 +1592,13 @@ async fn a_run_stopped_for_credits_says_why_and_that_the_balance_moved_by_more_t
     let env = start_with_chain(sandbox_with_latency(40), 3).await;
     let child = one_at_a_time(&env, "b", &["--report"]).spawn().unwrap();
     // Someone else spends the account down after the second bill.
-    wait_until("two bills", || async { env.sandbox.ledger().len() >= 2 }).await;
+    wait_until_async("two bills", || async { env.sandbox.ledger().len() >= 2 }).await;
     env.sandbox.set_balance(1);
     let o = ended(child).await;
     assert_exit_without_panic(&o, 3);
     assert!(stderr(&o).contains("report written to"), "{}", both(&o));
     let (db, page) = record_and_page(env.dir.path(), "b").await;
-    assert_eq!(db.status, "stopped");
+    assert_eq!(db.the_run().status, "stopped");
     let header = text(page.element(page.tags("header")[0].at));
     assert!(
         header.contains("credits"),
@@ -1789,7 +1614,10 @@ async fn a_run_stopped_for_credits_says_why_and_that_the_balance_moved_by_more_t
     );
     assert_eq!(page.text_of("code", "continue-with"), resume);
     assert!(page.html.contains("not run: the run stopped ("));
-    let (before, after) = (db.balance_before.unwrap(), db.balance_after.unwrap());
+    let (before, after) = (
+        db.the_run().balance_before.unwrap(),
+        db.the_run().balance_after.unwrap(),
+    );
     assert_eq!(after, env.sandbox.balance());
     assert!(
         page.html.contains(&format!(
@@ -1936,7 +1764,7 @@ async fn a_run_of_more_items_than_a_page_writes_linked_pages_each_holding_its_it
     assert_exit_without_panic(&run_chain(&env, "r", &["--concurrency", "16"]).await, 0);
     let dir = env.dir.path();
     let db = read_db(dir, "r").await;
-    let run_dir = db.run_dir("r");
+    let run_dir = db.the_run().output_dir.join("r");
     // An earlier, longer report's last page, and a user's file past it: the first goes, the
     // second stays.
     let stale = run_dir.join("report-4.html");

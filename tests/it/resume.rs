@@ -14,13 +14,11 @@ use image::GenericImageView;
 use imgpipe::sandbox::{self, LedgerEntry};
 use serde_json::Value;
 use sqlx::sqlite::SqliteConnectOptions;
-use sqlx::{ConnectOptions, Connection, Row};
+use sqlx::{ConnectOptions, Connection};
 use tokio::time::Instant;
 
 use crate::common::*;
-use crate::run::{
-    CHAIN_CREDITS, both, config, edit_chain, files_under, manifest, state_path, write,
-};
+use crate::run::{CHAIN_CREDITS, both, config, edit_chain, manifest, state_path, write};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -65,15 +63,6 @@ async fn query(env: &Env, dir: &Path, args: &[&str]) -> Output {
         args,
     ))
     .await
-}
-
-/// Waits (at most 10 s) until `cond` holds.
-async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 /// Starts `cmd` with its streams captured, waits until `cond` holds of the sandbox, sends
@@ -122,107 +111,6 @@ pub(crate) fn sandbox_with_latency(ms: u64) -> sandbox::Config {
     }
 }
 
-#[derive(Debug, Clone)]
-struct Task {
-    id: i64,
-    run_id: String,
-    item: String,
-    step: String,
-    status: String,
-    planned: u64,
-    billed: u64,
-    job_id: Option<String>,
-    error: Option<String>,
-    reused_from: Option<i64>,
-}
-
-impl Task {
-    fn name(&self) -> String {
-        format!("{}/{}", self.item, self.step)
-    }
-}
-
-#[derive(Debug, Clone)]
-struct Attempt {
-    task_id: i64,
-    outcome: Option<String>,
-    billed: u64,
-    job_id: Option<String>,
-    error: Option<String>,
-}
-
-#[derive(Debug, Clone)]
-struct Out {
-    id: i64,
-    task_id: i64,
-    run_id: String,
-    job_id: String,
-    path: Option<String>,
-    sha256: Option<String>,
-    bytes: Option<i64>,
-}
-
-#[derive(Debug, Clone)]
-struct Superseded {
-    task_id: i64,
-    job_id: String,
-    path: Option<String>,
-    sha256: Option<String>,
-    bytes: Option<i64>,
-    reason: String,
-}
-
-/// The state database, read while no imgpipe process is running.
-#[derive(Debug)]
-struct Db {
-    /// id → (status, pipeline_text)
-    runs: BTreeMap<String, (String, String)>,
-    tasks: Vec<Task>,
-    attempts: Vec<Attempt>,
-    outputs: Vec<Out>,
-    superseded: Vec<Superseded>,
-}
-
-impl Db {
-    fn tasks_of(&self, run: &str) -> Vec<&Task> {
-        self.tasks.iter().filter(|t| t.run_id == run).collect()
-    }
-
-    fn task(&self, run: &str, item: &str, step: &str) -> &Task {
-        self.tasks
-            .iter()
-            .find(|t| t.run_id == run && t.item == item && t.step == step)
-            .unwrap_or_else(|| panic!("no task {item}/{step} in run {run}"))
-    }
-
-    fn by_id(&self, id: i64) -> &Task {
-        self.tasks.iter().find(|t| t.id == id).unwrap()
-    }
-
-    fn attempts_of(&self, task: i64) -> Vec<&Attempt> {
-        self.attempts.iter().filter(|a| a.task_id == task).collect()
-    }
-
-    fn outputs_of(&self, task: i64) -> Vec<&Out> {
-        self.outputs.iter().filter(|o| o.task_id == task).collect()
-    }
-
-    fn count(&self, run: &str, status: &str) -> usize {
-        self.tasks_of(run)
-            .iter()
-            .filter(|t| t.status == status)
-            .count()
-    }
-
-    fn run_status(&self, run: &str) -> &str {
-        &self.runs[run].0
-    }
-}
-
-fn u(n: i64) -> u64 {
-    u64::try_from(n).unwrap()
-}
-
 pub(crate) async fn connect(dir: &Path) -> sqlx::SqliteConnection {
     let path = state_path(dir);
     SqliteConnectOptions::new()
@@ -233,141 +121,17 @@ pub(crate) async fn connect(dir: &Path) -> sqlx::SqliteConnection {
         .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()))
 }
 
+/// The state database, read while no imgpipe process is running.
 async fn read_db(dir: &Path) -> Db {
-    let mut conn = connect(dir).await;
-    let runs = sqlx::query("SELECT id, status, pipeline_text FROM runs")
-        .fetch_all(&mut conn)
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get("id"), (r.get("status"), r.get("pipeline_text"))))
-        .collect();
-    let tasks = sqlx::query(
-        "SELECT id, run_id, item, step, status, planned_credits, credits_billed, job_id, error,
-                reused_from
-         FROM tasks WHERE removed_at IS NULL ORDER BY id",
-    )
-    .fetch_all(&mut conn)
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| Task {
-        id: r.get("id"),
-        run_id: r.get("run_id"),
-        item: r.get("item"),
-        step: r.get("step"),
-        status: r.get("status"),
-        planned: u(r.get("planned_credits")),
-        billed: u(r.get("credits_billed")),
-        job_id: r.get("job_id"),
-        error: r.get("error"),
-        reused_from: r.get("reused_from"),
-    })
-    .collect();
-    let attempts = sqlx::query(
-        "SELECT task_id, outcome, credits_billed, job_id, error FROM attempts ORDER BY id",
-    )
-    .fetch_all(&mut conn)
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| Attempt {
-        task_id: r.get("task_id"),
-        outcome: r.get("outcome"),
-        billed: u(r.get("credits_billed")),
-        job_id: r.get("job_id"),
-        error: r.get("error"),
-    })
-    .collect();
-    let outputs = sqlx::query(
-        "SELECT id, task_id, run_id, job_id, path, sha256, bytes FROM outputs ORDER BY id",
-    )
-    .fetch_all(&mut conn)
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| Out {
-        id: r.get("id"),
-        task_id: r.get("task_id"),
-        run_id: r.get("run_id"),
-        job_id: r.get("job_id"),
-        path: r.get("path"),
-        sha256: r.get("sha256"),
-        bytes: r.get("bytes"),
-    })
-    .collect();
-    let superseded = sqlx::query(
-        "SELECT task_id, job_id, path, sha256, bytes, reason FROM superseded_outputs ORDER BY id",
-    )
-    .fetch_all(&mut conn)
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| Superseded {
-        task_id: r.get("task_id"),
-        job_id: r.get("job_id"),
-        path: r.get("path"),
-        sha256: r.get("sha256"),
-        bytes: r.get("bytes"),
-        reason: r.get("reason"),
-    })
-    .collect();
-    conn.close().await.unwrap();
-    Db {
-        runs,
-        tasks,
-        attempts,
-        outputs,
-        superseded,
-    }
+    Db::read_file(&state_path(dir)).await
 }
 
-/// Every row of every table of the record, column by column, to tell whether anything at
-/// all was written.
-async fn dump(dir: &Path) -> BTreeMap<String, Vec<String>> {
-    let mut conn = connect(dir).await;
-    let mut all = BTreeMap::new();
-    for table in ["runs", "tasks", "attempts", "outputs", "superseded_outputs"] {
-        let columns: Vec<String> =
-            sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA table_info({table})")))
-                .fetch_all(&mut conn)
-                .await
-                .unwrap()
-                .iter()
-                .map(|r| r.get::<String, _>("name"))
-                .collect();
-        let expr = columns
-            .iter()
-            .map(|c| format!("quote({c})"))
-            .collect::<Vec<_>>()
-            .join(" || '|' || ");
-        let rows: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT {expr} FROM {table} ORDER BY rowid"
-        )))
-        .fetch_all(&mut conn)
-        .await
-        .unwrap();
-        all.insert(
-            table.to_owned(),
-            rows.into_iter().map(|(r,)| r).collect::<Vec<_>>(),
-        );
-    }
-    conn.close().await.unwrap();
-    all
-}
-
-/// Every file under `dir` with its sha256.
-fn tree(dir: &Path) -> BTreeMap<String, String> {
-    if !dir.exists() {
-        return BTreeMap::new();
-    }
-    files_under(dir)
-        .into_iter()
-        .map(|f| {
-            let digest = sha256_hex(&std::fs::read(dir.join(&f)).unwrap());
-            (f, digest)
-        })
-        .collect()
+/// The live task `item/step` of `run`.
+#[track_caller]
+fn task_in<'d>(db: &'d Db, run: &str, item: &str, step: &str) -> &'d TaskRow {
+    db.live()
+        .find(|t| t.run_id == run && t.item == item && t.step == step)
+        .unwrap_or_else(|| panic!("no task {item}/{step} in run {run}"))
 }
 
 /// What must not move when nothing is to be spent: the record, the files, the ledger, the
@@ -381,8 +145,8 @@ struct Still {
 
 async fn still(env: &Env, dir: &Path) -> Still {
     Still {
-        db: dump(dir).await,
-        files: tree(&dir.join("out")),
+        db: dump(&state_path(dir)).await,
+        files: file_digests(&dir.join("out")),
         ledger: env.sandbox.ledger(),
         paid_requests: env.sandbox.stats().paid_requests,
     }
@@ -467,7 +231,7 @@ fn assert_record_agrees_with_ledger(env: &Env, db: &Db) {
         "credits of succeeded attempts against delivered bills"
     );
     let by_job = ledger_by_job(env);
-    for t in db.tasks.iter().filter(|t| t.status == "succeeded") {
+    for t in db.live().filter(|t| t.status == "succeeded") {
         let job = t.job_id.as_deref().unwrap_or_else(|| panic!("{t:?}"));
         match t.reused_from {
             None => {
@@ -478,7 +242,7 @@ fn assert_record_agrees_with_ledger(env: &Env, db: &Db) {
                 assert!(t.billed >= entry.credits, "{t:?} against {entry:?}");
             }
             Some(from) => {
-                assert_eq!(db.by_id(from).job_id.as_deref(), Some(job), "{t:?}");
+                assert_eq!(db.task(from).job_id.as_deref(), Some(job), "{t:?}");
                 assert_eq!(t.billed, 0, "a reused task pays nothing: {t:?}");
             }
         }
@@ -492,10 +256,10 @@ fn assert_record_agrees_with_ledger(env: &Env, db: &Db) {
 fn assert_files_agree(dir: &Path, db: &Db, run: &str) -> Vec<Value> {
     let run_dir = dir.join("out").join(run);
     let lines = manifest(&run_dir);
-    let outputs: Vec<&Out> = db
+    let outputs: Vec<&OutputRow> = db
         .outputs
         .iter()
-        .filter(|o| o.run_id == run && db.tasks.iter().any(|t| t.id == o.task_id))
+        .filter(|o| o.run_id == run && db.live().any(|t| t.id == o.task_id))
         .collect();
     assert!(
         outputs.iter().all(|o| o.path.is_some()),
@@ -526,7 +290,7 @@ fn assert_files_agree(dir: &Path, db: &Db, run: &str) -> Vec<Value> {
         assert_eq!(row.sha256.as_deref(), Some(digest.as_str()), "{row:?}");
         assert_eq!(row.bytes, Some(bytes.len() as i64), "{row:?}");
         assert_eq!(line["job_id"], row.job_id.as_str(), "{line}");
-        let task = db.by_id(row.task_id);
+        let task = db.task(row.task_id);
         assert_eq!(line["item"], task.item.as_str(), "{line}");
         assert_eq!(line["step"], task.step.as_str(), "{line}");
         assert_eq!(
@@ -591,7 +355,7 @@ async fn an_interrupted_run_resumes_paying_only_for_the_rest_and_fetches_lost_fi
     assert_eq!(db.run_status("r"), "interrupted");
     assert!(db.attempts.iter().all(|a| a.outcome.is_some()), "{db:#?}");
     assert_ledger_agrees(&env, &db);
-    let done: Vec<Task> = db
+    let done: Vec<TaskRow> = db
         .tasks_of("r")
         .into_iter()
         .filter(|t| t.status == "succeeded")
@@ -599,7 +363,7 @@ async fn an_interrupted_run_resumes_paying_only_for_the_rest_and_fetches_lost_fi
         .collect();
     assert!(done.len() >= 4 && done.len() < 12, "{done:#?}");
     let pending = 12 - done.len();
-    assert_eq!(db.count("r", "pending"), pending);
+    assert_eq!(db.count_in("r", "pending"), pending);
     let remaining: u64 = db
         .tasks_of("r")
         .iter()
@@ -610,8 +374,8 @@ async fn an_interrupted_run_resumes_paying_only_for_the_rest_and_fetches_lost_fi
 
     // Between the interruption and the resume: one output deleted, one overwritten.
     let run_dir = dir.join("out/r");
-    let clean = db.task("r", "i00", "clean");
-    let big = db.task("r", "i00", "big");
+    let clean = task_in(&db, "r", "i00", "clean");
+    let big = task_in(&db, "r", "i00", "big");
     let clean_sha = db.outputs_of(clean.id)[0].sha256.clone().unwrap();
     let big_out = db.outputs_of(big.id)[0].clone();
     let big_sha = big_out.sha256.clone().unwrap();
@@ -696,7 +460,7 @@ async fn an_interrupted_run_resumes_paying_only_for_the_rest_and_fetches_lost_fi
     assert_eq!(db.run_status("r"), "succeeded");
     assert_ledger_agrees(&env, &db);
     for t in &done {
-        let now = db.by_id(t.id);
+        let now = db.task(t.id);
         assert_eq!(now.job_id, t.job_id, "{} was paid for again", t.name());
         assert_eq!(db.attempts_of(t.id).len(), 1, "{} called again", t.name());
     }
@@ -959,7 +723,7 @@ async fn killed_with_two_calls_in_flight(env: &Env) {
         env.sandbox.ledger().len() == 1 && env.sandbox.stats().paid_requests >= 3
     })
     .await;
-    child.kill().await.unwrap();
+    kill_child(&mut child, "the run").await;
     wait_until("both calls billed", || env.sandbox.stats().abandoned >= 2).await;
     let ledger = env.sandbox.ledger();
     let ops: BTreeSet<(&str, bool)> = ledger
@@ -976,9 +740,9 @@ async fn killed_with_two_calls_in_flight(env: &Env) {
     assert_eq!(db.run_status("k"), "running", "a killed run says nothing");
     let orphans: Vec<_> = db.attempts.iter().filter(|a| a.outcome.is_none()).collect();
     assert_eq!(orphans.len(), 2, "{:#?}", db.attempts);
-    assert_eq!(db.task("k", "i00", "clean").status, "succeeded");
-    assert_eq!(db.task("k", "i00", "big").status, "running");
-    assert_eq!(db.task("k", "i01", "clean").status, "running");
+    assert_eq!(task_in(&db, "k", "i00", "clean").status, "succeeded");
+    assert_eq!(task_in(&db, "k", "i00", "big").status, "running");
+    assert_eq!(task_in(&db, "k", "i01", "clean").status, "running");
 }
 
 /// The two tasks whose calls were in flight at the kill.
@@ -1060,7 +824,7 @@ async fn calls_in_flight_when_the_process_was_killed_are_ambiguous_and_called_ag
     assert_eq!(db.run_status("k"), "succeeded");
     assert_ledger_agrees(&env, &db);
     for (item, step) in ORPHANS {
-        let t = db.task("k", item, step);
+        let t = task_in(&db, "k", item, step);
         let attempts = db.attempts_of(t.id);
         assert_eq!(attempts.len(), 2, "{attempts:#?}");
         assert_eq!(attempts[0].outcome.as_deref(), Some("ambiguous"));
@@ -1177,7 +941,7 @@ async fn killed_while_reading_back_a_cut_answer_the_resume_reads_it_back_for_fre
         assert!(Instant::now() < deadline, "no cut upscale was recorded");
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
-    child.kill().await.unwrap();
+    kill_child(&mut child, "the run").await;
     assert_eq!(
         lost.len(),
         1,
@@ -1217,7 +981,7 @@ async fn killed_while_reading_back_a_cut_answer_the_resume_reads_it_back_for_fre
         "the cut upscale was not paid for again"
     );
     let db = read_db(dir).await;
-    let big = db.task("k", "i00", "big");
+    let big = task_in(&db, "k", "i00", "big");
     assert_eq!(big.job_id.as_deref(), Some(job.as_str()));
     // Calls the sandbox refused with a 429 billed nothing; one call was sent and billed.
     let attempts: Vec<_> = db
@@ -1235,7 +999,7 @@ async fn killed_while_reading_back_a_cut_answer_the_resume_reads_it_back_for_fre
     assert_ledger_agrees(&env, &db);
     let lines = assert_files_agree(dir, &db, "k");
     // The lineage survives the read-back: the upscale was made from the erase's output.
-    let clean = db.task("k", "i00", "clean").job_id.clone().unwrap();
+    let clean = task_in(&db, "k", "i00", "clean").job_id.clone().unwrap();
     let line = lines
         .iter()
         .find(|l| l["step"] == "big")
@@ -1412,7 +1176,7 @@ async fn with_on_ambiguous_fail_calls_in_flight_at_a_kill_fail_their_task_and_bl
     let text = stdout(&o);
     let blocked = [("i00", "cutout"), ("i01", "big"), ("i01", "cutout")];
     for (item, step) in ORPHANS {
-        let t = db.task("k", item, step);
+        let t = task_in(&db, "k", item, step);
         assert_eq!(t.status, "failed", "{t:?}");
         assert_eq!(db.attempts_of(t.id).len(), 1, "called again: {t:?}");
         let why = t.error.as_deref().unwrap();
@@ -1423,12 +1187,12 @@ async fn with_on_ambiguous_fail_calls_in_flight_at_a_kill_fail_their_task_and_bl
         );
     }
     for (item, step) in blocked {
-        let d = db.task("k", item, step);
+        let d = task_in(&db, "k", item, step);
         assert_eq!(d.status, "blocked", "{d:?}");
         assert!(db.attempts_of(d.id).is_empty(), "{d:?}");
         assert!(d.error.as_deref().unwrap().contains("failed"), "{d:?}");
     }
-    assert_eq!(db.count("k", "succeeded"), 4);
+    assert_eq!(db.count_in("k", "succeeded"), 4);
     assert_eq!(db.run_status("k"), "failed");
     assert_files_agree(dir, &db, "k");
 
@@ -1474,7 +1238,7 @@ async fn with_on_ambiguous_fail_calls_in_flight_at_a_kill_fail_their_task_and_bl
     assert_eq!(env.sandbox.ledger().len(), 11);
     let db = read_db(dir).await;
     assert_ledger_agrees(&env, &db);
-    assert_eq!(db.count("k", "succeeded"), 9);
+    assert_eq!(db.count_in("k", "succeeded"), 9);
     assert_files_agree(dir, &db, "k");
 }
 
@@ -1540,7 +1304,7 @@ async fn a_changed_pipeline_is_refused_and_with_allow_changes_only_what_changed_
     write(dir, "p.yaml", &original);
     interrupt_run_r(&env, 4).await;
     let db = read_db(dir).await;
-    let done: Vec<Task> = db
+    let done: Vec<TaskRow> = db
         .tasks_of("r")
         .into_iter()
         .filter(|t| t.status == "succeeded")
@@ -1594,10 +1358,14 @@ async fn a_changed_pipeline_is_refused_and_with_allow_changes_only_what_changed_
     assert_eq!(ledger.len(), paid_before + 9 - clean_done, "{ledger:#?}");
     let db = read_db(dir).await;
     assert_ledger_agrees(&env, &db);
-    assert_eq!(db.runs["r"].1, changed, "the run keeps the file it now ran");
+    assert_eq!(
+        db.run("r").pipeline_text,
+        changed,
+        "the run keeps the file it now ran"
+    );
     let run_dir = dir.join("out/r");
     for t in &done {
-        let now = db.by_id(t.id);
+        let now = db.task(t.id);
         if t.step == "clean" {
             assert_eq!(now.job_id, t.job_id, "{} paid again", t.name());
             assert_eq!(db.attempts_of(t.id).len(), 1, "{}", t.name());
@@ -1660,7 +1428,7 @@ async fn a_run_resumes_from_its_own_copy_of_the_pipeline_when_the_file_is_gone()
     assert_eq!(env.sandbox.ledger().len(), 6, "each task paid once");
     let db = read_db(dir).await;
     assert_ledger_agrees(&env, &db);
-    assert_eq!(db.count("r", "succeeded"), 6);
+    assert_eq!(db.count_in("r", "succeeded"), 6);
     assert!(
         files_under(&elsewhere).is_empty(),
         "nothing written in the cwd"
@@ -1677,7 +1445,7 @@ async fn an_item_dropped_by_allow_changes_and_then_put_back_runs_in_the_same_run
     let one_at_a_time = ["r", "--concurrency", "1"];
     interrupt_run_r(&env, 4).await;
     let db = read_db(dir).await;
-    assert_eq!(db.task("r", "i03", "clean").status, "pending");
+    assert_eq!(task_in(&db, "r", "i03", "clean").status, "pending");
 
     // i03 dropped from the file: refused without --allow-changes, dropped with it.
     write(dir, "p.yaml", &edit_chain(3, None));
@@ -1766,14 +1534,17 @@ async fn reuse_takes_earlier_results_for_free_and_pays_only_downstream_of_a_chan
         let from = t
             .reused_from
             .unwrap_or_else(|| panic!("{} not reused", t.name()));
-        let original = db.by_id(from);
+        let original = db.task(from);
         assert_eq!(original.run_id, "a");
         assert_eq!((&original.item, &original.step), (&t.item, &t.step));
         assert_eq!(t.job_id, original.job_id);
         assert!(db.attempts_of(t.id).is_empty());
     }
-    assert_eq!(tree(&dir.join("out/a")).len(), 10);
-    let (a, b) = (tree(&dir.join("out/a")), tree(&dir.join("out/b")));
+    assert_eq!(file_digests(&dir.join("out/a")).len(), 10);
+    let (a, b) = (
+        file_digests(&dir.join("out/a")),
+        file_digests(&dir.join("out/b")),
+    );
     for (file, sha) in a.iter().filter(|(f, _)| f.ends_with(".png")) {
         assert_eq!(b.get(file), Some(sha), "{file}");
     }

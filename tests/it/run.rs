@@ -17,7 +17,7 @@ use imgpipe::sandbox::faults::Dice;
 use imgpipe::sandbox::{self, Faults};
 use serde_json::Value;
 use sqlx::sqlite::SqliteConnectOptions;
-use sqlx::{ConnectOptions, Connection, Row};
+use sqlx::{ConnectOptions, Connection};
 
 use crate::common::*;
 
@@ -116,175 +116,17 @@ pub(crate) fn both(o: &Output) -> String {
     format!("{}\n{}", stdout(o), stderr(o))
 }
 
-#[derive(Debug)]
-struct TaskRow {
-    id: i64,
-    item: String,
-    step: String,
-    idx: i64,
-    status: String,
-    planned: u64,
-    billed: u64,
-    job_id: Option<String>,
-    error: Option<String>,
-}
-
-impl TaskRow {
-    fn name(&self) -> String {
-        format!("{}/{}[{}]", self.item, self.step, self.idx)
-    }
-}
-
-#[derive(Debug)]
-struct AttemptRow {
-    task_id: i64,
-    outcome: Option<String>,
-    http_status: Option<i64>,
-    billed: u64,
-    job_id: Option<String>,
-    finished_at: Option<i64>,
-    /// The error, or the note of a success (e.g. that it was read back by job id).
-    error: Option<String>,
-}
-
-#[derive(Debug)]
-struct OutputRow {
-    task_id: i64,
-    job_id: String,
-    url_issued_at: i64,
-    path: Option<String>,
-    sha256: Option<String>,
-    bytes: Option<i64>,
-    download_error: Option<String>,
-}
-
-/// The whole state database, read after the process exited.
-#[derive(Debug)]
-struct Db {
-    runs: Vec<(String, String)>,
-    tasks: Vec<TaskRow>,
-    attempts: Vec<AttemptRow>,
-    outputs: Vec<OutputRow>,
-}
-
-impl Db {
-    fn billed(&self) -> u64 {
-        self.attempts.iter().map(|a| a.billed).sum()
-    }
-
-    /// Attempts sent without a complete answer (or still marked in flight).
-    fn ambiguous(&self) -> Vec<&AttemptRow> {
-        self.attempts
-            .iter()
-            .filter(|a| a.outcome.as_deref().is_none_or(|o| o == "ambiguous"))
-            .collect()
-    }
-
-    fn task(&self, id: i64) -> &TaskRow {
-        self.tasks.iter().find(|t| t.id == id).unwrap()
-    }
-
-    fn count(&self, status: &str) -> usize {
-        self.tasks.iter().filter(|t| t.status == status).count()
-    }
-
-    fn attempts_of(&self, task: i64) -> Vec<&AttemptRow> {
-        self.attempts.iter().filter(|a| a.task_id == task).collect()
-    }
-
-    /// Tasks by item, in task order.
-    fn by_item(&self) -> BTreeMap<String, Vec<&TaskRow>> {
-        let mut items: BTreeMap<String, Vec<&TaskRow>> = BTreeMap::new();
-        for t in &self.tasks {
-            items.entry(t.item.clone()).or_default().push(t);
-        }
-        items
-    }
-}
-
-fn u(n: i64) -> u64 {
-    u64::try_from(n).unwrap()
-}
-
-/// One plain connection, not a pool: sqlx 0.9's pool maintenance task was seen spinning after
-/// `close()`, which hung the test runtime's shutdown.
 async fn read_db(path: &Path) -> Db {
-    let mut conn = SqliteConnectOptions::new()
-        .filename(path)
-        .read_only(true)
-        .connect()
-        .await
-        .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
-    let runs = sqlx::query("SELECT id, status FROM runs ORDER BY created_at")
-        .fetch_all(&mut conn)
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get("id"), r.get("status")))
-        .collect();
-    let tasks = sqlx::query(
-        "SELECT id, item, step, idx, status, planned_credits, credits_billed, job_id, error
-         FROM tasks ORDER BY id",
-    )
-    .fetch_all(&mut conn)
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| TaskRow {
-        id: r.get("id"),
-        item: r.get("item"),
-        step: r.get("step"),
-        idx: r.get("idx"),
-        status: r.get("status"),
-        planned: u(r.get("planned_credits")),
-        billed: u(r.get("credits_billed")),
-        job_id: r.get("job_id"),
-        error: r.get("error"),
-    })
-    .collect();
-    let attempts = sqlx::query(
-        "SELECT task_id, outcome, http_status, credits_billed, job_id, finished_at, error
-         FROM attempts ORDER BY id",
-    )
-    .fetch_all(&mut conn)
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| AttemptRow {
-        task_id: r.get("task_id"),
-        outcome: r.get("outcome"),
-        http_status: r.get("http_status"),
-        billed: u(r.get("credits_billed")),
-        job_id: r.get("job_id"),
-        finished_at: r.get("finished_at"),
-        error: r.get("error"),
-    })
-    .collect();
-    let outputs = sqlx::query(
-        "SELECT task_id, job_id, url_issued_at, path, sha256, bytes, download_error
-         FROM outputs ORDER BY task_id, k",
-    )
-    .fetch_all(&mut conn)
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| OutputRow {
-        task_id: r.get("task_id"),
-        job_id: r.get("job_id"),
-        url_issued_at: r.get("url_issued_at"),
-        path: r.get("path"),
-        sha256: r.get("sha256"),
-        bytes: r.get("bytes"),
-        download_error: r.get("download_error"),
-    })
-    .collect();
-    conn.close().await.unwrap();
-    Db {
-        runs,
-        tasks,
-        attempts,
-        outputs,
+    Db::read_file(path).await
+}
+
+/// Tasks by item, in task order.
+fn by_item(db: &Db) -> BTreeMap<String, Vec<&TaskRow>> {
+    let mut items: BTreeMap<String, Vec<&TaskRow>> = BTreeMap::new();
+    for t in db.live() {
+        items.entry(t.item.clone()).or_default().push(t);
     }
+    items
 }
 
 pub(crate) fn manifest(run_dir: &Path) -> Vec<Value> {
@@ -294,23 +136,6 @@ pub(crate) fn manifest(run_dir: &Path) -> Vec<Value> {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
         .collect()
-}
-
-/// Every file under `dir`, as paths relative to it.
-pub(crate) fn files_under(dir: &Path) -> BTreeSet<String> {
-    let mut found = BTreeSet::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in entries(&d) {
-            if entry.is_dir() {
-                stack.push(entry);
-            } else {
-                let rel = entry.strip_prefix(dir).unwrap();
-                found.insert(rel.to_string_lossy().into_owned());
-            }
-        }
-    }
-    found
 }
 
 /// Every output of the database was downloaded, and the manifest, the database's outputs and
@@ -447,7 +272,7 @@ fn assert_ledger_agrees(env: &Env, db: &Db, start_balance: i64) {
 /// tasks beside pending ones: that is money stranded in a half-finished chain.
 #[track_caller]
 fn assert_no_half_chains(db: &Db) {
-    for (item, tasks) in db.by_item() {
+    for (item, tasks) in by_item(db) {
         let statuses: Vec<&str> = tasks.iter().map(|t| t.status.as_str()).collect();
         let untouched = tasks
             .iter()
@@ -472,7 +297,7 @@ fn assert_no_half_chains(db: &Db) {
 /// failed one is blocked.
 #[track_caller]
 fn assert_descendants_blocked(db: &Db) {
-    for (item, tasks) in db.by_item() {
+    for (item, tasks) in by_item(db) {
         if let Some(first) = tasks.iter().position(|t| t.status == "failed") {
             for t in &tasks[first + 1..] {
                 assert_eq!(t.status, "blocked", "{item}: {t:?}");
@@ -587,7 +412,12 @@ async fn product_shots_runs_the_whole_chain_and_every_record_agrees() {
     );
 
     let db = read_db(&state_path(dir)).await;
-    assert_eq!(db.runs, [("full".to_owned(), "succeeded".to_owned())]);
+    let runs: Vec<(&str, &str)> = db
+        .runs
+        .iter()
+        .map(|r| (r.id.as_str(), r.status.as_str()))
+        .collect();
+    assert_eq!(runs, [("full", "succeeded")]);
     assert_eq!(db.count("succeeded"), 27);
     assert_eq!(db.attempts.len(), 27, "one attempt per task: no retries");
     assert_eq!(db.billed(), 120);
@@ -1757,35 +1587,31 @@ async fn the_api_key_appears_in_no_output_file_database_or_stream() {
 // The run lock
 // ---------------------------------------------------------------------------------------------
 
-/// Waits until a run holds the lock of a pipeline in `dir`'s state database.
-async fn wait_for_lock_holder(dir: &Path) {
-    let locks = dir.join("state.db.locks");
-    for _ in 0..200 {
-        let held = std::fs::read_dir(&locks).ok().is_some_and(|entries| {
-            entries
-                .flatten()
-                .any(|e| std::fs::read(e.path()).is_ok_and(|b| b.starts_with(b"{")))
-        });
-        if held {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("no run took the lock in {}", locks.display());
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_second_run_of_a_pipeline_exits_5_naming_the_first_or_waits_its_turn() {
-    let env = start(sandbox::Config {
-        latency: Duration::from_millis(150),
-        ..config()
+/// Holds `env`'s sandbox and starts `imgpipe run ARGS` in `dir`; returns once its first paid
+/// call waits at the hold, so it holds the run lock (taken before any call) for as long as the
+/// hold is kept.
+async fn started_and_held(
+    env: &Env,
+    dir: &Path,
+    args: &[&str],
+) -> (sandbox::Hold, tokio::task::JoinHandle<Output>) {
+    let hold = env.sandbox.hold();
+    let run = tokio::spawn(finish(run_command(env, dir, args)));
+    wait_until("the first run's call held mid-flight", || {
+        env.sandbox.held_calls() >= 1
     })
     .await;
+    (hold, run)
+}
+
+/// A second run of the pipeline while the first is held mid-call: refused with exit 5 naming
+/// the first; with `--wait`, seen waiting for it, and paying only once the first has finished.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_run_of_a_pipeline_exits_5_naming_the_first_or_waits_its_turn() {
+    let env = start(config()).await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(3, None));
-    let first = run_command(&env, dir, &["p.yaml", "--run-id", "first"]).output();
-    let first = tokio::spawn(first);
-    wait_for_lock_holder(dir).await;
+    let (hold, first) = started_and_held(&env, dir, &["p.yaml", "--run-id", "first"]).await;
 
     let refused = run(&env, dir, &["p.yaml", "--run-id", "second"]).await;
     assert_exit_without_panic(&refused, 5);
@@ -1793,9 +1619,17 @@ async fn a_second_run_of_a_pipeline_exits_5_naming_the_first_or_waits_its_turn()
     assert!(text.contains("run first by pid"), "{text}");
     assert!(text.contains("--wait"), "{text}");
 
-    let waited = run(&env, dir, &["p.yaml", "--run-id", "second", "--wait"]).await;
+    let mut waiting = Watched::start(run_command(
+        &env,
+        dir,
+        &["p.yaml", "--run-id", "second", "--wait"],
+    ));
+    waiting.wait_for_line("waiting for run first by pid").await;
+    assert!(env.sandbox.ledger().is_empty(), "nothing billed while held");
+    drop(hold);
+    let waited = waiting.finish().await;
     assert_exit_without_panic(&waited, 0);
-    let first = first.await.unwrap().unwrap();
+    let first = first.await.unwrap();
     assert_exit_without_panic(&first, 0);
     assert_eq!(
         env.sandbox.ledger().len(),
@@ -1803,64 +1637,67 @@ async fn a_second_run_of_a_pipeline_exits_5_naming_the_first_or_waits_its_turn()
         "each run paid once for its 9 calls"
     );
 
-    let mut conn = SqliteConnectOptions::new()
-        .filename(state_path(dir))
-        .read_only(true)
-        .connect()
-        .await
+    let db = read_db(&state_path(dir)).await;
+    let first_done = db
+        .attempts
+        .iter()
+        .filter(|a| a.run_id == "first")
+        .filter_map(|a| a.finished_at)
+        .max()
         .unwrap();
-    let (first_done,): (i64,) =
-        sqlx::query_as("SELECT MAX(finished_at) FROM attempts WHERE run_id = 'first'")
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
-    let (second_began,): (i64,) =
-        sqlx::query_as("SELECT MIN(started_at) FROM attempts WHERE run_id = 'second'")
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
+    let second_began = db
+        .attempts
+        .iter()
+        .filter(|a| a.run_id == "second")
+        .map(|a| a.started_at)
+        .min()
+        .unwrap();
     assert!(
         second_began >= first_done,
         "the waiting run called before the first finished"
     );
-    conn.close().await.unwrap();
 }
 
+/// A run killed (SIGKILL) while it holds the lock, mid-call: the lock goes with the process,
+/// and the next run is not blocked by it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lock_left_by_a_killed_run_does_not_block_the_next() {
-    let env = start(sandbox::Config {
-        latency: Duration::from_millis(300),
-        ..config()
-    })
-    .await;
+    let env = start(config()).await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(3, None));
+    let hold = env.sandbox.hold();
     let mut child = run_command(&env, dir, &["p.yaml", "--run-id", "killed"])
         .spawn()
         .unwrap();
-    wait_for_lock_holder(dir).await;
-    child.kill().await.unwrap();
-    let _ = child.wait().await;
+    wait_until("the run's call held mid-flight", || {
+        env.sandbox.held_calls() >= 1
+    })
+    .await;
+    kill_child(&mut child, "the first run").await;
+    drop(hold);
     let next = run(&env, dir, &["p.yaml", "--run-id", "next"]).await;
     assert_exit_without_panic(&next, 0);
 }
 
-/// A second process given the same run id with `--wait` waits for the first, then finds the
-/// run finished: it says so and pays nothing, rather than "resuming" it.
+/// A second process given the same run id with `--wait` waits for the first (seen waiting
+/// while the first is held mid-call), then finds the run finished: it says so and pays
+/// nothing, rather than "resuming" it.
 #[tokio::test(flavor = "multi_thread")]
 async fn waiting_for_a_run_that_then_finishes_says_it_is_finished_and_pays_nothing() {
-    let env = start(sandbox::Config {
-        latency: Duration::from_millis(150),
-        ..config()
-    })
-    .await;
+    let env = start(config()).await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(3, None));
-    let first = tokio::spawn(run_command(&env, dir, &["p.yaml", "--run-id", "same"]).output());
-    wait_for_lock_holder(dir).await;
-    let waited = run(&env, dir, &["p.yaml", "--run-id", "same", "--wait"]).await;
+    let (hold, first) = started_and_held(&env, dir, &["p.yaml", "--run-id", "same"]).await;
+    let mut waiting = Watched::start(run_command(
+        &env,
+        dir,
+        &["p.yaml", "--run-id", "same", "--wait"],
+    ));
+    waiting.wait_for_line("waiting for run same by pid").await;
+    drop(hold);
+    let waited = waiting.finish().await;
     assert_exit_without_panic(&waited, 0);
-    let first = first.await.unwrap().unwrap();
+    let first = first.await.unwrap();
     assert_exit_without_panic(&first, 0);
     let text = stderr(&waited);
     assert!(text.contains("run same is already finished"), "{text}");
@@ -1914,7 +1751,7 @@ async fn the_continue_command_printed_after_an_interruption_works_when_pasted() 
     }
     let pid = child.id().unwrap() as i32;
     assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
-    let interrupted = finish_child(child).await;
+    let interrupted = finish_child(child, "the run interrupted with SIGINT").await;
     assert_exit_without_panic(&interrupted, 130);
     let text = stderr(&interrupted);
     let printed = text
@@ -1958,13 +1795,6 @@ async fn the_continue_command_printed_after_an_interruption_works_when_pasted() 
     let ledger = env.sandbox.ledger();
     assert_eq!(ledger.len(), 9, "{ledger:#?}");
     assert!(ledger.iter().all(|e| e.delivered), "{ledger:#?}");
-}
-
-async fn finish_child(child: tokio::process::Child) -> Output {
-    tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
-        .await
-        .expect("imgpipe finishes in time")
-        .expect("imgpipe runs")
 }
 
 /// `runs` where there is no database says where it looked and how to look elsewhere,

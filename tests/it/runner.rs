@@ -24,12 +24,12 @@ use imgpipe::runner::{
 use imgpipe::sandbox;
 use imgpipe::store::{Location, StepCounts};
 use serde_json::Value;
-use sqlx::{Connection, Row};
+
 use tokio_util::sync::CancellationToken;
 
 use crate::common::*;
-use crate::resume::{connect, sandbox_with_latency};
-use crate::run::{CHAIN_CREDITS, config, edit_chain, files_under, manifest, state_path, write};
+use crate::resume::sandbox_with_latency;
+use crate::run::{CHAIN_CREDITS, config, edit_chain, manifest, state_path, write};
 
 // ---------------------------------------------------------------------------------------------
 // A view that records
@@ -328,7 +328,7 @@ async fn interrupted_run(env: &Env, file: &Path, step: &'static str) -> Db {
     assert_eq!(err.exit_code(), 130);
     let db = read_db(env.dir.path()).await;
     assert_eq!(db.run_status("r"), "interrupted");
-    let done = db.count("r", "succeeded");
+    let done = db.count_in("r", "succeeded");
     assert!((1..TASKS).contains(&done), "{db:#?}");
     assert_eq!(done, env.sandbox.ledger().len(), "one bill per task done");
     assert_eq!(done, view.seen().succeeded.len());
@@ -339,150 +339,26 @@ async fn interrupted_run(env: &Env, file: &Path, step: &'static str) -> Db {
 // Reading the record
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Debug, Clone)]
-struct Task {
-    run_id: String,
-    item: String,
-    step: String,
-    status: String,
-    planned: u64,
-    billed: u64,
-    job_id: Option<String>,
-}
-
-#[derive(Debug)]
-struct Out {
-    run_id: String,
-    job_id: String,
-    path: Option<String>,
-    sha256: Option<String>,
-}
-
-#[derive(Debug)]
-struct Db {
-    /// id → (status, credits planned)
-    runs: BTreeMap<String, (String, u64)>,
-    tasks: Vec<Task>,
-    outputs: Vec<Out>,
-}
-
-impl Db {
-    fn run_status(&self, run: &str) -> &str {
-        &self.runs[run].0
-    }
-
-    fn tasks_of(&self, run: &str) -> Vec<&Task> {
-        self.tasks.iter().filter(|t| t.run_id == run).collect()
-    }
-
-    fn count(&self, run: &str, status: &str) -> usize {
-        self.tasks_of(run)
-            .iter()
-            .filter(|t| t.status == status)
-            .count()
-    }
-
-    /// (item, step) → job of each task of `run` that succeeded.
-    fn jobs(&self, run: &str) -> BTreeMap<(String, String), String> {
-        self.tasks_of(run)
-            .into_iter()
-            .filter(|t| t.status == "succeeded")
-            .map(|t| {
-                let job = t.job_id.clone().unwrap_or_else(|| panic!("{t:?}"));
-                ((t.item.clone(), t.step.clone()), job)
-            })
-            .collect()
-    }
-}
-
-fn u(n: i64) -> u64 {
-    u64::try_from(n).unwrap()
-}
-
 /// The state database, read while no runner is running.
 async fn read_db(dir: &Path) -> Db {
-    let mut conn = connect(dir).await;
-    let runs = sqlx::query("SELECT id, status, credits_planned FROM runs")
-        .fetch_all(&mut conn)
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get("id"), (r.get("status"), u(r.get("credits_planned")))))
-        .collect();
-    let tasks = sqlx::query(
-        "SELECT run_id, item, step, status, planned_credits, credits_billed, job_id
-         FROM tasks WHERE removed_at IS NULL ORDER BY id",
-    )
-    .fetch_all(&mut conn)
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| Task {
-        run_id: r.get("run_id"),
-        item: r.get("item"),
-        step: r.get("step"),
-        status: r.get("status"),
-        planned: u(r.get("planned_credits")),
-        billed: u(r.get("credits_billed")),
-        job_id: r.get("job_id"),
-    })
-    .collect();
-    let outputs = sqlx::query("SELECT run_id, job_id, path, sha256 FROM outputs ORDER BY id")
-        .fetch_all(&mut conn)
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| Out {
-            run_id: r.get("run_id"),
-            job_id: r.get("job_id"),
-            path: r.get("path"),
-            sha256: r.get("sha256"),
-        })
-        .collect();
-    conn.close().await.unwrap();
-    Db {
-        runs,
-        tasks,
-        outputs,
-    }
+    Db::read_file(&state_path(dir)).await
 }
 
-/// Every row of every table, to tell whether anything at all was written.
-async fn dump(dir: &Path) -> BTreeMap<String, Vec<String>> {
-    let mut conn = connect(dir).await;
-    let mut all = BTreeMap::new();
-    for table in ["runs", "tasks", "attempts", "outputs", "superseded_outputs"] {
-        let columns: Vec<String> =
-            sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA table_info({table})")))
-                .fetch_all(&mut conn)
-                .await
-                .unwrap()
-                .iter()
-                .map(|r| format!("quote({})", r.get::<String, _>("name")))
-                .collect();
-        let rows: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT {} FROM {table} ORDER BY rowid",
-            columns.join(" || '|' || ")
-        )))
-        .fetch_all(&mut conn)
-        .await
-        .unwrap();
-        all.insert(table.to_owned(), rows.into_iter().map(|(r,)| r).collect());
-    }
-    conn.close().await.unwrap();
-    all
+/// (item, step) → job of each task of `run` that succeeded.
+fn jobs(db: &Db, run: &str) -> BTreeMap<(String, String), String> {
+    db.tasks_of(run)
+        .into_iter()
+        .filter(|t| t.status == "succeeded")
+        .map(|t| {
+            let job = t.job_id.clone().unwrap_or_else(|| panic!("{t:?}"));
+            ((t.item.clone(), t.step.clone()), job)
+        })
+        .collect()
 }
 
 /// Every file under the output directory with its sha256.
-fn tree(env: &Env) -> BTreeMap<String, String> {
-    let out = env.dir.path().join("out");
-    if !out.exists() {
-        return BTreeMap::new();
-    }
-    files_under(&out)
-        .into_iter()
-        .map(|f| (f.clone(), sha256_hex(&std::fs::read(out.join(&f)).unwrap())))
-        .collect()
+fn out_files(env: &Env) -> BTreeMap<String, String> {
+    file_digests(&env.dir.path().join("out"))
 }
 
 fn ledger_total(env: &Env) -> u64 {
@@ -496,7 +372,7 @@ fn assert_run_complete(env: &Env, db: &Db, run: &str) {
     assert_eq!(db.run_status(run), "succeeded");
     let tasks = db.tasks_of(run);
     assert_eq!(tasks.len(), TASKS, "{tasks:#?}");
-    assert_eq!(db.count(run, "succeeded"), TASKS, "{tasks:#?}");
+    assert_eq!(db.count_in(run, "succeeded"), TASKS, "{tasks:#?}");
     let ledger = env.sandbox.ledger();
     let jobs: BTreeSet<&str> = ledger.iter().map(|e| e.job_id.as_str()).collect();
     assert_eq!(jobs.len(), ledger.len(), "a job billed twice: {ledger:#?}");
@@ -510,7 +386,7 @@ fn assert_run_complete(env: &Env, db: &Db, run: &str) {
             "{t:?}"
         );
     }
-    let outputs: Vec<&Out> = db.outputs.iter().filter(|o| o.run_id == run).collect();
+    let outputs: Vec<&OutputRow> = db.outputs.iter().filter(|o| o.run_id == run).collect();
     assert_eq!(outputs.len(), TASKS, "{outputs:#?}");
     for o in &outputs {
         let path = o.path.as_deref().unwrap_or_else(|| panic!("{o:?}"));
@@ -551,8 +427,8 @@ async fn a_fresh_run_pays_its_plan_records_every_task_and_shows_one_summary() {
 
     let db = read_db(env.dir.path()).await;
     assert_eq!(db.runs.len(), 1, "{db:#?}");
-    let (run_id, (_, planned)) = db.runs.iter().next().unwrap();
-    assert_eq!(*planned, PLANNED);
+    let (run_id, planned) = (&db.runs[0].id, db.runs[0].credits_planned);
+    assert_eq!(planned, PLANNED);
     assert_run_complete(&env, &db, run_id);
     assert_eq!(ledger_total(&env), PLANNED, "the ledger pays the plan");
     assert_eq!(env.sandbox.balance(), START_BALANCE - PLANNED as i64);
@@ -588,7 +464,7 @@ async fn an_interrupted_run_resumed_finishes_without_paying_any_task_twice() {
     let env = start(sandbox_with_latency(10)).await;
     let file = chain_file(&env);
     let before = interrupted_run(&env, &file, "clean").await;
-    let done_before = before.jobs("r");
+    let done_before = jobs(&before, "r");
 
     let view = Recorder::new();
     resume(&env, &settings(env.dir.path()), &view, "r", false)
@@ -599,7 +475,7 @@ async fn an_interrupted_run_resumed_finishes_without_paying_any_task_twice() {
     assert_run_complete(&env, &db, "r");
     assert_eq!(env.sandbox.ledger().len(), TASKS, "one bill per task");
     assert_eq!(ledger_total(&env), PLANNED);
-    let jobs = db.jobs("r");
+    let jobs = jobs(&db, "r");
     for (task, job) in &done_before {
         assert_eq!(jobs.get(task), Some(job), "{task:?} was paid for again");
     }
@@ -633,8 +509,8 @@ async fn a_finished_run_run_again_is_only_summarised_and_a_dry_run_says_it_is_fi
     .await
     .unwrap();
     let ledger = env.sandbox.ledger();
-    let record = dump(dir).await;
-    let files = tree(&env);
+    let record = dump(&state_path(dir)).await;
+    let files = out_files(&env);
 
     let again = Recorder::new();
     run(&env, &settings, &again, token(), &request(&file, Some("r")))
@@ -666,8 +542,12 @@ async fn a_finished_run_run_again_is_only_summarised_and_a_dry_run_says_it_is_fi
 
     assert_eq!(env.sandbox.ledger(), ledger, "nothing billed again");
     assert_eq!(env.sandbox.stats().paid_requests, TASKS as u64);
-    assert_eq!(dump(dir).await, record, "the record did not move");
-    assert_eq!(tree(&env), files, "the files did not move");
+    assert_eq!(
+        dump(&state_path(dir)).await,
+        record,
+        "the record did not move"
+    );
+    assert_eq!(out_files(&env), files, "the files did not move");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -758,7 +638,7 @@ async fn a_changed_pipeline_is_refused_naming_the_change_and_allow_changes_pays_
     let file = chain_file(&env);
     // Stop once a `cutout` is done, so the change below undoes work already paid for.
     let before = interrupted_run(&env, &file, "cutout").await;
-    let done_before = before.jobs("r");
+    let done_before = jobs(&before, "r");
     let cutouts_done = done_before.keys().filter(|(_, s)| s == "cutout").count();
     assert!(cutouts_done >= 1, "{done_before:#?}");
     let changed = edit_chain(ITEMS, None).replace(
@@ -768,7 +648,7 @@ async fn a_changed_pipeline_is_refused_naming_the_change_and_allow_changes_pays_
     assert_ne!(changed, edit_chain(ITEMS, None));
     write(dir, "p.yaml", &changed);
     let ledger = env.sandbox.ledger();
-    let record = dump(dir).await;
+    let record = dump(&state_path(dir)).await;
 
     let view = Recorder::new();
     let err = resume(&env, &settings(dir), &view, "r", false)
@@ -789,7 +669,7 @@ async fn a_changed_pipeline_is_refused_naming_the_change_and_allow_changes_pays_
     );
     assert!(text.contains("--allow-changes"), "{text}");
     assert_eq!(env.sandbox.ledger(), ledger, "nothing billed");
-    assert_eq!(dump(dir).await, record, "nothing recorded");
+    assert_eq!(dump(&state_path(dir)).await, record, "nothing recorded");
     assert!(view.seen().summaries.is_empty());
 
     let allowed = Settings {
@@ -802,8 +682,8 @@ async fn a_changed_pipeline_is_refused_naming_the_change_and_allow_changes_pays_
         .expect("with --allow-changes the run resumes");
     let db = read_db(dir).await;
     assert_eq!(db.run_status("r"), "succeeded");
-    assert_eq!(db.count("r", "succeeded"), TASKS);
-    let jobs = db.jobs("r");
+    assert_eq!(db.count_in("r", "succeeded"), TASKS);
+    let jobs = jobs(&db, "r");
     for (task, job) in &done_before {
         if task.1 == "cutout" {
             assert_ne!(
@@ -848,8 +728,8 @@ async fn a_dry_run_resume_reviews_the_remaining_tasks_and_changes_nothing() {
     assert!(!remaining.is_empty());
     let ledger = env.sandbox.ledger();
     let paid = env.sandbox.stats().paid_requests;
-    let record = dump(dir).await;
-    let files = tree(&env);
+    let record = dump(&state_path(dir)).await;
+    let files = out_files(&env);
 
     let view = Recorder::new();
     resume(&env, &settings(dir), &view, "r", true)
@@ -858,8 +738,8 @@ async fn a_dry_run_resume_reviews_the_remaining_tasks_and_changes_nothing() {
 
     assert_eq!(env.sandbox.ledger(), ledger, "nothing billed");
     assert_eq!(env.sandbox.stats().paid_requests, paid, "no paid request");
-    assert_eq!(dump(dir).await, record, "a table changed");
-    assert_eq!(tree(&env), files, "files changed");
+    assert_eq!(dump(&state_path(dir)).await, record, "a table changed");
+    assert_eq!(out_files(&env), files, "files changed");
 
     let seen = view.seen();
     assert_eq!(seen.reviews.len(), 1);
@@ -950,7 +830,7 @@ async fn an_interrupted_or_stopped_run_says_the_views_continue_command() {
     assert!(env.sandbox.stats().insufficient_credits > 0);
     let db = read_db(dir).await;
     assert_eq!(db.run_status("s"), "stopped");
-    let done = db.count("s", "succeeded");
+    let done = db.count_in("s", "succeeded");
     assert!((1..TASKS).contains(&done), "{db:#?}");
     assert_eq!(env.sandbox.ledger().len(), billed + done);
 }

@@ -14,10 +14,6 @@ use crate::common::*;
 
 const GENERATIONS: &str = "v1/images/generations";
 
-fn http() -> reqwest::Client {
-    reqwest::Client::new()
-}
-
 /// GET on the sandbox with an optional key; the status and the JSON body (Null if none).
 async fn raw_get(env: &Env, path: &str, key: Option<&str>) -> (u16, Value) {
     let mut req = http().get(env.sandbox.base_url().join(path).unwrap());
@@ -361,17 +357,15 @@ async fn result_urls_download_without_a_key_and_refuse_tampering() {
 
 #[tokio::test]
 async fn expired_urls_are_refused_and_the_job_gives_fresh_ones() {
-    let env = start(Config {
-        url_ttl: Duration::from_millis(500),
-        ..Config::default()
-    })
-    .await;
+    let env = start_default().await;
     let job = generate_raw(&env).await;
     let id = job["id"].as_str().unwrap().to_owned();
     let url = job["images"][0]["url"].as_str().unwrap().to_owned();
     let (status, _, original) = fetch_raw(&url).await;
     assert_eq!(status, 200, "a fresh URL must download");
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Its lifetime passed, without waiting for the clock (`POST /_sandbox/expire-urls`).
+    let (status, _) = raw_post(&env, "_sandbox/expire-urls", &json!({})).await;
+    assert_eq!(status, 204);
 
     let response = http().get(&url).send().await.unwrap();
     assert_eq!(response.status().as_u16(), 403);
@@ -634,4 +628,46 @@ async fn a_429_carries_retry_after_and_the_json_error() {
     let body: Value = response.json().await.unwrap();
     error_of(&body, "rate_limited");
     assert_nothing_billed(&env);
+}
+
+/// `POST /_sandbox/hold` keeps a paid call in flight and unbilled at the gate before billing,
+/// counted as `held` in the stats, until `POST /_sandbox/release`; then it is billed and
+/// answered. A release with no hold is refused.
+#[tokio::test]
+async fn a_held_sandbox_keeps_paid_calls_unbilled_until_released() {
+    let env = start_default().await;
+    let (status, body) = raw_post(&env, "_sandbox/release", &json!({})).await;
+    assert_eq!(status, 409, "{body}");
+    error_of(&body, "not_held");
+    let (status, _) = raw_post(&env, "_sandbox/hold", &json!({})).await;
+    assert_eq!(status, 204);
+
+    let body = json!({"prompt": "a mug"});
+    let call = raw_post(&env, GENERATIONS, &body);
+    tokio::pin!(call);
+    let held = async {
+        loop {
+            let (_, stats) = raw_get(&env, "_sandbox/stats", Some(env.sandbox.key())).await;
+            if stats["held"] == 1 {
+                return stats;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let stats = tokio::select! {
+        answered = &mut call => panic!("answered while held: {answered:?}"),
+        stats = tokio::time::timeout(Duration::from_secs(15), held) => stats.expect("the call held"),
+    };
+    assert_eq!(stats["stats"]["billed"], 0, "{stats}");
+    assert_eq!(env.sandbox.held_calls(), 1);
+    assert!(env.sandbox.ledger().is_empty());
+
+    let (status, _) = raw_post(&env, "_sandbox/release", &json!({})).await;
+    assert_eq!(status, 204);
+    let (status, body) = tokio::time::timeout(Duration::from_secs(15), call)
+        .await
+        .expect("answered once released");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(env.sandbox.ledger().len(), 1);
+    assert_eq!(env.sandbox.held_calls(), 0);
 }

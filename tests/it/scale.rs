@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{rows_in, start};
+use crate::common::{finish_blocking, rows_in, start};
 
 /// Paid calls each run makes before it is interrupted.
 const CALLS: i64 = 300;
@@ -40,6 +40,26 @@ steps:
 "#,
     )
     .unwrap();
+}
+
+/// How long one command of a batch may take before the test fails (measured: the review of
+/// 20,000 items takes a few seconds).
+const COMMAND_LIMIT: Duration = Duration::from_secs(120);
+
+/// Peak RSS in KiB of child `pid`, reaped here, and its exit code; fails the test with `what`,
+/// the child killed, if it has not ended within [`COMMAND_LIMIT`].
+async fn reap_within(pid: u32, what: &str) -> (i64, Option<i32>) {
+    let reaped = tokio::task::spawn_blocking(move || reap(pid));
+    match tokio::time::timeout(COMMAND_LIMIT, reaped).await {
+        Ok(reaped) => reaped.unwrap(),
+        Err(_) => {
+            // Not reaped yet (wait4 still waits), so the pid is still the child's; killed, it
+            // is reaped by the blocked wait4.
+            // SAFETY: kill(2) on our own child's pid; no memory involved.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            panic!("{what}: not ended within {COMMAND_LIMIT:?}, killed");
+        }
+    }
 }
 
 /// Peak RSS in KiB of child `pid`, reaped here, and its exit code.
@@ -98,23 +118,20 @@ async fn run_and_review(items: usize) -> (i64, i64) {
     }
     // SAFETY: sends SIGINT to our own child, not yet reaped.
     unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
-    let (run, code) = tokio::task::spawn_blocking(move || reap(pid))
-        .await
-        .unwrap();
+    let (run, code) = reap_within(pid, &format!("{items} items: the interrupted run")).await;
     assert_eq!(code, Some(130), "{items} items: the interrupted run's exit");
     let review = imgpipe(dir, &base, &key, &["resume", "big", "--dry-run"])
         .spawn()
         .unwrap();
     let pid = review.id();
-    let (dry, code) = tokio::task::spawn_blocking(move || reap(pid))
-        .await
-        .unwrap();
+    let (dry, code) = reap_within(pid, &format!("{items} items: resume --dry-run")).await;
     assert_eq!(code, Some(0), "{items} items: resume --dry-run's exit");
     // Only the items the run reached are recorded; status counts the others from the plan.
-    let o = imgpipe(dir, &base, &key, &["status", "big", "--json"])
-        .stdout(Stdio::piped())
-        .output()
-        .unwrap();
+    let o = finish_blocking(
+        imgpipe(dir, &base, &key, &["status", "big", "--json"]),
+        COMMAND_LIMIT,
+        &format!("{items} items: status"),
+    );
     let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let n = |k: &str| {
         doc[k]
@@ -132,9 +149,11 @@ async fn run_and_review(items: usize) -> (i64, i64) {
         [items as u64, 2 * items as u64, 2 * items as u64],
         "{doc}"
     );
-    let o = imgpipe(dir, &base, &key, &["report", "big", "--out", "r.html"])
-        .output()
-        .unwrap();
+    let o = finish_blocking(
+        imgpipe(dir, &base, &key, &["report", "big", "--out", "r.html"]),
+        COMMAND_LIMIT,
+        &format!("{items} items: report"),
+    );
     assert_eq!(o.status.code(), Some(0), "{o:?}");
     let page = std::fs::read_to_string(dir.join("r.html")).unwrap();
     let done = format!("{} of {}", n("succeeded"), items * 5);

@@ -150,3 +150,165 @@ async fn holder(conn: &mut PgConnection, key: i64) -> Result<Option<Holder>, sql
         .await?;
     Ok(row.map(to_holder))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::store::Location;
+    use crate::store::test_postgres::{connect, database};
+
+    /// A ceiling for what the server does at once (a session ended, a lock let go, a session
+    /// found gone by the watch); waits stop as soon as it happens.
+    const CEILING: Duration = Duration::from_secs(30);
+
+    /// A database with imgpipe's tables, and the store opened on it.
+    async fn state(tag: &str) -> Option<(PgUrl, Store)> {
+        let url = database(tag).await?;
+        let store = Store::open_at(&Location::Postgres(url.clone()))
+            .await
+            .unwrap();
+        Some((url, store))
+    }
+
+    async fn take(url: &PgUrl, run: &str, wait: bool) -> Result<RunLock, LockError> {
+        acquire(url, "nightly", run, wait, CancellationToken::new()).await
+    }
+
+    /// Waits until the lock is free, as the server lets go of it once its session ends.
+    async fn until_free(store: &Store) {
+        tokio::time::timeout(CEILING, async {
+            while !matches!(probe(store, "nightly").await.unwrap(), Probe::Free) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the server let go of the lock");
+    }
+
+    /// The key is the contract between hosts (and versions of imgpipe) sharing a database:
+    /// it must not change, and pipelines must not share one.
+    #[test]
+    fn each_pipeline_has_its_own_key_and_the_keys_never_change() {
+        assert_eq!(key("nightly"), key("nightly"));
+        assert_ne!(key("nightly"), key("nightly2"));
+        assert_ne!(key(""), key("\0"));
+        assert_eq!(key("nightly"), PINNED_NIGHTLY);
+    }
+
+    /// `key("nightly")` as imgpipe has computed it since its state could be in PostgreSQL.
+    const PINNED_NIGHTLY: i64 = 913_671_170_784_111_978;
+
+    #[tokio::test]
+    async fn a_second_host_is_refused_naming_the_holder_then_takes_it_once_let_go() {
+        let Some((url, store)) = state("lock").await else {
+            return;
+        };
+        assert!(matches!(
+            probe(&store, "nightly").await.unwrap(),
+            Probe::Free
+        ));
+        let held = take(&url, "first", false).await.unwrap();
+        let Probe::Held(Some(holder)) = probe(&store, "nightly").await.unwrap() else {
+            panic!("the lock is not seen held");
+        };
+        assert_eq!(
+            (holder.run_id.as_str(), holder.pid),
+            ("first", std::process::id())
+        );
+        let refused = take(&url, "second", false).await.unwrap_err();
+        let LockError::Held {
+            pipeline,
+            holder: Some(holder),
+            ..
+        } = &refused
+        else {
+            panic!("{refused}");
+        };
+        assert_eq!(
+            (pipeline.as_str(), holder.run_id.as_str()),
+            ("nightly", "first")
+        );
+        assert!(
+            refused.to_string().contains("run first by pid"),
+            "{refused}"
+        );
+        // Another pipeline's lock is another key.
+        drop(
+            acquire(&url, "weekly", "w", false, CancellationToken::new())
+                .await
+                .unwrap(),
+        );
+
+        drop(held);
+        until_free(&store).await;
+        let second = take(&url, "second", false).await.unwrap();
+        let Probe::Held(Some(holder)) = probe(&store, "nightly").await.unwrap() else {
+            panic!("the lock is not seen held");
+        };
+        assert_eq!(holder.run_id, "second", "run_locks names the new holder");
+        drop(second);
+        store.pool().close().await;
+    }
+
+    /// With `wait`, a host asks again until the holder lets go, and only then holds it.
+    #[tokio::test]
+    async fn a_waiting_host_takes_the_lock_only_after_the_holder_lets_go() {
+        let Some((url, store)) = state("wait").await else {
+            return;
+        };
+        let held = take(&url, "first", false).await.unwrap();
+        let waiting = take(&url, "second", true);
+        tokio::pin!(waiting);
+        // Several of its polls while the lock is held: none may take it.
+        let polls = POLL * 4;
+        if let Ok(taken) = tokio::time::timeout(polls, &mut waiting).await {
+            panic!("took a held lock: {taken:?}");
+        }
+        drop(held);
+        let second = tokio::time::timeout(CEILING, waiting)
+            .await
+            .expect("the waiter takes the lock once it is let go")
+            .unwrap();
+        let Probe::Held(Some(holder)) = probe(&store, "nightly").await.unwrap() else {
+            panic!("the lock is not seen held");
+        };
+        assert_eq!(holder.run_id, "second");
+        drop(second);
+        store.pool().close().await;
+    }
+
+    /// The server ends the session that holds the lock (a restart would): the run is told at
+    /// once, so it stops before another host can take the lock and pay for the same tasks.
+    #[tokio::test]
+    async fn a_lost_session_cancels_the_run() {
+        let Some((url, store)) = state("lost").await else {
+            return;
+        };
+        let lost = CancellationToken::new();
+        let held = acquire(&url, "nightly", "r", false, lost.clone())
+            .await
+            .unwrap();
+        assert!(!lost.is_cancelled());
+        let mut admin = connect(&url).await;
+        let (ended,): (i64,) = sqlx::query_as(
+            "SELECT COUNT(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_locks
+             WHERE locktype = 'advisory' AND granted
+               AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))
+             AS ended",
+        )
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        assert_eq!(ended, 1, "one session held the lock");
+        tokio::time::timeout(CEILING, lost.cancelled())
+            .await
+            .expect("the run is told its lock's session is gone");
+        drop(held);
+        admin.close().await.unwrap();
+        store.pool().close().await;
+    }
+}

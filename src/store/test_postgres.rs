@@ -1,0 +1,70 @@
+//! Unit tests' PostgreSQL: a database of its own for each test, on the server whose
+//! administrator's URL is in `IMGPIPE_TEST_POSTGRES` (`bash .ci/run` starts one and sets it).
+//! Without it a test says on stdout that it skipped (`test NAME ... skipped: …`, where
+//! `cargo test` shows it) and returns; under CI (`CI=true` or `CI=1`) it fails with the reason,
+//! as the integration tests do (`tests/it/common.rs`).
+
+use std::io::Write as _;
+
+use sqlx::{Connection, PgConnection};
+
+use crate::store::{Location, PgUrl};
+
+/// The server's administrator URL, `None` (the skip said) when there is none outside CI.
+pub(crate) fn admin() -> Option<String> {
+    if let Some(url) = std::env::var("IMGPIPE_TEST_POSTGRES")
+        .ok()
+        .filter(|v| !v.is_empty())
+    {
+        return Some(url);
+    }
+    let ci = std::env::var("CI").unwrap_or_default();
+    assert!(
+        !matches!(ci.trim().to_ascii_lowercase().as_str(), "true" | "1"),
+        "PostgreSQL unavailable, and CI={ci} requires it: IMGPIPE_TEST_POSTGRES is unset\n\
+         hint: `bash .ci/run` starts a server and sets it"
+    );
+    let thread = std::thread::current();
+    let line = format!(
+        "test {} ... skipped: no PostgreSQL: IMGPIPE_TEST_POSTGRES is unset (`bash .ci/run` \
+         starts a server and sets it; under CI this fails)\n",
+        thread.name().unwrap_or("<unnamed>")
+    );
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(line.as_bytes()).and_then(|()| out.flush());
+    None
+}
+
+/// A fresh, empty database for one test, named after `tag`; `None` as [`admin`] says.
+pub(crate) async fn database(tag: &str) -> Option<PgUrl> {
+    let admin = admin()?;
+    let name = format!(
+        "imgpipe_unit_{tag}_{}_{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .subsec_nanos()
+    );
+    let mut conn = PgConnection::connect(&admin)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach IMGPIPE_TEST_POSTGRES: {e}"));
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+    let mut url = url::Url::parse(&admin).unwrap();
+    url.set_path(&name);
+    match Location::parse(url.as_str(), "IMGPIPE_TEST_POSTGRES") {
+        Ok(Location::Postgres(url)) => Some(url),
+        other => panic!("not a PostgreSQL URL: {other:?}"),
+    }
+}
+
+/// A plain connection to `url`, to look at what the code under test left there.
+pub(crate) async fn connect(url: &PgUrl) -> PgConnection {
+    PgConnection::connect(url.secret())
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach {url}: {e}"))
+}
