@@ -356,6 +356,16 @@ pub async fn imgpipe(env: Option<&Env>, args: &[&str], cwd: &Path) -> Output {
     finish(cmd).await
 }
 
+/// `imgpipe ARGS --state STATE` in `dir`, against `env`'s sandbox, within [`RUN_LIMIT`].
+pub async fn imgpipe_on(env: &Env, dir: &Path, state: &str, args: &[&str]) -> Output {
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--state", state]);
+    let mut cmd = command(&all, dir);
+    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
+        .env("IMGPIPE_API_KEY", env.sandbox.key());
+    finish(cmd).await
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }

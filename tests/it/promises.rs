@@ -4,25 +4,12 @@
 //! application's, a newer imgpipe's) is refused with exit 2 and left exactly as it was. And a
 //! one-off command the service answers with 400 exits 2, having written and paid nothing.
 
-use std::path::Path;
-use std::process::Output;
-
 use sqlx::Connection;
 
 use crate::common::*;
 use crate::run::{edit_chain, write};
 
 const SECRET: &str = "pg-secret-7781";
-
-/// `imgpipe ARGS --state URL` in `dir`, against the sandbox.
-async fn imgpipe_on(env: &Env, dir: &Path, url: &str, args: &[&str]) -> Output {
-    let mut all = args.to_vec();
-    all.extend_from_slice(&["--state", url]);
-    let mut cmd = command(&all, dir);
-    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
-        .env("IMGPIPE_API_KEY", env.sandbox.key());
-    finish(cmd).await
-}
 
 /// The tables of the database's public schema, sorted.
 async fn tables(url: &str) -> Vec<String> {

@@ -26,17 +26,7 @@ fn pipeline_dir(env: &Env) -> PathBuf {
 /// `imgpipe ARGS --state DIR/state.db` in `dir`, against the sandbox.
 async fn imgpipe_in(env: &Env, dir: &Path, args: &[&str]) -> Output {
     let state = dir.join("state.db");
-    imgpipe_with(env, dir, state.to_str().unwrap(), args).await
-}
-
-/// `imgpipe ARGS --state STATE` in `dir`, against the sandbox.
-async fn imgpipe_with(env: &Env, dir: &Path, state: &str, args: &[&str]) -> Output {
-    let mut all = args.to_vec();
-    all.extend_from_slice(&["--state", state]);
-    let mut cmd = command(&all, dir);
-    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
-        .env("IMGPIPE_API_KEY", env.sandbox.key());
-    finish(cmd).await
+    imgpipe_on(env, dir, state.to_str().unwrap(), args).await
 }
 
 async fn run(env: &Env, dir: &Path, args: &[&str]) -> Output {
@@ -392,7 +382,7 @@ async fn on_postgres_a_sample_then_a_reroll_pay_each_task_once() {
         all.extend_from_slice(args);
         all
     };
-    let sample = imgpipe_with(
+    let sample = imgpipe_on(
         &env,
         &dir,
         &state,
@@ -401,10 +391,10 @@ async fn on_postgres_a_sample_then_a_reroll_pay_each_task_once() {
     .await;
     assert_exit(&sample, 7);
     assert_eq!(billed(&env), ITEM);
-    let rest = imgpipe_with(&env, &dir, &state, &run(&["--run-id", "p"])).await;
+    let rest = imgpipe_on(&env, &dir, &state, &run(&["--run-id", "p"])).await;
     assert_exit(&rest, 0);
     assert_eq!(billed(&env), 3 * ITEM);
-    let reroll = imgpipe_with(
+    let reroll = imgpipe_on(
         &env,
         &dir,
         &state,

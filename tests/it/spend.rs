@@ -5,7 +5,6 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::Output;
 
 use imgpipe::sandbox::{self, Faults};
 use serde_json::Value;
@@ -35,18 +34,8 @@ fn billed(entries: &[imgpipe::sandbox::LedgerEntry]) -> Billed {
     b
 }
 
-/// `imgpipe ARGS --state STATE` in `dir`, against `env`'s sandbox, in time.
-async fn on(env: &Env, dir: &Path, state: &str, args: &[&str]) -> Output {
-    let mut all = args.to_vec();
-    all.extend_from_slice(&["--state", state]);
-    let mut cmd = command(&all, dir);
-    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
-        .env("IMGPIPE_API_KEY", env.sandbox.key());
-    finish(cmd).await
-}
-
 async fn spend_json(env: &Env, dir: &Path, state: &str, by: &str) -> Value {
-    let o = on(env, dir, state, &["spend", "--json", "--by", by]).await;
+    let o = imgpipe_on(env, dir, state, &["spend", "--json", "--by", by]).await;
     assert_exit_without_panic(&o, 0);
     json_stdout(&o)
 }
@@ -103,7 +92,7 @@ async fn ledger_agrees_with_the_sandbox(state: &str) {
     let other = edit_chain(1, None).replace("name: chain", "name: other");
     write(dir, "other.yaml", &other);
     let one_at_a_time = ["--concurrency", "1", "--retry-base-ms", "10"];
-    let o = on(
+    let o = imgpipe_on(
         &env,
         dir,
         state,
@@ -113,7 +102,7 @@ async fn ledger_agrees_with_the_sandbox(state: &str) {
     assert_exit_without_panic(&o, 0);
     let chain = billed(&env.sandbox.ledger());
     assert_eq!(chain.possibly_calls, 1, "{:#?}", env.sandbox.ledger());
-    let o = on(
+    let o = imgpipe_on(
         &env,
         dir,
         state,
@@ -187,7 +176,7 @@ async fn ledger_agrees_with_the_sandbox(state: &str) {
 }
 
 async fn assert_totals_agree_with_runs_and_status(env: &Env, dir: &Path, state: &str, t: &Value) {
-    let o = on(env, dir, state, &["runs", "--json"]).await;
+    let o = imgpipe_on(env, dir, state, &["runs", "--json"]).await;
     assert_exit_without_panic(&o, 0);
     let runs = json_stdout(&o);
     let runs = runs.as_array().unwrap();
@@ -198,7 +187,7 @@ async fn assert_totals_agree_with_runs_and_status(env: &Env, dir: &Path, state: 
     assert_eq!(t["possibly_billed"], sum("possibly_billed"), "{runs:#?}");
     let (mut planned, mut billed, mut possibly) = (0, 0, 0);
     for run in runs {
-        let o = on(
+        let o = imgpipe_on(
             env,
             dir,
             state,
@@ -217,7 +206,7 @@ async fn assert_totals_agree_with_runs_and_status(env: &Env, dir: &Path, state: 
 }
 
 async fn assert_csv_and_windows(env: &Env, dir: &Path, state: &str, by_day: &Value) {
-    let o = on(env, dir, state, &["spend", "--csv"]).await;
+    let o = imgpipe_on(env, dir, state, &["spend", "--csv"]).await;
     assert_exit_without_panic(&o, 0);
     let mut csv = csv::Reader::from_reader(o.stdout.as_slice());
     let header = csv.headers().unwrap().clone();
@@ -241,10 +230,10 @@ async fn assert_csv_and_windows(env: &Env, dir: &Path, state: &str, by_day: &Val
         .iter()
         .map(|g| g["group"].as_str().unwrap())
         .collect();
-    let o = on(env, dir, state, &["spend", "--json", "--since", days[0]]).await;
+    let o = imgpipe_on(env, dir, state, &["spend", "--json", "--since", days[0]]).await;
     assert_exit_without_panic(&o, 0);
     assert_eq!(json_stdout(&o)["totals"], by_day["totals"]);
-    let o = on(
+    let o = imgpipe_on(
         env,
         dir,
         state,
