@@ -203,3 +203,103 @@ async fn a_one_off_command_the_service_refuses_as_invalid_exits_2_and_writes_not
     }
     assert_nothing_billed(&env);
 }
+
+/// A redirect would carry `X-API-Key` to wherever it points: the client follows none, so the
+/// key and the paid call go nowhere but to the service named.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_client_follows_no_redirect_with_the_key() {
+    use axum::Router;
+    use axum::http::{StatusCode, header::LOCATION};
+    use axum::response::IntoResponse;
+    use axum::routing::{get, post};
+
+    let elsewhere = Fake::start(|base| {
+        let image = format!("{base}img/0.png");
+        Router::new()
+            .route(
+                "/v1/images/generations",
+                post(move || async move { axum::Json(generation("job_x", &image)) }),
+            )
+            .route(
+                "/v1/account",
+                get(|| async { axum::Json(serde_json::json!({"credits": 5})) }),
+            )
+    })
+    .await;
+    let (to_generate, to_account) = (
+        elsewhere.url("/v1/images/generations"),
+        elsewhere.url("/v1/account"),
+    );
+    let service = Fake::start(move |_| {
+        Router::new()
+            .route(
+                "/v1/images/generations",
+                post(move || async move {
+                    (StatusCode::TEMPORARY_REDIRECT, [(LOCATION, to_generate)]).into_response()
+                }),
+            )
+            .route(
+                "/v1/account",
+                get(move || async move {
+                    (StatusCode::FOUND, [(LOCATION, to_account)]).into_response()
+                }),
+            )
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let generate = service
+        .run(&["generate", "--prompt", "x", "--out", "out"], dir.path())
+        .await;
+    let account = service.run(&["account"], dir.path()).await;
+    assert_eq!(service.count("POST", "/v1/images/generations"), 1);
+    assert_eq!(service.count("GET", "/v1/account"), 1);
+    assert_eq!(
+        elsewhere.total(),
+        0,
+        "a redirect was followed: {}{}",
+        stderr(&generate),
+        stderr(&account)
+    );
+    assert_ne!(generate.status.code(), Some(0), "{}", stderr(&generate));
+    assert_ne!(account.status.code(), Some(0), "{}", stderr(&account));
+    assert!(!dir.path().join("out").exists(), "nothing written");
+}
+
+/// A service that echoes the key in its error (a 401 naming the key it refused) never gets it
+/// onto the terminal.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_the_service_echoes_is_scrubbed_from_what_is_shown() {
+    use axum::Router;
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    use axum::routing::{get, post};
+
+    let echo = || {
+        let body = serde_json::json!({"error": {"message": format!("invalid API key {FAKE_KEY}"), "key": FAKE_KEY}});
+        (StatusCode::UNAUTHORIZED, axum::Json(body)).into_response()
+    };
+    let service = Fake::start(move |_| {
+        Router::new()
+            .route(
+                "/v1/images/generations",
+                post(move || async move { echo() }),
+            )
+            .route("/v1/account", get(move || async move { echo() }))
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    for args in [
+        &["generate", "--prompt", "x", "--out", "out"][..],
+        &["account"],
+        &["-vv", "account", "--json"],
+    ] {
+        let o = service.run(args, dir.path()).await;
+        assert_ne!(o.status.code(), Some(0));
+        let shown = format!("{}{}", stdout(&o), stderr(&o));
+        assert!(
+            !shown.contains(FAKE_KEY),
+            "`{}` shows the key:\n{shown}",
+            args.join(" ")
+        );
+    }
+}
