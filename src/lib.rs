@@ -4,10 +4,14 @@
 //! - [`cli`]: parses the command line, calls the library, renders what it returns.
 //! - [`runner`]: a run's lifecycle: state, lock, fresh or continued, admission, execution.
 //! - [`pipeline`]: pipeline files: YAML with positions, typed and checked, items, templates.
-//! - [`plan`]: every task priced (the one place), totals against budget and balance, the graph.
+//! - [`plan`]: every task priced (the one place), totals against budget and balance, the graph,
+//!   and the part of a run asked for now (`--items`, `--until`, a reroll's tasks).
 //! - [`exec`]: the executor: scheduler, budget, rate limiter, attempts, downloads, manifest.
 //! - [`resume`]: resuming a run, in one place: the review (a pure core: records in, what is
-//!   kept, read back, fetched again and paid again out) and its crash-safe application.
+//!   kept, read back, fetched again and paid again out) and its crash-safe application; a
+//!   reroll is a review that pays again for chosen tasks.
+//! - [`caps`]: spending caps over calendar windows, leased in blocks from the state database so
+//!   runs on every host that shares it never spend past them together.
 //! - [`store`]: the state database, SQLite or PostgreSQL (migrations in `migrations/`), and the
 //!   run lock.
 //! - [`api`]: the service: wire types and rules, client, billing-aware errors, retries, and
