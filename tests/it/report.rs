@@ -1601,8 +1601,8 @@ async fn a_run_stopped_for_credits_says_why_and_that_the_balance_moved_by_more_t
     assert_eq!(db.the_run().status, "stopped");
     let header = text(page.element(page.tags("header")[0].at));
     assert!(
-        header.contains("credits"),
-        "the reason for the stop: {header}"
+        header.contains("the service refused a call for lack of credits"),
+        "the reason for the stop, a balance stop and not a budget stop: {header}"
     );
     // The page of a stopped run says how to continue it, with the database it is in.
     let state = state_path(env.dir.path());

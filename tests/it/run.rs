@@ -811,8 +811,11 @@ async fn the_balance_running_out_stops_the_run_and_a_top_up_finishes_it_without_
     let summary = json_stdout(&o);
     assert_eq!(summary["status"], "stopped", "{summary:#}");
     assert!(
-        summary["stopped"].as_str().unwrap().contains("credits"),
-        "{summary:#}"
+        summary["stopped"]
+            .as_str()
+            .unwrap()
+            .starts_with("the service refused a call for lack of credits"),
+        "a balance stop, not a budget stop: {summary:#}"
     );
     assert!(env.sandbox.stats().insufficient_credits > 0);
     let billed_first = env.sandbox.ledger().len();
