@@ -392,6 +392,11 @@ impl RunOptions {
     }
 }
 
+/// Words to follow a command's earlier words: each after a space.
+pub(super) fn after(words: &[String]) -> String {
+    words.iter().map(|w| format!(" {w}")).collect()
+}
+
 /// `--items`: a selector as written; a sample given no seed draws one here, once, so that the
 /// run and every command printed to continue it pick the same items.
 pub(super) fn item_selector(text: &str) -> Result<ItemSelector, String> {

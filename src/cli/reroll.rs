@@ -6,7 +6,7 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::GlobalArgs;
-use crate::cli::args::{RunOptions, quote};
+use crate::cli::args::{RunOptions, after, quote};
 use crate::cli::view::Terminal;
 use crate::error::Error;
 use crate::resume::Target;
@@ -35,12 +35,7 @@ pub(super) async fn run(
     let (settings, service) = args.opts.settings()?;
     let targets = &args.tasks;
     let words: Vec<String> = targets.iter().map(|t| quote(&t.to_string())).collect();
-    let flags: String = args
-        .opts
-        .continue_flags(false)
-        .iter()
-        .map(|w| format!(" {w}"))
-        .collect();
+    let flags = after(&args.opts.continue_flags(false));
     let tasks = words.join(" ");
     let view = Terminal {
         json: global.json,

@@ -5,7 +5,7 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::GlobalArgs;
-use crate::cli::args::{RunOptions, quote};
+use crate::cli::args::{RunOptions, after, quote};
 use crate::cli::view::Terminal;
 use crate::error::Error;
 use crate::runner::Runner;
@@ -27,17 +27,14 @@ pub(super) async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     let (settings, service) = args.opts.settings()?;
-    let words = |scoped: bool| -> String {
-        let flags = args.opts.continue_flags(scoped);
-        flags.iter().map(|w| format!(" {w}")).collect()
-    };
+    let words = |scoped: bool| after(&args.opts.continue_flags(scoped));
     let (scoped, all) = (words(true), words(false));
     let view = Terminal {
         json: global.json,
         quiet: global.quiet,
         continue_with: Box::new(move |id, part| {
-            let after = if part { &scoped } else { &all };
-            format!("imgpipe resume {}{after}", quote(id))
+            let flags = if part { &scoped } else { &all };
+            format!("imgpipe resume {}{flags}", quote(id))
         }),
     };
     let runner = Runner {

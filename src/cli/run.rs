@@ -91,7 +91,7 @@ fn command_after(args: &RunArgs, scoped: bool) -> (String, String) {
         after.push("--plan".into());
         after.push(quote(&plan.display().to_string()));
     }
-    let after = after.iter().map(|w| format!(" {w}")).collect::<String>();
+    let after = crate::cli::args::after(&after);
     let file = file.map(|f| format!(" {f}")).unwrap_or_default();
     (file, after)
 }

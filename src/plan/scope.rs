@@ -221,8 +221,8 @@ pub struct Scope {
     tasks: Option<Vec<usize>>,
     /// How it was asked, for messages and the plan: `--items sample:5:42 --until shot`.
     pub said: String,
-    /// Items taken, and of how many.
-    pub chosen_items: usize,
+    /// Items taken, when `--items` chose some ([`Scope::items_chosen`]).
+    chosen_items: usize,
 }
 
 impl Scope {
