@@ -15,6 +15,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod support;
+
+use support::{binary, env_usize};
+
 const DEFAULT_ITEMS: usize = 100_000;
 const DEFAULT_RUNS: usize = 7;
 
@@ -72,17 +76,6 @@ fn main() {
     }
 }
 
-fn binary() -> &'static str {
-    env!("CARGO_BIN_EXE_imgpipe")
-}
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn write_inputs(dir: &Path, items: usize) {
     std::fs::write(dir.join("bench.yaml"), PIPELINE).expect("write pipeline");
     let file = std::fs::File::create(dir.join("items.jsonl")).expect("create items");
@@ -98,7 +91,7 @@ fn write_inputs(dir: &Path, items: usize) {
 }
 
 /// Runs the binary once; returns its wall time and peak resident set in KiB.
-#[allow(clippy::zombie_processes)] // reaped below by wait4, which also reads its rusage
+#[allow(clippy::zombie_processes)] // reaped by wait4 in `support::reap`, which reads its rusage
 fn run(args: &[&str]) -> (Duration, i64) {
     let start = Instant::now();
     let child = Command::new(binary())
@@ -107,18 +100,13 @@ fn run(args: &[&str]) -> (Duration, i64) {
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn imgpipe");
-    let pid = child.id() as libc::pid_t;
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is a valid value, and wait4 writes it for our own child.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: pid is our child, not yet reaped; status and usage point at live locals.
-    let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    let elapsed = start.elapsed();
-    assert_eq!(reaped, pid, "wait4 failed");
+    let (usage, status) = support::reap(child.id(), start);
     assert!(
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
         "imgpipe {args:?} failed with status {status}"
     );
-    // Linux reports ru_maxrss in KiB.
-    (elapsed, usage.ru_maxrss)
+    (
+        Duration::from_secs_f64(usage.wall),
+        (usage.peak_mib * 1024.0) as i64,
+    )
 }

@@ -298,23 +298,20 @@ fn set_cap(state: &str) {
     else {
         return;
     };
-    let status = Command::new(binary())
-        .args([
-            "cap",
-            "set",
-            "bench",
-            "--credits",
-            &credits,
-            "--per",
-            "day",
-            "--state",
-            state,
-        ])
-        .env_remove("IMGPIPE_STATE")
-        .stdout(std::process::Stdio::null())
-        .status()
-        .expect("imgpipe cap set runs");
-    assert!(status.success(), "imgpipe cap set failed");
+    let mut cmd = Command::new(binary());
+    cmd.args([
+        "cap",
+        "set",
+        "bench",
+        "--credits",
+        &credits,
+        "--per",
+        "day",
+        "--state",
+        state,
+    ])
+    .env_remove("IMGPIPE_STATE");
+    support::run_to_end(cmd, "imgpipe cap set");
 }
 
 fn write_inputs(dir: &Path, s: &Scenario) -> PathBuf {

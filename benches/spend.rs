@@ -12,7 +12,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr, unreachable_pub)]
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use sqlx::sqlite::SqliteConnectOptions;
@@ -69,14 +69,11 @@ fn first_run(dir: &Path, state: &Path) {
     for f in ["edit-only.yaml", "sample-images.csv"] {
         std::fs::copy(samples.join(f), dir.join(f)).unwrap();
     }
-    let status = Command::new(binary())
-        .args(["run", "edit-only.yaml", "--sandbox", "--quiet", "--state"])
+    let mut cmd = Command::new(binary());
+    cmd.args(["run", "edit-only.yaml", "--sandbox", "--quiet", "--state"])
         .arg(state)
-        .current_dir(dir)
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "the first run failed");
+        .current_dir(dir);
+    support::run_to_end(cmd, "the first run");
 }
 
 /// `YYYY-MM-DD`, `days` days ago (UTC).

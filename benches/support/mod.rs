@@ -10,7 +10,8 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Instant;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 mod s3_etags;
 
@@ -49,14 +50,72 @@ pub fn wait(pid: u32, start: Instant, stderr: &Path) -> Usage {
     usage
 }
 
+/// How long a child may run before the bench kills it and fails naming it, so that a stuck
+/// binary ends the bench rather than hanging it: `IMGPIPE_BENCH_CHILD_LIMIT` seconds, else 30
+/// minutes (the 100,000-item run takes a few).
+fn child_limit() -> Duration {
+    Duration::from_secs(env_usize("IMGPIPE_BENCH_CHILD_LIMIT", 1800) as u64)
+}
+
+/// Kills child `pid` unless disarmed within a limit; [`Watchdog::disarm`] says whether it
+/// had to.
+struct Watchdog {
+    stop: mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<bool>,
+}
+
+impl Watchdog {
+    fn arm(pid: u32, limit: Duration) -> Watchdog {
+        let (stop, stopped) = mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || match stopped.recv_timeout(limit) {
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                // SAFETY: a plain kill(2); the child is not reaped before the watchdog is
+                // disarmed (see `reap`), so the pid is still ours.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+                true
+            }
+            _ => false,
+        });
+        Watchdog { stop, thread }
+    }
+
+    fn disarm(self) -> bool {
+        let _ = self.stop.send(());
+        self.thread.join().expect("the watchdog thread")
+    }
+}
+
 /// Reaps child `pid`, started at `start`, whatever its end: its usage and its raw wait status.
+/// A child still running after [`child_limit`] is killed and the bench fails, naming it.
 pub fn reap(pid: u32, start: Instant) -> (Usage, libc::c_int) {
+    let watchdog = Watchdog::arm(pid, child_limit());
+    // Wait for the end without reaping, so that the pid stays ours until the watchdog is
+    // disarmed; wait4 below then reaps at once and reads the child's rusage.
+    // SAFETY: an all-zero siginfo_t is a valid value, and waitid writes it for our own child.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid is our child, not yet reaped; info points at a live local.
+    let waited = unsafe {
+        libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOWAIT,
+        )
+    };
+    assert_eq!(waited, 0, "waitid failed");
+    let wall = start.elapsed();
+    if watchdog.disarm() {
+        panic!(
+            "child {pid} ({}) was still running after {:?}: killed",
+            binary(),
+            child_limit()
+        );
+    }
     let mut status = 0;
     // SAFETY: an all-zero rusage is a valid value, and wait4 writes it for our own child.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: pid is our child, not yet reaped; status and usage point at live locals.
     let reaped = unsafe { libc::wait4(pid as libc::pid_t, &mut status, 0, &mut usage) };
-    let wall = start.elapsed();
     assert_eq!(reaped, pid as libc::pid_t, "wait4 failed");
     let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     let usage = Usage {
@@ -99,6 +158,22 @@ pub fn measure(mut cmd: Command, stdout: &Path, stderr: &Path) -> Usage {
     wait(child.id(), start, stderr)
 }
 
+/// Runs `cmd` (a step that prepares a bench, not measured) to the end, its stdout discarded,
+/// and panics naming `what` when it fails or outlives [`child_limit`].
+#[allow(clippy::zombie_processes)] // reaped by wait4 in `reap`
+pub fn run_to_end(mut cmd: Command, what: &str) {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: cannot start {}: {e}", binary()));
+    let (_, status) = reap(child.id(), Instant::now());
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{what} failed with wait status {status}"
+    );
+}
+
 /// `imgpipe sandbox` as a child process, killed when dropped.
 pub struct Sandbox {
     child: Child,
@@ -124,9 +199,15 @@ impl Sandbox {
             .expect("spawn imgpipe sandbox");
         let mut stdout = BufReader::new(child.stdout.take().expect("sandbox stdout"));
         let mut line = String::new();
+        // A sandbox that never says where it listens is killed, which ends the read.
+        let watchdog = Watchdog::arm(child.id(), Duration::from_secs(60));
         stdout
             .read_line(&mut line)
             .expect("read the sandbox's line");
+        assert!(
+            !watchdog.disarm(),
+            "the sandbox printed no line within 60 s: killed"
+        );
         let hello: Value = serde_json::from_str(&line)
             .unwrap_or_else(|e| panic!("the sandbox printed {line:?}: {e}"));
         let field = |k: &str| hello[k].as_str().expect("sandbox field").to_owned();
