@@ -147,7 +147,12 @@ impl StoreError {
             StoreError::Directory { .. } | StoreError::Io { .. } => {
                 Some("check the permissions and free space there, or point --state at another path")
             }
-            StoreError::Query(_) | StoreError::Inconsistent(_) | StoreError::Write(_) => None,
+            // Most often the database cannot take a write (a full disk, a file system or a
+            // server gone read-only, a permission) or cannot be reached.
+            StoreError::Query(_) | StoreError::Write(_) => Some(
+                "check that the state database can be reached and written (free space, permissions, a file system or server gone read-only), then give the same command again",
+            ),
+            StoreError::Inconsistent(_) => None,
         }
     }
 

@@ -599,9 +599,31 @@ pub async fn state_connection(state: &str) -> sqlx::AnyConnection {
         let file = url::Url::from_file_path(state).unwrap();
         format!("sqlite://{}?mode=ro", file.path())
     };
-    sqlx::AnyConnection::connect(&url)
+    within(
+        &format!("opening the state {state}"),
+        sqlx::AnyConnection::connect(&url),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("cannot open the state {state}: {e}"))
+}
+
+/// `fut`, awaited for at most [`RUN_LIMIT`]: a server that never answers (a PostgreSQL
+/// connection, a query behind a lock) fails the test naming `what` rather than hanging it.
+pub async fn within<F: Future>(what: &str, fut: F) -> F::Output {
+    tokio::time::timeout(RUN_LIMIT, fut)
         .await
-        .unwrap_or_else(|e| panic!("cannot open the state {state}: {e}"))
+        .unwrap_or_else(|_| panic!("{what}: no answer within {RUN_LIMIT:?}"))
+}
+
+/// A connection to the PostgreSQL database at `url`, made within [`RUN_LIMIT`].
+pub async fn pg_connect(url: &str) -> sqlx::PgConnection {
+    use sqlx::Connection;
+    within(
+        &format!("connecting to {url}"),
+        sqlx::PgConnection::connect(url),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
 }
 
 // ---------------------------------------------------------------------------------------------

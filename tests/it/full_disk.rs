@@ -304,31 +304,32 @@ async fn a_bucket_that_refuses_writes_stops_the_calls_and_a_resume_uploads_witho
     }
 }
 
-/// Makes the state refuse every attempt's intent past the `allowed`-th, as a full disk or a
+/// Makes the state refuse every row of `table` past the `allowed`-th, as a full disk or a
 /// database gone read-only would: SQLite's "database or disk is full", PostgreSQL's
 /// `disk_full`.
-async fn refuse_intents_after(state: &str, allowed: usize) {
+async fn refuse_rows_after(state: &str, table: &str, allowed: usize) {
     let mut conn = writable(state).await;
     let statements = if state.starts_with("postgres") {
         vec![
             format!(
-                "CREATE FUNCTION refuse_intent() RETURNS trigger AS $$
+                "CREATE FUNCTION refuse_row() RETURNS trigger AS $$
                  BEGIN
-                   IF (SELECT COUNT(*) FROM attempts) >= {allowed} THEN
+                   IF (SELECT COUNT(*) FROM {table}) >= {allowed} THEN
                      RAISE EXCEPTION 'could not extend file: No space left on device'
                        USING ERRCODE = 'disk_full';
                    END IF;
                    RETURN NEW;
                  END $$ LANGUAGE plpgsql"
             ),
-            "CREATE TRIGGER refuse_intent BEFORE INSERT ON attempts
-             FOR EACH ROW EXECUTE FUNCTION refuse_intent()"
-                .to_owned(),
+            format!(
+                "CREATE TRIGGER refuse_row BEFORE INSERT ON {table}
+                 FOR EACH ROW EXECUTE FUNCTION refuse_row()"
+            ),
         ]
     } else {
         vec![format!(
-            "CREATE TRIGGER refuse_intent BEFORE INSERT ON attempts
-             WHEN (SELECT COUNT(*) FROM attempts) >= {allowed}
+            "CREATE TRIGGER refuse_row BEFORE INSERT ON {table}
+             WHEN (SELECT COUNT(*) FROM {table}) >= {allowed}
              BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
         )]
     };
@@ -341,14 +342,17 @@ async fn refuse_intents_after(state: &str, allowed: usize) {
     conn.close().await.unwrap();
 }
 
-async fn allow_intents(state: &str) {
+async fn allow_rows(state: &str, table: &str) {
     let mut conn = writable(state).await;
     let sql = if state.starts_with("postgres") {
-        "DROP TRIGGER refuse_intent ON attempts"
+        format!("DROP TRIGGER refuse_row ON {table}")
     } else {
-        "DROP TRIGGER refuse_intent"
+        "DROP TRIGGER refuse_row".to_owned()
     };
-    sqlx::query(sql).execute(&mut conn).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .execute(&mut conn)
+        .await
+        .unwrap();
     conn.close().await.unwrap();
 }
 
@@ -360,7 +364,12 @@ async fn writable(state: &str) -> sqlx::AnyConnection {
     } else {
         format!("sqlite://{state}")
     };
-    sqlx::AnyConnection::connect(&url).await.unwrap()
+    within(
+        &format!("opening {url}"),
+        sqlx::AnyConnection::connect(&url),
+    )
+    .await
+    .unwrap()
 }
 
 /// The job of every attempt recorded, and how many attempts there are.
@@ -394,7 +403,7 @@ async fn no_call_without_its_intent(state: &str) {
     .await;
     assert_exit_without_panic(&o, 7);
     let first = env.sandbox.ledger().len();
-    refuse_intents_after(state, first + 2).await;
+    refuse_rows_after(state, "attempts", first + 2).await;
 
     let o = finish(on(&["resume", "db", "--concurrency", "2"])).await;
     let (recorded, jobs) = attempts(state).await;
@@ -421,7 +430,7 @@ async fn no_call_without_its_intent(state: &str) {
         stderr(&o)
     );
 
-    allow_intents(state).await;
+    allow_rows(state, "attempts").await;
     let o = finish(on(&["resume", "db"])).await;
     assert_exit_without_panic(&o, 0);
     assert_whole(&env, state).await;
@@ -440,4 +449,86 @@ async fn no_call_is_sent_without_its_intent_in_a_postgres_state() {
         return;
     };
     no_call_without_its_intent(&url).await;
+}
+
+/// A state database that cannot be written when a run starts (a full disk, a database gone
+/// read-only): `run` says so and exits 1 having paid for nothing; once it takes writes again
+/// the same command runs.
+async fn a_state_that_refuses_the_run(state: &str) {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(ITEMS, None));
+    let on = |args: &[&str]| imgpipe_on(&env, dir, state, args);
+    // One item paid for, to make the database; then it takes no run more.
+    let o = finish(on(&[
+        "run", "p.yaml", "--run-id", "a", "--items", "first:1",
+    ]))
+    .await;
+    assert_exit_without_panic(&o, 7);
+    let paid = env.sandbox.ledger().len();
+    refuse_rows_after(state, "runs", 1).await;
+
+    let o = finish(on(&["run", "p.yaml", "--run-id", "b"])).await;
+    assert_exit_without_panic(&o, 1);
+    let said = stderr(&o);
+    assert!(
+        said.contains("state database:")
+            && said.contains("hint: check that the state database can be reached and written"),
+        "{said}"
+    );
+    assert_eq!(
+        env.sandbox.ledger().len(),
+        paid,
+        "a call was paid for:\n{said}"
+    );
+    assert!(
+        !dir.join("out/b").exists(),
+        "the refused run left {:?}",
+        tree(&dir.join("out/b"))
+    );
+
+    allow_rows(state, "runs").await;
+    let o = finish(on(&["run", "p.yaml", "--run-id", "b"])).await;
+    assert_exit_without_panic(&o, 0);
+}
+
+#[tokio::test]
+async fn a_sqlite_state_that_refuses_the_run_is_exit_1_and_nothing_is_paid() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.db").display().to_string();
+    a_state_that_refuses_the_run(&state).await;
+}
+
+#[tokio::test]
+async fn a_postgres_state_that_refuses_the_run_is_exit_1_and_nothing_is_paid() {
+    let Some(url) = postgres_database("refuse_run").await else {
+        return;
+    };
+    a_state_that_refuses_the_run(&url).await;
+}
+
+/// A state database that cannot be made where `--state` points (its directory cannot be
+/// created: here a file stands in its way, which even root cannot write through) is exit 1,
+/// naming the directory and what to do, before anything is paid for.
+#[tokio::test]
+async fn a_state_that_cannot_be_made_is_exit_1_and_nothing_is_paid() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(1, None));
+    std::fs::write(dir.join("afile"), b"not a directory").unwrap();
+    let o = finish(imgpipe_on(
+        &env,
+        dir,
+        "afile/sub/state.db",
+        &["run", "p.yaml"],
+    ))
+    .await;
+    assert_exit_without_panic(&o, 1);
+    let said = stderr(&o);
+    assert!(
+        said.contains("cannot create the state directory afile/sub") && said.contains("hint:"),
+        "{said}"
+    );
+    assert_nothing_billed(&env);
+    assert!(!dir.join("out").exists(), "{:?}", tree(&dir.join("out")));
 }

@@ -19,7 +19,7 @@ use sqlx::Connection;
 
 use crate::common::{
     Env, Watched, assert_exit_without_panic, command, finish, finish_child, kill_child,
-    postgres_database, start, state_connection, stderr, stdout, wait_until,
+    postgres_database, start, state_connection, stderr, stdout, wait_until, within,
 };
 use crate::run::{config, edit_chain, write};
 
@@ -905,7 +905,12 @@ async fn in_byte_order(state: &str, writer: &str) {
         .map(|t| t.id)
         .collect();
     sqlx::any::install_default_drivers();
-    let mut conn = sqlx::AnyConnection::connect(writer).await.unwrap();
+    let mut conn = within(
+        &format!("opening {writer}"),
+        sqlx::AnyConnection::connect(writer),
+    )
+    .await
+    .unwrap();
     if writer.starts_with("postgres") {
         // A database whose collation is a locale's, as a cluster made with one has (when this
         // server has ICU's, as Debian's does).

@@ -13,7 +13,7 @@ const SECRET: &str = "pg-secret-7781";
 
 /// The tables of the database's public schema, sorted.
 async fn tables(url: &str) -> Vec<String> {
-    let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+    let mut conn = pg_connect(url).await;
     let rows: Vec<(String,)> = sqlx::query_as(
         "SELECT table_name::text FROM information_schema.tables
          WHERE table_schema = 'public' ORDER BY table_name",
@@ -26,7 +26,7 @@ async fn tables(url: &str) -> Vec<String> {
 }
 
 async fn execute(url: &str, sql: &'static str) {
-    let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+    let mut conn = pg_connect(url).await;
     sqlx::raw_sql(sql).execute(&mut conn).await.unwrap();
     conn.close().await.unwrap();
 }
@@ -70,7 +70,7 @@ async fn a_postgres_password_reaches_no_output_log_or_row() {
         hint.contains("--state postgres://postgres@127.0.0.1"),
         "the continue command names the database without its password: {hint}"
     );
-    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut conn = pg_connect(&url).await;
     let (rows,): (i64,) = sqlx::query_as(
         "SELECT COUNT(*) FROM runs
          WHERE pipeline_text LIKE '%' || $1 || '%' OR plan_json LIKE '%' || $1 || '%'

@@ -268,12 +268,6 @@ fn request(file: &Path, run_id: Option<&str>) -> RunRequest {
     }
 }
 
-async fn within<T>(what: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(RUN_LIMIT, what)
-        .await
-        .expect("the runner finishes in time")
-}
-
 /// `Runner::run` with these settings, view and token.
 async fn run(
     env: &Env,
@@ -289,7 +283,7 @@ async fn run(
         view,
         shutdown,
     };
-    within(runner.run(request)).await
+    within("the runner's run", runner.run(request)).await
 }
 
 /// `Runner::resume` with these settings and view, never interrupted.
@@ -307,7 +301,7 @@ async fn resume(
         view,
         shutdown: CancellationToken::new(),
     };
-    within(runner.resume(run_id, dry_run)).await
+    within("the runner's resume", runner.resume(run_id, dry_run)).await
 }
 
 /// Runs `p.yaml` as run `r` and cancels the token once a task of `step` succeeded; the calls
@@ -812,7 +806,7 @@ async fn an_interrupted_or_stopped_run_says_the_views_continue_command() {
     };
     let (result, ()) = tokio::join!(
         run(&env, &s, &view, CancellationToken::new(), &stopped),
-        within(drain)
+        within("a task to succeed", drain)
     );
     let err = result.expect_err("the balance runs out");
     assert!(matches!(err, Error::Refused { .. }), "{err:?}");
