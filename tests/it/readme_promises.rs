@@ -1,7 +1,8 @@
 //! Promises of README's "Running pipelines" that no other test would miss if they broke: a
 //! saved plan no longer holds once its items file or the service's price changed, even with
 //! the pipeline file untouched (so its hash alone would let it through); and a run never
-//! replaces a different file already at an output's name, nor pays again for that output.
+//! replaces a different file already at an output's name, nor pays again for that output;
+//! and with no `--state` a run keeps its state where the `--state` row of the table says.
 
 use imgpipe::sandbox;
 
@@ -140,4 +141,88 @@ async fn a_run_never_replaces_a_different_file_at_an_outputs_name() {
     for name in ["clean.png", "cutout.png"] {
         assert!(dir.join("out/r/i00").join(name).is_file(), "{name}");
     }
+}
+
+/// `imgpipe run p.yaml --run-id ID` in `dir` with no `--state`, against `env`'s sandbox, or
+/// the embedded one when `env` is `None`; `vars` set, XDG_STATE_HOME removed unless set.
+async fn run_by_default(
+    env: Option<&Env>,
+    dir: &std::path::Path,
+    id: &str,
+    vars: &[(&str, String)],
+) {
+    let mut args = vec!["run", "p.yaml", "--run-id", id];
+    if env.is_none() {
+        args.push("--sandbox");
+    }
+    let mut cmd = command(&args, dir);
+    cmd.env_remove("XDG_STATE_HOME")
+        .env("HOME", dir.join("home"));
+    if let Some(env) = env {
+        cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
+            .env("IMGPIPE_API_KEY", env.sandbox.key());
+    }
+    for (name, value) in vars {
+        cmd.env(name, value);
+    }
+    assert_exit_without_panic(&finish(cmd).await, 0);
+}
+
+/// Where a run keeps its state when no `--state` is given (README's `--state` row):
+/// `IMGPIPE_STATE`, else `$XDG_STATE_HOME/imgpipe/state.db`, else
+/// `~/.local/state/imgpipe/state.db`; `sandbox.db` beside it with `--sandbox`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_keeps_its_state_where_the_readme_says_by_default() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(1, None));
+    let xdg = dir.join("xdg");
+    let home_state = dir.join("home/.local/state/imgpipe");
+
+    run_by_default(
+        Some(&env),
+        dir,
+        "x",
+        &[("XDG_STATE_HOME", xdg.display().to_string())],
+    )
+    .await;
+    let db = Db::read_file(&xdg.join("imgpipe/state.db")).await;
+    assert_eq!(db.run_status("x"), "succeeded");
+    assert!(!home_state.exists(), "XDG_STATE_HOME comes before HOME");
+
+    run_by_default(Some(&env), dir, "h", &[]).await;
+    let db = Db::read_file(&home_state.join("state.db")).await;
+    assert_eq!(db.run_status("h"), "succeeded");
+
+    let named = dir.join("named.db");
+    let vars = [
+        ("IMGPIPE_STATE", named.display().to_string()),
+        ("XDG_STATE_HOME", xdg.display().to_string()),
+    ];
+    run_by_default(Some(&env), dir, "e", &vars).await;
+    assert_eq!(Db::read_file(&named).await.run_status("e"), "succeeded");
+    assert_eq!(
+        Db::read_file(&xdg.join("imgpipe/state.db"))
+            .await
+            .runs
+            .len(),
+        1
+    );
+
+    run_by_default(
+        None,
+        dir,
+        "s",
+        &[("XDG_STATE_HOME", xdg.display().to_string())],
+    )
+    .await;
+    let db = Db::read_file(&xdg.join("imgpipe/sandbox.db")).await;
+    assert_eq!(db.run_status("s"), "succeeded");
+    assert_eq!(
+        Db::read_file(&xdg.join("imgpipe/state.db"))
+            .await
+            .runs
+            .len(),
+        1
+    );
 }
