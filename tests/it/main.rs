@@ -22,6 +22,7 @@ mod places;
 mod plan;
 mod postgres;
 mod promises;
+mod readme_promises;
 mod report;
 mod report_page;
 mod resume;
