@@ -209,8 +209,10 @@ fn insufficient(credits: u64, balance: i64) -> Reply {
 
 async fn generate(Shared(state): App, body: Bytes) -> Result<Response, Reply> {
     let slot = admit(&state)?;
-    let request = rules::generation_from_json(&parse_body(&state, &body)?, &state.base)
-        .map_err(|e| invalid(&state, e))?;
+    let body = parse_body(&state, &body)?;
+    let paid_for = request_digest(&state, "generate", &body);
+    let request =
+        rules::generation_from_json(&body, &state.base).map_err(|e| invalid(&state, e))?;
     let mut reference_seed = 0u64;
     for (i, url) in request.image_urls.iter().enumerate() {
         let key = match state
@@ -232,7 +234,7 @@ async fn generate(Shared(state): App, body: Bytes) -> Result<Response, Reply> {
     let side = state.config.image_side * request.size.price_multiplier() as u32;
     let (prompt, n) = (request.prompt.clone(), request.n);
     let draw = move || Ok(edit::draw_all(&prompt, n, reference_seed, side));
-    let job = finish(&state, slot, JobKind::Generation, credits, draw).await?;
+    let job = finish(&state, slot, (JobKind::Generation, paid_for), credits, draw).await?;
     Ok(deliver(&state, &job))
 }
 
@@ -246,8 +248,9 @@ async fn tool(
         Reply::new(StatusCode::NOT_FOUND, "not_found", e.message)
     })?;
     let slot = admit(&state)?;
-    let request =
-        rules::tool_from_json(tool, &parse_body(&state, &body)?).map_err(|e| invalid(&state, e))?;
+    let body = parse_body(&state, &body)?;
+    let paid_for = request_digest(&state, tool.as_str(), &body);
+    let request = rules::tool_from_json(tool, &body).map_err(|e| invalid(&state, e))?;
     let source = state
         .resolve("image_url", &request.image_url)
         .map_err(|e| invalid(&state, e))?;
@@ -262,7 +265,7 @@ async fn tool(
     let params = request.params.clone();
     let keep_alpha = request.preserve_alpha.unwrap_or(true);
     let edit = move || Ok(vec![edit::apply(&input, &params, keep_alpha)?]);
-    let job = finish(&state, slot, JobKind::Tool(tool), credits, edit).await?;
+    let job = finish(&state, slot, (JobKind::Tool(tool), paid_for), credits, edit).await?;
     Ok(deliver(&state, &job))
 }
 
@@ -272,7 +275,7 @@ async fn tool(
 async fn finish(
     state: &Arc<State>,
     slot: InFlight,
-    kind: JobKind,
+    (kind, request): (JobKind, String),
     credits: u64,
     work: impl FnOnce() -> Result<Vec<Vec<u8>>, InvalidField> + Send + 'static,
 ) -> Result<Job, Reply> {
@@ -290,7 +293,7 @@ async fn finish(
             Err(e) => Err(server_fault(&e)),
             Ok(Err(e)) => Err(invalid(&books, e)),
             Ok(Ok(pngs)) => books
-                .bill(&slot, kind, credits, pngs)
+                .bill(&slot, kind, credits, pngs, request)
                 .map_err(|balance| insufficient(credits, balance)),
         };
         if let Err(Ok(job)) = tx.send(result) {
@@ -306,6 +309,53 @@ async fn finish(
             "the call's work was lost; nothing was billed",
         ))
     })
+}
+
+/// The ledger's `request`: what a call paid for, the same however often its input URLs were
+/// refreshed, so that a test can tell the same request billed twice from two bills.
+fn request_digest(state: &State, operation: &str, body: &Value) -> String {
+    use sha2::{Digest, Sha256};
+    let mut text = format!("{operation}\n");
+    canonical(state, body, &mut text);
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
+/// `value` as JSON with object keys sorted and each result URL of this sandbox written as the
+/// image it names.
+fn canonical(state: &State, value: &Value, out: &mut String) {
+    match value {
+        Value::String(s) => match state.resolve("", s) {
+            Ok(Source::Result(image)) => {
+                out.push_str(&Value::from(format!("result:{image}")).to_string())
+            }
+            _ => out.push_str(&value.to_string()),
+        },
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical(state, item, out);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, key) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::from(key.as_str()).to_string());
+                out.push(':');
+                canonical(state, &map[key], out);
+            }
+            out.push('}');
+        }
+        _ => out.push_str(&value.to_string()),
+    }
 }
 
 fn server_fault(e: &tokio::task::JoinError) -> Reply {

@@ -32,6 +32,10 @@ pub struct LedgerEntry {
     pub job_id: String,
     /// `generate` or the tool's name.
     pub operation: String,
+    /// What was paid for: the sha256 (hex) of the operation and its request body, with keys
+    /// sorted and every result URL replaced by the image it names (a refreshed URL is the same
+    /// input). Job ids are new with every bill, so only this tells the same request paid twice.
+    pub request: String,
     pub credits: u64,
     /// False when the connection was dropped after billing: the caller never saw the answer.
     pub delivered: bool,
@@ -316,6 +320,7 @@ impl State {
         kind: JobKind,
         credits: u64,
         images: Vec<Vec<u8>>,
+        request: String,
     ) -> Result<Job, i64> {
         let mut books = self.books();
         let cost = i64::try_from(credits).unwrap_or(i64::MAX);
@@ -349,6 +354,7 @@ impl State {
         books.ledger.push(LedgerEntry {
             job_id: id,
             operation,
+            request,
             credits,
             delivered: true,
             partial: false,

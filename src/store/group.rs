@@ -153,6 +153,8 @@ fn fail_all(jobs: Vec<Job>, message: &str) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+
     use super::*;
     use sqlx::any::AnyPoolOptions;
 
@@ -196,5 +198,69 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(rows, [1, 3]);
+    }
+
+    /// A write that inserts `x`, first noting how many rows `observer` (another connection)
+    /// sees committed: writes sharing a transaction see none of each other's rows.
+    fn insert_seeing(x: i64, observer: AnyPool, seen: Arc<Mutex<Vec<i64>>>) -> Write {
+        Box::new(move |conn| {
+            let (observer, seen) = (observer.clone(), Arc::clone(&seen));
+            Box::pin(async move {
+                let committed: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t")
+                    .fetch_one(&observer)
+                    .await?;
+                seen.lock().unwrap().push(committed);
+                sqlx::query("INSERT INTO t (x) VALUES ($1)")
+                    .bind(x)
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(Written::Done)
+            })
+        })
+    }
+
+    #[tokio::test]
+    async fn writes_waiting_at_the_same_instant_share_one_commit() {
+        crate::store::install_drivers();
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("db").display());
+        let pool = AnyPoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+            .await
+            .unwrap();
+        sqlx::query("PRAGMA journal_mode = WAL")
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query("CREATE TABLE t (x INTEGER)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let observer = AnyPoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+            .await
+            .unwrap();
+        let writer = Writer::start(pool.clone());
+        // The writer's only connection is taken: the writes queue behind it until it is free.
+        let busy = pool.acquire().await.unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let writes =
+            (0..5).map(|x| writer.write(insert_seeing(x, observer.clone(), Arc::clone(&seen))));
+        // `join` polls the writes first: each is sent to the writer before the connection
+        // is given back.
+        let (written, ()) = futures::future::join(futures::future::join_all(writes), async {
+            drop(busy);
+        })
+        .await;
+        assert!(written.iter().all(Result::is_ok));
+        let seen = seen.lock().unwrap().clone();
+        // The writer may take the first write alone before it waits for the connection; the
+        // others waited together and form one transaction: each saw at most that one row.
+        assert!(
+            seen.iter().all(|committed| *committed <= 1),
+            "the writes were committed one by one: each saw {seen:?} rows committed before it"
+        );
     }
 }

@@ -102,6 +102,20 @@ pub fn assert_nothing_billed(env: &Env) {
     assert_eq!(env.sandbox.stats().billed, 0);
 }
 
+/// Asserts that no request was billed twice: each bill in the sandbox's ledger paid for a
+/// request of its own (its `request` digest), for runs without faults that legitimately bill
+/// a request again. Job ids cannot tell: the sandbox gives every bill a new one.
+#[track_caller]
+pub fn assert_no_request_billed_twice(env: &Env) {
+    let ledger = env.sandbox.ledger();
+    let mut seen: BTreeMap<&str, &sandbox::LedgerEntry> = BTreeMap::new();
+    for entry in &ledger {
+        if let Some(first) = seen.insert(entry.request.as_str(), entry) {
+            panic!("a request billed twice: {first:?} and {entry:?}");
+        }
+    }
+}
+
 /// The binary with a clean environment (no IMGPIPE_* from the caller), killed if the test
 /// gives up on it.
 pub fn command(args: &[&str], cwd: &Path) -> Command {

@@ -67,7 +67,9 @@ pub(crate) fn copy_sample(dir: &Path, name: &str) {
 const SAMPLES: [&str; 4] = ["mug", "lamp", "chair", "plant"];
 
 /// An edit-only pipeline of `items` items, each erase → upscale 2× → remove_background
-/// ([`CHAIN_CREDITS`] an item), with an optional budget line.
+/// ([`CHAIN_CREDITS`] an item), with an optional budget line. Items share the four samples,
+/// but each erase names its item, so that no two tasks make the same request (see
+/// [`assert_no_request_billed_twice`]).
 pub(crate) fn edit_chain(items: usize, budget: Option<u64>) -> String {
     let mut text = String::from("version: 1\nname: chain\noutput_dir: out\n");
     if let Some(b) = budget {
@@ -82,7 +84,7 @@ pub(crate) fn edit_chain(items: usize, budget: Option<u64>) -> String {
     }
     text += r#"steps:
   - id: clean
-    erase: { image_url: "{{ item.url }}", object_name: the corner }
+    erase: { image_url: "{{ item.url }}", object_name: "the corner of {{ item.id }}" }
   - id: big
     upscale: { from: clean, desired_increase: 2 }
   - id: cutout
@@ -534,25 +536,65 @@ async fn a_balance_below_the_plan_is_refused_before_any_call() {
 // 3. Tight budgets
 // ---------------------------------------------------------------------------------------------
 
+/// A seed whose first drop-after-billing draw strikes and the next `then` do as `p` says:
+/// the very first call billed, whichever it is, is dropped and must be paid again.
+fn seed_dropping_first_bill(p: f64, then: &[bool]) -> u64 {
+    seed_for(p, &[&[true][..], then].concat())
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn many_items_at_high_concurrency_over_the_budget_are_refused_whole() {
-    let env = start(config()).await;
-    let dir = env.dir.path();
-    write(dir, "p.yaml", &edit_chain(40, None));
-    // 40 × 9 = 360; room for three chains only.
-    let o = run(
-        &env,
-        dir,
-        &["p.yaml", "--concurrency", "16", "--max-credits", "30"],
-    )
+async fn a_budget_that_a_retry_leaves_short_at_high_concurrency_is_spent_on_whole_chains_only() {
+    // Forty items, sixteen calls in flight, the budget exactly the plan (360), so the plan
+    // passes. The first call billed (an erase, 2 credits) is dropped after billing and paid
+    // again: 358 is left for forty chains of 9. Thirty-nine fit whole, with 7 over; the
+    // fortieth must not start, or it would strand money in a chain the budget cannot finish.
+    let items = 40;
+    let budget = items as u64 * CHAIN_CREDITS;
+    let seed = seed_dropping_first_bill(0.01, &[false; 150]);
+    let env = start(sandbox::Config {
+        faults: Faults {
+            drop_after_billing: 0.01,
+            ..faults(seed)
+        },
+        ..config()
+    })
     .await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(items, Some(budget)));
+    let args = [
+        "p.yaml",
+        "--json",
+        "--concurrency",
+        "16",
+        "--retry-base-ms",
+        "10",
+    ];
+    let o = run(&env, dir, &args).await;
     assert_exit_without_panic(&o, 3);
-    let text = both(&o);
+    let summary = json_stdout(&o);
+    assert_eq!(summary["status"], "stopped", "{summary:#}");
+    let stopped = summary["stopped"].as_str().unwrap_or_default();
     assert!(
-        has_phrase(&text, "the plan costs 360 credits, over the budget of 30 "),
-        "{text}"
+        stopped.contains("needs 9") && stopped.contains("leaves 7"),
+        "{summary:#}"
     );
-    assert_nothing_billed(&env);
+    assert_eq!(env.sandbox.stats().dropped_after_billing, 1);
+    assert!(
+        env.sandbox.stats().peak_in_flight > 4,
+        "calls overlapped: {:?}",
+        env.sandbox.stats()
+    );
+    let ledger: u64 = env.sandbox.ledger().iter().map(|e| e.credits).sum();
+    assert_eq!(ledger, budget - 7, "39 chains and the erase paid twice");
+    let db = read_db(&state_path(dir)).await;
+    assert_ledger_agrees(&env, &db, START_BALANCE);
+    assert_no_half_chains(&db);
+    let chains = by_item(&db);
+    let done = chains
+        .values()
+        .filter(|tasks| tasks.iter().all(|t| t.status == "succeeded"))
+        .count();
+    assert_eq!(done, items - 1, "{summary:#}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -561,12 +603,15 @@ async fn high_concurrency_with_ambiguous_retries_never_bills_past_a_tight_budget
     // come out of what later items would have used.
     let items = 30;
     let budget = items as u64 * CHAIN_CREDITS;
+    // The first bill is dropped, so the retries make the plan too big before the last item
+    // starts: the run must stop for budget. Two more drops follow among the next nine bills.
+    let f = false;
+    let seed = seed_dropping_first_bill(0.1, &[f, f, f, true, f, f, f, f, true]);
     let env = start(sandbox::Config {
         latency: Duration::from_millis(30),
-        jitter: Duration::from_millis(20),
         faults: Faults {
             drop_after_billing: 0.1,
-            ..faults(7)
+            ..faults(seed)
         },
         ..config()
     })
@@ -611,15 +656,10 @@ async fn high_concurrency_with_ambiguous_retries_never_bills_past_a_tight_budget
         db.attempts.iter().all(|a| a.outcome.is_some()),
         "nothing left in flight"
     );
-    let summary = json_stdout(&o);
-    let expected = if db.count("succeeded") == db.tasks.len() {
-        0
-    } else if summary.get("stopped").is_some() {
-        3
-    } else {
-        4
-    };
-    assert_exit_without_panic(&o, expected);
+    assert_no_half_chains(&db);
+    // More to do than the budget pays for: a run stopped for budget, exit 3.
+    assert_exit_without_panic(&o, 3);
+    assert_eq!(json_stdout(&o)["status"], "stopped");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -834,6 +874,7 @@ async fn the_balance_running_out_stops_the_run_and_a_top_up_finishes_it_without_
     assert!(ledger.len() > billed_first);
     // Every task paid exactly once over both runs.
     assert_eq!(ledger.len(), 3 * items);
+    assert_no_request_billed_twice(&env);
     let db = read_db(&state_path(dir)).await;
     assert!(db.billed() > paid_first);
     assert_eq!(db.billed(), items as u64 * CHAIN_CREDITS);
@@ -981,9 +1022,9 @@ async fn the_pipelines_rate_limit_paces_every_paid_call_under_the_rate() {
 // 5. Result URLs that expire between steps
 // ---------------------------------------------------------------------------------------------
 
-/// One item: a generation of two images, each erased, one call at a time, each call taking
-/// longer than a URL lives. The second erase reads a URL issued two calls ago.
-const SLOW_CHAIN: &str = r#"
+/// One item: a generation of two images, each erased, one call at a time. The second erase
+/// reads a URL issued before the first erase was billed.
+const TWO_ERASES: &str = r#"
 version: 1
 name: slow
 output_dir: out
@@ -997,40 +1038,57 @@ steps:
     erase: { from: shot, object_name: the handle }
 "#;
 
-async fn slow_sandbox() -> Env {
-    start(sandbox::Config {
-        url_ttl: Duration::from_millis(500),
-        latency: Duration::from_millis(600),
-        ..config()
+/// Runs [`TWO_ERASES`] with `args`, the sandbox held: the shot is let through, then, with the
+/// first erase waiting at the gate (its input already read), `meanwhile` runs and every URL
+/// issued so far is expired, before everything is let go. The second erase is sent after
+/// that, reading a URL the service now refuses, whatever the machine's speed.
+async fn urls_expired_between_the_erases(
+    env: &Env,
+    args: &[&str],
+    meanwhile: impl Future<Output = ()>,
+) -> Output {
+    let dir = env.dir.path();
+    write(dir, "p.yaml", TWO_ERASES);
+    let all = [&["p.yaml", "--run-id", "r", "--concurrency", "1"][..], args].concat();
+    env.sandbox.hold_calls();
+    let mut cmd = run_command(env, dir, &all);
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let child = cmd.spawn().expect("imgpipe starts");
+    wait_until("the shot waiting at the gate", || {
+        env.sandbox.held_calls() == 1
     })
-    .await
+    .await;
+    env.sandbox.let_through(1);
+    wait_until(
+        "the first erase waiting at the gate, the shot billed",
+        || env.sandbox.held_calls() == 1 && env.sandbox.ledger().len() == 1,
+    )
+    .await;
+    meanwhile.await;
+    env.sandbox.expire_urls();
+    env.sandbox.release_calls();
+    finish_child(child, "the run of two erases").await
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn urls_near_expiry_are_refreshed_before_a_call_reads_them_and_nothing_is_billed_twice() {
-    let env = slow_sandbox().await;
+    // imgpipe is told URLs live 2 s and are refreshed within 1.5 s of expiry: once half a
+    // second has passed since the shot's URLs were issued (the test waits that long, a lower
+    // bound), the second erase's input is near expiry and must be fetched anew first; the
+    // sandbox has expired the old URL, so sending it would be refused.
+    let env = start(config()).await;
     let dir = env.dir.path();
-    write(dir, "p.yaml", SLOW_CHAIN);
-    let o = run(
-        &env,
-        dir,
-        &[
-            "p.yaml",
-            "--run-id",
-            "r",
-            "--concurrency",
-            "1",
-            "--url-ttl",
-            "0.5",
-            "--url-margin",
-            "0.2",
-        ],
-    )
-    .await;
+    let ttl = ["--url-ttl", "2", "--url-margin", "1.5"];
+    // Lazy: the half second counts from when the first erase is seen held.
+    let past_the_margin = async { tokio::time::sleep(Duration::from_millis(600)).await };
+    let o = urls_expired_between_the_erases(&env, &ttl, past_the_margin).await;
     assert_exit_without_panic(&o, 0);
     let stats = env.sandbox.stats();
     assert_eq!(stats.invalid, 0, "no expired URL was sent: {stats:?}");
     assert_eq!(env.sandbox.ledger().len(), 3, "shot, clean-0, clean-1");
+    assert_no_request_billed_twice(&env);
     let db = read_db(&state_path(dir)).await;
     assert_eq!(db.attempts.len(), 3);
     assert_ledger_agrees(&env, &db, START_BALANCE);
@@ -1048,32 +1106,38 @@ async fn urls_near_expiry_are_refreshed_before_a_call_reads_them_and_nothing_is_
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_expired_url_refused_by_the_service_is_refreshed_and_the_call_made_once_more() {
-    // imgpipe believes the spec's hour; the sandbox's URLs live half a second. The second
-    // erase is refused (400, not billed), and imgpipe fetches fresh URLs and calls again.
-    let env = slow_sandbox().await;
+    // imgpipe believes the spec's hour; the sandbox expires its URLs while the first erase is
+    // held. The second erase is refused (400, not billed), and imgpipe fetches fresh URLs
+    // from the job and calls again: billed once.
+    let env = start(config()).await;
     let dir = env.dir.path();
-    write(dir, "p.yaml", SLOW_CHAIN);
-    let o = run(
-        &env,
-        dir,
-        &["p.yaml", "--run-id", "r", "--concurrency", "1"],
-    )
-    .await;
+    let o = urls_expired_between_the_erases(&env, &[], async {}).await;
     assert_exit_without_panic(&o, 0);
     let stats = env.sandbox.stats();
     assert!(
         stats.invalid >= 1,
         "an expired URL reached the sandbox: {stats:?}"
     );
-    assert_eq!(env.sandbox.ledger().len(), 3, "nothing billed twice");
+    assert_eq!(env.sandbox.ledger().len(), 3, "shot, clean-0, clean-1");
+    assert_no_request_billed_twice(&env);
     let db = read_db(&state_path(dir)).await;
     let refused: Vec<_> = db
         .attempts
         .iter()
         .filter(|a| a.outcome.as_deref() == Some("answered_error"))
         .collect();
-    assert!(!refused.is_empty(), "{:#?}", db.attempts);
-    assert!(refused.iter().all(|a| a.http_status == Some(400)));
+    assert_eq!(refused.len(), 1, "{:#?}", db.attempts);
+    assert_eq!(refused[0].http_status, Some(400), "{:#?}", db.attempts);
+    let clean = db.task(refused[0].task_id);
+    assert_eq!(
+        (clean.step.as_str(), clean.status.as_str()),
+        ("clean", "succeeded")
+    );
+    assert_eq!(
+        db.attempts_of(clean.id).len(),
+        2,
+        "refused, then made once more"
+    );
     assert_ledger_agrees(&env, &db, START_BALANCE);
     assert_outputs_agree(dir, &dir.join("out").join("r"), &db);
 }
