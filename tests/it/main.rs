@@ -31,5 +31,6 @@ mod run;
 mod runner;
 mod sandbox_http;
 mod scale;
+mod signals;
 mod spend;
 mod validate;
