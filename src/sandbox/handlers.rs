@@ -124,7 +124,7 @@ async fn authenticate(Shared(state): App, request: Request, next: Next) -> Respo
 }
 
 fn limited(state: &State, message: &str, wait: Duration) -> Reply {
-    state.count(|s| s.rate_limited += 1);
+    state.rate_limited();
     Reply::rate_limited(message, wait)
 }
 
@@ -149,6 +149,9 @@ fn admit(state: &Arc<State>) -> Result<InFlight, Reply> {
     let slot = state
         .enter()
         .ok_or_else(|| limited(state, "too many requests in flight", Duration::from_secs(1)))?;
+    if let Some(wait) = state.take_armed_rate_limit() {
+        return Err(limited(state, "rate limited (armed by the test)", wait));
+    }
     let faults = &state.config.faults;
     if state.dice.chance(faults.rate_limit) {
         return Err(limited(

@@ -177,6 +177,19 @@ impl Sandbox {
         self.state.expire_urls();
     }
 
+    /// The next paid call to arrive is answered 429 with this `Retry-After` (whole seconds,
+    /// rounded up), before any work or billing: a test aims one 429 at a chosen moment of a
+    /// run instead of drawing it by chance (`--fault-rate-limit`). In process only.
+    pub fn rate_limit_next(&self, retry_after: Duration) {
+        self.state.rate_limit_next(retry_after);
+    }
+
+    /// When each 429 was answered, in microseconds on the clock of the ledger's `received_us`,
+    /// so a test can order the calls that arrived against it.
+    pub fn rate_limits(&self) -> Vec<u64> {
+        self.state.rate_limits()
+    }
+
     /// Paid calls waiting at a hold now.
     pub fn held_calls(&self) -> usize {
         self.state.gate.waiting()

@@ -111,6 +111,10 @@ struct Books {
     ledger: Vec<LedgerEntry>,
     stats: Stats,
     next_id: u64,
+    /// When each 429 was answered, on the clock of the ledger's `received_us`.
+    rate_limited_us: Vec<u64>,
+    /// A 429 the next paid call gets, with this `Retry-After` ([`State::rate_limit_next`]).
+    armed_rate_limit: Option<Duration>,
 }
 
 pub struct State {
@@ -150,6 +154,8 @@ impl State {
                 ledger: Vec::new(),
                 stats: Stats::default(),
                 next_id: 0,
+                rate_limited_us: Vec::new(),
+                armed_rate_limit: None,
             }),
             signer: Signer::new(secret),
             id_salt: u64::from_le_bytes([
@@ -199,6 +205,33 @@ impl State {
         self.signer.expire_all(self.config.url_ttl);
     }
 
+    /// Counts a 429 answered now, and notes when.
+    pub fn rate_limited(&self) {
+        let now = self.since_start_us();
+        let mut books = self.books();
+        books.stats.rate_limited += 1;
+        books.rate_limited_us.push(now);
+    }
+
+    /// When each 429 so far was answered, in microseconds on the ledger's clock.
+    pub fn rate_limits(&self) -> Vec<u64> {
+        self.books().rate_limited_us.clone()
+    }
+
+    /// The next paid call to arrive gets a 429 with `retry_after`, before anything is billed.
+    pub fn rate_limit_next(&self, retry_after: Duration) {
+        self.books().armed_rate_limit = Some(retry_after);
+    }
+
+    /// The armed 429's `Retry-After`, once: the call asking gets it.
+    pub fn take_armed_rate_limit(&self) -> Option<Duration> {
+        self.books().armed_rate_limit.take()
+    }
+
+    fn since_start_us(&self) -> u64 {
+        self.started.elapsed().as_micros().min(u128::from(u64::MAX)) as u64
+    }
+
     /// Paid calls received and not yet done (billed or refused) now.
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::SeqCst)
@@ -212,7 +245,7 @@ impl State {
             return None;
         }
         self.count(|s| s.peak_in_flight = s.peak_in_flight.max(now));
-        let received_us = self.started.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
+        let received_us = self.since_start_us();
         Some(InFlight {
             state: Arc::clone(self),
             received_us,

@@ -32,5 +32,6 @@ mod run;
 mod runner;
 mod sandbox_http;
 mod scale;
+mod signals;
 mod spend;
 mod validate;
