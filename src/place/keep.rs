@@ -69,6 +69,9 @@ async fn keep_object(
             reason: other.to_string(),
         },
     })?;
+    // A crash here leaves an object no record names: the output is fetched again from its
+    // job, and its create-only write finds the same sha256 there, a finished upload.
+    crate::failpoint::hit("object-written-unrecorded");
     Ok(Downloaded {
         address: Address::Object(dir.url_of(&key)),
         bytes: checked.bytes,

@@ -1,9 +1,11 @@
 //! Outputs in object storage: runs with `--out s3://bucket/prefix` against an S3-compatible
 //! server in the test process (s3s-fs on 127.0.0.1, buckets as directories), with the
 //! credentials in the environment as a user would set them. The server can cut the uploads
-//! to one key, as a network or a store failing mid-request would, and keeps a log of every
-//! request it answered.
+//! to one key halfway through their bodies, as a network failing mid-request would, and keeps
+//! a log of every request it answered (its S3 operation, `If-None-Match` and status), so a
+//! test sees what the store was asked, not only what it holds.
 
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::sync::{Arc, Mutex};
@@ -40,18 +42,42 @@ struct Request {
     /// The path, `/<bucket>/<key>` (path-style addressing).
     path: String,
     query: String,
+    /// Its `If-None-Match` header: `*` makes a write create-only.
+    if_none_match: Option<String>,
+    /// The status answered; `None` when the connection was dropped without an answer.
+    status: Option<u16>,
+    /// For a request cut (see [`S3::cut_uploads_to`]): the bytes of its body the store
+    /// received before the connection dropped, and the whole body's length.
+    cut: Option<(usize, usize)>,
 }
 
 impl Request {
     /// LIST (a GET with `list-type`), GET, HEAD, PUT, POST or DELETE.
     fn kind(&self) -> &str {
-        if self.method == http::Method::GET
-            && self.query.split('&').any(|p| p.starts_with("list-type="))
-        {
+        if self.method == http::Method::GET && self.has_param("list-type") {
             "LIST"
         } else {
             self.method.as_str()
         }
+    }
+
+    /// The S3 operation of a write (`PutObject`, `CreateMultipartUpload`, `UploadPart`,
+    /// `CompleteMultipartUpload`, `AbortMultipartUpload`); [`Request::kind`] for the others.
+    fn op(&self) -> &str {
+        match self.method {
+            http::Method::POST if self.has_param("uploads") => "CreateMultipartUpload",
+            http::Method::POST if self.has_param("uploadId") => "CompleteMultipartUpload",
+            http::Method::PUT if self.has_param("uploadId") => "UploadPart",
+            http::Method::PUT => "PutObject",
+            http::Method::DELETE if self.has_param("uploadId") => "AbortMultipartUpload",
+            _ => self.kind(),
+        }
+    }
+
+    fn has_param(&self, name: &str) -> bool {
+        self.query
+            .split('&')
+            .any(|p| p.split('=').next() == Some(name))
     }
 
     /// The object's key, for a request about one object.
@@ -67,7 +93,7 @@ type RequestLog = Arc<Mutex<Vec<Request>>>;
 pub(crate) struct S3 {
     port: u16,
     root: tempfile::TempDir,
-    /// PUTs whose path holds this are cut: the connection is dropped before any answer.
+    /// See [`S3::cut_uploads_to`].
     cut: Arc<Mutex<Option<String>>>,
     /// See [`S3::refuse_writes_after`].
     refuse: Refusal,
@@ -105,30 +131,113 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Cutting {
     type Future = Answer;
 
     fn call(&self, req: http::Request<hyper::body::Incoming>) -> Answer {
-        self.requests.lock().unwrap().push(Request {
+        let mut seen = Request {
             method: req.method().clone(),
             path: req.uri().path().to_owned(),
             query: req.uri().query().unwrap_or_default().to_owned(),
-        });
+            if_none_match: req
+                .headers()
+                .get(http::header::IF_NONE_MATCH)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
+            status: None,
+            cut: None,
+        };
+        let mut refusal = None;
         if matches!(*req.method(), http::Method::PUT | http::Method::POST)
             && let Some((allowed, status)) = self.refuse.lock().unwrap().as_mut()
         {
             if *allowed == 0 {
-                return Box::pin(refused(*status));
+                refusal = Some(*status);
+            } else {
+                *allowed -= 1;
             }
-            *allowed -= 1;
         }
         let cut = self.cut.lock().unwrap().clone();
-        if req.method() == http::Method::PUT
-            && cut.is_some_and(|c| req.uri().path().contains(c.as_str()))
-        {
-            return Box::pin(async {
-                Err(s3s::HttpError::new(Box::new(std::io::Error::other(
-                    "upload cut by the test",
-                ))))
-            });
+        let cut = req.method() == http::Method::PUT
+            && cut.is_some_and(|c| req.uri().path().contains(c.as_str()));
+        let (inner, requests) = (self.inner.clone(), Arc::clone(&self.requests));
+        Box::pin(async move {
+            let answer = match refusal {
+                Some(status) => refused(status).await,
+                None if cut => {
+                    let (answer, received) = cut_halfway(&inner, req).await;
+                    seen.cut = Some(received);
+                    answer
+                }
+                None => inner.call(req.map(s3s::Body::from)).await,
+            };
+            seen.status = answer.as_ref().ok().map(|a| a.status().as_u16());
+            requests.lock().unwrap().push(seen);
+            answer
+        })
+    }
+}
+
+/// Hands the store the first half of `req`'s body, then drops the connection without an
+/// answer, as a network failing in the middle of an upload would: the store has begun to
+/// receive the object (or the part), and its writer fails when the body breaks off.
+/// Returns the bytes the store received, and the body's length.
+async fn cut_halfway(
+    inner: &s3s::service::S3Service,
+    req: http::Request<hyper::body::Incoming>,
+) -> (Result<s3s::HttpResponse, s3s::HttpError>, (usize, usize)) {
+    let length: usize = req
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .unwrap_or_default();
+    let received = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let req = req.map(|body| {
+        let halfway: s3s::stream::DynByteStream = Box::pin(Halfway {
+            body: s3s::Body::from(body),
+            left: length / 2,
+            received: Arc::clone(&received),
+        });
+        s3s::Body::from(halfway)
+    });
+    let _ = inner.call(req).await;
+    let cut = s3s::HttpError::new(Box::new(std::io::Error::other(
+        "upload cut halfway by the test",
+    )));
+    let received = received.load(std::sync::atomic::Ordering::SeqCst);
+    (Err(cut), (received, length))
+}
+
+/// A request body that breaks off with an error after `left` bytes.
+struct Halfway {
+    body: s3s::Body,
+    left: usize,
+    /// The bytes handed on so far.
+    received: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl futures::Stream for Halfway {
+    type Item = Result<bytes::Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use futures::StreamExt;
+        if self.left == 0 {
+            return std::task::Poll::Ready(Some(Err("connection dropped by the test".into())));
         }
-        hyper::service::Service::call(&self.inner, req)
+        let next = std::task::ready!(self.body.poll_next_unpin(cx));
+        std::task::Poll::Ready(next.map(|chunk| {
+            chunk.map(|mut chunk| {
+                chunk.truncate(self.left);
+                self.left -= chunk.len();
+                self.received
+                    .fetch_add(chunk.len(), std::sync::atomic::Ordering::SeqCst);
+                chunk
+            })
+        }))
+    }
+}
+
+impl s3s::stream::ByteStream for Halfway {
+    fn remaining_length(&self) -> s3s::stream::RemainingLength {
+        self.body.remaining_length()
     }
 }
 
@@ -242,6 +351,9 @@ impl S3 {
         *self.refuse.lock().unwrap() = refusal;
     }
 
+    /// Cuts every PUT (a whole object's, or a part's) whose path holds `key` halfway through
+    /// its body, the connection dropped without an answer (see [`cut_halfway`]); `None` lets
+    /// them through again.
     fn cut_uploads_to(&self, key: Option<&str>) {
         *self.cut.lock().unwrap() = key.map(str::to_owned);
     }
@@ -380,6 +492,15 @@ async fn a_run_into_a_bucket_writes_every_output_with_its_sha256_and_the_manifes
     assert_exit_without_panic(&o, 0);
     // The report read each image whole once, to make its thumbnail.
     let log = s3.take_requests();
+    // Each output, smaller than 256 KiB, went up in one create-only PUT.
+    for item in ["a", "b", "c"] {
+        let key = format!("runs/r/{item}/shot.png");
+        assert_eq!(
+            writes_to(&log, &key),
+            [("PutObject", Some("*"), Some(200))],
+            "{key}"
+        );
+    }
     for item in ["a", "b", "c"] {
         let key = format!("runs/r/{item}/shot.png");
         let reads = of_kind(&log, "GET").iter().filter(|k| **k == key).count();
@@ -515,55 +636,197 @@ fn both(o: &Output) -> String {
     format!("{}\n{}", stdout(o), stderr(o))
 }
 
+/// The writes of `log` to `key`: each one's operation, `If-None-Match` and status.
+fn writes_to<'a>(log: &'a [Request], key: &str) -> Vec<(&'a str, Option<&'a str>, Option<u16>)> {
+    log.iter()
+        .filter(|r| r.key() == key && !matches!(r.kind(), "GET" | "HEAD" | "LIST"))
+        .map(|r| (r.op(), r.if_none_match.as_deref(), r.status))
+        .collect()
+}
+
+/// An object at `key` as the test's own client sees it: its bytes, ETag and sha256 metadata.
+async fn object_at(s3: &S3, key: &str) -> (Vec<u8>, Option<String>, Option<String>) {
+    let found = s3
+        .store()
+        .get_opts(&Key::from(key), GetOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("{key}: {e}"));
+    let etag = found.meta.e_tag.clone();
+    let meta = found
+        .attributes
+        .get(&Attribute::Metadata("sha256".into()))
+        .map(|v| v.to_string());
+    (found.bytes().await.unwrap().to_vec(), etag, meta)
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn a_foreign_object_at_an_output_key_is_never_replaced() {
+async fn an_upload_finished_but_unrecorded_is_done_and_other_bytes_at_the_key_are_never_replaced() {
     let env = start(config()).await;
     let s3 = S3::start().await;
     let dir = env.dir.path();
+    // One item, so that nothing else is in flight when the process aborts.
+    write(
+        dir,
+        "one.yaml",
+        &PIPELINE.replace("  - { id: b }\n  - { id: c }\n", ""),
+    );
+    let mut cmd = imgpipe_s3(
+        &env,
+        &s3,
+        dir,
+        &[
+            "run",
+            "one.yaml",
+            "--run-id",
+            "r1",
+            "--out",
+            "s3://shots/runs",
+        ],
+    );
+    cmd.env(imgpipe::failpoint::ENV, "object-written-unrecorded");
+    let o = finish(cmd).await;
+    assert_eq!(
+        o.status.signal(),
+        Some(libc::SIGABRT),
+        "the run was to abort once its object was written: {}",
+        both(&o)
+    );
+    // The object is whole in the bucket, its output recorded without it.
+    let key = "runs/r1/a/shot.png";
+    let (bytes, etag, meta) = object_at(&s3, key).await;
+    assert_eq!(meta, Some(sha256_hex(&bytes)), "{key}");
+    let recorded = outputs(dir).await;
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    assert_eq!(recorded[0].path, None, "{recorded:?}");
+    assert_eq!(env.sandbox.ledger().len(), 1);
+    s3.take_requests();
+
+    let o = finish(imgpipe_s3(&env, &s3, dir, &["resume", "r1"])).await;
+    assert_exit_without_panic(&o, 0);
+    assert_eq!(env.sandbox.ledger().len(), 1, "nothing paid again");
+    // The resume fetched the output from its job and tried its create-only PUT, which the
+    // store refused: the object there is the one the aborted run wrote, taken as done.
+    assert_eq!(
+        writes_to(&s3.take_requests(), key),
+        [("PutObject", Some("*"), Some(412))]
+    );
+    let recorded = outputs(dir).await;
+    assert_eq!(
+        recorded[0].path.as_deref(),
+        Some("s3://shots/runs/r1/a/shot.png")
+    );
+    assert_eq!(recorded[0].etag, etag, "{recorded:?}");
+    assert_eq!(recorded[0].error, None, "{recorded:?}");
+    assert_eq!(object_at(&s3, key).await, (bytes.clone(), etag, meta));
+    assert_objects_agree(&s3, &recorded, "s3://shots/runs/r1/").await;
+
+    // Before a second run, the same bytes are put at one output's key by someone else (no
+    // sha256 metadata: compared by their bytes) and other bytes at another's.
     write(dir, "p.yaml", PIPELINE);
-    let foreign = b"someone else's object".to_vec();
-    s3.store()
-        .put(&Key::from("runs/r/b/shot.png"), foreign.clone().into())
+    let (same, foreign) = ("runs/r2/a/shot.png", "runs/r2/b/shot.png");
+    let users = b"someone else's object".to_vec();
+    let store = s3.store();
+    store
+        .put(&Key::from(same), bytes.clone().into())
         .await
         .unwrap();
+    store
+        .put(&Key::from(foreign), users.clone().into())
+        .await
+        .unwrap();
+    let (_, same_etag, _) = object_at(&s3, same).await;
+    let billed = env.sandbox.ledger().len();
+    s3.take_requests();
     let o = finish(imgpipe_s3(
         &env,
         &s3,
         dir,
-        &["run", "p.yaml", "--run-id", "r", "--out", "s3://shots/runs"],
+        &[
+            "run",
+            "p.yaml",
+            "--run-id",
+            "r2",
+            "--out",
+            "s3://shots/runs",
+        ],
     ))
     .await;
     assert_exit_without_panic(&o, 4);
     let said = both(&o);
     assert!(
-        said.contains("refusing to overwrite s3://shots/runs/r/b/shot.png"),
+        said.contains("refusing to overwrite s3://shots/runs/r2/b/shot.png"),
         "{said}"
     );
+    assert!(!said.contains("r2/a/shot.png"), "{said}");
     assert_eq!(
-        std::fs::read(s3.file("runs/r/b/shot.png")).unwrap(),
-        foreign
+        env.sandbox.ledger().len(),
+        billed + 3,
+        "each item paid once"
     );
-    let recorded = outputs(dir).await;
-    let b = recorded.iter().find(|o| o.item == "b").unwrap();
+    let log = s3.take_requests();
+    for k in [same, foreign] {
+        assert_eq!(
+            writes_to(&log, k),
+            [("PutObject", Some("*"), Some(412))],
+            "{k}"
+        );
+    }
+    // Neither object is replaced: the same bytes are kept as they were (no metadata added),
+    // and recorded; the other bytes stay, the output's download failed naming the key.
+    assert_eq!(object_at(&s3, same).await, (bytes, same_etag.clone(), None));
+    assert_eq!(std::fs::read(s3.file(foreign)).unwrap(), users);
+    let r2: Vec<Recorded> = outputs(dir)
+        .await
+        .into_iter()
+        .filter(|o| o.path.as_deref().is_none_or(|p| p.contains("/r2/")))
+        .collect();
+    assert_eq!(r2.len(), 3, "{r2:?}");
+    let a = r2.iter().find(|o| o.item == "a").unwrap();
+    assert_eq!(a.path.as_deref(), Some("s3://shots/runs/r2/a/shot.png"));
+    assert_eq!(a.etag, same_etag, "{a:?}");
+    let b = r2.iter().find(|o| o.item == "b").unwrap();
     assert_eq!(b.path, None, "{b:?}");
     assert!(
         b.error
             .as_deref()
-            .unwrap()
-            .contains("refusing to overwrite"),
+            .is_some_and(|e| e.contains("refusing to overwrite s3://shots/runs/r2/b/shot.png")),
         "{b:?}"
     );
-    let others: Vec<Recorded> = recorded.into_iter().filter(|o| o.item != "b").collect();
-    assert_objects_agree(&s3, &others, "s3://shots/runs/r/").await;
+
+    // A resume fetches that output again from its job, for free, and still never replaces
+    // the object.
+    let o = finish(imgpipe_s3(&env, &s3, dir, &["resume", "r2"])).await;
+    assert_exit_without_panic(&o, 4);
+    assert!(
+        both(&o).contains("s3://shots/runs/r2/b/shot.png"),
+        "{}",
+        both(&o)
+    );
+    assert_eq!(env.sandbox.ledger().len(), billed + 3, "nothing paid again");
+    assert_eq!(std::fs::read(s3.file(foreign)).unwrap(), users);
+    let log = s3.take_requests();
+    assert!(
+        writes_to(&log, foreign)
+            .iter()
+            .all(|(_, condition, status)| *condition == Some("*") && *status == Some(412)),
+        "{log:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn an_upload_cut_leaves_no_object_and_the_resume_uploads_it_without_paying_again() {
-    let env = start(config()).await;
+async fn an_upload_cut_in_the_middle_of_a_part_leaves_no_object_and_the_resume_uploads_it_unpaid() {
+    // Images of this side (about 350 KiB) are more than a download holds in memory (256 KiB):
+    // each goes up as a multipart upload.
+    let env = start(imgpipe::sandbox::Config {
+        image_side: 4096,
+        ..config()
+    })
+    .await;
     let s3 = S3::start().await;
     let dir = env.dir.path();
     write(dir, "p.yaml", PIPELINE);
-    s3.cut_uploads_to(Some("runs/r/c/"));
+    let key = "runs/r/c/shot.png";
+    s3.cut_uploads_to(Some(key));
     let o = finish(imgpipe_s3(
         &env,
         &s3,
@@ -572,12 +835,68 @@ async fn an_upload_cut_leaves_no_object_and_the_resume_uploads_it_without_paying
     ))
     .await;
     assert_exit_without_panic(&o, 4);
-    assert!(!s3.file("runs/r/c/shot.png").exists());
+    // The upload was started and its part cut halfway (each try of it: the store had begun
+    // to write it), never completed.
+    let log = s3.take_requests();
+    let cut: Vec<_> = log
+        .iter()
+        .filter(|r| r.key() == key && r.op() == "UploadPart")
+        .map(|r| r.cut)
+        .collect();
+    assert!(
+        !cut.is_empty()
+            && cut.iter().all(|c| c.is_some_and(|(received, length)| {
+                received > 0 && received == length / 2 && length > 256 * 1024
+            })),
+        "{cut:?}"
+    );
+    let writes = writes_to(&log, key);
+    assert_eq!(
+        writes.first(),
+        Some(&("CreateMultipartUpload", None, Some(200))),
+        "{writes:?}"
+    );
+    let parts: Vec<_> = writes.iter().filter(|w| w.0 == "UploadPart").collect();
+    assert!(
+        !parts.is_empty() && parts.iter().all(|w| w.2.is_none()),
+        "{writes:?}"
+    );
+    assert!(
+        !writes.iter().any(|w| w.0 == "CompleteMultipartUpload"),
+        "{writes:?}"
+    );
+    // Nothing is under the key: not a file of the store, not in a listing, not to a HEAD.
+    assert!(!s3.file(key).exists());
+    let store = s3.store();
+    assert!(matches!(
+        store.head(&Key::from(key)).await,
+        Err(object_store::Error::NotFound { .. })
+    ));
+    let listed: Vec<String> = {
+        use futures::TryStreamExt;
+        let listing = store.list(Some(&Key::from("runs/r")));
+        let metas: Vec<_> = listing.try_collect().await.unwrap();
+        metas.into_iter().map(|m| m.location.to_string()).collect()
+    };
+    assert!(
+        listed.iter().all(|k| !k.starts_with("runs/r/c/")),
+        "{listed:?}"
+    );
+    // The run records the output without an object, its error naming the key; the job was
+    // paid for once, and the others' objects are whole.
     let recorded = outputs(dir).await;
     let c = recorded.iter().find(|o| o.item == "c").unwrap();
     assert_eq!(c.path, None, "{c:?}");
-    assert!(c.error.is_some(), "{c:?}");
+    assert!(
+        c.error
+            .as_deref()
+            .is_some_and(|e| e.contains("s3://shots/runs/r/c/shot.png")),
+        "{c:?}"
+    );
+    let others: Vec<Recorded> = recorded.into_iter().filter(|o| o.item != "c").collect();
+    assert_objects_agree(&s3, &others, "s3://shots/runs/r/").await;
     let said = both(&o);
+    assert!(said.contains("s3://shots/runs/r/c/shot.png"), "{said}");
     assert!(!said.contains(SECRET_KEY), "{said}");
     let billed = env.sandbox.ledger().len();
     assert_eq!(billed, 3);
@@ -750,6 +1069,7 @@ async fn large_outputs_go_up_in_parts_and_their_completion_never_replaces_an_obj
         .put(&Key::from("big/r/c/shot.png"), foreign.clone().into())
         .await
         .unwrap();
+    s3.take_requests();
     let o = finish(imgpipe_s3(
         &env,
         &s3,
@@ -757,6 +1077,22 @@ async fn large_outputs_go_up_in_parts_and_their_completion_never_replaces_an_obj
         &["run", "p.yaml", "--run-id", "r"],
     ))
     .await;
+    // What the store received: each output started as a multipart upload, its part put
+    // (one: a part holds 8 MiB), and a completion carrying `If-None-Match: *`, which the
+    // store refused where an object was already; that upload was then aborted.
+    let log = s3.take_requests();
+    for (item, completed) in [("a", 200), ("b", 200), ("c", 412)] {
+        let key = format!("big/r/{item}/shot.png");
+        let mut expected = vec![
+            ("CreateMultipartUpload", None, Some(200)),
+            ("UploadPart", None, Some(200)),
+            ("CompleteMultipartUpload", Some("*"), Some(completed)),
+        ];
+        if completed == 412 {
+            expected.push(("AbortMultipartUpload", None, Some(204)));
+        }
+        assert_eq!(writes_to(&log, &key), expected, "{key}");
+    }
     assert_exit_without_panic(&o, 4);
     assert!(
         both(&o).contains("refusing to overwrite s3://shots/big/r/c/shot.png"),
