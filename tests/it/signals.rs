@@ -13,8 +13,7 @@ use std::time::Duration;
 use imgpipe::sandbox::{self, LedgerEntry, Sandbox};
 
 use crate::common::{
-    Db, Env, RUN_LIMIT, Watched, assert_exit_without_panic, command, finish_child, start, stderr,
-    wait_until,
+    Db, Env, RUN_LIMIT, Watched, assert_exit_without_panic, command, start, stderr, wait_until,
 };
 
 /// `items` items of one generation each, at most `concurrency` calls in flight.
@@ -152,17 +151,18 @@ async fn a_429_pauses_every_paid_call_for_its_retry_after() {
     const RETRY_AFTER: Duration = Duration::from_secs(2);
     let env = sandbox_with(ITEMS, 2).await;
     let hold = env.sandbox.hold();
-    let mut cmd = run_command(&env, "rl", &[]);
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let child = cmd.spawn().expect("imgpipe run starts");
+    let mut run = Watched::start(run_command(&env, "rl", &[]));
     wait_until("two calls held in flight", || env.sandbox.held_calls() == 2).await;
     env.sandbox.rate_limit_next(RETRY_AFTER);
     env.sandbox.let_through(1);
     // The one let through is answered, and the call sent in its place gets the 429; the
-    // other is still held, so both slots stay taken until the run has read the 429.
+    // other is still held, so both slots stay taken until the run has read the 429 and
+    // paused (a call it sent before it had read it was in flight, as far as it knew).
     wait_until("the 429", || env.sandbox.rate_limits().len() == 1).await;
+    run.wait_for_line("rate limited by the service; pausing")
+        .await;
     drop(hold);
-    let out = finish_child(child, "the run after its 429").await;
+    let out = run.finish().await;
     assert_exit_without_panic(&out, 0);
 
     let answered_429 = env.sandbox.rate_limits()[0];
