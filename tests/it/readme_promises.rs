@@ -3,6 +3,11 @@
 //! the pipeline file untouched (so its hash alone would let it through); and a run never
 //! replaces a different file already at an output's name, nor pays again for that output;
 //! and with no `--state` a run keeps its state where the `--state` row of the table says.
+//! Then the defaults a run takes from the account (concurrency, rate), the smaller of two
+//! budgets on `run`, `plan --reuse`, the depth-first order of the calls, the manifest's
+//! `index` and `parent_job_id`, and where the run lock lives.
+
+use std::time::Duration;
 
 use imgpipe::sandbox;
 
@@ -225,4 +230,308 @@ async fn a_run_keeps_its_state_where_the_readme_says_by_default() {
             .len(),
         1
     );
+}
+
+/// `imgpipe ARGS --state DIR/state.db` in `dir` against `env`'s sandbox, started and left
+/// running, its stderr read as it comes.
+fn spawn_on(env: &Env, dir: &std::path::Path, args: &[&str]) -> Watched {
+    let state = state_path(dir).display().to_string();
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--state", &state]);
+    let mut cmd = command(&all, dir);
+    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
+        .env("IMGPIPE_API_KEY", env.sandbox.key());
+    Watched::start(cmd)
+}
+
+/// How long the test leaves a held run to send calls beyond the account's limit before
+/// looking. A correct run never sends them, so a slow machine can only let a wrong one go
+/// unnoticed here; the whole run after it still catches it (it then sends 4 at once).
+const GRACE: Duration = Duration::from_millis(500);
+
+/// `--concurrency` unset and no `concurrency:` in the file: the account's limit (the
+/// sandbox's `max_in_flight`, which its `GET /v1/account` states and which it enforces with a
+/// 429) is the number of calls in flight, not the default 4.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_concurrency_a_run_keeps_to_the_accounts_limit() {
+    let env = start(sandbox::Config {
+        max_in_flight: Some(2),
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    // Six items: six first steps ready at once, more than either limit.
+    write(dir, "p.yaml", &edit_chain(6, None));
+    let hold = env.sandbox.hold();
+    let run = spawn_on(&env, dir, &["run", "p.yaml", "--run-id", "r", "--json"]);
+    // A price only written down is proven by one call alone first; then the slots fill.
+    wait_until("the first call held", || env.sandbox.held_calls() == 1).await;
+    env.sandbox.let_through(1);
+    wait_until("two calls held at the sandbox", || {
+        env.sandbox.held_calls() == 2
+    })
+    .await;
+    tokio::time::sleep(GRACE).await;
+    let stats = env.sandbox.stats();
+    assert_eq!(
+        (stats.paid_requests, stats.rate_limited),
+        (3, 0),
+        "a call past the account's limit of 2 was sent: {stats:?}"
+    );
+    drop(hold);
+    let o = run.finish().await;
+    assert_exit_without_panic(&o, 0);
+    let stats = env.sandbox.stats();
+    assert_eq!(stats.rate_limited, 0, "{stats:?}");
+    assert_eq!(stats.peak_in_flight, 2, "{stats:?}");
+    assert_eq!(env.sandbox.ledger().len(), 18);
+}
+
+/// imgpipe's limiter lets a burst of this many calls go at once (`exec/limiter.rs`).
+const LIMITER_BURST: u64 = 2;
+
+/// `--rate` unset and no `rate_limit:` in the file: the rate the account states paces every
+/// paid call, so the service never has to answer 429 (without it, none is set until one).
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_rate_a_run_paces_its_calls_at_the_accounts_rate() {
+    const RATE: u64 = 10;
+    let env = start(sandbox::Config {
+        rate_limit: Some(RATE as f64),
+        rate_scope: sandbox::RateScope::Paid,
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(8, None));
+    let o = on(&env, dir, &["run", "p.yaml", "--run-id", "r", "--json"]).await;
+    assert_exit_without_panic(&o, 0);
+    let stats = env.sandbox.stats();
+    assert_eq!(stats.rate_limited, 0, "answered 429: {stats:?}");
+    let mut times: Vec<u64> = env.sandbox.ledger().iter().map(|e| e.received_us).collect();
+    times.sort_unstable();
+    let n = times.len() as u64;
+    assert_eq!(n, 24);
+    // Calls in flight when the run starts (4 by default) may arrive in one burst; every other
+    // call waited its turn: a lower bound, which a slow machine only raises.
+    let floor_us = (n - LIMITER_BURST - 4) * 1_000_000 / RATE - 20_000;
+    let span = times[times.len() - 1] - times[0];
+    assert!(
+        span >= floor_us,
+        "{n} calls in {span} µs, less than {floor_us}: {times:?}"
+    );
+}
+
+/// `budget.max_credits` and `--max-credits` both given to `run`: the smaller one refuses a
+/// plan over it (exit 3, naming it), whichever of the two it is, before any call.
+#[tokio::test(flavor = "multi_thread")]
+async fn run_keeps_to_the_smaller_of_the_files_budget_and_max_credits() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    // Two items: 18 credits.
+    write(dir, "p.yaml", &edit_chain(2, Some(100)));
+    let o = on(
+        &env,
+        dir,
+        &["run", "p.yaml", "--run-id", "f", "--max-credits", "10"],
+    )
+    .await;
+    assert_exit_without_panic(&o, 3);
+    let err = stderr(&o);
+    assert!(
+        err.contains("over the budget of 10 (--max-credits)"),
+        "{err}"
+    );
+    assert_nothing_billed(&env);
+
+    write(dir, "p.yaml", &edit_chain(2, Some(10)));
+    let o = on(
+        &env,
+        dir,
+        &["run", "p.yaml", "--run-id", "b", "--max-credits", "100"],
+    )
+    .await;
+    assert_exit_without_panic(&o, 3);
+    let err = stderr(&o);
+    assert!(
+        err.contains("over the budget of 10 (budget.max_credits)"),
+        "{err}"
+    );
+    assert_nothing_billed(&env);
+
+    // Both above the plan: it runs.
+    write(dir, "p.yaml", &edit_chain(2, Some(100)));
+    let o = on(
+        &env,
+        dir,
+        &["run", "p.yaml", "--run-id", "ok", "--max-credits", "50"],
+    )
+    .await;
+    assert_exit_without_panic(&o, 0);
+    assert_eq!(START_BALANCE - env.sandbox.balance(), 18);
+}
+
+/// `imgpipe plan FILE --reuse` (or `reuse: true` in the file) says how many tasks earlier
+/// runs' results would cover and the credits saved, and spends nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn plan_with_reuse_counts_the_tasks_reused_and_the_credits_saved() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    let original = edit_chain(3, None);
+    write(dir, "p.yaml", &original);
+    assert_exit(&on(&env, dir, &["run", "p.yaml", "--run-id", "a"]).await, 0);
+    let paid = env.sandbox.ledger().len();
+    assert_eq!(paid, 9);
+
+    let o = on(&env, dir, &["plan", "p.yaml"]).await;
+    assert_exit(&o, 0);
+    assert!(!stdout(&o).contains("reuse:"), "{}", stdout(&o));
+
+    let o = on(&env, dir, &["plan", "p.yaml", "--reuse"]).await;
+    assert_exit(&o, 0);
+    let text = stdout(&o);
+    assert!(
+        text.contains("reuse: 9 task(s) from earlier runs, saving 27 credits; 0 credits to pay"),
+        "{text}"
+    );
+
+    // The upscale changed: the three erases are reused, the rest is to pay.
+    let changed = original.replace("desired_increase: 2", "desired_increase: 4");
+    write(dir, "p.yaml", &format!("reuse: true\n{changed}"));
+    let o = on(&env, dir, &["plan", "p.yaml"]).await;
+    assert_exit(&o, 0);
+    let text = stdout(&o);
+    assert!(
+        text.contains("reuse: 3 task(s) from earlier runs, saving 6 credits"),
+        "{text}"
+    );
+    assert_eq!(env.sandbox.ledger().len(), paid, "plan paid for nothing");
+}
+
+/// With one call at a time, an item's whole chain is billed before the next item's first
+/// call (the ready tasks of items under way go first), up to the end-of-run phase: the last
+/// `concurrency × depth` tasks, here the last item.
+#[tokio::test(flavor = "multi_thread")]
+async fn each_item_finishes_its_chain_before_the_next_item_starts() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(4, None));
+    let o = on(
+        &env,
+        dir,
+        &["run", "p.yaml", "--run-id", "r", "--concurrency", "1"],
+    )
+    .await;
+    assert_exit_without_panic(&o, 0);
+    let db = Db::read_file(&state_path(dir)).await;
+    let by_job: std::collections::HashMap<&str, String> = db
+        .tasks
+        .iter()
+        .filter_map(|t| Some((t.job_id.as_deref()?, format!("{}/{}", t.item, t.step))))
+        .collect();
+    let ledger = env.sandbox.ledger();
+    let billed: Vec<&str> = ledger
+        .iter()
+        .map(|e| by_job[e.job_id.as_str()].as_str())
+        .collect();
+    let expected: Vec<String> = (0..4)
+        .flat_map(|i| ["clean", "big", "cutout"].map(|s| format!("i{i:02}/{s}")))
+        .collect();
+    assert_eq!(
+        billed, expected,
+        "the order the sandbox billed the calls in"
+    );
+}
+
+/// Two images a generation, each erased then upscaled.
+const TWO_SHOTS: &str = r#"
+version: 1
+name: shots
+output_dir: out
+pricing: { generation: 4 }
+items: [{ id: mug }, { id: lamp }]
+steps:
+  - id: shot
+    generate: { prompt: "a {{ item.id }}", n: 2 }
+  - id: clean
+    erase: { from: shot, object_name: the corner }
+  - id: big
+    upscale: { from: clean, desired_increase: 2 }
+"#;
+
+/// `manifest.jsonl`'s `index` (which of a step's images) and `parent_job_id` (the job whose
+/// output the call read), against the files' names and the jobs of the lines upstream.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_manifest_gives_each_outputs_index_and_parent_job() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", TWO_SHOTS);
+    let o = on(&env, dir, &["run", "p.yaml", "--run-id", "r"]).await;
+    assert_exit_without_panic(&o, 0);
+    let lines = crate::run::manifest(&dir.join("out/r"));
+    assert_eq!(lines.len(), 12, "{lines:#?}");
+    let line = |item: &str, step: &str, index: u64| {
+        lines
+            .iter()
+            .find(|l| l["item"] == item && l["step"] == step && l["index"] == index)
+            .unwrap_or_else(|| panic!("no line for {item}/{step} index {index}: {lines:#?}"))
+    };
+    for l in &lines {
+        let name = format!(
+            "{}/{}-{}.png",
+            l["item"].as_str().unwrap(),
+            l["step"].as_str().unwrap(),
+            l["index"]
+        );
+        assert_eq!(l["path"], name.as_str(), "{l}");
+    }
+    for item in ["mug", "lamp"] {
+        let shots = [line(item, "shot", 0), line(item, "shot", 1)];
+        assert_eq!(shots[0]["job_id"], shots[1]["job_id"], "one generation");
+        for index in 0..2 {
+            let (shot, clean, big) = (
+                line(item, "shot", index),
+                line(item, "clean", index),
+                line(item, "big", index),
+            );
+            assert!(shot["parent_job_id"].is_null(), "{shot}");
+            assert_eq!(clean["parent_job_id"], shot["job_id"], "{clean}");
+            assert_eq!(big["parent_job_id"], clean["job_id"], "{big}");
+            assert_ne!(big["job_id"], clean["job_id"], "{big}");
+        }
+        assert_ne!(
+            line(item, "clean", 0)["job_id"],
+            line(item, "clean", 1)["job_id"]
+        );
+    }
+}
+
+/// While a run is in flight its lock is an OS file lock in `state.db.locks/` beside the
+/// database, naming the run and its process; it is let go when the run ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_running_run_holds_its_lock_in_a_file_beside_the_database() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(1, None));
+    let hold = env.sandbox.hold();
+    let run = spawn_on(&env, dir, &["run", "p.yaml", "--run-id", "r"]);
+    wait_until("a call held at the sandbox", || {
+        env.sandbox.held_calls() == 1
+    })
+    .await;
+    let locks = dir.join("state.db.locks");
+    let files = entries(&locks);
+    assert_eq!(files.len(), 1, "{files:?}");
+    let file = std::fs::File::open(&files[0]).unwrap();
+    assert!(
+        matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock)),
+        "{} is not locked while the run is in flight",
+        files[0].display()
+    );
+    let holder: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&files[0]).unwrap()).unwrap();
+    assert_eq!(holder["run_id"], "r", "{holder}");
+    assert_eq!(holder["pid"], run.id(), "{holder}");
+    drop(hold);
+    assert_exit_without_panic(&run.finish().await, 0);
+    assert!(file.try_lock().is_ok(), "the lock outlived its run");
 }
