@@ -245,9 +245,21 @@ async fn ticked_outputs_make_the_exact_reroll_command_and_an_items_markup_runs_n
     browser.open(&report).await;
     assert_eq!(browser.run(COMMAND).await, whole);
     browser.click("#reroll-copy").await;
-    let said = browser
-        .run("return document.getElementById('reroll-said').textContent")
-        .await;
+    // The page says so once the clipboard has answered (a promise), not at the click.
+    let deadline = std::time::Instant::now() + WAIT_LIMIT;
+    let said = loop {
+        let said = browser
+            .run("return document.getElementById('reroll-said').textContent")
+            .await;
+        if said != "" {
+            break said;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the page said nothing within {WAIT_LIMIT:?} of Copy"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
     assert!(
         said == "Copied." || said.as_str().is_some_and(|s| s.starts_with("Selected")),
         "{said}"
