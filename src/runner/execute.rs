@@ -236,19 +236,42 @@ impl Runner<'_> {
             (Some(_), Some(_)) => None,
             _ => conn.account().await,
         };
+        let accounts_concurrency = account.as_ref().and_then(|a| a.max_concurrency(limits));
+        let accounts_rate = account.as_ref().and_then(|a| a.requests_per_second(limits));
         config.concurrency = told_concurrency.unwrap_or_else(|| {
-            account
+            accounts_concurrency
                 .as_ref()
-                .and_then(|a| a.max_concurrency(limits))
                 .map_or(DEFAULT_CONCURRENCY, |f| f.value.min(256) as usize)
         });
-        config.rate = told_rate.or_else(|| {
-            account
-                .as_ref()
-                .and_then(|a| a.requests_per_second(limits))
-                .map(|f| f.value)
-        });
+        config.rate = told_rate.or_else(|| accounts_rate.as_ref().map(|f| f.value));
         config.cap = admit::cap_of(doc, run.billed);
+        // Said once, so that a run's pace is never a guess: where each figure came from.
+        let whose = |flag: bool, file: bool, account: bool| match (flag, file, account) {
+            (true, ..) => "the command line",
+            (_, true, _) => "the pipeline file",
+            (_, _, true) => "the account's limits",
+            _ => "the default",
+        };
+        let concurrency_from = whose(
+            self.settings.concurrency.is_some(),
+            pipeline.concurrency.is_some(),
+            accounts_concurrency.is_some(),
+        );
+        let pace = match config.rate {
+            Some(rate) => format!(
+                "at most {rate} a second ({})",
+                whose(
+                    self.settings.rate.is_some(),
+                    pipeline.rate_limit.is_some(),
+                    true,
+                )
+            ),
+            None => "no rate set until the service answers 429".to_owned(),
+        };
+        tracing::info!(
+            "paid calls: up to {} at once ({concurrency_from}), {pace}",
+            config.concurrency
+        );
         config
     }
 

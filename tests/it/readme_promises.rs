@@ -285,6 +285,11 @@ async fn without_a_concurrency_a_run_keeps_to_the_accounts_limit() {
     assert_eq!(stats.rate_limited, 0, "{stats:?}");
     assert_eq!(stats.peak_in_flight, 2, "{stats:?}");
     assert_eq!(env.sandbox.ledger().len(), 18);
+    let said = stderr(&o);
+    assert!(
+        said.contains("paid calls: up to 2 at once (the account's limits)"),
+        "the run says whence its concurrency: {said}"
+    );
 }
 
 /// imgpipe's limiter lets a burst of this many calls go at once (`exec/limiter.rs`).
@@ -307,6 +312,11 @@ async fn without_a_rate_a_run_paces_its_calls_at_the_accounts_rate() {
     assert_exit_without_panic(&o, 0);
     let stats = env.sandbox.stats();
     assert_eq!(stats.rate_limited, 0, "answered 429: {stats:?}");
+    let said = stderr(&o);
+    assert!(
+        said.contains("at most 10 a second (the account's limits)"),
+        "the run says whence its rate: {said}"
+    );
     let mut times: Vec<u64> = env.sandbox.ledger().iter().map(|e| e.received_us).collect();
     times.sort_unstable();
     let n = times.len() as u64;
