@@ -5,7 +5,9 @@
 //! and with no `--state` a run keeps its state where the `--state` row of the table says.
 //! Then the defaults a run takes from the account (concurrency, rate), the smaller of two
 //! budgets on `run`, `plan --reuse`, the depth-first order of the calls, the manifest's
-//! `index` and `parent_job_id`, and where the run lock lives.
+//! `index` and `parent_job_id`, and where the run lock lives. Then a run killed while it makes
+//! its database, the progress a run shows (a line every 10 s in cron, bars on a terminal), and
+//! the longest chain first near a run's end.
 
 use std::time::Duration;
 
@@ -544,4 +546,69 @@ async fn a_running_run_holds_its_lock_in_a_file_beside_the_database() {
     drop(hold);
     assert_exit_without_panic(&run.finish().await, 0);
     assert!(file.try_lock().is_ok(), "the lock outlived its run");
+}
+
+/// The hidden temporaries a new state database is made under beside `dir/state.db`.
+fn temporaries(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    entries(dir)
+        .into_iter()
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy();
+            name.starts_with(".state.db.") && name.ends_with(".new")
+        })
+        .collect()
+}
+
+/// README "Whose database": a new database is made whole under `.state.db.<random>.new` and
+/// only then linked into place, so a process killed while making it (here aborted, as by
+/// `kill -9`, once the temporary is whole but not yet linked) leaves no file at `--state`,
+/// has paid nothing, and the next run makes the database and runs whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_killed_while_it_creates_its_database_leaves_none_at_the_path() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(1, None));
+    let state = state_path(dir).display().to_string();
+    let mut cmd = command(&["run", "p.yaml", "--run-id", "r", "--state", &state], dir);
+    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
+        .env("IMGPIPE_API_KEY", env.sandbox.key())
+        .env(imgpipe::failpoint::ENV, "state-created-unlinked");
+    let o = finish(cmd).await;
+    assert_eq!(
+        o.status.signal(),
+        Some(6),
+        "not aborted at the crash point: {:?}\n{}",
+        o.status,
+        stderr(&o)
+    );
+    assert!(
+        !state_path(dir).exists(),
+        "a database at the path before it was whole: {:?}",
+        entries(dir)
+    );
+    let made = temporaries(dir);
+    assert_eq!(made.len(), 1, "{:?}", entries(dir));
+    let others: Vec<_> = entries(dir)
+        .into_iter()
+        .filter(|p| !made.contains(p) && !p.ends_with("p.yaml") && !p.ends_with("state.db.locks"))
+        .collect();
+    assert!(others.is_empty(), "left beside it: {others:?}");
+    // The temporary is whole: it carries imgpipe's mark (bytes 68 to 71 of its header).
+    let header = std::fs::read(&made[0]).unwrap();
+    assert_eq!(
+        header.get(68..72),
+        Some(&b"imgp"[..]),
+        "{}",
+        made[0].display()
+    );
+    assert_nothing_billed(&env);
+
+    let o = on(&env, dir, &["run", "p.yaml", "--run-id", "r"]).await;
+    assert_exit_without_panic(&o, 0);
+    assert_eq!(
+        Db::read_file(&state_path(dir)).await.run_status("r"),
+        "succeeded"
+    );
+    assert_eq!(env.sandbox.ledger().len(), 3, "{:?}", env.sandbox.ledger());
 }
