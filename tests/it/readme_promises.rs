@@ -612,3 +612,104 @@ async fn a_run_killed_while_it_creates_its_database_leaves_none_at_the_path() {
     );
     assert_eq!(env.sandbox.ledger().len(), 3, "{:?}", env.sandbox.ledger());
 }
+
+/// How often a run not on a terminal writes its progress line (README "How it ends").
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// The seconds a progress line says have elapsed (`…, 12s elapsed (…)`).
+fn elapsed_said(line: &str) -> u64 {
+    let (before, _) = line
+        .split_once("s elapsed")
+        .unwrap_or_else(|| panic!("no elapsed time in {line:?}"));
+    let digits = before.rsplit(' ').next().unwrap_or_default();
+    digits
+        .parse()
+        .unwrap_or_else(|e| panic!("{digits:?} in {line:?}: {e}"))
+}
+
+/// README "How it ends": not on a terminal (cron, here a pipe) a run writes a plain progress
+/// line every 10 s, with the tasks and credits so far, even while nothing finishes: here the
+/// run's second call is held at the sandbox after its first task succeeded, and the line comes
+/// once 10 s have passed (a lower bound, which a slow machine only raises), within 30 s.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_not_on_a_terminal_logs_its_progress_every_10_seconds_while_held() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(1, None));
+    let hold = env.sandbox.hold();
+    let started = std::time::Instant::now();
+    let mut run = spawn_on(&env, dir, &["run", "p.yaml", "--run-id", "r"]);
+    wait_until("the first call held", || env.sandbox.held_calls() == 1).await;
+    env.sandbox.let_through(1);
+    wait_until("the second call held, the first billed", || {
+        env.sandbox.held_calls() == 1 && env.sandbox.ledger().len() == 1
+    })
+    .await;
+    let line = run.wait_for_line_within("progress: ", 3 * LOG_EVERY).await;
+    let seen = started.elapsed();
+    assert!(seen >= LOG_EVERY, "a progress line after {seen:?}: {line}");
+    assert!(elapsed_said(&line) >= LOG_EVERY.as_secs(), "{line}");
+    let first = env.sandbox.ledger()[0].credits;
+    drop(hold);
+    let o = run.finish().await;
+    assert_exit_without_panic(&o, 0);
+    let planned = Db::read_file(&state_path(dir)).await.planned();
+    assert!(
+        line.contains(&format!("progress: 1/3 tasks, {first}/{planned} credits")),
+        "{line}"
+    );
+}
+
+/// README "How it ends": on a terminal, a progress bar per step and one for the credits spent
+/// against the plan. `script` (util-linux) gives the run a pseudo-terminal.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_on_a_terminal_draws_a_bar_per_step_and_one_for_credits() {
+    let Ok(script) = which_script() else {
+        if ci().is_some() {
+            panic!("`script` (util-linux) is needed to give a run a terminal");
+        }
+        say_skipped("no `script` (util-linux) to give a run a terminal");
+        return;
+    };
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(1, None));
+    let line = format!(
+        "'{}' run p.yaml --run-id r --state '{}'",
+        env!("CARGO_BIN_EXE_imgpipe"),
+        state_path(dir).display()
+    );
+    let mut cmd = tokio::process::Command::new(script);
+    cmd.args(["-qefc", &line, "/dev/null"])
+        .current_dir(dir)
+        .env_remove("IMGPIPE_LOG")
+        .env_remove("IMGPIPE_STATE")
+        .env("TERM", "xterm")
+        .env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
+        .env("IMGPIPE_API_KEY", env.sandbox.key())
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let o = finish(cmd).await;
+    assert_exit(&o, 0);
+    let planned = Db::read_file(&state_path(dir)).await.planned();
+    let seen = stdout(&o);
+    let full = "=".repeat(30);
+    for step in ["clean", "big", "cutout"] {
+        let bar = format!("{step:>16} [{full}] 1/1 tasks");
+        assert!(seen.contains(&bar), "no {bar:?} in:\n{seen}");
+    }
+    let credits = format!("{:>16} [{full}] {planned}/{planned} credits", "spent");
+    assert!(seen.contains(&credits), "no {credits:?} in:\n{seen}");
+    assert!(
+        !seen.contains("progress: "),
+        "a plain line on a terminal:\n{seen}"
+    );
+}
+
+fn which_script() -> Result<std::path::PathBuf, ()> {
+    ["/usr/bin/script", "/bin/script"]
+        .into_iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.is_file())
+        .ok_or(())
+}
