@@ -713,3 +713,62 @@ fn which_script() -> Result<std::path::PathBuf, ()> {
         .find(|p| p.is_file())
         .ok_or(())
 }
+
+/// Per item, a three-call chain (clean → big → cutout) and a lone call (shadow) declared
+/// after its first step: depth-first order (instance, step) takes shadow before big.
+const SHORT_AND_LONG: &str = r#"
+version: 1
+name: tail
+output_dir: out
+items:
+  - { id: a, url: "https://sandbox.invalid/assets/mug.png" }
+  - { id: b, url: "https://sandbox.invalid/assets/lamp.png" }
+steps:
+  - id: clean
+    erase: { image_url: "{{ item.url }}", object_name: the corner }
+  - id: shadow
+    remove_background: { image_url: "{{ item.url }}" }
+  - id: big
+    upscale: { from: clean, desired_increase: 2 }
+  - id: cutout
+    remove_background: { from: big }
+"#;
+
+/// README "How it runs": near the end of a run (the work left within a few rounds of the
+/// concurrency: here 3 tasks, one slot times the longest chain), the ready task with the
+/// longest chain ahead goes first; before it, the depth-first order. With one call at a time
+/// the sandbox bills in dispatch order: item a takes shadow before big, item b, in the tail,
+/// big (two calls ahead) before shadow (none).
+#[tokio::test(flavor = "multi_thread")]
+async fn near_the_end_the_task_with_the_longest_chain_ahead_goes_first() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", SHORT_AND_LONG);
+    let o = on(
+        &env,
+        dir,
+        &["run", "p.yaml", "--run-id", "r", "--concurrency", "1"],
+    )
+    .await;
+    assert_exit_without_panic(&o, 0);
+    let db = Db::read_file(&state_path(dir)).await;
+    let by_job: std::collections::HashMap<&str, String> = db
+        .tasks
+        .iter()
+        .filter_map(|t| Some((t.job_id.as_deref()?, format!("{}/{}", t.item, t.step))))
+        .collect();
+    let billed: Vec<&str> = env
+        .sandbox
+        .ledger()
+        .iter()
+        .map(|e| by_job[e.job_id.as_str()].as_str())
+        .collect();
+    let expected = [
+        "a/clean", "a/shadow", "a/big", "a/cutout", // depth-first
+        "b/clean", "b/big", "b/shadow", "b/cutout", // the tail: longest chain first
+    ];
+    assert_eq!(
+        billed, expected,
+        "the order the sandbox billed the calls in"
+    );
+}
