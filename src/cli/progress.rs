@@ -1,8 +1,8 @@
 //! Progress of a run on stderr: live bars per step on a terminal; on anything else (cron, a
 //! pipe) a plain log line now and then, free of control characters.
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -12,6 +12,8 @@ use crate::store::StepCounts;
 
 /// How often the plain display writes a line.
 const LOG_EVERY: Duration = Duration::from_secs(10);
+/// How often the plain display looks whether a line is due, finished tasks or not.
+const TICK: Duration = Duration::from_secs(1);
 
 pub(super) struct Progress {
     steps: Vec<Step>,
@@ -22,6 +24,7 @@ pub(super) struct Progress {
     bars: Option<Bars>,
     last_line: Mutex<Instant>,
     started: Instant,
+    ended: AtomicBool,
 }
 
 struct Step {
@@ -85,7 +88,28 @@ impl Progress {
             bars,
             last_line: Mutex::new(Instant::now()),
             started: Instant::now(),
+            ended: AtomicBool::new(false),
         }
+    }
+
+    /// Writes the plain line every [`LOG_EVERY`] until the run ends, even while no task
+    /// finishes: a run waiting on the service still tells cron's log that it is alive and
+    /// where it stands. Without a tokio runtime only finished tasks write it.
+    pub(super) fn log_while_running(progress: &Arc<Progress>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let progress = Arc::downgrade(progress);
+        runtime.spawn(async move {
+            let mut ticks = tokio::time::interval(TICK);
+            loop {
+                ticks.tick().await;
+                match progress.upgrade() {
+                    Some(p) if !p.ended.load(Ordering::Relaxed) => p.plain_line(),
+                    _ => return,
+                }
+            }
+        });
     }
 
     /// Counts the tasks an earlier attempt at this run already finished.
@@ -105,6 +129,7 @@ impl Progress {
     }
 
     fn end(&self) {
+        self.ended.store(true, Ordering::Relaxed);
         if let Some(bars) = &self.bars {
             for bar in &bars.steps {
                 bar.abandon();

@@ -88,9 +88,12 @@ impl View for Terminal {
         planned: u64,
     ) -> Arc<dyn Observer> {
         let live = std::io::stderr().is_terminal() && !self.quiet && !self.json;
-        let progress = Progress::new(steps, planned, live);
+        let progress = Arc::new(Progress::new(steps, planned, live));
         progress.resume_from(done);
-        Arc::new(progress)
+        if !live {
+            Progress::log_while_running(&progress);
+        }
+        progress
     }
 
     fn continue_command(&self, run_id: &str) -> String {

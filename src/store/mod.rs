@@ -408,6 +408,7 @@ async fn create(path: &Path) -> Result<(), StoreError> {
     made?;
     closed.map_err(|e| io_err(&e))?;
     temp.as_file().sync_all().map_err(|e| io_err(&e))?;
+    crate::failpoint::hit("state-created-unlinked");
     match temp.persist_noclobber(path) {
         Ok(_) => {}
         Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),

@@ -260,10 +260,16 @@ impl Watched {
     /// Waits until a line of its stderr holds `text`, failing the test after [`WAIT_LIMIT`]
     /// (or when the process ends first) with what it said.
     pub async fn wait_for_line(&mut self, text: &str) {
-        let deadline = std::time::Instant::now() + WAIT_LIMIT;
+        self.wait_for_line_within(text, WAIT_LIMIT).await;
+    }
+
+    /// [`Watched::wait_for_line`] with its own limit, for a line that is due only after a
+    /// while; returns the first line holding `text`.
+    pub async fn wait_for_line_within(&mut self, text: &str, limit: Duration) -> String {
+        let deadline = std::time::Instant::now() + limit;
         loop {
-            if self.lines.lock().unwrap().iter().any(|l| l.contains(text)) {
-                return;
+            if let Some(line) = self.lines.lock().unwrap().iter().find(|l| l.contains(text)) {
+                return line.clone();
             }
             let said = || self.lines.lock().unwrap().join("\n");
             if let Ok(Some(status)) = self.child.try_wait() {
@@ -275,7 +281,7 @@ impl Watched {
             }
             assert!(
                 std::time::Instant::now() < deadline,
-                "`{}` did not say {text:?} within {WAIT_LIMIT:?}:\n{}",
+                "`{}` did not say {text:?} within {limit:?}:\n{}",
                 self.what,
                 said()
             );

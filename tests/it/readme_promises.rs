@@ -5,7 +5,9 @@
 //! and with no `--state` a run keeps its state where the `--state` row of the table says.
 //! Then the defaults a run takes from the account (concurrency, rate), the smaller of two
 //! budgets on `run`, `plan --reuse`, the depth-first order of the calls, the manifest's
-//! `index` and `parent_job_id`, and where the run lock lives.
+//! `index` and `parent_job_id`, and where the run lock lives. Then a run killed while it makes
+//! its database, the progress a run shows (a line every 10 s in cron, bars on a terminal), and
+//! the longest chain first near a run's end.
 
 use std::time::Duration;
 
@@ -544,4 +546,229 @@ async fn a_running_run_holds_its_lock_in_a_file_beside_the_database() {
     drop(hold);
     assert_exit_without_panic(&run.finish().await, 0);
     assert!(file.try_lock().is_ok(), "the lock outlived its run");
+}
+
+/// The hidden temporaries a new state database is made under beside `dir/state.db`.
+fn temporaries(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    entries(dir)
+        .into_iter()
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy();
+            name.starts_with(".state.db.") && name.ends_with(".new")
+        })
+        .collect()
+}
+
+/// README "Whose database": a new database is made whole under `.state.db.<random>.new` and
+/// only then linked into place, so a process killed while making it (here aborted, as by
+/// `kill -9`, once the temporary is whole but not yet linked) leaves no file at `--state`,
+/// has paid nothing, and the next run makes the database and runs whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_killed_while_it_creates_its_database_leaves_none_at_the_path() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(1, None));
+    let state = state_path(dir).display().to_string();
+    let mut cmd = command(&["run", "p.yaml", "--run-id", "r", "--state", &state], dir);
+    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
+        .env("IMGPIPE_API_KEY", env.sandbox.key())
+        .env(imgpipe::failpoint::ENV, "state-created-unlinked");
+    let o = finish(cmd).await;
+    assert_eq!(
+        o.status.signal(),
+        Some(6),
+        "not aborted at the crash point: {:?}\n{}",
+        o.status,
+        stderr(&o)
+    );
+    assert!(
+        !state_path(dir).exists(),
+        "a database at the path before it was whole: {:?}",
+        entries(dir)
+    );
+    let made = temporaries(dir);
+    assert_eq!(made.len(), 1, "{:?}", entries(dir));
+    let others: Vec<_> = entries(dir)
+        .into_iter()
+        .filter(|p| !made.contains(p) && !p.ends_with("p.yaml") && !p.ends_with("state.db.locks"))
+        .collect();
+    assert!(others.is_empty(), "left beside it: {others:?}");
+    // The temporary is whole: it carries imgpipe's mark (bytes 68 to 71 of its header).
+    let header = std::fs::read(&made[0]).unwrap();
+    assert_eq!(
+        header.get(68..72),
+        Some(&b"imgp"[..]),
+        "{}",
+        made[0].display()
+    );
+    assert_nothing_billed(&env);
+
+    let o = on(&env, dir, &["run", "p.yaml", "--run-id", "r"]).await;
+    assert_exit_without_panic(&o, 0);
+    assert_eq!(
+        Db::read_file(&state_path(dir)).await.run_status("r"),
+        "succeeded"
+    );
+    assert_eq!(env.sandbox.ledger().len(), 3, "{:?}", env.sandbox.ledger());
+}
+
+/// How often a run not on a terminal writes its progress line (README "How it ends").
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// The seconds a progress line says have elapsed (`…, 12s elapsed (…)`).
+fn elapsed_said(line: &str) -> u64 {
+    let (before, _) = line
+        .split_once("s elapsed")
+        .unwrap_or_else(|| panic!("no elapsed time in {line:?}"));
+    let digits = before.rsplit(' ').next().unwrap_or_default();
+    digits
+        .parse()
+        .unwrap_or_else(|e| panic!("{digits:?} in {line:?}: {e}"))
+}
+
+/// README "How it ends": not on a terminal (cron, here a pipe) a run writes a plain progress
+/// line every 10 s, with the tasks and credits so far, even while nothing finishes: here the
+/// run's second call is held at the sandbox after its first task succeeded, and the line comes
+/// once 10 s have passed (a lower bound, which a slow machine only raises), within 30 s.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_not_on_a_terminal_logs_its_progress_every_10_seconds_while_held() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(1, None));
+    let hold = env.sandbox.hold();
+    let started = std::time::Instant::now();
+    let mut run = spawn_on(&env, dir, &["run", "p.yaml", "--run-id", "r"]);
+    wait_until("the first call held", || env.sandbox.held_calls() == 1).await;
+    env.sandbox.let_through(1);
+    wait_until("the second call held, the first billed", || {
+        env.sandbox.held_calls() == 1 && env.sandbox.ledger().len() == 1
+    })
+    .await;
+    let line = run.wait_for_line_within("progress: ", 3 * LOG_EVERY).await;
+    let seen = started.elapsed();
+    assert!(seen >= LOG_EVERY, "a progress line after {seen:?}: {line}");
+    assert!(elapsed_said(&line) >= LOG_EVERY.as_secs(), "{line}");
+    let first = env.sandbox.ledger()[0].credits;
+    drop(hold);
+    let o = run.finish().await;
+    assert_exit_without_panic(&o, 0);
+    let planned = Db::read_file(&state_path(dir)).await.planned();
+    assert!(
+        line.contains(&format!("progress: 1/3 tasks, {first}/{planned} credits")),
+        "{line}"
+    );
+}
+
+/// README "How it ends": on a terminal, a progress bar per step and one for the credits spent
+/// against the plan. `script` (util-linux) gives the run a pseudo-terminal.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_on_a_terminal_draws_a_bar_per_step_and_one_for_credits() {
+    let Ok(script) = which_script() else {
+        if ci().is_some() {
+            panic!("`script` (util-linux) is needed to give a run a terminal");
+        }
+        say_skipped("no `script` (util-linux) to give a run a terminal");
+        return;
+    };
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(1, None));
+    let line = format!(
+        "'{}' run p.yaml --run-id r --state '{}'",
+        env!("CARGO_BIN_EXE_imgpipe"),
+        state_path(dir).display()
+    );
+    let mut cmd = tokio::process::Command::new(script);
+    cmd.args(["-qefc", &line, "/dev/null"])
+        .current_dir(dir)
+        .env_remove("IMGPIPE_LOG")
+        .env_remove("IMGPIPE_STATE")
+        .env("TERM", "xterm")
+        .env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
+        .env("IMGPIPE_API_KEY", env.sandbox.key())
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let o = finish(cmd).await;
+    assert_exit(&o, 0);
+    let planned = Db::read_file(&state_path(dir)).await.planned();
+    let seen = stdout(&o);
+    let full = "=".repeat(30);
+    for step in ["clean", "big", "cutout"] {
+        let bar = format!("{step:>16} [{full}] 1/1 tasks");
+        assert!(seen.contains(&bar), "no {bar:?} in:\n{seen}");
+    }
+    let credits = format!("{:>16} [{full}] {planned}/{planned} credits", "spent");
+    assert!(seen.contains(&credits), "no {credits:?} in:\n{seen}");
+    assert!(
+        !seen.contains("progress: "),
+        "a plain line on a terminal:\n{seen}"
+    );
+}
+
+fn which_script() -> Result<std::path::PathBuf, ()> {
+    ["/usr/bin/script", "/bin/script"]
+        .into_iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.is_file())
+        .ok_or(())
+}
+
+/// Per item, a three-call chain (clean → big → cutout) and a lone call (shadow) declared
+/// after its first step: depth-first order (instance, step) takes shadow before big.
+const SHORT_AND_LONG: &str = r#"
+version: 1
+name: tail
+output_dir: out
+items:
+  - { id: a, url: "https://sandbox.invalid/assets/mug.png" }
+  - { id: b, url: "https://sandbox.invalid/assets/lamp.png" }
+steps:
+  - id: clean
+    erase: { image_url: "{{ item.url }}", object_name: the corner }
+  - id: shadow
+    remove_background: { image_url: "{{ item.url }}" }
+  - id: big
+    upscale: { from: clean, desired_increase: 2 }
+  - id: cutout
+    remove_background: { from: big }
+"#;
+
+/// README "How it runs": near the end of a run (the work left within a few rounds of the
+/// concurrency: here 3 tasks, one slot times the longest chain), the ready task with the
+/// longest chain ahead goes first; before it, the depth-first order. With one call at a time
+/// the sandbox bills in dispatch order: item a takes shadow before big, item b, in the tail,
+/// big (two calls ahead) before shadow (none).
+#[tokio::test(flavor = "multi_thread")]
+async fn near_the_end_the_task_with_the_longest_chain_ahead_goes_first() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", SHORT_AND_LONG);
+    let o = on(
+        &env,
+        dir,
+        &["run", "p.yaml", "--run-id", "r", "--concurrency", "1"],
+    )
+    .await;
+    assert_exit_without_panic(&o, 0);
+    let db = Db::read_file(&state_path(dir)).await;
+    let by_job: std::collections::HashMap<&str, String> = db
+        .tasks
+        .iter()
+        .filter_map(|t| Some((t.job_id.as_deref()?, format!("{}/{}", t.item, t.step))))
+        .collect();
+    let billed: Vec<&str> = env
+        .sandbox
+        .ledger()
+        .iter()
+        .map(|e| by_job[e.job_id.as_str()].as_str())
+        .collect();
+    let expected = [
+        "a/clean", "a/shadow", "a/big", "a/cutout", // depth-first
+        "b/clean", "b/big", "b/shadow", "b/cutout", // the tail: longest chain first
+    ];
+    assert_eq!(
+        billed, expected,
+        "the order the sandbox billed the calls in"
+    );
 }
