@@ -51,13 +51,18 @@ async fn try_count(url: &str, sql: &'static str) -> Result<i64, sqlx::Error> {
     Ok(n.map_or(0, |(n,)| n))
 }
 
-/// Waits until `sql` counts at least one row (its tables may not be made yet).
+/// How long [`wait_for`] waits: a ceiling for a run's progress that a loaded 2-core machine
+/// stays far below (a 20 s one was met too late once, mid-suite, beside a release build).
+const PROGRESS_LIMIT: Duration = Duration::from_secs(120);
+
+/// Waits until `sql` counts at least one row (its tables may not be made yet), failing after
+/// [`PROGRESS_LIMIT`].
 async fn wait_for(url: &str, sql: &'static str, what: &str) {
     let started = Instant::now();
     while try_count(url, sql).await.unwrap_or(0) == 0 {
         assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "{what} did not happen"
+            started.elapsed() < PROGRESS_LIMIT,
+            "{what} did not happen within {PROGRESS_LIMIT:?}"
         );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
