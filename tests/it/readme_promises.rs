@@ -7,7 +7,8 @@
 //! budgets on `run`, `plan --reuse`, the depth-first order of the calls, the manifest's
 //! `index` and `parent_job_id`, and where the run lock lives. Then a run killed while it makes
 //! its database, the progress a run shows (a line every 10 s in cron, bars on a terminal), and
-//! the longest chain first near a run's end.
+//! the longest chain first near a run's end. And a run on the embedded sandbox refused by a
+//! later process.
 
 use std::time::Duration;
 
@@ -771,4 +772,47 @@ async fn near_the_end_the_task_with_the_longest_chain_ahead_goes_first() {
         billed, expected,
         "the order the sandbox billed the calls in"
     );
+}
+
+/// README "Resuming": a run on the embedded sandbox (`--sandbox`) cannot be resumed by a later
+/// process once some task finished, since that sandbox's jobs and URLs ended with it: the
+/// resume (and `run --run-id`) is refused with exit 2, saying why and what to do instead, and
+/// the record and the files are left as they were.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_on_the_embedded_sandbox_is_not_resumed_by_a_later_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    write(dir, "p.yaml", &edit_chain(2, None));
+    let state = state_path(dir).display().to_string();
+    let sandboxed = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend_from_slice(&["--sandbox", "--state", &state]);
+        finish(command(&all, dir))
+    };
+    let o = sandboxed(&["run", "p.yaml", "--run-id", "s", "--items", "first:1"]).await;
+    assert_exit_without_panic(&o, 7);
+    let before = (Db::read(&state).await, file_digests(&dir.join("out")));
+    for again in [
+        &["resume", "s"][..],
+        &["run", "p.yaml", "--run-id", "s"][..],
+    ] {
+        let o = sandboxed(again).await;
+        assert_exit_without_panic(&o, 2);
+        let said = stderr(&o);
+        assert!(
+            said.contains("run s cannot be resumed on a new embedded sandbox")
+                && said.contains(
+                    "hint: for runs you mean to interrupt and resume, start `imgpipe sandbox` once"
+                ),
+            "`{}`: {said}",
+            again.join(" ")
+        );
+        let after = (Db::read(&state).await, file_digests(&dir.join("out")));
+        assert_eq!(
+            (after.0.attempts.len(), after.0.run_status("s"), &after.1),
+            (before.0.attempts.len(), before.0.run_status("s"), &before.1),
+            "`{}` changed the record or the files",
+            again.join(" ")
+        );
+    }
 }
