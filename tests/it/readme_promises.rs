@@ -816,3 +816,36 @@ async fn a_run_on_the_embedded_sandbox_is_not_resumed_by_a_later_process() {
         );
     }
 }
+
+/// README "How it runs": reading jobs (`GET /v1/jobs`, to fetch a result again) and downloads
+/// have their own limits and take no paid-call rate. At `--rate 1/h` a run's first paid call
+/// goes at once and the next would wait an hour: the four images it made still download, one
+/// at a time; and the resume's one paid call goes with a lost image fetched again from its job
+/// and four more downloads, each far within the test's ceiling, nothing billed twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn reads_of_jobs_and_downloads_take_no_paid_call_rate() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(
+        dir,
+        "p.yaml",
+        "version: 1\nname: four\noutput_dir: out\npricing: { generation: 4 }\nitems: [{ id: a }, { id: b }]\nsteps:\n  - id: shot\n    generate: { prompt: \"four views of {{ item.id }}\", n: 4 }\n",
+    );
+    let slow = ["--rate", "1/h", "--download-concurrency", "1"];
+    let mut args = vec!["run", "p.yaml", "--run-id", "r", "--items", "a"];
+    args.extend_from_slice(&slow);
+    assert_exit_without_panic(&on(&env, dir, &args).await, 7);
+    let shot = |item: &str, k: usize| dir.join(format!("out/r/{item}/shot-{k}.png"));
+    assert!((0..4).all(|k| shot("a", k).is_file()), "{:?}", tree(dir));
+    assert_eq!(env.sandbox.ledger().len(), 1);
+
+    std::fs::remove_file(shot("a", 2)).unwrap();
+    env.sandbox.expire_urls();
+    let mut args = vec!["resume", "r"];
+    args.extend_from_slice(&slow);
+    let o = on(&env, dir, &args).await;
+    assert_exit_without_panic(&o, 0);
+    assert!(shot("a", 2).is_file(), "not fetched again: {}", stderr(&o));
+    assert!((0..4).all(|k| shot("b", k).is_file()), "{:?}", tree(dir));
+    assert_eq!(env.sandbox.ledger().len(), 2, "one call each");
+}
