@@ -849,3 +849,52 @@ async fn reads_of_jobs_and_downloads_take_no_paid_call_rate() {
     assert!((0..4).all(|k| shot("b", k).is_file()), "{:?}", tree(dir));
     assert_eq!(env.sandbox.ledger().len(), 2, "one call each");
 }
+
+/// README "The review loop": `sample:N:SEED` picks the same items again, whatever the order of
+/// the file's items. Among 40 items a sample of 5 has 658,008 possible picks, so a seed that
+/// were not honoured would not pick the same five twice by chance (with 3 items it would, a
+/// third of the time).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sample_seed_picks_the_same_items_from_many_whatever_their_order() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    let file = |ids: &mut dyn Iterator<Item = usize>| {
+        let mut text = String::from(
+            "version: 1\nname: many\noutput_dir: out\npricing: { generation: 4 }\nitems:\n",
+        );
+        for i in ids {
+            text += &format!("  - {{ id: it{i:02} }}\n");
+        }
+        text + "steps:\n  - id: shot\n    generate: { prompt: \"a {{ item.id }}\" }\n"
+    };
+    let picked = |run: &str| -> Vec<String> {
+        let mut items: Vec<String> = std::fs::read_dir(dir.join("out").join(run))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().is_dir() && !e.file_name().to_string_lossy().starts_with('_'))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        items.sort();
+        items
+    };
+    write(dir, "p.yaml", &file(&mut (0..40)));
+    let o = on(
+        &env,
+        dir,
+        &["run", "p.yaml", "--run-id", "a", "--items", "sample:5:4242"],
+    )
+    .await;
+    assert_exit_without_panic(&o, 7);
+    write(dir, "p.yaml", &file(&mut (0..40).rev()));
+    let o = on(
+        &env,
+        dir,
+        &["run", "p.yaml", "--run-id", "b", "--items", "sample:5:4242"],
+    )
+    .await;
+    assert_exit_without_panic(&o, 7);
+    let (a, b) = (picked("a"), picked("b"));
+    assert_eq!(a.len(), 5, "{a:?}");
+    assert_eq!(a, b, "the same seed picked other items");
+    assert_eq!(env.sandbox.ledger().len(), 10);
+}

@@ -1461,6 +1461,47 @@ async fn discover_price_learns_it_from_one_generation_and_bills_the_rest_correct
     assert_outputs_agree(dir, &dir.join("out").join("r"), &db);
 }
 
+/// `--discover-price` checks the whole plan again at the price it learned before anything
+/// else is spent: a plan that no longer fits the budget is refused (exit 3) having paid only
+/// for the one generation that told the price.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_discovered_price_over_the_budget_is_refused_after_the_one_generation() {
+    let env = start(sandbox::Config {
+        generation_price: 6,
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    unpriced(dir);
+    let o = run(
+        &env,
+        dir,
+        &[
+            "p.yaml",
+            "--discover-price",
+            "--run-id",
+            "r",
+            "--max-credits",
+            "100",
+        ],
+    )
+    .await;
+    assert_exit_without_panic(&o, 3);
+    let ledger = env.sandbox.ledger();
+    assert_eq!(
+        ledger.len(),
+        1,
+        "only the discovering generation: {ledger:#?}"
+    );
+    assert_eq!(ledger[0].operation, "generate");
+    assert_eq!(START_BALANCE - env.sandbox.balance(), 12);
+    let said = stderr(&o);
+    assert!(
+        said.contains("132") && said.contains("100"),
+        "the new total against the budget: {said}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn discover_price_plans_the_discovering_generation_too() {
     let env = start(sandbox::Config {
