@@ -898,3 +898,53 @@ async fn a_sample_seed_picks_the_same_items_from_many_whatever_their_order() {
     assert_eq!(a, b, "the same seed picked other items");
     assert_eq!(env.sandbox.ledger().len(), 10);
 }
+
+/// README "Running pipelines", `--items`: ids and shell-style globs, comma separated. A glob
+/// and an id together pay for exactly the items they name, and the rest stays pending (exit
+/// 7); a glob that names no item is refused before anything is paid.
+#[tokio::test(flavor = "multi_thread")]
+async fn items_chosen_by_glob_and_id_are_exactly_those_paid_for() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    let mut text = String::from(
+        "version: 1\nname: globs\noutput_dir: out\npricing: { generation: 4 }\nitems:\n",
+    );
+    for i in 0..30 {
+        text += &format!("  - {{ id: it{i:02} }}\n");
+    }
+    text += "steps:\n  - id: shot\n    generate: { prompt: \"a {{ item.id }}\" }\n";
+    write(dir, "p.yaml", &text);
+    let o = on(
+        &env,
+        dir,
+        &["run", "p.yaml", "--run-id", "g", "--items", "it0*,it15"],
+    )
+    .await;
+    assert_exit_without_panic(&o, 7);
+    let mut paid: Vec<String> = std::fs::read_dir(dir.join("out/g"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir() && !e.file_name().to_string_lossy().starts_with('_'))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    paid.sort();
+    let mut expected: Vec<String> = (0..10).map(|i| format!("it{i:02}")).collect();
+    expected.push("it15".to_owned());
+    assert_eq!(paid, expected);
+    assert_eq!(env.sandbox.ledger().len(), 11);
+    let db = Db::read_file(&state_path(dir)).await;
+    assert_eq!(db.count_in("g", "pending"), 19, "the rest stays pending");
+
+    let o = on(
+        &env,
+        dir,
+        &["run", "p.yaml", "--run-id", "h", "--items", "lamp-*"],
+    )
+    .await;
+    assert_exit_without_panic(&o, 2);
+    assert_eq!(
+        env.sandbox.ledger().len(),
+        11,
+        "a glob naming nothing paid for something"
+    );
+}
