@@ -386,6 +386,17 @@ pub async fn imgpipe_on(env: &Env, dir: &Path, state: &str, args: &[&str]) -> Ou
     finish(cmd).await
 }
 
+/// The command an interrupted or stopped run printed after `continue with: `, as a user would
+/// copy it.
+pub fn printed_continue_command(o: &Output) -> String {
+    let text = stderr(o);
+    text.lines()
+        .find_map(|l| l.split("continue with: ").nth(1))
+        .unwrap_or_else(|| panic!("no continue command in:\n{text}"))
+        .trim()
+        .to_owned()
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }

@@ -15,6 +15,7 @@ use std::time::Duration;
 use imgpipe::sandbox;
 
 use crate::common::*;
+use crate::review_loop::items_with_outputs;
 use crate::run::{config, edit_chain, state_path, write};
 
 /// `imgpipe ARGS` in `dir` against `env`'s sandbox, its state in `dir`.
@@ -867,16 +868,7 @@ async fn a_sample_seed_picks_the_same_items_from_many_whatever_their_order() {
         }
         text + "steps:\n  - id: shot\n    generate: { prompt: \"a {{ item.id }}\" }\n"
     };
-    let picked = |run: &str| -> Vec<String> {
-        let mut items: Vec<String> = std::fs::read_dir(dir.join("out").join(run))
-            .unwrap()
-            .flatten()
-            .filter(|e| e.path().is_dir() && !e.file_name().to_string_lossy().starts_with('_'))
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        items.sort();
-        items
-    };
+    let picked = |run: &str| items_with_outputs(&dir.join("out").join(run));
     write(dir, "p.yaml", &file(&mut (0..40)));
     let o = on(
         &env,
@@ -921,13 +913,7 @@ async fn items_chosen_by_glob_and_id_are_exactly_those_paid_for() {
     )
     .await;
     assert_exit_without_panic(&o, 7);
-    let mut paid: Vec<String> = std::fs::read_dir(dir.join("out/g"))
-        .unwrap()
-        .flatten()
-        .filter(|e| e.path().is_dir() && !e.file_name().to_string_lossy().starts_with('_'))
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    paid.sort();
+    let paid = items_with_outputs(&dir.join("out/g"));
     let mut expected: Vec<String> = (0..10).map(|i| format!("it{i:02}")).collect();
     expected.push("it15".to_owned());
     assert_eq!(paid, expected);

@@ -85,7 +85,7 @@ fn files(dir: &Path) -> BTreeMap<String, String> {
     out
 }
 
-fn items_with_outputs(run_dir: &Path) -> Vec<String> {
+pub(crate) fn items_with_outputs(run_dir: &Path) -> Vec<String> {
     let mut items: Vec<String> = std::fs::read_dir(run_dir)
         .unwrap()
         .map(|e| e.unwrap())

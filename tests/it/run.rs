@@ -1861,13 +1861,7 @@ async fn the_continue_command_printed_after_an_interruption_works_when_pasted() 
     assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
     let interrupted = finish_child(child, "the run interrupted with SIGINT").await;
     assert_exit_without_panic(&interrupted, 130);
-    let text = stderr(&interrupted);
-    let printed = text
-        .lines()
-        .find_map(|l| l.split("continue with: ").nth(1))
-        .unwrap_or_else(|| panic!("no continue command in:\n{text}"))
-        .trim()
-        .to_owned();
+    let printed = printed_continue_command(&interrupted);
     assert!(
         printed.starts_with("imgpipe run p.yaml --run-id night2"),
         "{printed}"

@@ -13,7 +13,8 @@ use std::time::Duration;
 use imgpipe::sandbox::{self, LedgerEntry, Sandbox};
 
 use crate::common::{
-    Db, Env, RUN_LIMIT, Watched, assert_exit_without_panic, command, start, stderr, wait_until,
+    Db, Env, RUN_LIMIT, Watched, assert_exit_without_panic, command, printed_continue_command,
+    start, stderr, wait_until,
 };
 
 /// `items` items of one generation each, at most `concurrency` calls in flight.
@@ -71,13 +72,7 @@ fn send(pid: u32, signal: i32) {
 /// Runs the command an interrupted run printed to continue it, as pasted into a shell (the
 /// service's address and key still in the environment), within [`RUN_LIMIT`].
 async fn continue_as_printed(env: &Env, interrupted: &Output, run_id: &str) -> Output {
-    let text = stderr(interrupted);
-    let printed = text
-        .lines()
-        .find_map(|l| l.split("continue with: ").nth(1))
-        .unwrap_or_else(|| panic!("no continue command in:\n{text}"))
-        .trim()
-        .to_owned();
+    let printed = printed_continue_command(interrupted);
     assert!(
         printed.starts_with(&format!("imgpipe run p.yaml --run-id {run_id}")),
         "{printed}"
