@@ -1,5 +1,9 @@
 //! imgpipe runs batches of image work against a paid image API without wasting a credit.
 //!
+//! Money has three words: a **budget** is one run's limit (`--max-credits`); a **cap** is a
+//! limit over calendar windows, shared by the runs that share a state database; the **ledger**
+//! is what was billed (`imgpipe spend`).
+//!
 //! # Layout, in the order a run's data flows through it
 //! - [`cli`]: parses the command line, calls the library, renders what it returns.
 //! - [`runner`]: a run's lifecycle: state, lock, fresh or continued, admission, execution.
@@ -12,13 +16,16 @@
 //!   reroll is a review that pays again for chosen tasks.
 //! - [`caps`]: spending caps over calendar windows, leased in blocks from the state database so
 //!   runs on every host that shares it never spend past them together.
+//! - [`ledger`]: what was billed across runs (`imgpipe spend`), per day, week, month,
+//!   pipeline, step or run, read from the store's ledger part.
 //! - [`store`]: the state database, SQLite or PostgreSQL (migrations in `migrations/`), and the
 //!   run lock.
 //! - [`api`]: the service: wire types and rules, client, billing-aware errors, retries, and
 //!   downloads checked whole, then handed to a destination the caller gives.
 //! - [`events`]: what a run tells the world outside it: alerts posted to a webhook, and a
 //!   metrics file for Prometheus, both off the hot path.
-//! - [`report`]: what the record says of a run: its summary, status and HTML page.
+//! - [`report`]: what the record says of a run: its summary and status, and its HTML page
+//!   ([`report::page`]: templates, thumbnails, object-storage staging).
 //! - [`task_key`]: a task's name, `item/step[index]`, written and read back in one place.
 //! - [`place`]: where a run directory is (an address: a local path or an `s3://` prefix, parsed
 //!   once) and how its files are named and written: downloads kept, never over other bytes,
@@ -40,6 +47,7 @@ pub mod error;
 pub mod events;
 pub mod exec;
 pub mod failpoint;
+pub mod ledger;
 pub mod pipeline;
 pub mod place;
 pub mod plan;
