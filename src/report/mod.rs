@@ -7,7 +7,7 @@
 //!   staging.
 //!
 //! What was billed across runs (`imgpipe spend`) is the ledger's, not a run's report:
-//! [`crate::ledger`].
+//! the `ledger` module, a layer above this one.
 
 pub mod live;
 pub mod page;

@@ -1,6 +1,6 @@
 //! The ledger's part of the store (`store.ledger()`): what was billed, read as calls and their
 //! credits by when they were sent, by run or by a run's step, and what each run planned.
-//! Folding them into days, weeks, months or pipelines is [`crate::ledger`]'s.
+//! Folding them into days, weeks, months or pipelines is the `ledger` module's (above the store).
 //!
 //! Credits are counted exactly as [`Store::totals`] counts them for `runs` and `status`:
 //! billed is what the service said each call cost; possibly billed is the planned price of
