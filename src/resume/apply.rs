@@ -29,7 +29,7 @@ use super::{Reason, Refetch, Review, objects, records, recover::recover};
 
 /// What [`apply`] did.
 #[derive(Debug, Default)]
-pub struct Applied {
+pub struct Tally {
     pub recovered: usize,
     pub reused: usize,
     pub set_aside: usize,
@@ -47,8 +47,8 @@ pub async fn apply(
     graph: &Graph,
     review: &Review,
     describe: impl Fn(usize) -> NewTask,
-) -> Result<Applied, StoreError> {
-    let mut applied = Applied::default();
+) -> Result<Tally, StoreError> {
+    let mut applied = Tally::default();
     make_moves(store, store.pending_moves(run_id).await?).await?;
     store.settle_orphaned_attempts(run_id).await?;
     // A continued run's rows are the review's; a new run recorded some since its review.

@@ -63,7 +63,7 @@ impl fmt::Display for Target {
 }
 
 /// The targets as one text, the same whatever their order: how a reroll is recognised again.
-pub fn said(targets: &[Target]) -> String {
+pub(super) fn said(targets: &[Target]) -> String {
     let mut words: Vec<String> = targets.iter().map(ToString::to_string).collect();
     words.sort_unstable();
     words.dedup();
@@ -72,7 +72,7 @@ pub fn said(targets: &[Target]) -> String {
 
 /// The graph's tasks that `targets` name; an item, step or index the run does not have is an
 /// error naming it.
-pub fn resolve(graph: &Graph, targets: &[Target]) -> Result<Vec<usize>, String> {
+pub(super) fn resolve(graph: &Graph, targets: &[Target]) -> Result<Vec<usize>, String> {
     let index = graph.index();
     let instance = |item: &str| -> Result<Instance, String> {
         if item == BATCH {
