@@ -43,9 +43,10 @@ mod recover;
 pub mod refusal;
 mod reroll;
 
-use crate::exec::{OnAmbiguous, RowIds};
+use crate::exec::OnAmbiguous;
 use crate::place::RunDir;
 use crate::plan::graph::{Graph, Instance};
+use crate::plan::rows::RowIds;
 use crate::plan::scope::Scope;
 use crate::store::{OutputRow, Reusable, Store, StoreError, TaskRow};
 

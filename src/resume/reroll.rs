@@ -147,7 +147,7 @@ impl Review {
         }
         set.sort_unstable();
         set.dedup();
-        let row = |t: usize| self.rows.as_ref().map_or(0, |r| r.get(t));
+        let row = |t: usize| self.rows.as_ref().and_then(|r| r.get(t));
         let open: std::collections::HashMap<usize, Reason> =
             self.redo.iter().map(|r| (r.task, r.reason)).collect();
         let mut scope = Vec::new();
@@ -155,15 +155,15 @@ impl Review {
         match continuing {
             Some(ids) => {
                 let ids: HashSet<i64> = ids.iter().copied().collect();
-                scope.extend(set.iter().copied().filter(|t| {
-                    let id = row(*t);
-                    ids.contains(&id) && !self.is_kept(id)
-                }));
+                scope.extend(
+                    set.iter().copied().filter(|t| {
+                        row(*t).is_some_and(|id| ids.contains(&id) && !self.is_kept(id))
+                    }),
+                );
             }
             None => {
                 for &t in &set {
-                    let id = row(t);
-                    if id == 0 {
+                    let Some(id) = row(t) else {
                         if named.contains(&t) {
                             return Err(format!(
                                 "{} never ran: there is nothing to reroll",
@@ -171,7 +171,7 @@ impl Review {
                             ));
                         }
                         continue;
-                    }
+                    };
                     let ran = match open.get(&t) {
                         None => self.is_kept(id),
                         Some(reason) => *reason != Reason::NeverStarted,
