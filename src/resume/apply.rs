@@ -106,6 +106,9 @@ struct Applying<'a, D: Fn(usize) -> NewTask> {
     describe: &'a D,
 }
 
+/// Rows of tasks left failed, each with why; and the rows below each, blocked, with why.
+type LeftFailed = (Vec<(i64, String)>, Vec<(Vec<i64>, String)>);
+
 impl<D: Fn(usize) -> NewTask> Applying<'_, D> {
     /// Tasks the pipeline gained under --allow-changes, and those reused: the others are
     /// recorded by the executor as it comes near them.
@@ -180,7 +183,7 @@ impl<D: Fn(usize) -> NewTask> Applying<'_, D> {
 
     /// Tasks left failed (`--on-ambiguous fail`), with why, and the recorded tasks below
     /// each, blocked.
-    fn left_failed(&self) -> (Vec<(i64, String)>, Vec<(Vec<i64>, String)>) {
+    fn left_failed(&self) -> LeftFailed {
         let (mut failed, mut blocked) = (Vec::new(), Vec::new());
         for f in &self.review.left_failed {
             let why = format!(
