@@ -11,12 +11,25 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::exec::attempt::request_params;
-use crate::exec::scheduler::State;
 use crate::exec::{Config, OnAmbiguous};
 use crate::place::layout::BATCH;
 use crate::plan::graph::{Graph, Instance, Work};
 use crate::plan::rows::RowIds;
 use crate::store::{NewTask, Store, StoreError, TaskRow, TaskStatus};
+
+/// Where a task stands in the scheduler. Kept with the rows, which say where each task an
+/// earlier process settled starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum State {
+    Waiting,
+    Ready,
+    Running,
+    Done,
+    Failed,
+    Blocked,
+    /// Outside the scope asked for: left pending for a later resume.
+    Held,
+}
 
 /// Items recorded in one transaction: a few hundred milliseconds' work at most.
 const CHUNK_ITEMS: usize = 1024;
