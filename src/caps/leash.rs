@@ -117,7 +117,7 @@ impl Leash {
             std::process::id(),
             crate::place::layout::own_mark()
         );
-        store.close_leases_of(run_id, &holder).await?;
+        store.caps().close_of(run_id, &holder).await?;
         let block = caps
             .iter()
             .map(|c| (c.credits / BLOCKS_PER_CAP).max(1))
@@ -190,7 +190,11 @@ impl Leash {
         };
         let stale = crate::store::now_ms() - STALE_AFTER_MS;
         let want = need.max(i.block);
-        let (granted, before) = i.store.lease(&windows, lessee, want, need, stale).await?;
+        let (granted, before) = i
+            .store
+            .caps()
+            .lease(&windows, lessee, want, need, stale)
+            .await?;
         if granted > 0 {
             i.leased.fetch_add(granted, Relaxed);
             i.rows.fetch_add(windows.len() as u64, Relaxed);
@@ -214,7 +218,7 @@ impl Leash {
             return Ok(Grant::Leased(crossed));
         }
         for (cap, window) in i.caps.iter().zip(&windows) {
-            let spent = i.store.cap_spent(&cap.name, window.start).await?;
+            let spent = i.store.caps().spent(&cap.name, window.start).await?;
             let left = cap.credits.saturating_sub(spent);
             if left < need.max(1) {
                 let end = cap.window(now).map_err(StoreError::Inconsistent)?.end;
@@ -252,7 +256,7 @@ impl Leash {
         {
             beating.abort();
         }
-        i.store.close_leases(&i.holder, i.spent.load(Relaxed)).await
+        i.store.caps().close(&i.holder, i.spent.load(Relaxed)).await
     }
 }
 
@@ -273,7 +277,7 @@ async fn beat(inner: std::sync::Weak<Inner>) {
 
 /// One beat; notes when the holder's leases were closed by another run.
 async fn beat_once(i: &Inner) -> Result<(), StoreError> {
-    let open = i.store.beat(&i.holder).await?;
+    let open = i.store.caps().beat(&i.holder).await?;
     if open < i.rows.load(Relaxed) && !i.lost.swap(true, Relaxed) {
         tracing::warn!(
             "this run's cap leases were closed by another run that took it for dead; it sends nothing more"

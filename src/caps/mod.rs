@@ -18,7 +18,7 @@ use jiff::{Span, Timestamp, ZonedDateTime};
 
 pub use leash::{Crossing, Grant, Leash, Spent};
 
-use crate::store::CapRow;
+use crate::store::CapSetting;
 
 /// A test-only setting: seconds added to the clock the caps' windows are read from, so a test
 /// can move a run into the next window without waiting for it.
@@ -110,7 +110,7 @@ impl Cap {
 
     /// A recorded cap; one whose record no longer reads (a time zone this build does not know)
     /// is an error naming it.
-    pub fn of(row: &CapRow) -> Result<Cap, String> {
+    pub fn of(row: &CapSetting) -> Result<Cap, String> {
         let per = Per::parse(&row.per)
             .ok_or_else(|| format!("cap {}: unknown window {:?}", row.name, row.per))?;
         let tz = time_zone(&row.tz).map_err(|e| format!("cap {}: {e}", row.name))?;
@@ -124,8 +124,8 @@ impl Cap {
         })
     }
 
-    pub fn row(&self, created_at: i64) -> CapRow {
-        CapRow {
+    pub fn row(&self, created_at: i64) -> CapSetting {
+        CapSetting {
             name: self.name.clone(),
             credits: self.credits,
             per: self.per.as_str().to_owned(),
@@ -210,7 +210,7 @@ impl Standing {
         let window = cap
             .window(now_ms())
             .map_err(|e| crate::error::Error::Other(anyhow::anyhow!(e)))?;
-        let spent = store.cap_spent(&cap.name, window.start).await?;
+        let spent = store.caps().spent(&cap.name, window.start).await?;
         Ok(Standing {
             name: cap.name.clone(),
             credits: cap.credits,
@@ -229,6 +229,7 @@ impl Standing {
 pub async fn recorded(store: &crate::store::Store) -> Result<Vec<Cap>, crate::error::Error> {
     store
         .caps()
+        .list()
         .await?
         .iter()
         .map(Cap::of)

@@ -140,8 +140,8 @@ impl StateArgs {
         store: &crate::store::Store,
         run_id: &str,
         sandbox: bool,
-    ) -> Result<(crate::store::RunRow, crate::report::live::Observed), Error> {
-        let Some(run) = store.run(run_id).await? else {
+    ) -> Result<(crate::store::Run, crate::report::live::Observed), Error> {
+        let Some(run) = store.runs().get(run_id).await? else {
             return Err(crate::runner::state::no_such_run(store, run_id));
         };
         let (run, process) = crate::report::live::observe(store, run).await?;

@@ -16,6 +16,7 @@ use crate::plan::render;
 use crate::report::summary::Summary;
 use crate::runner::{Reviewed, View};
 use crate::store::StepCounts;
+use crate::task_key::TaskKey;
 
 use super::progress::Progress;
 use crate::cli::stdio;
@@ -182,7 +183,7 @@ fn print_review(shown: &Reviewed<'_>, json: bool) -> Result<(), Error> {
         review,
         cap,
     } = shown;
-    let name = |t: usize| graph.task_key(t).to_string();
+    let name = |t: usize| graph.key(t).to_string();
     let mut by_reason: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
     for r in review.each_redo(graph) {
         let e = by_reason.entry(r.reason.as_str()).or_default();
@@ -193,8 +194,8 @@ fn print_review(shown: &Reviewed<'_>, json: bool) -> Result<(), Error> {
         let tasks: Vec<_> = review
             .each_redo(graph)
             .map(|r| {
-                let (item, step, idx) = graph.key(r.task);
-                json!({"item": item, "step": step, "index": idx, "reason": r.reason,
+                let TaskKey { item, step, index } = graph.key(r.task);
+                json!({"item": item, "step": step, "index": index, "reason": r.reason,
                        "credits": r.credits, "detail": r.detail})
             })
             .collect();

@@ -7,6 +7,8 @@
 
 use serde::Serialize;
 
+use crate::store::RunStatus;
+
 /// What happened, for whoever listens.
 #[derive(Clone, Debug, Serialize)]
 #[serde(tag = "event")]
@@ -45,8 +47,10 @@ pub struct CapCrossed {
 pub struct RunFinished {
     pub run_id: String,
     pub pipeline: String,
-    /// `succeeded`, `failed`, `stopped` or `interrupted`, as `imgpipe status` says.
-    pub status: String,
+    /// `succeeded`, `failed`, `stopped` or `interrupted`, as `imgpipe status` says; `unknown`
+    /// when the record could not be read.
+    #[serde(serialize_with = "status_word")]
+    pub status: Option<RunStatus>,
     pub exit_code: u8,
     pub credits: Credits,
     pub tasks: Tasks,
@@ -126,7 +130,7 @@ impl Event {
                 "imgpipe: run {} of {} {} (exit {}) in {:.1}s: {}/{} tasks succeeded, {} failed; {} of {} credits billed{}",
                 r.run_id,
                 r.pipeline,
-                r.status,
+                r.status.map_or("unknown", RunStatus::as_str),
                 r.exit_code,
                 r.duration_seconds,
                 r.tasks.succeeded,
@@ -163,6 +167,14 @@ impl Event {
         }
         serde_json::to_vec(&value).unwrap_or_default()
     }
+}
+
+/// A run's status as its word, `unknown` for none.
+fn status_word<S: serde::Serializer>(
+    status: &Option<RunStatus>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(status.map_or("unknown", RunStatus::as_str))
 }
 
 #[cfg(test)]

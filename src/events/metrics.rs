@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{RunGauges, Store, Totals};
+use crate::store::{CallOutcome, RunGauges, Store, Totals};
 
 /// How often the file is written while the run goes on.
 pub const EVERY: Duration = Duration::from_secs(10);
@@ -72,14 +72,15 @@ pub fn render(s: &Snapshot) -> String {
         "Credits of calls sent without a complete answer, at their planned price.",
         &[(p.clone(), t.possibly_billed_credits)],
     );
-    let calls: Vec<(String, u64)> = ["succeeded", "answered_error", "not_sent", "ambiguous"]
+    let calls: Vec<(String, u64)> = CallOutcome::ALL
         .iter()
         .map(|outcome| {
             let n = g
                 .calls
                 .iter()
-                .find(|(o, _)| o == outcome)
-                .map_or(0, |c| c.1);
+                .filter(|(o, _)| o == outcome)
+                .map(|c| c.1)
+                .sum::<u64>();
             (format!("{p},outcome=\"{outcome}\""), n)
         })
         .collect();
@@ -166,7 +167,11 @@ fn escape(value: &str) -> String {
 
 /// Reads the snapshot of `run_id` now.
 async fn snapshot(store: &Store, run_id: &str, pipeline: &str) -> Result<Snapshot, String> {
-    let totals = store.totals(run_id).await.map_err(|e| e.to_string())?;
+    let totals = store
+        .runs()
+        .totals(run_id)
+        .await
+        .map_err(|e| e.to_string())?;
     let gauges = store
         .run_gauges(run_id, pipeline)
         .await

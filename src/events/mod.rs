@@ -136,13 +136,18 @@ impl Session {
         let Some(notifier) = self.notifier else {
             return;
         };
-        let totals = end.store.totals(&self.run_id).await.unwrap_or_else(|e| {
-            tracing::warn!("notify: cannot read the run's totals: {e}");
-            Default::default()
-        });
-        let status = match end.store.run(&self.run_id).await {
-            Ok(Some(row)) => row.status.as_str().to_owned(),
-            _ => "unknown".to_owned(),
+        let totals = end
+            .store
+            .runs()
+            .totals(&self.run_id)
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!("notify: cannot read the run's totals: {e}");
+                Default::default()
+            });
+        let status = match end.store.runs().get(&self.run_id).await {
+            Ok(Some(row)) => Some(row.status),
+            _ => None,
         };
         let finished = RunFinished {
             run_id: self.run_id,

@@ -35,7 +35,7 @@ pub struct Links {
 /// Outputs of earlier tasks that a resume, checking the kept files beside the run, found
 /// missing or modified (and set aside: no path recorded): the executor fetches each again from
 /// its job, free.
-pub type Refetch = tokio::sync::oneshot::Receiver<Vec<crate::store::OutputRow>>;
+pub type Refetch = tokio::sync::oneshot::Receiver<Vec<crate::store::RecordedOutput>>;
 
 /// What to do with a call that was sent and got no complete answer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]

@@ -181,6 +181,7 @@ impl Shared {
         }
         tracing::debug!(job = job_id, "refreshed {} result URL(s)", fresh.len());
         self.store
+            .outputs()
             .refresh_urls(&fresh)
             .await
             .map_err(|e| e.to_string())

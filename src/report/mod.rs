@@ -33,7 +33,7 @@ use crate::report::costs::Problems;
 use crate::report::html::PER_PAGE;
 use crate::report::live::Observed;
 use crate::report::model::Shared;
-use crate::store::{ReportRow, RunRow, Store};
+use crate::store::{ReportRow, Run, Store};
 
 pub use html::MARKER;
 
@@ -68,7 +68,7 @@ pub struct Written {
 /// then already says `interrupted` for a run whose process is gone.
 pub async fn write(
     store: &Store,
-    run: RunRow,
+    run: Run,
     out: Option<&Address>,
     observed: Observed,
 ) -> Result<Written, Error> {
@@ -92,7 +92,7 @@ pub async fn write(
 /// storage in it, and keeps what the page made there.
 async fn write_local(
     store: &Store,
-    run: RunRow,
+    run: Run,
     out: Option<&Path>,
     observed: Observed,
     remote: Option<remote::Pages>,

@@ -33,7 +33,7 @@ use crate::report::html::MARKER;
 use crate::report::live::Observed;
 use crate::report::thumbs::{Facts, Known, Preview, thumb_name};
 use crate::report::{Written, refuse_foreign, write_local};
-use crate::store::{ReportOutput, RunRow, Store, ThumbnailRow};
+use crate::store::{ReportOutput, Run, Store, ThumbnailRow};
 
 /// Objects read or put at once while a page is staged or kept: round trips, not bandwidth,
 /// bound a run of many small images.
@@ -49,7 +49,7 @@ fn failed(e: impl std::fmt::Display) -> Error {
 
 pub(super) async fn write(
     store: &Store,
-    run: RunRow,
+    run: Run,
     out: Option<&Address>,
     observed: Observed,
 ) -> Result<Written, Error> {
@@ -80,8 +80,8 @@ pub(super) async fn write(
     let page = out
         .and_then(Address::file_name)
         .unwrap_or_else(|| "report.html".into());
-    let staged = RunRow {
-        output_dir: stage.path().to_string_lossy().into_owned(),
+    let staged = Run {
+        output_dir: Address::Local(stage.path().to_path_buf()),
         ..run
     };
     let staged_out = local_run.join(&page);

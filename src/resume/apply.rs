@@ -21,9 +21,10 @@ use crate::api::Client;
 use crate::place::{Address, RunDir, copy_checked, file_sha256};
 use crate::plan::graph::Graph;
 use crate::store::{
-    Changes, NewTask, OutputRow, PendingMove, Reusable, Reused, SetAside, Store, StoreError,
+    Changes, NewTask, PendingMove, RecordedOutput, Reusable, Reused, SetAside, Store, StoreError,
     TaskRef,
 };
+use crate::task_key::TaskKey;
 
 use super::{Reason, Refetch, Review, objects, records, recover::recover};
 
@@ -50,7 +51,7 @@ pub async fn apply(
 ) -> Result<Applied, StoreError> {
     let mut applied = Applied::default();
     make_moves(store, store.pending_moves(run_id).await?).await?;
-    store.settle_orphaned_attempts(run_id).await?;
+    store.attempts().settle_orphaned(run_id).await?;
     // A continued run's rows are the review's; a new run recorded some since its review.
     let read;
     let rows = match &review.rows {
@@ -104,7 +105,7 @@ pub async fn apply(
             } else {
                 "the task runs again"
             },
-            from: o.path,
+            from: o.path.as_ref().map(ToString::to_string),
             sha256: None,
             refetch: false,
         });
@@ -131,7 +132,7 @@ pub async fn apply(
         changes.failed.push((rows.get(f.task), why));
         let below = graph.descendants(f.task).into_iter().map(|t| rows.get(t));
         let below: Vec<i64> = below.filter(|id| *id != 0).collect();
-        let (item, step, _) = graph.key(f.task);
+        let TaskKey { item, step, .. } = graph.key(f.task);
         changes
             .blocked
             .push((below, format!("its input {item}/{step} failed")));
@@ -139,8 +140,8 @@ pub async fn apply(
     for (t, identity, found) in &review.reuse {
         let task = match rows.get(*t) {
             0 => {
-                let (item, step, idx) = graph.key(*t);
-                TaskRef::New(item, step, idx)
+                let TaskKey { item, step, index } = graph.key(*t);
+                TaskRef::New(item, step, index)
             }
             id => TaskRef::Row(id),
         };
@@ -172,12 +173,20 @@ pub(super) async fn refetch(
         if modified {
             tracing::warn!(
                 "{} was modified since it was downloaded; moved aside and fetched again",
-                r.output.path.as_deref().unwrap_or("?")
+                r.output
+                    .path
+                    .as_ref()
+                    .map_or_else(|| "?".to_owned(), ToString::to_string)
             );
         }
         SetAside {
             output_id: r.output.id,
-            from: r.output.path.clone().filter(|_| modified),
+            from: r
+                .output
+                .path
+                .as_ref()
+                .map(ToString::to_string)
+                .filter(|_| modified),
             to: aside_path(run_dir, &r.output, Some("modified")).filter(|_| modified),
             sha256: r.modified.clone(),
             reason: if modified {
@@ -256,8 +265,8 @@ fn move_file(from: &Path, to: &Path) -> Option<u64> {
 
 /// Where an output's file (or object) goes when set aside:
 /// `<run>/_superseded/<item>/<name>.o<output id>[.<tag>].<ext>`; `None` when it has none.
-fn aside_path(run_dir: &RunDir, o: &OutputRow, tag: Option<&str>) -> Option<String> {
-    let name = o.address()?.file_name()?;
+fn aside_path(run_dir: &RunDir, o: &RecordedOutput, tag: Option<&str>) -> Option<String> {
+    let name = o.path.as_ref()?.file_name()?;
     let name = Path::new(&name);
     let stem = name.file_stem()?.to_string_lossy().into_owned();
     let ext = name
@@ -266,7 +275,7 @@ fn aside_path(run_dir: &RunDir, o: &OutputRow, tag: Option<&str>) -> Option<Stri
         .unwrap_or_default();
     let tag = tag.map(|t| format!(".{t}")).unwrap_or_default();
     let to = run_dir
-        .superseded(&o.item)
+        .superseded(&o.task.item)
         .join(&format!("{stem}.o{}{tag}{ext}", o.id));
     Some(to.to_string())
 }

@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 use crate::exec::identity::identity;
 use crate::exec::{OnAmbiguous, RowIds};
 use crate::plan::graph::{Graph, Instance};
-use crate::store::{Reusable, TaskRow, TaskStatus};
+use crate::store::{RecordedTask, Reusable, TaskStatus};
 
 use super::{Reason, Recover, Redo, Review};
 
@@ -23,9 +23,9 @@ pub struct Records {
     pub ids: RowIds,
     /// The whole row of each recorded task that did not succeed (few: what failed, and what
     /// was under way), by task.
-    pub open: HashMap<usize, TaskRow>,
+    pub open: HashMap<usize, RecordedTask>,
     /// Recorded tasks the pipeline no longer has.
-    pub removed: Vec<TaskRow>,
+    pub removed: Vec<RecordedTask>,
     /// Whether each instance (items, then the batch) has a recorded task.
     pub has_rows: Vec<bool>,
     /// The sha256 of each downloaded output, by row id and output index; read only when

@@ -31,7 +31,7 @@ use crate::exec::{OnAmbiguous, RowIds};
 use crate::place::RunDir;
 use crate::plan::graph::{Graph, Instance};
 use crate::plan::scope::Scope;
-use crate::store::{OutputRow, Reusable, Store, StoreError, TaskRow};
+use crate::store::{RecordedOutput, RecordedTask, Reusable, Store, StoreError};
 
 pub use apply::{Applied, apply};
 pub use changes::describe_changes;
@@ -82,7 +82,7 @@ pub struct Redo {
 /// An output of a kept task whose file is to be fetched again from its job.
 #[derive(Clone, Debug)]
 pub struct Refetch {
-    pub output: OutputRow,
+    pub output: RecordedOutput,
     /// The file's actual sha256 when it is there but differs from the record.
     pub modified: Option<String>,
 }
@@ -110,7 +110,7 @@ pub struct Review {
     /// Tasks taken from an earlier run's succeeded task of the same identity (`--reuse`).
     pub reuse: Vec<(usize, String, Reusable)>,
     /// Recorded tasks the (changed) pipeline no longer has.
-    pub removed: Vec<TaskRow>,
+    pub removed: Vec<RecordedTask>,
     /// Whether the pipeline changed since the tasks were recorded (`--allow-changes`).
     pub changes: bool,
     /// Tasks kept as they are (succeeded), by row id, sorted.
@@ -284,7 +284,7 @@ pub fn beside(
                     refetch.len()
                 );
                 // Set aside: no file or object is recorded for them any more.
-                let outputs = refetch.into_iter().map(|r| OutputRow {
+                let outputs = refetch.into_iter().map(|r| RecordedOutput {
                     path: None,
                     ..r.output
                 });

@@ -59,7 +59,8 @@ pub(super) async fn recover(
         None => None,
     };
     store
-        .finish_attempt(
+        .attempts()
+        .finish(
             run_id,
             task_id,
             r.attempt_id,

@@ -8,7 +8,7 @@ use crate::plan::document::{FORMAT, KIND, PlanDocument, ReuseEstimate};
 use crate::plan::graph::Graph;
 use crate::plan::{self, Balance};
 use crate::resume::Review;
-use crate::store::{RunRow, Store};
+use crate::store::{Run, Store};
 
 /// A saved plan (`imgpipe plan --save`), refused unless it is one this imgpipe reads.
 pub fn read_plan(path: &Path) -> Result<PlanDocument, Error> {
@@ -151,13 +151,13 @@ pub fn cap_of(doc: &PlanDocument, billed: u64) -> Option<u64> {
 /// What the run was billed, plus what its unanswered calls may have cost: a budget is never
 /// paid twice for them.
 pub async fn spent(store: &Store, run_id: &str) -> Result<u64, Error> {
-    let totals = store.totals(run_id).await?;
+    let totals = store.runs().totals(run_id).await?;
     Ok(totals.billed_credits + totals.possibly_billed_credits)
 }
 
 /// Refuses what remains of a run when it does not fit the budget left or the balance.
 pub fn over_cap(
-    row: &RunRow,
+    row: &Run,
     review: &Review,
     cap: Option<u64>,
     doc: &PlanDocument,

@@ -12,7 +12,7 @@ use crate::plan::graph::Graph;
 use crate::plan::{Costs, GenerationPrice};
 use crate::resume;
 use crate::runner::{Connection, Reviewed, Runner, admit, checked, execute, record, state};
-use crate::store::{RunRow, RunStatus, Store};
+use crate::store::{RecordedPlan, Run, RunStatus, Store};
 
 impl Runner<'_> {
     /// Continues the recorded run `row`; `pipeline` is the file as given now, else the one
@@ -20,7 +20,7 @@ impl Runner<'_> {
     pub(super) async fn continued(
         &self,
         store: &Store,
-        row: RunRow,
+        row: Run,
         pipeline: Option<Pipeline>,
         dry_run: bool,
     ) -> Result<(), Error> {
@@ -33,7 +33,7 @@ impl Runner<'_> {
     pub(super) async fn continued_with(
         &self,
         store: &Store,
-        row: RunRow,
+        row: Run,
         pipeline: Option<Pipeline>,
         dry_run: bool,
         reroll: Option<&[resume::Target]>,
@@ -52,7 +52,7 @@ impl Runner<'_> {
                 None,
             ));
         }
-        if self.service.sandbox && store.totals(&row.id).await?.succeeded > 0 {
+        if self.service.sandbox && store.runs().totals(&row.id).await?.succeeded > 0 {
             return Err(Error::usage(
                 format!(
                     "run {} cannot be resumed on a new embedded sandbox: the jobs and URLs of its finished tasks ended with the sandbox that made them",
@@ -70,7 +70,7 @@ impl Runner<'_> {
             Some(state::lock(store, name, &row.id, wait, &self.shutdown).await?)
         };
         // While this process waited for the lock, the holder may have finished the run.
-        let row = store.run(&row.id).await?.unwrap_or(row);
+        let row = store.runs().get(&row.id).await?.unwrap_or(row);
         if row.status == RunStatus::Succeeded && reroll.is_none() {
             return self.finished(store, &row.id, dry_run).await;
         }
@@ -179,20 +179,21 @@ impl Runner<'_> {
             resume::beside(store.clone(), row.id.clone(), run.dir.clone(), kept);
         if !changed && asked_before(&row) != doc.scope {
             // The part asked for changed (a sample, then every item): so does the plan.
-            let plan_json = serde_json::to_string(&doc).unwrap_or_default();
             store
-                .set_run_plan(&row.id, &plan_json, doc.costs.known_credits)
+                .runs()
+                .set_plan(&row.id, &RecordedPlan::of(&doc)?, doc.costs.known_credits)
                 .await?;
         }
         if changed {
             let text = std::fs::read_to_string(&pipeline.file).unwrap_or(row.pipeline_text.clone());
             store
-                .update_run_source(
+                .runs()
+                .adopt_source(
                     &row.id,
                     &text,
                     &pipeline.text_sha256,
                     &doc.items.sha256,
-                    &serde_json::to_string(&doc).unwrap_or_default(),
+                    &RecordedPlan::of(&doc)?,
                     doc.costs.known_credits,
                 )
                 .await?;
@@ -229,7 +230,7 @@ impl Runner<'_> {
     }
 
     /// The run's pipeline file as it is now; the run's own copy when the file is gone.
-    fn current_pipeline(&self, row: &RunRow) -> Result<Pipeline, Error> {
+    fn current_pipeline(&self, row: &Run) -> Result<Pipeline, Error> {
         let path = Path::new(&row.pipeline_file);
         if path.exists() {
             return checked(self.view, path, pipeline::load(path));
@@ -242,7 +243,7 @@ impl Runner<'_> {
     }
 
     /// The pipeline file as the run recorded it (when it started, or last adopted a change).
-    fn recorded_pipeline(&self, row: &RunRow) -> Result<Pipeline, Error> {
+    fn recorded_pipeline(&self, row: &Run) -> Result<Pipeline, Error> {
         let path = Path::new(&row.pipeline_file);
         let loaded = pipeline::load_str(
             &row.pipeline_file,
@@ -257,7 +258,7 @@ impl Runner<'_> {
 /// same targets; gives the scope to run and what the reroll names (`said`).
 async fn rerolled(
     store: &Store,
-    row: &RunRow,
+    row: &Run,
     graph: &Graph,
     review: &mut resume::Review,
     targets: &[resume::Target],
@@ -280,19 +281,17 @@ async fn rerolled(
 }
 
 /// The part of the run its recorded plan was made for (`--items`, `--until`), if not all.
-fn asked_before(row: &RunRow) -> Option<crate::plan::document::ScopePlan> {
-    serde_json::from_str::<PlanDocument>(&row.plan_json)
-        .ok()
-        .and_then(|d| d.scope)
+fn asked_before(row: &Run) -> Option<crate::plan::document::ScopePlan> {
+    row.plan.read::<PlanDocument>().and_then(|d| d.scope)
 }
 
 /// The generation price now, else the one the run was planned (or discovered) with.
-fn priced_at(doc: &PlanDocument, row: &RunRow) -> GenerationPrice {
+fn priced_at(doc: &PlanDocument, row: &Run) -> GenerationPrice {
     if doc.prices.generation.credits.is_some() {
         return doc.prices.generation.clone();
     }
-    serde_json::from_str::<PlanDocument>(&row.plan_json)
-        .ok()
+    row.plan
+        .read::<PlanDocument>()
         .map(|d| d.prices.generation)
         .filter(|g| g.credits.is_some())
         .unwrap_or_else(|| doc.prices.generation.clone())

@@ -152,7 +152,8 @@ impl Runner<'_> {
             if !doc.verdict.fits {
                 self.view.plan(&doc)?;
                 store
-                    .set_run_status(
+                    .runs()
+                    .set_status(
                         &run.id,
                         RunStatus::Stopped,
                         Some("the discovered price does not fit"),
@@ -178,7 +179,7 @@ impl Runner<'_> {
             .collect();
         let progress = self.view.progress(
             &steps,
-            &store.step_counts(&run.id).await?,
+            &store.runs().step_counts(&run.id).await?,
             doc.costs.total_credits.unwrap_or(doc.costs.known_credits),
         );
         tracing::info!(
@@ -291,7 +292,7 @@ impl Runner<'_> {
             tracing::error!("{e}");
         }
         let balance_after = conn.balance_now().await.or(outcome.last_balance);
-        let totals = store.totals(&run.id).await?;
+        let totals = store.runs().totals(&run.id).await?;
         let troubled = totals.failed > 0 || totals.download_failures > 0;
         // Only the part asked for was done, and done well: the rest waits, as asked.
         let part_done = outcome.held > 0 && !outcome.interrupted && outcome.stop.is_none();
@@ -313,7 +314,8 @@ impl Runner<'_> {
         });
         let stop_reason = outcome.stop.as_ref().map(Stop::describe).or(asked.clone());
         store
-            .set_run_status(&run.id, status, stop_reason.as_deref(), balance_after)
+            .runs()
+            .set_status(&run.id, status, stop_reason.as_deref(), balance_after)
             .await?;
         self.view
             .summary(&crate::report::summary::summary_of(store, &run.id).await?)?;
@@ -396,7 +398,10 @@ async fn known_prices(store: &Store, doc: &PlanDocument) -> Result<Vec<bool>, Er
             (_, None) | (PriceSource::Unknown { .. }, _) => false,
             (PriceSource::Models { .. } | PriceSource::Discovered { .. }, _) => true,
             (PriceSource::Pipeline | PriceSource::Spec, Some(credits)) => {
-                store.billed_as_planned(&step.operation, credits).await?
+                store
+                    .runs()
+                    .billed_as_planned(&step.operation, credits)
+                    .await?
             }
         });
     }
@@ -407,7 +412,7 @@ async fn known_prices(store: &Store, doc: &PlanDocument) -> Result<Vec<bool>, Er
 /// stands either way: a report that cannot be written is said on stderr, with the command
 /// that tries again.
 pub(super) async fn write_report(store: &Store, run_id: &str) -> Option<String> {
-    let written = match store.run(run_id).await {
+    let written = match store.runs().get(run_id).await {
         Ok(Some(row)) => crate::report::write(store, row, None, Default::default()).await,
         Ok(None) => return None,
         Err(e) => Err(e.into()),

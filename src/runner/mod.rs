@@ -35,7 +35,7 @@ use crate::plan::graph::Graph;
 use crate::plan::scope::Scope;
 use crate::report::summary::Summary;
 use crate::resume::Review;
-use crate::store::{RunRow, StepCounts};
+use crate::store::{Run, StepCounts};
 
 pub use service::{AccountFields, Connection, ServiceSettings};
 pub use state::StateLocation;
@@ -88,7 +88,7 @@ pub struct RunRequest {
 
 /// A recorded run reviewed for resuming: what `resume --dry-run` shows.
 pub struct Reviewed<'a> {
-    pub row: &'a RunRow,
+    pub row: &'a Run,
     pub graph: &'a Graph,
     pub review: &'a Review,
     /// The most that may be spent now.
@@ -149,7 +149,7 @@ impl Runner<'_> {
         if let Some(id) = &request.run_id {
             record::check_run_id(id)?;
             let store = self.settings.state.open().await?;
-            if let Some(row) = store.run(id).await? {
+            if let Some(row) = store.runs().get(id).await? {
                 let result = self
                     .continued(&store, row, Some(pipeline), request.dry_run)
                     .await;
@@ -198,7 +198,7 @@ impl Runner<'_> {
         dry_run: bool,
     ) -> Result<(), Error> {
         let store = self.settings.state.open_existing().await?;
-        let result = match store.run(run_id).await {
+        let result = match store.runs().get(run_id).await {
             Err(e) => Err(e.into()),
             Ok(None) => Err(state::no_such_run(&store, run_id)),
             Ok(Some(row)) => {
@@ -212,7 +212,7 @@ impl Runner<'_> {
     /// `imgpipe resume RUN_ID`.
     pub async fn resume(&self, run_id: &str, dry_run: bool) -> Result<(), Error> {
         let store = self.settings.state.open_existing().await?;
-        let result = match store.run(run_id).await {
+        let result = match store.runs().get(run_id).await {
             Err(e) => Err(e.into()),
             Ok(None) => Err(state::no_such_run(&store, run_id)),
             Ok(Some(row)) => self.continued(&store, row, None, dry_run).await,
@@ -363,7 +363,7 @@ impl Runner<'_> {
         let held = state::lock(f.store, &f.pipeline.name, &run_id, wait, &self.shutdown).await?;
         // Another process may have started this id while we waited for the lock: continue
         // it (which takes the lock again itself).
-        if let Some(row) = f.store.run(&run_id).await? {
+        if let Some(row) = f.store.runs().get(&run_id).await? {
             drop(held);
             return self
                 .continued(f.store, row, Some(f.pipeline.clone()), false)

@@ -811,6 +811,10 @@ async fn store_at(state: &str) -> imgpipe::store::Store {
         .unwrap()
 }
 
+/// The plan of [`one_step_run`]: an empty document, as the store records it.
+static EMPTY_PLAN: std::sync::LazyLock<imgpipe::store::RecordedPlan> =
+    std::sync::LazyLock::new(|| imgpipe::store::RecordedPlan::of(&serde_json::json!({})).unwrap());
+
 /// Run `r` of a one-step pipeline, its outputs under `output_dir`.
 fn one_step_run(output_dir: &str) -> imgpipe::store::NewRun<'_> {
     imgpipe::store::NewRun {
@@ -820,7 +824,7 @@ fn one_step_run(output_dir: &str) -> imgpipe::store::NewRun<'_> {
         pipeline_text: "",
         pipeline_sha256: "",
         items_sha256: "",
-        plan_json: "{}",
+        plan: &EMPTY_PLAN,
         output_dir,
         credits_planned: 2,
         balance_before: None,
@@ -845,19 +849,22 @@ async fn priced_by_row_id(state: &str) {
     let run = one_step_run("out");
     let task = erase_task;
     store
-        .create_run(&run, &[task("a"), task("b")])
+        .runs()
+        .create(&run, &[task("a"), task("b")])
         .await
         .unwrap();
     let ids: Vec<i64> = store
-        .tasks("r")
+        .tasks()
+        .all("r")
         .await
         .unwrap()
         .iter()
         .map(|t| t.id)
         .collect();
-    store.set_planned(&[(ids[1], 7)]).await.unwrap();
+    store.tasks().set_planned(&[(ids[1], 7)]).await.unwrap();
     let planned: Vec<u64> = store
-        .tasks("r")
+        .tasks()
+        .all("r")
         .await
         .unwrap()
         .iter()
@@ -901,9 +908,10 @@ async fn in_byte_order(state: &str, writer: &str) {
     let tasks: Vec<imgpipe::store::NewTask> = (0..keys.len() + 2)
         .map(|i| task(&format!("i{i}")))
         .collect();
-    store.create_run(&run, &tasks).await.unwrap();
+    store.runs().create(&run, &tasks).await.unwrap();
     let ids: Vec<i64> = store
-        .tasks("r")
+        .tasks()
+        .all("r")
         .await
         .unwrap()
         .iter()
@@ -976,7 +984,7 @@ async fn in_byte_order(state: &str, writer: &str) {
     let mut some: Vec<i64> = stored.iter().take(3).map(|o| o.id).collect();
     some.sort_unstable();
     let rows = store.outputs_by_id(&some).await.unwrap();
-    let read: Vec<(i64, &str)> = rows.iter().map(|r| (r.id, r.item.as_str())).collect();
+    let read: Vec<(i64, &str)> = rows.iter().map(|r| (r.id, r.task.item.as_str())).collect();
     let expected: Vec<(i64, String)> = some
         .iter()
         .map(|id| {
@@ -1013,7 +1021,7 @@ async fn thumbnails_recorded(state: &str) {
     use imgpipe::store::ThumbnailRow;
     let store = store_at(state).await;
     let run = one_step_run("s3://bkt/runs");
-    store.create_run(&run, &[erase_task("a")]).await.unwrap();
+    store.runs().create(&run, &[erase_task("a")]).await.unwrap();
     let row = |i: u32| ThumbnailRow {
         // Hex, as a sha256's start is, written out of order.
         name: format!("{:032x}", u128::from(i.wrapping_mul(2_654_435_761))),
