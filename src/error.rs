@@ -3,6 +3,7 @@
 
 use crate::api::download::DownloadError;
 use crate::api::error::{ApiError, ErrorKind};
+use crate::caps::CapError;
 use crate::exec::Fatal;
 use crate::plan::graph::GraphError;
 use crate::store::StoreError;
@@ -108,6 +109,19 @@ pub enum Error {
 
     #[error(transparent)]
     Other(#[from] anyhow::Error),
+}
+
+impl From<CapError> for Error {
+    /// A cap that no longer reads is bad input (exit 2), with the way to mend it.
+    fn from(e: CapError) -> Self {
+        match e {
+            CapError::Unreadable(message) => {
+                Error::usage(message, Some("set the cap again with `imgpipe cap set`"))
+            }
+            CapError::Window(message) => Error::Other(anyhow::anyhow!(message)),
+            CapError::Store(source) => Error::Store { source },
+        }
+    }
 }
 
 impl Error {

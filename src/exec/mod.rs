@@ -38,7 +38,7 @@ pub struct Links {
 pub type Refetch = tokio::sync::oneshot::Receiver<Vec<crate::store::RecordedOutput>>;
 
 /// What to do with a call that was sent and got no complete answer.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OnAmbiguous {
     /// Record it as possibly billed and call again.
     #[default]

@@ -1,6 +1,6 @@
 //! The spend ledger's reads: calls and their credits by when they were sent, by run or by a
 //! run's step, and what each run planned. Folding them into days, weeks, months or pipelines
-//! is [`crate::report::spend`]'s.
+//! is the report's (its `spend` module).
 //!
 //! Credits are counted exactly as [`Runs::totals`](crate::store::Runs::totals) counts them for `runs` and `status`:
 //! billed is what the service said each call cost; possibly billed is the planned price of
