@@ -15,6 +15,7 @@ mod ready;
 mod rows;
 mod scheduler;
 mod shared;
+mod state;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -11,7 +11,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::exec::attempt::request_params;
-use crate::exec::scheduler::State;
+use crate::exec::state::State;
 use crate::exec::{Config, OnAmbiguous};
 use crate::place::layout::BATCH;
 use crate::plan::graph::{Graph, Instance, Work};

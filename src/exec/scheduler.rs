@@ -21,24 +21,13 @@ use crate::exec::budget::Budget;
 use crate::exec::download::{Fetched, Unfetched, download};
 use crate::exec::rows::{Rows, record_identities};
 use crate::exec::shared::{OutputUrl, Shared};
+use crate::exec::state::State;
 use crate::exec::{Config, Fatal, Links, Observer, OnAmbiguous, Outcome, Refetch, Stop};
 use crate::plan::graph::{Graph, Instance};
 use crate::store::{RecordedOutput, StoreError, TaskStatus};
 
 /// 429s one task may meet before it fails: the limiter slows down long before this.
 const MAX_THROTTLED: u32 = 30;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum State {
-    Waiting,
-    Ready,
-    Running,
-    Done,
-    Failed,
-    Blocked,
-    /// Outside the scope asked for: left pending for a later resume.
-    Held,
-}
 
 #[derive(Default, Clone, Copy)]
 struct Tries {

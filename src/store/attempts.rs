@@ -353,3 +353,77 @@ impl Attempts<'_> {
         Ok(done)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_outcome_is_recorded_as_its_own_word_and_reads_back() {
+        for outcome in CallOutcome::ALL {
+            assert_eq!(CallOutcome::parse(outcome.as_str()), outcome);
+        }
+        // A word no imgpipe wrote is taken as the outcome that assumes the least.
+        assert_eq!(CallOutcome::parse("lost"), CallOutcome::Ambiguous);
+    }
+
+    #[test]
+    fn a_result_records_what_its_outcome_says_of_billing() {
+        let urls = ["u0".to_owned(), "u1".to_owned()];
+        let succeeded = AttemptOutcome::Succeeded(Settled {
+            job_id: "job_1",
+            credits_used: 4,
+            credits_remaining: Some(96),
+            urls: &urls,
+            parent_job_id: Some("job_0"),
+            note: Some("recovered"),
+        });
+        assert_eq!(
+            AttemptResult::of(&succeeded),
+            AttemptResult {
+                outcome: CallOutcome::Succeeded,
+                http_status: None,
+                credits: 4,
+                remaining: Some(96),
+                job_id: Some("job_1".into()),
+                error: Some("recovered".into()),
+            }
+        );
+        assert_eq!(
+            Settlement::of(&succeeded, 7, "r"),
+            Some(Settlement {
+                task_id: 7,
+                run_id: "r".into(),
+                parent_job_id: Some("job_0".into()),
+                urls: urls.to_vec(),
+            })
+        );
+        let answered = AttemptOutcome::Answered {
+            status: 429,
+            error: "slow down",
+        };
+        let r = AttemptResult::of(&answered);
+        assert_eq!(
+            (r.outcome, r.http_status, r.credits, r.job_id, r.error),
+            (
+                CallOutcome::AnsweredError,
+                Some(429),
+                0,
+                None,
+                Some("slow down".into())
+            )
+        );
+        assert_eq!(Settlement::of(&answered, 7, "r"), None);
+        let ambiguous = AttemptOutcome::Ambiguous {
+            error: "cut",
+            job_id: Some("job_2"),
+        };
+        let r = AttemptResult::of(&ambiguous);
+        assert_eq!(
+            (r.outcome, r.credits, r.job_id),
+            (CallOutcome::Ambiguous, 0, Some("job_2".into()))
+        );
+        let r = AttemptResult::of(&AttemptOutcome::NotSent { error: "refused" });
+        assert_eq!((r.outcome, r.job_id), (CallOutcome::NotSent, None));
+    }
+}
