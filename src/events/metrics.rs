@@ -199,7 +199,8 @@ async fn snapshot(store: &Store, run_id: &str, pipeline: &str) -> Result<Snapsho
         .await
         .map_err(|e| e.to_string())?;
     let gauges = store
-        .run_gauges(run_id, pipeline)
+        .gauges()
+        .of_run(run_id, pipeline)
         .await
         .map_err(|e| e.to_string())?;
     Ok(Snapshot {

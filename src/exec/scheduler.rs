@@ -247,8 +247,7 @@ impl Scheduler {
         let store = self.shared.store.clone();
         let mut read: Vec<i64> = (0..self.graph.len())
             .filter(|t| self.state[*t] == State::Done && self.still_read(*t))
-            .map(|t| self.rows.ids.get(t))
-            .filter(|id| *id != 0)
+            .filter_map(|t| self.rows.ids.get(t))
             .collect();
         read.sort_unstable();
         let mut outputs = store.outputs().unstored(&self.config.run_id).await?;
@@ -504,7 +503,13 @@ impl Scheduler {
             // A retry sleeping out its delay is no probe: a sibling may test the price.
             let step = task.step.0;
             self.probing[step] |= !self.confirmed[step] && delay.is_zero();
-            let row = self.rows.ids.get(t);
+            // Admitted, so recorded: an item's tasks are recorded before any is admitted.
+            let Some(row) = self.rows.ids.get(t) else {
+                let name = self.name(t);
+                let missing = StoreError::Inconsistent(format!("task {name} is not recorded"));
+                self.fatal(Fatal::Store(Arc::new(missing)));
+                return;
+            };
             self.calls
                 .spawn(attempt(Arc::clone(&self.shared), t, row, delay, force));
         }
@@ -823,12 +828,12 @@ impl Scheduler {
     /// A task that could not be tried, back to pending for a later run.
     async fn put_back(&mut self, t: usize) {
         self.state[t] = State::Ready;
-        let id = self.rows.ids.get(t);
+        let ids: Vec<i64> = self.rows.ids.get(t).into_iter().collect();
         if let Err(e) = self
             .shared
             .store
             .tasks()
-            .set_status(&[id], TaskStatus::Pending, None)
+            .set_status(&ids, TaskStatus::Pending, None)
             .await
         {
             self.fatal(Fatal::Store(Arc::new(e)));
@@ -865,9 +870,7 @@ impl Scheduler {
                     self.budget.abandon(below.planned);
                 }
                 // A task not recorded yet is recorded pending, and blocked again on resume.
-                if self.rows.ids.get(d) != 0 {
-                    blocked.push(self.rows.ids.get(d));
-                }
+                blocked.extend(self.rows.ids.get(d));
             }
         }
         self.release_inputs(t);
@@ -875,7 +878,11 @@ impl Scheduler {
         let store = &self.shared.store;
         let recorded = match store
             .tasks()
-            .set_status(&[self.rows.ids.get(t)], TaskStatus::Failed, Some(reason))
+            .set_status(
+                &self.rows.ids.get(t).into_iter().collect::<Vec<_>>(),
+                TaskStatus::Failed,
+                Some(reason),
+            )
             .await
         {
             Ok(()) => {

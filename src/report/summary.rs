@@ -150,7 +150,7 @@ pub async fn status_of(store: &Store, run: Run) -> Result<Status, Error> {
 /// The tasks the run has not recorded yet, per step: a run records an item's tasks only as
 /// it comes near the item, so those of items it has not reached are counted from its plan.
 /// They are all pending. `recorded(step)`: the step's tasks the run has recorded.
-pub(super) fn unrecorded(plan: &RecordedPlan, recorded: impl Fn(&str) -> u64) -> Vec<StepCounts> {
+pub(crate) fn unrecorded(plan: &RecordedPlan, recorded: impl Fn(&str) -> u64) -> Vec<StepCounts> {
     let Some(plan) = plan.read::<PlanFigures>() else {
         return Vec::new();
     };

@@ -25,6 +25,7 @@ mod caps;
 mod changes;
 mod gauges;
 mod group;
+pub mod ledger;
 mod location;
 pub mod lock;
 mod outline;
@@ -35,7 +36,6 @@ mod rerolls;
 mod resume;
 mod run_figures;
 mod runs;
-pub mod spend;
 pub(crate) mod tasks;
 #[cfg(test)]
 pub(crate) mod test_postgres;
@@ -52,13 +52,13 @@ use sqlx::{AnyPool, ConnectOptions, Executor};
 
 pub use attempts::{AttemptOutcome, Attempts, CallOutcome, Settled};
 pub use caps::{CapSetting, CapWindow, Caps, Lessee};
-pub use gauges::RunGauges;
+pub use gauges::{Gauges, RunGauges};
 pub use location::{Location, PgUrl};
 pub use outline::ItemOutline;
 
 pub use outputs::{Outputs, RecordedOutput, UrlIssued};
 pub use report::{
-    EarlierOutput, ReportOutput, ReportRow, ReportTask, Spend, StepTotals, TaskRequest,
+    EarlierOutput, Report, ReportEntry, ReportOutput, ReportTask, Spend, StepTotals, TaskRequest,
 };
 pub use rerolls::{NewReroll, OpenReroll};
 pub use resume::{
@@ -67,7 +67,7 @@ pub use resume::{
 pub use run_figures::{AmbiguousAttempt, StepCounts, Totals};
 pub use runs::{NewRun, RecordedPlan, Run, RunStatus, Runs};
 pub use tasks::{LastAttempt, NewTask, RecordedTask, TaskStatus, Tasks};
-pub use thumbnails::ThumbnailRow;
+pub use thumbnails::{Thumbnail, Thumbnails};
 
 /// The directory under the user's state directory that holds the default database.
 pub const APP_DIR: &str = "imgpipe";
