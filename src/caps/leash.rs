@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use crate::caps::{Cap, now_ms, shown};
+use crate::run_id::RunId;
 use crate::store::{CapWindow, Lessee, Store, StoreError};
 
 /// How often a holder says it is alive.
@@ -72,7 +73,7 @@ struct Inner {
     store: Store,
     caps: Vec<Cap>,
     holder: String,
-    run_id: String,
+    run_id: RunId,
     block: u64,
     /// Credits leased by this process, from every cap alike.
     leased: AtomicU64,
@@ -105,7 +106,7 @@ impl Leash {
         store: &Store,
         caps: Vec<Cap>,
         pipeline: &str,
-        run_id: &str,
+        run_id: &RunId,
     ) -> Result<Option<Leash>, StoreError> {
         let caps: Vec<Cap> = caps.into_iter().filter(|c| c.covers(pipeline)).collect();
         if caps.is_empty() {

@@ -138,7 +138,7 @@ impl StateArgs {
     pub async fn observed_run(
         &self,
         store: &crate::store::Store,
-        run_id: &str,
+        run_id: &crate::run_id::RunId,
         sandbox: bool,
     ) -> Result<(crate::store::Run, crate::report::live::Observed), Error> {
         let Some(run) = store.runs().get(run_id).await? else {

@@ -121,7 +121,7 @@ async fn lines(store: &crate::store::Store, args: &RunsArgs) -> Result<Vec<RunLi
             process,
             continue_with,
             pipeline: run.pipeline_name,
-            id: run.id,
+            id: run.id.to_string(),
         });
     }
     Ok(lines)

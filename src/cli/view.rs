@@ -69,7 +69,7 @@ impl View for Terminal {
         print_review(reviewed, self.json)
     }
 
-    fn finished(&self, run_id: &str) -> Result<(), Error> {
+    fn finished(&self, run_id: &crate::run_id::RunId) -> Result<(), Error> {
         stdio::line(format_args!("run {run_id} is finished: nothing to pay for"))?;
         Ok(())
     }
@@ -97,11 +97,11 @@ impl View for Terminal {
         progress
     }
 
-    fn continue_command(&self, run_id: &str) -> String {
+    fn continue_command(&self, run_id: &crate::run_id::RunId) -> String {
         (self.continue_with)(run_id, true)
     }
 
-    fn continue_rest(&self, run_id: &str) -> String {
+    fn continue_rest(&self, run_id: &crate::run_id::RunId) -> String {
         (self.continue_with)(run_id, false)
     }
 }

@@ -7,6 +7,7 @@
 
 use serde::Serialize;
 
+use crate::run_id::RunId;
 use crate::store::RunStatus;
 
 /// What happened, for whoever listens.
@@ -30,7 +31,7 @@ pub enum Event {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct CapCrossed {
-    pub run_id: String,
+    pub run_id: RunId,
     pub pipeline: String,
     pub cap: String,
     /// 50, 80 or 100.
@@ -45,7 +46,7 @@ pub struct CapCrossed {
 /// The run's figures as recorded when it ended.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunFinished {
-    pub run_id: String,
+    pub run_id: RunId,
     pub pipeline: String,
     /// `succeeded`, `failed`, `stopped` or `interrupted`, as `imgpipe status` says; `unknown`
     /// when the record could not be read.
@@ -95,7 +96,7 @@ pub struct Failure {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct BudgetCrossed {
-    pub run_id: String,
+    pub run_id: RunId,
     pub pipeline: String,
     /// 50, 80 or 100.
     pub percent: u8,
@@ -105,7 +106,7 @@ pub struct BudgetCrossed {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct CallBilledAbovePlan {
-    pub run_id: String,
+    pub run_id: RunId,
     pub pipeline: String,
     pub task: String,
     pub planned: u64,

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::run_id::RunId;
 use crate::store::{CallOutcome, RunGauges, Store, Totals};
 
 /// How often the file is written while the run goes on.
@@ -192,7 +193,7 @@ fn escape(value: &str) -> String {
 }
 
 /// Reads the snapshot of `run_id` now.
-async fn snapshot(store: &Store, run_id: &str, pipeline: &str) -> Result<Snapshot, String> {
+async fn snapshot(store: &Store, run_id: &RunId, pipeline: &str) -> Result<Snapshot, String> {
     let totals = store
         .runs()
         .totals(run_id)
@@ -205,7 +206,7 @@ async fn snapshot(store: &Store, run_id: &str, pipeline: &str) -> Result<Snapsho
         .map_err(|e| e.to_string())?;
     Ok(Snapshot {
         pipeline: pipeline.to_owned(),
-        run_id: run_id.to_owned(),
+        run_id: run_id.to_string(),
         totals,
         gauges,
         caps: cap_room(store, pipeline).await,
@@ -268,7 +269,7 @@ pub struct MetricsFile {
 struct Writer {
     path: PathBuf,
     store: Store,
-    run_id: String,
+    run_id: RunId,
     pipeline: String,
     written: usize,
 }
@@ -296,7 +297,7 @@ impl Writer {
 
 impl MetricsFile {
     /// Writes the file once, then every [`EVERY`] until [`MetricsFile::finish`].
-    pub async fn start(path: PathBuf, store: Store, run_id: &str, pipeline: &str) -> MetricsFile {
+    pub async fn start(path: PathBuf, store: Store, run_id: &RunId, pipeline: &str) -> MetricsFile {
         let mut writer = Writer {
             path,
             store,

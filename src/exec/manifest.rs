@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::place::layout::MANIFEST;
 use crate::place::{Address, Objects, RunDir, temp};
+use crate::run_id::RunId;
 use crate::store::{RecordedOutput, Store, StoreError};
 
 #[derive(Serialize)]
@@ -27,7 +28,7 @@ struct Line<'a> {
 /// Writes the manifest of `run_id` into `run_dir` through a temporary file and a rename,
 /// streaming rows from the database to the file. In object storage it is made in memory and
 /// put whole, in one request that replaces the one before.
-pub async fn write(store: &Store, run_id: &str, run_dir: &RunDir) -> Result<Address, String> {
+pub async fn write(store: &Store, run_id: &RunId, run_dir: &RunDir) -> Result<Address, String> {
     let root = run_dir.root();
     let dir = match root {
         Address::Local(dir) => dir,
@@ -61,7 +62,7 @@ pub async fn write(store: &Store, run_id: &str, run_dir: &RunDir) -> Result<Addr
 
 async fn write_object(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     root: &Address,
     objects: &Objects,
 ) -> Result<Address, String> {

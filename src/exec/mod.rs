@@ -20,6 +20,7 @@ mod state;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::run_id::RunId;
 use crate::store::StoreError;
 
 pub use rows::{new_task, read_rows};
@@ -50,7 +51,7 @@ pub enum OnAmbiguous {
 
 #[derive(Clone, Debug)]
 pub struct Config {
-    pub run_id: String,
+    pub run_id: RunId,
     /// `<output_dir>/<run id>`.
     pub run_dir: crate::place::RunDir,
     /// The same, opened: a local directory or a prefix in object storage.

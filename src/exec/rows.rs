@@ -16,6 +16,7 @@ use crate::exec::{Config, OnAmbiguous};
 use crate::place::layout::BATCH;
 use crate::plan::graph::{Graph, Instance, Work};
 use crate::plan::rows::RowIds;
+use crate::run_id::RunId;
 use crate::store::{NewTask, RecordedTask, Store, StoreError, TaskStatus};
 use crate::task_key::TaskKey;
 
@@ -50,7 +51,7 @@ pub fn new_task(graph: &Graph, t: usize) -> NewTask {
 pub async fn read_rows(
     store: &Store,
     graph: &Graph,
-    run_id: &str,
+    run_id: &RunId,
     mut whole: impl FnMut(Option<usize>, RecordedTask),
 ) -> Result<RowIds, StoreError> {
     let index = graph.index();
@@ -176,7 +177,7 @@ impl Rows {
         &mut self,
         store: &Store,
         graph: &Graph,
-        run_id: &str,
+        run_id: &RunId,
         from: usize,
         ahead: usize,
     ) -> Result<(), StoreError> {
@@ -200,7 +201,7 @@ impl Rows {
         &mut self,
         store: &Store,
         graph: &Graph,
-        run_id: &str,
+        run_id: &RunId,
         missing: &[usize],
     ) -> Result<(), StoreError> {
         let tasks: Vec<NewTask> = missing.iter().map(|t| new_task(graph, *t)).collect();
@@ -295,7 +296,7 @@ mod tests {
         for task in &tasks {
             store
                 .tasks()
-                .record("r", std::slice::from_ref(task))
+                .record(&"r".into(), std::slice::from_ref(task))
                 .await
                 .unwrap();
         }
@@ -342,13 +343,13 @@ mod tests {
         .await;
 
         let mut whole: Vec<(Option<usize>, String, String, TaskStatus)> = Vec::new();
-        let ids = read_rows(&store, &g, "r", |t, row| {
+        let ids = read_rows(&store, &g, &"r".into(), |t, row| {
             whole.push((t, row.key.item, row.key.step, row.status));
         })
         .await
         .unwrap();
         let index = g.index();
-        let rows = store.tasks().all("r").await.unwrap();
+        let rows = store.tasks().all(&"r".into()).await.unwrap();
         for row in &rows {
             if let Some(t) = index.of(&row.key) {
                 assert_eq!(ids.get(t), Some(row.id), "{}", row.key);

@@ -64,7 +64,7 @@ pub async fn observe(store: &Store, run: Run) -> Result<(Run, Option<Process>), 
     // Held by this run, or by a process that has not written its name yet: going. Held by
     // another run of the pipeline, or free: this run's process is gone.
     if let Some(holder) = held
-        && holder.as_ref().is_none_or(|h| h.run_id == run.id)
+        && holder.as_ref().is_none_or(|h| run.id == *h.run_id)
     {
         let process = Process {
             alive: true,

@@ -6,6 +6,7 @@ use serde::Serialize;
 use crate::error::Error;
 use crate::plan::document::PlanFigures;
 use crate::report::live::Process;
+use crate::run_id::RunId;
 use crate::store::{
     AmbiguousAttempt, RecordedPlan, Run, RunStatus, StepCounts, Store, TaskStatus, Totals,
 };
@@ -13,7 +14,7 @@ use crate::store::{
 /// How a run stands: its tasks, credits, balance and failures.
 #[derive(Serialize)]
 pub struct Summary {
-    pub run_id: String,
+    pub run_id: RunId,
     pub pipeline: String,
     pub status: RunStatus,
     pub output_dir: String,
@@ -52,14 +53,14 @@ pub struct Status {
 }
 
 /// The summary of run `run_id`, which must be in `store`.
-pub async fn summary_of(store: &Store, run_id: &str) -> Result<Summary, Error> {
+pub async fn summary_of(store: &Store, run_id: &RunId) -> Result<Summary, Error> {
     let run = run_row(store, run_id).await?;
     let steps = store.runs().step_counts(run_id).await?;
     let extras = unrecorded(&run.plan, |step| recorded_in(&steps, step));
     summary_from(store, run, &extras).await
 }
 
-async fn run_row(store: &Store, run_id: &str) -> Result<Run, Error> {
+async fn run_row(store: &Store, run_id: &RunId) -> Result<Run, Error> {
     store
         .runs()
         .get(run_id)
@@ -77,7 +78,7 @@ async fn summary_from(
     run: Run,
     unrecorded: &[StepCounts],
 ) -> Result<Summary, Error> {
-    let run_id = run.id.as_str();
+    let run_id = &run.id;
     let mut totals = store.runs().totals(run_id).await?;
     for step in unrecorded {
         totals.tasks += step.tasks;
@@ -125,7 +126,7 @@ async fn summary_from(
 /// [`crate::report::live::observe`]).
 pub async fn status_of(store: &Store, run: Run) -> Result<Status, Error> {
     let run_id = run.id.clone();
-    let run_id = run_id.as_str();
+    let run_id = &run_id;
     let mut steps = store.runs().step_counts(run_id).await?;
     let extras = unrecorded(&run.plan, |step| recorded_in(&steps, step));
     let summary = summary_from(store, run, &extras).await?;

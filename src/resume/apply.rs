@@ -21,6 +21,7 @@ use crate::api::Client;
 use crate::place::{Address, RunDir, copy_checked, file_sha256};
 use crate::plan::graph::Graph;
 use crate::plan::rows::RowIds;
+use crate::run_id::RunId;
 use crate::store::{
     Changes, NewTask, PendingMove, RecordedOutput, Reusable, Reused, SetAside, Store, StoreError,
     TaskRef,
@@ -44,7 +45,7 @@ pub struct Tally {
 pub async fn apply(
     store: &Store,
     client: &Client,
-    run_id: &str,
+    run_id: &RunId,
     run_dir: &RunDir,
     graph: &Graph,
     review: &Review,
@@ -226,7 +227,7 @@ impl<D: Fn(usize) -> NewTask> Applying<'_, D> {
 /// record in one transaction that journals the moves of the modified files, then the moves.
 pub(super) async fn refetch(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     run_dir: &RunDir,
     refetch: &[Refetch],
 ) -> Result<(), StoreError> {

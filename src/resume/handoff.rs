@@ -11,6 +11,7 @@ use crate::place::RunDir;
 use crate::plan::document::PlanDocument;
 use crate::plan::graph::Graph;
 use crate::plan::scope::Scope;
+use crate::run_id::RunId;
 use crate::store::{RecordedPlan, Run, Store, StoreError};
 
 use super::prepare::{Prepared, Rewrite, recorded_plan, rewrite};
@@ -33,7 +34,7 @@ pub struct Applied {
 pub struct After {
     /// The kept outputs' check: stopped when this is dropped, as the run ends.
     _checking: Beside,
-    run_id: String,
+    run_id: RunId,
     reroll: Option<String>,
 }
 

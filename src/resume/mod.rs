@@ -48,6 +48,7 @@ use crate::place::RunDir;
 use crate::plan::graph::{Graph, Instance};
 use crate::plan::rows::RowIds;
 use crate::plan::scope::Scope;
+use crate::run_id::RunId;
 use crate::store::{RecordedOutput, RecordedTask, Reusable, Store, StoreError};
 
 pub use apply::{Tally, apply};
@@ -241,7 +242,7 @@ impl Review {
 /// results per level of the chain, whatever the number of items.
 pub async fn review(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     graph: &Graph,
     previous: Option<&Graph>,
     on_ambiguous: OnAmbiguous,
@@ -272,7 +273,7 @@ pub async fn review(
 /// to show: [`Review::refetch`].
 pub async fn check(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     review: &Review,
 ) -> Result<Vec<Refetch>, StoreError> {
     check::outputs(store, run_id, &review.kept).await
@@ -295,7 +296,7 @@ impl Drop for Beside {
 /// the temporary files a killed process left are removed (not the executor's own).
 pub fn beside(
     store: Store,
-    run_id: String,
+    run_id: RunId,
     run_dir: RunDir,
     kept: Vec<i64>,
 ) -> (crate::exec::Refetch, Beside) {

@@ -10,6 +10,7 @@ use crate::plan::document::{PlanDocument, ScopePlan};
 use crate::plan::graph::Graph;
 use crate::plan::scope::Scope;
 use crate::plan::{Costs, GenerationPrice};
+use crate::run_id::RunId;
 use crate::store::{Run, RunStatus, Store};
 
 use super::refusal::{self, Cap, Refusal};
@@ -141,13 +142,13 @@ impl Prepared {
 /// same targets; gives the scope to run and what the reroll names.
 async fn rerolled(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     graph: &Graph,
     review: &mut Review,
     targets: &[Target],
 ) -> Result<(Scope, String), ResumeError> {
     let chosen = reroll::resolve(graph, targets).map_err(|message| Refusal::Targets {
-        run_id: run_id.to_owned(),
+        run_id: run_id.to_string(),
         message,
     })?;
     let said = reroll::said(targets);

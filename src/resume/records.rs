@@ -7,6 +7,7 @@ use crate::exec::identity::from_record;
 use crate::exec::read_rows;
 use crate::plan::graph::{Graph, Instance};
 use crate::plan::rows::RowIds;
+use crate::run_id::RunId;
 use crate::store::{RecordedTask, Store, StoreError, TaskStatus};
 
 use super::decide::Records;
@@ -18,7 +19,7 @@ use super::decide::Records;
 /// few bytes per task.
 pub(super) async fn load(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     graph: &Graph,
     previous: Option<&Graph>,
     identities: bool,
@@ -71,7 +72,7 @@ pub(super) async fn load(
 /// The database id of each task of `graph` that is recorded, read row by row.
 pub(super) async fn row_ids(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     graph: &Graph,
 ) -> Result<RowIds, StoreError> {
     let index = graph.index();

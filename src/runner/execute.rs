@@ -12,6 +12,7 @@ use crate::plan::PriceSource;
 use crate::plan::document::PlanDocument;
 use crate::plan::graph::Graph;
 use crate::plan::scope::Scope;
+use crate::run_id::RunId;
 use crate::runner::conclude::{self, Exit};
 use crate::runner::record::{self, OpenRun};
 use crate::runner::{Connection, DEFAULT_CONCURRENCY, Runner, admit, discover};
@@ -281,7 +282,7 @@ impl Runner<'_> {
     pub(super) async fn finished(
         &self,
         store: &Store,
-        run_id: &str,
+        run_id: &RunId,
         dry_run: bool,
     ) -> Result<(), Error> {
         if dry_run {
@@ -351,7 +352,7 @@ impl Runner<'_> {
 async fn leash(
     store: &Store,
     pipeline: &Pipeline,
-    run_id: &str,
+    run_id: &RunId,
 ) -> Result<Option<crate::caps::Leash>, Error> {
     let caps = crate::caps::recorded(store).await?;
     Ok(crate::caps::Leash::open(store, caps, &pipeline.name, run_id).await?)
@@ -381,7 +382,7 @@ async fn known_prices(store: &Store, doc: &PlanDocument) -> Result<Vec<bool>, Er
 /// Writes the report next to the manifest and gives where it is. The run's own exit code
 /// stands either way: a report that cannot be written is said on stderr, with the command
 /// that tries again.
-pub(super) async fn write_report(store: &Store, run_id: &str) -> Option<String> {
+pub(super) async fn write_report(store: &Store, run_id: &RunId) -> Option<String> {
     let written = match store.runs().get(run_id).await {
         Ok(Some(row)) => crate::report::write(store, row, None, Default::default()).await,
         Ok(None) => return None,

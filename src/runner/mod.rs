@@ -35,6 +35,7 @@ use crate::plan::graph::Graph;
 use crate::plan::scope::Scope;
 use crate::report::summary::Summary;
 use crate::resume::{self, Review};
+use crate::run_id::RunId;
 use crate::store::{Run, StepCounts, Store};
 
 pub use service::{AccountFields, Connection, ServiceSettings};
@@ -104,7 +105,7 @@ pub trait View: Send + Sync {
     /// What resuming a run would pay for (`--dry-run`).
     fn review(&self, reviewed: &Reviewed<'_>) -> Result<(), Error>;
     /// A dry run of a run that is finished: nothing to pay for.
-    fn finished(&self, run_id: &str) -> Result<(), Error>;
+    fn finished(&self, run_id: &RunId) -> Result<(), Error>;
     /// The run's summary when it ends, or when it was already finished.
     fn summary(&self, summary: &Summary) -> Result<(), Error>;
     /// Live progress of the execution: each step's name and task count, in pipeline order,
@@ -117,9 +118,9 @@ pub trait View: Send + Sync {
     ) -> Arc<dyn Observer>;
     /// The command that continues run `run_id`, as it can be pasted: the part it was asked
     /// for (`--items`, `--until`) when it was asked for one.
-    fn continue_command(&self, run_id: &str) -> String;
+    fn continue_command(&self, run_id: &RunId) -> String;
     /// The command that continues all of run `run_id`, beyond the part it was asked for.
-    fn continue_rest(&self, run_id: &str) -> String;
+    fn continue_rest(&self, run_id: &RunId) -> String;
 }
 
 /// One command's run of the lifecycle.
@@ -149,7 +150,7 @@ impl Runner<'_> {
         if let Some(id) = &request.run_id {
             record::check_run_id(id)?;
             let store = self.settings.state.open().await?;
-            if let Some(row) = store.runs().get(id).await? {
+            if let Some(row) = store.runs().get(&RunId::from(id.as_str())).await? {
                 let result = self
                     .continued(&store, row, Some(pipeline), request.dry_run, None)
                     .await;
@@ -193,7 +194,7 @@ impl Runner<'_> {
     /// them paid for again, their earlier outputs set aside.
     pub async fn reroll(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         targets: &[crate::resume::Target],
         dry_run: bool,
     ) -> Result<(), Error> {
@@ -210,7 +211,7 @@ impl Runner<'_> {
     }
 
     /// `imgpipe resume RUN_ID`.
-    pub async fn resume(&self, run_id: &str, dry_run: bool) -> Result<(), Error> {
+    pub async fn resume(&self, run_id: &RunId, dry_run: bool) -> Result<(), Error> {
         let store = self.settings.state.open_existing().await?;
         let result = match store.runs().get(run_id).await {
             Err(e) => Err(e.into()),
@@ -281,7 +282,7 @@ impl Runner<'_> {
         let doc = crate::plan::narrow(doc, &pipeline, &scope);
         let recorded = if resume::changed(&pipeline, &doc, &row) {
             let unreadable = |_| resume::Refusal::CopyUnreadable {
-                run_id: row.id.clone(),
+                run_id: row.id.to_string(),
             };
             Some(self.recorded_pipeline(&row).map_err(unreadable)?)
         } else {
@@ -402,7 +403,15 @@ pub async fn reuse_estimate(
     let store = state.open().await?;
     let graph = Graph::build(pipeline, &doc.costs)?;
     // A run id no run has: every task looks new, and any earlier run may supply it.
-    let review = crate::resume::review(&store, "", &graph, None, OnAmbiguous::Retry, true).await;
+    let review = crate::resume::review(
+        &store,
+        &RunId::from(""),
+        &graph,
+        None,
+        OnAmbiguous::Retry,
+        true,
+    )
+    .await;
     let mut review = state::close(store, review.map_err(Error::from)).await?;
     review.narrow(&graph, scope);
     Ok(admit::estimate(doc, &review, &graph))
@@ -502,7 +511,7 @@ impl Runner<'_> {
     /// A new run: refused unless it fits (after what earlier runs' results save), then
     /// recorded and executed.
     async fn fresh(&self, f: Fresh<'_>, mut doc: PlanDocument) -> Result<(), Error> {
-        let run_id = f.request.run_id.clone().unwrap_or_else(record::new_run_id);
+        let run_id = RunId::from(f.request.run_id.clone().unwrap_or_else(record::new_run_id));
         record::check_run_id(&run_id)?;
         let graph = Arc::new(Graph::build(f.pipeline, &doc.costs)?);
         let on_ambiguous = self.settings.on_ambiguous;

@@ -11,11 +11,12 @@ use crate::place::{Address, ObjectError, Place, RunDir};
 use crate::plan::Balance;
 use crate::plan::document::PlanDocument;
 use crate::plan::graph::{Graph, Instance};
+use crate::run_id::RunId;
 use crate::store::{NewRun, NewTask, RecordedPlan, Run, RunStatus, Store};
 
 /// The run to execute: newly recorded, or found to continue.
 pub struct OpenRun {
-    pub id: String,
+    pub id: RunId,
     pub dir: RunDir,
     /// `dir` opened: a local directory or a prefix in object storage.
     pub place: Place,
@@ -92,7 +93,7 @@ pub async fn create(
     Ok(OpenRun {
         dir,
         place,
-        id: id.to_owned(),
+        id: RunId::from(id),
         billed: 0,
     })
 }
@@ -152,7 +153,7 @@ pub async fn reopen(store: &Store, row: &Run, billed: u64) -> Result<OpenRun, Er
 /// from the plan, which is recorded anew.
 pub async fn reprice(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     graph: &Graph,
     doc: &PlanDocument,
 ) -> Result<(), Error> {

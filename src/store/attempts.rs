@@ -2,6 +2,7 @@
 //! result right after, each in its own (group) commit. A part of the store
 //! ([`Store::attempts`]).
 
+use crate::run_id::RunId;
 use crate::store::group::Written;
 use crate::store::tasks::to_i64;
 use crate::store::{Backend, Store, StoreError, now_ms};
@@ -186,13 +187,13 @@ impl AttemptResult {
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Settlement {
     task_id: i64,
-    run_id: String,
+    run_id: RunId,
     parent_job_id: Option<String>,
     urls: Vec<String>,
 }
 
 impl Settlement {
-    fn of(outcome: &AttemptOutcome<'_>, task_id: i64, run_id: &str) -> Option<Settlement> {
+    fn of(outcome: &AttemptOutcome<'_>, task_id: i64, run_id: &RunId) -> Option<Settlement> {
         match outcome {
             AttemptOutcome::Succeeded(s) => Some(Settlement {
                 task_id,
@@ -266,7 +267,7 @@ impl Attempts<'_> {
     /// The intent: written and committed before the paid call is sent.
     pub async fn begin(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         task_id: i64,
         endpoint: &str,
     ) -> Result<i64, StoreError> {
@@ -305,7 +306,7 @@ impl Attempts<'_> {
     /// records its outputs' URLs; the returned ids are the outputs', in order.
     pub async fn finish(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         task_id: i64,
         attempt_id: i64,
         outcome: &AttemptOutcome<'_>,
@@ -333,7 +334,7 @@ impl Attempts<'_> {
     }
 
     /// Attempts announced and never settled: calls in flight when a process died.
-    pub async fn settle_orphaned(&self, run_id: &str) -> Result<u64, StoreError> {
+    pub async fn settle_orphaned(&self, run_id: &RunId) -> Result<u64, StoreError> {
         let mut tx = self.store.pool().begin().await?;
         let done = sqlx::query(
             "UPDATE attempts SET outcome = 'ambiguous', finished_at = $1,
@@ -390,7 +391,7 @@ mod tests {
             }
         );
         assert_eq!(
-            Settlement::of(&succeeded, 7, "r"),
+            Settlement::of(&succeeded, 7, &RunId::from("r")),
             Some(Settlement {
                 task_id: 7,
                 run_id: "r".into(),
@@ -413,7 +414,7 @@ mod tests {
                 Some("slow down".into())
             )
         );
-        assert_eq!(Settlement::of(&answered, 7, "r"), None);
+        assert_eq!(Settlement::of(&answered, 7, &RunId::from("r")), None);
         let ambiguous = AttemptOutcome::Ambiguous {
             error: "cut",
             job_id: Some("job_2"),

@@ -6,6 +6,7 @@
 
 use sqlx::Row;
 
+use crate::run_id::RunId;
 use crate::store::tasks::to_u64;
 use crate::store::{Store, StoreError, now_ms, rows};
 
@@ -36,7 +37,7 @@ pub struct CapWindow {
 #[derive(Clone, Copy, Debug)]
 pub struct Lessee<'a> {
     pub holder: &'a str,
-    pub run_id: &'a str,
+    pub run_id: &'a RunId,
 }
 
 fn i64_of(n: u64) -> i64 {
@@ -186,7 +187,7 @@ impl Caps<'_> {
     /// Closes every open lease of `run_id` held by another than `holder`: a resume holds the
     /// run's lock, so whoever held them is gone. Each is used by what its run was billed, or
     /// possibly billed, since it opened.
-    pub async fn close_of(&self, run_id: &str, holder: &str) -> Result<(), StoreError> {
+    pub async fn close_of(&self, run_id: &RunId, holder: &str) -> Result<(), StoreError> {
         let mut tx = self.store.pool().begin().await?;
         let holders: Vec<(String,)> = sqlx::query_as(
             "SELECT DISTINCT holder FROM cap_leases WHERE run_id = $1 AND open = 1 AND holder <> $2",

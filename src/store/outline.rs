@@ -12,6 +12,7 @@
 use futures::TryStreamExt;
 use sqlx::Row;
 
+use crate::run_id::RunId;
 use crate::store::tasks::Tasks;
 use crate::store::{RecordedTask, StoreError};
 
@@ -42,7 +43,7 @@ impl Tasks<'_> {
     /// is its place in it.
     pub async fn each_item_outline(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         skip: &str,
         chain: &[(&str, u32)],
         mut f: impl FnMut(ItemOutline),
@@ -87,7 +88,7 @@ impl Tasks<'_> {
     /// Every task row of the run that is not succeeded, whole.
     pub async fn each_open(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         mut f: impl FnMut(RecordedTask),
     ) -> Result<(), StoreError> {
         let sql = format!(
@@ -107,7 +108,7 @@ impl Tasks<'_> {
     /// Every task row of these items of the run, whole, a statement per 500 items.
     pub async fn each_of_items(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         items: &[String],
         mut f: impl FnMut(RecordedTask),
     ) -> Result<(), StoreError> {

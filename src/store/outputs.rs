@@ -4,6 +4,7 @@
 use sqlx::Row;
 
 use crate::place::Address;
+use crate::run_id::RunId;
 use crate::store::group::Written;
 use crate::store::tasks::{to_i64, to_u64};
 use crate::store::{Store, StoreError, now_ms};
@@ -145,7 +146,7 @@ impl Outputs<'_> {
         Ok(())
     }
 
-    pub async fn all(&self, run_id: &str) -> Result<Vec<RecordedOutput>, StoreError> {
+    pub async fn all(&self, run_id: &RunId) -> Result<Vec<RecordedOutput>, StoreError> {
         let mut out = Vec::new();
         self.each(run_id, false, |o| {
             out.push(o);
@@ -159,7 +160,7 @@ impl Outputs<'_> {
     /// failed downloads with `failed_only`.
     pub async fn each(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         failed_only: bool,
         mut f: impl FnMut(RecordedOutput) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
@@ -184,7 +185,7 @@ impl Outputs<'_> {
 
     /// The run's outputs with no file or object (a download that failed, was cut by a kill,
     /// or was set aside to be fetched again), whole: few, and each to be downloaded.
-    pub async fn unstored(&self, run_id: &str) -> Result<Vec<RecordedOutput>, StoreError> {
+    pub async fn unstored(&self, run_id: &RunId) -> Result<Vec<RecordedOutput>, StoreError> {
         let sql = format!(
             "SELECT {OUTPUT_COLUMNS}
              FROM outputs o JOIN tasks t ON t.id = o.task_id

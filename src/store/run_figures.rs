@@ -3,6 +3,7 @@
 
 use sqlx::Row;
 
+use crate::run_id::RunId;
 use crate::store::StoreError;
 use crate::store::runs::Runs;
 use crate::store::tasks::{key_of, to_u64};
@@ -58,7 +59,7 @@ pub struct AmbiguousAttempt {
 
 impl Runs<'_> {
     /// The run's tasks counted per step, in the order the steps first appear.
-    pub async fn step_counts(&self, run_id: &str) -> Result<Vec<StepCounts>, StoreError> {
+    pub async fn step_counts(&self, run_id: &RunId) -> Result<Vec<StepCounts>, StoreError> {
         let rows = sqlx::query(
             "SELECT step, COUNT(*) AS tasks,
                     COUNT(*) FILTER (WHERE status = 'succeeded') AS succeeded,
@@ -95,7 +96,7 @@ impl Runs<'_> {
     /// Every attempt of the run that may have been billed without a result.
     pub async fn ambiguous_attempts(
         &self,
-        run_id: &str,
+        run_id: &RunId,
     ) -> Result<Vec<AmbiguousAttempt>, StoreError> {
         let rows = sqlx::query(
             "SELECT t.id, t.item, t.step, t.idx, t.planned_credits, a.endpoint, a.started_at,
@@ -125,7 +126,7 @@ impl Runs<'_> {
     }
 
     /// How many outputs of the run were moved aside, and into which directory they went.
-    pub async fn superseded_count(&self, run_id: &str) -> Result<u64, StoreError> {
+    pub async fn superseded_count(&self, run_id: &RunId) -> Result<u64, StoreError> {
         let (n,): (i64,) = sqlx::query_as(
             "SELECT COUNT(*) FROM superseded_outputs WHERE run_id = $1 AND path IS NOT NULL",
         )
@@ -153,7 +154,7 @@ impl Runs<'_> {
         Ok(found.is_some())
     }
 
-    pub async fn totals(&self, run_id: &str) -> Result<Totals, StoreError> {
+    pub async fn totals(&self, run_id: &RunId) -> Result<Totals, StoreError> {
         let t = sqlx::query(
             "SELECT COUNT(*) AS tasks,
                     COUNT(*) FILTER (WHERE status = 'succeeded') AS succeeded,

@@ -5,6 +5,7 @@
 use sqlx::Row;
 
 use crate::place::{Address, RunDir};
+use crate::run_id::RunId;
 use crate::store::{Store, StoreError, now_ms};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,7 +117,7 @@ pub struct NewRun<'a> {
 
 #[derive(Clone, Debug)]
 pub struct Run {
-    pub id: String,
+    pub id: RunId,
     pub pipeline_name: String,
     pub pipeline_file: String,
     /// The run's own copy of its pipeline file.
@@ -180,7 +181,7 @@ impl Runs<'_> {
         Ok(())
     }
 
-    pub async fn get(&self, id: &str) -> Result<Option<Run>, StoreError> {
+    pub async fn get(&self, id: &RunId) -> Result<Option<Run>, StoreError> {
         let row = sqlx::query(
             "SELECT id, pipeline_name, pipeline_file, pipeline_text, pipeline_sha256, items_sha256,
                     plan_json, output_dir, status, credits_planned, balance_before,
@@ -209,7 +210,7 @@ impl Runs<'_> {
     /// Adopts a changed pipeline file (`--allow-changes`): the run keeps the new copy.
     pub async fn adopt_source(
         &self,
-        id: &str,
+        id: &RunId,
         text: &str,
         sha256: &str,
         items_sha256: &str,
@@ -236,7 +237,7 @@ impl Runs<'_> {
     /// recorded yet are counted from it.
     pub async fn set_plan(
         &self,
-        id: &str,
+        id: &RunId,
         plan: &RecordedPlan,
         credits_planned: u64,
     ) -> Result<(), StoreError> {
@@ -252,7 +253,7 @@ impl Runs<'_> {
     /// Marks the run running again (a continued run) or finished.
     pub async fn set_status(
         &self,
-        id: &str,
+        id: &RunId,
         status: RunStatus,
         stop_reason: Option<&str>,
         balance_after: Option<i64>,
@@ -274,10 +275,26 @@ impl Runs<'_> {
     }
 }
 
+/// A run's id is bound as the text the database keeps.
+impl sqlx::Type<sqlx::Any> for RunId {
+    fn type_info() -> sqlx::any::AnyTypeInfo {
+        <String as sqlx::Type<sqlx::Any>>::type_info()
+    }
+}
+
+impl sqlx::Encode<'_, sqlx::Any> for RunId {
+    fn encode_by_ref(
+        &self,
+        buf: &mut <sqlx::Any as sqlx::Database>::ArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        <String as sqlx::Encode<'_, sqlx::Any>>::encode(self.as_str().to_owned(), buf)
+    }
+}
+
 fn run_row(row: &sqlx::any::AnyRow) -> Result<Run, StoreError> {
     let status: String = row.try_get("status")?;
     Ok(Run {
-        id: row.try_get("id")?,
+        id: RunId::from(row.try_get::<String, _>("id")?),
         pipeline_name: row.try_get("pipeline_name")?,
         pipeline_file: row.try_get("pipeline_file")?,
         pipeline_text: row.try_get("pipeline_text")?,

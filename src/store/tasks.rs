@@ -3,6 +3,7 @@
 
 use sqlx::Row;
 
+use crate::run_id::RunId;
 use crate::store::attempts::CallOutcome;
 use crate::store::group::Written;
 use crate::store::{Backend, Store, StoreError, now_ms, rows};
@@ -102,7 +103,7 @@ pub struct Tasks<'a> {
 
 impl Tasks<'_> {
     /// Records a run's tasks in one transaction; tasks already recorded are kept as they are.
-    pub async fn insert(&self, run_id: &str, tasks: &[NewTask]) -> Result<(), StoreError> {
+    pub async fn insert(&self, run_id: &RunId, tasks: &[NewTask]) -> Result<(), StoreError> {
         let mut tx = self.store.pool().begin().await?;
         insert_tasks(&mut tx, self.store.backend(), run_id, tasks).await?;
         tx.commit().await?;
@@ -113,7 +114,7 @@ impl Tasks<'_> {
     /// after `--allow-changes` had dropped it), with its key.
     pub async fn record(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         tasks: &[NewTask],
     ) -> Result<Vec<(i64, TaskKey)>, StoreError> {
         let mut tx = self.store.pool().begin().await?;
@@ -147,14 +148,14 @@ impl Tasks<'_> {
         Ok(())
     }
 
-    pub async fn all(&self, run_id: &str) -> Result<Vec<RecordedTask>, StoreError> {
+    pub async fn all(&self, run_id: &RunId) -> Result<Vec<RecordedTask>, StoreError> {
         self.with_status(run_id, None).await
     }
 
     /// The run's tasks, or only those with `status`.
     pub async fn with_status(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         status: Option<TaskStatus>,
     ) -> Result<Vec<RecordedTask>, StoreError> {
         let mut out = Vec::new();
@@ -166,7 +167,7 @@ impl Tasks<'_> {
     /// memory at a time: a large run's rows are never held all at once, raw and decoded.
     pub async fn each(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         status: Option<TaskStatus>,
         mut f: impl FnMut(RecordedTask),
     ) -> Result<(), StoreError> {

@@ -883,7 +883,7 @@ async fn priced_by_row_id(state: &str) {
         .unwrap();
     let ids: Vec<i64> = store
         .tasks()
-        .all("r")
+        .all(&"r".into())
         .await
         .unwrap()
         .iter()
@@ -892,7 +892,7 @@ async fn priced_by_row_id(state: &str) {
     store.tasks().set_planned(&[(ids[1], 7)]).await.unwrap();
     let planned: Vec<u64> = store
         .tasks()
-        .all("r")
+        .all(&"r".into())
         .await
         .unwrap()
         .iter()
@@ -939,7 +939,7 @@ async fn in_byte_order(state: &str, writer: &str) {
     store.runs().create(&run, &tasks).await.unwrap();
     let ids: Vec<i64> = store
         .tasks()
-        .all("r")
+        .all(&"r".into())
         .await
         .unwrap()
         .iter()

@@ -36,6 +36,7 @@ use crate::report::page::book::Book;
 use crate::report::page::costs::Problems;
 use crate::report::page::model::Shared;
 use crate::report::page::pages::PER_PAGE;
+use crate::run_id::RunId;
 use crate::store::{ReportEntry, Run, Store};
 
 pub use html::MARKER;
@@ -45,7 +46,7 @@ pub use html::MARKER;
 pub struct Written {
     /// The first page; later ones are its siblings (`report-2.html`, …).
     pub path: Address,
-    pub run_id: String,
+    pub run_id: RunId,
     pub status: &'static str,
     pub images: usize,
     pub thumbnails_made: usize,

@@ -33,6 +33,7 @@ use crate::report::live::Observed;
 use crate::report::page::html::MARKER;
 use crate::report::page::thumbs::{Facts, Known, Preview, thumb_name};
 use crate::report::page::{Written, refuse_foreign, write_local};
+use crate::run_id::RunId;
 use crate::store::{ReportOutput, Run, Store, Thumbnail};
 
 /// Objects read or put at once while a page is staged or kept: round trips, not bandwidth,
@@ -59,7 +60,7 @@ pub(super) async fn write(
     };
     let objects = Objects::open(run_url).map_err(failed)?;
     let stage = tempfile::tempdir().map_err(failed)?;
-    let local_run = stage.path().join(&run.id);
+    let local_run = stage.path().join(run.id.as_str());
     let started = std::time::Instant::now();
     let differ = outputs_not_as_recorded(store, &run.id, run_url).await?;
     let forgotten = forget_missing_thumbnails(store, &run.id, &objects.child(THUMBS)).await?;
@@ -197,7 +198,7 @@ where
 /// (sorted): gone ([`Seen::Unlisted`]) or changed ([`Seen::Other`]).
 async fn outputs_not_as_recorded(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     run_url: &ObjectUrl,
 ) -> Result<Vec<(i64, Seen)>, Error> {
     let kept = store
@@ -223,7 +224,7 @@ async fn outputs_not_as_recorded(
 /// returns how many.
 async fn forget_missing_thumbnails(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     thumbs: &Objects,
 ) -> Result<usize, Error> {
     let put = store
@@ -246,7 +247,7 @@ async fn forget_missing_thumbnails(
 /// made, and what it made is put after.
 pub(super) struct Pages {
     store: Store,
-    run_id: String,
+    run_id: RunId,
     run_url: ObjectUrl,
     local_run: PathBuf,
     thumbs: Objects,
