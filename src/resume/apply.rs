@@ -38,6 +38,9 @@ pub struct Tally {
     pub set_aside: usize,
 }
 
+/// Recorded tasks blocked below a failed one, and why.
+type Blocked = (Vec<i64>, String);
+
 /// Makes the record and the output directory agree with `review`: lost answers read back by
 /// job id, outputs of tasks to redo moved under [`crate::place::layout::SUPERSEDED`], changed
 /// tasks reset, reused results copied in. The kept outputs' files are checked beside the run,
@@ -182,7 +185,7 @@ impl<D: Fn(usize) -> NewTask> Applying<'_, D> {
 
     /// Tasks left failed (`--on-ambiguous fail`), with why, and the recorded tasks below
     /// each, blocked.
-    fn left_failed(&self) -> (Vec<(i64, String)>, Vec<(Vec<i64>, String)>) {
+    fn left_failed(&self) -> (Vec<(i64, String)>, Vec<Blocked>) {
         let (mut failed, mut blocked) = (Vec::new(), Vec::new());
         for f in &self.review.left_failed {
             let why = format!(
