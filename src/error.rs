@@ -159,3 +159,29 @@ impl Error {
         }
     }
 }
+
+/// A continuation refused says why with the exit code of its kind: 2 for what was asked
+/// wrongly, 3 for what it would cost.
+impl From<crate::resume::ResumeError> for Error {
+    fn from(e: crate::resume::ResumeError) -> Self {
+        use crate::resume::ResumeError;
+        match e {
+            ResumeError::Refused(r) if r.is_usage() => Error::Usage {
+                message: r.message(),
+                hint: r.hint(),
+            },
+            ResumeError::Refused(r) => Error::Refused {
+                message: r.message(),
+                hint: r.hint(),
+            },
+            ResumeError::Store(source) => Error::Store { source },
+            ResumeError::Graph(e) => Error::Graph(e),
+        }
+    }
+}
+
+impl From<crate::resume::Refusal> for Error {
+    fn from(r: crate::resume::Refusal) -> Self {
+        crate::resume::ResumeError::Refused(r).into()
+    }
+}

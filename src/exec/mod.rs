@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use crate::store::StoreError;
 
-pub use rows::{RowIds, new_task, read_rows};
+pub use rows::{new_task, read_rows};
 pub use scheduler::run;
 
 /// Where the executor's calls, records and files go.
