@@ -3,10 +3,11 @@
 
 use clap::{Args, Subcommand};
 
-use crate::caps::{Cap, Per, Standing};
+use crate::caps::{Cap, Standing};
 use crate::cli::GlobalArgs;
 use crate::cli::args::StateArgs;
 use crate::cli::stdio;
+use crate::cli::values::Per;
 use crate::cli::view::print_json;
 use crate::error::Error;
 use crate::runner::state::close;
@@ -69,7 +70,7 @@ pub(super) async fn run(args: &CapArgs, global: &GlobalArgs) -> Result<(), Error
             let cap = Cap::new(
                 &set.name,
                 set.credits,
-                set.per,
+                set.per.into(),
                 set.pipeline.clone(),
                 &set.tz,
             )

@@ -33,7 +33,7 @@ pub const BUDGET_MARKS: [u8; 3] = [50, 80, 100];
 /// What the command line, the environment and the pipeline file asked for.
 #[derive(Clone, Default)]
 pub struct Config {
-    /// Checked with [`notify::check_url`].
+    /// Checked with [`crate::webhook::check_url`].
     pub notify_url: Option<url::Url>,
     /// Signs the events' bodies.
     pub notify_secret: Option<notify::Secret>,

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use crate::store::StoreError;
 
-pub use rows::{RowIds, new_task, read_rows};
+pub use rows::{new_task, read_rows};
 pub use scheduler::run;
 
 /// Where the executor's calls, records and files go.
@@ -38,7 +38,7 @@ pub struct Links {
 pub type Refetch = tokio::sync::oneshot::Receiver<Vec<crate::store::OutputRow>>;
 
 /// What to do with a call that was sent and got no complete answer.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OnAmbiguous {
     /// Record it as possibly billed and call again.
     #[default]

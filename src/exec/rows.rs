@@ -15,6 +15,7 @@ use crate::exec::scheduler::State;
 use crate::exec::{Config, OnAmbiguous};
 use crate::place::layout::BATCH;
 use crate::plan::graph::{Graph, Instance, Work};
+use crate::plan::rows::RowIds;
 use crate::store::{NewTask, Store, StoreError, TaskRow, TaskStatus};
 
 /// Items recorded in one transaction: a few hundred milliseconds' work at most.
@@ -100,99 +101,6 @@ pub async fn read_rows(
     Ok(ids)
 }
 
-/// Each task's row id, in a few bytes a task (see [`RowIds`]).
-///
-/// A run records an item's tasks in one statement, in the graph's order, so their ids are
-/// consecutive: an item's ids are held as the id of its first task, plus a bit a task saying
-/// whether it is recorded. Ids that break the pattern (tasks a changed pipeline added later,
-/// or another run's rows interleaved on a shared PostgreSQL) are held one by one. At 1,000,000
-/// items × 9 tasks that is 5 MB where a `Vec<i64>` was 72 MB.
-pub struct RowIds {
-    batch: usize,
-    shape: usize,
-    /// The first group's base: the others' are held as their distance from it.
-    origin: Option<i64>,
-    /// Per group (the batch, then each item): the id its first task has when its ids are
-    /// consecutive, less `origin`; [`UNSET`] before any of its tasks is recorded (or when the
-    /// distance does not fit: its ids are then all in `others`).
-    base: Vec<u32>,
-    /// One bit a task: recorded.
-    recorded: Vec<u64>,
-    /// Ids that are not their group's base plus their offset.
-    others: HashMap<usize, i64>,
-}
-
-const UNSET: u32 = u32::MAX;
-
-impl RowIds {
-    /// No task of `graph` recorded.
-    pub fn new(graph: &Graph) -> RowIds {
-        let batch = graph.instance_tasks(Instance::Batch).len();
-        let shape = graph.len().saturating_sub(batch) / graph.instances().max(1);
-        RowIds {
-            batch,
-            shape,
-            origin: None,
-            base: vec![UNSET; graph.instances() + 1],
-            recorded: vec![0; graph.len().div_ceil(64)],
-            others: HashMap::new(),
-        }
-    }
-
-    /// Task `t`'s group and its offset in it.
-    fn group(&self, t: usize) -> (usize, i64) {
-        let (group, offset) = if t < self.batch {
-            (0, t)
-        } else {
-            let r = t - self.batch;
-            (1 + r / self.shape, r % self.shape)
-        };
-        (group, i64::try_from(offset).unwrap_or(i64::MAX))
-    }
-
-    /// Whether any task of `instance` is recorded.
-    pub fn any_of(&self, graph: &Graph, instance: Instance) -> bool {
-        graph
-            .instance_tasks(instance)
-            .any(|t| self.recorded[t / 64] & (1 << (t % 64)) != 0)
-    }
-
-    /// The row id of task `t`; 0 while it is not recorded.
-    pub fn get(&self, t: usize) -> i64 {
-        if self.recorded[t / 64] & (1 << (t % 64)) == 0 {
-            return 0;
-        }
-        if let Some(id) = self.others.get(&t) {
-            return *id;
-        }
-        let (group, offset) = self.group(t);
-        match (self.origin, self.base[group]) {
-            (Some(origin), base) if base != UNSET => origin + i64::from(base) + offset,
-            _ => 0,
-        }
-    }
-
-    pub fn set(&mut self, t: usize, id: i64) {
-        self.recorded[t / 64] |= 1 << (t % 64);
-        let (group, offset) = self.group(t);
-        let origin = *self.origin.get_or_insert(id - offset);
-        if self.base[group] == UNSET {
-            match u32::try_from(id - offset - origin) {
-                Ok(base) if base != UNSET => self.base[group] = base,
-                _ => {
-                    self.others.insert(t, id);
-                    return;
-                }
-            }
-        }
-        if origin + i64::from(self.base[group]) + offset == id {
-            self.others.remove(&t);
-        } else {
-            self.others.insert(t, id);
-        }
-    }
-}
-
 /// Each task's row id, and how far recording has gone.
 pub(super) struct Rows {
     pub ids: RowIds,
@@ -234,7 +142,7 @@ impl Rows {
         .await?;
         // The recorded tasks not read whole are the succeeded ones.
         for (t, state) in prior.iter_mut().enumerate() {
-            if ids.get(t) != 0 && !open.contains(&t) {
+            if ids.has(t) && !open.contains(&t) {
                 *state = State::Done;
             }
         }
@@ -244,7 +152,7 @@ impl Rows {
         };
         // A `once` step that `--allow-changes` added has no row yet.
         let batch = graph.instance_tasks(Instance::Batch);
-        let missing: Vec<usize> = batch.filter(|t| rows.ids.get(*t) == 0).collect();
+        let missing: Vec<usize> = batch.filter(|t| !rows.ids.has(*t)).collect();
         if !missing.is_empty() {
             rows.record(store, graph, &config.run_id, &missing).await?;
         }
@@ -275,7 +183,7 @@ impl Rows {
             let end = start.saturating_add(CHUNK_ITEMS.max(ahead)).min(items);
             let first = graph.instance_tasks(Instance::Item(start)).start;
             let last = graph.instance_tasks(Instance::Item(end - 1)).end;
-            let missing: Vec<usize> = (first..last).filter(|t| self.ids.get(*t) == 0).collect();
+            let missing: Vec<usize> = (first..last).filter(|t| !self.ids.has(*t)).collect();
             if !missing.is_empty() {
                 self.record(store, graph, run_id, &missing).await?;
             }
@@ -302,7 +210,7 @@ impl Rows {
                 self.ids.set(*t, id);
             }
         }
-        match missing.iter().find(|t| self.ids.get(**t) == 0) {
+        match missing.iter().find(|t| !self.ids.has(**t)) {
             None => Ok(()),
             Some(t) => Err(StoreError::Inconsistent(format!(
                 "task {}/{} of run {run_id} was not recorded",
@@ -326,7 +234,7 @@ pub(super) async fn record_identities(
         let mut inputs: Vec<i64> = chunk
             .iter()
             .flat_map(|t| graph.deps(*t))
-            .map(|u| rows.get(u))
+            .filter_map(|u| rows.get(u))
             .collect();
         inputs.sort_unstable();
         inputs.dedup();
@@ -334,9 +242,8 @@ pub(super) async fn record_identities(
         let found: Vec<(i64, String)> = chunk
             .iter()
             .filter_map(|&t| {
-                let id =
-                    crate::exec::identity::from_record(graph, t, |u| Some(rows.get(u)), &hashes)?;
-                Some((rows.get(t), id))
+                let id = crate::exec::identity::from_record(graph, t, |u| rows.get(u), &hashes)?;
+                Some((rows.get(t)?, id))
             })
             .collect();
         store.set_identities(&found).await?;
@@ -439,10 +346,17 @@ mod tests {
         let rows = store.tasks("r").await.unwrap();
         for row in &rows {
             if let Some(t) = index.get(&row.item, &row.step, row.idx) {
-                assert_eq!(ids.get(t), row.id, "{}/{}[{}]", row.item, row.step, row.idx);
+                assert_eq!(
+                    ids.get(t),
+                    Some(row.id),
+                    "{}/{}[{}]",
+                    row.item,
+                    row.step,
+                    row.idx
+                );
             }
         }
-        assert!(item(3).all(|t| ids.get(t) == 0), "item d has no rows");
+        assert!(item(3).all(|t| ids.get(t).is_none()), "item d has no rows");
         assert!(ids.any_of(&g, Instance::Item(2)) && !ids.any_of(&g, Instance::Item(3)));
         whole.sort_by(|x, y| (&x.1, &x.2).cmp(&(&y.1, &y.2)));
         assert_eq!(
@@ -459,41 +373,6 @@ mod tests {
             ],
             "read whole: what is not succeeded, and what the graph does not have"
         );
-    }
-
-    #[test]
-    fn row_ids_are_derived_where_consecutive_and_kept_where_not() {
-        let g = Graph::of_text(
-            "version: 1\nname: t\nitems: [{ id: a }, { id: b }, { id: c }]\nsteps:\n  - id: shot\n    generate: { prompt: p, n: 2 }\n  - id: big\n    upscale: { from: shot, desired_increase: 2 }\n",
-        );
-        let mut ids = RowIds::new(&g);
-        assert!((0..g.len()).all(|t| ids.get(t) == 0));
-        let a = g.instance_tasks(Instance::Item(0));
-        let b = g.instance_tasks(Instance::Item(1));
-        // Item a recorded in one statement; item b's tasks interleaved with another run's.
-        for (n, t) in a.clone().enumerate() {
-            ids.set(t, 10 + n as i64);
-        }
-        for (n, t) in b.clone().enumerate() {
-            ids.set(t, 50 + 2 * n as i64);
-        }
-        let got: Vec<i64> = (0..g.len()).map(|t| ids.get(t)).collect();
-        assert_eq!(got, [10, 11, 12, 50, 52, 54, 0, 0, 0]);
-        assert_eq!(
-            ids.others.len(),
-            2,
-            "only the ids off the pattern are kept one by one"
-        );
-        // Set again to the derived value: kept no more.
-        ids.set(b.start + 1, 51);
-        assert_eq!((ids.get(b.start + 1), ids.others.len()), (51, 1));
-        // Item c's ids lie below the first item's: held one by one, still right.
-        let c = g.instance_tasks(Instance::Item(2));
-        for (n, t) in c.clone().enumerate() {
-            ids.set(t, 1 + n as i64);
-        }
-        let got: Vec<i64> = c.map(|t| ids.get(t)).collect();
-        assert_eq!(got, [1, 2, 3]);
     }
 
     #[test]

@@ -258,8 +258,7 @@ impl Scheduler {
         let store = self.shared.store.clone();
         let mut read: Vec<i64> = (0..self.graph.len())
             .filter(|t| self.state[*t] == State::Done && self.still_read(*t))
-            .map(|t| self.rows.ids.get(t))
-            .filter(|id| *id != 0)
+            .filter_map(|t| self.rows.ids.get(t))
             .collect();
         read.sort_unstable();
         let mut outputs = store.unstored_outputs(&self.config.run_id).await?;
@@ -515,7 +514,13 @@ impl Scheduler {
             // A retry sleeping out its delay is no probe: a sibling may test the price.
             let step = task.step.0;
             self.probing[step] |= !self.confirmed[step] && delay.is_zero();
-            let row = self.rows.ids.get(t);
+            // Admitted, so recorded: an item's tasks are recorded before any is admitted.
+            let Some(row) = self.rows.ids.get(t) else {
+                let name = self.name(t);
+                let missing = StoreError::Inconsistent(format!("task {name} is not recorded"));
+                self.fatal(Fatal::Store(Arc::new(missing)));
+                return;
+            };
             self.calls
                 .spawn(attempt(Arc::clone(&self.shared), t, row, delay, force));
         }
@@ -834,11 +839,11 @@ impl Scheduler {
     /// A task that could not be tried, back to pending for a later run.
     async fn put_back(&mut self, t: usize) {
         self.state[t] = State::Ready;
-        let id = self.rows.ids.get(t);
+        let ids: Vec<i64> = self.rows.ids.get(t).into_iter().collect();
         if let Err(e) = self
             .shared
             .store
-            .set_task_status(&[id], TaskStatus::Pending, None)
+            .set_task_status(&ids, TaskStatus::Pending, None)
             .await
         {
             self.fatal(Fatal::Store(Arc::new(e)));
@@ -875,16 +880,18 @@ impl Scheduler {
                     self.budget.abandon(below.planned);
                 }
                 // A task not recorded yet is recorded pending, and blocked again on resume.
-                if self.rows.ids.get(d) != 0 {
-                    blocked.push(self.rows.ids.get(d));
-                }
+                blocked.extend(self.rows.ids.get(d));
             }
         }
         self.release_inputs(t);
         self.release(t);
         let store = &self.shared.store;
         let recorded = match store
-            .set_task_status(&[self.rows.ids.get(t)], TaskStatus::Failed, Some(reason))
+            .set_task_status(
+                &self.rows.ids.get(t).into_iter().collect::<Vec<_>>(),
+                TaskStatus::Failed,
+                Some(reason),
+            )
             .await
         {
             Ok(()) => {

@@ -2,6 +2,19 @@
 //! again, and why; then making the record and the run's files agree with that before the
 //! scheduler starts.
 //!
+//! Continuing a run (`imgpipe resume`, `imgpipe reroll`, `imgpipe run --run-id` of a run that
+//! exists) is two stages and a hand-off, which the runner calls in order once it holds the
+//! run's lock and has made a plan now:
+//! 1. [`prepare()`] → [`Prepared`]: the graph priced, the review, a changed pipeline refused
+//!    unless allowed, a reroll's targets chosen; [`Prepared::admit`] refuses what costs more
+//!    than may be spent. Nothing is written: a dry run stops here, and shows it.
+//! 2. [`Prepared::apply`] → [`Applied`]: the review applied, the kept outputs' check started
+//!    beside the run, the run's record of its source and plan brought up to date.
+//! 3. the hand-off: [`Applied`] is what the executor is given; [`After::finish`] records a
+//!    reroll done once the executor is. Every refusal is a [`Refusal`], its words in
+//!    [`refusal`].
+//!
+//! The parts they are made of:
 //! - [`decide`]: the pure core. The run's records in, a [`Review`] out; no I/O.
 //! - [`records`]: reads what the core needs from the state database, in batches.
 //! - [`check`]: the kept outputs' files or objects compared with the record (what to fetch
@@ -16,27 +29,50 @@
 //!
 //! [`review`] and [`check()`] only read, so `resume --dry-run` shows them; [`apply()`] and
 //! [`beside`] change things.
-//! The lifecycle around them (lock, plan, admission, execution) is the runner's.
+//! The lifecycle around them (the lock, the plan, the execution) is the runner's.
 
 mod apply;
 mod changes;
 mod check;
 pub mod decide;
+mod handoff;
 mod objects;
+mod prepare;
 mod records;
 mod recover;
+pub mod refusal;
 mod reroll;
 
-use crate::exec::{OnAmbiguous, RowIds};
+use crate::exec::OnAmbiguous;
 use crate::place::RunDir;
 use crate::plan::graph::{Graph, Instance};
+use crate::plan::rows::RowIds;
 use crate::plan::scope::Scope;
 use crate::store::{OutputRow, Reusable, Store, StoreError, TaskRow};
 
-pub use apply::{Applied, apply};
-pub use changes::describe_changes;
+pub use apply::{Tally, apply};
 use decide::{Decision, Lookups, Options};
-pub use reroll::{Target, resolve as resolve_targets, said as targets_said};
+pub use handoff::{After, Applied};
+pub use prepare::{Choices, Given, Prepared, changed, finished, prepare};
+pub use refusal::Refusal;
+pub use reroll::Target;
+
+/// Why a run cannot be continued: a refusal, or the database or the pipeline failing.
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    #[error("{}", .0.message())]
+    Refused(Refusal),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Graph(#[from] crate::plan::graph::GraphError),
+}
+
+impl From<Refusal> for ResumeError {
+    fn from(refusal: Refusal) -> Self {
+        ResumeError::Refused(refusal)
+    }
+}
 
 /// Why a task will be paid for (again).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]

@@ -4,8 +4,9 @@
 use std::collections::HashMap;
 
 use crate::exec::identity::from_record;
-use crate::exec::{RowIds, read_rows};
+use crate::exec::read_rows;
 use crate::plan::graph::{Graph, Instance};
+use crate::plan::rows::RowIds;
 use crate::store::{Store, StoreError, TaskRow, TaskStatus};
 
 use super::decide::Records;
@@ -66,7 +67,7 @@ pub(super) async fn load(
     Ok(r)
 }
 
-/// The database id of each task of `graph` (0 where it is not recorded), read row by row.
+/// The database id of each task of `graph` that is recorded, read row by row.
 pub(super) async fn row_ids(
     store: &Store,
     run_id: &str,

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use crate::api::types::STATUS_SUCCEEDED;
 use crate::api::{ApiError, Client, JobRecord, RetryPolicy};
-use crate::exec::RowIds;
 use crate::plan::graph::{Graph, Source};
+use crate::plan::rows::RowIds;
 use crate::store::{AttemptOutcome, Settled, Store, StoreError};
 
 use super::Recover;
@@ -30,7 +30,10 @@ pub(super) async fn recover(
     r: &Recover,
     rows: &RowIds,
 ) -> Result<bool, StoreError> {
-    let task_id = rows.get(r.task);
+    // A lost answer is read back only for a recorded task.
+    let Some(task_id) = rows.get(r.task) else {
+        return Ok(false);
+    };
     let job = match read_back(client, &r.job_id).await {
         Ok(job) => job,
         Err(e) => {
@@ -54,7 +57,7 @@ pub(super) async fn recover(
             Source::Url(_) => None,
         })
     });
-    let parent = match upstream.map(|u| rows.get(u)).filter(|id| *id != 0) {
+    let parent = match upstream.and_then(|u| rows.get(u)) {
         Some(id) => store.task_job(id).await?,
         None => None,
     };

@@ -80,7 +80,7 @@ impl Default for Config {
 
 /// The spec shows no rate limits; a real service most likely counts every call, but a test or
 /// benchmark may want to limit the paid ones alone.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RateScope {
     /// Every `/v1/...` call.
     #[default]

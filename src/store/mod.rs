@@ -24,6 +24,7 @@ mod caps;
 mod changes;
 mod gauges;
 mod group;
+pub mod ledger;
 mod location;
 pub mod lock;
 mod outline;
@@ -32,7 +33,6 @@ mod report;
 mod rerolls;
 mod resume;
 mod runs;
-pub mod spend;
 pub(crate) mod tasks;
 #[cfg(test)]
 pub(crate) mod test_postgres;
@@ -48,12 +48,12 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{AnyPool, ConnectOptions, Executor};
 
 pub use caps::{CapRow, CapWindow, Lessee};
-pub use gauges::RunGauges;
+pub use gauges::{Gauges, RunGauges};
 pub use location::{Location, PgUrl};
 pub use outline::ItemOutline;
 
 pub use report::{
-    EarlierOutput, ReportOutput, ReportRow, ReportTask, Spend, StepTotals, TaskRequest,
+    EarlierOutput, Report, ReportEntry, ReportOutput, ReportTask, Spend, StepTotals, TaskRequest,
 };
 pub use rerolls::{NewReroll, OpenReroll};
 pub use resume::{
@@ -64,7 +64,7 @@ pub use tasks::{
     AttemptOutcome, LastAttempt, NewTask, OutputRow, Settled, TaskRow, TaskStatus, Totals,
     UrlIssued,
 };
-pub use thumbnails::ThumbnailRow;
+pub use thumbnails::{Thumbnail, Thumbnails};
 
 /// The directory under the user's state directory that holds the default database.
 pub const APP_DIR: &str = "imgpipe";

@@ -14,7 +14,7 @@ pub enum RunStatus {
     /// Finished, with failed tasks or downloads.
     Failed,
     /// Stopped by SIGINT/SIGTERM. A crash records nothing, so the record still says
-    /// `running`; [`crate::report::live::observe`] tells that run as `interrupted`.
+    /// `running`; the report (its `live::observe`) tells that run as `interrupted`.
     Interrupted,
     /// Stopped by imgpipe itself: out of budget or balance, or prices above the plan.
     Stopped,

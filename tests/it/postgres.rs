@@ -1037,11 +1037,11 @@ async fn recorded_thumbnails_come_in_name_order_a_page_at_a_time_on_postgres_and
 }
 
 async fn thumbnails_recorded(state: &str) {
-    use imgpipe::store::ThumbnailRow;
+    use imgpipe::store::Thumbnail;
     let store = store_at(state).await;
     let run = one_step_run("s3://bkt/runs");
     store.create_run(&run, &[erase_task("a")]).await.unwrap();
-    let row = |i: u32| ThumbnailRow {
+    let row = |i: u32| Thumbnail {
         // Hex, as a sha256's start is, written out of order.
         name: format!("{:032x}", u128::from(i.wrapping_mul(2_654_435_761))),
         size: (2048, 1536 + i),
@@ -1051,22 +1051,23 @@ async fn thumbnails_recorded(state: &str) {
         etag: (!i.is_multiple_of(3)).then(|| format!("\"e{i}\"")),
     };
     // Past the store's page of 1,000 rows twice, in statements of a few hundred.
-    let rows: Vec<ThumbnailRow> = (0..2_100).map(row).collect();
-    store.record_thumbnails("r", &rows).await.unwrap();
-    let listed: Vec<ThumbnailRow> = futures::TryStreamExt::try_collect(store.thumbnails("r"))
+    let rows: Vec<Thumbnail> = (0..2_100).map(row).collect();
+    store.thumbnails().record("r", &rows).await.unwrap();
+    let listed: Vec<Thumbnail> = futures::TryStreamExt::try_collect(store.thumbnails().list("r"))
         .await
         .unwrap();
     let mut expected = rows.clone();
     expected.sort_unstable_by(|a, b| a.name.cmp(&b.name));
     assert_eq!(listed, expected, "{state}");
     // Put again: the row is replaced, not doubled.
-    let again = ThumbnailRow {
+    let again = Thumbnail {
         bytes: 7,
         etag: None,
         ..rows[5].clone()
     };
     store
-        .record_thumbnails("r", std::slice::from_ref(&again))
+        .thumbnails()
+        .record("r", std::slice::from_ref(&again))
         .await
         .unwrap();
     let names: Vec<String> = rows[..300]
@@ -1074,19 +1075,20 @@ async fn thumbnails_recorded(state: &str) {
         .map(|t| t.name.clone())
         .chain(["f".repeat(32)])
         .collect();
-    let mut found = store.thumbnails_named("r", &names).await.unwrap();
+    let mut found = store.thumbnails().named("r", &names).await.unwrap();
     found.sort_unstable_by_key(|t| t.size.1);
     assert_eq!(found.len(), 300, "{state}: a name with none is left out");
     assert_eq!(found[5], again, "{state}");
     assert_eq!(found[6], rows[6], "{state}");
-    store.forget_thumbnails("r", &names[..250]).await.unwrap();
-    let left = futures::TryStreamExt::try_collect::<Vec<_>>(store.thumbnails("r"))
+    store.thumbnails().forget("r", &names[..250]).await.unwrap();
+    let left = futures::TryStreamExt::try_collect::<Vec<_>>(store.thumbnails().list("r"))
         .await
         .unwrap();
     assert_eq!(left.len(), 1_850, "{state}");
     assert!(
         store
-            .thumbnails_named("r", &names[..250])
+            .thumbnails()
+            .named("r", &names[..250])
             .await
             .unwrap()
             .is_empty()
