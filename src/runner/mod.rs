@@ -35,7 +35,8 @@ use crate::plan::graph::Graph;
 use crate::plan::scope::Scope;
 use crate::report::summary::Summary;
 use crate::resume::{self, Review};
-use crate::store::{RunRow, StepCounts, Store};
+use crate::run_id::RunId;
+use crate::store::{Run, StepCounts, Store};
 
 pub use service::{AccountFields, Connection, ServiceSettings};
 pub use state::StateLocation;
@@ -88,7 +89,7 @@ pub struct RunRequest {
 
 /// A recorded run reviewed for resuming: what `resume --dry-run` shows.
 pub struct Reviewed<'a> {
-    pub row: &'a RunRow,
+    pub row: &'a Run,
     pub graph: &'a Graph,
     pub review: &'a Review,
     /// The most that may be spent now.
@@ -104,7 +105,7 @@ pub trait View: Send + Sync {
     /// What resuming a run would pay for (`--dry-run`).
     fn review(&self, reviewed: &Reviewed<'_>) -> Result<(), Error>;
     /// A dry run of a run that is finished: nothing to pay for.
-    fn finished(&self, run_id: &str) -> Result<(), Error>;
+    fn finished(&self, run_id: &RunId) -> Result<(), Error>;
     /// The run's summary when it ends, or when it was already finished.
     fn summary(&self, summary: &Summary) -> Result<(), Error>;
     /// Live progress of the execution: each step's name and task count, in pipeline order,
@@ -117,9 +118,9 @@ pub trait View: Send + Sync {
     ) -> Arc<dyn Observer>;
     /// The command that continues run `run_id`, as it can be pasted: the part it was asked
     /// for (`--items`, `--until`) when it was asked for one.
-    fn continue_command(&self, run_id: &str) -> String;
+    fn continue_command(&self, run_id: &RunId) -> String;
     /// The command that continues all of run `run_id`, beyond the part it was asked for.
-    fn continue_rest(&self, run_id: &str) -> String;
+    fn continue_rest(&self, run_id: &RunId) -> String;
 }
 
 /// One command's run of the lifecycle.
@@ -149,7 +150,7 @@ impl Runner<'_> {
         if let Some(id) = &request.run_id {
             record::check_run_id(id)?;
             let store = self.settings.state.open().await?;
-            if let Some(row) = store.run(id).await? {
+            if let Some(row) = store.runs().get(&RunId::from(id.as_str())).await? {
                 let result = self
                     .continued(&store, row, Some(pipeline), request.dry_run, None)
                     .await;
@@ -193,12 +194,12 @@ impl Runner<'_> {
     /// them paid for again, their earlier outputs set aside.
     pub async fn reroll(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         targets: &[crate::resume::Target],
         dry_run: bool,
     ) -> Result<(), Error> {
         let store = self.settings.state.open_existing().await?;
-        let result = match store.run(run_id).await {
+        let result = match store.runs().get(run_id).await {
             Err(e) => Err(e.into()),
             Ok(None) => Err(state::no_such_run(&store, run_id)),
             Ok(Some(row)) => {
@@ -210,9 +211,9 @@ impl Runner<'_> {
     }
 
     /// `imgpipe resume RUN_ID`.
-    pub async fn resume(&self, run_id: &str, dry_run: bool) -> Result<(), Error> {
+    pub async fn resume(&self, run_id: &RunId, dry_run: bool) -> Result<(), Error> {
         let store = self.settings.state.open_existing().await?;
-        let result = match store.run(run_id).await {
+        let result = match store.runs().get(run_id).await {
             Err(e) => Err(e.into()),
             Ok(None) => Err(state::no_such_run(&store, run_id)),
             Ok(Some(row)) => self.continued(&store, row, None, dry_run, None).await,
@@ -231,7 +232,7 @@ impl Runner<'_> {
     async fn continued(
         &self,
         store: &Store,
-        row: RunRow,
+        row: Run,
         pipeline: Option<Pipeline>,
         dry_run: bool,
         reroll: Option<&[resume::Target]>,
@@ -246,7 +247,7 @@ impl Runner<'_> {
         };
         let scope = self.scope(&pipeline)?;
         let sandbox_with_finished =
-            self.service.sandbox && store.totals(&row.id).await?.succeeded > 0;
+            self.service.sandbox && store.runs().totals(&row.id).await?.succeeded > 0;
         resume::refusal::before_lock(resume::refusal::Asked {
             run_id: &row.id,
             rerolling,
@@ -260,7 +261,7 @@ impl Runner<'_> {
             Some(state::lock(store, name, &row.id, wait, &self.shutdown).await?)
         };
         // While this process waited for the lock, the holder may have finished the run.
-        let row = store.run(&row.id).await?.unwrap_or(row);
+        let row = store.runs().get(&row.id).await?.unwrap_or(row);
         if resume::finished(row.status, rerolling) {
             return self.finished(store, &row.id, dry_run).await;
         }
@@ -271,7 +272,7 @@ impl Runner<'_> {
     /// The plan made now of a run to continue, and the pipeline it recorded when that changed.
     async fn plan_again(
         &self,
-        row: RunRow,
+        row: Run,
         pipeline: Pipeline,
         scope: Scope,
     ) -> Result<(Connection, resume::Given), Error> {
@@ -281,7 +282,7 @@ impl Runner<'_> {
         let doc = crate::plan::narrow(doc, &pipeline, &scope);
         let recorded = if resume::changed(&pipeline, &doc, &row) {
             let unreadable = |_| resume::Refusal::CopyUnreadable {
-                run_id: row.id.clone(),
+                run_id: row.id.to_string(),
             };
             Some(self.recorded_pipeline(&row).map_err(unreadable)?)
         } else {
@@ -360,7 +361,7 @@ impl Runner<'_> {
     }
 
     /// The run's pipeline file as it is now; the run's own copy when the file is gone.
-    fn current_pipeline(&self, row: &RunRow) -> Result<Pipeline, Error> {
+    fn current_pipeline(&self, row: &Run) -> Result<Pipeline, Error> {
         let path = Path::new(&row.pipeline_file);
         if path.exists() {
             return checked(self.view, path, pipeline::load(path));
@@ -373,7 +374,7 @@ impl Runner<'_> {
     }
 
     /// The pipeline file as the run recorded it (when it started, or last adopted a change).
-    fn recorded_pipeline(&self, row: &RunRow) -> Result<Pipeline, Error> {
+    fn recorded_pipeline(&self, row: &Run) -> Result<Pipeline, Error> {
         let path = Path::new(&row.pipeline_file);
         let loaded = pipeline::load_str(
             &row.pipeline_file,
@@ -402,7 +403,15 @@ pub async fn reuse_estimate(
     let store = state.open().await?;
     let graph = Graph::build(pipeline, &doc.costs)?;
     // A run id no run has: every task looks new, and any earlier run may supply it.
-    let review = crate::resume::review(&store, "", &graph, None, OnAmbiguous::Retry, true).await;
+    let review = crate::resume::review(
+        &store,
+        &RunId::from(""),
+        &graph,
+        None,
+        OnAmbiguous::Retry,
+        true,
+    )
+    .await;
     let mut review = state::close(store, review.map_err(Error::from)).await?;
     review.narrow(&graph, scope);
     Ok(admit::estimate(doc, &review, &graph))
@@ -502,7 +511,7 @@ impl Runner<'_> {
     /// A new run: refused unless it fits (after what earlier runs' results save), then
     /// recorded and executed.
     async fn fresh(&self, f: Fresh<'_>, mut doc: PlanDocument) -> Result<(), Error> {
-        let run_id = f.request.run_id.clone().unwrap_or_else(record::new_run_id);
+        let run_id = RunId::from(f.request.run_id.clone().unwrap_or_else(record::new_run_id));
         record::check_run_id(&run_id)?;
         let graph = Arc::new(Graph::build(f.pipeline, &doc.costs)?);
         let on_ambiguous = self.settings.on_ambiguous;
@@ -526,7 +535,7 @@ impl Runner<'_> {
         let held = state::lock(f.store, &f.pipeline.name, &run_id, wait, &self.shutdown).await?;
         // Another process may have started this id while we waited for the lock: continue
         // it (which takes the lock again itself).
-        if let Some(row) = f.store.run(&run_id).await? {
+        if let Some(row) = f.store.runs().get(&run_id).await? {
             drop(held);
             return self
                 .continued(f.store, row, Some(f.pipeline.clone()), false, None)
