@@ -34,7 +34,7 @@ fn write_pages(
     dir: &Path,
     written: &mut Vec<PathBuf>,
 ) -> Result<(), Error> {
-    let page = command.clone().name(name.to_owned());
+    let page = command.clone().display_name(name.to_owned());
     let mut text = Vec::new();
     clap_mangen::Man::new(page)
         .render(&mut text)

@@ -429,9 +429,20 @@ async fn man_pages_for_every_command_render_without_warnings() {
     for command in subcommands().await {
         pages.push(format!("imgpipe-{command}.1"));
     }
-    pages.extend(["imgpipe-cap-set.1", "imgpipe-cap-list.1", "imgpipe-cap-remove.1"].map(String::from));
+    pages.extend(
+        [
+            "imgpipe-cap-set.1",
+            "imgpipe-cap-list.1",
+            "imgpipe-cap-remove.1",
+        ]
+        .map(String::from),
+    );
     for page in &pages {
-        assert!(out_dir.join(page).is_file(), "no {page} in {:?}", common::entries(&out_dir));
+        assert!(
+            out_dir.join(page).is_file(),
+            "no {page} in {:?}",
+            common::entries(&out_dir)
+        );
     }
     let groff = Path::new("/usr/bin/groff");
     if !groff.exists() {
@@ -468,12 +479,21 @@ async fn reroll_help_lists_only_what_a_reroll_accepts() {
     };
     let reroll = help("reroll").await;
     for flag in ["--items", "--until"] {
-        assert!(!reroll.contains(flag), "reroll --help offers {flag}:\n{reroll}");
+        assert!(
+            !reroll.contains(flag),
+            "reroll --help offers {flag}:\n{reroll}"
+        );
     }
-    assert!(reroll.contains("--dry-run") && reroll.contains("--max-credits"), "{reroll}");
+    assert!(
+        reroll.contains("--dry-run") && reroll.contains("--max-credits"),
+        "{reroll}"
+    );
     for cmd in ["run", "resume"] {
         let text = help(cmd).await;
-        assert!(text.contains("--items") && text.contains("--until"), "{cmd}:\n{text}");
+        assert!(
+            text.contains("--items") && text.contains("--until"),
+            "{cmd}:\n{text}"
+        );
     }
     let out = common::finish(common::command(
         &["reroll", "r", "mug", "--items", "first:1"],
