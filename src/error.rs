@@ -3,6 +3,7 @@
 
 use crate::api::download::DownloadError;
 use crate::api::error::{ApiError, ErrorKind};
+use crate::caps::CapError;
 use crate::exec::Fatal;
 use crate::plan::graph::GraphError;
 use crate::store::StoreError;
@@ -110,6 +111,19 @@ pub enum Error {
     Other(#[from] anyhow::Error),
 }
 
+impl From<CapError> for Error {
+    /// A cap that no longer reads is bad input (exit 2), with the way to mend it.
+    fn from(e: CapError) -> Self {
+        match e {
+            CapError::Unreadable(message) => {
+                Error::usage(message, Some("set the cap again with `imgpipe cap set`"))
+            }
+            CapError::Window(message) => Error::Other(anyhow::anyhow!(message)),
+            CapError::Store(source) => Error::Store { source },
+        }
+    }
+}
+
 impl Error {
     pub fn usage(message: impl Into<String>, hint: Option<&str>) -> Self {
         Error::Usage {
@@ -143,5 +157,31 @@ impl Error {
             | Error::Output { .. }
             | Error::Other(_) => exit::FAILURE,
         }
+    }
+}
+
+/// A continuation refused says why with the exit code of its kind: 2 for what was asked
+/// wrongly, 3 for what it would cost.
+impl From<crate::resume::ResumeError> for Error {
+    fn from(e: crate::resume::ResumeError) -> Self {
+        use crate::resume::ResumeError;
+        match e {
+            ResumeError::Refused(r) if r.is_usage() => Error::Usage {
+                message: r.message(),
+                hint: r.hint(),
+            },
+            ResumeError::Refused(r) => Error::Refused {
+                message: r.message(),
+                hint: r.hint(),
+            },
+            ResumeError::Store(source) => Error::Store { source },
+            ResumeError::Graph(e) => Error::Graph(e),
+        }
+    }
+}
+
+impl From<crate::resume::Refusal> for Error {
+    fn from(r: crate::resume::Refusal) -> Self {
+        crate::resume::ResumeError::Refused(r).into()
     }
 }

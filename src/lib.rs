@@ -1,34 +1,51 @@
 //! imgpipe runs batches of image work against a paid image API without wasting a credit.
 //!
-//! # Layout, in the order a run's data flows through it
+//! Money has three words: a **budget** is one run's limit (`--max-credits`); a **cap** is a
+//! limit over calendar windows, shared by the runs that share a state database; the **ledger**
+//! is what was billed (`imgpipe spend`).
+//!
+//! # Layout
+//! A run's data flows from the command line through the runner: the pipeline file is read and
+//! checked (`pipeline`), priced and unrolled into tasks (`plan`), paid for by the executor
+//! (`exec`, calling the service through `api`), recorded in the state database (`store`), and
+//! told (`events` while it runs, `report` after). The list below is that code in layers, from
+//! the top down: each module uses only modules listed after it.
+//!
 //! - [`cli`]: parses the command line, calls the library, renders what it returns.
 //! - [`runner`]: a run's lifecycle: state, lock, fresh or continued, admission, execution.
-//! - [`pipeline`]: pipeline files: YAML with positions, typed and checked, items, templates.
-//! - [`plan`]: every task priced (the one place), totals against budget and balance, the graph,
-//!   and the part of a run asked for now (`--items`, `--until`, a reroll's tasks).
-//! - [`exec`]: the executor: scheduler, budget, rate limiter, attempts, downloads, manifest.
+//! - [`ledger`]: what was billed across runs (`imgpipe spend`), per day, week, month,
+//!   pipeline, step or run, read from the store's ledger part.
+//! - [`report`]: what the record says of a run: its summary and status, and its HTML page
+//!   ([`report::page`]: templates, thumbnails, object-storage staging).
+//! - [`error`]: the top-level error and the stable exit codes; the lower modules' own errors
+//!   are mapped into it here, once.
+//! - [`events`]: what a run tells the world outside it while it goes: alerts posted to a
+//!   webhook, and a metrics file for Prometheus, both watching the executor off its hot path.
 //! - [`resume`]: resuming a run, in one place: the review (a pure core: records in, what is
 //!   kept, read back, fetched again and paid again out) and its crash-safe application; a
 //!   reroll is a review that pays again for chosen tasks.
+//! - [`exec`]: the executor: scheduler, budget, rate limiter, attempts, downloads, manifest.
 //! - [`caps`]: spending caps over calendar windows, leased in blocks from the state database so
 //!   runs on every host that shares it never spend past them together.
+//! - [`plan`]: every task priced (the one place), totals against budget and balance, the graph,
+//!   and the part of a run asked for now (`--items`, `--until`, a reroll's tasks).
+//! - [`pipeline`]: pipeline files: YAML with positions, typed and checked, items, templates.
 //! - [`store`]: the state database, SQLite or PostgreSQL (migrations in `migrations/`), and the
 //!   run lock.
-//! - [`api`]: the service: wire types and rules, client, billing-aware errors, retries, and
-//!   downloads checked whole, then handed to a destination the caller gives.
-//! - [`events`]: what a run tells the world outside it: alerts posted to a webhook, and a
-//!   metrics file for Prometheus, both off the hot path.
-//! - [`report`]: what the record says of a run: its summary, status and HTML page.
 //! - [`task_key`]: a task's name, `item/step[index]`, written and read back in one place.
+//! - [`run_id`]: a run's id, made from text once where it comes in, then passed as a type.
 //! - [`place`]: where a run directory is (an address: a local path or an `s3://` prefix, parsed
 //!   once) and how its files are named and written: downloads kept, never over other bytes,
 //!   through temporary files a resume recognises.
-//! - [`time`]: times as RFC 3339, the same in plans, locks, logs and reports.
+//! - [`sandbox`]: the local emulator of the service, for tests, benchmarks and `--sandbox`.
+//! - [`api`]: the service: wire types and rules, client, billing-aware errors, retries, and
+//!   downloads checked whole, then handed to a destination the caller gives.
+//! - [`webhook`]: a webhook's URL, checked the one way the pipeline file, the command line and
+//!   the alerts take it.
 //! - [`shell`]: words of the commands imgpipe prints for pasting, quoted as a shell reads them.
-//! - [`error`]: the top-level error and the stable exit codes.
+//! - [`time`]: times as RFC 3339, the same in plans, locks, logs and reports.
 //! - [`failpoint`]: test-only faults: crash points that kill a process at a chosen step, and a
 //!   disk that fills.
-//! - [`sandbox`]: the local emulator of the service, for tests, benchmarks and `--sandbox`.
 
 // The library needs no unsafe code; the test and bench harnesses call libc themselves.
 #![forbid(unsafe_code)]
@@ -40,16 +57,19 @@ pub mod error;
 pub mod events;
 pub mod exec;
 pub mod failpoint;
+pub mod ledger;
 pub mod pipeline;
 pub mod place;
 pub mod plan;
 pub mod report;
 pub mod resume;
+pub mod run_id;
 pub mod runner;
 pub mod sandbox;
 pub mod shell;
 pub mod store;
 pub mod task_key;
 pub mod time;
+pub mod webhook;
 
 pub use error::{Error, exit};

@@ -13,6 +13,7 @@ use serde_json::Value;
 use url::Url;
 
 use crate::api::error::{ApiError, ErrorKind, excerpt};
+use crate::api::job_id::is_job_id;
 use crate::api::key::ApiKey;
 use crate::api::partial::job_id_in;
 use crate::api::records::{Account, JobRecord, Models};
@@ -293,26 +294,6 @@ async fn read_body(mut response: reqwest::Response) -> Result<Vec<u8>, (Vec<u8>,
             Ok(None) => return Ok(body),
             Err(e) => return Err((body, e)),
         }
-    }
-}
-
-/// Whether `id` looks like a job id: short, and safe in a URL path and as a file name, since
-/// ids become both. An id from a response that fails this is never used as a path.
-pub fn is_job_id(id: &str) -> bool {
-    (1..=128).contains(&id.len())
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        && !id.starts_with('-')
-}
-
-/// A job id as it may be shown: as is when it is plainly an id, quoted and escaped otherwise,
-/// so a hostile id cannot smuggle control sequences onto the terminal.
-pub fn shown_id(job_id: &str) -> String {
-    if is_job_id(job_id) {
-        job_id.to_owned()
-    } else {
-        format!("{job_id:?}")
     }
 }
 

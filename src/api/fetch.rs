@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::api::client::{Client, is_job_id, shown_id};
+use crate::api::client::Client;
 use crate::api::download::{Destination, DownloadError, Downloader};
+use crate::api::job_id::{is_job_id, shown_id};
 use crate::api::retry::RetryPolicy;
 
 /// Tries of one download, refreshes of its URL included, before it is given up.

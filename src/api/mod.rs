@@ -7,6 +7,7 @@ pub mod client;
 pub mod download;
 pub mod error;
 pub mod fetch;
+pub mod job_id;
 pub mod key;
 pub mod partial;
 pub mod records;

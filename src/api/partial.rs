@@ -3,7 +3,7 @@
 //! A paid call whose answer is cut after its first bytes may have been billed; when those bytes
 //! name the job, its images can be read back with `GET /v1/jobs/{id}` instead of paying again.
 
-use crate::api::client::is_job_id;
+use crate::api::job_id::is_job_id;
 
 /// The top-level `"id"` of the JSON object `prefix` begins, when its value arrived whole and is
 /// plainly a job id. Anything else (no object, the key not reached, a value cut short, an id

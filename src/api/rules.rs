@@ -2,11 +2,10 @@
 //! request leaves the machine (so an invalid call is never sent, let alone billed) and by the
 //! sandbox on raw JSON bodies (so it answers 400 exactly where the service would).
 
-use std::fmt;
-
 use serde_json::Value;
 use url::Url;
 
+pub use crate::api::types::InvalidField;
 use crate::api::types::{
     AspectRatio, GenerationRequest, Increase, Size, ToolName, ToolParams, ToolRequest,
 };
@@ -14,30 +13,6 @@ use crate::api::types::{
 pub const MAX_PROMPT_CHARS: usize = 4000;
 pub const MAX_IMAGES_PER_GENERATION: u8 = 4;
 pub const MAX_REFERENCE_IMAGES: usize = 6;
-
-/// A request field that breaks a rule of the spec.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InvalidField {
-    pub field: String,
-    pub message: String,
-}
-
-impl InvalidField {
-    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        InvalidField {
-            field: field.into(),
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for InvalidField {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.message)
-    }
-}
-
-impl std::error::Error for InvalidField {}
 
 /// Whether `url` was issued by the service at `service` (same scheme, host and port). Such URLs
 /// are passed on as issued; the https rule applies only to URLs a user writes.

@@ -1,7 +1,8 @@
 //! Wire types of the service, shared by the client and the sandbox so the two cannot drift apart.
 //!
 //! Requests are typed so that the spec's closed sets (sizes, tools, upscale factors) cannot hold
-//! anything else; the open rules (prompt length, URL count, ...) live in [`crate::api::rules`].
+//! anything else; the open rules (prompt length, URL count, ...) live in the rules module beside
+//! this one, which answers with an [`InvalidField`].
 //! Responses are typed only for the documented fields and ignore anything extra.
 
 use std::fmt;
@@ -11,7 +12,29 @@ use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
-use crate::api::rules::InvalidField;
+/// A request field that breaks a rule of the spec.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidField {
+    pub field: String,
+    pub message: String,
+}
+
+impl InvalidField {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        InvalidField {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for InvalidField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+impl std::error::Error for InvalidField {}
 
 /// Output size of a generation. A 4K request bills twice a 2K one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -18,14 +18,29 @@ use jiff::{Span, Timestamp, ZonedDateTime};
 
 pub use leash::{Crossing, Grant, Leash, Spent};
 
-use crate::store::CapRow;
+use crate::store::{CapSetting, Store, StoreError};
+
+/// What reading the caps can fail on. The top-level error of a command is made from it once,
+/// in the error module, so the caps need nothing above them.
+#[derive(Debug, thiserror::Error)]
+pub enum CapError {
+    /// A recorded cap no longer reads (a time zone this build does not know): bad input.
+    #[error("{0}")]
+    Unreadable(String),
+    /// A cap's window cannot be found for the time asked (a date out of range).
+    #[error("{0}")]
+    Window(String),
+    /// The state database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
 
 /// A test-only setting: seconds added to the clock the caps' windows are read from, so a test
 /// can move a run into the next window without waiting for it.
 pub const TEST_CLOCK_ENV: &str = "IMGPIPE_TEST_CAP_CLOCK_OFFSET_SECS";
 
 /// The length of a cap's windows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Per {
     Day,
@@ -110,7 +125,7 @@ impl Cap {
 
     /// A recorded cap; one whose record no longer reads (a time zone this build does not know)
     /// is an error naming it.
-    pub fn of(row: &CapRow) -> Result<Cap, String> {
+    pub fn of(row: &CapSetting) -> Result<Cap, String> {
         let per = Per::parse(&row.per)
             .ok_or_else(|| format!("cap {}: unknown window {:?}", row.name, row.per))?;
         let tz = time_zone(&row.tz).map_err(|e| format!("cap {}: {e}", row.name))?;
@@ -124,8 +139,8 @@ impl Cap {
         })
     }
 
-    pub fn row(&self, created_at: i64) -> CapRow {
-        CapRow {
+    pub fn row(&self, created_at: i64) -> CapSetting {
+        CapSetting {
             name: self.name.clone(),
             credits: self.credits,
             per: self.per.as_str().to_owned(),
@@ -203,14 +218,9 @@ pub struct Standing {
 }
 
 impl Standing {
-    pub async fn of(
-        store: &crate::store::Store,
-        cap: &Cap,
-    ) -> Result<Standing, crate::error::Error> {
-        let window = cap
-            .window(now_ms())
-            .map_err(|e| crate::error::Error::Other(anyhow::anyhow!(e)))?;
-        let spent = store.cap_spent(&cap.name, window.start).await?;
+    pub async fn of(store: &Store, cap: &Cap) -> Result<Standing, CapError> {
+        let window = cap.window(now_ms()).map_err(CapError::Window)?;
+        let spent = store.caps().spent(&cap.name, window.start).await?;
         Ok(Standing {
             name: cap.name.clone(),
             credits: cap.credits,
@@ -226,16 +236,15 @@ impl Standing {
 }
 
 /// The recorded caps, read; one that no longer reads is an error naming it (exit 2).
-pub async fn recorded(store: &crate::store::Store) -> Result<Vec<Cap>, crate::error::Error> {
+pub async fn recorded(store: &Store) -> Result<Vec<Cap>, CapError> {
     store
         .caps()
+        .list()
         .await?
         .iter()
         .map(Cap::of)
         .collect::<Result<Vec<_>, String>>()
-        .map_err(|e| {
-            crate::error::Error::usage(e, Some("set the cap again with `imgpipe cap set`"))
-        })
+        .map_err(CapError::Unreadable)
 }
 
 /// When a window of `cap` ends, as people read it: RFC 3339 in the cap's zone.

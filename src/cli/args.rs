@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::cli::values::OnAmbiguous;
 use crate::error::Error;
-use crate::exec::OnAmbiguous;
 use crate::plan::scope::ItemSelector;
 use crate::runner::{AccountFields, DEFAULT_DOWNLOADS, ServiceSettings, Settings, StateLocation};
 use crate::store::Location;
@@ -83,7 +83,7 @@ pub struct StateArgs {
 
 /// `--notify`: https, or http to a loopback address; anything else is exit 2.
 fn notify_url(s: &str) -> Result<url::Url, String> {
-    crate::events::notify::check_url(s)
+    crate::webhook::check_url(s)
 }
 
 /// `--state`: a local file or a PostgreSQL URL; any other URL is refused (exit 2) rather than
@@ -138,10 +138,10 @@ impl StateArgs {
     pub async fn observed_run(
         &self,
         store: &crate::store::Store,
-        run_id: &str,
+        run_id: &crate::run_id::RunId,
         sandbox: bool,
-    ) -> Result<(crate::store::RunRow, crate::report::live::Observed), Error> {
-        let Some(run) = store.run(run_id).await? else {
+    ) -> Result<(crate::store::Run, crate::report::live::Observed), Error> {
+        let Some(run) = store.runs().get(run_id).await? else {
             return Err(crate::runner::state::no_such_run(store, run_id));
         };
         let (run, process) = crate::report::live::observe(store, run).await?;
@@ -311,7 +311,7 @@ impl RunOptions {
             concurrency: self.concurrency,
             rate,
             max_credits: self.max_credits,
-            on_ambiguous: self.on_ambiguous,
+            on_ambiguous: self.on_ambiguous.into(),
             url_ttl,
             url_margin,
             download_concurrency: self.download_concurrency,

@@ -3,10 +3,11 @@
 
 use clap::{Args, Subcommand};
 
-use crate::caps::{Cap, Per, Standing};
+use crate::caps::{Cap, Standing};
 use crate::cli::GlobalArgs;
 use crate::cli::args::StateArgs;
 use crate::cli::stdio;
+use crate::cli::values::Per;
 use crate::cli::view::print_json;
 use crate::error::Error;
 use crate::runner::state::close;
@@ -69,14 +70,14 @@ pub(super) async fn run(args: &CapArgs, global: &GlobalArgs) -> Result<(), Error
             let cap = Cap::new(
                 &set.name,
                 set.credits,
-                set.per,
+                set.per.into(),
                 set.pipeline.clone(),
                 &set.tz,
             )
             .map_err(|e| Error::usage(e, Some("`imgpipe cap set --help` shows the form")))?;
             let store = location.open().await?;
             let set = async {
-                let replaced = store.set_cap(&cap.row(crate::store::now_ms())).await?;
+                let replaced = store.caps().set(&cap.row(crate::store::now_ms())).await?;
                 let verb = if replaced { "replaced" } else { "set" };
                 tracing::info!("cap {} {verb}", cap.name);
                 standing(&store, &[cap]).await
@@ -99,7 +100,7 @@ pub(super) async fn run(args: &CapArgs, global: &GlobalArgs) -> Result<(), Error
             let store = location.open_existing().await?;
             let removed = close(
                 store.clone(),
-                store.remove_cap(name).await.map_err(Error::from),
+                store.caps().remove(name).await.map_err(Error::from),
             )
             .await?;
             if !removed {

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::api::client::shown_id;
+use crate::api::job_id::shown_id;
 use crate::api::types::{GenerationRequest, STATUS_SUCCEEDED, Size};
 use crate::cli::GlobalArgs;
 use crate::cli::output::{Billed, deliver};

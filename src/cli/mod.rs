@@ -29,6 +29,7 @@ mod status;
 mod stdio;
 mod tool;
 mod validate;
+mod values;
 mod view;
 
 use std::process::ExitCode;

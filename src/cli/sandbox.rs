@@ -10,8 +10,9 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::GlobalArgs;
 use crate::cli::args::seconds;
 use crate::cli::stdio;
+use crate::cli::values::RateScope;
 use crate::error::Error;
-use crate::sandbox::{self, Faults, RateScope, SAMPLE_HOST, SAMPLE_NAMES, Sandbox};
+use crate::sandbox::{self, Faults, SAMPLE_HOST, SAMPLE_NAMES, Sandbox};
 
 #[derive(Debug, clap::Args)]
 pub struct SandboxArgs {
@@ -121,7 +122,7 @@ impl SandboxArgs {
             jitter: Duration::from_millis(self.jitter_ms),
             download_latency: Duration::from_millis(self.download_latency_ms),
             rate_limit: self.rate_limit,
-            rate_scope: self.rate_limit_scope,
+            rate_scope: self.rate_limit_scope.into(),
             max_in_flight: self.max_in_flight,
             image_side: self.image_side,
             faults: Faults {

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::api::client::shown_id;
+use crate::api::job_id::shown_id;
 use crate::api::rules::InvalidField;
 use crate::api::types::{
     AspectRatio, Increase, STATUS_SUCCEEDED, ToolName, ToolParams, ToolRequest,

@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{RunGauges, Store, Totals};
+use crate::run_id::RunId;
+use crate::store::{CallOutcome, RunGauges, Store, Totals};
 
 /// How often the file is written while the run goes on.
 pub const EVERY: Duration = Duration::from_secs(10);
@@ -35,73 +36,132 @@ pub struct Snapshot {
     pub now_ms: i64,
 }
 
-/// The Prometheus text exposition format of a snapshot.
+/// The Prometheus text exposition format of a snapshot: one family of samples after another.
 pub fn render(s: &Snapshot) -> String {
     let p = format!("pipeline=\"{}\"", escape(&s.pipeline));
+    let (t, g) = (&s.totals, &s.gauges);
     let mut out = String::new();
-    let mut family = |name: &str, kind: &str, help: &str, samples: &[(String, u64)]| {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        for (labels, value) in samples {
-            let _ = writeln!(out, "{name}{{{labels}}} {value}");
-        }
-    };
-    let t = &s.totals;
-    let g = &s.gauges;
     family(
+        &mut out,
         "imgpipe_run_info",
         "gauge",
         "The run this file describes (always 1).",
         &[(format!("{p},run_id=\"{}\"", escape(&s.run_id)), 1)],
     );
     family(
+        &mut out,
         "imgpipe_credits_billed_total",
         "counter",
         "Credits the service billed the run.",
         &[(p.clone(), t.billed_credits)],
     );
     family(
+        &mut out,
         "imgpipe_credits_planned",
         "gauge",
         "Credits the plan priced the run's tasks at.",
         &[(p.clone(), t.planned_credits)],
     );
     family(
+        &mut out,
         "imgpipe_credits_possibly_billed",
         "gauge",
         "Credits of calls sent without a complete answer, at their planned price.",
         &[(p.clone(), t.possibly_billed_credits)],
     );
-    let calls: Vec<(String, u64)> = ["succeeded", "answered_error", "not_sent", "ambiguous"]
-        .iter()
-        .map(|outcome| {
-            let n = g
-                .calls
-                .iter()
-                .find(|(o, _)| o == outcome)
-                .map_or(0, |c| c.1);
-            (format!("{p},outcome=\"{outcome}\""), n)
-        })
-        .collect();
     family(
+        &mut out,
         "imgpipe_calls_total",
         "counter",
         "Paid calls that ended, by outcome.",
-        &calls,
+        &calls_by_outcome(&p, g),
     );
     family(
+        &mut out,
         "imgpipe_calls_in_flight",
         "gauge",
         "Paid calls sent and not answered yet.",
         &[(p.clone(), g.in_flight)],
     );
     family(
+        &mut out,
         "imgpipe_rate_limited_calls_total",
         "counter",
         "Calls the service answered 429 (too many requests).",
         &[(p.clone(), g.rate_limited)],
     );
-    let tasks: Vec<(String, u64)> = [
+    family(
+        &mut out,
+        "imgpipe_tasks",
+        "gauge",
+        "The run's tasks by status.",
+        &tasks_by_status(&p, t),
+    );
+    if !s.caps.is_empty() {
+        family(
+            &mut out,
+            "imgpipe_cap_remaining_credits",
+            "gauge",
+            "Credits a spending cap covering the run has left in its window.",
+            &caps_left(&p, &s.caps),
+        );
+    }
+    let age_ms = g
+        .oldest_undownloaded_ms
+        .map_or(0, |made| s.now_ms.saturating_sub(made).max(0));
+    family(
+        &mut out,
+        "imgpipe_oldest_undownloaded_output_age_seconds",
+        "gauge",
+        "Age of the oldest output made and not downloaded yet (0 when none).",
+        &[(p.clone(), seconds(age_ms))],
+    );
+    if let Some(last) = g.last_success_ms {
+        family(
+            &mut out,
+            "imgpipe_last_success_timestamp_seconds",
+            "gauge",
+            "When a run of the pipeline last succeeded, in unix seconds.",
+            &[(p.clone(), seconds(last))],
+        );
+    }
+    out
+}
+
+/// One family: its help, its type, then each sample with its labels.
+fn family(
+    out: &mut String,
+    name: &str,
+    kind: &str,
+    help: &str,
+    samples: &[(String, impl std::fmt::Display)],
+) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    for (labels, value) in samples {
+        let _ = writeln!(out, "{name}{{{labels}}} {value}");
+    }
+}
+
+/// Paid calls that ended, one sample per outcome, every outcome shown (0 when none).
+fn calls_by_outcome(p: &str, g: &RunGauges) -> Vec<(String, u64)> {
+    CallOutcome::ALL
+        .iter()
+        .map(|outcome| {
+            let n = g
+                .calls
+                .iter()
+                .filter(|(o, _)| o == outcome)
+                .map(|c| c.1)
+                .sum::<u64>();
+            (format!("{p},outcome=\"{outcome}\""), n)
+        })
+        .collect()
+}
+
+/// The run's tasks, one sample per status.
+fn tasks_by_status(p: &str, t: &Totals) -> Vec<(String, u64)> {
+    [
         ("succeeded", t.succeeded),
         ("failed", t.failed),
         ("blocked", t.blocked),
@@ -109,46 +169,14 @@ pub fn render(s: &Snapshot) -> String {
     ]
     .iter()
     .map(|(status, n)| (format!("{p},status=\"{status}\""), *n))
-    .collect();
-    family(
-        "imgpipe_tasks",
-        "gauge",
-        "The run's tasks by status.",
-        &tasks,
-    );
-    if !s.caps.is_empty() {
-        let caps: Vec<(String, u64)> = s
-            .caps
-            .iter()
-            .map(|(cap, left)| (format!("{p},cap=\"{}\"", escape(cap)), *left))
-            .collect();
-        family(
-            "imgpipe_cap_remaining_credits",
-            "gauge",
-            "Credits a spending cap covering the run has left in its window.",
-            &caps,
-        );
-    }
-    let age_ms = g
-        .oldest_undownloaded_ms
-        .map_or(0, |made| s.now_ms.saturating_sub(made).max(0));
-    let _ = writeln!(
-        out,
-        "# HELP imgpipe_oldest_undownloaded_output_age_seconds Age of the oldest output made and not downloaded yet (0 when none).\n\
-         # TYPE imgpipe_oldest_undownloaded_output_age_seconds gauge\n\
-         imgpipe_oldest_undownloaded_output_age_seconds{{{p}}} {}",
-        seconds(age_ms)
-    );
-    if let Some(last) = g.last_success_ms {
-        let _ = writeln!(
-            out,
-            "# HELP imgpipe_last_success_timestamp_seconds When a run of the pipeline last succeeded, in unix seconds.\n\
-             # TYPE imgpipe_last_success_timestamp_seconds gauge\n\
-             imgpipe_last_success_timestamp_seconds{{{p}}} {}",
-            seconds(last)
-        );
-    }
-    out
+    .collect()
+}
+
+/// Room left under each cap, one sample per cap.
+fn caps_left(p: &str, caps: &[(String, u64)]) -> Vec<(String, u64)> {
+    caps.iter()
+        .map(|(cap, left)| (format!("{p},cap=\"{}\"", escape(cap)), *left))
+        .collect()
 }
 
 /// Milliseconds as seconds with three decimals, the format's float.
@@ -165,15 +193,20 @@ fn escape(value: &str) -> String {
 }
 
 /// Reads the snapshot of `run_id` now.
-async fn snapshot(store: &Store, run_id: &str, pipeline: &str) -> Result<Snapshot, String> {
-    let totals = store.totals(run_id).await.map_err(|e| e.to_string())?;
+async fn snapshot(store: &Store, run_id: &RunId, pipeline: &str) -> Result<Snapshot, String> {
+    let totals = store
+        .runs()
+        .totals(run_id)
+        .await
+        .map_err(|e| e.to_string())?;
     let gauges = store
-        .run_gauges(run_id, pipeline)
+        .gauges()
+        .of_run(run_id, pipeline)
         .await
         .map_err(|e| e.to_string())?;
     Ok(Snapshot {
         pipeline: pipeline.to_owned(),
-        run_id: run_id.to_owned(),
+        run_id: run_id.to_string(),
         totals,
         gauges,
         caps: cap_room(store, pipeline).await,
@@ -236,7 +269,7 @@ pub struct MetricsFile {
 struct Writer {
     path: PathBuf,
     store: Store,
-    run_id: String,
+    run_id: RunId,
     pipeline: String,
     written: usize,
 }
@@ -264,7 +297,7 @@ impl Writer {
 
 impl MetricsFile {
     /// Writes the file once, then every [`EVERY`] until [`MetricsFile::finish`].
-    pub async fn start(path: PathBuf, store: Store, run_id: &str, pipeline: &str) -> MetricsFile {
+    pub async fn start(path: PathBuf, store: Store, run_id: &RunId, pipeline: &str) -> MetricsFile {
         let mut writer = Writer {
             path,
             store,

@@ -11,11 +11,14 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::exec::attempt::request_params;
-use crate::exec::scheduler::State;
+use crate::exec::state::State;
 use crate::exec::{Config, OnAmbiguous};
 use crate::place::layout::BATCH;
 use crate::plan::graph::{Graph, Instance, Work};
-use crate::store::{NewTask, Store, StoreError, TaskRow, TaskStatus};
+use crate::plan::rows::RowIds;
+use crate::run_id::RunId;
+use crate::store::{NewTask, RecordedTask, Store, StoreError, TaskStatus};
+use crate::task_key::TaskKey;
 
 /// Items recorded in one transaction: a few hundred milliseconds' work at most.
 const CHUNK_ITEMS: usize = 1024;
@@ -24,12 +27,12 @@ const CHUNK_ITEMS: usize = 1024;
 /// as the executor will send it (rendered by the same code, its URLs left out).
 pub fn new_task(graph: &Graph, t: usize) -> NewTask {
     let task = graph.task(t);
-    let (item, step, idx) = graph.key(t);
+    let TaskKey { item, step, index } = graph.key(t);
     let work = graph.work(t).ok();
     NewTask {
         item,
         step,
-        idx,
+        idx: index,
         operation: match &work {
             Some(Work::Tool { params, .. }) => params.tool().as_str(),
             _ => "generate",
@@ -48,8 +51,8 @@ pub fn new_task(graph: &Graph, t: usize) -> NewTask {
 pub async fn read_rows(
     store: &Store,
     graph: &Graph,
-    run_id: &str,
-    mut whole: impl FnMut(Option<usize>, TaskRow),
+    run_id: &RunId,
+    mut whole: impl FnMut(Option<usize>, RecordedTask),
 ) -> Result<RowIds, StoreError> {
     let index = graph.index();
     let mut ids = RowIds::new(graph);
@@ -64,6 +67,7 @@ pub async fn read_rows(
             })
             .collect();
         store
+            .tasks()
             .each_item_outline(run_id, BATCH, &chain, |o| {
                 match (o.base, index.instance(&o.item)) {
                     (Some(base), Some(i)) => {
@@ -78,17 +82,19 @@ pub async fn read_rows(
     }
     let read_whole: HashSet<&str> = irregular.iter().map(String::as_str).collect();
     store
-        .each_open_task(run_id, |row| {
-            if read_whole.contains(row.item.as_str()) {
+        .tasks()
+        .each_open(run_id, |row| {
+            if read_whole.contains(row.key.item.as_str()) {
                 return;
             }
-            let t = index.get(&row.item, &row.step, row.idx);
+            let t = index.of(&row.key);
             whole(t, row);
         })
         .await?;
     store
-        .each_task_of_items(run_id, &irregular, |row| {
-            let t = index.get(&row.item, &row.step, row.idx);
+        .tasks()
+        .each_of_items(run_id, &irregular, |row| {
+            let t = index.of(&row.key);
             if let Some(t) = t {
                 ids.set(t, row.id);
             }
@@ -98,99 +104,6 @@ pub async fn read_rows(
         })
         .await?;
     Ok(ids)
-}
-
-/// Each task's row id, in a few bytes a task (see [`RowIds`]).
-///
-/// A run records an item's tasks in one statement, in the graph's order, so their ids are
-/// consecutive: an item's ids are held as the id of its first task, plus a bit a task saying
-/// whether it is recorded. Ids that break the pattern (tasks a changed pipeline added later,
-/// or another run's rows interleaved on a shared PostgreSQL) are held one by one. At 1,000,000
-/// items × 9 tasks that is 5 MB where a `Vec<i64>` was 72 MB.
-pub struct RowIds {
-    batch: usize,
-    shape: usize,
-    /// The first group's base: the others' are held as their distance from it.
-    origin: Option<i64>,
-    /// Per group (the batch, then each item): the id its first task has when its ids are
-    /// consecutive, less `origin`; [`UNSET`] before any of its tasks is recorded (or when the
-    /// distance does not fit: its ids are then all in `others`).
-    base: Vec<u32>,
-    /// One bit a task: recorded.
-    recorded: Vec<u64>,
-    /// Ids that are not their group's base plus their offset.
-    others: HashMap<usize, i64>,
-}
-
-const UNSET: u32 = u32::MAX;
-
-impl RowIds {
-    /// No task of `graph` recorded.
-    pub fn new(graph: &Graph) -> RowIds {
-        let batch = graph.instance_tasks(Instance::Batch).len();
-        let shape = graph.len().saturating_sub(batch) / graph.instances().max(1);
-        RowIds {
-            batch,
-            shape,
-            origin: None,
-            base: vec![UNSET; graph.instances() + 1],
-            recorded: vec![0; graph.len().div_ceil(64)],
-            others: HashMap::new(),
-        }
-    }
-
-    /// Task `t`'s group and its offset in it.
-    fn group(&self, t: usize) -> (usize, i64) {
-        let (group, offset) = if t < self.batch {
-            (0, t)
-        } else {
-            let r = t - self.batch;
-            (1 + r / self.shape, r % self.shape)
-        };
-        (group, i64::try_from(offset).unwrap_or(i64::MAX))
-    }
-
-    /// Whether any task of `instance` is recorded.
-    pub fn any_of(&self, graph: &Graph, instance: Instance) -> bool {
-        graph
-            .instance_tasks(instance)
-            .any(|t| self.recorded[t / 64] & (1 << (t % 64)) != 0)
-    }
-
-    /// The row id of task `t`; 0 while it is not recorded.
-    pub fn get(&self, t: usize) -> i64 {
-        if self.recorded[t / 64] & (1 << (t % 64)) == 0 {
-            return 0;
-        }
-        if let Some(id) = self.others.get(&t) {
-            return *id;
-        }
-        let (group, offset) = self.group(t);
-        match (self.origin, self.base[group]) {
-            (Some(origin), base) if base != UNSET => origin + i64::from(base) + offset,
-            _ => 0,
-        }
-    }
-
-    pub fn set(&mut self, t: usize, id: i64) {
-        self.recorded[t / 64] |= 1 << (t % 64);
-        let (group, offset) = self.group(t);
-        let origin = *self.origin.get_or_insert(id - offset);
-        if self.base[group] == UNSET {
-            match u32::try_from(id - offset - origin) {
-                Ok(base) if base != UNSET => self.base[group] = base,
-                _ => {
-                    self.others.insert(t, id);
-                    return;
-                }
-            }
-        }
-        if origin + i64::from(self.base[group]) + offset == id {
-            self.others.remove(&t);
-        } else {
-            self.others.insert(t, id);
-        }
-    }
 }
 
 /// Each task's row id, and how far recording has gone.
@@ -234,7 +147,7 @@ impl Rows {
         .await?;
         // The recorded tasks not read whole are the succeeded ones.
         for (t, state) in prior.iter_mut().enumerate() {
-            if ids.get(t) != 0 && !open.contains(&t) {
+            if ids.has(t) && !open.contains(&t) {
                 *state = State::Done;
             }
         }
@@ -244,7 +157,7 @@ impl Rows {
         };
         // A `once` step that `--allow-changes` added has no row yet.
         let batch = graph.instance_tasks(Instance::Batch);
-        let missing: Vec<usize> = batch.filter(|t| rows.ids.get(*t) == 0).collect();
+        let missing: Vec<usize> = batch.filter(|t| !rows.ids.has(*t)).collect();
         if !missing.is_empty() {
             rows.record(store, graph, &config.run_id, &missing).await?;
         }
@@ -264,7 +177,7 @@ impl Rows {
         &mut self,
         store: &Store,
         graph: &Graph,
-        run_id: &str,
+        run_id: &RunId,
         from: usize,
         ahead: usize,
     ) -> Result<(), StoreError> {
@@ -275,7 +188,7 @@ impl Rows {
             let end = start.saturating_add(CHUNK_ITEMS.max(ahead)).min(items);
             let first = graph.instance_tasks(Instance::Item(start)).start;
             let last = graph.instance_tasks(Instance::Item(end - 1)).end;
-            let missing: Vec<usize> = (first..last).filter(|t| self.ids.get(*t) == 0).collect();
+            let missing: Vec<usize> = (first..last).filter(|t| !self.ids.has(*t)).collect();
             if !missing.is_empty() {
                 self.record(store, graph, run_id, &missing).await?;
             }
@@ -288,7 +201,7 @@ impl Rows {
         &mut self,
         store: &Store,
         graph: &Graph,
-        run_id: &str,
+        run_id: &RunId,
         missing: &[usize],
     ) -> Result<(), StoreError> {
         let tasks: Vec<NewTask> = missing.iter().map(|t| new_task(graph, *t)).collect();
@@ -297,12 +210,12 @@ impl Rows {
             .zip(missing)
             .map(|(n, t)| ((n.item.as_str(), n.step.as_str(), n.idx), *t))
             .collect();
-        for (id, item, step, idx) in store.record_tasks(run_id, &tasks).await? {
-            if let Some(t) = chunk.get(&(item.as_str(), step.as_str(), idx)) {
+        for (id, key) in store.tasks().record(run_id, &tasks).await? {
+            if let Some(t) = chunk.get(&(key.item.as_str(), key.step.as_str(), key.index)) {
                 self.ids.set(*t, id);
             }
         }
-        match missing.iter().find(|t| self.ids.get(**t) == 0) {
+        match missing.iter().find(|t| !self.ids.has(**t)) {
             None => Ok(()),
             Some(t) => Err(StoreError::Inconsistent(format!(
                 "task {}/{} of run {run_id} was not recorded",
@@ -326,7 +239,7 @@ pub(super) async fn record_identities(
         let mut inputs: Vec<i64> = chunk
             .iter()
             .flat_map(|t| graph.deps(*t))
-            .map(|u| rows.get(u))
+            .filter_map(|u| rows.get(u))
             .collect();
         inputs.sort_unstable();
         inputs.dedup();
@@ -334,9 +247,8 @@ pub(super) async fn record_identities(
         let found: Vec<(i64, String)> = chunk
             .iter()
             .filter_map(|&t| {
-                let id =
-                    crate::exec::identity::from_record(graph, t, |u| Some(rows.get(u)), &hashes)?;
-                Some((rows.get(t), id))
+                let id = crate::exec::identity::from_record(graph, t, |u| rows.get(u), &hashes)?;
+                Some((rows.get(t)?, id))
             })
             .collect();
         store.set_identities(&found).await?;
@@ -364,7 +276,7 @@ mod tests {
             pipeline_text: "",
             pipeline_sha256: "",
             items_sha256: "",
-            plan_json: "{}",
+            plan: &crate::store::RecordedPlan::default(),
             output_dir: "out",
             credits_planned: 0,
             balance_before: None,
@@ -380,10 +292,11 @@ mod tests {
             request: None,
         }));
         // One statement a task: the order given is the order of the ids.
-        store.create_run(&run, &[]).await.unwrap();
+        store.runs().create(&run, &[]).await.unwrap();
         for task in &tasks {
             store
-                .record_tasks("r", std::slice::from_ref(task))
+                .tasks()
+                .record(&"r".into(), std::slice::from_ref(task))
                 .await
                 .unwrap();
         }
@@ -392,13 +305,13 @@ mod tests {
             .await
             .unwrap();
         for t in open {
-            let (item, step, idx) = graph.key(*t);
+            let TaskKey { item, step, index } = graph.key(*t);
             sqlx::query(
                 "UPDATE tasks SET status = 'failed' WHERE item = $1 AND step = $2 AND idx = $3",
             )
             .bind(item)
             .bind(step)
-            .bind(i64::from(idx))
+            .bind(i64::from(index))
             .execute(store.pool())
             .await
             .unwrap();
@@ -430,19 +343,19 @@ mod tests {
         .await;
 
         let mut whole: Vec<(Option<usize>, String, String, TaskStatus)> = Vec::new();
-        let ids = read_rows(&store, &g, "r", |t, row| {
-            whole.push((t, row.item, row.step, row.status));
+        let ids = read_rows(&store, &g, &"r".into(), |t, row| {
+            whole.push((t, row.key.item, row.key.step, row.status));
         })
         .await
         .unwrap();
         let index = g.index();
-        let rows = store.tasks("r").await.unwrap();
+        let rows = store.tasks().all(&"r".into()).await.unwrap();
         for row in &rows {
-            if let Some(t) = index.get(&row.item, &row.step, row.idx) {
-                assert_eq!(ids.get(t), row.id, "{}/{}[{}]", row.item, row.step, row.idx);
+            if let Some(t) = index.of(&row.key) {
+                assert_eq!(ids.get(t), Some(row.id), "{}", row.key);
             }
         }
-        assert!(item(3).all(|t| ids.get(t) == 0), "item d has no rows");
+        assert!(item(3).all(|t| ids.get(t).is_none()), "item d has no rows");
         assert!(ids.any_of(&g, Instance::Item(2)) && !ids.any_of(&g, Instance::Item(3)));
         whole.sort_by(|x, y| (&x.1, &x.2).cmp(&(&y.1, &y.2)));
         assert_eq!(
@@ -451,7 +364,7 @@ mod tests {
                 (
                     Some(failed),
                     "c".into(),
-                    g.key(failed).1,
+                    g.key(failed).step,
                     TaskStatus::Failed
                 ),
                 (None, "c".into(), "old".into(), TaskStatus::Succeeded),
@@ -459,41 +372,6 @@ mod tests {
             ],
             "read whole: what is not succeeded, and what the graph does not have"
         );
-    }
-
-    #[test]
-    fn row_ids_are_derived_where_consecutive_and_kept_where_not() {
-        let g = Graph::of_text(
-            "version: 1\nname: t\nitems: [{ id: a }, { id: b }, { id: c }]\nsteps:\n  - id: shot\n    generate: { prompt: p, n: 2 }\n  - id: big\n    upscale: { from: shot, desired_increase: 2 }\n",
-        );
-        let mut ids = RowIds::new(&g);
-        assert!((0..g.len()).all(|t| ids.get(t) == 0));
-        let a = g.instance_tasks(Instance::Item(0));
-        let b = g.instance_tasks(Instance::Item(1));
-        // Item a recorded in one statement; item b's tasks interleaved with another run's.
-        for (n, t) in a.clone().enumerate() {
-            ids.set(t, 10 + n as i64);
-        }
-        for (n, t) in b.clone().enumerate() {
-            ids.set(t, 50 + 2 * n as i64);
-        }
-        let got: Vec<i64> = (0..g.len()).map(|t| ids.get(t)).collect();
-        assert_eq!(got, [10, 11, 12, 50, 52, 54, 0, 0, 0]);
-        assert_eq!(
-            ids.others.len(),
-            2,
-            "only the ids off the pattern are kept one by one"
-        );
-        // Set again to the derived value: kept no more.
-        ids.set(b.start + 1, 51);
-        assert_eq!((ids.get(b.start + 1), ids.others.len()), (51, 1));
-        // Item c's ids lie below the first item's: held one by one, still right.
-        let c = g.instance_tasks(Instance::Item(2));
-        for (n, t) in c.clone().enumerate() {
-            ids.set(t, 1 + n as i64);
-        }
-        let got: Vec<i64> = c.map(|t| ids.get(t)).collect();
-        assert_eq!(got, [1, 2, 3]);
     }
 
     #[test]
@@ -518,7 +396,7 @@ steps:
         );
         let recorded = |step: &str| {
             let t = (0..g.len())
-                .find(|t| g.key(*t).1 == step && g.key(*t).2 == 0)
+                .find(|t| g.key(*t).step == step && g.key(*t).index == 0)
                 .unwrap();
             let text = new_task(&g, t).request.expect("a request");
             assert!(!text.contains("url"), "no URL in {text}");

@@ -51,7 +51,7 @@ impl fmt::Display for Diagnostic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}:{}: ", self.file, self.line, self.column)?;
         if let Some(item) = &self.item {
-            write!(f, "item {}: ", crate::pipeline::items::shown(item))?;
+            write!(f, "item {}: ", shown(item))?;
         }
         f.write_str(&self.message)?;
         if let Some(hint) = &self.hint {
@@ -88,4 +88,20 @@ impl Report {
             list.dedup();
         }
     }
+}
+
+/// An id as printed in messages: quoted, with anything unprintable escaped.
+pub fn shown(id: &str) -> impl fmt::Display + '_ {
+    struct Shown<'a>(&'a str);
+    impl fmt::Display for Shown<'_> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            let short: String = self.0.chars().take(80).collect();
+            write!(f, "{short:?}")?;
+            if short.len() < self.0.len() {
+                f.write_str("…")?;
+            }
+            Ok(())
+        }
+    }
+    Shown(id)
 }

@@ -18,6 +18,9 @@ enum Part {
     Field(String),
 }
 
+/// What opens a placeholder: a text holding it is read as a template.
+pub const OPEN: &str = "{{";
+
 /// A template that cannot be read; `offset` is the byte offset of the problem in the source.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TemplateError {

@@ -5,8 +5,23 @@ use std::fmt::Write;
 use crate::plan::document::PlanDocument;
 use crate::plan::{Balance, PriceSource};
 
+/// The plan as people read it: a heading, a table of the steps, then one line per figure
+/// (total, balance, budget, caps) and the verdict.
 pub fn text(doc: &PlanDocument) -> String {
     let mut out = String::new();
+    heading(&mut out, doc);
+    steps_table(&mut out, doc);
+    out.push('\n');
+    totals(&mut out, doc);
+    notes(&mut out, doc);
+    reuse(&mut out, doc);
+    caps(&mut out, doc);
+    verdict(&mut out, doc);
+    out
+}
+
+/// What is planned: the pipeline, and how many items, steps and tasks.
+fn heading(out: &mut String, doc: &PlanDocument) {
     let _ = writeln!(
         out,
         "Plan for {} ({}): {} items, {} steps, {} tasks\n",
@@ -16,6 +31,10 @@ pub fn text(doc: &PlanDocument) -> String {
         doc.costs.steps.len(),
         doc.costs.tasks
     );
+}
+
+/// One row per step, columns aligned; the numbers to the right.
+fn steps_table(out: &mut String, doc: &PlanDocument) {
     let header = [
         "STEP",
         "OPERATION",
@@ -56,7 +75,10 @@ pub fn text(doc: &PlanDocument) -> String {
         }
         let _ = writeln!(out, "{}", line.trim_end());
     }
-    out.push('\n');
+}
+
+/// The total, the part asked for now, the balance and the budget.
+fn totals(out: &mut String, doc: &PlanDocument) {
     let total = match doc.costs.total_credits {
         Some(t) => format!("{t} credits"),
         None => format!(
@@ -86,6 +108,10 @@ pub fn text(doc: &PlanDocument) -> String {
         format!("{} credits ({})", b.max_credits, b.source)
     });
     let _ = writeln!(out, "budget   {budget}");
+}
+
+/// Why the generation price is unknown, and what was noted or warned of while pricing.
+fn notes(out: &mut String, doc: &PlanDocument) {
     if let PriceSource::Unknown { reason } = &doc.prices.generation.source
         && doc.costs.total_credits.is_none()
     {
@@ -97,6 +123,10 @@ pub fn text(doc: &PlanDocument) -> String {
     for warning in &doc.verdict.warnings {
         let _ = writeln!(out, "warning: {warning}");
     }
+}
+
+/// What earlier runs save this one.
+fn reuse(out: &mut String, doc: &PlanDocument) {
     if let Some(r) = &doc.reuse {
         let _ = writeln!(
             out,
@@ -108,6 +138,10 @@ pub fn text(doc: &PlanDocument) -> String {
                 .unwrap_or_default()
         );
     }
+}
+
+/// Where each spending cap that covers the run stands.
+fn caps(out: &mut String, doc: &PlanDocument) {
     for cap in &doc.caps {
         let fits = if cap.fits {
             "the run fits".to_owned()
@@ -123,6 +157,10 @@ pub fn text(doc: &PlanDocument) -> String {
             cap.name, cap.credits, cap.per, cap.spent, cap.left
         );
     }
+}
+
+/// Whether the run may start, and if not, why.
+fn verdict(out: &mut String, doc: &PlanDocument) {
     if doc.verdict.fits {
         let _ = writeln!(out, "\nverdict  fits: the run may start");
     } else {
@@ -131,5 +169,4 @@ pub fn text(doc: &PlanDocument) -> String {
             let _ = writeln!(out, "  - {reason}");
         }
     }
-    out
 }

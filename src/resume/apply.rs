@@ -20,20 +20,26 @@ use std::path::Path;
 use crate::api::Client;
 use crate::place::{Address, RunDir, copy_checked, file_sha256};
 use crate::plan::graph::Graph;
+use crate::plan::rows::RowIds;
+use crate::run_id::RunId;
 use crate::store::{
-    Changes, NewTask, OutputRow, PendingMove, Reusable, Reused, SetAside, Store, StoreError,
+    Changes, NewTask, PendingMove, RecordedOutput, Reusable, Reused, SetAside, Store, StoreError,
     TaskRef,
 };
+use crate::task_key::TaskKey;
 
 use super::{Reason, Refetch, Review, objects, records, recover::recover};
 
 /// What [`apply`] did.
 #[derive(Debug, Default)]
-pub struct Applied {
+pub struct Tally {
     pub recovered: usize,
     pub reused: usize,
     pub set_aside: usize,
 }
+
+/// Recorded tasks blocked below a failed one, and why.
+type Blocked = (Vec<i64>, String);
 
 /// Makes the record and the output directory agree with `review`: lost answers read back by
 /// job id, outputs of tasks to redo moved under [`crate::place::layout::SUPERSEDED`], changed
@@ -42,15 +48,14 @@ pub struct Applied {
 pub async fn apply(
     store: &Store,
     client: &Client,
-    run_id: &str,
+    run_id: &RunId,
     run_dir: &RunDir,
     graph: &Graph,
     review: &Review,
     describe: impl Fn(usize) -> NewTask,
-) -> Result<Applied, StoreError> {
-    let mut applied = Applied::default();
+) -> Result<Tally, StoreError> {
     make_moves(store, store.pending_moves(run_id).await?).await?;
-    store.settle_orphaned_attempts(run_id).await?;
+    store.attempts().settle_orphaned(run_id).await?;
     // A continued run's rows are the review's; a new run recorded some since its review.
     let read;
     let rows = match &review.rows {
@@ -63,107 +68,169 @@ pub async fn apply(
     let mut recovered = HashSet::new();
     for r in &review.recover {
         if recover(store, client, run_id, graph, r, rows).await? {
-            recovered.insert(rows.get(r.task));
+            recovered.extend(rows.get(r.task));
         }
     }
-    applied.recovered = recovered.len();
+    let at = Applying {
+        graph,
+        review,
+        rows,
+        describe: &describe,
+    };
+    let leaving = at.leaving(&recovered);
+    let set_aside = at.set_aside(&store.outputs_of_tasks(&leaving).await?, run_dir);
+    let (failed, blocked) = at.left_failed();
+    let changes = Changes {
+        new_tasks: at.new_tasks(),
+        set_aside,
+        reset: at.reset(),
+        removed: review.removed.iter().map(|r| r.id).collect(),
+        failed,
+        blocked,
+        reused: at.reused(run_dir),
+        reroll: review.reroll.clone(),
+    };
+    let tally = Tally {
+        recovered: recovered.len(),
+        reused: changes.reused.len(),
+        set_aside: changes.set_aside.len(),
+    };
+    crate::failpoint::hit("resume-apply-before-commit");
+    let moves = store.apply_review(run_id, &changes).await?;
+    crate::failpoint::hit("resume-apply-after-commit");
+    make_moves(store, moves).await?;
+    Ok(tally)
+}
 
-    let mut changes = Changes::default();
-    // Tasks the pipeline gained under --allow-changes, and those reused: the others are
-    // recorded by the executor as it comes near them.
-    let gained = review.redo.iter().filter(|r| r.reason == Reason::Changed);
-    let reused = review.reuse.iter().map(|(t, ..)| *t);
-    changes.new_tasks = gained
-        .map(|r| r.task)
-        .chain(reused)
-        .filter(|t| rows.get(*t) == 0)
-        .map(&describe)
-        .collect();
-    // Outputs of tasks that run again, or that the pipeline dropped, make way for new ones.
-    let leaving: HashSet<i64> = review
-        .redo
-        .iter()
-        .map(|r| rows.get(r.task))
-        .filter(|id| *id != 0 && !recovered.contains(id))
-        .chain(review.removed.iter().map(|r| r.id))
-        .collect();
-    let mut leaving: Vec<i64> = leaving.into_iter().collect();
-    leaving.sort_unstable();
-    let rerolled: HashSet<i64> = review
-        .redo
-        .iter()
-        .filter(|r| r.reason == Reason::Rerolled)
-        .map(|r| rows.get(r.task))
-        .collect();
-    for o in store.outputs_of_tasks(&leaving).await? {
-        changes.set_aside.push(SetAside {
+/// What a review's application reads to make its [`Changes`]: each a short decision on the
+/// review and the run's rows.
+struct Applying<'a, D: Fn(usize) -> NewTask> {
+    graph: &'a Graph,
+    review: &'a Review,
+    rows: &'a RowIds,
+    describe: &'a D,
+}
+
+impl<D: Fn(usize) -> NewTask> Applying<'_, D> {
+    /// Tasks the pipeline gained under --allow-changes, and those reused: the others are
+    /// recorded by the executor as it comes near them.
+    fn new_tasks(&self) -> Vec<NewTask> {
+        let gained = self
+            .review
+            .redo
+            .iter()
+            .filter(|r| r.reason == Reason::Changed);
+        let reused = self.review.reuse.iter().map(|(t, ..)| *t);
+        gained
+            .map(|r| r.task)
+            .chain(reused)
+            .filter(|t| !self.rows.has(*t))
+            .map(self.describe)
+            .collect()
+    }
+
+    /// The rows whose outputs make way for new ones: tasks that run again (not read back),
+    /// and those the pipeline dropped; sorted.
+    fn leaving(&self, recovered: &HashSet<i64>) -> Vec<i64> {
+        let again = self
+            .review
+            .redo
+            .iter()
+            .filter_map(|r| self.rows.get(r.task));
+        let leaving: HashSet<i64> = again
+            .filter(|id| !recovered.contains(id))
+            .chain(self.review.removed.iter().map(|r| r.id))
+            .collect();
+        let mut leaving: Vec<i64> = leaving.into_iter().collect();
+        leaving.sort_unstable();
+        leaving
+    }
+
+    /// The leaving tasks' outputs, set aside under `_superseded/`.
+    fn set_aside(&self, outputs: &[RecordedOutput], run_dir: &RunDir) -> Vec<SetAside> {
+        let rerolled: HashSet<i64> = self
+            .review
+            .redo
+            .iter()
+            .filter(|r| r.reason == Reason::Rerolled)
+            .filter_map(|r| self.rows.get(r.task))
+            .collect();
+        let aside = |o: &RecordedOutput| SetAside {
             output_id: o.id,
-            to: aside_path(run_dir, &o, None),
+            to: aside_path(run_dir, o, None),
             reason: if rerolled.contains(&o.task_id) {
                 "rerolled"
             } else {
                 "the task runs again"
             },
-            from: o.path,
+            from: o.path.as_ref().map(ToString::to_string),
             sha256: None,
             refetch: false,
-        });
-    }
-    applied.set_aside = changes.set_aside.len();
-    // Under a changed pipeline every task to do is done as the pipeline now says.
-    changes.reset = review
-        .redo
-        .iter()
-        .filter(|r| review.changes || matches!(r.reason, Reason::Changed | Reason::Rerolled))
-        .filter(|r| rows.get(r.task) != 0)
-        .map(|r| (rows.get(r.task), describe(r.task)))
-        .collect();
-    changes.removed = review.removed.iter().map(|r| r.id).collect();
-    changes.reroll = review.reroll.clone();
-    for f in &review.left_failed {
-        let why = format!(
-            "a call was sent without a complete answer and may have been billed; not called again (--on-ambiguous fail){}",
-            f.detail
-                .as_deref()
-                .map(|d| format!(": {d}"))
-                .unwrap_or_default()
-        );
-        changes.failed.push((rows.get(f.task), why));
-        let below = graph.descendants(f.task).into_iter().map(|t| rows.get(t));
-        let below: Vec<i64> = below.filter(|id| *id != 0).collect();
-        let (item, step, _) = graph.key(f.task);
-        changes
-            .blocked
-            .push((below, format!("its input {item}/{step} failed")));
-    }
-    for (t, identity, found) in &review.reuse {
-        let task = match rows.get(*t) {
-            0 => {
-                let (item, step, idx) = graph.key(*t);
-                TaskRef::New(item, step, idx)
-            }
-            id => TaskRef::Row(id),
         };
-        changes.reused.push(Reused {
-            task,
-            identity: identity.clone(),
-            from: found.clone(),
-            paths: copy_reused(run_dir, graph, *t, found),
-        });
+        outputs.iter().map(aside).collect()
     }
-    applied.reused = changes.reused.len();
-    crate::failpoint::hit("resume-apply-before-commit");
-    let moves = store.apply_review(run_id, &changes).await?;
-    crate::failpoint::hit("resume-apply-after-commit");
-    make_moves(store, moves).await?;
-    Ok(applied)
+
+    /// Recorded tasks done again from the start, as the pipeline now says: under a changed
+    /// pipeline every task to do, else the changed and the rerolled ones.
+    fn reset(&self) -> Vec<(i64, NewTask)> {
+        let review = self.review;
+        let again = review
+            .redo
+            .iter()
+            .filter(|r| review.changes || matches!(r.reason, Reason::Changed | Reason::Rerolled));
+        again
+            .filter_map(|r| Some((self.rows.get(r.task)?, (self.describe)(r.task))))
+            .collect()
+    }
+
+    /// Tasks left failed (`--on-ambiguous fail`), with why, and the recorded tasks below
+    /// each, blocked.
+    fn left_failed(&self) -> (Vec<(i64, String)>, Vec<Blocked>) {
+        let (mut failed, mut blocked) = (Vec::new(), Vec::new());
+        for f in &self.review.left_failed {
+            let why = format!(
+                "a call was sent without a complete answer and may have been billed; not called again (--on-ambiguous fail){}",
+                f.detail
+                    .as_deref()
+                    .map(|d| format!(": {d}"))
+                    .unwrap_or_default()
+            );
+            failed.extend(self.rows.get(f.task).map(|id| (id, why)));
+            let below = self.graph.descendants(f.task).into_iter();
+            let below: Vec<i64> = below.filter_map(|t| self.rows.get(t)).collect();
+            let TaskKey { item, step, .. } = self.graph.key(f.task);
+            blocked.push((below, format!("its input {item}/{step} failed")));
+        }
+        (failed, blocked)
+    }
+
+    /// Tasks settled with an earlier run's result, their files copied into this run.
+    fn reused(&self, run_dir: &RunDir) -> Vec<Reused> {
+        let graph = self.graph;
+        let reused = |(t, identity, found): &(usize, String, Reusable)| {
+            let task = match self.rows.get(*t) {
+                Some(id) => TaskRef::Row(id),
+                None => {
+                    let TaskKey { item, step, index } = graph.key(*t);
+                    TaskRef::New(item, step, index)
+                }
+            };
+            Reused {
+                task,
+                identity: identity.clone(),
+                from: found.clone(),
+                paths: copy_reused(run_dir, graph, *t, found),
+            }
+        };
+        self.review.reuse.iter().map(reused).collect()
+    }
 }
 
 /// Sets aside the kept outputs `refetch` found missing or modified, to be fetched again: the
 /// record in one transaction that journals the moves of the modified files, then the moves.
 pub(super) async fn refetch(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     run_dir: &RunDir,
     refetch: &[Refetch],
 ) -> Result<(), StoreError> {
@@ -172,12 +239,20 @@ pub(super) async fn refetch(
         if modified {
             tracing::warn!(
                 "{} was modified since it was downloaded; moved aside and fetched again",
-                r.output.path.as_deref().unwrap_or("?")
+                r.output
+                    .path
+                    .as_ref()
+                    .map_or_else(|| "?".to_owned(), ToString::to_string)
             );
         }
         SetAside {
             output_id: r.output.id,
-            from: r.output.path.clone().filter(|_| modified),
+            from: r
+                .output
+                .path
+                .as_ref()
+                .map(ToString::to_string)
+                .filter(|_| modified),
             to: aside_path(run_dir, &r.output, Some("modified")).filter(|_| modified),
             sha256: r.modified.clone(),
             reason: if modified {
@@ -256,8 +331,8 @@ fn move_file(from: &Path, to: &Path) -> Option<u64> {
 
 /// Where an output's file (or object) goes when set aside:
 /// `<run>/_superseded/<item>/<name>.o<output id>[.<tag>].<ext>`; `None` when it has none.
-fn aside_path(run_dir: &RunDir, o: &OutputRow, tag: Option<&str>) -> Option<String> {
-    let name = o.address()?.file_name()?;
+fn aside_path(run_dir: &RunDir, o: &RecordedOutput, tag: Option<&str>) -> Option<String> {
+    let name = o.path.as_ref()?.file_name()?;
     let name = Path::new(&name);
     let stem = name.file_stem()?.to_string_lossy().into_owned();
     let ext = name
@@ -266,7 +341,7 @@ fn aside_path(run_dir: &RunDir, o: &OutputRow, tag: Option<&str>) -> Option<Stri
         .unwrap_or_default();
     let tag = tag.map(|t| format!(".{t}")).unwrap_or_default();
     let to = run_dir
-        .superseded(&o.item)
+        .superseded(&o.task.item)
         .join(&format!("{stem}.o{}{tag}{ext}", o.id));
     Some(to.to_string())
 }

@@ -10,7 +10,12 @@ use super::{Reason, Review};
 
 /// A short account of what changed: steps and items added, removed or changed, and what
 /// that costs.
-pub fn describe_changes(old: &Pipeline, new: &Pipeline, graph: &Graph, review: &Review) -> String {
+pub(super) fn describe_changes(
+    old: &Pipeline,
+    new: &Pipeline,
+    graph: &Graph,
+    review: &Review,
+) -> String {
     let ids = |p: &Pipeline| -> BTreeSet<String> { p.steps.iter().map(|s| s.id.clone()).collect() };
     let (before, after) = (ids(old), ids(new));
     let mut parts = Vec::new();

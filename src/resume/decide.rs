@@ -10,22 +10,23 @@
 
 use std::collections::{HashMap, HashSet};
 
+use crate::exec::OnAmbiguous;
 use crate::exec::identity::identity;
-use crate::exec::{OnAmbiguous, RowIds};
 use crate::plan::graph::{Graph, Instance};
-use crate::store::{Reusable, TaskRow, TaskStatus};
+use crate::plan::rows::RowIds;
+use crate::store::{RecordedTask, Reusable, TaskStatus};
 
 use super::{Reason, Recover, Redo, Review};
 
 /// What the record says of a run, matched to the graph of the pipeline as it is now.
 pub struct Records {
-    /// The row id of each task of the graph; 0 where the run has no row for it.
+    /// The row id of each task of the graph that the run has a row for.
     pub ids: RowIds,
     /// The whole row of each recorded task that did not succeed (few: what failed, and what
     /// was under way), by task.
-    pub open: HashMap<usize, TaskRow>,
+    pub open: HashMap<usize, RecordedTask>,
     /// Recorded tasks the pipeline no longer has.
-    pub removed: Vec<TaskRow>,
+    pub removed: Vec<RecordedTask>,
     /// Whether each instance (items, then the batch) has a recorded task.
     pub has_rows: Vec<bool>,
     /// The sha256 of each downloaded output, by row id and output index; read only when
@@ -90,101 +91,159 @@ pub enum Decision {
 /// Decides, for each task of `graph`, whether the resumed run keeps it, reuses an earlier
 /// run's result, reads a lost answer back, or pays for it, and why.
 pub fn decide(graph: &Graph, rec: &Records, opts: Options, lookups: &Lookups) -> Decision {
-    let identities = rec.previous.is_some() || opts.reuse;
-    let mut review = Review {
-        changes: rec.previous.is_some(),
-        ..Review::default()
+    let mut pass = Pass {
+        rec,
+        opts,
+        identities: rec.previous.is_some() || opts.reuse,
+        review: Review {
+            changes: rec.previous.is_some(),
+            ..Review::default()
+        },
+        need: Vec::new(),
+        known: HashMap::new(),
     };
-    let mut need: Vec<String> = Vec::new();
-    // The sha256 of each output known to be final by now, by (task, k).
-    let mut known: HashMap<(usize, u32), String> = HashMap::new();
     for t in 0..graph.len() {
+        pass.task(graph, t, lookups);
+    }
+    pass.end(graph)
+}
+
+/// One pass of [`decide`] over the tasks, in the graph's order (inputs first).
+struct Pass<'a> {
+    rec: &'a Records,
+    opts: Options,
+    /// Whether tasks' identities are computed: `--reuse`, or a changed pipeline.
+    identities: bool,
+    review: Review,
+    /// Identities to look up before deciding again.
+    need: Vec<String>,
+    /// The sha256 of each output known to be final by now, by (task, k).
+    known: HashMap<(usize, u32), String>,
+}
+
+impl Pass<'_> {
+    fn task(&mut self, graph: &Graph, t: usize, lookups: &Lookups) {
         let task = graph.task(t);
-        let id = rec.ids.get(t);
+        let id = self.rec.ids.get(t);
         // The batch's tasks are recorded with the run: one it lacks is new to the pipeline.
-        let unreached = task.instance != Instance::Batch && !rec.has_rows(task.instance);
-        if id == 0 && !opts.reuse && unreached {
-            if t == graph.instance_tasks(task.instance).start {
-                review.unrecorded.instances.push(task.instance);
-            }
-            review.unrecorded.tasks += 1;
-            review.unrecorded.credits += task.planned;
-            continue;
+        let unreached = task.instance != Instance::Batch && !self.rec.has_rows(task.instance);
+        if id.is_none() && !self.opts.reuse && unreached {
+            self.unrecorded(graph, t);
+            return;
         }
-        let open = rec.open.get(&t);
-        let succeeded = id != 0 && open.is_none();
-        let mine = if identities {
-            identity(graph, t, |u, k| known.get(&(u, k)).cloned())
+        let open = self.rec.open.get(&t);
+        let mine = if self.identities {
+            identity(graph, t, |u, k| self.known.get(&(u, k)).cloned())
         } else {
             None
         };
-        let keep = match &rec.previous {
-            None => succeeded,
-            Some(ids) => succeeded && mine.is_some() && ids.get(&id).cloned().flatten() == mine,
-        };
-        if keep {
-            review.kept.push(id);
-            if identities {
-                for k in 0..graph.outputs(t) {
-                    if let Some(sha) = rec.hashes.get(&(id, k)) {
-                        known.insert((t, k), sha.clone());
-                    }
-                }
-            }
-            continue;
-        }
-        if opts.reuse
-            && let Some(mine) = &mine
+        if let Some(id) = id.filter(|_| open.is_none())
+            && self.keeps(id, mine.as_ref())
         {
-            if let Some(found) = lookups.found.get(mine) {
-                for o in &found.outputs {
-                    if let Some(sha) = &o.sha256 {
-                        known.insert((t, o.k), sha.clone());
-                    }
+            self.keep(graph, t, id);
+            return;
+        }
+        if self.opts.reuse
+            && let Some(mine) = mine
+            && self.reused(t, mine, lookups)
+        {
+            return;
+        }
+        self.pay(graph, t, open);
+    }
+
+    /// A task of an item the run never recorded: counted, not listed.
+    fn unrecorded(&mut self, graph: &Graph, t: usize) {
+        let task = graph.task(t);
+        let unrecorded = &mut self.review.unrecorded;
+        if t == graph.instance_tasks(task.instance).start {
+            unrecorded.instances.push(task.instance);
+        }
+        unrecorded.tasks += 1;
+        unrecorded.credits += task.planned;
+    }
+
+    /// Whether a task that succeeded (row `id`) is kept: always, unless the pipeline changed
+    /// and asks something else of it now (its identity `mine` differs from the recorded one).
+    fn keeps(&self, id: i64, mine: Option<&String>) -> bool {
+        match &self.rec.previous {
+            None => true,
+            Some(ids) => mine.is_some() && ids.get(&id).and_then(Option::as_ref) == mine,
+        }
+    }
+
+    fn keep(&mut self, graph: &Graph, t: usize, id: i64) {
+        self.review.kept.push(id);
+        if self.identities {
+            for k in 0..graph.outputs(t) {
+                if let Some(sha) = self.rec.hashes.get(&(id, k)) {
+                    self.known.insert((t, k), sha.clone());
                 }
-                review.reuse.push((t, mine.clone(), found.clone()));
-                continue;
-            }
-            if !lookups.asked.contains(mine) {
-                need.push(mine.clone());
             }
         }
+    }
+
+    /// Takes an earlier run's result of the same identity `mine` when one was found; asks for
+    /// it when it was not looked up yet.
+    fn reused(&mut self, t: usize, mine: String, lookups: &Lookups) -> bool {
+        if let Some(found) = lookups.found.get(&mine) {
+            for o in &found.outputs {
+                if let Some(sha) = &o.sha256 {
+                    self.known.insert((t, o.k), sha.clone());
+                }
+            }
+            self.review.reuse.push((t, mine, found.clone()));
+            return true;
+        }
+        if !lookups.asked.contains(&mine) {
+            self.need.push(mine);
+        }
+        false
+    }
+
+    /// A task paid for (again), or left failed per `--on-ambiguous fail`.
+    fn pay(&mut self, graph: &Graph, t: usize, open: Option<&RecordedTask>) {
         let redo = Redo {
             task: t,
-            reason: reason(rec, t, &mut review.recover),
-            credits: task.planned,
+            reason: reason(self.rec, t, &mut self.review.recover),
+            credits: graph.task(t).planned,
             detail: open.and_then(|r| r.error.clone()),
         };
-        if redo.reason == Reason::Ambiguous && opts.on_ambiguous == OnAmbiguous::Fail {
-            review.left_failed.push(redo);
+        if redo.reason == Reason::Ambiguous && self.opts.on_ambiguous == OnAmbiguous::Fail {
+            self.review.left_failed.push(redo);
         } else {
-            review.redo.push(redo);
+            self.review.redo.push(redo);
         }
     }
-    if !need.is_empty() {
-        need.sort_unstable();
-        need.dedup();
-        return Decision::Need(need);
-    }
-    review.kept.sort_unstable();
-    review.removed = rec.removed.clone();
-    // Tasks below one left failed are blocked, not paid for.
-    if !review.left_failed.is_empty() {
-        let mut blocked = vec![false; graph.len()];
-        for f in &review.left_failed {
-            for d in graph.descendants(f.task) {
-                blocked[d] = true;
+
+    /// The identities to look up, or the review: tasks below one left failed are blocked,
+    /// not paid for.
+    fn end(mut self, graph: &Graph) -> Decision {
+        if !self.need.is_empty() {
+            self.need.sort_unstable();
+            self.need.dedup();
+            return Decision::Need(self.need);
+        }
+        let mut review = self.review;
+        review.kept.sort_unstable();
+        review.removed = self.rec.removed.clone();
+        if !review.left_failed.is_empty() {
+            let mut blocked = vec![false; graph.len()];
+            for f in &review.left_failed {
+                for d in graph.descendants(f.task) {
+                    blocked[d] = true;
+                }
             }
+            review.redo.retain(|r| !blocked[r.task]);
         }
-        review.redo.retain(|r| !blocked[r.task]);
+        Decision::Done(Box::new(review))
     }
-    Decision::Done(Box::new(review))
 }
 
 /// Why task `t`, not kept, is paid for; a lost answer whose job is known is listed for
 /// reading back first.
 fn reason(rec: &Records, t: usize, recover: &mut Vec<Recover>) -> Reason {
-    if rec.ids.get(t) == 0 {
+    if !rec.ids.has(t) {
         // New to a changed pipeline; or never recorded at all.
         return if rec.previous.is_some() {
             Reason::Changed

@@ -2,6 +2,19 @@
 //! again, and why; then making the record and the run's files agree with that before the
 //! scheduler starts.
 //!
+//! Continuing a run (`imgpipe resume`, `imgpipe reroll`, `imgpipe run --run-id` of a run that
+//! exists) is two stages and a hand-off, which the runner calls in order once it holds the
+//! run's lock and has made a plan now:
+//! 1. [`prepare()`] → [`Prepared`]: the graph priced, the review, a changed pipeline refused
+//!    unless allowed, a reroll's targets chosen; [`Prepared::admit`] refuses what costs more
+//!    than may be spent. Nothing is written: a dry run stops here, and shows it.
+//! 2. [`Prepared::apply`] → [`Applied`]: the review applied, the kept outputs' check started
+//!    beside the run, the run's record of its source and plan brought up to date.
+//! 3. the hand-off: [`Applied`] is what the executor is given; [`After::finish`] records a
+//!    reroll done once the executor is. Every refusal is a [`Refusal`], its words in
+//!    [`refusal`].
+//!
+//! The parts they are made of:
 //! - [`decide`]: the pure core. The run's records in, a [`Review`] out; no I/O.
 //! - [`records`]: reads what the core needs from the state database, in batches.
 //! - [`check`]: the kept outputs' files or objects compared with the record (what to fetch
@@ -16,27 +29,51 @@
 //!
 //! [`review`] and [`check()`] only read, so `resume --dry-run` shows them; [`apply()`] and
 //! [`beside`] change things.
-//! The lifecycle around them (lock, plan, admission, execution) is the runner's.
+//! The lifecycle around them (the lock, the plan, the execution) is the runner's.
 
 mod apply;
 mod changes;
 mod check;
 pub mod decide;
+mod handoff;
 mod objects;
+mod prepare;
 mod records;
 mod recover;
+pub mod refusal;
 mod reroll;
 
-use crate::exec::{OnAmbiguous, RowIds};
+use crate::exec::OnAmbiguous;
 use crate::place::RunDir;
 use crate::plan::graph::{Graph, Instance};
+use crate::plan::rows::RowIds;
 use crate::plan::scope::Scope;
-use crate::store::{OutputRow, Reusable, Store, StoreError, TaskRow};
+use crate::run_id::RunId;
+use crate::store::{RecordedOutput, RecordedTask, Reusable, Store, StoreError};
 
-pub use apply::{Applied, apply};
-pub use changes::describe_changes;
+pub use apply::{Tally, apply};
 use decide::{Decision, Lookups, Options};
-pub use reroll::{Target, resolve as resolve_targets, said as targets_said};
+pub use handoff::{After, Applied};
+pub use prepare::{Choices, Given, Prepared, changed, finished, prepare};
+pub use refusal::Refusal;
+pub use reroll::Target;
+
+/// Why a run cannot be continued: a refusal, or the database or the pipeline failing.
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    #[error("{}", .0.message())]
+    Refused(Refusal),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Graph(#[from] crate::plan::graph::GraphError),
+}
+
+impl From<Refusal> for ResumeError {
+    fn from(refusal: Refusal) -> Self {
+        ResumeError::Refused(refusal)
+    }
+}
 
 /// Why a task will be paid for (again).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -82,7 +119,7 @@ pub struct Redo {
 /// An output of a kept task whose file is to be fetched again from its job.
 #[derive(Clone, Debug)]
 pub struct Refetch {
-    pub output: OutputRow,
+    pub output: RecordedOutput,
     /// The file's actual sha256 when it is there but differs from the record.
     pub modified: Option<String>,
 }
@@ -110,7 +147,7 @@ pub struct Review {
     /// Tasks taken from an earlier run's succeeded task of the same identity (`--reuse`).
     pub reuse: Vec<(usize, String, Reusable)>,
     /// Recorded tasks the (changed) pipeline no longer has.
-    pub removed: Vec<TaskRow>,
+    pub removed: Vec<RecordedTask>,
     /// Whether the pipeline changed since the tasks were recorded (`--allow-changes`).
     pub changes: bool,
     /// Tasks kept as they are (succeeded), by row id, sorted.
@@ -205,7 +242,7 @@ impl Review {
 /// results per level of the chain, whatever the number of items.
 pub async fn review(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     graph: &Graph,
     previous: Option<&Graph>,
     on_ambiguous: OnAmbiguous,
@@ -236,7 +273,7 @@ pub async fn review(
 /// to show: [`Review::refetch`].
 pub async fn check(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     review: &Review,
 ) -> Result<Vec<Refetch>, StoreError> {
     check::outputs(store, run_id, &review.kept).await
@@ -259,7 +296,7 @@ impl Drop for Beside {
 /// the temporary files a killed process left are removed (not the executor's own).
 pub fn beside(
     store: Store,
-    run_id: String,
+    run_id: RunId,
     run_dir: RunDir,
     kept: Vec<i64>,
 ) -> (crate::exec::Refetch, Beside) {
@@ -284,7 +321,7 @@ pub fn beside(
                     refetch.len()
                 );
                 // Set aside: no file or object is recorded for them any more.
-                let outputs = refetch.into_iter().map(|r| OutputRow {
+                let outputs = refetch.into_iter().map(|r| RecordedOutput {
                     path: None,
                     ..r.output
                 });

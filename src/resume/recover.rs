@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use crate::api::types::STATUS_SUCCEEDED;
 use crate::api::{ApiError, Client, JobRecord, RetryPolicy};
-use crate::exec::RowIds;
 use crate::plan::graph::{Graph, Source};
+use crate::plan::rows::RowIds;
+use crate::run_id::RunId;
 use crate::store::{AttemptOutcome, Settled, Store, StoreError};
 
 use super::Recover;
@@ -25,12 +26,15 @@ async fn read_back(client: &Client, job_id: &str) -> Result<JobRecord, ApiError>
 pub(super) async fn recover(
     store: &Store,
     client: &Client,
-    run_id: &str,
+    run_id: &RunId,
     graph: &Graph,
     r: &Recover,
     rows: &RowIds,
 ) -> Result<bool, StoreError> {
-    let task_id = rows.get(r.task);
+    // A lost answer is read back only for a recorded task.
+    let Some(task_id) = rows.get(r.task) else {
+        return Ok(false);
+    };
     let job = match read_back(client, &r.job_id).await {
         Ok(job) => job,
         Err(e) => {
@@ -54,12 +58,13 @@ pub(super) async fn recover(
             Source::Url(_) => None,
         })
     });
-    let parent = match upstream.map(|u| rows.get(u)).filter(|id| *id != 0) {
+    let parent = match upstream.and_then(|u| rows.get(u)) {
         Some(id) => store.task_job(id).await?,
         None => None,
     };
     store
-        .finish_attempt(
+        .attempts()
+        .finish(
             run_id,
             task_id,
             r.attempt_id,

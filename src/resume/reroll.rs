@@ -63,7 +63,7 @@ impl fmt::Display for Target {
 }
 
 /// The targets as one text, the same whatever their order: how a reroll is recognised again.
-pub fn said(targets: &[Target]) -> String {
+pub(super) fn said(targets: &[Target]) -> String {
     let mut words: Vec<String> = targets.iter().map(ToString::to_string).collect();
     words.sort_unstable();
     words.dedup();
@@ -72,7 +72,7 @@ pub fn said(targets: &[Target]) -> String {
 
 /// The graph's tasks that `targets` name; an item, step or index the run does not have is an
 /// error naming it.
-pub fn resolve(graph: &Graph, targets: &[Target]) -> Result<Vec<usize>, String> {
+pub(super) fn resolve(graph: &Graph, targets: &[Target]) -> Result<Vec<usize>, String> {
     let index = graph.index();
     let instance = |item: &str| -> Result<Instance, String> {
         if item == BATCH {
@@ -147,7 +147,7 @@ impl Review {
         }
         set.sort_unstable();
         set.dedup();
-        let row = |t: usize| self.rows.as_ref().map_or(0, |r| r.get(t));
+        let row = |t: usize| self.rows.as_ref().and_then(|r| r.get(t));
         let open: std::collections::HashMap<usize, Reason> =
             self.redo.iter().map(|r| (r.task, r.reason)).collect();
         let mut scope = Vec::new();
@@ -155,23 +155,23 @@ impl Review {
         match continuing {
             Some(ids) => {
                 let ids: HashSet<i64> = ids.iter().copied().collect();
-                scope.extend(set.iter().copied().filter(|t| {
-                    let id = row(*t);
-                    ids.contains(&id) && !self.is_kept(id)
-                }));
+                scope.extend(
+                    set.iter().copied().filter(|t| {
+                        row(*t).is_some_and(|id| ids.contains(&id) && !self.is_kept(id))
+                    }),
+                );
             }
             None => {
                 for &t in &set {
-                    let id = row(t);
-                    if id == 0 {
+                    let Some(id) = row(t) else {
                         if named.contains(&t) {
                             return Err(format!(
                                 "{} never ran: there is nothing to reroll",
-                                graph.task_key(t)
+                                graph.key(t)
                             ));
                         }
                         continue;
-                    }
+                    };
                     let ran = match open.get(&t) {
                         None => self.is_kept(id),
                         Some(reason) => *reason != Reason::NeverStarted,

@@ -8,7 +8,8 @@ use crate::plan::document::{FORMAT, KIND, PlanDocument, ReuseEstimate};
 use crate::plan::graph::Graph;
 use crate::plan::{self, Balance};
 use crate::resume::Review;
-use crate::store::{RunRow, Store};
+use crate::run_id::RunId;
+use crate::store::Store;
 
 /// A saved plan (`imgpipe plan --save`), refused unless it is one this imgpipe reads.
 pub fn read_plan(path: &Path) -> Result<PlanDocument, Error> {
@@ -150,44 +151,7 @@ pub fn cap_of(doc: &PlanDocument, billed: u64) -> Option<u64> {
 
 /// What the run was billed, plus what its unanswered calls may have cost: a budget is never
 /// paid twice for them.
-pub async fn spent(store: &Store, run_id: &str) -> Result<u64, Error> {
-    let totals = store.totals(run_id).await?;
+pub async fn spent(store: &Store, run_id: &RunId) -> Result<u64, Error> {
+    let totals = store.runs().totals(run_id).await?;
     Ok(totals.billed_credits + totals.possibly_billed_credits)
-}
-
-/// Refuses what remains of a run when it does not fit the budget left or the balance.
-pub fn over_cap(
-    row: &RunRow,
-    review: &Review,
-    cap: Option<u64>,
-    doc: &PlanDocument,
-) -> Result<(), Error> {
-    let needed = review.credits();
-    match cap {
-        Some(cap) if needed > cap => Err(Error::Refused {
-            message: format!(
-                "resuming run {} would pay for {} task(s), {needed} credits, but only {cap} may be spent ({})",
-                row.id,
-                review.to_pay(),
-                limits(doc)
-            ),
-            hint: Some(
-                "raise the budget (--max-credits or budget.max_credits) or top up the account, then resume"
-                    .into(),
-            ),
-        }),
-        _ => Ok(()),
-    }
-}
-
-fn limits(doc: &PlanDocument) -> String {
-    let budget = doc.budget.as_ref().map_or_else(
-        || "no budget".to_owned(),
-        |b| format!("budget {}", b.max_credits),
-    );
-    let balance = match &doc.balance {
-        Balance::Known { credits, .. } => format!("balance {credits}"),
-        _ => "balance unknown".to_owned(),
-    };
-    format!("{budget} less what the run spent, {balance}")
 }

@@ -72,8 +72,9 @@ pub(super) async fn price(
     let (item, step, idx) = graph.key_ref(t);
     let mut found = None;
     store
-        .each_task(&config.run_id, Some(TaskStatus::Succeeded), |r| {
-            if r.item == item && r.step == step && r.idx == idx {
+        .tasks()
+        .each(&config.run_id, Some(TaskStatus::Succeeded), |r| {
+            if r.key.item == item && r.key.step == step && r.key.index == idx {
                 found = Some(r);
             }
         })

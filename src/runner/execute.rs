@@ -12,6 +12,8 @@ use crate::plan::PriceSource;
 use crate::plan::document::PlanDocument;
 use crate::plan::graph::Graph;
 use crate::plan::scope::Scope;
+use crate::run_id::RunId;
+use crate::runner::conclude::{self, Exit};
 use crate::runner::record::{self, OpenRun};
 use crate::runner::{Connection, DEFAULT_CONCURRENCY, Runner, admit, discover};
 use crate::store::{RunStatus, Store};
@@ -152,7 +154,8 @@ impl Runner<'_> {
             if !doc.verdict.fits {
                 self.view.plan(&doc)?;
                 store
-                    .set_run_status(
+                    .runs()
+                    .set_status(
                         &run.id,
                         RunStatus::Stopped,
                         Some("the discovered price does not fit"),
@@ -178,7 +181,7 @@ impl Runner<'_> {
             .collect();
         let progress = self.view.progress(
             &steps,
-            &store.step_counts(&run.id).await?,
+            &store.runs().step_counts(&run.id).await?,
             doc.costs.total_credits.unwrap_or(doc.costs.known_credits),
         );
         tracing::info!(
@@ -275,6 +278,25 @@ impl Runner<'_> {
         config
     }
 
+    /// A finished run: its summary (and its report when asked), and nothing spent.
+    pub(super) async fn finished(
+        &self,
+        store: &Store,
+        run_id: &RunId,
+        dry_run: bool,
+    ) -> Result<(), Error> {
+        if dry_run {
+            return self.view.finished(run_id);
+        }
+        tracing::info!("run {run_id} is already finished; nothing to do");
+        self.view
+            .summary(&crate::report::summary::summary_of(store, run_id).await?)?;
+        if self.settings.report {
+            write_report(store, run_id).await;
+        }
+        Ok(())
+    }
+
     /// Records how the run ended, shows the summary, writes the report when asked, and
     /// returns the error its exit code needs.
     async fn conclude(
@@ -286,34 +308,23 @@ impl Runner<'_> {
         scope: &Scope,
         report: &mut Option<String>,
     ) -> Result<(), Error> {
-        let resume = self.view.continue_command(&run.id);
         if let Err(e) = manifest::write(store, &run.id, &run.dir).await {
             tracing::error!("{e}");
         }
         let balance_after = conn.balance_now().await.or(outcome.last_balance);
-        let totals = store.totals(&run.id).await?;
-        let troubled = totals.failed > 0 || totals.download_failures > 0;
-        // Only the part asked for was done, and done well: the rest waits, as asked.
-        let part_done = outcome.held > 0 && !outcome.interrupted && outcome.stop.is_none();
-        let part_done = part_done && !troubled && totals.blocked == 0;
-        let status = if outcome.interrupted {
-            RunStatus::Interrupted
-        } else if outcome.stop.is_some() || part_done {
-            RunStatus::Stopped
-        } else if troubled || totals.pending > 0 || totals.blocked > 0 {
-            RunStatus::Failed
-        } else {
-            RunStatus::Succeeded
-        };
-        let asked = part_done.then(|| {
-            format!(
-                "{} is done as asked; {} task(s) left pending",
-                scope.said, outcome.held
-            )
-        });
-        let stop_reason = outcome.stop.as_ref().map(Stop::describe).or(asked.clone());
+        let totals = store.runs().totals(&run.id).await?;
+        let verdict = conclude::verdict(conclude::Ended::of(&outcome, &totals));
+        let part_done = verdict.exit == Exit::PartDone;
+        let asked = part_done.then(|| conclude::done_as_asked(&scope.said, outcome.held));
+        let stop_reason = outcome.stop.as_ref().map(Stop::describe).or(asked);
         store
-            .set_run_status(&run.id, status, stop_reason.as_deref(), balance_after)
+            .runs()
+            .set_status(
+                &run.id,
+                verdict.status,
+                stop_reason.as_deref(),
+                balance_after,
+            )
             .await?;
         // A part done as asked is there to be looked at: its report is written unasked, before
         // the summary, which names it.
@@ -323,57 +334,19 @@ impl Runner<'_> {
         let mut summary = crate::report::summary::summary_of(store, &run.id).await?;
         summary.report.clone_from(report);
         self.view.summary(&summary)?;
-        if outcome.interrupted {
-            return Err(Error::Interrupted {
-                detail: Some(format!(
-                    "everything done so far is recorded; continue with: {resume}"
-                )),
-            });
-        }
-        match outcome.stop {
-            Some(Stop::Storage { place, error }) => Err(Error::StorageFailed {
-                message: format!(
-                    "the run stopped: outputs cannot be written to {place}: {error}\nno call was sent after that; the calls in flight then finished and are recorded"
-                ),
-                hint: format!(
-                    "{} paid output(s) are not stored; once {place} can be written again (free space, restore the permission), `{resume}` fetches them from their jobs without paying for them again, then goes on with the rest",
-                    totals.outputs.saturating_sub(totals.downloaded)
-                ),
-            }),
-            Some(Stop::Fatal(cause)) => Err(Error::Stopped {
-                cause,
-                continue_with: resume,
-            }),
-            Some(stop @ (Stop::Cap(_) | Stop::LeaseLost)) => Err(Error::CapSpent {
-                message: format!("the run stopped: {}", stop.describe()),
-                hint: format!(
-                    "run the same command again in the next window (or `{resume}`): it continues without paying twice"
-                ),
-            }),
-            Some(stop) => Err(Error::Refused {
-                message: format!("the run stopped: {}", stop.describe()),
-                hint: Some(format!(
-                    "raise the budget or top up the account, then continue with: {resume}"
-                )),
-            }),
-            None if part_done => Err(Error::PartDone {
-                message: format!("the run stopped: {}", asked.unwrap_or_default()),
-                hint: format!(
-                    "look at the report ({}), then pay for the rest with: {}",
-                    report
-                        .as_deref()
-                        .unwrap_or("`imgpipe report RUN_ID` writes it"),
-                    self.view.continue_rest(&run.id)
-                ),
-            }),
-            None if troubled || totals.blocked > 0 => Err(Error::TasksFailed {
-                message: format!(
-                    "{} task(s) failed, {} blocked by them, {} download(s) failed; see the summary above\nhint: `{resume} --dry-run` lists what resuming would pay for again; `{resume}` does it",
-                    totals.failed, totals.blocked, totals.download_failures
-                ),
-            }),
-            None => Ok(()),
-        }
+        let (resume, rest) = (
+            self.view.continue_command(&run.id),
+            self.view.continue_rest(&run.id),
+        );
+        let words = conclude::Words {
+            resume: &resume,
+            rest: &rest,
+            report: report.as_deref(),
+            said: &scope.said,
+            held: outcome.held,
+            totals: &totals,
+        };
+        verdict.exit.into_result(outcome.stop, &words)
     }
 }
 
@@ -381,7 +354,7 @@ impl Runner<'_> {
 async fn leash(
     store: &Store,
     pipeline: &Pipeline,
-    run_id: &str,
+    run_id: &RunId,
 ) -> Result<Option<crate::caps::Leash>, Error> {
     let caps = crate::caps::recorded(store).await?;
     Ok(crate::caps::Leash::open(store, caps, &pipeline.name, run_id).await?)
@@ -398,7 +371,10 @@ async fn known_prices(store: &Store, doc: &PlanDocument) -> Result<Vec<bool>, Er
             (_, None) | (PriceSource::Unknown { .. }, _) => false,
             (PriceSource::Models { .. } | PriceSource::Discovered { .. }, _) => true,
             (PriceSource::Pipeline | PriceSource::Spec, Some(credits)) => {
-                store.billed_as_planned(&step.operation, credits).await?
+                store
+                    .runs()
+                    .billed_as_planned(&step.operation, credits)
+                    .await?
             }
         });
     }
@@ -408,8 +384,8 @@ async fn known_prices(store: &Store, doc: &PlanDocument) -> Result<Vec<bool>, Er
 /// Writes the report next to the manifest and gives where it is. The run's own exit code
 /// stands either way: a report that cannot be written is said on stderr, with the command
 /// that tries again.
-pub(super) async fn write_report(store: &Store, run_id: &str) -> Option<String> {
-    let written = match store.run(run_id).await {
+pub(super) async fn write_report(store: &Store, run_id: &RunId) -> Option<String> {
+    let written = match store.runs().get(run_id).await {
         Ok(Some(row)) => crate::report::write(store, row, None, Default::default()).await,
         Ok(None) => return None,
         Err(e) => Err(e.into()),

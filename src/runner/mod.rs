@@ -4,8 +4,8 @@
 //! 2. **open** the state database and find whether the run id is recorded;
 //! 3. **plan** against the service: the balance and the generation price ([`service`]);
 //! 4. **lock** the pipeline in the state database ([`state`]);
-//! 5. **record** a fresh run ([`record`]), or **review** a recorded one for what resuming it
-//!    would pay for ([`continued`]);
+//! 5. **record** a fresh run ([`record`]), or continue a recorded one through the stages of
+//!    [`crate::resume`]: prepare (the review, the refusals), apply, then the hand-off here;
 //! 6. **admit** what is to be paid for against the budget and the balance ([`admit`]);
 //! 7. **discover** the generation price by one call, when asked ([`discover`]);
 //! 8. **execute** the tasks and **conclude**: status, manifest, summary, report ([`execute`]).
@@ -14,7 +14,7 @@
 //! its arguments and renders what a [`View`] is given.
 
 pub mod admit;
-mod continued;
+mod conclude;
 mod discover;
 mod execute;
 pub mod record;
@@ -34,8 +34,9 @@ use crate::plan::document::{PlanDocument, ReuseEstimate};
 use crate::plan::graph::Graph;
 use crate::plan::scope::Scope;
 use crate::report::summary::Summary;
-use crate::resume::Review;
-use crate::store::{RunRow, StepCounts};
+use crate::resume::{self, Review};
+use crate::run_id::RunId;
+use crate::store::{Run, StepCounts, Store};
 
 pub use service::{AccountFields, Connection, ServiceSettings};
 pub use state::StateLocation;
@@ -88,7 +89,7 @@ pub struct RunRequest {
 
 /// A recorded run reviewed for resuming: what `resume --dry-run` shows.
 pub struct Reviewed<'a> {
-    pub row: &'a RunRow,
+    pub row: &'a Run,
     pub graph: &'a Graph,
     pub review: &'a Review,
     /// The most that may be spent now.
@@ -104,7 +105,7 @@ pub trait View: Send + Sync {
     /// What resuming a run would pay for (`--dry-run`).
     fn review(&self, reviewed: &Reviewed<'_>) -> Result<(), Error>;
     /// A dry run of a run that is finished: nothing to pay for.
-    fn finished(&self, run_id: &str) -> Result<(), Error>;
+    fn finished(&self, run_id: &RunId) -> Result<(), Error>;
     /// The run's summary when it ends, or when it was already finished.
     fn summary(&self, summary: &Summary) -> Result<(), Error>;
     /// Live progress of the execution: each step's name and task count, in pipeline order,
@@ -117,9 +118,9 @@ pub trait View: Send + Sync {
     ) -> Arc<dyn Observer>;
     /// The command that continues run `run_id`, as it can be pasted: the part it was asked
     /// for (`--items`, `--until`) when it was asked for one.
-    fn continue_command(&self, run_id: &str) -> String;
+    fn continue_command(&self, run_id: &RunId) -> String;
     /// The command that continues all of run `run_id`, beyond the part it was asked for.
-    fn continue_rest(&self, run_id: &str) -> String;
+    fn continue_rest(&self, run_id: &RunId) -> String;
 }
 
 /// One command's run of the lifecycle.
@@ -149,9 +150,9 @@ impl Runner<'_> {
         if let Some(id) = &request.run_id {
             record::check_run_id(id)?;
             let store = self.settings.state.open().await?;
-            if let Some(row) = store.run(id).await? {
+            if let Some(row) = store.runs().get(&RunId::from(id.as_str())).await? {
                 let result = self
-                    .continued(&store, row, Some(pipeline), request.dry_run)
+                    .continued(&store, row, Some(pipeline), request.dry_run, None)
                     .await;
                 return state::close(store, result).await;
             }
@@ -193,16 +194,16 @@ impl Runner<'_> {
     /// them paid for again, their earlier outputs set aside.
     pub async fn reroll(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         targets: &[crate::resume::Target],
         dry_run: bool,
     ) -> Result<(), Error> {
         let store = self.settings.state.open_existing().await?;
-        let result = match store.run(run_id).await {
+        let result = match store.runs().get(run_id).await {
             Err(e) => Err(e.into()),
             Ok(None) => Err(state::no_such_run(&store, run_id)),
             Ok(Some(row)) => {
-                self.continued_with(&store, row, None, dry_run, Some(targets))
+                self.continued(&store, row, None, dry_run, Some(targets))
                     .await
             }
         };
@@ -210,14 +211,177 @@ impl Runner<'_> {
     }
 
     /// `imgpipe resume RUN_ID`.
-    pub async fn resume(&self, run_id: &str, dry_run: bool) -> Result<(), Error> {
+    pub async fn resume(&self, run_id: &RunId, dry_run: bool) -> Result<(), Error> {
         let store = self.settings.state.open_existing().await?;
-        let result = match store.run(run_id).await {
+        let result = match store.runs().get(run_id).await {
             Err(e) => Err(e.into()),
             Ok(None) => Err(state::no_such_run(&store, run_id)),
-            Ok(Some(row)) => self.continued(&store, row, None, dry_run).await,
+            Ok(Some(row)) => self.continued(&store, row, None, dry_run, None).await,
         };
         state::close(store, result).await
+    }
+}
+
+impl Runner<'_> {
+    /// Continues the recorded run `row`: `resume`, `reroll` (`reroll`: the run's chosen tasks
+    /// paid for again, a finished run's too, and what is downstream of them), or `run
+    /// --run-id` of a run that exists. `pipeline` is the file as given now, else the one the
+    /// run recorded is read again (or its own copy, when the file is gone). A finished run is
+    /// only summarised. The lock and a plan made now are the runner's; the stages between
+    /// them and the execution, the review to the hand-off, are [`crate::resume`]'s.
+    async fn continued(
+        &self,
+        store: &Store,
+        row: Run,
+        pipeline: Option<Pipeline>,
+        dry_run: bool,
+        reroll: Option<&[resume::Target]>,
+    ) -> Result<(), Error> {
+        let rerolling = reroll.is_some();
+        if resume::finished(row.status, rerolling) {
+            return self.finished(store, &row.id, dry_run).await;
+        }
+        let pipeline = match pipeline {
+            Some(p) => p,
+            None => self.current_pipeline(&row)?,
+        };
+        let scope = self.scope(&pipeline)?;
+        let sandbox_with_finished =
+            self.service.sandbox && store.runs().totals(&row.id).await?.succeeded > 0;
+        resume::refusal::before_lock(resume::refusal::Asked {
+            run_id: &row.id,
+            rerolling,
+            part: !scope.is_all(),
+            sandbox_with_finished,
+        })?;
+        let _lock = if dry_run {
+            None
+        } else {
+            let (name, wait) = (&row.pipeline_name, self.settings.wait);
+            Some(state::lock(store, name, &row.id, wait, &self.shutdown).await?)
+        };
+        // While this process waited for the lock, the holder may have finished the run.
+        let row = store.runs().get(&row.id).await?.unwrap_or(row);
+        if resume::finished(row.status, rerolling) {
+            return self.finished(store, &row.id, dry_run).await;
+        }
+        let given = self.plan_again(row, pipeline, scope).await?;
+        self.continue_locked(store, given, dry_run, reroll).await
+    }
+
+    /// The plan made now of a run to continue, and the pipeline it recorded when that changed.
+    async fn plan_again(
+        &self,
+        row: Run,
+        pipeline: Pipeline,
+        scope: Scope,
+    ) -> Result<(Connection, resume::Given), Error> {
+        let conn = Connection::open(self.service).await?;
+        let (balance, generation) = conn.ask(&pipeline).await?;
+        let doc = crate::plan::make(&pipeline, generation, balance, self.settings.max_credits);
+        let doc = crate::plan::narrow(doc, &pipeline, &scope);
+        let recorded = if resume::changed(&pipeline, &doc, &row) {
+            let unreadable = |_| resume::Refusal::CopyUnreadable {
+                run_id: row.id.to_string(),
+            };
+            Some(self.recorded_pipeline(&row).map_err(unreadable)?)
+        } else {
+            None
+        };
+        let given = resume::Given {
+            row,
+            pipeline,
+            recorded,
+            doc,
+            scope,
+        };
+        Ok((conn, given))
+    }
+
+    /// [`Runner::continued`] once it holds the run's lock and a plan: resume's stages, then
+    /// the execution.
+    async fn continue_locked(
+        &self,
+        store: &Store,
+        (conn, given): (Connection, resume::Given),
+        dry_run: bool,
+        reroll: Option<&[resume::Target]>,
+    ) -> Result<(), Error> {
+        let started = std::time::Instant::now();
+        let mut prepared = resume::prepare(store, given, self.choices(), reroll).await?;
+        tracing::debug!(
+            "reviewed run {} in {:.2?}",
+            prepared.row.id,
+            started.elapsed()
+        );
+        let spent = admit::spent(store, &prepared.row.id).await?;
+        let cap = admit::cap_of(&prepared.doc, spent);
+        if dry_run {
+            prepared.check_kept(store).await?;
+            self.view.review(&Reviewed {
+                row: &prepared.row,
+                graph: &prepared.graph,
+                review: &prepared.review,
+                cap,
+            })?;
+            return Ok(prepared.admit(cap)?);
+        }
+        prepared.admit(cap)?;
+        let run = record::reopen(store, &prepared.row, spent).await?;
+        let applied = prepared.apply(store, &conn.client, run.dir.clone()).await?;
+        let resume::Applied {
+            pipeline,
+            graph,
+            doc,
+            scope,
+            refetch,
+            after,
+        } = applied;
+        let start = execute::Start {
+            run,
+            graph,
+            doc,
+            discover: false,
+            refetch: Some(refetch),
+            scope,
+        };
+        let result = self.execute(&conn, store, &pipeline, start).await;
+        let done = matches!(result, Ok(()) | Err(Error::PartDone { .. }));
+        after.finish(store, done).await?;
+        result
+    }
+
+    /// What the settings ask of a continuation.
+    fn choices(&self) -> resume::Choices {
+        resume::Choices {
+            allow_changes: self.settings.allow_changes,
+            reuse: self.settings.reuse,
+            on_ambiguous: self.settings.on_ambiguous,
+        }
+    }
+
+    /// The run's pipeline file as it is now; the run's own copy when the file is gone.
+    fn current_pipeline(&self, row: &Run) -> Result<Pipeline, Error> {
+        let path = Path::new(&row.pipeline_file);
+        if path.exists() {
+            return checked(self.view, path, pipeline::load(path));
+        }
+        tracing::warn!(
+            "{} is gone; resuming from the run's own copy of it",
+            row.pipeline_file
+        );
+        self.recorded_pipeline(row)
+    }
+
+    /// The pipeline file as the run recorded it (when it started, or last adopted a change).
+    fn recorded_pipeline(&self, row: &Run) -> Result<Pipeline, Error> {
+        let path = Path::new(&row.pipeline_file);
+        let loaded = pipeline::load_str(
+            &row.pipeline_file,
+            pipeline::dir_of(path),
+            &row.pipeline_text,
+        );
+        checked(self.view, path, loaded)
     }
 }
 
@@ -239,7 +403,15 @@ pub async fn reuse_estimate(
     let store = state.open().await?;
     let graph = Graph::build(pipeline, &doc.costs)?;
     // A run id no run has: every task looks new, and any earlier run may supply it.
-    let review = crate::resume::review(&store, "", &graph, None, OnAmbiguous::Retry, true).await;
+    let review = crate::resume::review(
+        &store,
+        &RunId::from(""),
+        &graph,
+        None,
+        OnAmbiguous::Retry,
+        true,
+    )
+    .await;
     let mut review = state::close(store, review.map_err(Error::from)).await?;
     review.narrow(&graph, scope);
     Ok(admit::estimate(doc, &review, &graph))
@@ -339,7 +511,7 @@ impl Runner<'_> {
     /// A new run: refused unless it fits (after what earlier runs' results save), then
     /// recorded and executed.
     async fn fresh(&self, f: Fresh<'_>, mut doc: PlanDocument) -> Result<(), Error> {
-        let run_id = f.request.run_id.clone().unwrap_or_else(record::new_run_id);
+        let run_id = RunId::from(f.request.run_id.clone().unwrap_or_else(record::new_run_id));
         record::check_run_id(&run_id)?;
         let graph = Arc::new(Graph::build(f.pipeline, &doc.costs)?);
         let on_ambiguous = self.settings.on_ambiguous;
@@ -363,10 +535,10 @@ impl Runner<'_> {
         let held = state::lock(f.store, &f.pipeline.name, &run_id, wait, &self.shutdown).await?;
         // Another process may have started this id while we waited for the lock: continue
         // it (which takes the lock again itself).
-        if let Some(row) = f.store.run(&run_id).await? {
+        if let Some(row) = f.store.runs().get(&run_id).await? {
             drop(held);
             return self
-                .continued(f.store, row, Some(f.pipeline.clone()), false)
+                .continued(f.store, row, Some(f.pipeline.clone()), false, None)
                 .await;
         }
         let _lock = held;

@@ -80,7 +80,7 @@ impl Default for Config {
 
 /// The spec shows no rate limits; a real service most likely counts every call, but a test or
 /// benchmark may want to limit the paid ones alone.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RateScope {
     /// Every `/v1/...` call.
     #[default]
@@ -193,6 +193,12 @@ impl Sandbox {
     /// Paid calls waiting at a hold now.
     pub fn held_calls(&self) -> usize {
         self.state.gate.waiting()
+    }
+
+    /// Paid calls waiting at a hold now whose caller hung up (a process killed while they were
+    /// held): released, they are billed for nobody.
+    pub fn held_calls_hung_up(&self) -> usize {
+        self.state.gate.waiting_hung_up()
     }
 
     /// Stops accepting connections and waits for the server to finish.

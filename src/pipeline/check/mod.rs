@@ -8,13 +8,13 @@ use std::path::Path;
 use crate::api::rules::{self, MAX_REFERENCE_IMAGES};
 use crate::api::types::{AspectRatio, Increase, Size};
 use crate::pipeline::de::{Typed, closest};
-use crate::pipeline::diag::{Diagnostic, Report};
-use crate::pipeline::items::{self, Items, RawItem, shown};
+use crate::pipeline::diag::{Diagnostic, Report, shown};
+use crate::pipeline::items::{self, Items, RawItem};
 use crate::pipeline::model::{
     Generate, Input, Operation, Pipeline, Reference, Step, StepRef, Tool, ToolOp,
 };
 use crate::pipeline::spec::{PipelineSpec, SizeSpec, StepSpec};
-use crate::pipeline::template::Template;
+use crate::pipeline::template::{self, Template};
 use crate::pipeline::yaml::{Mark, Node, Value};
 use crate::place::Address;
 
@@ -96,7 +96,7 @@ pub fn check(
         notify: spec
             .notify
             .as_deref()
-            .and_then(|u| crate::events::notify::check_url(u).ok()),
+            .and_then(|u| crate::webhook::check_url(u).ok()),
         items: std::sync::Arc::new(items),
         steps,
     };
@@ -160,7 +160,16 @@ impl Checker<'_> {
         node.mark
     }
 
+    /// The settings at the top of the file, in the order they are reported.
     fn top_level(&mut self, spec: &PipelineSpec) {
+        self.format_and_name(spec);
+        self.output_dir(spec);
+        self.notify(spec);
+        self.pace(spec);
+    }
+
+    /// `version`, a `steps` list that is not empty, and `name`.
+    fn format_and_name(&mut self, spec: &PipelineSpec) {
         if spec.version != 1 {
             let mark = self.at(&["version"]);
             self.error(
@@ -185,7 +194,15 @@ impl Checker<'_> {
             let mark = self.at(&["name"]);
             self.error(mark, "name must not be empty");
         }
-        if spec.output_dir.as_deref().is_some_and(|d| d.contains("{{")) {
+    }
+
+    /// `output_dir`: a path or an object URL, never a template, never empty.
+    fn output_dir(&mut self, spec: &PipelineSpec) {
+        if spec
+            .output_dir
+            .as_deref()
+            .is_some_and(|d| d.contains(template::OPEN))
+        {
             let mark = self.at(&["output_dir"]);
             self.error(mark, "output_dir is a path, not a template; outputs already go to <output_dir>/<run>/<item>/");
         }
@@ -203,12 +220,20 @@ impl Checker<'_> {
             let mark = self.at(&["output_dir"]);
             self.error(mark, "output_dir must not be empty; leave it out for `out`");
         }
+    }
+
+    /// `notify`: a webhook URL the alerts may be posted to.
+    fn notify(&mut self, spec: &PipelineSpec) {
         if let Some(url) = spec.notify.as_deref()
-            && let Err(why) = crate::events::notify::check_url(url)
+            && let Err(why) = crate::webhook::check_url(url)
         {
             let mark = self.at(&["notify"]);
             self.error(mark, why);
         }
+    }
+
+    /// `concurrency` and `rate_limit`: how fast the run may call.
+    fn pace(&mut self, spec: &PipelineSpec) {
         if let Some(n) = spec.concurrency
             && !(1..=256).contains(&n)
         {

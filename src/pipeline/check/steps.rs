@@ -1,6 +1,7 @@
 //! Steps as written to drafts: ids, one operation, one input, references resolved.
 
 use super::*;
+use crate::pipeline::spec::InputSpec;
 
 impl Checker<'_> {
     pub(super) fn steps<'n>(
@@ -89,14 +90,32 @@ impl Checker<'_> {
             refs: Vec::new(),
             texts: Vec::new(),
         };
-        let given: Vec<&str> = OPERATIONS
+        let Some((op_name, op_node)) = self.operation(spec, node) else {
+            return draft;
+        };
+        draft.op = if let Some(g) = &spec.generate {
+            self.generate(g, op_node, &mut draft, resolve)
+        } else {
+            self.tool(spec, op_name, op_node, &mut draft, resolve)
+        };
+        draft
+    }
+
+    /// The one operation a step names and the node of its fields; `None` (reported) when it
+    /// names none, two, or one left empty.
+    fn operation<'n>(
+        &mut self,
+        spec: &StepSpec,
+        node: &'n Node,
+    ) -> Option<(&'static str, &'n Node)> {
+        let given: Vec<&'static str> = OPERATIONS
             .iter()
             .copied()
             .filter(|op| node.get(op).is_some())
             .collect();
         match given.as_slice() {
             // A misspelt operation is already reported as an unknown key.
-            [] if has_typo_of(node, &OPERATIONS) => return draft,
+            [] if has_typo_of(node, &OPERATIONS) => return None,
             [] => {
                 self.error(
                     node.mark,
@@ -106,7 +125,7 @@ impl Checker<'_> {
                     "give exactly one of {}",
                     OPERATIONS.map(|o| format!("`{o}`")).join(", ")
                 ));
-                return draft;
+                return None;
             }
             [_] => {}
             [first, second, ..] => {
@@ -115,7 +134,7 @@ impl Checker<'_> {
                     "step {} has both `{first}` and `{second}`; a step does exactly one operation",
                     shown(&spec.id)
                 ));
-                return draft;
+                return None;
             }
         }
         let op_name = given[0];
@@ -126,74 +145,99 @@ impl Checker<'_> {
                 .hint = Some(format!(
                 "see the `{op_name}` row of the reference in pipelines/README.md"
             ));
-            return draft;
+            return None;
         }
+        Some((op_name, op_node))
+    }
+
+    /// An edit of one image: its parameters, then its one input.
+    fn tool<'n>(
+        &mut self,
+        spec: &StepSpec,
+        op_name: &str,
+        op_node: &'n Node,
+        draft: &mut Draft<'n>,
+        resolve: &mut impl FnMut(&mut Self, &str, &Node) -> Option<StepRef>,
+    ) -> Option<Operation> {
         let field = |name: &str| op_node.get(name).unwrap_or(op_node);
-        draft.op = if let Some(g) = &spec.generate {
-            self.generate(g, op_node, &mut draft, resolve)
-        } else {
-            let (input, params) = match (
-                &spec.erase,
-                &spec.expand,
-                &spec.upscale,
-                &spec.remove_background,
-            ) {
-                (Some(e), ..) => (
-                    e.input(),
-                    self.erase(&e.object_name, field("object_name"), &mut draft),
+        let (input, params) = match (
+            &spec.erase,
+            &spec.expand,
+            &spec.upscale,
+            &spec.remove_background,
+        ) {
+            (Some(e), ..) => (
+                e.input(),
+                self.erase(&e.object_name, field("object_name"), draft),
+            ),
+            (_, Some(e), ..) => (
+                e.input(),
+                self.expand(
+                    e.aspect_ratio.as_deref(),
+                    e.prompt.as_deref(),
+                    op_node,
+                    draft,
                 ),
-                (_, Some(e), ..) => (
-                    e.input(),
-                    self.expand(
-                        e.aspect_ratio.as_deref(),
-                        e.prompt.as_deref(),
-                        op_node,
-                        &mut draft,
-                    ),
-                ),
-                (.., Some(u), _) => (
-                    u.input(),
-                    self.upscale(u.desired_increase, field("desired_increase")),
-                ),
-                (.., Some(r)) => (r.input(), Some(ToolOp::RemoveBackground)),
-                _ => return draft,
-            };
-            let preserve_alpha = input.preserve_alpha;
-            let input = match (input.from, input.image_url) {
-                (Some(_), Some(_)) => {
-                    let mark = mark_of(op_node.key("image_url"), op_node);
-                    self.error(mark, format!("`{op_name}` takes one input: give either `from` or `image_url`, not both"));
-                    None
-                }
-                (None, None) => {
-                    self.error(op_node.mark, format!("`{op_name}` needs an input"))
-                        .hint = Some(
-                        "add `from: <step>` to edit another step's images, or `image_url: <url>`"
-                            .into(),
-                    );
-                    None
-                }
-                (Some(from), None) => {
-                    let at = field("from");
-                    resolve(self, from, at).map(|r| {
-                        draft.refs.push((r, at));
-                        Input::Step(r)
-                    })
-                }
-                (None, Some(url)) => self
-                    .template(url, field("image_url"), Rule::ToolUrl, &mut draft)
-                    .map(Input::Url),
-            };
-            match (input, params) {
-                (Some(input), Some(params)) => Some(Operation::Tool(Tool {
-                    input,
-                    preserve_alpha,
-                    params,
-                })),
-                _ => None,
-            }
+            ),
+            (.., Some(u), _) => (
+                u.input(),
+                self.upscale(u.desired_increase, field("desired_increase")),
+            ),
+            (.., Some(r)) => (r.input(), Some(ToolOp::RemoveBackground)),
+            _ => return None,
         };
-        draft
+        let preserve_alpha = input.preserve_alpha;
+        let input = self.tool_input(op_name, &input, op_node, draft, resolve);
+        match (input, params) {
+            (Some(input), Some(params)) => Some(Operation::Tool(Tool {
+                input,
+                preserve_alpha,
+                params,
+            })),
+            _ => None,
+        }
+    }
+
+    /// A tool's one input: another step's images (`from`) or a URL template (`image_url`).
+    fn tool_input<'n>(
+        &mut self,
+        op_name: &str,
+        input: &InputSpec<'_>,
+        op_node: &'n Node,
+        draft: &mut Draft<'n>,
+        resolve: &mut impl FnMut(&mut Self, &str, &Node) -> Option<StepRef>,
+    ) -> Option<Input> {
+        let field = |name: &str| op_node.get(name).unwrap_or(op_node);
+        match (input.from, input.image_url) {
+            (Some(_), Some(_)) => {
+                let mark = mark_of(op_node.key("image_url"), op_node);
+                self.error(
+                    mark,
+                    format!(
+                        "`{op_name}` takes one input: give either `from` or `image_url`, not both"
+                    ),
+                );
+                None
+            }
+            (None, None) => {
+                self.error(op_node.mark, format!("`{op_name}` needs an input"))
+                    .hint = Some(
+                    "add `from: <step>` to edit another step's images, or `image_url: <url>`"
+                        .into(),
+                );
+                None
+            }
+            (Some(from), None) => {
+                let at = field("from");
+                resolve(self, from, at).map(|r| {
+                    draft.refs.push((r, at));
+                    Input::Step(r)
+                })
+            }
+            (None, Some(url)) => self
+                .template(url, field("image_url"), Rule::ToolUrl, draft)
+                .map(Input::Url),
+        }
     }
 
     fn generate<'n>(

@@ -12,12 +12,11 @@ mod read;
 mod store;
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest, Sha256};
 
-use crate::pipeline::diag::{Diagnostic, Report};
+use crate::pipeline::diag::{Diagnostic, Report, shown};
 use crate::pipeline::yaml::Mark;
 use crate::place::layout;
 
@@ -392,22 +391,6 @@ fn derive_id(fields: &[(String, String)]) -> (String, u64) {
     let digest = hasher.finalize();
     let bits = digest[..6].iter().fold(0u64, |n, b| n << 8 | u64::from(*b));
     (format!("item-{}", &hex::encode(digest)[..12]), bits)
-}
-
-/// An id as printed in messages: quoted, with anything unprintable escaped.
-pub fn shown(id: &str) -> impl fmt::Display + '_ {
-    struct Shown<'a>(&'a str);
-    impl fmt::Display for Shown<'_> {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            let short: String = self.0.chars().take(80).collect();
-            write!(f, "{short:?}")?;
-            if short.len() < self.0.len() {
-                f.write_str("…")?;
-            }
-            Ok(())
-        }
-    }
-    Shown(id)
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //!
 //! A report reads an output whole only when it has no thumbnail yet: a thumbnail needs the
 //! image's bytes, and what it shows (the image's size, its own, whether it has alpha) is
-//! recorded in the state database when it is put ([`Store::record_thumbnails`]). So each image
+//! recorded in the state database when it is put ([`crate::store::Thumbnails::record`]). So each image
 //! is read once in the run's life, by its first report, and a report made again reads no image
 //! nor thumbnail: two comparisons with listings (a request per 1,000 keys) say the outputs and
 //! thumbnails are there as recorded (their size and ETag). An output the listing shows gone is
@@ -29,11 +29,12 @@ use crate::error::Error;
 use crate::place::layout::THUMBS;
 use crate::place::listing::{self, OBJECTS_PER_PAGE, Record, Seen};
 use crate::place::{Address, ObjectError, ObjectUrl, Objects, strong_etag};
-use crate::report::html::MARKER;
 use crate::report::live::Observed;
-use crate::report::thumbs::{Facts, Known, Preview, thumb_name};
-use crate::report::{Written, refuse_foreign, write_local};
-use crate::store::{ReportOutput, RunRow, Store, ThumbnailRow};
+use crate::report::page::html::MARKER;
+use crate::report::page::thumbs::{Facts, Known, Preview, thumb_name};
+use crate::report::page::{Written, refuse_foreign, write_local};
+use crate::run_id::RunId;
+use crate::store::{ReportOutput, Run, Store, Thumbnail};
 
 /// Objects read or put at once while a page is staged or kept: round trips, not bandwidth,
 /// bound a run of many small images.
@@ -49,7 +50,7 @@ fn failed(e: impl std::fmt::Display) -> Error {
 
 pub(super) async fn write(
     store: &Store,
-    run: RunRow,
+    run: Run,
     out: Option<&Address>,
     observed: Observed,
 ) -> Result<Written, Error> {
@@ -59,7 +60,7 @@ pub(super) async fn write(
     };
     let objects = Objects::open(run_url).map_err(failed)?;
     let stage = tempfile::tempdir().map_err(failed)?;
-    let local_run = stage.path().join(&run.id);
+    let local_run = stage.path().join(run.id.as_str());
     let started = std::time::Instant::now();
     let differ = outputs_not_as_recorded(store, &run.id, run_url).await?;
     let forgotten = forget_missing_thumbnails(store, &run.id, &objects.child(THUMBS)).await?;
@@ -80,8 +81,8 @@ pub(super) async fn write(
     let page = out
         .and_then(Address::file_name)
         .unwrap_or_else(|| "report.html".into());
-    let staged = RunRow {
-        output_dir: stage.path().to_string_lossy().into_owned(),
+    let staged = Run {
+        output_dir: Address::Local(stage.path().to_path_buf()),
         ..run
     };
     let staged_out = local_run.join(&page);
@@ -197,7 +198,7 @@ where
 /// (sorted): gone ([`Seen::Unlisted`]) or changed ([`Seen::Other`]).
 async fn outputs_not_as_recorded(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     run_url: &ObjectUrl,
 ) -> Result<Vec<(i64, Seen)>, Error> {
     let kept = store
@@ -223,11 +224,12 @@ async fn outputs_not_as_recorded(
 /// returns how many.
 async fn forget_missing_thumbnails(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     thumbs: &Objects,
 ) -> Result<usize, Error> {
     let put = store
-        .thumbnails(run_id)
+        .thumbnails()
+        .list(run_id)
         .map_err(Error::from)
         .map_ok(|t| Put {
             url: thumbs.url_of(&thumbs.key(&format!("{}.png", t.name))),
@@ -236,7 +238,7 @@ async fn forget_missing_thumbnails(
             etag: t.etag,
         });
     let gone = not_as_listed(put, |t, _| t.name.clone()).await?;
-    store.forget_thumbnails(run_id, &gone).await?;
+    store.thumbnails().forget(run_id, &gone).await?;
     Ok(gone.len())
 }
 
@@ -245,7 +247,7 @@ async fn forget_missing_thumbnails(
 /// made, and what it made is put after.
 pub(super) struct Pages {
     store: Store,
-    run_id: String,
+    run_id: RunId,
     run_url: ObjectUrl,
     local_run: PathBuf,
     thumbs: Objects,
@@ -256,10 +258,10 @@ pub(super) struct Pages {
 impl Pages {
     /// Makes an output recorded under the run's prefix a file of the staging copy.
     pub(super) fn rebase(&self, o: &mut ReportOutput) {
-        if let Some(Address::Object(url)) = o.address()
+        if let Some(Address::Object(url)) = &o.place
             && let Some(rel) = url.under(&self.run_url)
         {
-            o.path = Some(self.local_run.join(rel).to_string_lossy().into_owned());
+            o.place = Some(Address::Local(self.local_run.join(rel)));
         }
     }
 
@@ -279,7 +281,8 @@ impl Pages {
         names.dedup();
         let facts: HashMap<String, Facts> = self
             .store
-            .thumbnails_named(&self.run_id, &names)
+            .thumbnails()
+            .named(&self.run_id, &names)
             .await?
             .into_iter()
             .map(|t| {
@@ -298,7 +301,12 @@ impl Pages {
         };
         let mut to_read = Vec::new();
         for o in outputs {
-            let Some(path) = o.path.as_deref().map(PathBuf::from) else {
+            let Some(path) = o
+                .place
+                .as_ref()
+                .and_then(Address::as_local)
+                .map(Path::to_owned)
+            else {
                 continue;
             };
             let Ok(rel) = path.strip_prefix(&self.local_run) else {
@@ -361,7 +369,7 @@ impl Pages {
         made.sort_unstable();
         made.dedup();
         let thumbs = &self.thumbs;
-        let put: Vec<Result<Option<ThumbnailRow>, ObjectError>> = futures::stream::iter(made)
+        let put: Vec<Result<Option<Thumbnail>, ObjectError>> = futures::stream::iter(made)
             .map(|file| async move {
                 let (Some(name), Ok(bytes)) = (
                     file.file_stem().map(|n| n.to_string_lossy().into_owned()),
@@ -376,7 +384,7 @@ impl Pages {
                     .await?;
                 let _ = std::fs::remove_file(file);
                 Ok(facts.and_then(|f| {
-                    Some(ThumbnailRow {
+                    Some(Thumbnail {
                         name,
                         size: f.size?,
                         thumb_size: f.thumb_size,
@@ -392,12 +400,12 @@ impl Pages {
         for file in staged {
             let _ = std::fs::remove_file(file);
         }
-        let rows: Vec<ThumbnailRow> = put
+        let rows: Vec<Thumbnail> = put
             .into_iter()
             .filter_map(Result::transpose)
             .collect::<Result<_, _>>()
             .map_err(failed)?;
-        if let Err(e) = self.store.record_thumbnails(&self.run_id, &rows).await {
+        if let Err(e) = self.store.thumbnails().record(&self.run_id, &rows).await {
             // The page is right; the next report makes these thumbnails again.
             tracing::warn!("cannot record the report's thumbnails: {e}");
         }

@@ -5,9 +5,9 @@ use std::io::Write;
 
 use maud::{Markup, html};
 
-use crate::report::chart::{self, Marks};
-use crate::report::html::{Page, label, output_label};
-use crate::report::model::{Model, Shared, StepCost};
+use crate::report::page::chart::{self, Marks};
+use crate::report::page::html::{Page, label, output_label};
+use crate::report::page::model::{Model, Shared, StepCost};
 use crate::store::{AmbiguousAttempt, TaskStatus};
 use crate::time::rfc3339_ms as time;
 
@@ -178,7 +178,7 @@ impl Page<'_> {
                 })?;
             }
             for s in m.outputs.get(&i).map_or(&[][..], Vec::as_slice) {
-                if s.row.path.is_none() && s.row.download_error.is_some() {
+                if s.row.place.is_none() && s.row.download_error.is_some() {
                     problems.downloads.row(html! {
                         tr {
                             td { a href=(link(format!("o{}-{}", t.id, s.row.k))) { (output_label(t, s.row.k)) } }

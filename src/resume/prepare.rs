@@ -1,0 +1,258 @@
+//! The first stage of continuing a run: from its record, the pipeline as it is now and a plan
+//! made now, what resuming it pays for ([`Prepared`]), or why it is refused. Nothing is
+//! written here: a dry run stops after this stage, and shows it.
+
+use std::sync::Arc;
+
+use crate::exec::OnAmbiguous;
+use crate::pipeline::Pipeline;
+use crate::plan::document::{PlanDocument, ScopePlan};
+use crate::plan::graph::Graph;
+use crate::plan::scope::Scope;
+use crate::plan::{Costs, GenerationPrice};
+use crate::run_id::RunId;
+use crate::store::{Run, RunStatus, Store};
+
+use super::refusal::{self, Cap, Refusal};
+use super::{ResumeError, Review, Target, changes, reroll};
+
+/// What the runner gives a continuation once it holds the run's lock: the run as recorded
+/// (read again under the lock), the pipeline file as it is now and the plan made from it.
+pub struct Given {
+    pub row: Run,
+    pub pipeline: Pipeline,
+    /// The pipeline as the run recorded it, when it changed since ([`changed`]).
+    pub recorded: Option<Pipeline>,
+    pub doc: PlanDocument,
+    /// `--items`, `--until`: the part asked for now.
+    pub scope: Scope,
+}
+
+/// What the user asked of the continuation.
+#[derive(Clone, Copy, Debug)]
+pub struct Choices {
+    pub allow_changes: bool,
+    /// `--reuse` (or the pipeline's `reuse: true`).
+    pub reuse: bool,
+    pub on_ambiguous: OnAmbiguous,
+}
+
+/// A run reviewed for continuing: what it keeps, reads back and pays for, admitted or not yet.
+pub struct Prepared {
+    pub row: Run,
+    pub pipeline: Pipeline,
+    pub doc: PlanDocument,
+    pub graph: Arc<Graph>,
+    pub review: Review,
+    /// The tasks to pay for now: the part asked for, or what a reroll names.
+    pub scope: Scope,
+    /// Whether the pipeline changed since the run recorded it (`--allow-changes`).
+    pub changed: bool,
+    /// What a reroll names, as it is recorded; `None` for a resume.
+    pub reroll: Option<String>,
+}
+
+/// Whether a recorded run is finished: then it is only summarised, unless rerolled.
+pub fn finished(status: RunStatus, rerolling: bool) -> bool {
+    status == RunStatus::Succeeded && !rerolling
+}
+
+/// Whether the pipeline file or its items changed since the run recorded them.
+pub fn changed(pipeline: &Pipeline, doc: &PlanDocument, row: &Run) -> bool {
+    pipeline.text_sha256 != row.pipeline_sha256 || doc.items.sha256 != row.items_sha256
+}
+
+/// Reviews the run given: the graph priced, the changes refused unless allowed, the reroll's
+/// targets chosen (or the part asked for kept).
+pub async fn prepare(
+    store: &Store,
+    given: Given,
+    choices: Choices,
+    reroll: Option<&[Target]>,
+) -> Result<Prepared, ResumeError> {
+    let Given {
+        row,
+        pipeline,
+        recorded,
+        doc,
+        mut scope,
+    } = given;
+    // A price the service no longer states is the one the run was planned with.
+    let price = priced_at(&doc, recorded_plan(&row));
+    let graph = Arc::new(Graph::build(&pipeline, &Costs::of(&pipeline, &price))?);
+    let previous = recorded
+        .as_ref()
+        .map(|p| Graph::build(p, &Costs::of(p, &price)))
+        .transpose()?;
+    let reuse = choices.reuse || pipeline.reuse;
+    let (id, on_ambiguous) = (&row.id, choices.on_ambiguous);
+    let mut review =
+        super::review(store, id, &graph, previous.as_ref(), on_ambiguous, reuse).await?;
+    refusal::changes(id, recorded.is_some(), choices.allow_changes, || {
+        let old = recorded
+            .as_ref()
+            .expect("a changed pipeline's recorded copy");
+        changes::describe_changes(old, &pipeline, &graph, &review)
+    })?;
+    let reroll = match reroll {
+        Some(targets) => {
+            let (rerolled, said) = rerolled(store, id, &graph, &mut review, targets).await?;
+            scope = rerolled;
+            Some(said)
+        }
+        None => {
+            review.narrow(&graph, &scope);
+            None
+        }
+    };
+    Ok(Prepared {
+        changed: recorded.is_some(),
+        row,
+        pipeline,
+        doc,
+        graph,
+        review,
+        scope,
+        reroll,
+    })
+}
+
+impl Prepared {
+    /// Refuses what is left when it costs more than may be spent (`cap`: the budget less what
+    /// the run spent, and the balance).
+    pub fn admit(&self, cap: Option<u64>) -> Result<(), Refusal> {
+        let cap = Cap {
+            credits: cap,
+            budget: self.doc.budget.as_ref().map(|b| b.max_credits),
+            balance: &self.doc.balance,
+        };
+        let review = &self.review;
+        refusal::over_cap(&self.row.id, review.to_pay(), review.credits(), cap)
+    }
+
+    /// For a dry run to show: the kept outputs whose file or object is missing or modified
+    /// (a resume checks them beside the run instead).
+    pub async fn check_kept(&mut self, store: &Store) -> Result<(), ResumeError> {
+        self.review.refetch = super::check(store, &self.row.id, &self.review).await?;
+        Ok(())
+    }
+}
+
+/// Makes `review` the reroll of `targets`, or the continuation of an unfinished reroll of the
+/// same targets; gives the scope to run and what the reroll names.
+async fn rerolled(
+    store: &Store,
+    run_id: &RunId,
+    graph: &Graph,
+    review: &mut Review,
+    targets: &[Target],
+) -> Result<(Scope, String), ResumeError> {
+    let chosen = reroll::resolve(graph, targets).map_err(|message| Refusal::Targets {
+        run_id: run_id.to_string(),
+        message,
+    })?;
+    let said = reroll::said(targets);
+    let open = store.open_reroll(run_id, &said).await?;
+    if open.is_some() {
+        tracing::info!(
+            "continuing the unfinished reroll of {said}: what it already paid for is kept"
+        );
+    }
+    let ids = open.as_ref().map(|o| o.task_ids.as_slice());
+    let scope = review
+        .reroll(graph, &chosen, ids, said.clone())
+        .map_err(|message| Refusal::Reroll { message })?;
+    Ok((scope, said))
+}
+
+/// The plan the run recorded, when it still reads.
+pub(super) fn recorded_plan(row: &Run) -> Option<PlanDocument> {
+    row.plan.read::<PlanDocument>()
+}
+
+/// The generation price now, else the one the run was planned (or discovered) with.
+fn priced_at(doc: &PlanDocument, recorded: Option<PlanDocument>) -> GenerationPrice {
+    if doc.prices.generation.credits.is_some() {
+        return doc.prices.generation.clone();
+    }
+    recorded
+        .map(|d| d.prices.generation)
+        .filter(|g| g.credits.is_some())
+        .unwrap_or_else(|| doc.prices.generation.clone())
+}
+
+/// How the run's record of its source and plan is brought up to date when it continues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Rewrite {
+    /// Nothing changed that the record holds.
+    Nothing,
+    /// The part asked for changed (a sample, then every item): so does the plan.
+    Plan,
+    /// The pipeline changed (`--allow-changes`): its text, hashes and plan are the new ones.
+    Source,
+}
+
+/// What [`Rewrite`] a continuation makes, from whether the pipeline changed and the part of
+/// the run the recorded plan and the new one were made for.
+pub(super) fn rewrite(
+    changed: bool,
+    before: Option<&ScopePlan>,
+    now: Option<&ScopePlan>,
+) -> Rewrite {
+    if changed {
+        Rewrite::Source
+    } else if before != now {
+        Rewrite::Plan
+    } else {
+        Rewrite::Nothing
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(asked: &str) -> ScopePlan {
+        ScopePlan {
+            asked: asked.to_owned(),
+            items: 1,
+            of_items: 2,
+            whole_tasks: 4,
+            whole_credits: Some(8),
+        }
+    }
+
+    #[test]
+    fn a_continuation_rewrites_the_source_when_changed_else_the_plan_when_its_part_did() {
+        let (a, b) = (part("--items a"), part("--items b"));
+        let table = [
+            (true, None, None, Rewrite::Source),
+            (true, Some(&a), Some(&b), Rewrite::Source),
+            (false, None, None, Rewrite::Nothing),
+            (false, Some(&a), Some(&a), Rewrite::Nothing),
+            (false, Some(&a), Some(&b), Rewrite::Plan),
+            (false, Some(&a), None, Rewrite::Plan),
+            (false, None, Some(&a), Rewrite::Plan),
+        ];
+        for (changed, before, now, want) in table {
+            assert_eq!(
+                rewrite(changed, before, now),
+                want,
+                "{changed} {before:?} {now:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_a_succeeded_run_not_rerolled_is_finished() {
+        assert!(finished(RunStatus::Succeeded, false));
+        assert!(!finished(RunStatus::Succeeded, true));
+        for status in [
+            RunStatus::Failed,
+            RunStatus::Interrupted,
+            RunStatus::Stopped,
+        ] {
+            assert!(!finished(status, false) && !finished(status, true));
+        }
+    }
+}
