@@ -409,7 +409,7 @@ async fn bash_completions_parse_and_name_every_command() {
     assert!(commands.len() >= 17, "{commands:?}");
     for command in &commands {
         assert!(
-            text.contains(&format!("imgpipe__{command}")),
+            text.contains(&format!("imgpipe__subcmd__{command}")),
             "the bash completions do not name `{command}`"
         );
     }
