@@ -18,8 +18,8 @@ use imgpipe::sandbox;
 use sqlx::Connection;
 
 use crate::common::{
-    Env, Watched, assert_exit_without_panic, command, finish, finish_child, kill_child,
-    postgres_database, start, state_connection, stderr, stdout, wait_until, within,
+    Env, Watched, assert_exit_without_panic, command, finish, kill_child, postgres_database, start,
+    state_connection, stderr, stdout, wait_until, within,
 };
 use crate::run::{config, edit_chain, write};
 
@@ -400,18 +400,16 @@ async fn a_run_whose_lock_session_is_cut_stops_and_its_resume_pays_nothing_twice
     };
     let env = start(config()).await;
     let a = host(&edit_chain(8, None));
-    // One call let through the gate, the next held: the session is cut while the run goes on,
-    // however fast the machine.
+    // One call let through the gate, the next held until the run has seen its session cut:
+    // the run cannot finish first, however fast the machine.
     let hold = env.sandbox.hold();
     env.sandbox.let_through(1);
-    let run = on(
+    let mut run = Watched::start(on(
         &env,
         a.path(),
         &url,
         &["run", "p.yaml", "--run-id", "cut", "--concurrency", "2"],
-    )
-    .spawn()
-    .unwrap();
+    ));
     wait_for(
         &url,
         "SELECT COUNT(*) FROM tasks WHERE status = 'succeeded'",
@@ -428,9 +426,10 @@ async fn a_run_whose_lock_session_is_cut_stops_and_its_resume_pays_nothing_twice
     )
     .await;
     assert_eq!(cut, 1, "one session held the lock");
-    drop(hold);
     let started = Instant::now();
-    let stopped = finish_child(run, "the run whose lock session was cut").await;
+    run.wait_for_line("lost the run lock's session").await;
+    drop(hold);
+    let stopped = run.finish().await;
     assert_exit_without_panic(&stopped, 130);
     assert!(
         started.elapsed() < Duration::from_secs(15),

@@ -259,10 +259,10 @@ pub(super) struct Pages {
 impl Pages {
     /// Makes an output recorded under the run's prefix a file of the staging copy.
     pub(super) fn rebase(&self, o: &mut ReportOutput) {
-        if let Some(Address::Object(url)) = o.address()
+        if let Some(Address::Object(url)) = &o.place
             && let Some(rel) = url.under(&self.run_url)
         {
-            o.path = Some(self.local_run.join(rel).to_string_lossy().into_owned());
+            o.place = Some(Address::Local(self.local_run.join(rel)));
         }
     }
 
@@ -302,7 +302,12 @@ impl Pages {
         };
         let mut to_read = Vec::new();
         for o in outputs {
-            let Some(path) = o.path.as_deref().map(PathBuf::from) else {
+            let Some(path) = o
+                .place
+                .as_ref()
+                .and_then(Address::as_local)
+                .map(Path::to_owned)
+            else {
                 continue;
             };
             let Ok(rel) = path.strip_prefix(&self.local_run) else {
