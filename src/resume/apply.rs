@@ -210,10 +210,7 @@ impl<D: Fn(usize) -> NewTask> Applying<'_, D> {
         let reused = |(t, identity, found): &(usize, String, Reusable)| {
             let task = match self.rows.get(*t) {
                 Some(id) => TaskRef::Row(id),
-                None => {
-                    let TaskKey { item, step, index } = graph.key(*t);
-                    TaskRef::New(item, step, index)
-                }
+                None => TaskRef::New(graph.key(*t)),
             };
             Reused {
                 task,

@@ -61,10 +61,7 @@ impl Resuming<'_> {
         for r in &changes.reused {
             let id = match &r.task {
                 TaskRef::Row(id) => Some(*id),
-                TaskRef::New(item, step, idx) => inserted
-                    .iter()
-                    .find(|(_, k)| k.item == *item && k.step == *step && k.index == *idx)
-                    .map(|(id, _)| *id),
+                TaskRef::New(key) => inserted.iter().find(|(_, k)| k == key).map(|(id, _)| *id),
             };
             let Some(id) = id else {
                 return Err(StoreError::Inconsistent(format!(

@@ -10,6 +10,7 @@ use sqlx::Row;
 use crate::place::Address;
 use crate::store::tasks::{NewTask, OUTPUT_COLUMNS, output_row, to_u64};
 use crate::store::{Backend, RecordedOutput, Store, StoreError, rows};
+use crate::task_key::TaskKey;
 
 /// A stored output as a resume checks it: where it is and what was stored there. The rest of
 /// its record ([`RecordedOutput`]) is read, by [`Resuming::outputs_by_id`], only for the few that
@@ -66,8 +67,8 @@ pub struct SetAside {
 #[derive(Clone, Debug)]
 pub enum TaskRef {
     Row(i64),
-    /// `(item, step, idx)` of a task recorded by the same change.
-    New(String, String, u32),
+    /// The key of a task recorded by the same change.
+    New(TaskKey),
 }
 
 /// A task settled with an earlier run's result (`--reuse`), its files copied to `paths` (by
