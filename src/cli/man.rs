@@ -22,7 +22,7 @@ pub(super) fn run(args: &ManArgs) -> Result<(), Error> {
     let mut written = Vec::new();
     write_pages(&command, "imgpipe", &args.out, &mut written)?;
     for path in written {
-        stdio::line(path.display())?;
+        stdio::line(path.display().to_string())?;
     }
     Ok(())
 }

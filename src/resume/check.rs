@@ -73,6 +73,7 @@ pub(super) async fn outputs(
 ) -> Result<Vec<Refetch>, StoreError> {
     let (hashing, objects) = (&Semaphore::new(HASHING_AT_ONCE), &Checker::new());
     let kept = store
+        .resume()
         .stored_outputs(run_id)
         .try_filter(|o| ready(kept.binary_search(&o.task_id).is_ok()));
     let mut differ: Vec<Differs> = pages(kept)
@@ -96,6 +97,7 @@ pub(super) async fn outputs(
     let mut modified: HashMap<i64, Option<String>> =
         differ.into_iter().map(|d| (d.id, d.modified)).collect();
     let mut refetch: Vec<Refetch> = store
+        .resume()
         .outputs_by_id(&ids)
         .await?
         .into_iter()

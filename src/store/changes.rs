@@ -3,11 +3,12 @@
 
 use sqlx::{AnyConnection, Row};
 
+use crate::store::resume::Resuming;
 use crate::store::resume::{Changes, PendingMove, Reused, SetAside, TaskRef};
 use crate::store::tasks::{NewTask, insert_tasks, to_i64};
-use crate::store::{Store, StoreError, now_ms};
+use crate::store::{StoreError, now_ms};
 
-impl Store {
+impl Resuming<'_> {
     /// Writes every change of an applied review in one transaction, and journals in it each
     /// move of a set-aside output's file; gives the moves to make once it is committed.
     pub async fn apply_review(
@@ -15,8 +16,9 @@ impl Store {
         run_id: &str,
         changes: &Changes,
     ) -> Result<Vec<PendingMove>, StoreError> {
-        let mut tx = self.pool().begin().await?;
-        let inserted = insert_tasks(&mut tx, self.backend(), run_id, &changes.new_tasks).await?;
+        let mut tx = self.store.pool().begin().await?;
+        let inserted =
+            insert_tasks(&mut tx, self.store.backend(), run_id, &changes.new_tasks).await?;
         let now = now_ms();
         let mut moves = Vec::new();
         for m in &changes.set_aside {
@@ -86,7 +88,7 @@ impl Store {
              WHERE run_id = $1 ORDER BY id",
         )
         .bind(run_id)
-        .fetch_all(self.pool())
+        .fetch_all(self.store.pool())
         .await?
         .iter()
         .map(|r| {
@@ -106,7 +108,7 @@ impl Store {
         &self,
         done: &[(PendingMove, Option<u64>)],
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.store.pool().begin().await?;
         for (m, moved) in done {
             let query = match moved {
                 Some(bytes) => {

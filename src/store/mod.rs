@@ -62,7 +62,8 @@ pub use report::{
 };
 pub use rerolls::{NewReroll, OpenReroll};
 pub use resume::{
-    Changes, PendingMove, Reusable, ReusableOutput, Reused, SetAside, StoredOutput, TaskRef,
+    Changes, PendingMove, Resuming, Reusable, ReusableOutput, Reused, SetAside, StoredOutput,
+    TaskRef,
 };
 pub use run_figures::{AmbiguousAttempt, StepCounts, Totals};
 pub use runs::{NewRun, RecordedPlan, Run, RunStatus, Runs};
@@ -361,6 +362,11 @@ impl Store {
     /// The images the calls made, and where they were kept.
     pub fn outputs(&self) -> Outputs<'_> {
         Outputs { store: self }
+    }
+
+    /// What resuming a run reads and writes (reviews, reuse, rerolls).
+    pub fn resume(&self) -> Resuming<'_> {
+        Resuming { store: self }
     }
 
     /// The spending caps and their leases.

@@ -1,9 +1,10 @@
 //! Rerolls as the record keeps them: written in the transaction that resets their tasks
-//! ([`Store::apply_review`]), looked up by what they named, ended when all their tasks are done.
+//! ([`Resuming::apply_review`]), looked up by what they named, ended when all their tasks are done.
 
 use sqlx::{AnyConnection, Row};
 
-use crate::store::{Store, StoreError, now_ms};
+use crate::store::resume::Resuming;
+use crate::store::{StoreError, now_ms};
 
 /// A reroll to record with the review that resets its tasks.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -37,7 +38,7 @@ pub(super) async fn insert(
     Ok(())
 }
 
-impl Store {
+impl Resuming<'_> {
     /// The latest reroll of run `run_id` that named `said` and has not ended.
     pub async fn open_reroll(
         &self,
@@ -51,7 +52,7 @@ impl Store {
         )
         .bind(run_id)
         .bind(said)
-        .fetch_optional(self.pool())
+        .fetch_optional(self.store.pool())
         .await?;
         let Some(row) = row else {
             return Ok(None);
@@ -74,7 +75,7 @@ impl Store {
         .bind(now_ms())
         .bind(run_id)
         .bind(said)
-        .execute(self.pool())
+        .execute(self.store.pool())
         .await?;
         Ok(())
     }

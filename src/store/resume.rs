@@ -12,7 +12,7 @@ use crate::store::tasks::{NewTask, OUTPUT_COLUMNS, output_row, to_u64};
 use crate::store::{Backend, RecordedOutput, Store, StoreError, rows};
 
 /// A stored output as a resume checks it: where it is and what was stored there. The rest of
-/// its record ([`RecordedOutput`]) is read, by [`Store::outputs_by_id`], only for the few that
+/// its record ([`RecordedOutput`]) is read, by [`Resuming::outputs_by_id`], only for the few that
 /// differ.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredOutput {
@@ -33,13 +33,13 @@ pub struct StoredOutput {
 const STORED_OUTPUTS_SQLITE: &str = "SELECT id, task_id, path, sha256, bytes, etag FROM outputs
      WHERE run_id = $1 AND path IS NOT NULL AND sha256 IS NOT NULL AND (path, id) > ($2, $3)
      ORDER BY path, id LIMIT $4";
-/// Run with sorts disabled (see [`Store::stored_outputs`]).
+/// Run with sorts disabled (see [`Resuming::stored_outputs`]).
 const STORED_OUTPUTS_POSTGRES: &str = "SELECT id, task_id, path, sha256, bytes, etag FROM outputs
      WHERE run_id = $1 AND path IS NOT NULL AND sha256 IS NOT NULL
        AND (path COLLATE \"C\", id) > ($2, $3)
      ORDER BY path COLLATE \"C\", id LIMIT $4";
 
-/// Stored outputs read in one statement (see [`Store::stored_outputs`]).
+/// Stored outputs read in one statement (see [`Resuming::stored_outputs`]).
 const STORED_PER_PAGE: i64 = 1000;
 
 /// Ids a statement reading outputs back by id binds.
@@ -47,7 +47,7 @@ const IDS_PER_STATEMENT: usize = 500;
 
 /// An output set aside by a resume: its row moves to `superseded_outputs`, and its file (or
 /// object), when it has one, is to move from `from` to `to`: a move journaled with the change
-/// and made after the commit (see [`Store::apply_review`]).
+/// and made after the commit (see [`Resuming::apply_review`]).
 pub struct SetAside {
     pub output_id: i64,
     /// The file's recorded place, and where it goes.
@@ -80,7 +80,7 @@ pub struct Reused {
 }
 
 /// Every state write a resume makes before its scheduler starts, written by
-/// [`Store::apply_review`] in one transaction: a process killed while applying a review leaves
+/// [`Resuming::apply_review`] in one transaction: a process killed while applying a review leaves
 /// the record as it was before, or as it is after, never in between.
 #[derive(Default)]
 pub struct Changes {
@@ -100,7 +100,7 @@ pub struct Changes {
 }
 
 /// A file or object move a resume journaled: made after the change's commit, then forgotten
-/// with [`Store::finish_moves`]. The next resume makes those a killed process left.
+/// with [`Resuming::finish_moves`]. The next resume makes those a killed process left.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PendingMove {
     pub id: i64,
@@ -136,7 +136,15 @@ impl ReusableOutput {
     }
 }
 
-impl Store {
+/// What resuming a run reads and writes: the stored outputs a review checks, the succeeded
+/// tasks of earlier runs it may reuse, the identities it records, the changes it applies in
+/// one transaction and the moves journaled with them, and the rerolls it records.
+#[derive(Clone, Copy, Debug)]
+pub struct Resuming<'a> {
+    pub(super) store: &'a Store,
+}
+
+impl<'a> Resuming<'a> {
     /// The run's outputs with a file or object and its sha256, in the byte order of their
     /// path: the order S3 lists keys in, whatever the database's collation. Read a page of
     /// [`STORED_PER_PAGE`] at a time, each page from where the last ended (an index seek, see
@@ -147,11 +155,12 @@ impl Store {
     /// on a table not analysed yet (right after a kill) the planner guesses fewer rows than a
     /// page and would sort the run's outputs for each page (0.14–0.28 s a page at 300,000 of
     /// them); the index gives them in order (1 ms a page).
-    pub fn stored_outputs<'a>(
-        &'a self,
+    pub fn stored_outputs(
+        &self,
         run_id: &'a str,
     ) -> BoxStream<'a, Result<StoredOutput, StoreError>> {
-        let sql = match self.backend() {
+        let store = self.store;
+        let sql = match self.store.backend() {
             Backend::Sqlite => STORED_OUTPUTS_SQLITE,
             Backend::Postgres => STORED_OUTPUTS_POSTGRES,
         };
@@ -166,7 +175,7 @@ impl Store {
                 .bind(&path)
                 .bind(id)
                 .bind(STORED_PER_PAGE);
-            let rows = self.fetch_unsorted(query).await?;
+            let rows = store.fetch_unsorted(query).await?;
             let page = rows
                 .iter()
                 .map(|r| {
@@ -219,7 +228,7 @@ impl Store {
     ) -> Result<Vec<RecordedOutput>, StoreError> {
         let mut out = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(IDS_PER_STATEMENT) {
-            let marks = rows(self.backend(), chunk.len(), 1, |p| p[0].clone());
+            let marks = rows(self.store.backend(), chunk.len(), 1, |p| p[0].clone());
             let sql = format!(
                 "SELECT {OUTPUT_COLUMNS} FROM outputs o JOIN tasks t ON t.id = o.task_id
                  WHERE {column} IN ({marks}) ORDER BY o.task_id, o.k, o.id"
@@ -229,7 +238,7 @@ impl Store {
             for id in chunk {
                 query = query.bind(id);
             }
-            for r in query.fetch_all(self.pool()).await? {
+            for r in query.fetch_all(self.store.pool()).await? {
                 out.push(output_row(&r)?);
             }
         }
@@ -238,11 +247,11 @@ impl Store {
 
     /// Records tasks' identities (request and input bytes) once they are known.
     pub async fn set_identities(&self, ids: &[(i64, String)]) -> Result<(), StoreError> {
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.store.pool().begin().await?;
         // One statement a chunk: a statement a task was a round trip to SQLite's thread each,
         // most of a run's exit after thousands of tasks.
         for chunk in ids.chunks(500) {
-            let values = rows(self.backend(), chunk.len(), 2, |p| {
+            let values = rows(self.store.backend(), chunk.len(), 2, |p| {
                 format!("({}, {})", p[0], p[1])
             });
             let sql = format!(
@@ -270,9 +279,9 @@ impl Store {
     ) -> Result<HashMap<String, Reusable>, StoreError> {
         let mut found: HashMap<String, Reusable> = HashMap::new();
         for chunk in identities.chunks(500) {
-            let marks = rows(self.backend(), chunk.len(), 1, |p| p[0].clone());
+            let marks = rows(self.store.backend(), chunk.len(), 1, |p| p[0].clone());
             // The last parameter, in the backend's own style (see `rows`).
-            let not_run_mark = match self.backend() {
+            let not_run_mark = match self.store.backend() {
                 Backend::Sqlite => "?".to_owned(),
                 Backend::Postgres => format!("${}", chunk.len() + 1),
             };
@@ -292,7 +301,7 @@ impl Store {
             for id in chunk {
                 query = query.bind(id);
             }
-            let rows = query.bind(not_run).fetch_all(self.pool()).await?;
+            let rows = query.bind(not_run).fetch_all(self.store.pool()).await?;
             for r in &rows {
                 let identity: String = r.try_get("identity")?;
                 let task_id: i64 = r.try_get("id")?;
@@ -325,7 +334,7 @@ impl Store {
         let job: Option<(Option<String>,)> =
             sqlx::query_as("SELECT job_id FROM tasks WHERE id = $1")
                 .bind(task_id)
-                .fetch_optional(self.pool())
+                .fetch_optional(self.store.pool())
                 .await?;
         Ok(job.and_then(|j| j.0))
     }
@@ -337,7 +346,7 @@ impl Store {
     ) -> Result<std::collections::HashMap<(i64, u32), String>, StoreError> {
         let mut out = std::collections::HashMap::new();
         for chunk in task_ids.chunks(500) {
-            let marks = rows(self.backend(), chunk.len(), 1, |p| p[0].clone());
+            let marks = rows(self.store.backend(), chunk.len(), 1, |p| p[0].clone());
             let sql = format!(
                 "SELECT task_id, k, sha256 FROM outputs
                  WHERE task_id IN ({marks}) AND sha256 IS NOT NULL"
@@ -347,7 +356,7 @@ impl Store {
             for id in chunk {
                 query = query.bind(id);
             }
-            for r in query.fetch_all(self.pool()).await? {
+            for r in query.fetch_all(self.store.pool()).await? {
                 out.insert(
                     (
                         r.try_get::<i64, _>("task_id")?,
@@ -369,7 +378,7 @@ impl Store {
             "SELECT task_id, k, sha256 FROM outputs WHERE run_id = $1 AND sha256 IS NOT NULL",
         )
         .bind(run_id)
-        .fetch_all(self.pool())
+        .fetch_all(self.store.pool())
         .await?;
         rows.iter()
             .map(|r| {
