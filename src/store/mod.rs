@@ -21,16 +21,17 @@
 //! imgpipe would later refuse as empty or unmarked.
 
 mod caps;
-mod changes;
 mod gauges;
 mod group;
+mod identities;
+mod kept;
 mod location;
 pub mod lock;
 mod outline;
 mod postgres;
 mod report;
 mod rerolls;
-mod resume;
+mod revisions;
 mod runs;
 pub mod spend;
 pub(crate) mod tasks;
@@ -52,13 +53,13 @@ pub use gauges::RunGauges;
 pub use location::{Location, PgUrl};
 pub use outline::ItemOutline;
 
+pub use identities::{Identities, Reusable, ReusableOutput};
+pub use kept::{Kept, StoredOutput};
 pub use report::{
     EarlierOutput, ReportOutput, ReportRow, ReportTask, Spend, StepTotals, TaskRequest,
 };
-pub use rerolls::{NewReroll, OpenReroll};
-pub use resume::{
-    Changes, PendingMove, Reusable, ReusableOutput, Reused, SetAside, StoredOutput, TaskRef,
-};
+pub use rerolls::{NewReroll, OpenReroll, Rerolls};
+pub use revisions::{Changes, PendingMove, Reused, Revisions, SetAside, TaskRef};
 pub use runs::{AmbiguousAttempt, NewRun, RunRow, RunStatus, StepCounts};
 pub use tasks::{
     AttemptOutcome, LastAttempt, NewTask, OutputRow, Settled, TaskRow, TaskStatus, Totals,

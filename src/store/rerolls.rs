@@ -1,5 +1,5 @@
 //! Rerolls as the record keeps them: written in the transaction that resets their tasks
-//! ([`Store::apply_review`]), looked up by what they named, ended when all their tasks are done.
+//! ([`crate::store::Revisions::apply`]), looked up by what they named, ended when all their tasks are done.
 
 use sqlx::{AnyConnection, Row};
 
@@ -37,13 +37,21 @@ pub(super) async fn insert(
     Ok(())
 }
 
+/// A run's rerolls: [`Store::rerolls`].
+#[derive(Clone, Copy)]
+pub struct Rerolls<'a> {
+    store: &'a Store,
+}
+
 impl Store {
+    pub fn rerolls(&self) -> Rerolls<'_> {
+        Rerolls { store: self }
+    }
+}
+
+impl Rerolls<'_> {
     /// The latest reroll of run `run_id` that named `said` and has not ended.
-    pub async fn open_reroll(
-        &self,
-        run_id: &str,
-        said: &str,
-    ) -> Result<Option<OpenReroll>, StoreError> {
+    pub async fn open(&self, run_id: &str, said: &str) -> Result<Option<OpenReroll>, StoreError> {
         let row = sqlx::query(
             "SELECT id, task_ids FROM rerolls
              WHERE run_id = $1 AND said = $2 AND finished_at IS NULL
@@ -51,7 +59,7 @@ impl Store {
         )
         .bind(run_id)
         .bind(said)
-        .fetch_optional(self.pool())
+        .fetch_optional(self.store.pool())
         .await?;
         let Some(row) = row else {
             return Ok(None);
@@ -66,7 +74,7 @@ impl Store {
     }
 
     /// Ends the open rerolls of run `run_id` that named `said`: all their tasks are done.
-    pub async fn finish_reroll(&self, run_id: &str, said: &str) -> Result<(), StoreError> {
+    pub async fn finish(&self, run_id: &str, said: &str) -> Result<(), StoreError> {
         sqlx::query(
             "UPDATE rerolls SET finished_at = $1
              WHERE run_id = $2 AND said = $3 AND finished_at IS NULL",
@@ -74,7 +82,7 @@ impl Store {
         .bind(now_ms())
         .bind(run_id)
         .bind(said)
-        .execute(self.pool())
+        .execute(self.store.pool())
         .await?;
         Ok(())
     }
