@@ -11,7 +11,7 @@ use crate::place::RunDir;
 use crate::plan::document::PlanDocument;
 use crate::plan::graph::Graph;
 use crate::plan::scope::Scope;
-use crate::store::{RunRow, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 use super::prepare::{Prepared, Rewrite, recorded_plan, rewrite};
 use super::{Beside, Review};
@@ -69,7 +69,7 @@ impl Prepared {
             tally.recovered,
             tally.reused,
         );
-        let (refetch, checking) = check_beside(store, &row, run_dir, &mut review);
+        let (refetch, checking) = check_beside(store, &row.id, run_dir, &mut review);
         let before = recorded_plan(&row).and_then(|d| d.scope);
         match rewrite(changed, before.as_ref(), doc.scope.as_ref()) {
             Rewrite::Nothing => {}
@@ -79,7 +79,9 @@ impl Prepared {
                     .set_run_plan(&row.id, &plan_json, doc.costs.known_credits)
                     .await?;
             }
-            Rewrite::Source => adopt_source(store, &row, &pipeline, &doc).await?,
+            Rewrite::Source => {
+                adopt_source(store, &row.id, &row.pipeline_text, &pipeline, &doc).await?
+            }
         }
         Ok(Applied {
             pipeline,
@@ -111,26 +113,27 @@ impl After {
 /// kept tasks.
 fn check_beside(
     store: &Store,
-    row: &RunRow,
+    run_id: &str,
     run_dir: RunDir,
     review: &mut Review,
 ) -> (crate::exec::Refetch, Beside) {
     let kept = std::mem::take(&mut review.kept);
-    super::beside(store.clone(), row.id.clone(), run_dir, kept)
+    super::beside(store.clone(), run_id.to_owned(), run_dir, kept)
 }
 
 /// Records the changed pipeline as the run's own (`--allow-changes`): its text (the run's
-/// earlier copy when the file cannot be read), hashes and plan.
+/// earlier copy, `recorded`, when the file cannot be read), hashes and plan.
 async fn adopt_source(
     store: &Store,
-    row: &RunRow,
+    run_id: &str,
+    recorded: &str,
     pipeline: &Pipeline,
     doc: &PlanDocument,
 ) -> Result<(), StoreError> {
-    let text = std::fs::read_to_string(&pipeline.file).unwrap_or(row.pipeline_text.clone());
+    let text = std::fs::read_to_string(&pipeline.file).unwrap_or_else(|_| recorded.to_owned());
     store
         .update_run_source(
-            &row.id,
+            run_id,
             &text,
             &pipeline.text_sha256,
             &doc.items.sha256,
