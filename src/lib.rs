@@ -1,5 +1,9 @@
 //! imgpipe runs batches of image work against a paid image API without wasting a credit.
 //!
+//! Money has three words: a **budget** is one run's limit (`--max-credits`); a **cap** is a
+//! limit over calendar windows, shared by the runs that share a state database; the **ledger**
+//! is what was billed (`imgpipe spend`).
+//!
 //! # Layout
 //! A run's data flows from the command line through the runner: the pipeline file is read and
 //! checked (`pipeline`), priced and unrolled into tasks (`plan`), paid for by the executor
@@ -9,7 +13,10 @@
 //!
 //! - [`cli`]: parses the command line, calls the library, renders what it returns.
 //! - [`runner`]: a run's lifecycle: state, lock, fresh or continued, admission, execution.
-//! - [`report`]: what the record says of a run: its summary, status and HTML page.
+//! - [`ledger`]: what was billed across runs (`imgpipe spend`), per day, week, month,
+//!   pipeline, step or run, read from the store's ledger part.
+//! - [`report`]: what the record says of a run: its summary and status, and its HTML page
+//!   ([`report::page`]: templates, thumbnails, object-storage staging).
 //! - [`error`]: the top-level error and the stable exit codes; the lower modules' own errors
 //!   are mapped into it here, once.
 //! - [`events`]: what a run tells the world outside it while it goes: alerts posted to a
@@ -49,6 +56,7 @@ pub mod error;
 pub mod events;
 pub mod exec;
 pub mod failpoint;
+pub mod ledger;
 pub mod pipeline;
 pub mod place;
 pub mod plan;

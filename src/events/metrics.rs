@@ -194,7 +194,8 @@ fn escape(value: &str) -> String {
 async fn snapshot(store: &Store, run_id: &str, pipeline: &str) -> Result<Snapshot, String> {
     let totals = store.totals(run_id).await.map_err(|e| e.to_string())?;
     let gauges = store
-        .run_gauges(run_id, pipeline)
+        .gauges()
+        .of_run(run_id, pipeline)
         .await
         .map_err(|e| e.to_string())?;
     Ok(Snapshot {

@@ -145,7 +145,7 @@ pub async fn status_of(store: &Store, run: RunRow) -> Result<Status, Error> {
 /// The tasks the run has not recorded yet, per step: a run records an item's tasks only as
 /// it comes near the item, so those of items it has not reached are counted from its plan.
 /// They are all pending. `recorded(step)`: the step's tasks the run has recorded.
-pub(super) fn unrecorded(plan_json: &str, recorded: impl Fn(&str) -> u64) -> Vec<StepCounts> {
+pub(crate) fn unrecorded(plan_json: &str, recorded: impl Fn(&str) -> u64) -> Vec<StepCounts> {
     let plan = serde_json::from_str::<serde_json::Value>(plan_json).unwrap_or_default();
     let Some(steps) = plan.pointer("/costs/steps").and_then(|s| s.as_array()) else {
         return Vec::new();

@@ -40,6 +40,7 @@ pub(super) fn router(state: Arc<State>) -> Router {
         .route("/_sandbox/stats", get(stats))
         .route("/_sandbox/hold", post(hold))
         .route("/_sandbox/release", post(release))
+        .route("/_sandbox/let-through", post(let_through))
         .route("/_sandbox/expire-urls", post(expire_urls))
         .fallback(|| async { Reply::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
@@ -290,8 +291,20 @@ async fn finish(
             tokio::task::spawn_blocking(work),
             tokio::time::sleep(latency)
         );
-        // Held, the call waits here: done, in flight, not billed yet.
-        books.gate.pass().await;
+        // Held, the call waits here: done, in flight, not billed yet. A caller that hangs up
+        // meanwhile is counted as such while it waits, so that a test can release it knowing
+        // it will be billed for nobody.
+        let mut tx = tx;
+        let pass = books.gate.pass();
+        tokio::pin!(pass);
+        tokio::select! {
+            () = &mut pass => {}
+            () = tx.closed() => {
+                books.gate.hung_up(1);
+                pass.await;
+                books.gate.hung_up(-1);
+            }
+        }
         let result = match pngs {
             Err(e) => Err(server_fault(&e)),
             Ok(Err(e)) => Err(invalid(&books, e)),
@@ -470,6 +483,7 @@ async fn stats(Shared(state): App) -> axum::Json<Value> {
         "stats": state.stats(),
         "ledger": state.ledger(),
         "held": state.gate.waiting(),
+        "passes": state.gate.passes(),
         "in_flight": state.in_flight(),
     }))
 }
@@ -478,6 +492,20 @@ async fn stats(Shared(state): App) -> axum::Json<Value> {
 async fn hold(Shared(state): App) -> StatusCode {
     state.gate.hold();
     StatusCode::NO_CONTENT
+}
+
+/// Lets `calls` more paid calls pass a held gate, one each (see `hold.rs`).
+async fn let_through(
+    Shared(state): App,
+    axum::extract::Query(passes): axum::extract::Query<Passes>,
+) -> StatusCode {
+    state.gate.let_through(passes.calls);
+    StatusCode::NO_CONTENT
+}
+
+#[derive(serde::Deserialize)]
+struct Passes {
+    calls: usize,
 }
 
 /// Expires every result URL issued so far (see `Sandbox::expire_urls`).

@@ -9,7 +9,8 @@
 //! through one at a time. In process: [`Sandbox::hold`](crate::sandbox::Sandbox::hold) (a
 //! guard), or [`Sandbox::hold_calls`](crate::sandbox::Sandbox::hold_calls) with
 //! `let_through(n)` and `release_calls()`; standalone: `POST /_sandbox/hold` and
-//! `POST /_sandbox/release`, with the number of calls waiting in `/_sandbox/stats` (`held`).
+//! `POST /_sandbox/release`, and `POST /_sandbox/let-through?calls=N`, with the number of calls
+//! waiting in `/_sandbox/stats` (`held`) and the passes not used yet (`passes`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -19,6 +20,8 @@ use tokio::sync::watch;
 pub(crate) struct Gate {
     state: watch::Sender<Held>,
     waiting: AtomicUsize,
+    /// Calls waiting at the gate whose caller hung up meanwhile.
+    hung_up: AtomicUsize,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -33,6 +36,7 @@ impl Gate {
         Gate {
             state: watch::Sender::new(Held::default()),
             waiting: AtomicUsize::new(0),
+            hung_up: AtomicUsize::new(0),
         }
     }
 
@@ -63,6 +67,25 @@ impl Gate {
     /// Lets `n` more calls pass the held gate, now or when they come.
     pub(crate) fn let_through(&self, n: usize) {
         self.state.send_modify(|s| s.passes += n);
+    }
+
+    /// Passes granted by [`Gate::let_through`] and not used yet.
+    pub(crate) fn passes(&self) -> usize {
+        self.state.borrow().passes
+    }
+
+    /// One more (`1`) or one fewer (`-1`) call waiting whose caller hung up.
+    pub(crate) fn hung_up(&self, by: isize) {
+        if by >= 0 {
+            self.hung_up.fetch_add(by.unsigned_abs(), Ordering::SeqCst);
+        } else {
+            self.hung_up.fetch_sub(by.unsigned_abs(), Ordering::SeqCst);
+        }
+    }
+
+    /// Calls waiting at the gate now whose caller hung up.
+    pub(crate) fn waiting_hung_up(&self) -> usize {
+        self.hung_up.load(Ordering::SeqCst)
     }
 
     /// Calls waiting at the gate now.

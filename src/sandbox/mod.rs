@@ -195,6 +195,12 @@ impl Sandbox {
         self.state.gate.waiting()
     }
 
+    /// Paid calls waiting at a hold now whose caller hung up (a process killed while they were
+    /// held): released, they are billed for nobody.
+    pub fn held_calls_hung_up(&self) -> usize {
+        self.state.gate.waiting_hung_up()
+    }
+
     /// Stops accepting connections and waits for the server to finish.
     pub async fn stop(mut self) -> std::io::Result<()> {
         if let Some(stop) = self.stop.take() {

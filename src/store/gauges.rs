@@ -23,14 +23,27 @@ pub struct RunGauges {
 }
 
 impl Store {
-    pub async fn run_gauges(&self, run_id: &str, pipeline: &str) -> Result<RunGauges, StoreError> {
+    /// The gauges of a run that the metrics file shows.
+    pub fn gauges(&self) -> Gauges<'_> {
+        Gauges { store: self }
+    }
+}
+
+/// The gauges of a run that the metrics file shows.
+#[derive(Clone, Copy, Debug)]
+pub struct Gauges<'a> {
+    store: &'a Store,
+}
+
+impl<'a> Gauges<'a> {
+    pub async fn of_run(&self, run_id: &str, pipeline: &str) -> Result<RunGauges, StoreError> {
         let rows = sqlx::query(
             "SELECT COALESCE(outcome, 'in_flight') AS outcome, COUNT(*) AS n,
                     COUNT(*) FILTER (WHERE http_status = 429) AS limited
              FROM attempts WHERE run_id = $1 GROUP BY outcome ORDER BY 1",
         )
         .bind(run_id)
-        .fetch_all(self.pool())
+        .fetch_all(self.store.pool())
         .await?;
         let mut gauges = RunGauges::default();
         for r in &rows {
@@ -48,7 +61,7 @@ impl Store {
              WHERE run_id = $1 AND path IS NULL AND download_error IS NULL",
         )
         .bind(run_id)
-        .fetch_one(self.pool())
+        .fetch_one(self.store.pool())
         .await?
         .try_get("oldest")?;
         gauges.last_success_ms = sqlx::query(
@@ -56,7 +69,7 @@ impl Store {
              WHERE pipeline_name = $1 AND status = 'succeeded'",
         )
         .bind(pipeline)
-        .fetch_one(self.pool())
+        .fetch_one(self.store.pool())
         .await?
         .try_get("last")?;
         Ok(gauges)

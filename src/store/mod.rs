@@ -25,6 +25,7 @@ mod gauges;
 mod group;
 mod identities;
 mod kept;
+pub mod ledger;
 mod location;
 pub mod lock;
 mod outline;
@@ -33,7 +34,6 @@ mod report;
 mod rerolls;
 mod revisions;
 mod runs;
-pub mod spend;
 pub(crate) mod tasks;
 #[cfg(test)]
 pub(crate) mod test_postgres;
@@ -49,14 +49,14 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{AnyPool, ConnectOptions, Executor};
 
 pub use caps::{CapRow, CapWindow, Lessee};
-pub use gauges::RunGauges;
+pub use gauges::{Gauges, RunGauges};
 pub use location::{Location, PgUrl};
 pub use outline::ItemOutline;
 
 pub use identities::{Identities, Reusable, ReusableOutput};
 pub use kept::{Kept, StoredOutput};
 pub use report::{
-    EarlierOutput, ReportOutput, ReportRow, ReportTask, Spend, StepTotals, TaskRequest,
+    EarlierOutput, Report, ReportEntry, ReportOutput, ReportTask, Spend, StepTotals, TaskRequest,
 };
 pub use rerolls::{NewReroll, OpenReroll, Rerolls};
 pub use revisions::{Changes, PendingMove, Reused, Revisions, SetAside, TaskRef};
@@ -65,7 +65,7 @@ pub use tasks::{
     AttemptOutcome, LastAttempt, NewTask, OutputRow, Settled, TaskRow, TaskStatus, Totals,
     UrlIssued,
 };
-pub use thumbnails::ThumbnailRow;
+pub use thumbnails::{Thumbnail, Thumbnails};
 
 /// The directory under the user's state directory that holds the default database.
 pub const APP_DIR: &str = "imgpipe";

@@ -66,7 +66,7 @@ impl ReportOutput {
     }
 }
 
-/// [`Store::report_rows`] on SQLite: the list of items is made first (from the
+/// [`Report::rows`] on SQLite: the list of items is made first (from the
 /// `(run_id, item, …)` index alone), then each item's tasks are looked up by that index.
 /// `CROSS JOIN` keeps the items as the outer loop, which is what keeps an item's rows
 /// together; sorting the whole result instead would cost a sort of every task.
@@ -84,7 +84,7 @@ const REPORT_ROWS_SQLITE: &str = "WITH items AS MATERIALIZED (
      LEFT JOIN outputs o ON o.task_id = t.id
      WHERE t.removed_at IS NULL";
 
-/// [`Store::report_rows`] on PostgreSQL, which takes no join order from the text and sorts the
+/// [`Report::rows`] on PostgreSQL, which takes no join order from the text and sorts the
 /// result anyway: each task gets its item's first id from a window over the run's tasks, and
 /// every other table is reached from a task by an index. Joining the list of items to the
 /// tasks instead left the planner a choice it got wrong on tables not analysed yet (a run
@@ -105,9 +105,9 @@ const REPORT_ROWS_POSTGRES: &str = "SELECT t.id, t.item, t.step, t.idx, t.operat
      WHERE t.removed_at IS NULL
      ORDER BY t.item <> '_batch', t.first, t.step, t.idx, o.k";
 
-/// One row of [`Store::report_rows`]: a task, and one of its outputs when it has any.
+/// One row of [`Report::rows`]: a task, and one of its outputs when it has any.
 #[derive(Clone, Debug)]
-pub struct ReportRow {
+pub struct ReportEntry {
     pub task: ReportTask,
     pub output: Option<ReportOutput>,
 }
@@ -152,23 +152,33 @@ pub struct Spend {
 }
 
 impl Store {
+    /// The report's reads of a run: its tasks and outputs a page at a time, its step costs, its spend over time.
+    pub fn report(&self) -> Report<'_> {
+        Report { store: self }
+    }
+}
+
+/// The report's reads of a run: its tasks and outputs a page at a time, its step costs, its spend over time.
+#[derive(Clone, Copy, Debug)]
+pub struct Report<'a> {
+    store: &'a Store,
+}
+
+impl<'a> Report<'a> {
     /// The run's live tasks item by item (the batch's `once` steps first, then the items in
     /// the order their first task was recorded), each task followed by its outputs. The rows of
     /// one item come together, in no set order among themselves.
     ///
     /// Tasks are recorded step by step, so an item's rows are spread over the table; each
     /// backend's statement says how it brings them together.
-    pub fn report_rows<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> BoxStream<'a, Result<ReportRow, StoreError>> {
-        let sql = match self.backend() {
+    pub fn rows(self, run_id: &'a str) -> BoxStream<'a, Result<ReportEntry, StoreError>> {
+        let sql = match self.store.backend() {
             Backend::Sqlite => REPORT_ROWS_SQLITE,
             Backend::Postgres => REPORT_ROWS_POSTGRES,
         };
         sqlx::query(sql)
             .bind(run_id)
-            .fetch(self.pool())
+            .fetch(self.store.pool())
             .map_err(StoreError::from)
             .and_then(|r| async move {
                 let output = match r.try_get::<Option<i64>, _>("k")? {
@@ -182,7 +192,7 @@ impl Store {
                     }),
                     None => None,
                 };
-                Ok(ReportRow {
+                Ok(ReportEntry {
                     task: report_task(&r)?,
                     output,
                 })
@@ -192,11 +202,11 @@ impl Store {
 
     /// How many items the run has (the batch's `once` steps count as one), read from the
     /// index alone: an item whose every task was removed from the pipeline still counts.
-    pub async fn report_items(&self, run_id: &str) -> Result<u64, StoreError> {
+    pub async fn items(&self, run_id: &str) -> Result<u64, StoreError> {
         let (n,): (i64,) =
             sqlx::query_as("SELECT COUNT(DISTINCT item) FROM tasks WHERE run_id = $1")
                 .bind(run_id)
-                .fetch_one(self.pool())
+                .fetch_one(self.store.pool())
                 .await?;
         Ok(to_u64(n))
     }
@@ -222,7 +232,7 @@ impl Store {
              FROM tasks WHERE run_id = $1 GROUP BY 1, 2 ORDER BY first",
         )
         .bind(run_id)
-        .fetch_all(self.pool())
+        .fetch_all(self.store.pool())
         .await?;
         let risk: Vec<(String, i64, i64)> = sqlx::query_as(
             "SELECT t.step, CASE WHEN t.removed_at IS NULL THEN 0 ELSE 1 END,
@@ -233,7 +243,7 @@ impl Store {
         )
         .bind(run_id)
         .bind(unanswered)
-        .fetch_all(self.pool())
+        .fetch_all(self.store.pool())
         .await?;
         let n = |r: &sqlx::any::AnyRow, c: &str| -> Result<u64, StoreError> {
             Ok(to_u64(r.try_get::<Option<i64>, _>(c)?.unwrap_or(0)))
@@ -284,7 +294,7 @@ impl Store {
         .bind(run_id)
         .bind(start)
         .bind(width)
-        .fetch_all(self.pool())
+        .fetch_all(self.store.pool())
         .await?;
         Ok(rows
             .into_iter()
@@ -304,8 +314,8 @@ impl Store {
     ) -> Result<Vec<EarlierOutput>, StoreError> {
         let mut out = Vec::new();
         for chunk in tasks.chunks(500) {
-            let marks = rows(self.backend(), chunk.len(), 1, |p| p[0].clone());
-            let run = match self.backend() {
+            let marks = rows(self.store.backend(), chunk.len(), 1, |p| p[0].clone());
+            let run = match self.store.backend() {
                 Backend::Sqlite => "?".to_owned(),
                 Backend::Postgres => format!("${}", chunk.len() + 1),
             };
@@ -319,7 +329,7 @@ impl Store {
             for id in chunk {
                 query = query.bind(id);
             }
-            for r in query.bind(run_id).fetch_all(self.pool()).await? {
+            for r in query.bind(run_id).fetch_all(self.store.pool()).await? {
                 out.push(EarlierOutput {
                     task_id: r.try_get("task_id")?,
                     k: u32::try_from(r.try_get::<i64, _>("k")?).unwrap_or(0),
@@ -335,20 +345,20 @@ impl Store {
     }
 
     /// The balance the service reported with the run's latest answer, if any did.
-    pub async fn last_reported_balance(&self, run_id: &str) -> Result<Option<i64>, StoreError> {
+    pub async fn last_balance(&self, run_id: &str) -> Result<Option<i64>, StoreError> {
         let row: Option<(i64,)> = sqlx::query_as(
             "SELECT credits_remaining FROM attempts
              WHERE run_id = $1 AND credits_remaining IS NOT NULL
              ORDER BY finished_at DESC, id DESC LIMIT 1",
         )
         .bind(run_id)
-        .fetch_optional(self.pool())
+        .fetch_optional(self.store.pool())
         .await?;
         Ok(row.map(|(b,)| b))
     }
 }
 
-/// A task as [`Store::report_rows`] selects it.
+/// A task as [`Report::rows`] selects it.
 fn report_task(r: &sqlx::any::AnyRow) -> Result<ReportTask, StoreError> {
     let inputs: String = r.try_get("inputs")?;
     let request: Option<String> = r.try_get("request")?;

@@ -46,14 +46,21 @@ pub(crate) async fn database(tag: &str) -> Option<PgUrl> {
             .unwrap_or_default()
             .subsec_nanos()
     );
-    let mut conn = PgConnection::connect(&admin)
-        .await
-        .unwrap_or_else(|e| panic!("cannot reach IMGPIPE_TEST_POSTGRES: {e}"));
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
-        .execute(&mut conn)
+    let mut conn = bounded(
+        "reaching IMGPIPE_TEST_POSTGRES",
+        PgConnection::connect(&admin),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("cannot reach IMGPIPE_TEST_POSTGRES: {e}"));
+    bounded(
+        &format!("creating database {name}"),
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).execute(&mut conn),
+    )
+    .await
+    .unwrap();
+    bounded("closing the administrator's connection", conn.close())
         .await
         .unwrap();
-    conn.close().await.unwrap();
     let mut url = url::Url::parse(&admin).unwrap();
     url.set_path(&name);
     match Location::parse(url.as_str(), "IMGPIPE_TEST_POSTGRES") {
@@ -64,7 +71,21 @@ pub(crate) async fn database(tag: &str) -> Option<PgUrl> {
 
 /// A plain connection to `url`, to look at what the code under test left there.
 pub(crate) async fn connect(url: &PgUrl) -> PgConnection {
-    PgConnection::connect(url.secret())
+    bounded(
+        &format!("reaching {url}"),
+        PgConnection::connect(url.secret()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("cannot reach {url}: {e}"))
+}
+
+/// How long a test waits for the server (to connect, to create a database) before it fails
+/// saying what it waited for, instead of hanging: a loaded machine answers within seconds.
+const PG_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// `fut` within [`PG_LIMIT`], else the test fails naming `what`.
+async fn bounded<F: Future>(what: &str, fut: F) -> F::Output {
+    tokio::time::timeout(PG_LIMIT, fut)
         .await
-        .unwrap_or_else(|e| panic!("cannot reach {url}: {e}"))
+        .unwrap_or_else(|_| panic!("{what}: no answer from PostgreSQL within {PG_LIMIT:?}"))
 }

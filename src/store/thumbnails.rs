@@ -13,7 +13,7 @@ use crate::store::{Store, StoreError, rows};
 
 /// A thumbnail under `<run>/_thumbs/`, named `<name>.png`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ThumbnailRow {
+pub struct Thumbnail {
     /// Its name less `.png`: the start of its image's sha256.
     pub name: String,
     /// Its image's size.
@@ -35,12 +35,12 @@ const PER_PAGE: i64 = 1000;
 /// PostgreSQL's limits on bound values).
 const PER_STATEMENT: usize = 200;
 
-fn thumbnail_row(r: &sqlx::any::AnyRow) -> Result<ThumbnailRow, StoreError> {
+fn thumbnail_row(r: &sqlx::any::AnyRow) -> Result<Thumbnail, StoreError> {
     let number = |c: &str| -> Result<u32, StoreError> {
         let n: i64 = r.try_get(c)?;
         u32::try_from(n).map_err(|_| StoreError::Inconsistent(format!("thumbnail {c} is {n}")))
     };
-    Ok(ThumbnailRow {
+    Ok(Thumbnail {
         name: r.try_get("name")?,
         size: (number("width")?, number("height")?),
         thumb_size: (number("thumb_width")?, number("thumb_height")?),
@@ -51,13 +51,23 @@ fn thumbnail_row(r: &sqlx::any::AnyRow) -> Result<ThumbnailRow, StoreError> {
 }
 
 impl Store {
+    /// The thumbnails a report put in object storage, and what each shows.
+    pub fn thumbnails(&self) -> Thumbnails<'_> {
+        Thumbnails { store: self }
+    }
+}
+
+/// The thumbnails a report put in object storage, and what each shows.
+#[derive(Clone, Copy, Debug)]
+pub struct Thumbnails<'a> {
+    store: &'a Store,
+}
+
+impl<'a> Thumbnails<'a> {
     /// The run's thumbnails in the byte order of their names (the order S3 lists them in; the
     /// PostgreSQL column is `COLLATE "C"`), a page of [`PER_PAGE`] at a time from where the
     /// last ended: a seek in the primary key each.
-    pub fn thumbnails<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> BoxStream<'a, Result<ThumbnailRow, StoreError>> {
+    pub fn list(self, run_id: &'a str) -> BoxStream<'a, Result<Thumbnail, StoreError>> {
         let sql = format!(
             "SELECT {COLUMNS} FROM thumbnails WHERE run_id = $1 AND name > $2
              ORDER BY name LIMIT $3"
@@ -74,6 +84,7 @@ impl Store {
                     .bind(after)
                     .bind(PER_PAGE);
                 let page = self
+                    .store
                     .fetch_unsorted(query)
                     .await?
                     .iter()
@@ -94,19 +105,19 @@ impl Store {
     }
 
     /// The run's thumbnails of these names; a name with none is left out.
-    pub async fn thumbnails_named(
+    pub async fn named(
         &self,
         run_id: &str,
         names: &[String],
-    ) -> Result<Vec<ThumbnailRow>, StoreError> {
+    ) -> Result<Vec<Thumbnail>, StoreError> {
         let mut found = Vec::new();
         for chunk in names.chunks(PER_STATEMENT) {
             let sql = format!(
                 "SELECT {COLUMNS} FROM thumbnails WHERE {}",
-                self.named(chunk.len())
+                self.placeholders(chunk.len())
             );
             for r in bind_named(&sql, run_id, chunk)
-                .fetch_all(self.pool())
+                .fetch_all(self.store.pool())
                 .await?
             {
                 found.push(thumbnail_row(&r)?);
@@ -117,14 +128,10 @@ impl Store {
 
     /// Records thumbnails put under the run's prefix, over what was recorded of the same names
     /// (a thumbnail put again replaced the object).
-    pub async fn record_thumbnails(
-        &self,
-        run_id: &str,
-        thumbnails: &[ThumbnailRow],
-    ) -> Result<(), StoreError> {
-        let mut tx = self.pool().begin().await?;
+    pub async fn record(&self, run_id: &str, thumbnails: &[Thumbnail]) -> Result<(), StoreError> {
+        let mut tx = self.store.pool().begin().await?;
         for chunk in thumbnails.chunks(PER_STATEMENT) {
-            let values = rows(self.backend(), chunk.len(), 9, |p| {
+            let values = rows(self.store.backend(), chunk.len(), 9, |p| {
                 format!("({})", p.join(", "))
             });
             let sql = format!(
@@ -156,14 +163,13 @@ impl Store {
 
     /// Forgets thumbnails no longer in the bucket as they were put: the next report makes them
     /// again.
-    pub async fn forget_thumbnails(
-        &self,
-        run_id: &str,
-        names: &[String],
-    ) -> Result<(), StoreError> {
-        let mut tx = self.pool().begin().await?;
+    pub async fn forget(&self, run_id: &str, names: &[String]) -> Result<(), StoreError> {
+        let mut tx = self.store.pool().begin().await?;
         for chunk in names.chunks(PER_STATEMENT) {
-            let sql = format!("DELETE FROM thumbnails WHERE {}", self.named(chunk.len()));
+            let sql = format!(
+                "DELETE FROM thumbnails WHERE {}",
+                self.placeholders(chunk.len())
+            );
             bind_named(&sql, run_id, chunk).execute(&mut *tx).await?;
         }
         tx.commit().await?;
@@ -171,14 +177,14 @@ impl Store {
     }
 
     /// The condition on a run's thumbnails of `n` names: the run bound first, then the names.
-    fn named(&self, n: usize) -> String {
-        let marks = rows(self.backend(), n + 1, 1, |p| p[0].clone());
+    fn placeholders(&self, n: usize) -> String {
+        let marks = rows(self.store.backend(), n + 1, 1, |p| p[0].clone());
         let (run, names) = marks.split_once(", ").unwrap_or((&marks, ""));
         format!("run_id = {run} AND name IN ({names})")
     }
 }
 
-/// `sql` (a fixed text of [`Store::named`]'s placeholders) with the run and the names bound.
+/// `sql` (a fixed text of [`Thumbnails::placeholders`]'s placeholders) with the run and the names bound.
 fn bind_named<'q>(
     sql: &str,
     run_id: &'q str,

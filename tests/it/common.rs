@@ -116,21 +116,11 @@ pub fn assert_no_request_billed_twice(env: &Env) {
     }
 }
 
-/// The binary with a clean environment (no IMGPIPE_* from the caller), killed if the test
-/// gives up on it.
+/// The binary with a clean environment (no IMGPIPE_* from the caller) and its own HOME and
+/// XDG directories, killed if the test gives up on it: [`Imgpipe`](crate::binary::Imgpipe)'s
+/// command, for the tests not moved to the builder yet.
 pub fn command(args: &[&str], cwd: &Path) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_imgpipe"));
-    cmd.args(args)
-        .current_dir(cwd)
-        .env_remove("IMGPIPE_BASE_URL")
-        .env_remove("IMGPIPE_API_KEY")
-        .env_remove("IMGPIPE_LOG")
-        .env_remove("IMGPIPE_STATE")
-        .env_remove("IMGPIPE_NOTIFY_URL")
-        .env_remove("IMGPIPE_NOTIFY_SECRET")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    cmd
+    crate::binary::Imgpipe::new(args).cwd(cwd).command()
 }
 
 /// How long a process killed with SIGKILL may take to be reaped: the kernel ends it at once,
@@ -189,8 +179,10 @@ pub async fn wait_child(child: &mut Child, limit: Duration, what: &str) -> ExitS
 }
 
 /// How long a test waits for something it expects of a run (a file, a call, a row) before it
-/// fails naming it.
-pub const WAIT_LIMIT: Duration = Duration::from_secs(15);
+/// fails naming it. Only a stuck run should reach it: a run's start on PostgreSQL once took
+/// over 20 s on the loaded 2-core CI machine, so it is far above what a slow machine takes,
+/// and no verdict depends on it (what a test waits for comes, or the test is wrong).
+pub const WAIT_LIMIT: Duration = Duration::from_secs(60);
 
 /// Waits until `cond` holds, failing the test with `what` after [`WAIT_LIMIT`].
 pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
@@ -311,6 +303,70 @@ impl Watched {
     }
 }
 
+/// Sends `signal` to our own child `pid`, failing the test if it cannot.
+pub fn send_signal(pid: u32, signal: i32) {
+    let pid = libc::pid_t::try_from(pid).unwrap();
+    // SAFETY: kill(2) on our own child, not reaped yet, so the pid is still its own.
+    assert_eq!(
+        unsafe { libc::kill(pid, signal) },
+        0,
+        "kill({pid}, {signal})"
+    );
+}
+
+/// Waits until `cond` holds while `run` is still running, failing the test with `what` and
+/// what the run said if it ends first or [`WAIT_LIMIT`] passes.
+pub async fn wait_while_running(run: &mut Watched, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + WAIT_LIMIT;
+    while !cond() {
+        let said = || run.lines.lock().unwrap().join("\n");
+        if let Ok(Some(status)) = run.child.try_wait() {
+            panic!("`{}` ended ({status}) before {what}:\n{}", run.what, said());
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "`{}`: not {what} within {WAIT_LIMIT:?}:\n{}",
+            run.what,
+            said()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// With `env`'s sandbox held (the caller holds it), lets `run`'s paid calls through the gate
+/// one at a time, each waited for until billed, until `cond` holds of the sandbox while a call
+/// waits at the gate: the run is then stopped in the middle, with a call in flight, however
+/// fast or slow the machine is. Fails the test if the run ends or stops calling first.
+pub async fn step_until(env: &Env, run: &mut Watched, cond: impl Fn(&Env) -> bool) {
+    loop {
+        wait_while_running(run, "a paid call held at the sandbox's gate", || {
+            env.sandbox.held_calls() >= 1
+        })
+        .await;
+        if cond(env) {
+            return;
+        }
+        let billed = env.sandbox.ledger().len();
+        env.sandbox.let_through(1);
+        wait_while_running(run, "the call let through the gate billed", || {
+            env.sandbox.ledger().len() > billed
+        })
+        .await;
+    }
+}
+
+/// Releases `hold` once the service has seen every caller of the calls held at its gate hang
+/// up (their process was killed): released, they are billed for nobody (undelivered), as a
+/// call in flight at a kill is.
+pub async fn release_after_kill(env: &Env, hold: sandbox::Hold) {
+    wait_until(
+        "the service to see the killed process's held calls hung up",
+        || env.sandbox.held_calls_hung_up() == env.sandbox.held_calls(),
+    )
+    .await;
+    drop(hold);
+}
+
 /// Kills `child` with SIGKILL and reaps it, within [`KILL_LIMIT`].
 pub async fn kill_child(child: &mut Child, what: &str) {
     child
@@ -368,22 +424,25 @@ pub fn test_alone(test: &str, remove: &[&str], env: &[(&str, &str)], limit: Dura
 /// Runs the real binary with the given arguments, pointed at `env`'s sandbox unless the
 /// arguments say otherwise.
 pub async fn imgpipe(env: Option<&Env>, args: &[&str], cwd: &Path) -> Output {
-    let mut cmd = command(args, cwd);
-    if let Some(env) = env {
-        cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
-            .env("IMGPIPE_API_KEY", env.sandbox.key());
+    let cmd = crate::binary::Imgpipe::new(args).cwd(cwd);
+    match env {
+        Some(env) => cmd.sandbox(env),
+        None => cmd,
     }
-    finish(cmd).await
+    .run()
+    .await
+    .into()
 }
 
 /// `imgpipe ARGS --state STATE` in `dir`, against `env`'s sandbox, within [`RUN_LIMIT`].
 pub async fn imgpipe_on(env: &Env, dir: &Path, state: &str, args: &[&str]) -> Output {
-    let mut all = args.to_vec();
-    all.extend_from_slice(&["--state", state]);
-    let mut cmd = command(&all, dir);
-    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
-        .env("IMGPIPE_API_KEY", env.sandbox.key());
-    finish(cmd).await
+    crate::binary::Imgpipe::new(args)
+        .state(state)
+        .cwd(dir)
+        .sandbox(env)
+        .run()
+        .await
+        .into()
 }
 
 /// The command an interrupted or stopped run printed after `continue with: `, as a user would
@@ -1106,10 +1165,12 @@ impl Fake {
 
     /// The real binary pointed at the fake, with a clean environment.
     pub async fn run(&self, args: &[&str], cwd: &Path) -> Output {
-        let mut cmd = command(args, cwd);
-        cmd.env("IMGPIPE_BASE_URL", &self.base)
-            .env("IMGPIPE_API_KEY", FAKE_KEY);
-        finish(cmd).await
+        crate::binary::Imgpipe::new(args)
+            .cwd(cwd)
+            .service(&self.base, FAKE_KEY)
+            .run()
+            .await
+            .into()
     }
 }
 

@@ -102,6 +102,46 @@ impl External {
         self.get(&url).await.json().await.unwrap()
     }
 
+    async fn post(&self, path: &str) {
+        let url = format!("{}{path}", self.base);
+        let response = self
+            .http
+            .post(&url)
+            .header("X-API-Key", KEY)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+        assert!(
+            response.status().is_success(),
+            "POST {url}: {}",
+            response.status()
+        );
+    }
+
+    /// Holds paid calls at the gate, letting `calls` of them through.
+    async fn hold_letting_through(&self, calls: usize) {
+        self.post("_sandbox/hold").await;
+        self.post(&format!("_sandbox/let-through?calls={calls}"))
+            .await;
+    }
+
+    /// Releases the hold, and waits until no call waits at the gate any more: the calls held
+    /// for a process ended are billed (undelivered when it was killed) and take no pass of
+    /// the next round.
+    async fn release(&self) {
+        self.post("_sandbox/release").await;
+        crate::common::wait_until_async("the held calls let go", || async {
+            self.stats().await["held"] == 0
+        })
+        .await;
+    }
+
+    /// Whether the calls let through are used and another waits at the gate.
+    async fn stalled(&self) -> bool {
+        let stats = self.stats().await;
+        stats["passes"] == 0 && stats["held"].as_u64().is_some_and(|n| n > 0)
+    }
+
     async fn billed(&self) -> u64 {
         self.stats().await["stats"]["billed"].as_u64().unwrap()
     }
@@ -190,6 +230,11 @@ struct Runner<'a> {
     round: usize,
     /// `--state`: `state/state.db` in `dir`, or a PostgreSQL URL.
     state: String,
+    /// Paid calls each round may make: the sandbox is held and lets this many through its gate
+    /// per round, so that a round that used them stalls with its next call held and is
+    /// signalled then, if its trigger has not come first. Fewer in all than the run needs: the
+    /// run cannot end before its signals, however fast the machine.
+    share: Option<usize>,
 }
 
 /// The default `--state` of a runner in `dir`: a SQLite file.
@@ -250,6 +295,22 @@ impl Runner<'_> {
             .stdout(Stdio::from(file.try_clone().unwrap()))
             .stderr(Stdio::from(file));
         (cmd.spawn().expect("imgpipe run starts"), log)
+    }
+
+    /// [`Runner::spawn`], the sandbox first held with the round's share let through when the
+    /// runner has one.
+    async fn start(&mut self) -> (Child, PathBuf) {
+        if let Some(calls) = self.share {
+            self.sandbox.hold_letting_through(calls).await;
+        }
+        self.spawn()
+    }
+
+    /// Releases the round's hold, if it took one.
+    async fn open(&self) {
+        if self.share.is_some() {
+            self.sandbox.release().await;
+        }
     }
 
     /// Runs to the end, within `limit`.
@@ -436,7 +497,12 @@ async fn drive(runner: &Runner<'_>, child: &mut Child, trigger: Trigger, signal:
     let mut polls = 0u64;
     let then = loop {
         if let Some(status) = child.try_wait().unwrap() {
+            runner.open().await;
             return Driven::Exited(status);
+        }
+        // The round used its share of calls and waits at the gate: now or never.
+        if runner.share.is_some() && polls.is_multiple_of(3) && runner.sandbox.stalled().await {
+            break Duration::ZERO;
         }
         let fired = match trigger {
             Trigger::After(d) => (started.elapsed() >= d).then_some(Duration::ZERO),
@@ -467,6 +533,7 @@ async fn drive(runner: &Runner<'_>, child: &mut Child, trigger: Trigger, signal:
     };
     tokio::time::sleep(then).await;
     if let Some(status) = child.try_wait().unwrap() {
+        runner.open().await;
         return Driven::Exited(status);
     }
     let at_ms = now_ms();
@@ -478,6 +545,8 @@ async fn drive(runner: &Runner<'_>, child: &mut Child, trigger: Trigger, signal:
         0,
         "kill({pid}, {signal})"
     );
+    // The calls held in flight go on: billed, and answered to a run that is still there.
+    runner.open().await;
     let limit = if signal == libc::SIGKILL {
         crate::common::KILL_LIMIT
     } else {
@@ -988,12 +1057,14 @@ async fn killed_24_times(state: Option<String>) {
         extra: vec![],
         round: 0,
         state: state.unwrap_or_else(|| file_state(dir)),
+        // 24 rounds of 8 calls, 192, fewer than the 200 tasks: every round is killed.
+        share: Some(tasks / 25),
     };
     let mut rng = Rng(0x5EED_0001_C0FF_EE11);
     let plan = schedule(&mut rng, 24, 220, 2);
     let mut kills = 0;
     for trigger in plan {
-        let (mut child, log) = runner.spawn();
+        let (mut child, log) = runner.start().await;
         match drive(&runner, &mut child, trigger, libc::SIGKILL).await {
             Driven::Signalled { status, .. } if status.signal() == Some(libc::SIGKILL) => {
                 kills += 1;
@@ -1065,8 +1136,9 @@ async fn killed_as_the_run_is_being_recorded_it_is_continued() {
         extra: vec!["--rate", "2000/s", "--concurrency", "16"],
         round: 0,
         state: file_state(dir),
+        share: None,
     };
-    let (mut child, _) = runner.spawn();
+    let (mut child, _) = runner.start().await;
     let state = runner.state().to_owned();
     let started = Instant::now();
     // Kill as soon as the first chunk of tasks is committed.
@@ -1204,6 +1276,8 @@ async fn interrupted_20_times_each_run_stops_at_once_and_records_everything() {
         extra: vec!["--grace", "10"],
         round: 0,
         state: file_state(dir),
+        // 20 rounds of 9 calls, 180, fewer than the 200 tasks: every round is interrupted.
+        share: Some(200 / 21),
     };
     let mut rng = Rng(0x5EED_0002_DEAD_BEEF);
     let plan = schedule(&mut rng, 20, 220, 4);
@@ -1213,7 +1287,7 @@ async fn interrupted_20_times_each_run_stops_at_once_and_records_everything() {
     for trigger in plan {
         let before = attempts_so_far(runner.state()).await;
         let parts_before = part_files(&runner.run_dir());
-        let (mut child, log) = runner.spawn();
+        let (mut child, log) = runner.start().await;
         let round = runner.round;
         let driven = drive(&runner, &mut child, trigger, libc::SIGINT).await;
         let text = read(&log);
@@ -1385,8 +1459,9 @@ async fn continued_after_its_urls_expired_the_run_pays_nothing_twice() {
         extra: vec!["--url-ttl", "2", "--url-margin", "0.5", "--rate", "1/s"],
         round: 0,
         state: file_state(dir),
+        share: None,
     };
-    let (mut child, log) = runner.spawn();
+    let (mut child, log) = runner.start().await;
     runner.extra.truncate(4);
     let driven = drive(
         &runner,

@@ -12,7 +12,6 @@
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use imgpipe::pipeline::{self, Diagnostic};
@@ -756,14 +755,15 @@ fn the_binary_exits_0_or_2_on_mutated_samples_as_the_library_says() {
         tried.fetch_add(1, Ordering::Relaxed);
         let valid = validate_in_process(&path)?;
         let file = path.file_name().unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_imgpipe"));
-        cmd.arg("validate").arg(file);
-        if json {
-            cmd.arg("--json");
-        }
-        cmd.current_dir(dir.path())
-            .env_remove("IMGPIPE_LOG")
-            .stdin(Stdio::null());
+        let file = file.to_str().expect("the case's file name is UTF-8");
+        let args: &[&str] = if json {
+            &["validate", file, "--json"]
+        } else {
+            &["validate", file]
+        };
+        let cmd = crate::binary::Imgpipe::new(args)
+            .cwd(dir.path())
+            .std_command();
         let o = crate::common::try_finish_blocking(cmd, VALIDATE_LIMIT, "imgpipe validate")
             .map_err(TestCaseError::fail)?;
         let (stdout, stderr) = (

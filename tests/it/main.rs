@@ -6,6 +6,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr, unreachable_pub)]
 
 mod apply_crash;
+mod binary;
 mod broken;
 mod browser;
 mod caps;

@@ -301,12 +301,12 @@ async fn a_host_killed_mid_run_is_taken_over_by_another_without_paying_twice() {
     let Some(url) = postgres_database("takeover").await else {
         return;
     };
-    let env = start(sandbox::Config {
-        latency: Duration::from_millis(200),
-        ..config()
-    })
-    .await;
+    let env = start(config()).await;
     let (a, b) = (host(&edit_chain(4, None)), host(&edit_chain(4, None)));
+    // Three calls let through the gate, the next held: the first host dies with work left,
+    // however fast the machine.
+    let hold = env.sandbox.hold();
+    env.sandbox.let_through(3);
     let mut first = on(
         &env,
         a.path(),
@@ -321,7 +321,12 @@ async fn a_host_killed_mid_run_is_taken_over_by_another_without_paying_twice() {
         "three outputs downloaded",
     )
     .await;
+    wait_until("the first host's fourth call held", || {
+        env.sandbox.held_calls() >= 1
+    })
+    .await;
     kill_child(&mut first, "the first host's run").await;
+    crate::common::release_after_kill(&env, hold).await;
     let out = a.path().join("out/night");
     let lost = ["i00", "i01", "i02", "i03"]
         .iter()
@@ -334,6 +339,10 @@ async fn a_host_killed_mid_run_is_taken_over_by_another_without_paying_twice() {
         "SELECT COUNT(*) FROM tasks WHERE status = 'succeeded'",
     )
     .await;
+    assert!(
+        done < 12,
+        "the first host left work to take over: {done} of 12 done"
+    );
     let attempts_then = count(&url, "SELECT COUNT(*) FROM attempts").await;
     let possibly = count(
         &url,
@@ -358,6 +367,7 @@ async fn a_host_killed_mid_run_is_taken_over_by_another_without_paying_twice() {
         12
     );
     let new_attempts = count(&url, "SELECT COUNT(*) FROM attempts").await - attempts_then;
+    assert!(new_attempts > 0, "the second host took the run over");
     assert!(
         new_attempts <= 12 - done + possibly,
         "{new_attempts} new calls for {} tasks left ({possibly} possibly billed)",
@@ -388,12 +398,12 @@ async fn a_run_whose_lock_session_is_cut_stops_and_its_resume_pays_nothing_twice
     let Some(url) = postgres_database("cut").await else {
         return;
     };
-    let env = start(sandbox::Config {
-        latency: Duration::from_millis(200),
-        ..config()
-    })
-    .await;
+    let env = start(config()).await;
     let a = host(&edit_chain(8, None));
+    // One call let through the gate, the next held: the session is cut while the run goes on,
+    // however fast the machine.
+    let hold = env.sandbox.hold();
+    env.sandbox.let_through(1);
     let run = on(
         &env,
         a.path(),
@@ -408,6 +418,7 @@ async fn a_run_whose_lock_session_is_cut_stops_and_its_resume_pays_nothing_twice
         "a task done",
     )
     .await;
+    wait_until("the run's next call held", || env.sandbox.held_calls() >= 1).await;
     let cut = count(
         &url,
         "SELECT COUNT(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_locks
@@ -417,6 +428,7 @@ async fn a_run_whose_lock_session_is_cut_stops_and_its_resume_pays_nothing_twice
     )
     .await;
     assert_eq!(cut, 1, "one session held the lock");
+    drop(hold);
     let started = Instant::now();
     let stopped = finish_child(run, "the run whose lock session was cut").await;
     assert_exit_without_panic(&stopped, 130);
@@ -453,11 +465,7 @@ async fn a_pod_killed_with_state_in_postgres_and_outputs_in_a_bucket_is_taken_ov
         return;
     };
     let s3 = S3::start().await;
-    let env = start(sandbox::Config {
-        latency: Duration::from_millis(200),
-        ..config()
-    })
-    .await;
+    let env = start(config()).await;
     let out = format!("s3://{BUCKET}/nightly");
     let args = [
         "run",
@@ -472,6 +480,10 @@ async fn a_pod_killed_with_state_in_postgres_and_outputs_in_a_bucket_is_taken_ov
     let (a, b) = (host(&edit_chain(4, None)), host(&edit_chain(4, None)));
     let mut cmd = on(&env, a.path(), &url, &args);
     s3.env(&mut cmd);
+    // Three calls let through the gate, the next held: the first pod dies with work left,
+    // however fast the machine.
+    let hold = env.sandbox.hold();
+    env.sandbox.let_through(3);
     let mut first = cmd.spawn().unwrap();
     wait_for(
         &url,
@@ -479,13 +491,29 @@ async fn a_pod_killed_with_state_in_postgres_and_outputs_in_a_bucket_is_taken_ov
         "three outputs stored",
     )
     .await;
+    wait_until("the first pod's fourth call held", || {
+        env.sandbox.held_calls() >= 1
+    })
+    .await;
     kill_child(&mut first, "the first pod's run").await;
+    crate::common::release_after_kill(&env, hold).await;
     drop(a);
+    let left = count(
+        &url,
+        "SELECT COUNT(*) FROM tasks WHERE status <> 'succeeded'",
+    )
+    .await;
+    assert!(left > 0, "the first pod left work to take over");
+    let attempts_then = count(&url, "SELECT COUNT(*) FROM attempts").await;
 
     let mut cmd = on(&env, b.path(), &url, &args);
     s3.env(&mut cmd);
     let second = finish(cmd).await;
     assert_exit_without_panic(&second, 0);
+    assert!(
+        count(&url, "SELECT COUNT(*) FROM attempts").await > attempts_then,
+        "the second pod took the run over"
+    );
     assert_paid_once(&url, &env, 12).await;
 
     let mut conn = state_connection(&url).await;
@@ -1010,11 +1038,11 @@ async fn recorded_thumbnails_come_in_name_order_a_page_at_a_time_on_postgres_and
 }
 
 async fn thumbnails_recorded(state: &str) {
-    use imgpipe::store::ThumbnailRow;
+    use imgpipe::store::Thumbnail;
     let store = store_at(state).await;
     let run = one_step_run("s3://bkt/runs");
     store.create_run(&run, &[erase_task("a")]).await.unwrap();
-    let row = |i: u32| ThumbnailRow {
+    let row = |i: u32| Thumbnail {
         // Hex, as a sha256's start is, written out of order.
         name: format!("{:032x}", u128::from(i.wrapping_mul(2_654_435_761))),
         size: (2048, 1536 + i),
@@ -1024,22 +1052,23 @@ async fn thumbnails_recorded(state: &str) {
         etag: (!i.is_multiple_of(3)).then(|| format!("\"e{i}\"")),
     };
     // Past the store's page of 1,000 rows twice, in statements of a few hundred.
-    let rows: Vec<ThumbnailRow> = (0..2_100).map(row).collect();
-    store.record_thumbnails("r", &rows).await.unwrap();
-    let listed: Vec<ThumbnailRow> = futures::TryStreamExt::try_collect(store.thumbnails("r"))
+    let rows: Vec<Thumbnail> = (0..2_100).map(row).collect();
+    store.thumbnails().record("r", &rows).await.unwrap();
+    let listed: Vec<Thumbnail> = futures::TryStreamExt::try_collect(store.thumbnails().list("r"))
         .await
         .unwrap();
     let mut expected = rows.clone();
     expected.sort_unstable_by(|a, b| a.name.cmp(&b.name));
     assert_eq!(listed, expected, "{state}");
     // Put again: the row is replaced, not doubled.
-    let again = ThumbnailRow {
+    let again = Thumbnail {
         bytes: 7,
         etag: None,
         ..rows[5].clone()
     };
     store
-        .record_thumbnails("r", std::slice::from_ref(&again))
+        .thumbnails()
+        .record("r", std::slice::from_ref(&again))
         .await
         .unwrap();
     let names: Vec<String> = rows[..300]
@@ -1047,19 +1076,20 @@ async fn thumbnails_recorded(state: &str) {
         .map(|t| t.name.clone())
         .chain(["f".repeat(32)])
         .collect();
-    let mut found = store.thumbnails_named("r", &names).await.unwrap();
+    let mut found = store.thumbnails().named("r", &names).await.unwrap();
     found.sort_unstable_by_key(|t| t.size.1);
     assert_eq!(found.len(), 300, "{state}: a name with none is left out");
     assert_eq!(found[5], again, "{state}");
     assert_eq!(found[6], rows[6], "{state}");
-    store.forget_thumbnails("r", &names[..250]).await.unwrap();
-    let left = futures::TryStreamExt::try_collect::<Vec<_>>(store.thumbnails("r"))
+    store.thumbnails().forget("r", &names[..250]).await.unwrap();
+    let left = futures::TryStreamExt::try_collect::<Vec<_>>(store.thumbnails().list("r"))
         .await
         .unwrap();
     assert_eq!(left.len(), 1_850, "{state}");
     assert!(
         store
-            .thumbnails_named("r", &names[..250])
+            .thumbnails()
+            .named("r", &names[..250])
             .await
             .unwrap()
             .is_empty()

@@ -1148,17 +1148,21 @@ async fn calls_that_may_have_been_billed_and_failed_downloads_are_listed_with_li
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_report_of_a_run_in_progress_shows_what_is_done_and_what_waits_then_the_finished_run() {
-    // One call at a time, each taking 150 ms: the run is caught with a call in flight, and held
-    // still (SIGSTOP) while the report is made, so what it shows is exactly the record.
-    let env = start_with_chain(sandbox_with_latency(150), 3).await;
+    // One call at a time, four let through the sandbox's gate: the run is caught with its
+    // fifth call held in flight, and held still (SIGSTOP) while the report is made, so what it
+    // shows is exactly the record.
+    let env = start_with_chain(config(), 3).await;
     let dir = env.dir.path();
+    let hold = env.sandbox.hold();
+    env.sandbox.let_through(4);
     let child = one_at_a_time(&env, "g", &[]).spawn().unwrap();
-    wait_until_async("three files and a call in flight", || async {
-        let stats = env.sandbox.stats();
-        let in_flight = stats.paid_requests > env.sandbox.ledger().len() as u64;
-        let downloaded = progress(dir, "g").await.is_some_and(|(_, n)| n >= 3);
-        in_flight && downloaded && stats.paid_requests >= 5
-    })
+    wait_until_async(
+        "four calls billed, three files and the fifth call held",
+        || async {
+            let held = env.sandbox.ledger().len() == 4 && env.sandbox.held_calls() == 1;
+            held && progress(dir, "g").await.is_some_and(|(_, n)| n >= 3)
+        },
+    )
     .await;
     signal(&child, libc::SIGSTOP);
     let stat = format!("/proc/{}/stat", child.id().unwrap());
@@ -1173,6 +1177,7 @@ async fn a_report_of_a_run_in_progress_shows_what_is_done_and_what_waits_then_th
     // The record as the report saw it, before the run goes on.
     let db = read_db(dir, "g").await;
     signal(&child, libc::SIGCONT);
+    drop(hold);
     assert_exit_without_panic(&o, 0);
     assert_eq!(db.the_run().status, "running");
     let first = json_stdout(&o);
@@ -1593,12 +1598,15 @@ async fn links_work_from_the_path_the_report_was_written_to_even_through_a_symli
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_run_stopped_for_credits_says_why_and_that_the_balance_moved_by_more_than_it_billed() {
-    let env = start_with_chain(sandbox_with_latency(40), 3).await;
-    let child = one_at_a_time(&env, "b", &["--report"]).spawn().unwrap();
-    // Someone else spends the account down after the second bill.
-    wait_until_async("two bills", || async { env.sandbox.ledger().len() >= 2 }).await;
+    let env = start_with_chain(config(), 3).await;
+    // Someone else spends the account down after the second bill, the third call held in
+    // flight: it is refused for lack of credits.
+    let hold = env.sandbox.hold();
+    let mut child = Watched::start(one_at_a_time(&env, "b", &["--report"]));
+    step_until(&env, &mut child, |env| env.sandbox.ledger().len() >= 2).await;
     env.sandbox.set_balance(1);
-    let o = ended(child).await;
+    drop(hold);
+    let o = child.finish().await;
     assert_exit_without_panic(&o, 3);
     assert!(stderr(&o).contains("report written to"), "{}", both(&o));
     let (db, page) = record_and_page(env.dir.path(), "b").await;

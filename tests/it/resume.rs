@@ -65,23 +65,19 @@ async fn query(env: &Env, dir: &Path, args: &[&str]) -> Output {
     .await
 }
 
-/// Starts `cmd` with its streams captured, waits until `cond` holds of the sandbox, sends
-/// SIGINT, and returns what the process printed.
-pub(crate) async fn interrupt_when(
-    env: &Env,
-    mut cmd: Command,
-    cond: impl Fn(&Env) -> bool,
-) -> Output {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let child = cmd.spawn().unwrap();
-    wait_until("the run to get under way", || cond(env)).await;
-    let pid = i32::try_from(child.id().expect("still running")).unwrap();
-    // SAFETY: sending a signal to our own child, whose pid we hold.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
-    tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
-        .await
-        .expect("the run stops after SIGINT")
-        .unwrap()
+/// Starts `cmd` with the sandbox held, lets its paid calls through the gate one at a time
+/// until `cond` holds of the sandbox while a call is still held there, sends SIGINT, waits
+/// until the run says it sends no new calls, lets the held calls finish, and returns what the
+/// process printed. Nothing races the sandbox's latency: the run is stopped with a call held
+/// in flight, whatever the machine's speed.
+pub(crate) async fn interrupt_when(env: &Env, cmd: Command, cond: impl Fn(&Env) -> bool) -> Output {
+    let hold = env.sandbox.hold();
+    let mut run = Watched::start(cmd);
+    step_until(env, &mut run, cond).await;
+    send_signal(run.id(), libc::SIGINT);
+    run.wait_for_line("interrupted: no new calls").await;
+    drop(hold);
+    run.finish().await
 }
 
 /// Runs `p.yaml` in the sandbox's directory as run `r`, one call at a time, and interrupts it
@@ -627,24 +623,23 @@ async fn a_finished_run_is_only_summarised_even_offline_and_an_unknown_id_exits_
 #[tokio::test(flavor = "multi_thread")]
 async fn a_run_stopped_by_the_balance_is_refused_over_max_credits_then_finished_after_a_top_up() {
     let items = 6;
-    let env = start(sandbox_with_latency(60)).await;
+    let env = start(config()).await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(items, None));
-    let mut cmd = task_command(
+    let cmd = task_command(
         &env,
         dir,
         "run",
         &["p.yaml", "--run-id", "r", "--concurrency", "2", "--json"],
     );
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let child = cmd.spawn().unwrap();
-    // Someone else spends the account down once a few calls are billed.
-    wait_until("four bills", || env.sandbox.ledger().len() >= 4).await;
+    // Someone else spends the account down once four calls are billed, the calls after them
+    // held in flight: those are refused for lack of credits.
+    let hold = env.sandbox.hold();
+    let mut child = Watched::start(cmd);
+    step_until(&env, &mut child, |env| env.sandbox.ledger().len() >= 4).await;
     env.sandbox.set_balance(1);
-    let o = tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
+    drop(hold);
+    let o = child.finish().await;
     assert_exit_without_panic(&o, 3);
     let summary = json_stdout(&o);
     assert_eq!(summary["status"], "stopped", "{summary:#}");
@@ -702,13 +697,16 @@ async fn a_run_stopped_by_the_balance_is_refused_over_max_credits_then_finished_
 // 4. Calls in flight when the process was killed
 // ---------------------------------------------------------------------------------------------
 
-/// Three items, two calls at a time, each call taking 400 ms. Until a bill confirms a step's
-/// price imgpipe sends one call of that step at a time, so i00's erase goes alone; once it is
-/// billed, i00's upscale and i01's erase go together, and the process is killed (SIGKILL)
-/// while both are in flight. The sandbox bills both anyway, undelivered.
+/// Three items, two calls at a time, the sandbox held. Until a bill confirms a step's price
+/// imgpipe sends one call of that step at a time, so i00's erase goes alone and is let
+/// through; once it is billed, i00's upscale and i01's erase go together, and the process is
+/// killed (SIGKILL) while both are held in flight. Released, the sandbox bills both anyway,
+/// undelivered.
 async fn killed_with_two_calls_in_flight(env: &Env) {
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(3, None));
+    let hold = env.sandbox.hold();
+    env.sandbox.let_through(1);
     let mut child = task_command(
         env,
         dir,
@@ -719,11 +717,12 @@ async fn killed_with_two_calls_in_flight(env: &Env) {
     .stderr(Stdio::null())
     .spawn()
     .unwrap();
-    wait_until("two calls in flight after the first bill", || {
-        env.sandbox.ledger().len() == 1 && env.sandbox.stats().paid_requests >= 3
+    wait_until("the first bill, then two calls held in flight", || {
+        env.sandbox.ledger().len() == 1 && env.sandbox.held_calls() == 2
     })
     .await;
     kill_child(&mut child, "the run").await;
+    release_after_kill(env, hold).await;
     wait_until("both calls billed", || env.sandbox.stats().abandoned >= 2).await;
     let ledger = env.sandbox.ledger();
     let ops: BTreeSet<(&str, bool)> = ledger
@@ -750,7 +749,7 @@ const ORPHANS: [(&str, &str); 2] = [("i00", "big"), ("i01", "clean")];
 
 #[tokio::test(flavor = "multi_thread")]
 async fn calls_in_flight_when_the_process_was_killed_are_ambiguous_and_called_again_by_default() {
-    let env = start(sandbox_with_latency(400)).await;
+    let env = start(config()).await;
     let dir = env.dir.path();
     killed_with_two_calls_in_flight(&env).await;
 
@@ -1013,7 +1012,7 @@ async fn killed_while_reading_back_a_cut_answer_the_resume_reads_it_back_for_fre
 /// is left as it is, and that command then finishes the run.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_run_reads_interrupted_in_status_runs_and_report_with_the_command_to_resume_it() {
-    let env = start(sandbox_with_latency(400)).await;
+    let env = start(config()).await;
     let dir = env.dir.path();
     killed_with_two_calls_in_flight(&env).await;
     let resume_with = format!("imgpipe resume k --state {}", state_path(dir).display());
@@ -1099,9 +1098,11 @@ async fn a_killed_run_reads_interrupted_in_status_runs_and_report_with_the_comma
 /// and the report say `running`, with its pid, and name no command to continue it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_run_whose_process_is_alive_reads_running_with_its_pid_even_while_stopped() {
-    let env = start(sandbox_with_latency(150)).await;
+    let env = start(config()).await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(3, None));
+    let hold = env.sandbox.hold();
+    env.sandbox.let_through(2);
     let child = task_command(
         &env,
         dir,
@@ -1113,9 +1114,11 @@ async fn a_run_whose_process_is_alive_reads_running_with_its_pid_even_while_stop
     .spawn()
     .unwrap();
     let pid = child.id().unwrap();
-    wait_until("a call billed", || env.sandbox.ledger().len() >= 2).await;
-    // SAFETY: sending a signal to our own child, whose pid we hold.
-    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+    wait_until("two calls billed and the third held in flight", || {
+        env.sandbox.ledger().len() == 2 && env.sandbox.held_calls() == 1
+    })
+    .await;
+    send_signal(pid, libc::SIGSTOP);
 
     let o = query(&env, dir, &["status", "g", "--json"]).await;
     assert_exit_without_panic(&o, 0);
@@ -1149,8 +1152,8 @@ async fn a_run_whose_process_is_alive_reads_running_with_its_pid_even_while_stop
     );
     assert!(!page.contains("continue-with"));
 
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGCONT) }, 0);
+    send_signal(pid, libc::SIGCONT);
+    drop(hold);
     let o = tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
         .await
         .expect("the run ends in time")
@@ -1160,7 +1163,7 @@ async fn a_run_whose_process_is_alive_reads_running_with_its_pid_even_while_stop
 
 #[tokio::test(flavor = "multi_thread")]
 async fn with_on_ambiguous_fail_calls_in_flight_at_a_kill_fail_their_task_and_block_its_chain() {
-    let env = start(sandbox_with_latency(400)).await;
+    let env = start(config()).await;
     let dir = env.dir.path();
     killed_with_two_calls_in_flight(&env).await;
 

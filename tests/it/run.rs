@@ -823,30 +823,18 @@ async fn an_underpriced_plan_at_high_concurrency_never_bills_past_the_budget() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_balance_running_out_stops_the_run_and_a_top_up_finishes_it_without_paying_twice() {
     let items = 10;
-    let env = start(sandbox::Config {
-        latency: Duration::from_millis(100),
-        ..config()
-    })
-    .await;
+    let env = start(config()).await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(items, None));
     let args = ["p.yaml", "--json", "--run-id", "r", "--concurrency", "8"];
-    let mut child = run_command(&env, dir, &args);
-    child.stdout(std::process::Stdio::piped());
-    child.stderr(std::process::Stdio::piped());
-    let child = child.spawn().unwrap();
-    // Someone else spends the account down once the first wave is billed.
-    let watch = async {
-        while env.sandbox.ledger().len() < 6 {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        env.sandbox.set_balance(4);
-    };
-    tokio::time::timeout(RUN_LIMIT, watch).await.unwrap();
-    let o = tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
+    // Someone else spends the account down once six calls are billed, while the calls sent
+    // after them are held in flight: those are then refused for lack of credits.
+    let hold = env.sandbox.hold();
+    let mut child = Watched::start(run_command(&env, dir, &args));
+    step_until(&env, &mut child, |env| env.sandbox.ledger().len() >= 6).await;
+    env.sandbox.set_balance(4);
+    drop(hold);
+    let o = child.finish().await;
     assert_exit_without_panic(&o, 3);
     let summary = json_stdout(&o);
     assert_eq!(summary["status"], "stopped", "{summary:#}");
@@ -891,7 +879,10 @@ async fn the_balance_running_out_stops_the_run_and_a_top_up_finishes_it_without_
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_service_rate_limit_below_imgpipes_slows_it_down_without_losing_anything() {
-    // 10 items × 3 steps = 30 paid calls; the sandbox takes 20 a second, imgpipe is told 100.
+    // 10 items × 3 steps = 30 paid calls; the sandbox takes 20 requests a second, imgpipe is
+    // told 100. Whether imgpipe reaches 20 a second depends on the machine, so the service's
+    // first 429 is not left to it: the call after the first one (held at the gate meanwhile)
+    // is refused with a 429 whatever the machine's speed, and any others come from the limit.
     let items = 10;
     let env = start(sandbox::Config {
         rate_limit: Some(20.0),
@@ -900,21 +891,25 @@ async fn a_service_rate_limit_below_imgpipes_slows_it_down_without_losing_anythi
     .await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(items, None));
-    let o = run(
-        &env,
-        dir,
-        &[
-            "p.yaml",
-            "--json",
-            "--run-id",
-            "r",
-            "--rate",
-            "100/s",
-            "--concurrency",
-            "8",
-        ],
-    )
+    let hold = env.sandbox.hold();
+    let args = [
+        "p.yaml",
+        "--json",
+        "--run-id",
+        "r",
+        "--rate",
+        "100/s",
+        "--concurrency",
+        "8",
+    ];
+    let mut child = Watched::start(run_command(&env, dir, &args));
+    wait_while_running(&mut child, "the first call held at the gate", || {
+        env.sandbox.held_calls() == 1
+    })
     .await;
+    env.sandbox.rate_limit_next(Duration::from_secs(1));
+    drop(hold);
+    let o = child.finish().await;
     assert_exit_without_panic(&o, 0);
     let stats = env.sandbox.stats();
     assert!(stats.rate_limited > 0, "the limit was met: {stats:?}");
@@ -1823,11 +1818,7 @@ async fn waiting_for_a_run_that_then_finishes_says_it_is_finished_and_pays_nothi
 /// address and the state database that were given as flags, with no environment to help.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_continue_command_printed_after_an_interruption_works_when_pasted() {
-    let env = start(sandbox::Config {
-        latency: Duration::from_millis(100),
-        ..config()
-    })
-    .await;
+    let env = start(config()).await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(3, None));
     write(dir, "key", env.sandbox.key());
@@ -1846,20 +1837,11 @@ async fn the_continue_command_printed_after_an_interruption_works_when_pasted() 
     ];
     let mut args = vec!["run", "p.yaml"];
     args.extend_from_slice(&flags);
-    let child = command(&args, dir)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    for _ in 0..400 {
-        if env.sandbox.ledger().len() >= 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let pid = child.id().unwrap() as i32;
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
-    let interrupted = finish_child(child, "the run interrupted with SIGINT").await;
+    // Interrupted once two calls are billed, with the third held in flight.
+    let interrupted = crate::resume::interrupt_when(&env, command(&args, dir), |env| {
+        env.sandbox.ledger().len() >= 2
+    })
+    .await;
     assert_exit_without_panic(&interrupted, 130);
     let printed = printed_continue_command(&interrupted);
     assert!(

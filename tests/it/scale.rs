@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::binary::Imgpipe;
 use crate::common::{finish_blocking, rows_in, start};
 
 /// Paid calls each run makes before it is interrupted.
@@ -75,17 +76,12 @@ fn reap(pid: u32) -> (i64, Option<i32>) {
 }
 
 fn imgpipe(dir: &Path, base: &str, key: &str, args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_imgpipe"));
-    cmd.args(args)
-        .args(["--state", "state.db"])
-        .current_dir(dir)
-        .env("IMGPIPE_BASE_URL", base)
-        .env("IMGPIPE_API_KEY", key)
-        .env_remove("IMGPIPE_STATE")
-        .env_remove("IMGPIPE_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+    let mut cmd = Imgpipe::new(args)
+        .state("state.db")
+        .cwd(dir)
+        .service(base, key)
+        .std_command();
+    cmd.stdout(Stdio::null()).stderr(Stdio::null());
     cmd
 }
 
@@ -166,7 +162,7 @@ async fn run_and_review(items: usize) -> (i64, i64) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_batch_of_20000_items_runs_and_resumes_in_the_memory_of_200() {
+async fn a_batch_of_20000_items_runs_and_is_reviewed_for_resume_in_the_memory_of_200() {
     let (small_run, small_dry) = run_and_review(200).await;
     let (large_run, large_dry) = run_and_review(20_000).await;
     println!(

@@ -4,7 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::report::html::PER_PAGE;
+/// Items per page file: a page stays light in the browser and in memory while it is made.
+pub(super) const PER_PAGE: usize = 100;
 
 /// The pages of one report.
 #[derive(Clone, Debug)]

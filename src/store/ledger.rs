@@ -1,12 +1,12 @@
-//! The spend ledger's reads: calls and their credits by when they were sent, by run or by a
-//! run's step, and what each run planned. Folding them into days, weeks, months or pipelines
-//! is the report's (its `spend` module).
+//! The ledger's part of the store (`store.ledger()`): what was billed, read as calls and their
+//! credits by when they were sent, by run or by a run's step, and what each run planned.
+//! Folding them into days, weeks, months or pipelines is the `ledger` module's (above the store).
 //!
 //! Credits are counted exactly as [`Store::totals`] counts them for `runs` and `status`:
 //! billed is what the service said each call cost; possibly billed is the planned price of
 //! each call sent without a complete answer (`ambiguous`, or no outcome: in flight or its
 //! process died). The one index is `attempts_by_start` (`attempts(started_at)`). SQLite's
-//! plan for a window (`EXPLAIN QUERY PLAN` of [`Store::spend_by_time`]):
+//! plan for a window (`EXPLAIN QUERY PLAN` of [`Ledger::calls_by_quarter`]):
 //!
 //! ```text
 //! SEARCH a USING INDEX attempts_by_start (started_at>? AND started_at<?)
@@ -129,15 +129,28 @@ fn calls(row: &AnyRow) -> Result<Calls, StoreError> {
 }
 
 impl Store {
+    /// The ledger: what was billed, and what runs planned.
+    pub fn ledger(&self) -> Ledger<'_> {
+        Ledger { store: self }
+    }
+}
+
+/// The store's reads for the ledger: calls, credits and plans, never written here (attempts
+/// are written by the executor's parts of the store).
+pub struct Ledger<'a> {
+    store: &'a Store,
+}
+
+impl Ledger<'_> {
     /// The calls sent within `window`, per quarter of an hour.
-    pub async fn spend_by_time(&self, window: Window) -> Result<Vec<CallsAt>, StoreError> {
+    pub async fn calls_by_quarter(&self, window: Window) -> Result<Vec<CallsAt>, StoreError> {
         let sql = format!(
             "SELECT a.started_at / {QUARTER_MS} AS quarter, {CALL_COLUMNS}
              FROM attempts a WHERE {} GROUP BY quarter",
             window.sql("a.started_at")
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .fetch_all(self.pool())
+            .fetch_all(self.store.pool())
             .await?;
         rows.iter()
             .map(|r| {
@@ -150,7 +163,7 @@ impl Store {
     }
 
     /// The calls sent within `window`, per run, or per run and step when `by_step`.
-    pub async fn spend_by_run(
+    pub async fn calls_by_run(
         &self,
         window: Window,
         by_step: bool,
@@ -166,7 +179,7 @@ impl Store {
             window.sql("a.started_at")
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .fetch_all(self.pool())
+            .fetch_all(self.store.pool())
             .await?;
         rows.iter()
             .map(|r| {
@@ -181,7 +194,7 @@ impl Store {
 
     /// Every run: its pipeline and start (calls of a window may belong to a run started
     /// before it), and its planned credits.
-    pub async fn spend_runs(&self) -> Result<Vec<RunPlanned>, StoreError> {
+    pub async fn runs_planned(&self) -> Result<Vec<RunPlanned>, StoreError> {
         let rows = sqlx::query(
             "SELECT r.id, r.pipeline_name, r.created_at, r.credits_planned,
                     CAST(COALESCE((SELECT SUM(t.planned_credits) FROM tasks t
@@ -189,7 +202,7 @@ impl Store {
                         AS recorded
              FROM runs r",
         )
-        .fetch_all(self.pool())
+        .fetch_all(self.store.pool())
         .await?;
         rows.iter()
             .map(|r| {
@@ -207,7 +220,7 @@ impl Store {
 
     /// The recorded tasks of the runs started within `window`, per run and step, with each
     /// such run's plan document (for the tasks it has not recorded yet).
-    pub async fn spend_steps(
+    pub async fn steps_planned(
         &self,
         window: Window,
     ) -> Result<(Vec<StepPlanned>, Vec<(String, String)>), StoreError> {
@@ -219,7 +232,7 @@ impl Store {
              GROUP BY t.run_id, t.step"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .fetch_all(self.pool())
+            .fetch_all(self.store.pool())
             .await?;
         let steps = rows
             .iter()
@@ -237,7 +250,7 @@ impl Store {
             window.sql("created_at")
         );
         let plans: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(plans))
-            .fetch_all(self.pool())
+            .fetch_all(self.store.pool())
             .await?;
         Ok((steps, plans))
     }

@@ -7,7 +7,7 @@
 //!
 //! A report reads an output whole only when it has no thumbnail yet: a thumbnail needs the
 //! image's bytes, and what it shows (the image's size, its own, whether it has alpha) is
-//! recorded in the state database when it is put ([`Store::record_thumbnails`]). So each image
+//! recorded in the state database when it is put ([`crate::store::Thumbnails::record`]). So each image
 //! is read once in the run's life, by its first report, and a report made again reads no image
 //! nor thumbnail: two comparisons with listings (a request per 1,000 keys) say the outputs and
 //! thumbnails are there as recorded (their size and ETag). An output the listing shows gone is
@@ -29,11 +29,11 @@ use crate::error::Error;
 use crate::place::layout::THUMBS;
 use crate::place::listing::{self, OBJECTS_PER_PAGE, Record, Seen};
 use crate::place::{Address, ObjectError, ObjectUrl, Objects, strong_etag};
-use crate::report::html::MARKER;
 use crate::report::live::Observed;
-use crate::report::thumbs::{Facts, Known, Preview, thumb_name};
-use crate::report::{Written, refuse_foreign, write_local};
-use crate::store::{ReportOutput, RunRow, Store, ThumbnailRow};
+use crate::report::page::html::MARKER;
+use crate::report::page::thumbs::{Facts, Known, Preview, thumb_name};
+use crate::report::page::{Written, refuse_foreign, write_local};
+use crate::store::{ReportOutput, RunRow, Store, Thumbnail};
 
 /// Objects read or put at once while a page is staged or kept: round trips, not bandwidth,
 /// bound a run of many small images.
@@ -228,7 +228,8 @@ async fn forget_missing_thumbnails(
     thumbs: &Objects,
 ) -> Result<usize, Error> {
     let put = store
-        .thumbnails(run_id)
+        .thumbnails()
+        .list(run_id)
         .map_err(Error::from)
         .map_ok(|t| Put {
             url: thumbs.url_of(&thumbs.key(&format!("{}.png", t.name))),
@@ -237,7 +238,7 @@ async fn forget_missing_thumbnails(
             etag: t.etag,
         });
     let gone = not_as_listed(put, |t, _| t.name.clone()).await?;
-    store.forget_thumbnails(run_id, &gone).await?;
+    store.thumbnails().forget(run_id, &gone).await?;
     Ok(gone.len())
 }
 
@@ -280,7 +281,8 @@ impl Pages {
         names.dedup();
         let facts: HashMap<String, Facts> = self
             .store
-            .thumbnails_named(&self.run_id, &names)
+            .thumbnails()
+            .named(&self.run_id, &names)
             .await?
             .into_iter()
             .map(|t| {
@@ -362,7 +364,7 @@ impl Pages {
         made.sort_unstable();
         made.dedup();
         let thumbs = &self.thumbs;
-        let put: Vec<Result<Option<ThumbnailRow>, ObjectError>> = futures::stream::iter(made)
+        let put: Vec<Result<Option<Thumbnail>, ObjectError>> = futures::stream::iter(made)
             .map(|file| async move {
                 let (Some(name), Ok(bytes)) = (
                     file.file_stem().map(|n| n.to_string_lossy().into_owned()),
@@ -377,7 +379,7 @@ impl Pages {
                     .await?;
                 let _ = std::fs::remove_file(file);
                 Ok(facts.and_then(|f| {
-                    Some(ThumbnailRow {
+                    Some(Thumbnail {
                         name,
                         size: f.size?,
                         thumb_size: f.thumb_size,
@@ -393,12 +395,12 @@ impl Pages {
         for file in staged {
             let _ = std::fs::remove_file(file);
         }
-        let rows: Vec<ThumbnailRow> = put
+        let rows: Vec<Thumbnail> = put
             .into_iter()
             .filter_map(Result::transpose)
             .collect::<Result<_, _>>()
             .map_err(failed)?;
-        if let Err(e) = self.store.record_thumbnails(&self.run_id, &rows).await {
+        if let Err(e) = self.store.thumbnails().record(&self.run_id, &rows).await {
             // The page is right; the next report makes these thumbnails again.
             tracing::warn!("cannot record the report's thumbnails: {e}");
         }

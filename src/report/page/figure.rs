@@ -6,9 +6,9 @@ use std::path::Path;
 
 use maud::{Markup, html};
 
-use crate::report::html::{Page, label, label_in_item, output_label, output_label_in_item};
-use crate::report::links::href;
-use crate::report::model::{Earlier, Shown};
+use crate::report::page::html::{Page, label, label_in_item, output_label, output_label_in_item};
+use crate::report::page::links::href;
+use crate::report::page::model::{Earlier, Shown};
 use crate::store::{ReportTask, TaskRequest};
 use crate::time::rfc3339_ms as time;
 
@@ -39,6 +39,7 @@ impl Page<'_> {
         }
     }
 
+    /// One output's figure: its picture, its caption, and its earlier versions.
     pub(super) fn figure(
         &mut self,
         task: &ReportTask,
@@ -49,8 +50,36 @@ impl Page<'_> {
     ) -> Markup {
         let row = &s.row;
         let p = &s.preview;
+        let picture = self.picture(task, s);
+        let size = size_text(p.size);
+        let credits = credits_text(task, outputs);
+        let mine: Vec<&Earlier> = earlier.iter().filter(|e| e.row.k == row.k).collect();
+        html! {
+            figure id={ "o" (task.id) "-" (row.k) } {
+                (picture)
+                figcaption {
+                    (pick(task))
+                    b { (output_label_in_item(task, row.k)) } " · " (task.operation) br;
+                    (size) " · " (credits)
+                    @if task.attempts > 1 { " · " (task.attempts) " calls" }
+                    br;
+                    code title={ "job " (row.job_id) } { (row.job_id) }
+                    @if let (Some(note), Some(_)) = (&p.note, &p.thumb) { br; span.note { (note) } }
+                    (others)
+                    @if let Some(request) = &task.request { (asked(request)) }
+                }
+                (self.earlier(task, mine))
+            }
+        }
+    }
+
+    /// An output's picture: its thumbnail linked to the full-size file, the file alone when
+    /// it has no thumbnail, or why there is no file.
+    fn picture(&mut self, task: &ReportTask, s: &Shown) -> Markup {
+        let row = &s.row;
+        let p = &s.preview;
         let full = row.path.as_deref().map(|f| href(self.dir, Path::new(f)));
-        let picture = match (&p.thumb, &full) {
+        match (&p.thumb, &full) {
             (Some(thumb), Some(full)) => {
                 let (tw, th) = p.thumb_size.unwrap_or((160, 160));
                 // The first few load with the page (not `loading="lazy"`: Chromium would hold
@@ -75,53 +104,14 @@ impl Page<'_> {
                 a.thumb.none href=(full) { span.why { (p.note.as_deref().unwrap_or("no preview")) } }
             },
             (_, None) => {
-                let (class, badge, why) = match &row.download_error {
-                    Some(e) => ("failed", "not downloaded", e.clone()),
-                    None if self.shared.in_progress() => (
-                        "pending",
-                        "downloading",
-                        "the job succeeded; its file is on its way".to_owned(),
-                    ),
-                    None => (
-                        "failed",
-                        "not downloaded",
-                        format!(
-                            "the run ended before its download; `imgpipe resume {}` fetches it without a new call",
-                            self.shared.run.id
-                        ),
-                    ),
-                };
+                let Missing { class, badge, why } = missing(
+                    row.download_error.as_deref(),
+                    self.shared.in_progress(),
+                    &self.shared.run.id,
+                );
                 html! {
                     div.thumb.none { span.badge.(format!("b-{class}")) { (badge) } span.why { (why) } }
                 }
-            }
-        };
-        let size = p
-            .size
-            .map_or_else(|| "size unknown".to_owned(), |(w, h)| format!("{w}×{h}"));
-        let credits = if let Some(from) = &task.reused_from_run {
-            format!("0 cr, reused from run {from}")
-        } else if outputs > 1 {
-            format!("{} cr for {outputs}", task.credits_billed)
-        } else {
-            format!("{} cr", task.credits_billed)
-        };
-        let mine: Vec<&Earlier> = earlier.iter().filter(|e| e.row.k == row.k).collect();
-        html! {
-            figure id={ "o" (task.id) "-" (row.k) } {
-                (picture)
-                figcaption {
-                    (pick(task))
-                    b { (output_label_in_item(task, row.k)) } " · " (task.operation) br;
-                    (size) " · " (credits)
-                    @if task.attempts > 1 { " · " (task.attempts) " calls" }
-                    br;
-                    code title={ "job " (row.job_id) } { (row.job_id) }
-                    @if let (Some(note), Some(_)) = (&p.note, &p.thumb) { br; span.note { (note) } }
-                    (others)
-                    @if let Some(request) = &task.request { (asked(request)) }
-                }
-                (self.earlier(task, mine))
             }
         }
     }
@@ -166,6 +156,52 @@ impl Page<'_> {
     }
 }
 
+/// Why an output has no file, as its badge says it.
+#[derive(Debug, PartialEq, Eq)]
+struct Missing {
+    class: &'static str,
+    badge: &'static str,
+    why: String,
+}
+
+/// Why an output of run `run_id` has no file: its download failed (`download_error`), is on
+/// its way (the run is `in_progress`), or never happened before the run ended.
+fn missing(download_error: Option<&str>, in_progress: bool, run_id: &str) -> Missing {
+    let (class, badge, why) = match download_error {
+        Some(e) => ("failed", "not downloaded", e.to_owned()),
+        None if in_progress => (
+            "pending",
+            "downloading",
+            "the job succeeded; its file is on its way".to_owned(),
+        ),
+        None => (
+            "failed",
+            "not downloaded",
+            format!(
+                "the run ended before its download; `imgpipe resume {run_id}` fetches it without a new call"
+            ),
+        ),
+    };
+    Missing { class, badge, why }
+}
+
+/// An image's size as the caption says it.
+fn size_text(size: Option<(u32, u32)>) -> String {
+    size.map_or_else(|| "size unknown".to_owned(), |(w, h)| format!("{w}×{h}"))
+}
+
+/// What a task's outputs cost, as each one's caption says it: a task reused from another run
+/// cost nothing, and the credits of a task of several outputs are for them all.
+fn credits_text(task: &ReportTask, outputs: usize) -> String {
+    if let Some(from) = &task.reused_from_run {
+        format!("0 cr, reused from run {from}")
+    } else if outputs > 1 {
+        format!("{} cr for {outputs}", task.credits_billed)
+    } else {
+        format!("{} cr", task.credits_billed)
+    }
+}
+
 /// The box that picks an output's task for the reroll command: every output of a task (a
 /// generation's several images) carries the same task.
 fn pick(task: &ReportTask) -> Markup {
@@ -196,5 +232,61 @@ fn asked(r: &TaskRequest) -> Markup {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::TaskStatus;
+
+    fn task(billed: u64, reused_from_run: Option<&str>) -> ReportTask {
+        ReportTask {
+            id: 1,
+            item: "a".to_owned(),
+            step: "s".to_owned(),
+            idx: 0,
+            operation: "generate".to_owned(),
+            inputs: Vec::new(),
+            status: TaskStatus::Succeeded,
+            planned_credits: billed,
+            credits_billed: billed,
+            job_id: None,
+            error: None,
+            removed: false,
+            reused_from_run: reused_from_run.map(str::to_owned),
+            attempts: 1,
+            request: None,
+        }
+    }
+
+    #[test]
+    fn credits_say_reuse_first_then_how_many_outputs_share_them() {
+        assert_eq!(credits_text(&task(4, None), 1), "4 cr");
+        assert_eq!(credits_text(&task(4, None), 3), "4 cr for 3");
+        assert_eq!(
+            credits_text(&task(4, Some("r0")), 3),
+            "0 cr, reused from run r0"
+        );
+    }
+
+    #[test]
+    fn size_is_width_by_height_or_unknown() {
+        assert_eq!(size_text(Some((640, 480))), "640×480");
+        assert_eq!(size_text(None), "size unknown");
+    }
+
+    #[test]
+    fn a_missing_file_is_a_failed_download_then_one_on_its_way_then_one_never_made() {
+        let failed = missing(Some("disk full"), true, "r1");
+        assert_eq!(
+            (failed.class, failed.badge, failed.why.as_str()),
+            ("failed", "not downloaded", "disk full")
+        );
+        let going = missing(None, true, "r1");
+        assert_eq!((going.class, going.badge), ("pending", "downloading"));
+        let ended = missing(None, false, "r1");
+        assert_eq!(ended.class, "failed");
+        assert!(ended.why.contains("`imgpipe resume r1` fetches it"));
     }
 }

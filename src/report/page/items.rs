@@ -4,9 +4,9 @@
 use maud::{Markup, html};
 
 use crate::place::layout;
-use crate::report::html::{EAGER, Page, output_label};
-use crate::report::lineage::Input;
-use crate::report::model::{Model, Shown};
+use crate::report::page::html::{EAGER, Page, output_label};
+use crate::report::page::lineage::Input;
+use crate::report::page::model::{Model, Shown};
 use crate::store::TaskStatus;
 
 impl Page<'_> {

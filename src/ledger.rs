@@ -1,5 +1,5 @@
-//! The spend ledger across runs (`imgpipe spend`): credits billed, possibly billed and
-//! planned, calls and failures, per day, ISO week, month, pipeline, step or run.
+//! The ledger: what was billed across runs (`imgpipe spend`), folded from the store's
+//! [`crate::store::ledger`]: credits billed, possibly billed and planned, calls and failures, per day, ISO week, month, pipeline, step or run.
 //!
 //! A day is a UTC calendar day. A call counts on the day it was sent (its attempt's start);
 //! a run's planned credits count on the day the run started, since that is when it planned
@@ -13,7 +13,7 @@ use chrono::{DateTime, Datelike, Utc};
 use serde::Serialize;
 
 use crate::report::summary::unrecorded;
-use crate::store::spend::{Calls, RunPlanned, Window};
+use crate::store::ledger::{Calls, RunPlanned, Window};
 use crate::store::{Store, StoreError};
 
 /// What a ledger's lines are.
@@ -104,7 +104,8 @@ type Key = (i64, String, Option<String>);
 /// Reads and folds the ledger of `window` by `by`.
 pub async fn ledger(store: &Store, by: By, window: Window) -> Result<Ledger, StoreError> {
     let runs: HashMap<String, RunPlanned> = store
-        .spend_runs()
+        .ledger()
+        .runs_planned()
         .await?
         .into_iter()
         .map(|r| (r.run_id.clone(), r))
@@ -113,13 +114,13 @@ pub async fn ledger(store: &Store, by: By, window: Window) -> Result<Ledger, Sto
     add_planned(store, by, window, &runs, &mut lines).await?;
     match by {
         By::Day | By::Week | By::Month => {
-            for q in store.spend_by_time(window).await? {
+            for q in store.ledger().calls_by_quarter(window).await? {
                 let key = (0, period(by, q.quarter), None);
                 lines.entry(key).or_default().add_calls(&q.calls);
             }
         }
         By::Pipeline | By::Step | By::Run => {
-            for c in store.spend_by_run(window, by == By::Step).await? {
+            for c in store.ledger().calls_by_run(window, by == By::Step).await? {
                 let run = runs.get(&c.run_id);
                 let key = run_key(by, run, &c.run_id, c.step);
                 lines.entry(key).or_default().add_calls(&c.calls);
@@ -138,7 +139,7 @@ async fn add_planned(
     lines: &mut BTreeMap<Key, Figures>,
 ) -> Result<(), StoreError> {
     if by == By::Step {
-        let (steps, plans) = store.spend_steps(window).await?;
+        let (steps, plans) = store.ledger().steps_planned(window).await?;
         for s in &steps {
             let key = run_key(by, runs.get(&s.run_id), &s.run_id, Some(s.step.clone()));
             lines.entry(key).or_default().credits_planned += s.planned_credits;

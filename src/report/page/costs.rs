@@ -5,9 +5,9 @@ use std::io::Write;
 
 use maud::{Markup, html};
 
-use crate::report::chart::{self, Marks};
-use crate::report::html::{Page, label, output_label};
-use crate::report::model::{Model, Shared, StepCost};
+use crate::report::page::chart::{self, Marks};
+use crate::report::page::html::{Page, label, output_label};
+use crate::report::page::model::{Model, Shared, StepCost};
 use crate::store::{AmbiguousAttempt, TaskStatus};
 use crate::time::rfc3339_ms as time;
 

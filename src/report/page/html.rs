@@ -11,18 +11,16 @@ use std::path::Path;
 
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
-use crate::report::links::href;
 use crate::report::live::{GONE, Process};
-use crate::report::model::{Shared, StepCost};
+use crate::report::page::links::href;
+use crate::report::page::model::{Shared, StepCost};
+use crate::report::page::pages::PER_PAGE;
 use crate::store::{ReportTask, RunStatus};
 use crate::task_key::TaskKey;
 use crate::time::rfc3339_ms as time;
 
 /// Marks a file as an imgpipe report: only such a file is ever overwritten by another.
 pub const MARKER: &str = "<!-- imgpipe run report -->";
-
-/// Items per page file: a page stays light in the browser and in memory while it is made.
-pub(super) const PER_PAGE: usize = 100;
 
 /// Up to this many pages the pager links every one; beyond, the first, the last and the
 /// neighbours of the page shown.

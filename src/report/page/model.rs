@@ -8,11 +8,11 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use crate::report::commands::Commands;
-use crate::report::lineage::Lineage;
 use crate::report::live::Observed;
-use crate::report::pages::Pages;
-use crate::report::thumbs::Preview;
+use crate::report::page::commands::Commands;
+use crate::report::page::lineage::Lineage;
+use crate::report::page::pages::Pages;
+use crate::report::page::thumbs::Preview;
 use crate::store::{AmbiguousAttempt, EarlierOutput, ReportOutput, ReportTask, RunRow, Spend};
 use crate::store::{RunStatus, StepTotals, TaskStatus};
 use crate::store::{Store, StoreError};
@@ -122,7 +122,7 @@ impl Shared {
             .ok()
             .and_then(|v| v.pointer("/budget/max_credits").and_then(|b| b.as_u64()));
         let end = run.finished_at.unwrap_or(generated_at);
-        let items = store.report_items(&run.id).await?;
+        let items = store.report().items(&run.id).await?;
         let commands = Commands::new(&run.id, store.location(), portable);
         if observed.continue_with.is_none() && run.status.unfinished() {
             observed.continue_with = Some(commands.resume(&run.id));
@@ -130,11 +130,12 @@ impl Shared {
         Ok(Shared {
             ambiguous: store.ambiguous_attempts(&run.id).await?,
             spend: store
+                .report()
                 .spend(&run.id, run.created_at, end, SPEND_BUCKETS)
                 .await?,
-            last_balance: store.last_reported_balance(&run.id).await?,
+            last_balance: store.report().last_balance(&run.id).await?,
             superseded: store.superseded_count(&run.id).await?,
-            step_totals: store.step_totals(&run.id, !in_progress).await?,
+            step_totals: store.report().step_totals(&run.id, !in_progress).await?,
             pages: Pages::new(first_page, items),
             generated_at,
             budget,
@@ -170,7 +171,7 @@ impl Shared {
         }
         // Items the run has not reached have no rows yet: their tasks are pending, per the plan.
         let recorded = |step: &str| steps.iter().find(|s| s.step == step).map_or(0, |s| s.tasks);
-        let extras = super::summary::unrecorded(&self.run.plan_json, recorded);
+        let extras = crate::report::summary::unrecorded(&self.run.plan_json, recorded);
         for extra in extras {
             if let Some(line) = steps.iter_mut().find(|s| s.step == extra.step) {
                 line.tasks += extra.tasks;
