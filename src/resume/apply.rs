@@ -97,6 +97,9 @@ pub async fn apply(
     Ok(tally)
 }
 
+/// The recorded tasks below one left failed, blocked, and why.
+type Blocked = (Vec<i64>, String);
+
 /// What a review's application reads to make its [`Changes`]: each a short decision on the
 /// review and the run's rows.
 struct Applying<'a, D: Fn(usize) -> NewTask> {
@@ -180,7 +183,7 @@ impl<D: Fn(usize) -> NewTask> Applying<'_, D> {
 
     /// Tasks left failed (`--on-ambiguous fail`), with why, and the recorded tasks below
     /// each, blocked.
-    fn left_failed(&self) -> (Vec<(i64, String)>, Vec<(Vec<i64>, String)>) {
+    fn left_failed(&self) -> (Vec<(i64, String)>, Vec<Blocked>) {
         let (mut failed, mut blocked) = (Vec::new(), Vec::new());
         for f in &self.review.left_failed {
             let why = format!(

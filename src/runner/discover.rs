@@ -127,7 +127,7 @@ async fn billed(
 fn priced(billed: u64, images: u64, job_id: String) -> GenerationPrice {
     let credits = billed.div_ceil(images);
     let mut notes = Vec::new();
-    if billed % images != 0 {
+    if !billed.is_multiple_of(images) {
         notes.push(format!(
             "job billed {billed} credits for {images} 2K-image equivalents; priced at {credits} each (rounded up)"
         ));
