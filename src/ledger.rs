@@ -144,14 +144,14 @@ async fn add_planned(
             let key = run_key(by, runs.get(&s.run_id), &s.run_id, Some(s.step.clone()));
             lines.entry(key).or_default().credits_planned += s.planned_credits;
         }
-        for (run_id, plan_json) in &plans {
+        for (run_id, plan) in &plans {
             let recorded = |step: &str| {
                 steps
                     .iter()
                     .find(|s| s.run_id == *run_id && s.step == step)
                     .map_or(0, |s| s.tasks)
             };
-            for extra in unrecorded(plan_json, recorded) {
+            for extra in unrecorded(plan, recorded) {
                 let key = run_key(by, runs.get(run_id), run_id, Some(extra.step));
                 lines.entry(key).or_default().credits_planned += extra.planned_credits;
             }

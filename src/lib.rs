@@ -33,6 +33,7 @@
 //! - [`store`]: the state database, SQLite or PostgreSQL (migrations in `migrations/`), and the
 //!   run lock.
 //! - [`task_key`]: a task's name, `item/step[index]`, written and read back in one place.
+//! - [`run_id`]: a run's id, made from text once where it comes in, then passed as a type.
 //! - [`place`]: where a run directory is (an address: a local path or an `s3://` prefix, parsed
 //!   once) and how its files are named and written: downloads kept, never over other bytes,
 //!   through temporary files a resume recognises.
@@ -62,6 +63,7 @@ pub mod place;
 pub mod plan;
 pub mod report;
 pub mod resume;
+pub mod run_id;
 pub mod runner;
 pub mod sandbox;
 pub mod shell;

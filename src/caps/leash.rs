@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use crate::caps::{Cap, now_ms, shown};
+use crate::run_id::RunId;
 use crate::store::{CapWindow, Lessee, Store, StoreError};
 
 /// How often a holder says it is alive.
@@ -72,7 +73,7 @@ struct Inner {
     store: Store,
     caps: Vec<Cap>,
     holder: String,
-    run_id: String,
+    run_id: RunId,
     block: u64,
     /// Credits leased by this process, from every cap alike.
     leased: AtomicU64,
@@ -105,7 +106,7 @@ impl Leash {
         store: &Store,
         caps: Vec<Cap>,
         pipeline: &str,
-        run_id: &str,
+        run_id: &RunId,
     ) -> Result<Option<Leash>, StoreError> {
         let caps: Vec<Cap> = caps.into_iter().filter(|c| c.covers(pipeline)).collect();
         if caps.is_empty() {
@@ -117,7 +118,7 @@ impl Leash {
             std::process::id(),
             crate::place::layout::own_mark()
         );
-        store.close_leases_of(run_id, &holder).await?;
+        store.caps().close_of(run_id, &holder).await?;
         let block = caps
             .iter()
             .map(|c| (c.credits / BLOCKS_PER_CAP).max(1))
@@ -190,7 +191,11 @@ impl Leash {
         };
         let stale = crate::store::now_ms() - STALE_AFTER_MS;
         let want = need.max(i.block);
-        let (granted, before) = i.store.lease(&windows, lessee, want, need, stale).await?;
+        let (granted, before) = i
+            .store
+            .caps()
+            .lease(&windows, lessee, want, need, stale)
+            .await?;
         if granted > 0 {
             i.leased.fetch_add(granted, Relaxed);
             i.rows.fetch_add(windows.len() as u64, Relaxed);
@@ -214,7 +219,7 @@ impl Leash {
             return Ok(Grant::Leased(crossed));
         }
         for (cap, window) in i.caps.iter().zip(&windows) {
-            let spent = i.store.cap_spent(&cap.name, window.start).await?;
+            let spent = i.store.caps().spent(&cap.name, window.start).await?;
             let left = cap.credits.saturating_sub(spent);
             if left < need.max(1) {
                 let end = cap.window(now).map_err(StoreError::Inconsistent)?.end;
@@ -252,7 +257,7 @@ impl Leash {
         {
             beating.abort();
         }
-        i.store.close_leases(&i.holder, i.spent.load(Relaxed)).await
+        i.store.caps().close(&i.holder, i.spent.load(Relaxed)).await
     }
 }
 
@@ -273,7 +278,7 @@ async fn beat(inner: std::sync::Weak<Inner>) {
 
 /// One beat; notes when the holder's leases were closed by another run.
 async fn beat_once(i: &Inner) -> Result<(), StoreError> {
-    let open = i.store.beat(&i.holder).await?;
+    let open = i.store.caps().beat(&i.holder).await?;
     if open < i.rows.load(Relaxed) && !i.lost.swap(true, Relaxed) {
         tracing::warn!(
             "this run's cap leases were closed by another run that took it for dead; it sends nothing more"

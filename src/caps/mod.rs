@@ -18,7 +18,7 @@ use jiff::{Span, Timestamp, ZonedDateTime};
 
 pub use leash::{Crossing, Grant, Leash, Spent};
 
-use crate::store::{CapRow, Store, StoreError};
+use crate::store::{CapSetting, Store, StoreError};
 
 /// What reading the caps can fail on. The top-level error of a command is made from it once,
 /// in the error module, so the caps need nothing above them.
@@ -125,7 +125,7 @@ impl Cap {
 
     /// A recorded cap; one whose record no longer reads (a time zone this build does not know)
     /// is an error naming it.
-    pub fn of(row: &CapRow) -> Result<Cap, String> {
+    pub fn of(row: &CapSetting) -> Result<Cap, String> {
         let per = Per::parse(&row.per)
             .ok_or_else(|| format!("cap {}: unknown window {:?}", row.name, row.per))?;
         let tz = time_zone(&row.tz).map_err(|e| format!("cap {}: {e}", row.name))?;
@@ -139,8 +139,8 @@ impl Cap {
         })
     }
 
-    pub fn row(&self, created_at: i64) -> CapRow {
-        CapRow {
+    pub fn row(&self, created_at: i64) -> CapSetting {
+        CapSetting {
             name: self.name.clone(),
             credits: self.credits,
             per: self.per.as_str().to_owned(),
@@ -220,7 +220,7 @@ pub struct Standing {
 impl Standing {
     pub async fn of(store: &Store, cap: &Cap) -> Result<Standing, CapError> {
         let window = cap.window(now_ms()).map_err(CapError::Window)?;
-        let spent = store.cap_spent(&cap.name, window.start).await?;
+        let spent = store.caps().spent(&cap.name, window.start).await?;
         Ok(Standing {
             name: cap.name.clone(),
             credits: cap.credits,
@@ -239,6 +239,7 @@ impl Standing {
 pub async fn recorded(store: &Store) -> Result<Vec<Cap>, CapError> {
     store
         .caps()
+        .list()
         .await?
         .iter()
         .map(Cap::of)

@@ -138,10 +138,10 @@ impl StateArgs {
     pub async fn observed_run(
         &self,
         store: &crate::store::Store,
-        run_id: &str,
+        run_id: &crate::run_id::RunId,
         sandbox: bool,
-    ) -> Result<(crate::store::RunRow, crate::report::live::Observed), Error> {
-        let Some(run) = store.run(run_id).await? else {
+    ) -> Result<(crate::store::Run, crate::report::live::Observed), Error> {
+        let Some(run) = store.runs().get(run_id).await? else {
             return Err(crate::runner::state::no_such_run(store, run_id));
         };
         let (run, process) = crate::report::live::observe(store, run).await?;

@@ -77,7 +77,7 @@ pub(super) async fn run(args: &CapArgs, global: &GlobalArgs) -> Result<(), Error
             .map_err(|e| Error::usage(e, Some("`imgpipe cap set --help` shows the form")))?;
             let store = location.open().await?;
             let set = async {
-                let replaced = store.set_cap(&cap.row(crate::store::now_ms())).await?;
+                let replaced = store.caps().set(&cap.row(crate::store::now_ms())).await?;
                 let verb = if replaced { "replaced" } else { "set" };
                 tracing::info!("cap {} {verb}", cap.name);
                 standing(&store, &[cap]).await
@@ -100,7 +100,7 @@ pub(super) async fn run(args: &CapArgs, global: &GlobalArgs) -> Result<(), Error
             let store = location.open_existing().await?;
             let removed = close(
                 store.clone(),
-                store.remove_cap(name).await.map_err(Error::from),
+                store.caps().remove(name).await.map_err(Error::from),
             )
             .await?;
             if !removed {

@@ -55,7 +55,7 @@ pub(super) async fn run(args: &ReportArgs, global: &GlobalArgs) -> Result<(), Er
 async fn write(store: &Store, args: &ReportArgs) -> Result<Written, Error> {
     let (run, observed) = args
         .state
-        .observed_run(store, &args.run_id, args.sandbox)
+        .observed_run(store, &args.run_id.as_str().into(), args.sandbox)
         .await?;
     report::write(store, run, args.out.as_ref(), observed).await
 }

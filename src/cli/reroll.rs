@@ -54,5 +54,7 @@ pub(super) async fn run(
         view: &view,
         shutdown,
     };
-    runner.reroll(&args.run_id, targets, args.dry_run).await
+    runner
+        .reroll(&args.run_id.as_str().into(), targets, args.dry_run)
+        .await
 }

@@ -43,5 +43,7 @@ pub(super) async fn run(
         view: &view,
         shutdown,
     };
-    runner.resume(&args.run_id, args.dry_run).await
+    runner
+        .resume(&args.run_id.as_str().into(), args.dry_run)
+        .await
 }

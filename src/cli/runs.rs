@@ -102,9 +102,9 @@ pub(super) async fn run(args: &RunsArgs, global: &GlobalArgs) -> Result<(), Erro
 
 async fn lines(store: &crate::store::Store, args: &RunsArgs) -> Result<Vec<RunLine>, Error> {
     let mut lines = Vec::new();
-    for run in store.runs().await? {
+    for run in store.runs().list().await? {
         let (run, process) = observe(store, run).await?;
-        let totals = store.totals(&run.id).await?;
+        let totals = store.runs().totals(&run.id).await?;
         // Said for a run whose process is gone; other unfinished runs said so when they ended.
         let continue_with = process
             .as_ref()
@@ -121,7 +121,7 @@ async fn lines(store: &crate::store::Store, args: &RunsArgs) -> Result<Vec<RunLi
             process,
             continue_with,
             pipeline: run.pipeline_name,
-            id: run.id,
+            id: run.id.to_string(),
         });
     }
     Ok(lines)

@@ -75,7 +75,7 @@ pub(super) async fn run(args: &StatusArgs, global: &GlobalArgs) -> Result<(), Er
 async fn read(store: &Store, args: &StatusArgs) -> Result<Status, Error> {
     let (run, observed) = args
         .state
-        .observed_run(store, &args.run_id, args.sandbox)
+        .observed_run(store, &args.run_id.as_str().into(), args.sandbox)
         .await?;
     let mut status = status_of(store, run).await?;
     status.summary.process = observed.process;

@@ -16,6 +16,7 @@ use crate::plan::render;
 use crate::report::summary::Summary;
 use crate::runner::{Reviewed, View};
 use crate::store::StepCounts;
+use crate::task_key::TaskKey;
 
 use super::progress::Progress;
 use crate::cli::stdio;
@@ -68,7 +69,7 @@ impl View for Terminal {
         print_review(reviewed, self.json)
     }
 
-    fn finished(&self, run_id: &str) -> Result<(), Error> {
+    fn finished(&self, run_id: &crate::run_id::RunId) -> Result<(), Error> {
         stdio::line(format_args!("run {run_id} is finished: nothing to pay for"))?;
         Ok(())
     }
@@ -96,11 +97,11 @@ impl View for Terminal {
         progress
     }
 
-    fn continue_command(&self, run_id: &str) -> String {
+    fn continue_command(&self, run_id: &crate::run_id::RunId) -> String {
         (self.continue_with)(run_id, true)
     }
 
-    fn continue_rest(&self, run_id: &str) -> String {
+    fn continue_rest(&self, run_id: &crate::run_id::RunId) -> String {
         (self.continue_with)(run_id, false)
     }
 }
@@ -207,12 +208,12 @@ fn review_json(
         review,
         cap,
     } = shown;
-    let name = |t: usize| graph.task_key(t).to_string();
+    let name = |t: usize| graph.key(t).to_string();
     let tasks: Vec<_> = review
         .each_redo(graph)
         .map(|r| {
-            let (item, step, idx) = graph.key(r.task);
-            json!({"item": item, "step": step, "index": idx, "reason": r.reason,
+            let TaskKey { item, step, index } = graph.key(r.task);
+            json!({"item": item, "step": step, "index": index, "reason": r.reason,
                    "credits": r.credits, "detail": r.detail})
         })
         .collect();
@@ -250,7 +251,7 @@ fn print_to_pay(
         review,
         cap,
     } = shown;
-    let name = |t: usize| graph.task_key(t).to_string();
+    let name = |t: usize| graph.key(t).to_string();
     stdio::line(format_args!(
         "run {} ({}): {} task(s) to pay for, {} credits{}",
         row.id,
@@ -288,7 +289,7 @@ fn print_to_pay(
 /// What is kept, what comes free, and what is not paid for again.
 fn print_free(shown: &Reviewed<'_>) -> Result<(), Error> {
     let Reviewed { graph, review, .. } = shown;
-    let name = |t: usize| graph.task_key(t).to_string();
+    let name = |t: usize| graph.key(t).to_string();
     stdio::line(format_args!(
         "kept: {} task(s) already done",
         review.kept.len()

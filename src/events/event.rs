@@ -7,6 +7,9 @@
 
 use serde::Serialize;
 
+use crate::run_id::RunId;
+use crate::store::RunStatus;
+
 /// What happened, for whoever listens.
 #[derive(Clone, Debug, Serialize)]
 #[serde(tag = "event")]
@@ -28,7 +31,7 @@ pub enum Event {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct CapCrossed {
-    pub run_id: String,
+    pub run_id: RunId,
     pub pipeline: String,
     pub cap: String,
     /// 50, 80 or 100.
@@ -43,10 +46,12 @@ pub struct CapCrossed {
 /// The run's figures as recorded when it ended.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunFinished {
-    pub run_id: String,
+    pub run_id: RunId,
     pub pipeline: String,
-    /// `succeeded`, `failed`, `stopped` or `interrupted`, as `imgpipe status` says.
-    pub status: String,
+    /// `succeeded`, `failed`, `stopped` or `interrupted`, as `imgpipe status` says; `unknown`
+    /// when the record could not be read.
+    #[serde(serialize_with = "status_word")]
+    pub status: Option<RunStatus>,
     pub exit_code: u8,
     pub credits: Credits,
     pub tasks: Tasks,
@@ -91,7 +96,7 @@ pub struct Failure {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct BudgetCrossed {
-    pub run_id: String,
+    pub run_id: RunId,
     pub pipeline: String,
     /// 50, 80 or 100.
     pub percent: u8,
@@ -101,7 +106,7 @@ pub struct BudgetCrossed {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct CallBilledAbovePlan {
-    pub run_id: String,
+    pub run_id: RunId,
     pub pipeline: String,
     pub task: String,
     pub planned: u64,
@@ -126,7 +131,7 @@ impl Event {
                 "imgpipe: run {} of {} {} (exit {}) in {:.1}s: {}/{} tasks succeeded, {} failed; {} of {} credits billed{}",
                 r.run_id,
                 r.pipeline,
-                r.status,
+                r.status.map_or("unknown", RunStatus::as_str),
                 r.exit_code,
                 r.duration_seconds,
                 r.tasks.succeeded,
@@ -163,6 +168,14 @@ impl Event {
         }
         serde_json::to_vec(&value).unwrap_or_default()
     }
+}
+
+/// A run's status as its word, `unknown` for none.
+fn status_word<S: serde::Serializer>(
+    status: &Option<RunStatus>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(status.map_or("unknown", RunStatus::as_str))
 }
 
 #[cfg(test)]

@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{RunGauges, Store, Totals};
+use crate::run_id::RunId;
+use crate::store::{CallOutcome, RunGauges, Store, Totals};
 
 /// How often the file is written while the run goes on.
 pub const EVERY: Duration = Duration::from_secs(10);
@@ -144,14 +145,15 @@ fn family(
 
 /// Paid calls that ended, one sample per outcome, every outcome shown (0 when none).
 fn calls_by_outcome(p: &str, g: &RunGauges) -> Vec<(String, u64)> {
-    ["succeeded", "answered_error", "not_sent", "ambiguous"]
+    CallOutcome::ALL
         .iter()
         .map(|outcome| {
             let n = g
                 .calls
                 .iter()
-                .find(|(o, _)| o == outcome)
-                .map_or(0, |c| c.1);
+                .filter(|(o, _)| o == outcome)
+                .map(|c| c.1)
+                .sum::<u64>();
             (format!("{p},outcome=\"{outcome}\""), n)
         })
         .collect()
@@ -191,8 +193,12 @@ fn escape(value: &str) -> String {
 }
 
 /// Reads the snapshot of `run_id` now.
-async fn snapshot(store: &Store, run_id: &str, pipeline: &str) -> Result<Snapshot, String> {
-    let totals = store.totals(run_id).await.map_err(|e| e.to_string())?;
+async fn snapshot(store: &Store, run_id: &RunId, pipeline: &str) -> Result<Snapshot, String> {
+    let totals = store
+        .runs()
+        .totals(run_id)
+        .await
+        .map_err(|e| e.to_string())?;
     let gauges = store
         .gauges()
         .of_run(run_id, pipeline)
@@ -200,7 +206,7 @@ async fn snapshot(store: &Store, run_id: &str, pipeline: &str) -> Result<Snapsho
         .map_err(|e| e.to_string())?;
     Ok(Snapshot {
         pipeline: pipeline.to_owned(),
-        run_id: run_id.to_owned(),
+        run_id: run_id.to_string(),
         totals,
         gauges,
         caps: cap_room(store, pipeline).await,
@@ -263,7 +269,7 @@ pub struct MetricsFile {
 struct Writer {
     path: PathBuf,
     store: Store,
-    run_id: String,
+    run_id: RunId,
     pipeline: String,
     written: usize,
 }
@@ -291,7 +297,7 @@ impl Writer {
 
 impl MetricsFile {
     /// Writes the file once, then every [`EVERY`] until [`MetricsFile::finish`].
-    pub async fn start(path: PathBuf, store: Store, run_id: &str, pipeline: &str) -> MetricsFile {
+    pub async fn start(path: PathBuf, store: Store, run_id: &RunId, pipeline: &str) -> MetricsFile {
         let mut writer = Writer {
             path,
             store,

@@ -25,6 +25,7 @@ use crate::events::event::{
 use crate::events::metrics::MetricsFile;
 use crate::events::notify::{DELIVERY_BOUND, Notifier};
 use crate::exec::Observer;
+use crate::run_id::RunId;
 use crate::store::Store;
 
 /// Shares of the run's budget that raise `budget.crossed`, in percent.
@@ -56,7 +57,7 @@ impl std::fmt::Debug for Config {
 
 /// A run's events and metrics while it executes.
 pub struct Session {
-    run_id: String,
+    run_id: RunId,
     pipeline: String,
     started: Instant,
     notifier: Option<Notifier>,
@@ -77,7 +78,7 @@ pub struct Ending<'a> {
 
 impl Session {
     /// Starts the sender and writes the metrics file a first time.
-    pub async fn start(config: &Config, store: &Store, run_id: &str, pipeline: &str) -> Session {
+    pub async fn start(config: &Config, store: &Store, run_id: &RunId, pipeline: &str) -> Session {
         let target = config.notify_url.clone().map(|url| notify::Target {
             url,
             secret: config.notify_secret.clone(),
@@ -136,13 +137,18 @@ impl Session {
         let Some(notifier) = self.notifier else {
             return;
         };
-        let totals = end.store.totals(&self.run_id).await.unwrap_or_else(|e| {
-            tracing::warn!("notify: cannot read the run's totals: {e}");
-            Default::default()
-        });
-        let status = match end.store.run(&self.run_id).await {
-            Ok(Some(row)) => row.status.as_str().to_owned(),
-            _ => "unknown".to_owned(),
+        let totals = end
+            .store
+            .runs()
+            .totals(&self.run_id)
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!("notify: cannot read the run's totals: {e}");
+                Default::default()
+            });
+        let status = match end.store.runs().get(&self.run_id).await {
+            Ok(Some(row)) => Some(row.status),
+            _ => None,
         };
         let finished = RunFinished {
             run_id: self.run_id,
@@ -196,7 +202,7 @@ fn marks_passed(billed: u64, max_credits: Option<u64>) -> usize {
 struct Watch {
     inner: Arc<dyn Observer>,
     sender: notify::Sender,
-    run_id: String,
+    run_id: RunId,
     pipeline: String,
     max_credits: Option<u64>,
     billed: AtomicU64,

@@ -57,12 +57,47 @@ pub(super) async fn attempt(
     Attempted { task, result }
 }
 
+/// The attempt's steps: the call made ready, its intent recorded, the call sent (a lost
+/// answer read back by its job), its answer judged and the result recorded.
 async fn run(
     shared: &Shared,
     task: usize,
     task_id: i64,
     force_refresh: bool,
 ) -> Result<Success, Failure> {
+    let (call, parent) = prepare(shared, task, force_refresh).await?;
+    if task_id == 0 {
+        return Err(Failure::Input(format!("task {task} has no database row")));
+    }
+    let attempt_id = shared
+        .store
+        .attempts()
+        .begin(&shared.run_id, task_id, &call.endpoint())
+        .await
+        .map_err(Failure::Store)?;
+    let recorded = Recorded {
+        task_id,
+        attempt_id,
+    };
+    let answer = send(shared, task, recorded, &call).await?;
+    let answered = judge(shared, recorded, answer).await?;
+    settle(shared, recorded, answered, parent).await
+}
+
+/// The rows an attempt's result is recorded in.
+#[derive(Clone, Copy)]
+struct Recorded {
+    task_id: i64,
+    attempt_id: i64,
+}
+
+/// The call `task` makes with fresh input URLs, and the job of its first input (the lineage);
+/// nothing is sent, nor recorded, when the run is stopping.
+async fn prepare(
+    shared: &Shared,
+    task: usize,
+    force_refresh: bool,
+) -> Result<(Call, Option<String>), Failure> {
     let work = shared
         .graph
         .work(task)
@@ -72,69 +107,87 @@ async fn run(
     if shared.is_stopping() {
         return Err(Failure::Cancelled);
     }
-    if task_id == 0 {
-        return Err(Failure::Input(format!("task {task} has no database row")));
-    }
-    let attempt_id = shared
-        .store
-        .begin_attempt(&shared.run_id, task_id, &call.endpoint())
-        .await
-        .map_err(Failure::Store)?;
-    let answer = match call.send(shared).await {
+    Ok((call, parent))
+}
+
+/// Sends the call. An answer lost after the service named its job is read back by the job,
+/// once the job is on record: a process killed in between leaves a call that `resume` reads
+/// back for free instead of paying again.
+async fn send(
+    shared: &Shared,
+    task: usize,
+    at: Recorded,
+    call: &Call,
+) -> Result<Result<Answered, ApiError>, Failure> {
+    let (endpoint, reason, id) = match call.send(shared).await {
         Err(ApiError::Ambiguous {
             endpoint,
             reason,
             job_id: Some(id),
-        }) => {
-            let e = ApiError::Ambiguous {
-                endpoint,
-                reason,
-                job_id: Some(id.clone()),
-            };
-            // The job goes on record before it is read back: a process killed in between
-            // leaves a call that `resume` reads back for free instead of paying again.
-            let error = shared.client.redact(&e.to_string());
-            let named = AttemptOutcome::Ambiguous {
-                error: &error,
-                job_id: Some(&id),
-            };
-            record(shared, task_id, attempt_id, named).await?;
-            match recover(shared, &id).await {
-                Some(job) => Ok(Answered::recovered(
-                    id,
-                    &job,
-                    shared.graph.task(task).planned,
-                )),
-                None => Err(e),
-            }
-        }
-        answer => answer,
+        }) => (endpoint, reason, id),
+        answer => return Ok(answer),
     };
-    let answered = match answer {
-        Ok(a) if a.status == STATUS_SUCCEEDED => a,
+    let e = ApiError::Ambiguous {
+        endpoint,
+        reason,
+        job_id: Some(id.clone()),
+    };
+    let error = shared.client.redact(&e.to_string());
+    let named = AttemptOutcome::Ambiguous {
+        error: &error,
+        job_id: Some(&id),
+    };
+    record(shared, at, named).await?;
+    Ok(match recover(shared, &id).await {
+        Some(job) => Ok(Answered::recovered(
+            id,
+            &job,
+            shared.graph.task(task).planned,
+        )),
+        None => Err(e),
+    })
+}
+
+/// A succeeded job's answer; any other answer is recorded as what it says of billing, and
+/// ends the attempt.
+async fn judge(
+    shared: &Shared,
+    at: Recorded,
+    answer: Result<Answered, ApiError>,
+) -> Result<Answered, Failure> {
+    match answer {
+        Ok(a) if a.status == JobStatus::Succeeded => Ok(a),
         Ok(a) => {
             let id = &a.job_id;
             let error = shared.client.redact(&format!(
-                "job {id} came back with status {:?}, not succeeded; `imgpipe job {id}` shows it",
+                "job {id} came back with status {}, not succeeded; `imgpipe job {id}` shows it",
                 a.status
             ));
             let outcome = AttemptOutcome::Ambiguous {
                 error: &error,
                 job_id: Some(id),
             };
-            record(shared, task_id, attempt_id, outcome).await?;
-            return Err(Failure::Status(error));
+            record(shared, at, outcome).await?;
+            Err(Failure::Status(error))
         }
         Err(e) => {
             let error = shared.client.redact(&e.to_string());
-            record(shared, task_id, attempt_id, failed(&e, &error)).await?;
-            return Err(Failure::Api(e));
+            record(shared, at, failed(&e, &error)).await?;
+            Err(Failure::Api(e))
         }
-    };
+    }
+}
+
+/// Records the success (the task settled, its outputs' URLs) and gives its outputs.
+async fn settle(
+    shared: &Shared,
+    at: Recorded,
+    answered: Answered,
+    parent: Option<String>,
+) -> Result<Success, Failure> {
     let ids = record(
         shared,
-        task_id,
-        attempt_id,
+        at,
         AttemptOutcome::Succeeded(Settled {
             job_id: &answered.job_id,
             credits_used: answered.credits,
@@ -264,7 +317,7 @@ impl Call {
             Call::Generate(req) => shared.client.generate(req).await.map(|j| Answered {
                 urls: j.images.into_iter().map(|i| i.url).collect(),
                 job_id: j.id,
-                status: j.status,
+                status: JobStatus::of(j.status),
                 credits: j.credits_used,
                 credits_remaining: j.credits_remaining,
                 note: None,
@@ -272,7 +325,7 @@ impl Call {
             Call::Tool(req) => shared.client.tool(req).await.map(|j| Answered {
                 urls: vec![j.data.url],
                 job_id: j.id,
-                status: j.status,
+                status: JobStatus::of(j.status),
                 credits: j.credits_used,
                 credits_remaining: j.credits_remaining,
                 note: None,
@@ -281,10 +334,37 @@ impl Call {
     }
 }
 
+/// The status a job came back with: success, or any other word, reported as it came.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum JobStatus {
+    Succeeded,
+    Other(String),
+}
+
+impl JobStatus {
+    fn of(status: String) -> JobStatus {
+        if status == STATUS_SUCCEEDED {
+            JobStatus::Succeeded
+        } else {
+            JobStatus::Other(status)
+        }
+    }
+}
+
+impl std::fmt::Display for JobStatus {
+    /// As the answer wrote it, quoted (`"failed"`), as the attempt's error has always said.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JobStatus::Succeeded => write!(f, "{STATUS_SUCCEEDED:?}"),
+            JobStatus::Other(s) => write!(f, "{s:?}"),
+        }
+    }
+}
+
 /// A call's answer, whichever kind of call it was: its job, billing and result URLs.
 struct Answered {
     job_id: String,
-    status: String,
+    status: JobStatus,
     credits: u64,
     credits_remaining: Option<i64>,
     urls: Vec<String>,
@@ -299,7 +379,7 @@ impl Answered {
             note: Some(format!(
                 "the answer was lost; recovered from GET /v1/jobs/{job_id}"
             )),
-            status: STATUS_SUCCEEDED.to_owned(),
+            status: JobStatus::Succeeded,
             credits: job.credits_used().unwrap_or(planned),
             credits_remaining: None,
             urls: job.image_urls(),
@@ -310,13 +390,13 @@ impl Answered {
 
 async fn record(
     shared: &Shared,
-    task_id: i64,
-    attempt_id: i64,
+    at: Recorded,
     outcome: AttemptOutcome<'_>,
 ) -> Result<Vec<i64>, Failure> {
     shared
         .store
-        .finish_attempt(&shared.run_id, task_id, attempt_id, &outcome)
+        .attempts()
+        .finish(&shared.run_id, at.task_id, at.attempt_id, &outcome)
         .await
         .map_err(Failure::Store)
 }

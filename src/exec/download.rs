@@ -47,6 +47,7 @@ pub(super) async fn download(shared: Arc<Shared>, task: usize, k: u32) -> Fetche
     if let (Some(error), Some(out)) = (error, shared.url(task, k))
         && let Err(e) = shared
             .store
+            .outputs()
             .record_download_error(out.output_id, &error)
             .await
     {
@@ -113,6 +114,7 @@ async fn fetch(shared: &Shared, task: usize, k: u32) -> Result<Address, Unfetche
     };
     shared
         .store
+        .outputs()
         .record_download(
             out.output_id,
             &done.address.to_string(),

@@ -7,7 +7,8 @@ use serde::Serialize;
 
 use crate::place::layout::MANIFEST;
 use crate::place::{Address, Objects, RunDir, temp};
-use crate::store::{OutputRow, Store, StoreError};
+use crate::run_id::RunId;
+use crate::store::{RecordedOutput, Store, StoreError};
 
 #[derive(Serialize)]
 struct Line<'a> {
@@ -27,7 +28,7 @@ struct Line<'a> {
 /// Writes the manifest of `run_id` into `run_dir` through a temporary file and a rename,
 /// streaming rows from the database to the file. In object storage it is made in memory and
 /// put whole, in one request that replaces the one before.
-pub async fn write(store: &Store, run_id: &str, run_dir: &RunDir) -> Result<Address, String> {
+pub async fn write(store: &Store, run_id: &RunId, run_dir: &RunDir) -> Result<Address, String> {
     let root = run_dir.root();
     let dir = match root {
         Address::Local(dir) => dir,
@@ -42,7 +43,8 @@ pub async fn write(store: &Store, run_id: &str, run_dir: &RunDir) -> Result<Addr
     let tmp = temp::readable(dir).map_err(|e| fail(&e))?;
     let mut out = std::io::BufWriter::new(tmp);
     store
-        .each_output(run_id, false, |o| {
+        .outputs()
+        .each(run_id, false, |o| {
             if o.path.is_some() {
                 let io = |e: std::io::Error| StoreError::Query(sqlx::Error::Io(e));
                 serde_json::to_writer(&mut out, &line(&o, root)).map_err(|e| io(e.into()))?;
@@ -60,13 +62,14 @@ pub async fn write(store: &Store, run_id: &str, run_dir: &RunDir) -> Result<Addr
 
 async fn write_object(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     root: &Address,
     objects: &Objects,
 ) -> Result<Address, String> {
     let mut out = Vec::new();
     store
-        .each_output(run_id, false, |o| {
+        .outputs()
+        .each(run_id, false, |o| {
             if o.path.is_some() {
                 let io = |e: std::io::Error| StoreError::Query(sqlx::Error::Io(e));
                 serde_json::to_writer(&mut out, &line(&o, root)).map_err(|e| io(e.into()))?;
@@ -86,16 +89,14 @@ async fn write_object(
 
 /// A recorded output as the manifest lists it: its path relative to the run directory (the
 /// recorded text whole for one outside it).
-fn line<'a>(o: &'a OutputRow, run_dir: &Address) -> Line<'a> {
-    let path = o
-        .address()
-        .and_then(|a| a.relative_to(run_dir))
-        .or_else(|| o.path.clone())
-        .unwrap_or_default();
+fn line<'a>(o: &'a RecordedOutput, run_dir: &Address) -> Line<'a> {
+    let path = o.path.as_ref().map_or_else(String::new, |a| {
+        a.relative_to(run_dir).unwrap_or_else(|| a.to_string())
+    });
     Line {
-        item: &o.item,
-        step: &o.step,
-        index: o.idx + o.k,
+        item: &o.task.item,
+        step: &o.task.step,
+        index: o.task.index + o.k,
         job_id: &o.job_id,
         parent_job_id: o.parent_job_id.as_deref(),
         sha256: o.sha256.as_deref().unwrap_or_default(),

@@ -15,10 +15,12 @@ mod ready;
 mod rows;
 mod scheduler;
 mod shared;
+mod state;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::run_id::RunId;
 use crate::store::StoreError;
 
 pub use rows::{new_task, read_rows};
@@ -35,7 +37,7 @@ pub struct Links {
 /// Outputs of earlier tasks that a resume, checking the kept files beside the run, found
 /// missing or modified (and set aside: no path recorded): the executor fetches each again from
 /// its job, free.
-pub type Refetch = tokio::sync::oneshot::Receiver<Vec<crate::store::OutputRow>>;
+pub type Refetch = tokio::sync::oneshot::Receiver<Vec<crate::store::RecordedOutput>>;
 
 /// What to do with a call that was sent and got no complete answer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -49,7 +51,7 @@ pub enum OnAmbiguous {
 
 #[derive(Clone, Debug)]
 pub struct Config {
-    pub run_id: String,
+    pub run_id: RunId,
     /// `<output_dir>/<run id>`.
     pub run_dir: crate::place::RunDir,
     /// The same, opened: a local directory or a prefix in object storage.

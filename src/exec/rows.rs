@@ -11,12 +11,14 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::exec::attempt::request_params;
-use crate::exec::scheduler::State;
+use crate::exec::state::State;
 use crate::exec::{Config, OnAmbiguous};
 use crate::place::layout::BATCH;
 use crate::plan::graph::{Graph, Instance, Work};
 use crate::plan::rows::RowIds;
-use crate::store::{NewTask, Store, StoreError, TaskRow, TaskStatus};
+use crate::run_id::RunId;
+use crate::store::{NewTask, RecordedTask, Store, StoreError, TaskStatus};
+use crate::task_key::TaskKey;
 
 /// Items recorded in one transaction: a few hundred milliseconds' work at most.
 const CHUNK_ITEMS: usize = 1024;
@@ -25,12 +27,12 @@ const CHUNK_ITEMS: usize = 1024;
 /// as the executor will send it (rendered by the same code, its URLs left out).
 pub fn new_task(graph: &Graph, t: usize) -> NewTask {
     let task = graph.task(t);
-    let (item, step, idx) = graph.key(t);
+    let TaskKey { item, step, index } = graph.key(t);
     let work = graph.work(t).ok();
     NewTask {
         item,
         step,
-        idx,
+        idx: index,
         operation: match &work {
             Some(Work::Tool { params, .. }) => params.tool().as_str(),
             _ => "generate",
@@ -49,8 +51,8 @@ pub fn new_task(graph: &Graph, t: usize) -> NewTask {
 pub async fn read_rows(
     store: &Store,
     graph: &Graph,
-    run_id: &str,
-    mut whole: impl FnMut(Option<usize>, TaskRow),
+    run_id: &RunId,
+    mut whole: impl FnMut(Option<usize>, RecordedTask),
 ) -> Result<RowIds, StoreError> {
     let index = graph.index();
     let mut ids = RowIds::new(graph);
@@ -65,6 +67,7 @@ pub async fn read_rows(
             })
             .collect();
         store
+            .tasks()
             .each_item_outline(run_id, BATCH, &chain, |o| {
                 match (o.base, index.instance(&o.item)) {
                     (Some(base), Some(i)) => {
@@ -79,17 +82,19 @@ pub async fn read_rows(
     }
     let read_whole: HashSet<&str> = irregular.iter().map(String::as_str).collect();
     store
-        .each_open_task(run_id, |row| {
-            if read_whole.contains(row.item.as_str()) {
+        .tasks()
+        .each_open(run_id, |row| {
+            if read_whole.contains(row.key.item.as_str()) {
                 return;
             }
-            let t = index.get(&row.item, &row.step, row.idx);
+            let t = index.of(&row.key);
             whole(t, row);
         })
         .await?;
     store
-        .each_task_of_items(run_id, &irregular, |row| {
-            let t = index.get(&row.item, &row.step, row.idx);
+        .tasks()
+        .each_of_items(run_id, &irregular, |row| {
+            let t = index.of(&row.key);
             if let Some(t) = t {
                 ids.set(t, row.id);
             }
@@ -172,7 +177,7 @@ impl Rows {
         &mut self,
         store: &Store,
         graph: &Graph,
-        run_id: &str,
+        run_id: &RunId,
         from: usize,
         ahead: usize,
     ) -> Result<(), StoreError> {
@@ -196,7 +201,7 @@ impl Rows {
         &mut self,
         store: &Store,
         graph: &Graph,
-        run_id: &str,
+        run_id: &RunId,
         missing: &[usize],
     ) -> Result<(), StoreError> {
         let tasks: Vec<NewTask> = missing.iter().map(|t| new_task(graph, *t)).collect();
@@ -205,8 +210,8 @@ impl Rows {
             .zip(missing)
             .map(|(n, t)| ((n.item.as_str(), n.step.as_str(), n.idx), *t))
             .collect();
-        for (id, item, step, idx) in store.record_tasks(run_id, &tasks).await? {
-            if let Some(t) = chunk.get(&(item.as_str(), step.as_str(), idx)) {
+        for (id, key) in store.tasks().record(run_id, &tasks).await? {
+            if let Some(t) = chunk.get(&(key.item.as_str(), key.step.as_str(), key.index)) {
                 self.ids.set(*t, id);
             }
         }
@@ -272,7 +277,7 @@ mod tests {
             pipeline_text: "",
             pipeline_sha256: "",
             items_sha256: "",
-            plan_json: "{}",
+            plan: &crate::store::RecordedPlan::default(),
             output_dir: "out",
             credits_planned: 0,
             balance_before: None,
@@ -288,10 +293,11 @@ mod tests {
             request: None,
         }));
         // One statement a task: the order given is the order of the ids.
-        store.create_run(&run, &[]).await.unwrap();
+        store.runs().create(&run, &[]).await.unwrap();
         for task in &tasks {
             store
-                .record_tasks("r", std::slice::from_ref(task))
+                .tasks()
+                .record(&"r".into(), std::slice::from_ref(task))
                 .await
                 .unwrap();
         }
@@ -300,13 +306,13 @@ mod tests {
             .await
             .unwrap();
         for t in open {
-            let (item, step, idx) = graph.key(*t);
+            let TaskKey { item, step, index } = graph.key(*t);
             sqlx::query(
                 "UPDATE tasks SET status = 'failed' WHERE item = $1 AND step = $2 AND idx = $3",
             )
             .bind(item)
             .bind(step)
-            .bind(i64::from(idx))
+            .bind(i64::from(index))
             .execute(store.pool())
             .await
             .unwrap();
@@ -338,23 +344,16 @@ mod tests {
         .await;
 
         let mut whole: Vec<(Option<usize>, String, String, TaskStatus)> = Vec::new();
-        let ids = read_rows(&store, &g, "r", |t, row| {
-            whole.push((t, row.item, row.step, row.status));
+        let ids = read_rows(&store, &g, &"r".into(), |t, row| {
+            whole.push((t, row.key.item, row.key.step, row.status));
         })
         .await
         .unwrap();
         let index = g.index();
-        let rows = store.tasks("r").await.unwrap();
+        let rows = store.tasks().all(&"r".into()).await.unwrap();
         for row in &rows {
-            if let Some(t) = index.get(&row.item, &row.step, row.idx) {
-                assert_eq!(
-                    ids.get(t),
-                    Some(row.id),
-                    "{}/{}[{}]",
-                    row.item,
-                    row.step,
-                    row.idx
-                );
+            if let Some(t) = index.of(&row.key) {
+                assert_eq!(ids.get(t), Some(row.id), "{}", row.key);
             }
         }
         assert!(item(3).all(|t| ids.get(t).is_none()), "item d has no rows");
@@ -366,7 +365,7 @@ mod tests {
                 (
                     Some(failed),
                     "c".into(),
-                    g.key(failed).1,
+                    g.key(failed).step,
                     TaskStatus::Failed
                 ),
                 (None, "c".into(), "old".into(), TaskStatus::Succeeded),
@@ -398,7 +397,7 @@ steps:
         );
         let recorded = |step: &str| {
             let t = (0..g.len())
-                .find(|t| g.key(*t).1 == step && g.key(*t).2 == 0)
+                .find(|t| g.key(*t).step == step && g.key(*t).index == 0)
                 .unwrap();
             let text = new_task(&g, t).request.expect("a request");
             assert!(!text.contains("url"), "no URL in {text}");

@@ -21,24 +21,13 @@ use crate::exec::budget::Budget;
 use crate::exec::download::{Fetched, Unfetched, download};
 use crate::exec::rows::{Rows, record_identities};
 use crate::exec::shared::{OutputUrl, Shared};
+use crate::exec::state::State;
 use crate::exec::{Config, Fatal, Links, Observer, OnAmbiguous, Outcome, Refetch, Stop};
 use crate::plan::graph::{Graph, Instance};
-use crate::store::{OutputRow, StoreError, TaskStatus};
+use crate::store::{RecordedOutput, StoreError, TaskStatus};
 
 /// 429s one task may meet before it fails: the limiter slows down long before this.
 const MAX_THROTTLED: u32 = 30;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum State {
-    Waiting,
-    Ready,
-    Running,
-    Done,
-    Failed,
-    Blocked,
-    /// Outside the scope asked for: left pending for a later resume.
-    Held,
-}
 
 #[derive(Default, Clone, Copy)]
 struct Tries {
@@ -121,7 +110,7 @@ pub async fn run(
         downloader,
     } = links;
     let started = std::time::Instant::now();
-    store.settle_orphaned_attempts(&config.run_id).await?;
+    store.attempts().settle_orphaned(&config.run_id).await?;
     let (rows, state) = Rows::load(&store, &graph, &config).await?;
     tracing::debug!("tasks' state read in {:.2?}", started.elapsed());
     let shared = Arc::new(Shared::new(
@@ -261,7 +250,7 @@ impl Scheduler {
             .filter_map(|t| self.rows.ids.get(t))
             .collect();
         read.sort_unstable();
-        let mut outputs = store.unstored_outputs(&self.config.run_id).await?;
+        let mut outputs = store.outputs().unstored(&self.config.run_id).await?;
         let stored = store.kept().of_tasks(&read).await?.into_iter();
         outputs.extend(stored.filter(|o| o.path.is_some()));
         self.take_outputs(outputs);
@@ -272,11 +261,11 @@ impl Scheduler {
 
     /// Keeps the URLs of earlier outputs that a task still to run reads, and downloads, from
     /// their jobs, those with no file or object.
-    fn take_outputs(&mut self, outputs: Vec<OutputRow>) {
+    fn take_outputs(&mut self, outputs: Vec<RecordedOutput>) {
         let graph = Arc::clone(&self.graph);
         let index = graph.index();
         for o in outputs {
-            let Some(t) = index.get(&o.item, &o.step, o.idx) else {
+            let Some(t) = index.of(&o.task) else {
                 continue;
             };
             let missing = o.path.is_none();
@@ -648,7 +637,7 @@ impl Scheduler {
     }
 
     fn name(&self, t: usize) -> String {
-        self.graph.task_key(t).to_string()
+        self.graph.key(t).to_string()
     }
 
     async fn settle(&mut self, attempted: Attempted) {
@@ -843,7 +832,8 @@ impl Scheduler {
         if let Err(e) = self
             .shared
             .store
-            .set_task_status(&ids, TaskStatus::Pending, None)
+            .tasks()
+            .set_status(&ids, TaskStatus::Pending, None)
             .await
         {
             self.fatal(Fatal::Store(Arc::new(e)));
@@ -887,7 +877,8 @@ impl Scheduler {
         self.release(t);
         let store = &self.shared.store;
         let recorded = match store
-            .set_task_status(
+            .tasks()
+            .set_status(
                 &self.rows.ids.get(t).into_iter().collect::<Vec<_>>(),
                 TaskStatus::Failed,
                 Some(reason),
@@ -897,7 +888,8 @@ impl Scheduler {
             Ok(()) => {
                 let why = format!("its input {name} failed");
                 store
-                    .set_task_status(&blocked, TaskStatus::Blocked, Some(&why))
+                    .tasks()
+                    .set_status(&blocked, TaskStatus::Blocked, Some(&why))
                     .await
             }
             Err(e) => Err(e),
@@ -976,7 +968,8 @@ impl Scheduler {
             && let Err(e) = self
                 .shared
                 .store
-                .settle_orphaned_attempts(&self.config.run_id)
+                .attempts()
+                .settle_orphaned(&self.config.run_id)
                 .await
         {
             self.fatal(Fatal::Store(Arc::new(e)));
@@ -987,7 +980,7 @@ impl Scheduler {
 }
 
 /// Where an earlier output's URL is, as recorded.
-fn url_of(o: OutputRow) -> OutputUrl {
+fn url_of(o: RecordedOutput) -> OutputUrl {
     OutputUrl {
         output_id: o.id,
         job_id: o.job_id,
@@ -999,7 +992,7 @@ fn url_of(o: OutputRow) -> OutputUrl {
 /// The outputs a resume's check found to fetch again, once it ends; never, without one.
 async fn checked(
     refetch: &mut Option<Refetch>,
-) -> Result<Vec<OutputRow>, tokio::sync::oneshot::error::RecvError> {
+) -> Result<Vec<RecordedOutput>, tokio::sync::oneshot::error::RecvError> {
     match refetch {
         Some(rx) => rx.await,
         None => std::future::pending().await,

@@ -13,6 +13,7 @@ use crate::exec::Config;
 use crate::exec::limiter::PaidLimiter;
 use crate::place::Place;
 use crate::plan::graph::Graph;
+use crate::run_id::RunId;
 use crate::store::{Store, UrlIssued, now_ms};
 
 /// Free reads (`GET /v1/jobs`) at once: enough to refresh URLs without crowding the paid calls.
@@ -34,7 +35,7 @@ pub(super) struct Shared {
     pub downloader: Downloader,
     pub store: Store,
     pub graph: Arc<Graph>,
-    pub run_id: String,
+    pub run_id: RunId,
     /// The run directory, where the outputs go.
     pub place: Place,
     pub limiter: PaidLimiter,
@@ -181,6 +182,7 @@ impl Shared {
         }
         tracing::debug!(job = job_id, "refreshed {} result URL(s)", fresh.len());
         self.store
+            .outputs()
             .refresh_urls(&fresh)
             .await
             .map_err(|e| e.to_string())

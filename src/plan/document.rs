@@ -200,3 +200,48 @@ impl PlanDocument {
         write().map_err(|e| format!("cannot write {}: {e}", path.display()))
     }
 }
+
+/// What the report and the spend ledger read of a run's recorded plan: its budget, and each
+/// step's planned tasks and price. Every field may be missing, so the plan of a run recorded by
+/// any imgpipe reads, whatever else its document held then.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct PlanFigures {
+    #[serde(default)]
+    budget: Option<BudgetFigure>,
+    #[serde(default)]
+    costs: CostFigures,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+struct BudgetFigure {
+    #[serde(default)]
+    max_credits: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+struct CostFigures {
+    #[serde(default)]
+    steps: Vec<StepFigure>,
+}
+
+/// A step as the plan priced it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct StepFigure {
+    pub step: String,
+    pub tasks: u64,
+    /// `None` when the price was unknown.
+    #[serde(default)]
+    pub credits_per_task: Option<u64>,
+}
+
+impl PlanFigures {
+    /// The budget the run was planned under.
+    pub fn max_credits(&self) -> Option<u64> {
+        self.budget.as_ref().and_then(|b| b.max_credits)
+    }
+
+    /// Each step the plan priced, in the plan's order.
+    pub fn steps(&self) -> &[StepFigure] {
+        &self.costs.steps
+    }
+}

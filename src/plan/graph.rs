@@ -528,19 +528,9 @@ impl Graph {
     }
 
     /// How the task is recorded: item directory, step id, index.
-    pub fn key(&self, task: usize) -> (String, String, u32) {
+    pub fn key(&self, task: usize) -> TaskKey {
         let (item, step, idx) = self.key_ref(task);
-        (item.into_owned(), step.to_owned(), idx)
-    }
-
-    /// The task's name, `item/step[idx]`.
-    pub fn task_key(&self, task: usize) -> TaskKey {
-        let (item, step, idx) = self.key(task);
-        TaskKey {
-            item,
-            step,
-            index: idx,
-        }
+        TaskKey::new(item, step, idx)
     }
 
     /// [`Graph::key`] with the step's id borrowed from the graph.
@@ -631,6 +621,11 @@ impl KeyIndex<'_> {
     /// The item of this id, when the graph has it.
     pub fn instance(&self, item: &str) -> Option<Instance> {
         self.item(item).map(Instance::Item)
+    }
+
+    /// The task named `key`, when the graph has it.
+    pub fn of(&self, key: &TaskKey) -> Option<usize> {
+        self.get(&key.item, &key.step, key.index)
     }
 
     pub fn get(&self, item: &str, step: &str, idx: u32) -> Option<usize> {
@@ -738,9 +733,9 @@ steps:
     #[test]
     fn tasks_are_numbered_in_key_order_and_found_by_key() {
         let g = graph(CHAIN);
-        let keys: Vec<(String, String, u32)> = (0..g.len()).map(|t| g.key(t)).collect();
+        let keys: Vec<TaskKey> = (0..g.len()).map(|t| g.key(t)).collect();
         let mut sorted = keys.clone();
-        sorted.sort_by_key(|(item, _, _)| item != layout::BATCH);
+        sorted.sort_by_key(|k| k.item != layout::BATCH);
         assert_eq!(keys, sorted, "the batch first, then items in order");
         let index = g.index();
         for t in 0..g.len() {

@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use crate::store::lock::{self, Probe};
-use crate::store::{RunRow, RunStatus, Store, StoreError};
+use crate::store::{Run, RunStatus, Store, StoreError};
 
 /// The process of a run recorded as `running`.
 #[derive(Clone, Debug, Serialize)]
@@ -49,7 +49,7 @@ impl Process {
 /// `run` as it stands now. A run recorded as `running` whose process no longer holds the run
 /// lock is returned as `interrupted`, with a [`Process`] saying it is gone; a live one stays
 /// `running`, with its process. Other runs are returned as recorded, without a process.
-pub async fn observe(store: &Store, run: RunRow) -> Result<(RunRow, Option<Process>), StoreError> {
+pub async fn observe(store: &Store, run: Run) -> Result<(Run, Option<Process>), StoreError> {
     if run.status != RunStatus::Running {
         return Ok((run, None));
     }
@@ -64,7 +64,7 @@ pub async fn observe(store: &Store, run: RunRow) -> Result<(RunRow, Option<Proce
     // Held by this run, or by a process that has not written its name yet: going. Held by
     // another run of the pipeline, or free: this run's process is gone.
     if let Some(holder) = held
-        && holder.as_ref().is_none_or(|h| h.run_id == run.id)
+        && holder.as_ref().is_none_or(|h| run.id == *h.run_id)
     {
         let process = Process {
             alive: true,
@@ -75,7 +75,7 @@ pub async fn observe(store: &Store, run: RunRow) -> Result<(RunRow, Option<Proce
         return Ok((run, Some(process)));
     }
     // The run may have recorded its end (and let go of the lock) since it was read.
-    let Some(mut now) = store.run(&run.id).await? else {
+    let Some(mut now) = store.runs().get(&run.id).await? else {
         return Ok((run, None));
     };
     if now.status != RunStatus::Running {

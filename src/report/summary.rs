@@ -4,16 +4,19 @@
 use serde::Serialize;
 
 use crate::error::Error;
+use crate::plan::document::PlanFigures;
 use crate::report::live::Process;
-use crate::store::{AmbiguousAttempt, RunRow, StepCounts, Store, TaskStatus, Totals};
-use crate::task_key::TaskKey;
+use crate::run_id::RunId;
+use crate::store::{
+    AmbiguousAttempt, RecordedPlan, Run, RunStatus, StepCounts, Store, TaskStatus, Totals,
+};
 
 /// How a run stands: its tasks, credits, balance and failures.
 #[derive(Serialize)]
 pub struct Summary {
-    pub run_id: String,
+    pub run_id: RunId,
     pub pipeline: String,
-    pub status: &'static str,
+    pub status: RunStatus,
     pub output_dir: String,
     pub manifest: String,
     #[serde(flatten)]
@@ -50,16 +53,17 @@ pub struct Status {
 }
 
 /// The summary of run `run_id`, which must be in `store`.
-pub async fn summary_of(store: &Store, run_id: &str) -> Result<Summary, Error> {
+pub async fn summary_of(store: &Store, run_id: &RunId) -> Result<Summary, Error> {
     let run = run_row(store, run_id).await?;
-    let steps = store.step_counts(run_id).await?;
-    let extras = unrecorded(&run.plan_json, |step| recorded_in(&steps, step));
+    let steps = store.runs().step_counts(run_id).await?;
+    let extras = unrecorded(&run.plan, |step| recorded_in(&steps, step));
     summary_from(store, run, &extras).await
 }
 
-async fn run_row(store: &Store, run_id: &str) -> Result<RunRow, Error> {
+async fn run_row(store: &Store, run_id: &RunId) -> Result<Run, Error> {
     store
-        .run(run_id)
+        .runs()
+        .get(run_id)
         .await?
         .ok_or_else(|| Error::usage(format!("no run {run_id}"), None))
 }
@@ -71,29 +75,31 @@ fn recorded_in(steps: &[StepCounts], step: &str) -> u64 {
 /// The summary of `run`, given the tasks it has not recorded yet.
 async fn summary_from(
     store: &Store,
-    run: RunRow,
+    run: Run,
     unrecorded: &[StepCounts],
 ) -> Result<Summary, Error> {
-    let run_id = run.id.as_str();
-    let mut totals = store.totals(run_id).await?;
+    let run_id = &run.id;
+    let mut totals = store.runs().totals(run_id).await?;
     for step in unrecorded {
         totals.tasks += step.tasks;
         totals.pending += step.pending;
         totals.planned_credits += step.planned_credits;
     }
     let mut failures: Vec<Failure> = store
-        .tasks_where(run_id, Some(TaskStatus::Failed))
+        .tasks()
+        .with_status(run_id, Some(TaskStatus::Failed))
         .await?
         .into_iter()
         .map(|t| Failure {
-            task: TaskKey::new(t.item, t.step, t.idx).to_string(),
+            task: t.key.to_string(),
             reason: t.error.unwrap_or_default(),
         })
         .collect();
     store
-        .each_output(run_id, true, |o| {
+        .outputs()
+        .each(run_id, true, |o| {
             failures.push(Failure {
-                task: format!("{} download", TaskKey::new(o.item, o.step, o.idx + o.k)),
+                task: format!("{} download", o.key()),
                 reason: o.download_error.unwrap_or_default(),
             });
             Ok(())
@@ -103,7 +109,7 @@ async fn summary_from(
     Ok(Summary {
         run_id: run.id.clone(),
         pipeline: run.pipeline_name,
-        status: run.status.as_str(),
+        status: run.status,
         manifest: dir.manifest().to_string(),
         output_dir: dir.root().to_string(),
         totals,
@@ -118,11 +124,11 @@ async fn summary_from(
 
 /// The status of `run`, as read from `store` (its status may be corrected first by
 /// [`crate::report::live::observe`]).
-pub async fn status_of(store: &Store, run: RunRow) -> Result<Status, Error> {
+pub async fn status_of(store: &Store, run: Run) -> Result<Status, Error> {
     let run_id = run.id.clone();
-    let run_id = run_id.as_str();
-    let mut steps = store.step_counts(run_id).await?;
-    let extras = unrecorded(&run.plan_json, |step| recorded_in(&steps, step));
+    let run_id = &run_id;
+    let mut steps = store.runs().step_counts(run_id).await?;
+    let extras = unrecorded(&run.plan, |step| recorded_in(&steps, step));
     let summary = summary_from(store, run, &extras).await?;
     for extra in extras {
         match steps.iter_mut().find(|s| s.step == extra.step) {
@@ -137,32 +143,25 @@ pub async fn status_of(store: &Store, run: RunRow) -> Result<Status, Error> {
     Ok(Status {
         summary,
         steps,
-        ambiguous: store.ambiguous_attempts(run_id).await?,
-        superseded_files: store.superseded_count(run_id).await?,
+        ambiguous: store.runs().ambiguous_attempts(run_id).await?,
+        superseded_files: store.runs().superseded_count(run_id).await?,
     })
 }
 
 /// The tasks the run has not recorded yet, per step: a run records an item's tasks only as
 /// it comes near the item, so those of items it has not reached are counted from its plan.
 /// They are all pending. `recorded(step)`: the step's tasks the run has recorded.
-pub(crate) fn unrecorded(plan_json: &str, recorded: impl Fn(&str) -> u64) -> Vec<StepCounts> {
-    let plan = serde_json::from_str::<serde_json::Value>(plan_json).unwrap_or_default();
-    let Some(steps) = plan.pointer("/costs/steps").and_then(|s| s.as_array()) else {
+pub(crate) fn unrecorded(plan: &RecordedPlan, recorded: impl Fn(&str) -> u64) -> Vec<StepCounts> {
+    let Some(plan) = plan.read::<PlanFigures>() else {
         return Vec::new();
     };
-    steps
+    plan.steps()
         .iter()
         .filter_map(|s| {
-            let step = s.get("step")?.as_str()?;
-            let planned = s.get("tasks")?.as_u64()?;
-            let have = recorded(step);
-            let missing = planned.checked_sub(have).filter(|m| *m > 0)?;
-            let price = s
-                .get("credits_per_task")
-                .and_then(|c| c.as_u64())
-                .unwrap_or(0);
+            let missing = s.tasks.checked_sub(recorded(&s.step)).filter(|m| *m > 0)?;
+            let price = s.credits_per_task.unwrap_or(0);
             Some(StepCounts {
-                step: step.to_owned(),
+                step: s.step.clone(),
                 tasks: missing,
                 succeeded: 0,
                 failed: 0,

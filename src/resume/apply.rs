@@ -21,10 +21,12 @@ use crate::api::Client;
 use crate::place::{Address, RunDir, copy_checked, file_sha256};
 use crate::plan::graph::Graph;
 use crate::plan::rows::RowIds;
+use crate::run_id::RunId;
 use crate::store::{
-    Changes, NewTask, OutputRow, PendingMove, Reusable, Reused, SetAside, Store, StoreError,
+    Changes, NewTask, PendingMove, RecordedOutput, Reusable, Reused, SetAside, Store, StoreError,
     TaskRef,
 };
+use crate::task_key::TaskKey;
 
 use super::{Reason, Refetch, Review, objects, records, recover::recover};
 
@@ -36,6 +38,9 @@ pub struct Tally {
     pub set_aside: usize,
 }
 
+/// Recorded tasks blocked below a failed one, and why.
+type Blocked = (Vec<i64>, String);
+
 /// Makes the record and the output directory agree with `review`: lost answers read back by
 /// job id, outputs of tasks to redo moved under [`crate::place::layout::SUPERSEDED`], changed
 /// tasks reset, reused results copied in. The kept outputs' files are checked beside the run,
@@ -43,14 +48,14 @@ pub struct Tally {
 pub async fn apply(
     store: &Store,
     client: &Client,
-    run_id: &str,
+    run_id: &RunId,
     run_dir: &RunDir,
     graph: &Graph,
     review: &Review,
     describe: impl Fn(usize) -> NewTask,
 ) -> Result<Tally, StoreError> {
     make_moves(store, store.revisions().pending_moves(run_id).await?).await?;
-    store.settle_orphaned_attempts(run_id).await?;
+    store.attempts().settle_orphaned(run_id).await?;
     // A continued run's rows are the review's; a new run recorded some since its review.
     let read;
     let rows = match &review.rows {
@@ -97,9 +102,6 @@ pub async fn apply(
     Ok(tally)
 }
 
-/// The recorded tasks below one left failed, blocked, and why.
-type Blocked = (Vec<i64>, String);
-
 /// What a review's application reads to make its [`Changes`]: each a short decision on the
 /// review and the run's rows.
 struct Applying<'a, D: Fn(usize) -> NewTask> {
@@ -145,7 +147,7 @@ impl<D: Fn(usize) -> NewTask> Applying<'_, D> {
     }
 
     /// The leaving tasks' outputs, set aside under `_superseded/`.
-    fn set_aside(&self, outputs: &[OutputRow], run_dir: &RunDir) -> Vec<SetAside> {
+    fn set_aside(&self, outputs: &[RecordedOutput], run_dir: &RunDir) -> Vec<SetAside> {
         let rerolled: HashSet<i64> = self
             .review
             .redo
@@ -153,7 +155,7 @@ impl<D: Fn(usize) -> NewTask> Applying<'_, D> {
             .filter(|r| r.reason == Reason::Rerolled)
             .filter_map(|r| self.rows.get(r.task))
             .collect();
-        let aside = |o: &OutputRow| SetAside {
+        let aside = |o: &RecordedOutput| SetAside {
             output_id: o.id,
             to: aside_path(run_dir, o, None),
             reason: if rerolled.contains(&o.task_id) {
@@ -161,7 +163,7 @@ impl<D: Fn(usize) -> NewTask> Applying<'_, D> {
             } else {
                 "the task runs again"
             },
-            from: o.path.clone(),
+            from: o.path.as_ref().map(ToString::to_string),
             sha256: None,
             refetch: false,
         };
@@ -196,7 +198,7 @@ impl<D: Fn(usize) -> NewTask> Applying<'_, D> {
             failed.extend(self.rows.get(f.task).map(|id| (id, why)));
             let below = self.graph.descendants(f.task).into_iter();
             let below: Vec<i64> = below.filter_map(|t| self.rows.get(t)).collect();
-            let (item, step, _) = self.graph.key(f.task);
+            let TaskKey { item, step, .. } = self.graph.key(f.task);
             blocked.push((below, format!("its input {item}/{step} failed")));
         }
         (failed, blocked)
@@ -209,8 +211,8 @@ impl<D: Fn(usize) -> NewTask> Applying<'_, D> {
             let task = match self.rows.get(*t) {
                 Some(id) => TaskRef::Row(id),
                 None => {
-                    let (item, step, idx) = graph.key(*t);
-                    TaskRef::New(item, step, idx)
+                    let TaskKey { item, step, index } = graph.key(*t);
+                    TaskRef::New(item, step, index)
                 }
             };
             Reused {
@@ -228,7 +230,7 @@ impl<D: Fn(usize) -> NewTask> Applying<'_, D> {
 /// record in one transaction that journals the moves of the modified files, then the moves.
 pub(super) async fn refetch(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     run_dir: &RunDir,
     refetch: &[Refetch],
 ) -> Result<(), StoreError> {
@@ -237,12 +239,20 @@ pub(super) async fn refetch(
         if modified {
             tracing::warn!(
                 "{} was modified since it was downloaded; moved aside and fetched again",
-                r.output.path.as_deref().unwrap_or("?")
+                r.output
+                    .path
+                    .as_ref()
+                    .map_or_else(|| "?".to_owned(), ToString::to_string)
             );
         }
         SetAside {
             output_id: r.output.id,
-            from: r.output.path.clone().filter(|_| modified),
+            from: r
+                .output
+                .path
+                .as_ref()
+                .map(ToString::to_string)
+                .filter(|_| modified),
             to: aside_path(run_dir, &r.output, Some("modified")).filter(|_| modified),
             sha256: r.modified.clone(),
             reason: if modified {
@@ -321,8 +331,8 @@ fn move_file(from: &Path, to: &Path) -> Option<u64> {
 
 /// Where an output's file (or object) goes when set aside:
 /// `<run>/_superseded/<item>/<name>.o<output id>[.<tag>].<ext>`; `None` when it has none.
-fn aside_path(run_dir: &RunDir, o: &OutputRow, tag: Option<&str>) -> Option<String> {
-    let name = o.address()?.file_name()?;
+fn aside_path(run_dir: &RunDir, o: &RecordedOutput, tag: Option<&str>) -> Option<String> {
+    let name = o.path.as_ref()?.file_name()?;
     let name = Path::new(&name);
     let stem = name.file_stem()?.to_string_lossy().into_owned();
     let ext = name
@@ -331,7 +341,7 @@ fn aside_path(run_dir: &RunDir, o: &OutputRow, tag: Option<&str>) -> Option<Stri
         .unwrap_or_default();
     let tag = tag.map(|t| format!(".{t}")).unwrap_or_default();
     let to = run_dir
-        .superseded(&o.item)
+        .superseded(&o.task.item)
         .join(&format!("{stem}.o{}{tag}{ext}", o.id));
     Some(to.to_string())
 }

@@ -17,6 +17,7 @@ use futures::stream::{Stream, TryStreamExt};
 use tokio::sync::Semaphore;
 
 use crate::place::{Address, file_sha256, stamp};
+use crate::run_id::RunId;
 use crate::store::{Store, StoreError, StoredOutput};
 
 use super::Refetch;
@@ -67,7 +68,7 @@ pub(super) fn differs(id: i64, sha256: &str, found: Found) -> Option<Differs> {
 /// differs from the record.
 pub(super) async fn outputs(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     kept: &[i64],
 ) -> Result<Vec<Refetch>, StoreError> {
     let (hashing, objects) = (&Semaphore::new(HASHING_AT_ONCE), &Checker::new());

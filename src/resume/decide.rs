@@ -14,7 +14,7 @@ use crate::exec::OnAmbiguous;
 use crate::exec::identity::identity;
 use crate::plan::graph::{Graph, Instance};
 use crate::plan::rows::RowIds;
-use crate::store::{Reusable, TaskRow, TaskStatus};
+use crate::store::{RecordedTask, Reusable, TaskStatus};
 
 use super::{Reason, Recover, Redo, Review};
 
@@ -24,9 +24,9 @@ pub struct Records {
     pub ids: RowIds,
     /// The whole row of each recorded task that did not succeed (few: what failed, and what
     /// was under way), by task.
-    pub open: HashMap<usize, TaskRow>,
+    pub open: HashMap<usize, RecordedTask>,
     /// Recorded tasks the pipeline no longer has.
-    pub removed: Vec<TaskRow>,
+    pub removed: Vec<RecordedTask>,
     /// Whether each instance (items, then the batch) has a recorded task.
     pub has_rows: Vec<bool>,
     /// The sha256 of each downloaded output, by row id and output index; read only when
@@ -202,7 +202,7 @@ impl Pass<'_> {
     }
 
     /// A task paid for (again), or left failed per `--on-ambiguous fail`.
-    fn pay(&mut self, graph: &Graph, t: usize, open: Option<&TaskRow>) {
+    fn pay(&mut self, graph: &Graph, t: usize, open: Option<&RecordedTask>) {
         let redo = Redo {
             task: t,
             reason: reason(self.rec, t, &mut self.review.recover),

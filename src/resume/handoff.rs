@@ -11,7 +11,8 @@ use crate::place::RunDir;
 use crate::plan::document::PlanDocument;
 use crate::plan::graph::Graph;
 use crate::plan::scope::Scope;
-use crate::store::{Store, StoreError};
+use crate::run_id::RunId;
+use crate::store::{RecordedPlan, Run, Store, StoreError};
 
 use super::prepare::{Prepared, Rewrite, recorded_plan, rewrite};
 use super::{Beside, Review};
@@ -33,7 +34,7 @@ pub struct Applied {
 pub struct After {
     /// The kept outputs' check: stopped when this is dropped, as the run ends.
     _checking: Beside,
-    run_id: String,
+    run_id: RunId,
     reroll: Option<String>,
 }
 
@@ -69,19 +70,17 @@ impl Prepared {
             tally.recovered,
             tally.reused,
         );
-        let (refetch, checking) = check_beside(store, &row.id, run_dir, &mut review);
+        let (refetch, checking) = check_beside(store, &row, run_dir, &mut review);
         let before = recorded_plan(&row).and_then(|d| d.scope);
         match rewrite(changed, before.as_ref(), doc.scope.as_ref()) {
             Rewrite::Nothing => {}
             Rewrite::Plan => {
-                let plan_json = serde_json::to_string(&doc).unwrap_or_default();
                 store
-                    .set_run_plan(&row.id, &plan_json, doc.costs.known_credits)
+                    .runs()
+                    .set_plan(&row.id, &RecordedPlan::of(&doc)?, doc.costs.known_credits)
                     .await?;
             }
-            Rewrite::Source => {
-                adopt_source(store, &row.id, &row.pipeline_text, &pipeline, &doc).await?
-            }
+            Rewrite::Source => adopt_source(store, &row, &pipeline, &doc).await?,
         }
         Ok(Applied {
             pipeline,
@@ -113,31 +112,31 @@ impl After {
 /// kept tasks.
 fn check_beside(
     store: &Store,
-    run_id: &str,
+    row: &Run,
     run_dir: RunDir,
     review: &mut Review,
 ) -> (crate::exec::Refetch, Beside) {
     let kept = std::mem::take(&mut review.kept);
-    super::beside(store.clone(), run_id.to_owned(), run_dir, kept)
+    super::beside(store.clone(), row.id.clone(), run_dir, kept)
 }
 
 /// Records the changed pipeline as the run's own (`--allow-changes`): its text (the run's
-/// earlier copy, `recorded`, when the file cannot be read), hashes and plan.
+/// earlier copy when the file cannot be read), hashes and plan.
 async fn adopt_source(
     store: &Store,
-    run_id: &str,
-    recorded: &str,
+    row: &Run,
     pipeline: &Pipeline,
     doc: &PlanDocument,
 ) -> Result<(), StoreError> {
-    let text = std::fs::read_to_string(&pipeline.file).unwrap_or_else(|_| recorded.to_owned());
+    let text = std::fs::read_to_string(&pipeline.file).unwrap_or(row.pipeline_text.clone());
     store
-        .update_run_source(
-            run_id,
+        .runs()
+        .adopt_source(
+            &row.id,
             &text,
             &pipeline.text_sha256,
             &doc.items.sha256,
-            &serde_json::to_string(doc).unwrap_or_default(),
+            &RecordedPlan::of(doc)?,
             doc.costs.known_credits,
         )
         .await

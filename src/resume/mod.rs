@@ -48,7 +48,8 @@ use crate::place::RunDir;
 use crate::plan::graph::{Graph, Instance};
 use crate::plan::rows::RowIds;
 use crate::plan::scope::Scope;
-use crate::store::{OutputRow, Reusable, Store, StoreError, TaskRow};
+use crate::run_id::RunId;
+use crate::store::{RecordedOutput, RecordedTask, Reusable, Store, StoreError};
 
 pub use apply::{Tally, apply};
 use decide::{Decision, Lookups, Options};
@@ -118,7 +119,7 @@ pub struct Redo {
 /// An output of a kept task whose file is to be fetched again from its job.
 #[derive(Clone, Debug)]
 pub struct Refetch {
-    pub output: OutputRow,
+    pub output: RecordedOutput,
     /// The file's actual sha256 when it is there but differs from the record.
     pub modified: Option<String>,
 }
@@ -146,7 +147,7 @@ pub struct Review {
     /// Tasks taken from an earlier run's succeeded task of the same identity (`--reuse`).
     pub reuse: Vec<(usize, String, Reusable)>,
     /// Recorded tasks the (changed) pipeline no longer has.
-    pub removed: Vec<TaskRow>,
+    pub removed: Vec<RecordedTask>,
     /// Whether the pipeline changed since the tasks were recorded (`--allow-changes`).
     pub changes: bool,
     /// Tasks kept as they are (succeeded), by row id, sorted.
@@ -241,7 +242,7 @@ impl Review {
 /// results per level of the chain, whatever the number of items.
 pub async fn review(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     graph: &Graph,
     previous: Option<&Graph>,
     on_ambiguous: OnAmbiguous,
@@ -272,7 +273,7 @@ pub async fn review(
 /// to show: [`Review::refetch`].
 pub async fn check(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     review: &Review,
 ) -> Result<Vec<Refetch>, StoreError> {
     check::outputs(store, run_id, &review.kept).await
@@ -295,7 +296,7 @@ impl Drop for Beside {
 /// the temporary files a killed process left are removed (not the executor's own).
 pub fn beside(
     store: Store,
-    run_id: String,
+    run_id: RunId,
     run_dir: RunDir,
     kept: Vec<i64>,
 ) -> (crate::exec::Refetch, Beside) {
@@ -320,7 +321,7 @@ pub fn beside(
                     refetch.len()
                 );
                 // Set aside: no file or object is recorded for them any more.
-                let outputs = refetch.into_iter().map(|r| OutputRow {
+                let outputs = refetch.into_iter().map(|r| RecordedOutput {
                     path: None,
                     ..r.output
                 });

@@ -10,7 +10,8 @@ use crate::plan::document::{PlanDocument, ScopePlan};
 use crate::plan::graph::Graph;
 use crate::plan::scope::Scope;
 use crate::plan::{Costs, GenerationPrice};
-use crate::store::{RunRow, RunStatus, Store};
+use crate::run_id::RunId;
+use crate::store::{Run, RunStatus, Store};
 
 use super::refusal::{self, Cap, Refusal};
 use super::{ResumeError, Review, Target, changes, reroll};
@@ -18,7 +19,7 @@ use super::{ResumeError, Review, Target, changes, reroll};
 /// What the runner gives a continuation once it holds the run's lock: the run as recorded
 /// (read again under the lock), the pipeline file as it is now and the plan made from it.
 pub struct Given {
-    pub row: RunRow,
+    pub row: Run,
     pub pipeline: Pipeline,
     /// The pipeline as the run recorded it, when it changed since ([`changed`]).
     pub recorded: Option<Pipeline>,
@@ -38,7 +39,7 @@ pub struct Choices {
 
 /// A run reviewed for continuing: what it keeps, reads back and pays for, admitted or not yet.
 pub struct Prepared {
-    pub row: RunRow,
+    pub row: Run,
     pub pipeline: Pipeline,
     pub doc: PlanDocument,
     pub graph: Arc<Graph>,
@@ -57,7 +58,7 @@ pub fn finished(status: RunStatus, rerolling: bool) -> bool {
 }
 
 /// Whether the pipeline file or its items changed since the run recorded them.
-pub fn changed(pipeline: &Pipeline, doc: &PlanDocument, row: &RunRow) -> bool {
+pub fn changed(pipeline: &Pipeline, doc: &PlanDocument, row: &Run) -> bool {
     pipeline.text_sha256 != row.pipeline_sha256 || doc.items.sha256 != row.items_sha256
 }
 
@@ -141,13 +142,13 @@ impl Prepared {
 /// same targets; gives the scope to run and what the reroll names.
 async fn rerolled(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     graph: &Graph,
     review: &mut Review,
     targets: &[Target],
 ) -> Result<(Scope, String), ResumeError> {
     let chosen = reroll::resolve(graph, targets).map_err(|message| Refusal::Targets {
-        run_id: run_id.to_owned(),
+        run_id: run_id.to_string(),
         message,
     })?;
     let said = reroll::said(targets);
@@ -165,8 +166,8 @@ async fn rerolled(
 }
 
 /// The plan the run recorded, when it still reads.
-pub(super) fn recorded_plan(row: &RunRow) -> Option<PlanDocument> {
-    serde_json::from_str::<PlanDocument>(&row.plan_json).ok()
+pub(super) fn recorded_plan(row: &Run) -> Option<PlanDocument> {
+    row.plan.read::<PlanDocument>()
 }
 
 /// The generation price now, else the one the run was planned (or discovered) with.

@@ -7,7 +7,8 @@ use crate::exec::identity::from_record;
 use crate::exec::read_rows;
 use crate::plan::graph::{Graph, Instance};
 use crate::plan::rows::RowIds;
-use crate::store::{Store, StoreError, TaskRow, TaskStatus};
+use crate::run_id::RunId;
+use crate::store::{RecordedTask, Store, StoreError, TaskStatus};
 
 use super::decide::Records;
 
@@ -18,20 +19,21 @@ use super::decide::Records;
 /// few bytes per task.
 pub(super) async fn load(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     graph: &Graph,
     previous: Option<&Graph>,
     identities: bool,
 ) -> Result<Records, StoreError> {
     let mut r = Records::empty(graph);
     // Under a changed pipeline the previous identities need every row, kept whole.
-    let mut all: Vec<TaskRow> = Vec::new();
+    let mut all: Vec<RecordedTask> = Vec::new();
     if previous.is_some() {
         let index = graph.index();
         store
-            .each_task(run_id, None, |row| {
+            .tasks()
+            .each(run_id, None, |row| {
                 all.push(row.clone());
-                let Some(t) = index.get(&row.item, &row.step, row.idx) else {
+                let Some(t) = index.of(&row.key) else {
                     r.removed.push(row);
                     return;
                 };
@@ -50,7 +52,7 @@ pub(super) async fn load(
             }
         })
         .await?;
-        removed.sort_unstable_by_key(|row: &TaskRow| row.id);
+        removed.sort_unstable_by_key(|row: &RecordedTask| row.id);
         (r.removed, r.open) = (removed, open);
     }
     let batch = graph.instances();
@@ -70,14 +72,15 @@ pub(super) async fn load(
 /// The database id of each task of `graph` that is recorded, read row by row.
 pub(super) async fn row_ids(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     graph: &Graph,
 ) -> Result<RowIds, StoreError> {
     let index = graph.index();
     let mut ids = RowIds::new(graph);
     store
-        .each_task(run_id, None, |r| {
-            if let Some(t) = index.get(&r.item, &r.step, r.idx) {
+        .tasks()
+        .each(run_id, None, |r| {
+            if let Some(t) = index.of(&r.key) {
                 ids.set(t, r.id);
             }
         })
@@ -89,15 +92,15 @@ pub(super) async fn row_ids(
 /// tasks were made from) and the bytes of their inputs.
 fn identities_of(
     graph: &Graph,
-    rows: &[TaskRow],
+    rows: &[RecordedTask],
     hashes: &HashMap<(i64, u32), String>,
 ) -> HashMap<i64, Option<String>> {
     let by_key: HashMap<(&str, &str, u32), usize> = rows
         .iter()
         .enumerate()
-        .map(|(i, r)| ((r.item.as_str(), r.step.as_str(), r.idx), i))
+        .map(|(i, r)| ((r.key.item.as_str(), r.key.step.as_str(), r.key.index), i))
         .collect();
-    let row_of: Vec<Option<&TaskRow>> = (0..graph.len())
+    let row_of: Vec<Option<&RecordedTask>> = (0..graph.len())
         .map(|t| {
             let (item, step, idx) = graph.key_ref(t);
             by_key.get(&(item.as_ref(), step, idx)).map(|&i| &rows[i])

@@ -7,6 +7,7 @@ use crate::api::types::STATUS_SUCCEEDED;
 use crate::api::{ApiError, Client, JobRecord, RetryPolicy};
 use crate::plan::graph::{Graph, Source};
 use crate::plan::rows::RowIds;
+use crate::run_id::RunId;
 use crate::store::{AttemptOutcome, Settled, Store, StoreError};
 
 use super::Recover;
@@ -25,7 +26,7 @@ async fn read_back(client: &Client, job_id: &str) -> Result<JobRecord, ApiError>
 pub(super) async fn recover(
     store: &Store,
     client: &Client,
-    run_id: &str,
+    run_id: &RunId,
     graph: &Graph,
     r: &Recover,
     rows: &RowIds,
@@ -62,7 +63,8 @@ pub(super) async fn recover(
         None => None,
     };
     store
-        .finish_attempt(
+        .attempts()
+        .finish(
             run_id,
             task_id,
             r.attempt_id,

@@ -167,7 +167,7 @@ impl Review {
                         if named.contains(&t) {
                             return Err(format!(
                                 "{} never ran: there is nothing to reroll",
-                                graph.task_key(t)
+                                graph.key(t)
                             ));
                         }
                         continue;

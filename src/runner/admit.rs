@@ -8,6 +8,7 @@ use crate::plan::document::{FORMAT, KIND, PlanDocument, ReuseEstimate};
 use crate::plan::graph::Graph;
 use crate::plan::{self, Balance};
 use crate::resume::Review;
+use crate::run_id::RunId;
 use crate::store::Store;
 
 /// A saved plan (`imgpipe plan --save`), refused unless it is one this imgpipe reads.
@@ -150,7 +151,7 @@ pub fn cap_of(doc: &PlanDocument, billed: u64) -> Option<u64> {
 
 /// What the run was billed, plus what its unanswered calls may have cost: a budget is never
 /// paid twice for them.
-pub async fn spent(store: &Store, run_id: &str) -> Result<u64, Error> {
-    let totals = store.totals(run_id).await?;
+pub async fn spent(store: &Store, run_id: &RunId) -> Result<u64, Error> {
+    let totals = store.runs().totals(run_id).await?;
     Ok(totals.billed_credits + totals.possibly_billed_credits)
 }

@@ -11,6 +11,7 @@ use crate::exec::{self, Observer};
 use crate::plan::graph::{Graph, Work};
 use crate::plan::scope::Scope;
 use crate::plan::{Balance, GenerationPrice, PriceSource};
+use crate::run_id::RunId;
 use crate::runner::Connection;
 use crate::store::{Store, TaskStatus};
 
@@ -106,15 +107,16 @@ fn alone(config: &exec::Config, t: usize, balance: &Balance) -> exec::Config {
 /// succeeded tasks without holding the rest.
 async fn billed(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     graph: &Graph,
     t: usize,
 ) -> Result<Option<(u64, Option<String>)>, Error> {
     let (item, step, idx) = graph.key_ref(t);
     let mut found = None;
     store
-        .each_task(run_id, Some(TaskStatus::Succeeded), |r| {
-            if r.item == item && r.step == step && r.idx == idx {
+        .tasks()
+        .each(run_id, Some(TaskStatus::Succeeded), |r| {
+            if r.key.item == item && r.key.step == step && r.key.index == idx {
                 found = Some((r.credits_billed, r.job_id));
             }
         })

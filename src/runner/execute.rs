@@ -12,6 +12,7 @@ use crate::plan::PriceSource;
 use crate::plan::document::PlanDocument;
 use crate::plan::graph::Graph;
 use crate::plan::scope::Scope;
+use crate::run_id::RunId;
 use crate::runner::conclude::{self, Exit};
 use crate::runner::record::{self, OpenRun};
 use crate::runner::{Connection, DEFAULT_CONCURRENCY, Runner, admit, discover};
@@ -148,7 +149,7 @@ impl Runner<'_> {
         }
         let progress = self.view.progress(
             &steps_of(&doc),
-            &store.step_counts(&run.id).await?,
+            &store.runs().step_counts(&run.id).await?,
             doc.costs.total_credits.unwrap_or(doc.costs.known_credits),
         );
         tracing::info!(
@@ -199,7 +200,8 @@ impl Runner<'_> {
             self.view.plan(&doc)?;
             let why = Some("the discovered price does not fit");
             store
-                .set_run_status(&run_id, RunStatus::Stopped, why, None)
+                .runs()
+                .set_status(&run_id, RunStatus::Stopped, why, None)
                 .await?;
             // A plan that does not fit is always refused.
             admit::refusal(&doc)?;
@@ -281,7 +283,7 @@ impl Runner<'_> {
     pub(super) async fn finished(
         &self,
         store: &Store,
-        run_id: &str,
+        run_id: &RunId,
         dry_run: bool,
     ) -> Result<(), Error> {
         if dry_run {
@@ -311,13 +313,14 @@ impl Runner<'_> {
             tracing::error!("{e}");
         }
         let balance_after = conn.balance_now().await.or(outcome.last_balance);
-        let totals = store.totals(&run.id).await?;
+        let totals = store.runs().totals(&run.id).await?;
         let verdict = conclude::verdict(conclude::Ended::of(&outcome, &totals));
         let part_done = verdict.exit == Exit::PartDone;
         let asked = part_done.then(|| conclude::done_as_asked(&scope.said, outcome.held));
         let stop_reason = outcome.stop.as_ref().map(Stop::describe).or(asked);
         store
-            .set_run_status(
+            .runs()
+            .set_status(
                 &run.id,
                 verdict.status,
                 stop_reason.as_deref(),
@@ -356,7 +359,7 @@ fn steps_of(doc: &PlanDocument) -> Vec<(String, u64)> {
 async fn leash(
     store: &Store,
     pipeline: &Pipeline,
-    run_id: &str,
+    run_id: &RunId,
 ) -> Result<Option<crate::caps::Leash>, Error> {
     let caps = crate::caps::recorded(store).await?;
     Ok(crate::caps::Leash::open(store, caps, &pipeline.name, run_id).await?)
@@ -373,7 +376,10 @@ async fn known_prices(store: &Store, doc: &PlanDocument) -> Result<Vec<bool>, Er
             (_, None) | (PriceSource::Unknown { .. }, _) => false,
             (PriceSource::Models { .. } | PriceSource::Discovered { .. }, _) => true,
             (PriceSource::Pipeline | PriceSource::Spec, Some(credits)) => {
-                store.billed_as_planned(&step.operation, credits).await?
+                store
+                    .runs()
+                    .billed_as_planned(&step.operation, credits)
+                    .await?
             }
         });
     }
@@ -383,8 +389,8 @@ async fn known_prices(store: &Store, doc: &PlanDocument) -> Result<Vec<bool>, Er
 /// Writes the report next to the manifest and gives where it is. The run's own exit code
 /// stands either way: a report that cannot be written is said on stderr, with the command
 /// that tries again.
-pub(super) async fn write_report(store: &Store, run_id: &str) -> Option<String> {
-    let written = match store.run(run_id).await {
+pub(super) async fn write_report(store: &Store, run_id: &RunId) -> Option<String> {
+    let written = match store.runs().get(run_id).await {
         Ok(Some(row)) => crate::report::write(store, row, None, Default::default()).await,
         Ok(None) => return None,
         Err(e) => Err(e.into()),

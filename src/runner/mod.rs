@@ -37,7 +37,8 @@ use crate::plan::graph::Graph;
 use crate::plan::scope::Scope;
 use crate::report::summary::Summary;
 use crate::resume::Review;
-use crate::store::{RunRow, StepCounts};
+use crate::run_id::RunId;
+use crate::store::{Run, StepCounts};
 
 pub use service::{AccountFields, Connection, ServiceSettings};
 pub use state::StateLocation;
@@ -90,7 +91,7 @@ pub struct RunRequest {
 
 /// A recorded run reviewed for resuming: what `resume --dry-run` shows.
 pub struct Reviewed<'a> {
-    pub row: &'a RunRow,
+    pub row: &'a Run,
     pub graph: &'a Graph,
     pub review: &'a Review,
     /// The most that may be spent now.
@@ -106,7 +107,7 @@ pub trait View: Send + Sync {
     /// What resuming a run would pay for (`--dry-run`).
     fn review(&self, reviewed: &Reviewed<'_>) -> Result<(), Error>;
     /// A dry run of a run that is finished: nothing to pay for.
-    fn finished(&self, run_id: &str) -> Result<(), Error>;
+    fn finished(&self, run_id: &RunId) -> Result<(), Error>;
     /// The run's summary when it ends, or when it was already finished.
     fn summary(&self, summary: &Summary) -> Result<(), Error>;
     /// Live progress of the execution: each step's name and task count, in pipeline order,
@@ -119,9 +120,9 @@ pub trait View: Send + Sync {
     ) -> Arc<dyn Observer>;
     /// The command that continues run `run_id`, as it can be pasted: the part it was asked
     /// for (`--items`, `--until`) when it was asked for one.
-    fn continue_command(&self, run_id: &str) -> String;
+    fn continue_command(&self, run_id: &RunId) -> String;
     /// The command that continues all of run `run_id`, beyond the part it was asked for.
-    fn continue_rest(&self, run_id: &str) -> String;
+    fn continue_rest(&self, run_id: &RunId) -> String;
 }
 
 /// One command's run of the lifecycle.
@@ -151,7 +152,7 @@ impl Runner<'_> {
         if let Some(id) = &request.run_id {
             record::check_run_id(id)?;
             let store = self.settings.state.open().await?;
-            if let Some(row) = store.run(id).await? {
+            if let Some(row) = store.runs().get(&RunId::from(id.as_str())).await? {
                 let result = self
                     .continued(&store, row, Some(pipeline), request.dry_run, None)
                     .await;
@@ -195,12 +196,12 @@ impl Runner<'_> {
     /// them paid for again, their earlier outputs set aside.
     pub async fn reroll(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         targets: &[crate::resume::Target],
         dry_run: bool,
     ) -> Result<(), Error> {
         let store = self.settings.state.open_existing().await?;
-        let result = match store.run(run_id).await {
+        let result = match store.runs().get(run_id).await {
             Err(e) => Err(e.into()),
             Ok(None) => Err(state::no_such_run(&store, run_id)),
             Ok(Some(row)) => {
@@ -212,9 +213,9 @@ impl Runner<'_> {
     }
 
     /// `imgpipe resume RUN_ID`.
-    pub async fn resume(&self, run_id: &str, dry_run: bool) -> Result<(), Error> {
+    pub async fn resume(&self, run_id: &RunId, dry_run: bool) -> Result<(), Error> {
         let store = self.settings.state.open_existing().await?;
-        let result = match store.run(run_id).await {
+        let result = match store.runs().get(run_id).await {
             Err(e) => Err(e.into()),
             Ok(None) => Err(state::no_such_run(&store, run_id)),
             Ok(Some(row)) => self.continued(&store, row, None, dry_run, None).await,
@@ -241,7 +242,15 @@ pub async fn reuse_estimate(
     let store = state.open().await?;
     let graph = Graph::build(pipeline, &doc.costs)?;
     // A run id no run has: every task looks new, and any earlier run may supply it.
-    let review = crate::resume::review(&store, "", &graph, None, OnAmbiguous::Retry, true).await;
+    let review = crate::resume::review(
+        &store,
+        &RunId::from(""),
+        &graph,
+        None,
+        OnAmbiguous::Retry,
+        true,
+    )
+    .await;
     let mut review = state::close(store, review.map_err(Error::from)).await?;
     review.narrow(&graph, scope);
     Ok(admit::estimate(doc, &review, &graph))
@@ -341,7 +350,7 @@ impl Runner<'_> {
     /// A new run: refused unless it fits (after what earlier runs' results save), then
     /// recorded and executed.
     async fn fresh(&self, f: Fresh<'_>, mut doc: PlanDocument) -> Result<(), Error> {
-        let run_id = f.request.run_id.clone().unwrap_or_else(record::new_run_id);
+        let run_id = RunId::from(f.request.run_id.clone().unwrap_or_else(record::new_run_id));
         record::check_run_id(&run_id)?;
         let graph = Arc::new(Graph::build(f.pipeline, &doc.costs)?);
         let on_ambiguous = self.settings.on_ambiguous;
@@ -365,7 +374,7 @@ impl Runner<'_> {
         let held = state::lock(f.store, &f.pipeline.name, &run_id, wait, &self.shutdown).await?;
         // Another process may have started this id while we waited for the lock: continue
         // it (which takes the lock again itself).
-        if let Some(row) = f.store.run(&run_id).await? {
+        if let Some(row) = f.store.runs().get(&run_id).await? {
             drop(held);
             return self
                 .continued(f.store, row, Some(f.pipeline.clone()), false, None)

@@ -11,11 +11,12 @@ use crate::place::{Address, ObjectError, Place, RunDir};
 use crate::plan::Balance;
 use crate::plan::document::PlanDocument;
 use crate::plan::graph::{Graph, Instance};
-use crate::store::{NewRun, NewTask, RunRow, RunStatus, Store};
+use crate::run_id::RunId;
+use crate::store::{NewRun, NewTask, RecordedPlan, Run, RunStatus, Store};
 
 /// The run to execute: newly recorded, or found to continue.
 pub struct OpenRun {
-    pub id: String,
+    pub id: RunId,
     pub dir: RunDir,
     /// `dir` opened: a local directory or a prefix in object storage.
     pub place: Place,
@@ -66,13 +67,14 @@ pub async fn create(
     let text = std::fs::read(&pipeline.file)
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_default();
-    let plan_json = serde_json::to_string(doc).unwrap_or_default();
+    let plan = RecordedPlan::of(doc)?;
     let balance_before = match &doc.balance {
         Balance::Known { credits, .. } => Some(*credits),
         _ => None,
     };
     store
-        .create_run(
+        .runs()
+        .create(
             &NewRun {
                 id,
                 pipeline_name: &pipeline.name,
@@ -80,7 +82,7 @@ pub async fn create(
                 pipeline_text: &text,
                 pipeline_sha256: &pipeline.text_sha256,
                 items_sha256: &doc.items.sha256,
-                plan_json: &plan_json,
+                plan: &plan,
                 output_dir: &out_dir.to_string(),
                 credits_planned: doc.costs.known_credits,
                 balance_before,
@@ -91,7 +93,7 @@ pub async fn create(
     Ok(OpenRun {
         dir,
         place,
-        id: id.to_owned(),
+        id: RunId::from(id),
         billed: 0,
     })
 }
@@ -131,11 +133,12 @@ fn unwritable(dir: &Address, e: &DownloadError) -> Error {
 }
 
 /// A recorded run, marked running again; `billed` is what it spent so far ([`crate::runner::admit::spent`]).
-pub async fn reopen(store: &Store, row: &RunRow, billed: u64) -> Result<OpenRun, Error> {
+pub async fn reopen(store: &Store, row: &Run, billed: u64) -> Result<OpenRun, Error> {
     let dir = row.dir();
     let place = open_place(dir.root()).await?;
     store
-        .set_run_status(&row.id, RunStatus::Running, None, None)
+        .runs()
+        .set_status(&row.id, RunStatus::Running, None, None)
         .await?;
     Ok(OpenRun {
         place,
@@ -150,24 +153,25 @@ pub async fn reopen(store: &Store, row: &RunRow, billed: u64) -> Result<OpenRun,
 /// from the plan, which is recorded anew.
 pub async fn reprice(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     graph: &Graph,
     doc: &PlanDocument,
 ) -> Result<(), Error> {
-    let plan_json = serde_json::to_string(doc).unwrap_or_default();
     store
-        .set_run_plan(run_id, &plan_json, doc.costs.known_credits)
+        .runs()
+        .set_plan(run_id, &RecordedPlan::of(doc)?, doc.costs.known_credits)
         .await?;
     let mut recorded = Vec::new();
     let index = graph.index();
     store
-        .each_task(run_id, None, |r| {
-            if let Some(t) = index.get(&r.item, &r.step, r.idx) {
+        .tasks()
+        .each(run_id, None, |r| {
+            if let Some(t) = index.of(&r.key) {
                 recorded.push((r.id, graph.task(t).planned));
             }
         })
         .await?;
-    Ok(store.set_planned(&recorded).await?)
+    Ok(store.tasks().set_planned(&recorded).await?)
 }
 
 fn batch_tasks(graph: &Graph) -> Vec<NewTask> {

@@ -10,7 +10,7 @@ use crate::pipeline::{self, Pipeline};
 use crate::plan::scope::Scope;
 use crate::resume;
 use crate::runner::{Connection, Reviewed, Runner, admit, checked, execute, record, state};
-use crate::store::{RunRow, Store};
+use crate::store::{Run, Store};
 
 impl Runner<'_> {
     /// Continues the recorded run `row`: `resume`, `reroll` (`reroll`: the run's chosen tasks
@@ -22,7 +22,7 @@ impl Runner<'_> {
     pub(super) async fn continued(
         &self,
         store: &Store,
-        row: RunRow,
+        row: Run,
         pipeline: Option<Pipeline>,
         dry_run: bool,
         reroll: Option<&[resume::Target]>,
@@ -37,7 +37,7 @@ impl Runner<'_> {
         };
         let scope = self.scope(&pipeline)?;
         let sandbox_with_finished =
-            self.service.sandbox && store.totals(&row.id).await?.succeeded > 0;
+            self.service.sandbox && store.runs().totals(&row.id).await?.succeeded > 0;
         resume::refusal::before_lock(resume::refusal::Asked {
             run_id: &row.id,
             rerolling,
@@ -51,7 +51,7 @@ impl Runner<'_> {
             Some(state::lock(store, name, &row.id, wait, &self.shutdown).await?)
         };
         // While this process waited for the lock, the holder may have finished the run.
-        let row = store.run(&row.id).await?.unwrap_or(row);
+        let row = store.runs().get(&row.id).await?.unwrap_or(row);
         if resume::finished(row.status, rerolling) {
             return self.finished(store, &row.id, dry_run).await;
         }
@@ -62,7 +62,7 @@ impl Runner<'_> {
     /// The plan made now of a run to continue, and the pipeline it recorded when that changed.
     async fn plan_again(
         &self,
-        row: RunRow,
+        row: Run,
         pipeline: Pipeline,
         scope: Scope,
     ) -> Result<(Connection, resume::Given), Error> {
@@ -72,7 +72,7 @@ impl Runner<'_> {
         let doc = crate::plan::narrow(doc, &pipeline, &scope);
         let recorded = if resume::changed(&pipeline, &doc, &row) {
             let unreadable = |_| resume::Refusal::CopyUnreadable {
-                run_id: row.id.clone(),
+                run_id: row.id.to_string(),
             };
             Some(self.recorded_pipeline(&row).map_err(unreadable)?)
         } else {
@@ -151,7 +151,7 @@ impl Runner<'_> {
     }
 
     /// The run's pipeline file as it is now; the run's own copy when the file is gone.
-    fn current_pipeline(&self, row: &RunRow) -> Result<Pipeline, Error> {
+    fn current_pipeline(&self, row: &Run) -> Result<Pipeline, Error> {
         let path = Path::new(&row.pipeline_file);
         if path.exists() {
             return checked(self.view, path, pipeline::load(path));
@@ -164,7 +164,7 @@ impl Runner<'_> {
     }
 
     /// The pipeline file as the run recorded it (when it started, or last adopted a change).
-    fn recorded_pipeline(&self, row: &RunRow) -> Result<Pipeline, Error> {
+    fn recorded_pipeline(&self, row: &Run) -> Result<Pipeline, Error> {
         let path = Path::new(&row.pipeline_file);
         let loaded = pipeline::load_str(
             &row.pipeline_file,

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
+use crate::run_id::RunId;
 use crate::store::{self, Location, Store, lock::RunLock};
 
 /// Said whenever a database or a run is not where the user looked.
@@ -76,7 +77,7 @@ pub async fn close<T>(store: Store, result: Result<T, Error>) -> Result<T, Error
     result
 }
 
-pub fn no_such_run(store: &Store, run_id: &str) -> Error {
+pub fn no_such_run(store: &Store, run_id: &RunId) -> Error {
     Error::usage(
         format!("there is no run {run_id:?} in {}", store.location()),
         Some(
@@ -90,7 +91,7 @@ pub fn no_such_run(store: &Store, run_id: &str) -> Error {
 pub async fn lock(
     store: &Store,
     pipeline: &str,
-    run_id: &str,
+    run_id: &RunId,
     wait: bool,
     shutdown: &CancellationToken,
 ) -> Result<RunLock, Error> {

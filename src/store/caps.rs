@@ -6,12 +6,13 @@
 
 use sqlx::Row;
 
+use crate::run_id::RunId;
 use crate::store::tasks::to_u64;
 use crate::store::{Store, StoreError, now_ms, rows};
 
 /// A spending cap as recorded.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CapRow {
+pub struct CapSetting {
     pub name: String,
     pub credits: u64,
     /// `day`, `week` or `month`.
@@ -36,15 +37,15 @@ pub struct CapWindow {
 #[derive(Clone, Copy, Debug)]
 pub struct Lessee<'a> {
     pub holder: &'a str,
-    pub run_id: &'a str,
+    pub run_id: &'a RunId,
 }
 
 fn i64_of(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-fn cap_row(r: &sqlx::any::AnyRow) -> Result<CapRow, StoreError> {
-    Ok(CapRow {
+fn cap_row(r: &sqlx::any::AnyRow) -> Result<CapSetting, StoreError> {
+    Ok(CapSetting {
         name: r.try_get("name")?,
         credits: to_u64(r.try_get("credits")?),
         per: r.try_get("per")?,
@@ -56,10 +57,16 @@ fn cap_row(r: &sqlx::any::AnyRow) -> Result<CapRow, StoreError> {
 
 type Tx<'c> = sqlx::Transaction<'c, sqlx::Any>;
 
-impl Store {
+/// The spending caps and the leases runs take against them.
+#[derive(Clone, Copy, Debug)]
+pub struct Caps<'a> {
+    pub(super) store: &'a Store,
+}
+
+impl Caps<'_> {
     /// Sets a cap, replacing one of the same name; returns whether one was replaced.
-    pub async fn set_cap(&self, cap: &CapRow) -> Result<bool, StoreError> {
-        let mut tx = self.pool().begin().await?;
+    pub async fn set(&self, cap: &CapSetting) -> Result<bool, StoreError> {
+        let mut tx = self.store.pool().begin().await?;
         let replaced = sqlx::query("DELETE FROM caps WHERE name = $1")
             .bind(&cap.name)
             .execute(&mut *tx)
@@ -83,9 +90,9 @@ impl Store {
     }
 
     /// Every cap, by name.
-    pub async fn caps(&self) -> Result<Vec<CapRow>, StoreError> {
+    pub async fn list(&self) -> Result<Vec<CapSetting>, StoreError> {
         sqlx::query("SELECT name, credits, per, pipeline, tz, created_at FROM caps ORDER BY name")
-            .fetch_all(self.pool())
+            .fetch_all(self.store.pool())
             .await?
             .iter()
             .map(cap_row)
@@ -93,17 +100,17 @@ impl Store {
     }
 
     /// Removes a cap (its windows' leases stay, as history); returns whether there was one.
-    pub async fn remove_cap(&self, name: &str) -> Result<bool, StoreError> {
+    pub async fn remove(&self, name: &str) -> Result<bool, StoreError> {
         let done = sqlx::query("DELETE FROM caps WHERE name = $1")
             .bind(name)
-            .execute(self.pool())
+            .execute(self.store.pool())
             .await?;
         Ok(done.rows_affected() > 0)
     }
 
     /// What a cap's window has spent: its open leases whole, and what its closed ones used.
-    pub async fn cap_spent(&self, cap: &str, window_start: i64) -> Result<u64, StoreError> {
-        let mut conn = self.pool().acquire().await?;
+    pub async fn spent(&self, cap: &str, window_start: i64) -> Result<u64, StoreError> {
+        let mut conn = self.store.pool().acquire().await?;
         spent_in(&mut conn, cap, window_start).await
     }
 
@@ -111,7 +118,7 @@ impl Store {
     /// and none unless at least `least` fits every one: returns what was leased, and what each
     /// window had spent before (in the order of `caps`). Leases whose
     /// holder has not beaten since `stale_before` are closed first (see
-    /// [`Store::close_leases_of`]).
+    /// [`Caps::close_of`]).
     pub async fn lease(
         &self,
         caps: &[CapWindow],
@@ -120,9 +127,9 @@ impl Store {
         least: u64,
         stale_before: i64,
     ) -> Result<(u64, Vec<u64>), StoreError> {
-        let mut tx = self.pool().begin().await?;
-        hold_caps(&mut tx, self, caps).await?;
-        for stale in stale_holders(&mut tx, self, caps, stale_before).await? {
+        let mut tx = self.store.pool().begin().await?;
+        hold_caps(&mut tx, self.store, caps).await?;
+        for stale in stale_holders(&mut tx, self.store, caps, stale_before).await? {
             close_dead(&mut tx, &stale.0, &stale.1).await?;
         }
         let mut room = want;
@@ -163,15 +170,15 @@ impl Store {
             sqlx::query("UPDATE cap_leases SET heartbeat_at = $1 WHERE holder = $2 AND open = 1")
                 .bind(now_ms())
                 .bind(holder)
-                .execute(self.pool())
+                .execute(self.store.pool())
                 .await?;
         Ok(done.rows_affected())
     }
 
     /// Closes the holder's leases, having spent `spent` credits: each cap's leases, oldest
     /// first, are used up to their credits, and what is left of them returns to their windows.
-    pub async fn close_leases(&self, holder: &str, spent: u64) -> Result<(), StoreError> {
-        let mut tx = self.pool().begin().await?;
+    pub async fn close(&self, holder: &str, spent: u64) -> Result<(), StoreError> {
+        let mut tx = self.store.pool().begin().await?;
         close_with(&mut tx, holder, spent).await?;
         tx.commit().await?;
         Ok(())
@@ -180,8 +187,8 @@ impl Store {
     /// Closes every open lease of `run_id` held by another than `holder`: a resume holds the
     /// run's lock, so whoever held them is gone. Each is used by what its run was billed, or
     /// possibly billed, since it opened.
-    pub async fn close_leases_of(&self, run_id: &str, holder: &str) -> Result<(), StoreError> {
-        let mut tx = self.pool().begin().await?;
+    pub async fn close_of(&self, run_id: &RunId, holder: &str) -> Result<(), StoreError> {
+        let mut tx = self.store.pool().begin().await?;
         let holders: Vec<(String,)> = sqlx::query_as(
             "SELECT DISTINCT holder FROM cap_leases WHERE run_id = $1 AND open = 1 AND holder <> $2",
         )

@@ -4,14 +4,15 @@
 
 use sqlx::Row;
 
+use crate::store::CallOutcome;
 use crate::store::tasks::to_u64;
 use crate::store::{Store, StoreError};
 
 /// A run's call and download figures beyond [`crate::store::Totals`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RunGauges {
-    /// Finished calls by outcome (`succeeded`, `answered_error`, `not_sent`, `ambiguous`).
-    pub calls: Vec<(String, u64)>,
+    /// Finished calls by outcome.
+    pub calls: Vec<(CallOutcome, u64)>,
     /// Calls sent and not answered yet.
     pub in_flight: u64,
     /// Calls the service answered 429.
@@ -38,7 +39,7 @@ pub struct Gauges<'a> {
 impl<'a> Gauges<'a> {
     pub async fn of_run(&self, run_id: &str, pipeline: &str) -> Result<RunGauges, StoreError> {
         let rows = sqlx::query(
-            "SELECT COALESCE(outcome, 'in_flight') AS outcome, COUNT(*) AS n,
+            "SELECT outcome, COUNT(*) AS n,
                     COUNT(*) FILTER (WHERE http_status = 429) AS limited
              FROM attempts WHERE run_id = $1 GROUP BY outcome ORDER BY 1",
         )
@@ -47,13 +48,12 @@ impl<'a> Gauges<'a> {
         .await?;
         let mut gauges = RunGauges::default();
         for r in &rows {
-            let outcome: String = r.try_get("outcome")?;
+            let outcome: Option<String> = r.try_get("outcome")?;
             let n = to_u64(r.try_get("n")?);
             gauges.rate_limited += to_u64(r.try_get("limited")?);
-            if outcome == "in_flight" {
-                gauges.in_flight = n;
-            } else {
-                gauges.calls.push((outcome, n));
+            match outcome.as_deref().map(CallOutcome::parse) {
+                None => gauges.in_flight = n,
+                Some(outcome) => gauges.calls.push((outcome, n)),
             }
         }
         gauges.oldest_undownloaded_ms = sqlx::query(

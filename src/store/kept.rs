@@ -5,10 +5,10 @@ use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 use sqlx::Row;
 
 use crate::store::tasks::{OUTPUT_COLUMNS, output_row, to_u64};
-use crate::store::{Backend, OutputRow, Store, StoreError, rows};
+use crate::store::{Backend, RecordedOutput, Store, StoreError, rows};
 
 /// A stored output as a resume checks it: where it is and what was stored there. The rest of
-/// its record ([`OutputRow`]) is read, by [`Kept::by_id`], only for the few that
+/// its record ([`RecordedOutput`]) is read, by [`Kept::by_id`], only for the few that
 /// differ.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredOutput {
@@ -112,13 +112,13 @@ impl<'a> Kept<'a> {
 
     /// The records of these outputs, in the order of their ids (`ids` sorted), one statement
     /// per 500; an id with no output is left out.
-    pub async fn by_id(&self, ids: &[i64]) -> Result<Vec<OutputRow>, StoreError> {
+    pub async fn by_id(&self, ids: &[i64]) -> Result<Vec<RecordedOutput>, StoreError> {
         self.outputs_where_in("o.id", ids).await
     }
 
     /// The outputs of the tasks of row ids `task_ids`, whole, in task and output order: a
     /// statement per 500 tasks, where a scan of the run's outputs reads them all.
-    pub async fn of_tasks(&self, task_ids: &[i64]) -> Result<Vec<OutputRow>, StoreError> {
+    pub async fn of_tasks(&self, task_ids: &[i64]) -> Result<Vec<RecordedOutput>, StoreError> {
         self.outputs_where_in("o.task_id", task_ids).await
     }
 
@@ -127,7 +127,7 @@ impl<'a> Kept<'a> {
         &self,
         column: &'static str,
         ids: &[i64],
-    ) -> Result<Vec<OutputRow>, StoreError> {
+    ) -> Result<Vec<RecordedOutput>, StoreError> {
         let mut out = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(IDS_PER_STATEMENT) {
             let marks = rows(self.store.backend(), chunk.len(), 1, |p| p[0].clone());

@@ -2,7 +2,7 @@
 //! credits by when they were sent, by run or by a run's step, and what each run planned.
 //! Folding them into days, weeks, months or pipelines is the `ledger` module's (above the store).
 //!
-//! Credits are counted exactly as [`Store::totals`] counts them for `runs` and `status`:
+//! Credits are counted exactly as [`Runs::totals`](crate::store::Runs::totals) counts them for `runs` and `status`:
 //! billed is what the service said each call cost; possibly billed is the planned price of
 //! each call sent without a complete answer (`ambiguous`, or no outcome: in flight or its
 //! process died). The one index is `attempts_by_start` (`attempts(started_at)`). SQLite's
@@ -22,7 +22,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use crate::store::tasks::to_u64;
-use crate::store::{Store, StoreError};
+use crate::store::{RecordedPlan, Store, StoreError};
 
 /// Calls are counted per quarter of an hour (unix milliseconds): every time zone's offset is a
 /// whole number of them, so the counts fold into any calendar's days exactly, and a year of
@@ -223,7 +223,7 @@ impl Ledger<'_> {
     pub async fn steps_planned(
         &self,
         window: Window,
-    ) -> Result<(Vec<StepPlanned>, Vec<(String, String)>), StoreError> {
+    ) -> Result<(Vec<StepPlanned>, Vec<(String, RecordedPlan)>), StoreError> {
         let runs = format!("SELECT id FROM runs WHERE {}", window.sql("created_at"));
         let sql = format!(
             "SELECT t.run_id, t.step, COUNT(*) AS tasks,
@@ -252,6 +252,10 @@ impl Ledger<'_> {
         let plans: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(plans))
             .fetch_all(self.store.pool())
             .await?;
+        let plans = plans
+            .into_iter()
+            .map(|(id, plan)| (id, RecordedPlan::from_record(plan)))
+            .collect();
         Ok((steps, plans))
     }
 }

@@ -20,6 +20,7 @@
 //! then linked into place, so a crash while creating it never leaves at its path a file that
 //! imgpipe would later refuse as empty or unmarked.
 
+mod attempts;
 mod caps;
 mod gauges;
 mod group;
@@ -29,10 +30,12 @@ pub mod ledger;
 mod location;
 pub mod lock;
 mod outline;
+mod outputs;
 mod postgres;
 mod report;
 mod rerolls;
 mod revisions;
+mod run_figures;
 mod runs;
 pub(crate) mod tasks;
 #[cfg(test)]
@@ -48,23 +51,23 @@ use sqlx::migrate::MigrateError;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{AnyPool, ConnectOptions, Executor};
 
-pub use caps::{CapRow, CapWindow, Lessee};
+pub use attempts::{AttemptOutcome, Attempts, CallOutcome, Settled};
+pub use caps::{CapSetting, CapWindow, Caps, Lessee};
 pub use gauges::{Gauges, RunGauges};
 pub use location::{Location, PgUrl};
 pub use outline::ItemOutline;
 
 pub use identities::{Identities, Reusable, ReusableOutput};
 pub use kept::{Kept, StoredOutput};
+pub use outputs::{Outputs, RecordedOutput, UrlIssued};
 pub use report::{
     EarlierOutput, Report, ReportEntry, ReportOutput, ReportTask, Spend, StepTotals, TaskRequest,
 };
 pub use rerolls::{NewReroll, OpenReroll, Rerolls};
 pub use revisions::{Changes, PendingMove, Reused, Revisions, SetAside, TaskRef};
-pub use runs::{AmbiguousAttempt, NewRun, RunRow, RunStatus, StepCounts};
-pub use tasks::{
-    AttemptOutcome, LastAttempt, NewTask, OutputRow, Settled, TaskRow, TaskStatus, Totals,
-    UrlIssued,
-};
+pub use run_figures::{AmbiguousAttempt, StepCounts, Totals};
+pub use runs::{NewRun, RecordedPlan, Run, RunStatus, Runs};
+pub use tasks::{LastAttempt, NewTask, RecordedTask, TaskStatus, Tasks};
 pub use thumbnails::{Thumbnail, Thumbnails};
 
 /// The directory under the user's state directory that holds the default database.
@@ -118,6 +121,9 @@ pub enum StoreError {
     /// The record contradicts itself or the pipeline (a bug, or a database edited by hand).
     #[error("state database: {0}")]
     Inconsistent(String),
+    /// A run's plan could not be written as the record keeps it (a bug).
+    #[error("state database: cannot record the plan: {0}")]
+    Plan(String),
     /// A grouped write could not be committed.
     #[error("state database: cannot write: {0}")]
     Write(String),
@@ -153,7 +159,7 @@ impl StoreError {
             StoreError::Query(_) | StoreError::Write(_) => Some(
                 "check that the state database can be reached and written (free space, permissions, a file system or server gone read-only), then give the same command again",
             ),
-            StoreError::Inconsistent(_) => None,
+            StoreError::Inconsistent(_) | StoreError::Plan(_) => None,
         }
     }
 
@@ -336,6 +342,31 @@ impl Store {
 
     pub(crate) fn pool(&self) -> &AnyPool {
         &self.pool
+    }
+
+    /// The runs: their records, their plans and what they have done and paid.
+    pub fn runs(&self) -> Runs<'_> {
+        Runs { store: self }
+    }
+
+    /// The runs' tasks, by run.
+    pub fn tasks(&self) -> Tasks<'_> {
+        Tasks { store: self }
+    }
+
+    /// The paid calls the tasks made.
+    pub fn attempts(&self) -> Attempts<'_> {
+        Attempts { store: self }
+    }
+
+    /// The images the calls made, and where they were kept.
+    pub fn outputs(&self) -> Outputs<'_> {
+        Outputs { store: self }
+    }
+
+    /// The spending caps and their leases.
+    pub fn caps(&self) -> Caps<'_> {
+        Caps { store: self }
     }
 
     pub async fn close(&self) {

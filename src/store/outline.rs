@@ -12,7 +12,9 @@
 use futures::TryStreamExt;
 use sqlx::Row;
 
-use crate::store::{Store, StoreError, TaskRow};
+use crate::run_id::RunId;
+use crate::store::tasks::Tasks;
+use crate::store::{RecordedTask, StoreError};
 
 /// One item's recorded tasks, summed up by the database.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,11 +23,11 @@ pub struct ItemOutline {
     /// The id of the item's first task when every task of the chain is recorded and the ids
     /// are that base plus each task's offset; `None` when its rows are to be read whole.
     pub base: Option<i64>,
-    /// Its tasks not succeeded (read whole with [`Store::each_open_task`]).
+    /// Its tasks not succeeded (read whole with [`Tasks::each_open`]).
     pub open: u32,
 }
 
-/// Columns of a task row read whole, with its last attempt (as [`Store::each_task`]).
+/// Columns of a task row read whole, with its last attempt (as [`Tasks::each`]).
 const TASK_COLUMNS: &str = "t.id, t.item, t.step, t.idx, t.status, t.planned_credits,
     t.credits_billed, t.job_id, t.error, t.identity, t.reused_from,
     a.id AS a_id, a.outcome AS a_outcome, a.job_id AS a_job
@@ -35,13 +37,13 @@ const TASK_COLUMNS: &str = "t.id, t.item, t.step, t.idx, t.status, t.planned_cre
 /// Items bound in one statement reading rows whole.
 const ITEMS_PER_STATEMENT: usize = 500;
 
-impl Store {
+impl Tasks<'_> {
     /// Each item of the run (but `skip`, the batch's own directory) summed up in one row.
     /// `chain` is an item's tasks in the graph's order, as (step id, index): a task's offset
     /// is its place in it.
     pub async fn each_item_outline(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         skip: &str,
         chain: &[(&str, u32)],
         mut f: impl FnMut(ItemOutline),
@@ -69,7 +71,7 @@ impl Store {
             query = query.bind(*step).bind(i64::from(*idx));
         }
         let whole = i64::try_from(chain.len()).unwrap_or(i64::MAX);
-        let mut rows = query.fetch(self.pool());
+        let mut rows = query.fetch(self.store.pool());
         while let Some(r) = rows.try_next().await? {
             let (low, high): (Option<i64>, Option<i64>) = (r.try_get("low")?, r.try_get("high")?);
             let (n, known): (i64, i64) = (r.try_get("n")?, r.try_get("known")?);
@@ -84,10 +86,10 @@ impl Store {
     }
 
     /// Every task row of the run that is not succeeded, whole.
-    pub async fn each_open_task(
+    pub async fn each_open(
         &self,
-        run_id: &str,
-        mut f: impl FnMut(TaskRow),
+        run_id: &RunId,
+        mut f: impl FnMut(RecordedTask),
     ) -> Result<(), StoreError> {
         let sql = format!(
             "SELECT {TASK_COLUMNS}
@@ -96,7 +98,7 @@ impl Store {
         );
         let mut rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(run_id)
-            .fetch(self.pool());
+            .fetch(self.store.pool());
         while let Some(r) = rows.try_next().await? {
             f(super::tasks::task_row(&r)?);
         }
@@ -104,11 +106,11 @@ impl Store {
     }
 
     /// Every task row of these items of the run, whole, a statement per 500 items.
-    pub async fn each_task_of_items(
+    pub async fn each_of_items(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         items: &[String],
-        mut f: impl FnMut(TaskRow),
+        mut f: impl FnMut(RecordedTask),
     ) -> Result<(), StoreError> {
         for chunk in items.chunks(ITEMS_PER_STATEMENT) {
             let marks: Vec<String> = (0..chunk.len()).map(|i| format!("${}", i + 2)).collect();
@@ -123,7 +125,7 @@ impl Store {
             for item in chunk {
                 query = query.bind(item);
             }
-            let mut rows = query.fetch(self.pool());
+            let mut rows = query.fetch(self.store.pool());
             while let Some(r) = rows.try_next().await? {
                 f(super::tasks::task_row(&r)?);
             }

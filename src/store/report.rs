@@ -54,16 +54,17 @@ pub struct ReportOutput {
     pub id: i64,
     pub k: u32,
     pub job_id: String,
-    pub path: Option<String>,
+    /// Where the output was kept, when it was: a file or an object.
+    pub place: Option<Address>,
     pub sha256: Option<String>,
     pub download_error: Option<String>,
 }
 
-impl ReportOutput {
-    /// Where the output was kept, when it was: a file or an object.
-    pub fn address(&self) -> Option<Address> {
-        self.path.as_deref().map(Address::recorded)
-    }
+/// A recorded place, decoded once here: a local path or an `s3://` URL.
+fn place(r: &sqlx::any::AnyRow) -> Result<Option<Address>, StoreError> {
+    Ok(r.try_get::<Option<String>, _>("path")?
+        .as_deref()
+        .map(Address::recorded))
 }
 
 /// [`Report::rows`] on SQLite: the list of items is made first (from the
@@ -138,7 +139,7 @@ pub struct EarlierOutput {
     pub k: u32,
     pub job_id: String,
     /// Where the file was moved to; `None` when it was not kept.
-    pub path: Option<String>,
+    pub place: Option<Address>,
     pub sha256: Option<String>,
     pub reason: String,
     pub superseded_at: i64,
@@ -186,7 +187,7 @@ impl<'a> Report<'a> {
                         id: r.try_get("o_id")?,
                         k: u32::try_from(k).unwrap_or(0),
                         job_id: r.try_get("o_job")?,
-                        path: r.try_get("path")?,
+                        place: place(&r)?,
                         sha256: r.try_get("sha256")?,
                         download_error: r.try_get("download_error")?,
                     }),
@@ -334,7 +335,7 @@ impl<'a> Report<'a> {
                     task_id: r.try_get("task_id")?,
                     k: u32::try_from(r.try_get::<i64, _>("k")?).unwrap_or(0),
                     job_id: r.try_get("job_id")?,
-                    path: r.try_get("path")?,
+                    place: place(&r)?,
                     sha256: r.try_get("sha256")?,
                     reason: r.try_get("reason")?,
                     superseded_at: r.try_get("superseded_at")?,

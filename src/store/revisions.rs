@@ -139,8 +139,8 @@ impl Revisions<'_> {
                 TaskRef::Row(id) => Some(*id),
                 TaskRef::New(item, step, idx) => inserted
                     .iter()
-                    .find(|(_, i, s, x)| i == item && s == step && x == idx)
-                    .map(|(id, ..)| *id),
+                    .find(|(_, k)| k.item == *item && k.step == *step && k.index == *idx)
+                    .map(|(id, _)| *id),
             };
             let Some(id) = id else {
                 return Err(StoreError::Inconsistent(format!(

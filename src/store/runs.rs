@@ -1,10 +1,12 @@
 //! Runs: one row per `imgpipe run`, holding the pipeline text and the plan it started from.
+//! A part of the store ([`Store::runs`]); what a run has done and paid is read in
+//! [`super::run_figures`].
 
 use sqlx::Row;
 
 use crate::place::{Address, RunDir};
+use crate::run_id::RunId;
 use crate::store::{Store, StoreError, now_ms};
-use crate::task_key::TaskKey;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunStatus {
@@ -49,6 +51,56 @@ impl RunStatus {
     }
 }
 
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// As its word (`succeeded`), what `status --json` and the events show.
+impl serde::Serialize for RunStatus {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+/// The plan a run was recorded with, as the store keeps it: a JSON document whose type the
+/// store does not know (it sits below `plan`), read back as the type its caller knows it by.
+/// Written only by [`RecordedPlan::of`], so a plan that cannot be written is an error, never
+/// an empty record.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecordedPlan(String);
+
+impl RecordedPlan {
+    /// The plan as the store records it.
+    pub fn of(plan: &(impl serde::Serialize + ?Sized)) -> Result<RecordedPlan, StoreError> {
+        serde_json::to_string(plan)
+            .map(RecordedPlan)
+            .map_err(|e| StoreError::Plan(e.to_string()))
+    }
+
+    /// The plan read as `P`; `None` for a run listed without its plan ([`Runs::list`]), or a
+    /// record `P` cannot read (one written before `P` took its shape, or left empty by an
+    /// imgpipe from before plans were checked as they were written).
+    pub fn read<P: serde::de::DeserializeOwned>(&self) -> Option<P> {
+        if self.0.is_empty() {
+            return None;
+        }
+        serde_json::from_str(&self.0)
+            .inspect_err(|e| tracing::debug!("the recorded plan does not read: {e}"))
+            .ok()
+    }
+
+    /// The document as a statement read it.
+    pub(super) fn from_record(text: String) -> RecordedPlan {
+        RecordedPlan(text)
+    }
+
+    fn text(&self) -> &str {
+        &self.0
+    }
+}
+
 /// What a run starts with.
 pub struct NewRun<'a> {
     pub id: &'a str,
@@ -57,23 +109,24 @@ pub struct NewRun<'a> {
     pub pipeline_text: &'a str,
     pub pipeline_sha256: &'a str,
     pub items_sha256: &'a str,
-    pub plan_json: &'a str,
+    pub plan: &'a RecordedPlan,
     pub output_dir: &'a str,
     pub credits_planned: u64,
     pub balance_before: Option<i64>,
 }
 
 #[derive(Clone, Debug)]
-pub struct RunRow {
-    pub id: String,
+pub struct Run {
+    pub id: RunId,
     pub pipeline_name: String,
     pub pipeline_file: String,
     /// The run's own copy of its pipeline file.
     pub pipeline_text: String,
     pub pipeline_sha256: String,
     pub items_sha256: String,
-    pub plan_json: String,
-    pub output_dir: String,
+    pub plan: RecordedPlan,
+    /// Where the run's directory is made: `<output_dir>/<run id>` ([`Run::dir`]).
+    pub output_dir: Address,
     pub status: RunStatus,
     pub credits_planned: u64,
     pub balance_before: Option<i64>,
@@ -83,21 +136,27 @@ pub struct RunRow {
     pub finished_at: Option<i64>,
 }
 
-impl RunRow {
+impl Run {
     /// The run's own directory: its outputs, manifest and report.
     pub fn dir(&self) -> RunDir {
-        RunDir::new(&Address::recorded(&self.output_dir), &self.id)
+        RunDir::new(&self.output_dir, &self.id)
     }
 }
 
-impl Store {
+/// The runs: their records, and the statements that change them.
+#[derive(Clone, Copy, Debug)]
+pub struct Runs<'a> {
+    pub(super) store: &'a Store,
+}
+
+impl Runs<'_> {
     /// Records a run with its tasks, in one transaction: a run is never recorded without them.
-    pub async fn create_run(
+    pub async fn create(
         &self,
         run: &NewRun<'_>,
         tasks: &[crate::store::NewTask],
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.store.pool().begin().await?;
         sqlx::query(
             "INSERT INTO runs (id, pipeline_name, pipeline_file, pipeline_text, pipeline_sha256,
                  items_sha256, plan_json, output_dir, status, credits_planned, balance_before,
@@ -110,19 +169,19 @@ impl Store {
         .bind(run.pipeline_text)
         .bind(run.pipeline_sha256)
         .bind(run.items_sha256)
-        .bind(run.plan_json)
+        .bind(run.plan.text())
         .bind(run.output_dir)
         .bind(i64::try_from(run.credits_planned).unwrap_or(i64::MAX))
         .bind(run.balance_before)
         .bind(now_ms())
         .execute(&mut *tx)
         .await?;
-        crate::store::tasks::insert_tasks(&mut tx, self.backend(), run.id, tasks).await?;
+        crate::store::tasks::insert_tasks(&mut tx, self.store.backend(), run.id, tasks).await?;
         tx.commit().await?;
         Ok(())
     }
 
-    pub async fn run(&self, id: &str) -> Result<Option<RunRow>, StoreError> {
+    pub async fn get(&self, id: &RunId) -> Result<Option<Run>, StoreError> {
         let row = sqlx::query(
             "SELECT id, pipeline_name, pipeline_file, pipeline_text, pipeline_sha256, items_sha256,
                     plan_json, output_dir, status, credits_planned, balance_before,
@@ -130,32 +189,32 @@ impl Store {
              FROM runs WHERE id = $1",
         )
         .bind(id)
-        .fetch_optional(self.pool())
+        .fetch_optional(self.store.pool())
         .await?;
         row.as_ref().map(run_row).transpose()
     }
 
     /// Every run, the latest first, without their pipeline text and plan.
-    pub async fn runs(&self) -> Result<Vec<RunRow>, StoreError> {
+    pub async fn list(&self) -> Result<Vec<Run>, StoreError> {
         let rows = sqlx::query(
             "SELECT id, pipeline_name, pipeline_file, '' AS pipeline_text, pipeline_sha256,
                     items_sha256, '' AS plan_json, output_dir, status, credits_planned,
                     balance_before, balance_after, stop_reason, created_at, finished_at
              FROM runs ORDER BY created_at DESC, id DESC",
         )
-        .fetch_all(self.pool())
+        .fetch_all(self.store.pool())
         .await?;
         rows.iter().map(run_row).collect()
     }
 
     /// Adopts a changed pipeline file (`--allow-changes`): the run keeps the new copy.
-    pub async fn update_run_source(
+    pub async fn adopt_source(
         &self,
-        id: &str,
+        id: &RunId,
         text: &str,
         sha256: &str,
         items_sha256: &str,
-        plan_json: &str,
+        plan: &RecordedPlan,
         credits_planned: u64,
     ) -> Result<(), StoreError> {
         sqlx::query(
@@ -166,35 +225,35 @@ impl Store {
         .bind(text)
         .bind(sha256)
         .bind(items_sha256)
-        .bind(plan_json)
+        .bind(plan.text())
         .bind(i64::try_from(credits_planned).unwrap_or(i64::MAX))
         .bind(id)
-        .execute(self.pool())
+        .execute(self.store.pool())
         .await?;
         Ok(())
     }
 
     /// Records the run's plan anew, once the generation price was discovered: the tasks not
     /// recorded yet are counted from it.
-    pub async fn set_run_plan(
+    pub async fn set_plan(
         &self,
-        id: &str,
-        plan_json: &str,
+        id: &RunId,
+        plan: &RecordedPlan,
         credits_planned: u64,
     ) -> Result<(), StoreError> {
         sqlx::query("UPDATE runs SET plan_json = $1, credits_planned = $2 WHERE id = $3")
-            .bind(plan_json)
+            .bind(plan.text())
             .bind(i64::try_from(credits_planned).unwrap_or(i64::MAX))
             .bind(id)
-            .execute(self.pool())
+            .execute(self.store.pool())
             .await?;
         Ok(())
     }
 
     /// Marks the run running again (a continued run) or finished.
-    pub async fn set_run_status(
+    pub async fn set_status(
         &self,
-        id: &str,
+        id: &RunId,
         status: RunStatus,
         stop_reason: Option<&str>,
         balance_after: Option<i64>,
@@ -210,23 +269,39 @@ impl Store {
         .bind(finished)
         .bind(balance_after)
         .bind(id)
-        .execute(self.pool())
+        .execute(self.store.pool())
         .await?;
         Ok(())
     }
 }
 
-fn run_row(row: &sqlx::any::AnyRow) -> Result<RunRow, StoreError> {
+/// A run's id is bound as the text the database keeps.
+impl sqlx::Type<sqlx::Any> for RunId {
+    fn type_info() -> sqlx::any::AnyTypeInfo {
+        <String as sqlx::Type<sqlx::Any>>::type_info()
+    }
+}
+
+impl sqlx::Encode<'_, sqlx::Any> for RunId {
+    fn encode_by_ref(
+        &self,
+        buf: &mut <sqlx::Any as sqlx::Database>::ArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        <String as sqlx::Encode<'_, sqlx::Any>>::encode(self.as_str().to_owned(), buf)
+    }
+}
+
+fn run_row(row: &sqlx::any::AnyRow) -> Result<Run, StoreError> {
     let status: String = row.try_get("status")?;
-    Ok(RunRow {
-        id: row.try_get("id")?,
+    Ok(Run {
+        id: RunId::from(row.try_get::<String, _>("id")?),
         pipeline_name: row.try_get("pipeline_name")?,
         pipeline_file: row.try_get("pipeline_file")?,
         pipeline_text: row.try_get("pipeline_text")?,
         pipeline_sha256: row.try_get("pipeline_sha256")?,
         items_sha256: row.try_get("items_sha256")?,
-        plan_json: row.try_get("plan_json")?,
-        output_dir: row.try_get("output_dir")?,
+        plan: RecordedPlan::from_record(row.try_get("plan_json")?),
+        output_dir: Address::recorded(&row.try_get::<String, _>("output_dir")?),
         status: RunStatus::parse(&status).unwrap_or(RunStatus::Running),
         credits_planned: row.try_get::<i64, _>("credits_planned")?.max(0) as u64,
         balance_before: row.try_get("balance_before")?,
@@ -235,136 +310,4 @@ fn run_row(row: &sqlx::any::AnyRow) -> Result<RunRow, StoreError> {
         created_at: row.try_get("created_at")?,
         finished_at: row.try_get("finished_at")?,
     })
-}
-
-/// One step's tasks of a run, by status.
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct StepCounts {
-    pub step: String,
-    pub tasks: u64,
-    pub succeeded: u64,
-    pub failed: u64,
-    pub blocked: u64,
-    pub pending: u64,
-    pub planned_credits: u64,
-    pub billed_credits: u64,
-}
-
-/// An attempt sent without a complete answer: it may have been billed.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct AmbiguousAttempt {
-    #[serde(skip)]
-    pub task_id: i64,
-    pub task: String,
-    pub endpoint: String,
-    pub started_at: i64,
-    pub job_id: Option<String>,
-    pub error: Option<String>,
-    /// The task's planned price: what the call may have cost.
-    pub credits_at_risk: u64,
-    /// No outcome recorded: in flight, or its process died.
-    pub in_flight: bool,
-}
-
-impl Store {
-    /// The run's tasks counted per step, in the order the steps first appear.
-    pub async fn step_counts(&self, run_id: &str) -> Result<Vec<StepCounts>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT step, COUNT(*) AS tasks,
-                    COUNT(*) FILTER (WHERE status = 'succeeded') AS succeeded,
-                    COUNT(*) FILTER (WHERE status = 'failed') AS failed,
-                    COUNT(*) FILTER (WHERE status = 'blocked') AS blocked,
-                    COUNT(*) FILTER (WHERE status IN ('pending', 'running')) AS pending,
-                    CAST(SUM(planned_credits) AS BIGINT) AS planned,
-                    CAST(SUM(credits_billed) AS BIGINT) AS billed
-             FROM tasks WHERE run_id = $1 AND removed_at IS NULL
-             GROUP BY step ORDER BY MIN(id)",
-        )
-        .bind(run_id)
-        .fetch_all(self.pool())
-        .await?;
-        let n = |r: &sqlx::any::AnyRow, c: &str| -> Result<u64, StoreError> {
-            Ok(r.try_get::<Option<i64>, _>(c)?.unwrap_or(0).max(0) as u64)
-        };
-        rows.iter()
-            .map(|r| {
-                Ok(StepCounts {
-                    step: r.try_get("step")?,
-                    tasks: n(r, "tasks")?,
-                    succeeded: n(r, "succeeded")?,
-                    failed: n(r, "failed")?,
-                    blocked: n(r, "blocked")?,
-                    pending: n(r, "pending")?,
-                    planned_credits: n(r, "planned")?,
-                    billed_credits: n(r, "billed")?,
-                })
-            })
-            .collect()
-    }
-
-    /// Every attempt of the run that may have been billed without a result.
-    pub async fn ambiguous_attempts(
-        &self,
-        run_id: &str,
-    ) -> Result<Vec<AmbiguousAttempt>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT t.id, t.item, t.step, t.idx, t.planned_credits, a.endpoint, a.started_at,
-                    a.job_id, a.error,
-                    CASE WHEN a.outcome IS NULL THEN 1 ELSE 0 END AS in_flight
-             FROM attempts a JOIN tasks t ON t.id = a.task_id
-             WHERE a.run_id = $1 AND (a.outcome IS NULL OR a.outcome = 'ambiguous')
-             ORDER BY a.id",
-        )
-        .bind(run_id)
-        .fetch_all(self.pool())
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(AmbiguousAttempt {
-                    task_id: r.try_get("id")?,
-                    task: TaskKey::new(
-                        r.try_get::<String, _>("item")?,
-                        r.try_get::<String, _>("step")?,
-                        u32::try_from(r.try_get::<i64, _>("idx")?).unwrap_or(0),
-                    )
-                    .to_string(),
-                    endpoint: r.try_get("endpoint")?,
-                    started_at: r.try_get("started_at")?,
-                    job_id: r.try_get("job_id")?,
-                    error: r.try_get("error")?,
-                    credits_at_risk: crate::store::tasks::to_u64(r.try_get("planned_credits")?),
-                    in_flight: r.try_get::<i64, _>("in_flight")? != 0,
-                })
-            })
-            .collect()
-    }
-
-    /// How many outputs of the run were moved aside, and into which directory they went.
-    pub async fn superseded_count(&self, run_id: &str) -> Result<u64, StoreError> {
-        let (n,): (i64,) = sqlx::query_as(
-            "SELECT COUNT(*) FROM superseded_outputs WHERE run_id = $1 AND path IS NOT NULL",
-        )
-        .bind(run_id)
-        .fetch_one(self.pool())
-        .await?;
-        Ok(n.max(0) as u64)
-    }
-
-    /// Whether a call of `operation` planned at `credits` was ever billed exactly that, in
-    /// any run: the price is then the service's word, not only the pipeline file's.
-    pub async fn billed_as_planned(
-        &self,
-        operation: &str,
-        credits: u64,
-    ) -> Result<bool, StoreError> {
-        let found: Option<(i64,)> = sqlx::query_as(
-            "SELECT 1 FROM tasks WHERE operation = $1 AND planned_credits = $2
-                 AND credits_billed = planned_credits AND status = 'succeeded' LIMIT 1",
-        )
-        .bind(operation)
-        .bind(i64::try_from(credits).unwrap_or(i64::MAX))
-        .fetch_optional(self.pool())
-        .await?;
-        Ok(found.is_some())
-    }
 }

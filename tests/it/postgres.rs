@@ -18,8 +18,8 @@ use imgpipe::sandbox;
 use sqlx::Connection;
 
 use crate::common::{
-    Env, Watched, assert_exit_without_panic, command, finish, finish_child, kill_child,
-    postgres_database, start, state_connection, stderr, stdout, wait_until, within,
+    Env, Watched, assert_exit_without_panic, command, finish, kill_child, postgres_database, start,
+    state_connection, stderr, stdout, wait_until, within,
 };
 use crate::run::{config, edit_chain, write};
 
@@ -400,18 +400,16 @@ async fn a_run_whose_lock_session_is_cut_stops_and_its_resume_pays_nothing_twice
     };
     let env = start(config()).await;
     let a = host(&edit_chain(8, None));
-    // One call let through the gate, the next held: the session is cut while the run goes on,
-    // however fast the machine.
+    // One call let through the gate, the next held until the run has seen its session cut:
+    // the run cannot finish first, however fast the machine.
     let hold = env.sandbox.hold();
     env.sandbox.let_through(1);
-    let run = on(
+    let mut run = Watched::start(on(
         &env,
         a.path(),
         &url,
         &["run", "p.yaml", "--run-id", "cut", "--concurrency", "2"],
-    )
-    .spawn()
-    .unwrap();
+    ));
     wait_for(
         &url,
         "SELECT COUNT(*) FROM tasks WHERE status = 'succeeded'",
@@ -428,9 +426,10 @@ async fn a_run_whose_lock_session_is_cut_stops_and_its_resume_pays_nothing_twice
     )
     .await;
     assert_eq!(cut, 1, "one session held the lock");
-    drop(hold);
     let started = Instant::now();
-    let stopped = finish_child(run, "the run whose lock session was cut").await;
+    run.wait_for_line("lost the run lock's session").await;
+    drop(hold);
+    let stopped = run.finish().await;
     assert_exit_without_panic(&stopped, 130);
     assert!(
         started.elapsed() < Duration::from_secs(15),
@@ -839,6 +838,10 @@ async fn store_at(state: &str) -> imgpipe::store::Store {
         .unwrap()
 }
 
+/// The plan of [`one_step_run`]: an empty document, as the store records it.
+static EMPTY_PLAN: std::sync::LazyLock<imgpipe::store::RecordedPlan> =
+    std::sync::LazyLock::new(|| imgpipe::store::RecordedPlan::of(&serde_json::json!({})).unwrap());
+
 /// Run `r` of a one-step pipeline, its outputs under `output_dir`.
 fn one_step_run(output_dir: &str) -> imgpipe::store::NewRun<'_> {
     imgpipe::store::NewRun {
@@ -848,7 +851,7 @@ fn one_step_run(output_dir: &str) -> imgpipe::store::NewRun<'_> {
         pipeline_text: "",
         pipeline_sha256: "",
         items_sha256: "",
-        plan_json: "{}",
+        plan: &EMPTY_PLAN,
         output_dir,
         credits_planned: 2,
         balance_before: None,
@@ -873,19 +876,22 @@ async fn priced_by_row_id(state: &str) {
     let run = one_step_run("out");
     let task = erase_task;
     store
-        .create_run(&run, &[task("a"), task("b")])
+        .runs()
+        .create(&run, &[task("a"), task("b")])
         .await
         .unwrap();
     let ids: Vec<i64> = store
-        .tasks("r")
+        .tasks()
+        .all(&"r".into())
         .await
         .unwrap()
         .iter()
         .map(|t| t.id)
         .collect();
-    store.set_planned(&[(ids[1], 7)]).await.unwrap();
+    store.tasks().set_planned(&[(ids[1], 7)]).await.unwrap();
     let planned: Vec<u64> = store
-        .tasks("r")
+        .tasks()
+        .all(&"r".into())
         .await
         .unwrap()
         .iter()
@@ -929,9 +935,10 @@ async fn in_byte_order(state: &str, writer: &str) {
     let tasks: Vec<imgpipe::store::NewTask> = (0..keys.len() + 2)
         .map(|i| task(&format!("i{i}")))
         .collect();
-    store.create_run(&run, &tasks).await.unwrap();
+    store.runs().create(&run, &tasks).await.unwrap();
     let ids: Vec<i64> = store
-        .tasks("r")
+        .tasks()
+        .all(&"r".into())
         .await
         .unwrap()
         .iter()
@@ -1004,7 +1011,7 @@ async fn in_byte_order(state: &str, writer: &str) {
     let mut some: Vec<i64> = stored.iter().take(3).map(|o| o.id).collect();
     some.sort_unstable();
     let rows = store.kept().by_id(&some).await.unwrap();
-    let read: Vec<(i64, &str)> = rows.iter().map(|r| (r.id, r.item.as_str())).collect();
+    let read: Vec<(i64, &str)> = rows.iter().map(|r| (r.id, r.task.item.as_str())).collect();
     let expected: Vec<(i64, String)> = some
         .iter()
         .map(|id| {
@@ -1041,7 +1048,7 @@ async fn thumbnails_recorded(state: &str) {
     use imgpipe::store::Thumbnail;
     let store = store_at(state).await;
     let run = one_step_run("s3://bkt/runs");
-    store.create_run(&run, &[erase_task("a")]).await.unwrap();
+    store.runs().create(&run, &[erase_task("a")]).await.unwrap();
     let row = |i: u32| Thumbnail {
         // Hex, as a sha256's start is, written out of order.
         name: format!("{:032x}", u128::from(i.wrapping_mul(2_654_435_761))),

@@ -18,6 +18,7 @@ use imgpipe::plan::Balance;
 use imgpipe::plan::document::PlanDocument;
 use imgpipe::report::summary::Summary;
 use imgpipe::resume::Reason;
+use imgpipe::run_id::RunId;
 use imgpipe::runner::{
     Reviewed, RunRequest, Runner, ServiceSettings, Settings, StateLocation, View,
 };
@@ -135,7 +136,7 @@ impl View for Recorder {
             })
             .collect();
         self.seen().reviews.push(SeenReview {
-            run_id: reviewed.row.id.clone(),
+            run_id: reviewed.row.id.to_string(),
             redo,
             kept: reviewed.review.kept.len(),
             cap: reviewed.cap,
@@ -143,8 +144,8 @@ impl View for Recorder {
         Ok(())
     }
 
-    fn finished(&self, run_id: &str) -> Result<(), Error> {
-        self.seen().finished.push(run_id.to_owned());
+    fn finished(&self, run_id: &RunId) -> Result<(), Error> {
+        self.seen().finished.push(run_id.to_string());
         Ok(())
     }
 
@@ -173,12 +174,12 @@ impl View for Recorder {
         })
     }
 
-    fn continue_command(&self, run_id: &str) -> String {
-        self.seen().continue_asked.push(run_id.to_owned());
+    fn continue_command(&self, run_id: &RunId) -> String {
+        self.seen().continue_asked.push(run_id.to_string());
         continue_command(run_id)
     }
 
-    fn continue_rest(&self, run_id: &str) -> String {
+    fn continue_rest(&self, run_id: &RunId) -> String {
         continue_command(run_id)
     }
 }
@@ -301,7 +302,11 @@ async fn resume(
         view,
         shutdown: CancellationToken::new(),
     };
-    within("the runner's resume", runner.resume(run_id, dry_run)).await
+    within(
+        "the runner's resume",
+        runner.resume(&run_id.into(), dry_run),
+    )
+    .await
 }
 
 /// Runs `p.yaml` as run `r` and cancels the token once a task of `step` succeeded; the calls

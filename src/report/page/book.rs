@@ -11,6 +11,7 @@ use crate::place::layout;
 use crate::report::page::costs::Problems;
 use crate::report::page::html::Page;
 use crate::report::page::lineage::{self, Lineage};
+use crate::report::page::links::file_of;
 use crate::report::page::model::{Earlier, Model, Shared, Shown};
 use crate::report::page::thumbs::{self, Preview};
 use crate::report::page::{cannot_write, persist, remote};
@@ -99,11 +100,11 @@ pub(super) fn files_to_preview(
 ) -> Vec<(PathBuf, Option<String>)> {
     let mut files: Vec<(PathBuf, Option<String>)> = outputs
         .iter()
-        .filter_map(|(_, o)| Some((PathBuf::from(o.path.as_deref()?), o.sha256.clone())))
+        .filter_map(|(_, o)| Some((file_of(o.place.as_ref()?), o.sha256.clone())))
         .collect();
     // Earlier versions get thumbnails too, where their files are on this machine.
     files.extend(earlier.iter().filter_map(|(_, e)| {
-        Some((PathBuf::from(e.path.as_deref()?), e.sha256.clone())).filter(|_| local)
+        Some((file_of(e.place.as_ref()?), e.sha256.clone())).filter(|_| local)
     }));
     files
 }
@@ -130,7 +131,7 @@ pub(super) fn attach(
     let mut made = previews.into_iter();
     let mut out = Attached::default();
     for (t, row) in outputs {
-        let preview = if row.path.is_some() {
+        let preview = if row.place.is_some() {
             made.next().unwrap_or_default()
         } else {
             Preview::default()
@@ -140,7 +141,7 @@ pub(super) fn attach(
         out.shown.entry(t).or_default().push(Shown { row, preview });
     }
     for (t, row) in earlier {
-        let preview = if local && row.path.is_some() {
+        let preview = if local && row.place.is_some() {
             made.next().unwrap_or_default()
         } else {
             Preview::default()

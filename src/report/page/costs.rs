@@ -178,7 +178,7 @@ impl Page<'_> {
                 })?;
             }
             for s in m.outputs.get(&i).map_or(&[][..], Vec::as_slice) {
-                if s.row.path.is_none() && s.row.download_error.is_some() {
+                if s.row.place.is_none() && s.row.download_error.is_some() {
                     problems.downloads.row(html! {
                         tr {
                             td { a href=(link(format!("o{}-{}", t.id, s.row.k))) { (output_label(t, s.row.k)) } }

@@ -2,12 +2,10 @@
 //! the request the task sent, the box that picks it for `imgpipe reroll`, and the earlier
 //! versions of the output that a reroll or a resume set aside.
 
-use std::path::Path;
-
 use maud::{Markup, html};
 
 use crate::report::page::html::{Page, label, label_in_item, output_label, output_label_in_item};
-use crate::report::page::links::href;
+use crate::report::page::links::{file_of, href};
 use crate::report::page::model::{Earlier, Shown};
 use crate::store::{ReportTask, TaskRequest};
 use crate::time::rfc3339_ms as time;
@@ -78,7 +76,7 @@ impl Page<'_> {
     fn picture(&mut self, task: &ReportTask, s: &Shown) -> Markup {
         let row = &s.row;
         let p = &s.preview;
-        let full = row.path.as_deref().map(|f| href(self.dir, Path::new(f)));
+        let full = row.place.as_ref().map(|f| href(self.dir, &file_of(f)));
         match (&p.thumb, &full) {
             (Some(thumb), Some(full)) => {
                 let (tw, th) = p.thumb_size.unwrap_or((160, 160));
@@ -131,7 +129,7 @@ impl Page<'_> {
             details.earlier {
                 summary { (earlier.len()) " earlier version" @if earlier.len() > 1 { "s" } }
                 @for e in earlier {
-                    @let full = e.row.path.as_deref().map(|f| href(self.dir, Path::new(f)));
+                    @let full = e.row.place.as_ref().map(|f| href(self.dir, &file_of(f)));
                     div.was {
                         @match (&e.preview.thumb, &full) {
                             (Some(thumb), Some(full)) => {
@@ -143,7 +141,7 @@ impl Page<'_> {
                             }
                             (None, Some(full)) => a href=(full) target="_blank" { "the file" },
                             (_, None) => {
-                                @if let Some(path) = &e.row.path { code { (path) } } @else { "file not kept" }
+                                @if let Some(place) = &e.row.place { code { (place) } } @else { "file not kept" }
                             }
                         }
                         br;

@@ -3,6 +3,8 @@
 
 use std::path::{Component, Path, PathBuf};
 
+use crate::place::Address;
+
 /// The href of `target` from a page in `page_dir`. Both are made absolute and normalised the
 /// way a browser normalises a file URL (`a/../b` is `b`), never by resolving symlinks: the page
 /// is opened by the path it was written to, and its links are resolved against that path.
@@ -13,6 +15,17 @@ pub(super) fn href(page_dir: &Path, target: &Path) -> String {
     match relative(&page_dir, &target) {
         Some(rel) => encode(&rel),
         None => format!("file://{}", encode(&target)),
+    }
+}
+
+/// The file a page links to for a recorded place. A place in object storage is linked by its
+/// URL's text taken as a path, as pages always have: the page of a run in object storage
+/// rebases its own outputs onto their staged copies first, so only an output kept elsewhere
+/// (reused from another run's prefix) reaches here as an object.
+pub(super) fn file_of(place: &Address) -> PathBuf {
+    match place {
+        Address::Local(path) => path.clone(),
+        Address::Object(url) => PathBuf::from(url.to_string()),
     }
 }
 
@@ -77,6 +90,18 @@ fn encode(path: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_place_is_linked_by_its_path_or_its_url_text() {
+        assert_eq!(
+            file_of(&Address::recorded("out/r1/a/x.png")),
+            PathBuf::from("out/r1/a/x.png")
+        );
+        assert_eq!(
+            file_of(&Address::recorded("s3://b/runs/r0/a/x.png")),
+            PathBuf::from("s3://b/runs/r0/a/x.png")
+        );
+    }
 
     #[test]
     fn relative_paths_climb_out_and_back_in() {

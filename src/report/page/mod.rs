@@ -36,7 +36,8 @@ use crate::report::page::book::Book;
 use crate::report::page::costs::Problems;
 use crate::report::page::model::Shared;
 use crate::report::page::pages::PER_PAGE;
-use crate::store::{ReportEntry, RunRow, Store};
+use crate::run_id::RunId;
+use crate::store::{ReportEntry, Run, Store};
 
 pub use html::MARKER;
 
@@ -45,7 +46,7 @@ pub use html::MARKER;
 pub struct Written {
     /// The first page; later ones are its siblings (`report-2.html`, …).
     pub path: Address,
-    pub run_id: String,
+    pub run_id: RunId,
     pub status: &'static str,
     pub images: usize,
     pub thumbnails_made: usize,
@@ -71,7 +72,7 @@ pub struct Written {
 /// then already says `interrupted` for a run whose process is gone.
 pub async fn write(
     store: &Store,
-    run: RunRow,
+    run: Run,
     out: Option<&Address>,
     observed: Observed,
 ) -> Result<Written, Error> {
@@ -95,7 +96,7 @@ pub async fn write(
 /// storage in it, and keeps what the page made there.
 async fn write_local(
     store: &Store,
-    run: RunRow,
+    run: Run,
     out: Option<&Path>,
     observed: Observed,
     remote: Option<remote::Pages>,

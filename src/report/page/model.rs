@@ -8,12 +8,13 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use crate::plan::document::PlanFigures;
 use crate::report::live::Observed;
 use crate::report::page::commands::Commands;
 use crate::report::page::lineage::Lineage;
 use crate::report::page::pages::Pages;
 use crate::report::page::thumbs::Preview;
-use crate::store::{AmbiguousAttempt, EarlierOutput, ReportOutput, ReportTask, RunRow, Spend};
+use crate::store::{AmbiguousAttempt, EarlierOutput, ReportOutput, ReportTask, Run, Spend};
 use crate::store::{RunStatus, StepTotals, TaskStatus};
 use crate::store::{Store, StoreError};
 
@@ -35,7 +36,7 @@ pub(super) struct Earlier {
 
 /// What every page of the report knows of the run.
 pub(super) struct Shared {
-    pub run: RunRow,
+    pub run: Run,
     pub generated_at: i64,
     pub ambiguous: Vec<AmbiguousAttempt>,
     pub spend: Vec<Spend>,
@@ -111,16 +112,14 @@ impl Shared {
     /// `portable` page (of a run in object storage) names no local file.
     pub(super) async fn load(
         store: &Store,
-        run: RunRow,
+        run: Run,
         first_page: &Path,
         mut observed: Observed,
         portable: bool,
     ) -> Result<Shared, StoreError> {
         let generated_at = crate::store::now_ms();
         let in_progress = run.status == RunStatus::Running;
-        let budget = serde_json::from_str::<serde_json::Value>(&run.plan_json)
-            .ok()
-            .and_then(|v| v.pointer("/budget/max_credits").and_then(|b| b.as_u64()));
+        let budget = run.plan.read::<PlanFigures>().and_then(|p| p.max_credits());
         let end = run.finished_at.unwrap_or(generated_at);
         let items = store.report().items(&run.id).await?;
         let commands = Commands::new(&run.id, store.location(), portable);
@@ -128,13 +127,13 @@ impl Shared {
             observed.continue_with = Some(commands.resume(&run.id));
         }
         Ok(Shared {
-            ambiguous: store.ambiguous_attempts(&run.id).await?,
+            ambiguous: store.runs().ambiguous_attempts(&run.id).await?,
             spend: store
                 .report()
                 .spend(&run.id, run.created_at, end, SPEND_BUCKETS)
                 .await?,
             last_balance: store.report().last_balance(&run.id).await?,
-            superseded: store.superseded_count(&run.id).await?,
+            superseded: store.runs().superseded_count(&run.id).await?,
             step_totals: store.report().step_totals(&run.id, !in_progress).await?,
             pages: Pages::new(first_page, items),
             generated_at,
@@ -171,7 +170,7 @@ impl Shared {
         }
         // Items the run has not reached have no rows yet: their tasks are pending, per the plan.
         let recorded = |step: &str| steps.iter().find(|s| s.step == step).map_or(0, |s| s.tasks);
-        let extras = crate::report::summary::unrecorded(&self.run.plan_json, recorded);
+        let extras = crate::report::summary::unrecorded(&self.run.plan, recorded);
         for extra in extras {
             if let Some(line) = steps.iter_mut().find(|s| s.step == extra.step) {
                 line.tasks += extra.tasks;

@@ -33,7 +33,8 @@ use crate::report::live::Observed;
 use crate::report::page::html::MARKER;
 use crate::report::page::thumbs::{Facts, Known, Preview, thumb_name};
 use crate::report::page::{Written, refuse_foreign, write_local};
-use crate::store::{ReportOutput, RunRow, Store, Thumbnail};
+use crate::run_id::RunId;
+use crate::store::{ReportOutput, Run, Store, Thumbnail};
 
 /// Objects read or put at once while a page is staged or kept: round trips, not bandwidth,
 /// bound a run of many small images.
@@ -49,7 +50,7 @@ fn failed(e: impl std::fmt::Display) -> Error {
 
 pub(super) async fn write(
     store: &Store,
-    run: RunRow,
+    run: Run,
     out: Option<&Address>,
     observed: Observed,
 ) -> Result<Written, Error> {
@@ -59,7 +60,7 @@ pub(super) async fn write(
     };
     let objects = Objects::open(run_url).map_err(failed)?;
     let stage = tempfile::tempdir().map_err(failed)?;
-    let local_run = stage.path().join(&run.id);
+    let local_run = stage.path().join(run.id.as_str());
     let started = std::time::Instant::now();
     let differ = outputs_not_as_recorded(store, &run.id, run_url).await?;
     let forgotten = forget_missing_thumbnails(store, &run.id, &objects.child(THUMBS)).await?;
@@ -80,8 +81,8 @@ pub(super) async fn write(
     let page = out
         .and_then(Address::file_name)
         .unwrap_or_else(|| "report.html".into());
-    let staged = RunRow {
-        output_dir: stage.path().to_string_lossy().into_owned(),
+    let staged = Run {
+        output_dir: Address::Local(stage.path().to_path_buf()),
         ..run
     };
     let staged_out = local_run.join(&page);
@@ -197,7 +198,7 @@ where
 /// (sorted): gone ([`Seen::Unlisted`]) or changed ([`Seen::Other`]).
 async fn outputs_not_as_recorded(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     run_url: &ObjectUrl,
 ) -> Result<Vec<(i64, Seen)>, Error> {
     let kept = store
@@ -224,7 +225,7 @@ async fn outputs_not_as_recorded(
 /// returns how many.
 async fn forget_missing_thumbnails(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     thumbs: &Objects,
 ) -> Result<usize, Error> {
     let put = store
@@ -247,7 +248,7 @@ async fn forget_missing_thumbnails(
 /// made, and what it made is put after.
 pub(super) struct Pages {
     store: Store,
-    run_id: String,
+    run_id: RunId,
     run_url: ObjectUrl,
     local_run: PathBuf,
     thumbs: Objects,
@@ -258,10 +259,10 @@ pub(super) struct Pages {
 impl Pages {
     /// Makes an output recorded under the run's prefix a file of the staging copy.
     pub(super) fn rebase(&self, o: &mut ReportOutput) {
-        if let Some(Address::Object(url)) = o.address()
+        if let Some(Address::Object(url)) = &o.place
             && let Some(rel) = url.under(&self.run_url)
         {
-            o.path = Some(self.local_run.join(rel).to_string_lossy().into_owned());
+            o.place = Some(Address::Local(self.local_run.join(rel)));
         }
     }
 
@@ -301,7 +302,12 @@ impl Pages {
         };
         let mut to_read = Vec::new();
         for o in outputs {
-            let Some(path) = o.path.as_deref().map(PathBuf::from) else {
+            let Some(path) = o
+                .place
+                .as_ref()
+                .and_then(Address::as_local)
+                .map(Path::to_owned)
+            else {
                 continue;
             };
             let Ok(rel) = path.strip_prefix(&self.local_run) else {

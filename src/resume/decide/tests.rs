@@ -5,7 +5,8 @@ use std::collections::HashMap;
 
 use super::*;
 use crate::resume::check::{Found, differs};
-use crate::store::{LastAttempt, ReusableOutput};
+use crate::store::{CallOutcome, LastAttempt, ReusableOutput};
+use crate::task_key::TaskKey;
 
 /// Two items, each generated once (n: 2) and each image upscaled: per item 1 + 2 tasks.
 const CHAIN: &str = r#"
@@ -27,13 +28,10 @@ fn task(g: &Graph, item: &str, step: &str, idx: u32) -> usize {
     g.index().get(item, step, idx).expect("a task of the chain")
 }
 
-fn row(g: &Graph, t: usize, status: TaskStatus, attempt: Option<LastAttempt>) -> TaskRow {
-    let (item, step, idx) = g.key(t);
-    TaskRow {
+fn row(g: &Graph, t: usize, status: TaskStatus, attempt: Option<LastAttempt>) -> RecordedTask {
+    RecordedTask {
         id: row_id(t),
-        item,
-        step,
-        idx,
+        key: g.key(t),
         status,
         planned_credits: g.task(t).planned,
         credits_billed: 0,
@@ -51,10 +49,10 @@ fn row_id(t: usize) -> i64 {
 
 /// Records of a run in which every task of `recorded` items has a row: succeeded unless
 /// `open` gives its row.
-fn records(g: &Graph, recorded: &[&str], open: Vec<TaskRow>) -> Records {
+fn records(g: &Graph, recorded: &[&str], open: Vec<RecordedTask>) -> Records {
     let mut r = Records::empty(g);
     for t in 0..g.len() {
-        let (item, ..) = g.key(t);
+        let item = g.key(t).item;
         if recorded.contains(&item.as_str()) {
             r.ids.set(t, row_id(t));
             if let Instance::Item(i) = g.task(t).instance {
@@ -63,7 +61,7 @@ fn records(g: &Graph, recorded: &[&str], open: Vec<TaskRow>) -> Records {
         }
     }
     for o in open {
-        let t = task(g, &o.item, &o.step, o.idx);
+        let t = task(g, &o.key.item, &o.key.step, o.key.index);
         r.open.insert(t, o);
     }
     r
@@ -108,7 +106,7 @@ fn each_open_task_is_paid_again_for_its_own_reason() {
     );
     let answered = LastAttempt {
         id: 7,
-        outcome: Some("answered_error".into()),
+        outcome: Some(CallOutcome::AnsweredError),
         job_id: None,
     };
     let open = vec![
@@ -167,7 +165,7 @@ fn on_ambiguous_fail_leaves_the_task_failed_and_blocks_what_is_below_it() {
     let (big0, big1) = (task(&g, "a", "big", 0), task(&g, "a", "big", 1));
     let lost = LastAttempt {
         id: 3,
-        outcome: Some("ambiguous".into()),
+        outcome: Some(CallOutcome::Ambiguous),
         job_id: None,
     };
     let open = vec![
@@ -200,12 +198,12 @@ fn a_changed_pipeline_keeps_tasks_of_the_same_identity_and_pays_for_the_others()
         rec.hashes.insert((id, 1), format!("{item}1"));
     }
     let known = |t: usize, k: u32| -> Option<String> {
-        let (item, ..) = g.key(t);
+        let item = g.key(t).item;
         Some(format!("{item}{k}"))
     };
     let mut previous = HashMap::new();
     for t in 0..g.len() {
-        let (item, step, _) = g.key(t);
+        let TaskKey { item, step, .. } = g.key(t);
         let same = identity(&g, t, known);
         let was = if item == "a" && step == "big" {
             Some("another request".to_owned())
@@ -278,9 +276,10 @@ fn reuse_asks_for_each_level_of_the_chain_in_one_batch_and_takes_what_it_finds()
 fn recorded_tasks_the_pipeline_dropped_are_passed_on() {
     let g = graph();
     let mut rec = records(&g, &["a", "b"], Vec::new());
-    let gone = TaskRow {
-        item: "c".into(),
-        ..row(&g, 0, TaskStatus::Succeeded, None)
+    let row = row(&g, 0, TaskStatus::Succeeded, None);
+    let gone = RecordedTask {
+        key: TaskKey::new("c", row.key.step.as_str(), row.key.index),
+        ..row
     };
     rec.removed.push(gone);
     let r = done(decide(&g, &rec, RETRY, &Lookups::default()));

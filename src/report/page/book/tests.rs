@@ -1,4 +1,5 @@
 use super::*;
+use crate::place::Address;
 use crate::store::TaskStatus;
 
 fn task(id: i64, item: &str) -> ReportTask {
@@ -26,7 +27,7 @@ fn output(id: i64, k: u32, path: Option<&str>) -> ReportOutput {
         id,
         k,
         job_id: format!("j{id}"),
-        path: path.map(str::to_owned),
+        place: path.map(Address::recorded),
         sha256: path.map(|p| format!("sha-{p}")),
         download_error: None,
     }
@@ -44,7 +45,7 @@ fn earlier(task_id: i64, path: Option<&str>) -> EarlierOutput {
         task_id,
         k: 0,
         job_id: "old".to_owned(),
-        path: path.map(str::to_owned),
+        place: path.map(Address::recorded),
         sha256: None,
         reason: "rerolled".to_owned(),
         superseded_at: 0,

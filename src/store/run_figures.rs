@@ -1,0 +1,209 @@
+//! What a run has done and paid, read from its tasks and attempts: the figures `status`, the
+//! summary and the report show. Part of the runs' part of the store ([`Store::runs`]).
+
+use sqlx::Row;
+
+use crate::run_id::RunId;
+use crate::store::StoreError;
+use crate::store::runs::Runs;
+use crate::store::tasks::{key_of, to_u64};
+use crate::task_key::TaskKey;
+
+/// What a run has done and paid, from its attempts.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Totals {
+    pub tasks: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub blocked: u64,
+    pub pending: u64,
+    pub planned_credits: u64,
+    pub billed_credits: u64,
+    /// Attempts sent without a complete answer, which may have been billed without a result.
+    pub ambiguous_attempts: u64,
+    /// The planned price of those attempts: what they may have cost.
+    pub possibly_billed_credits: u64,
+    pub outputs: u64,
+    pub downloaded: u64,
+    pub download_failures: u64,
+}
+
+/// One step's tasks of a run, by status.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct StepCounts {
+    pub step: String,
+    pub tasks: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub blocked: u64,
+    pub pending: u64,
+    pub planned_credits: u64,
+    pub billed_credits: u64,
+}
+
+/// An attempt sent without a complete answer: it may have been billed.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct AmbiguousAttempt {
+    #[serde(skip)]
+    pub task_id: i64,
+    pub task: TaskKey,
+    pub endpoint: String,
+    pub started_at: i64,
+    pub job_id: Option<String>,
+    pub error: Option<String>,
+    /// The task's planned price: what the call may have cost.
+    pub credits_at_risk: u64,
+    /// No outcome recorded: in flight, or its process died.
+    pub in_flight: bool,
+}
+
+impl Runs<'_> {
+    /// The run's tasks counted per step, in the order the steps first appear.
+    pub async fn step_counts(&self, run_id: &RunId) -> Result<Vec<StepCounts>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT step, COUNT(*) AS tasks,
+                    COUNT(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+                    COUNT(*) FILTER (WHERE status = 'failed') AS failed,
+                    COUNT(*) FILTER (WHERE status = 'blocked') AS blocked,
+                    COUNT(*) FILTER (WHERE status IN ('pending', 'running')) AS pending,
+                    CAST(SUM(planned_credits) AS BIGINT) AS planned,
+                    CAST(SUM(credits_billed) AS BIGINT) AS billed
+             FROM tasks WHERE run_id = $1 AND removed_at IS NULL
+             GROUP BY step ORDER BY MIN(id)",
+        )
+        .bind(run_id)
+        .fetch_all(self.store.pool())
+        .await?;
+        let n = |r: &sqlx::any::AnyRow, c: &str| -> Result<u64, StoreError> {
+            Ok(r.try_get::<Option<i64>, _>(c)?.unwrap_or(0).max(0) as u64)
+        };
+        rows.iter()
+            .map(|r| {
+                Ok(StepCounts {
+                    step: r.try_get("step")?,
+                    tasks: n(r, "tasks")?,
+                    succeeded: n(r, "succeeded")?,
+                    failed: n(r, "failed")?,
+                    blocked: n(r, "blocked")?,
+                    pending: n(r, "pending")?,
+                    planned_credits: n(r, "planned")?,
+                    billed_credits: n(r, "billed")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Every attempt of the run that may have been billed without a result.
+    pub async fn ambiguous_attempts(
+        &self,
+        run_id: &RunId,
+    ) -> Result<Vec<AmbiguousAttempt>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT t.id, t.item, t.step, t.idx, t.planned_credits, a.endpoint, a.started_at,
+                    a.job_id, a.error,
+                    CASE WHEN a.outcome IS NULL THEN 1 ELSE 0 END AS in_flight
+             FROM attempts a JOIN tasks t ON t.id = a.task_id
+             WHERE a.run_id = $1 AND (a.outcome IS NULL OR a.outcome = 'ambiguous')
+             ORDER BY a.id",
+        )
+        .bind(run_id)
+        .fetch_all(self.store.pool())
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(AmbiguousAttempt {
+                    task_id: r.try_get("id")?,
+                    task: key_of(r)?,
+                    endpoint: r.try_get("endpoint")?,
+                    started_at: r.try_get("started_at")?,
+                    job_id: r.try_get("job_id")?,
+                    error: r.try_get("error")?,
+                    credits_at_risk: crate::store::tasks::to_u64(r.try_get("planned_credits")?),
+                    in_flight: r.try_get::<i64, _>("in_flight")? != 0,
+                })
+            })
+            .collect()
+    }
+
+    /// How many outputs of the run were moved aside, and into which directory they went.
+    pub async fn superseded_count(&self, run_id: &RunId) -> Result<u64, StoreError> {
+        let (n,): (i64,) = sqlx::query_as(
+            "SELECT COUNT(*) FROM superseded_outputs WHERE run_id = $1 AND path IS NOT NULL",
+        )
+        .bind(run_id)
+        .fetch_one(self.store.pool())
+        .await?;
+        Ok(n.max(0) as u64)
+    }
+
+    /// Whether a call of `operation` planned at `credits` was ever billed exactly that, in
+    /// any run: the price is then the service's word, not only the pipeline file's.
+    pub async fn billed_as_planned(
+        &self,
+        operation: &str,
+        credits: u64,
+    ) -> Result<bool, StoreError> {
+        let found: Option<(i64,)> = sqlx::query_as(
+            "SELECT 1 FROM tasks WHERE operation = $1 AND planned_credits = $2
+                 AND credits_billed = planned_credits AND status = 'succeeded' LIMIT 1",
+        )
+        .bind(operation)
+        .bind(i64::try_from(credits).unwrap_or(i64::MAX))
+        .fetch_optional(self.store.pool())
+        .await?;
+        Ok(found.is_some())
+    }
+
+    pub async fn totals(&self, run_id: &RunId) -> Result<Totals, StoreError> {
+        let t = sqlx::query(
+            "SELECT COUNT(*) AS tasks,
+                    COUNT(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+                    COUNT(*) FILTER (WHERE status = 'failed') AS failed,
+                    COUNT(*) FILTER (WHERE status = 'blocked') AS blocked,
+                    COUNT(*) FILTER (WHERE status IN ('pending', 'running')) AS pending,
+                    CAST(COALESCE(SUM(planned_credits), 0) AS BIGINT) AS planned
+             FROM tasks WHERE run_id = $1 AND removed_at IS NULL",
+        )
+        .bind(run_id)
+        .fetch_one(self.store.pool())
+        .await?;
+        let a = sqlx::query(
+            "SELECT CAST(COALESCE(SUM(a.credits_billed), 0) AS BIGINT) AS billed,
+                    COUNT(*) FILTER (WHERE a.outcome = 'ambiguous' OR a.outcome IS NULL)
+                        AS ambiguous,
+                    CAST(COALESCE(SUM(CASE WHEN a.outcome = 'ambiguous' OR a.outcome IS NULL
+                                 THEN t.planned_credits ELSE 0 END), 0) AS BIGINT) AS possibly
+             FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE a.run_id = $1",
+        )
+        .bind(run_id)
+        .fetch_one(self.store.pool())
+        .await?;
+        let o = sqlx::query(
+            "SELECT COUNT(*) AS outputs,
+                    COUNT(*) FILTER (WHERE path IS NOT NULL) AS downloaded,
+                    COUNT(*) FILTER (WHERE path IS NULL AND download_error IS NOT NULL)
+                        AS failures
+             FROM outputs WHERE run_id = $1",
+        )
+        .bind(run_id)
+        .fetch_one(self.store.pool())
+        .await?;
+        let n = |row: &sqlx::any::AnyRow, c: &str| -> Result<u64, StoreError> {
+            Ok(to_u64(row.try_get::<i64, _>(c)?))
+        };
+        Ok(Totals {
+            tasks: n(&t, "tasks")?,
+            succeeded: n(&t, "succeeded")?,
+            failed: n(&t, "failed")?,
+            blocked: n(&t, "blocked")?,
+            pending: n(&t, "pending")?,
+            planned_credits: n(&t, "planned")?,
+            billed_credits: n(&a, "billed")?,
+            ambiguous_attempts: n(&a, "ambiguous")?,
+            possibly_billed_credits: n(&a, "possibly")?,
+            outputs: n(&o, "outputs")?,
+            downloaded: n(&o, "downloaded")?,
+            download_failures: n(&o, "failures")?,
+        })
+    }
+}
