@@ -73,3 +73,100 @@ pub mod time;
 pub mod webhook;
 
 pub use error::{Error, exit};
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::path::{Path, PathBuf};
+
+    /// The modules as the map above lists them, from the top down.
+    fn map() -> Vec<String> {
+        include_str!("lib.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("//! - [`")?.split_once('`'))
+            .map(|(m, _)| m.to_owned())
+            .collect()
+    }
+
+    fn sources(dir: &Path, into: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                sources(&path, into);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                into.push(path);
+            }
+        }
+    }
+
+    /// The top-level modules a file's code (its tests left out) names with a `crate::` path,
+    /// grouped imports (`use crate::{a, b}`) included.
+    fn named(text: &str) -> BTreeSet<String> {
+        let code = text.split("\n#[cfg(test)]\nmod ").next().unwrap_or(text);
+        let word = |s: &str| -> String {
+            s.chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect()
+        };
+        let mut found = BTreeSet::new();
+        for (at, _) in code.match_indices("crate::") {
+            let rest = &code[at + "crate::".len()..];
+            match rest.strip_prefix('{') {
+                Some(group) => {
+                    let group = group.split('}').next().unwrap_or_default();
+                    found.extend(group.split(',').map(|p| word(p.trim())));
+                }
+                None => {
+                    found.insert(word(rest));
+                }
+            }
+        }
+        found
+    }
+
+    /// The map is the layers: a module's code names only modules listed after it, so no two
+    /// top-level modules need each other. A failure names the file and the upward use: move
+    /// the piece both need further down, or, if the layers truly changed, the map's lines.
+    #[test]
+    fn each_module_uses_only_those_the_map_lists_below_it() {
+        let map = map();
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let declared: BTreeSet<String> = include_str!("lib.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("pub mod ")?.strip_suffix(';'))
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(
+            declared,
+            map.iter().cloned().collect::<BTreeSet<_>>(),
+            "the map lists every module once"
+        );
+        let mut files = Vec::new();
+        sources(&src, &mut files);
+        let mut upward = Vec::new();
+        for file in files {
+            let rel = file.strip_prefix(&src).unwrap();
+            let first = rel
+                .iter()
+                .next()
+                .and_then(|c| c.to_str())
+                .unwrap_or_default();
+            let top = first.strip_suffix(".rs").unwrap_or(first);
+            let Some(pos) = map.iter().position(|m| m == top) else {
+                continue;
+            };
+            if rel.ends_with("tests.rs") || rel.ends_with("test_postgres.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&file).unwrap();
+            for used in named(&text) {
+                if let Some(at) = map.iter().position(|m| *m == used)
+                    && at < pos
+                {
+                    upward.push(format!("{} uses {used}", rel.display()));
+                }
+            }
+        }
+        assert!(upward.is_empty(), "upward uses: {upward:#?}");
+    }
+}

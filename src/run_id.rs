@@ -1,7 +1,7 @@
 //! A run's id, as `run --run-id` names it and the state database keeps it (`runs.id`):
 //! made from text once, where it comes in (the command line, a record read back), then passed
 //! as a type, so a run id is never confused with an item, a step or a path. `Display` writes
-//! it as it was given, for messages. Like [`crate::task_key`], this module depends on nothing
+//! it as it was given, for messages. Like the task key's module, this one depends on nothing
 //! but std and serde.
 
 use std::fmt;

@@ -157,7 +157,22 @@ impl StateArgs {
     }
 }
 
-/// Options of every command that runs tasks: `run` and `resume`.
+/// The part of a run to pay for now: options of `run` and `resume` only (a reroll names its
+/// tasks instead, so its `--help` does not offer these).
+#[derive(Clone, Debug, Default, Args)]
+pub struct PartArgs {
+    /// Pay now only for these items: ids and shell-style globs, comma separated (mug,lamp-*),
+    /// first:N, or sample:N (a seed is drawn and printed; sample:N:SEED picks the same items
+    /// again). The rest stays pending: the same run continued without --items pays for it
+    #[arg(long, value_name = "SELECTOR", help_heading = "Run", value_parser = item_selector)]
+    pub items: Option<ItemSelector>,
+    /// Pay now only for STEP and the steps it needs, then stop with exit 7; the run
+    /// continued without --until pays for the rest
+    #[arg(long, value_name = "STEP", help_heading = "Run")]
+    pub until: Option<String>,
+}
+
+/// Options of every command that runs tasks: `run`, `resume` and `reroll`.
 #[derive(Clone, Debug, Args)]
 pub struct RunOptions {
     /// Resume a run even though its pipeline file (or items) changed: tasks whose request and
@@ -171,15 +186,6 @@ pub struct RunOptions {
     /// When another run of this pipeline holds the lock, wait for it instead of exiting 5
     #[arg(long, help_heading = "Run")]
     pub wait: bool,
-    /// Pay now only for these items: ids and shell-style globs, comma separated (mug,lamp-*),
-    /// first:N, or sample:N (a seed is drawn and printed; sample:N:SEED picks the same items
-    /// again). The rest stays pending: the same run continued without --items pays for it
-    #[arg(long, value_name = "SELECTOR", help_heading = "Run", value_parser = item_selector)]
-    pub items: Option<ItemSelector>,
-    /// Pay now only for STEP and the steps it needs, then stop with exit 7; the run
-    /// continued without --until pays for the rest
-    #[arg(long, value_name = "STEP", help_heading = "Run")]
-    pub until: Option<String>,
     /// A call sent without a complete answer may have been billed: call again, or fail the
     /// task (also for calls in flight when an earlier process died)
     #[arg(long, value_enum, default_value = "retry", help_heading = "Run")]
@@ -254,8 +260,9 @@ pub struct RunOptions {
 }
 
 impl RunOptions {
-    /// The settings, every flag checked: a bad one is exit 2 before anything is asked.
-    pub fn settings(&self) -> Result<(Settings, ServiceSettings), Error> {
+    /// The settings, every flag checked: a bad one is exit 2 before anything is asked. `part`
+    /// is the part of the run asked for (`PartArgs::default()` for all of it).
+    pub fn settings(&self, part: &PartArgs) -> Result<(Settings, ServiceSettings), Error> {
         if self.concurrency == Some(0) {
             return Err(Error::usage("--concurrency must be at least 1", None));
         }
@@ -299,8 +306,8 @@ impl RunOptions {
             allow_changes: self.allow_changes,
             reuse: self.reuse,
             wait: self.wait,
-            items: self.items.clone(),
-            until: self.until.clone(),
+            items: part.items.clone(),
+            until: part.until.clone(),
             concurrency: self.concurrency,
             rate,
             max_credits: self.max_credits,
@@ -344,8 +351,8 @@ impl RunOptions {
     /// the state and the budget are, and the choices that shape what is paid for. Flags
     /// given through the environment need no repeating: the environment is still there.
     /// With `scoped`, the `--items` and `--until` it was given too: the command then continues
-    /// the part asked for; without, it continues the whole run.
-    pub fn continue_flags(&self, scoped: bool) -> Vec<String> {
+    /// the part asked for; without (`None`), it continues the whole run.
+    pub fn continue_flags(&self, scoped: Option<&PartArgs>) -> Vec<String> {
         let mut out = Vec::new();
         let mut flag = |name: &str, value: Option<String>| {
             if let Some(v) = value {
@@ -372,9 +379,9 @@ impl RunOptions {
         flag("--rate", self.rate.clone());
         // Not --notify: a webhook's URL is often its credential, and this command is printed.
         flag("--metrics-file", self.metrics_file.as_deref().map(path));
-        if scoped {
-            flag("--items", self.items.as_ref().map(ToString::to_string));
-            flag("--until", self.until.clone());
+        if let Some(part) = scoped {
+            flag("--items", part.items.as_ref().map(ToString::to_string));
+            flag("--until", part.until.clone());
         }
         let on_fail = self.on_ambiguous == OnAmbiguous::Fail;
         flag("--on-ambiguous", on_fail.then(|| "fail".to_owned()));

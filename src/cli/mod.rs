@@ -8,9 +8,11 @@
 mod account;
 mod args;
 mod cap;
+mod completions;
 mod generate;
 mod job;
 mod logging;
+mod man;
 mod models;
 mod output;
 mod plan;
@@ -107,6 +109,10 @@ pub enum Command {
     /// What the runs cost: credits billed, possibly billed and planned, calls and failures,
     /// per day, week, month, pipeline, step or run
     Spend(spend::SpendArgs),
+    /// Print the completion script of a shell: bash, zsh, fish or powershell
+    Completions(completions::CompletionsArgs),
+    /// Write man pages, one for imgpipe and one per command, to a directory
+    Man(man::ManArgs),
 }
 
 /// Runs a parsed command line and returns the process exit code.
@@ -143,6 +149,8 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
         Command::Status(args) => return status::run(args, g).await,
         Command::Spend(args) => return spend::run(args, g).await,
         Command::Report(args) => return report::run(args, g).await,
+        Command::Completions(args) => return completions::run(args),
+        Command::Man(args) => return man::run(args),
         _ => {}
     }
     // From here on SIGINT and SIGTERM are latched: a signal is never lost between two waits,
@@ -167,7 +175,9 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
             | Command::Cap(_)
             | Command::Status(_)
             | Command::Spend(_)
-            | Command::Report(_) => Ok(()),
+            | Command::Report(_)
+            | Command::Completions(_)
+            | Command::Man(_) => Ok(()),
         }
     };
     if matches!(

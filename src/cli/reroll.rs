@@ -6,7 +6,7 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::GlobalArgs;
-use crate::cli::args::{RunOptions, after, quote};
+use crate::cli::args::{PartArgs, RunOptions, after, quote};
 use crate::cli::view::Terminal;
 use crate::error::Error;
 use crate::resume::Target;
@@ -32,10 +32,10 @@ pub(super) async fn run(
     global: &GlobalArgs,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
-    let (settings, service) = args.opts.settings()?;
+    let (settings, service) = args.opts.settings(&PartArgs::default())?;
     let targets = &args.tasks;
     let words: Vec<String> = targets.iter().map(|t| quote(&t.to_string())).collect();
-    let flags = after(&args.opts.continue_flags(false));
+    let flags = after(&args.opts.continue_flags(None));
     let tasks = words.join(" ");
     let view = Terminal {
         json: global.json,

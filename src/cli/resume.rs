@@ -5,7 +5,7 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::GlobalArgs;
-use crate::cli::args::{RunOptions, after, quote};
+use crate::cli::args::{PartArgs, RunOptions, after, quote};
 use crate::cli::view::Terminal;
 use crate::error::Error;
 use crate::runner::Runner;
@@ -18,6 +18,8 @@ pub struct ResumeArgs {
     #[arg(long, help_heading = "Run")]
     pub dry_run: bool,
     #[command(flatten)]
+    pub part: PartArgs,
+    #[command(flatten)]
     pub opts: RunOptions,
 }
 
@@ -26,8 +28,8 @@ pub(super) async fn run(
     global: &GlobalArgs,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
-    let (settings, service) = args.opts.settings()?;
-    let words = |scoped: bool| after(&args.opts.continue_flags(scoped));
+    let (settings, service) = args.opts.settings(&args.part)?;
+    let words = |scoped: bool| after(&args.opts.continue_flags(scoped.then_some(&args.part)));
     let (scoped, all) = (words(true), words(false));
     let view = Terminal {
         json: global.json,

@@ -7,7 +7,7 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::GlobalArgs;
-use crate::cli::args::{RunOptions, quote};
+use crate::cli::args::{PartArgs, RunOptions, quote};
 use crate::cli::view::{ContinueWith, Terminal};
 use crate::error::Error;
 use crate::runner::{RunRequest, Runner};
@@ -37,6 +37,8 @@ pub struct RunArgs {
     #[arg(long, help_heading = "Budget")]
     pub discover_price: bool,
     #[command(flatten)]
+    pub part: PartArgs,
+    #[command(flatten)]
     pub opts: RunOptions,
 }
 
@@ -45,7 +47,7 @@ pub(super) async fn run(
     global: &GlobalArgs,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
-    let (settings, service) = args.opts.settings()?;
+    let (settings, service) = args.opts.settings(&args.part)?;
     let request = RunRequest {
         file: args.file.clone(),
         saved_plan: args.plan.clone(),
@@ -80,7 +82,7 @@ fn continue_with(args: &RunArgs) -> ContinueWith {
 /// The words of the continue command before and after its run id.
 fn command_after(args: &RunArgs, scoped: bool) -> (String, String) {
     let file = args.file.as_ref().map(|f| quote(&f.display().to_string()));
-    let mut after = args.opts.continue_flags(scoped);
+    let mut after = args.opts.continue_flags(scoped.then_some(&args.part));
     if let Some(out) = &args.out {
         after.push("--out".into());
         after.push(quote(&out.to_string()));

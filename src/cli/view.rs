@@ -157,6 +157,9 @@ pub(super) fn render_summary(s: &Summary) -> String {
         "  outputs   {} of {} downloaded to {}\n  manifest  {}\n",
         t.downloaded, t.outputs, s.output_dir, s.manifest
     );
+    if let Some(report) = &s.report {
+        out += &format!("  report    {report}\n");
+    }
     if let Some(reason) = &s.stopped {
         out += &format!("  stopped   {reason}\n");
     }

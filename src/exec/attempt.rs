@@ -65,10 +65,8 @@ async fn run(
     task_id: i64,
     force_refresh: bool,
 ) -> Result<Success, Failure> {
+    // `task_id` is the task's row: the scheduler admits no task without one.
     let (call, parent) = prepare(shared, task, force_refresh).await?;
-    if task_id == 0 {
-        return Err(Failure::Input(format!("task {task} has no database row")));
-    }
     let attempt_id = shared
         .store
         .attempts()

@@ -33,6 +33,10 @@ pub struct Summary {
     /// The command that continues the run, when it is unfinished and not going.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub continue_with: Option<String>,
+    /// The HTML report the run just wrote (`run --report`, or a part done as asked), so the
+    /// summary says where to look; absent when none was written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub report: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -119,6 +123,7 @@ async fn summary_from(
         stopped: run.stop_reason,
         process: None,
         continue_with: None,
+        report: None,
     })
 }
 

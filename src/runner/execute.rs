@@ -327,12 +327,14 @@ impl Runner<'_> {
                 balance_after,
             )
             .await?;
-        self.view
-            .summary(&crate::report::summary::summary_of(store, &run.id).await?)?;
-        // A part done as asked is there to be looked at: its report is written unasked.
+        // A part done as asked is there to be looked at: its report is written unasked, before
+        // the summary, which names it.
         if self.settings.report || part_done {
             *report = write_report(store, &run.id).await;
         }
+        let mut summary = crate::report::summary::summary_of(store, &run.id).await?;
+        summary.report.clone_from(report);
+        self.view.summary(&summary)?;
         let (resume, rest) = (
             self.view.continue_command(&run.id),
             self.view.continue_rest(&run.id),

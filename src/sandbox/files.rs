@@ -10,7 +10,7 @@ use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 
-use crate::sandbox::handlers::{App, Reply};
+use crate::sandbox::reply::{App, Reply};
 use crate::sandbox::signing::Refusal;
 use crate::sandbox::state::State;
 

@@ -12,8 +12,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State as Shared};
-use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::StatusCode;
+use axum::http::header::CONTENT_TYPE;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -22,11 +22,10 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use crate::api::rules::{self, InvalidField};
-use crate::api::types::{ErrorBody, ErrorDetail, ToolName};
+use crate::api::types::ToolName;
+use crate::sandbox::reply::{App, Reply};
 use crate::sandbox::state::{InFlight, Job, JobKind, MODEL_ID, Source, State};
 use crate::sandbox::{RateScope, edit, files};
-
-pub(super) type App = Shared<Arc<State>>;
 
 pub(super) fn router(state: Arc<State>) -> Router {
     Router::new()
@@ -45,55 +44,6 @@ pub(super) fn router(state: Arc<State>) -> Router {
         .fallback(|| async { Reply::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .with_state(state)
-}
-
-/// An error answer in the sandbox's JSON shape.
-pub(super) struct Reply {
-    status: StatusCode,
-    detail: ErrorDetail,
-    retry_after: Option<u64>,
-}
-
-impl Reply {
-    pub(super) fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
-        Reply {
-            status,
-            detail: ErrorDetail {
-                code: code.into(),
-                message: message.into(),
-                field: None,
-            },
-            retry_after: None,
-        }
-    }
-
-    fn rate_limited(message: &str, wait: Duration) -> Self {
-        let mut reply = Reply::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", message);
-        // Retry-After is whole seconds; rounding up never invites an early retry.
-        reply.retry_after = Some(wait.as_secs_f64().ceil().max(1.0) as u64);
-        reply
-    }
-}
-
-impl From<InvalidField> for Reply {
-    fn from(e: InvalidField) -> Self {
-        let mut reply = Reply::new(StatusCode::BAD_REQUEST, "invalid_request", e.to_string());
-        reply.detail.field = Some(e.field);
-        reply
-    }
-}
-
-impl IntoResponse for Reply {
-    fn into_response(self) -> Response {
-        let mut response =
-            (self.status, axum::Json(ErrorBody { error: self.detail })).into_response();
-        if let Some(secs) = self.retry_after {
-            response
-                .headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from(secs));
-        }
-        response
-    }
 }
 
 /// Counts API requests, checks the key and applies the rate limit on everything but result

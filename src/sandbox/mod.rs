@@ -11,6 +11,7 @@ mod files;
 mod handlers;
 mod hold;
 pub mod images;
+mod reply;
 mod signing;
 mod state;
 

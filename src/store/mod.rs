@@ -63,7 +63,7 @@ pub use outputs::{Outputs, RecordedOutput, UrlIssued};
 pub use report::{
     EarlierOutput, Report, ReportEntry, ReportOutput, ReportTask, Spend, StepTotals, TaskRequest,
 };
-pub use rerolls::{NewReroll, OpenReroll, Rerolls};
+pub use rerolls::{NewReroll, OpenReroll};
 pub use revisions::{Changes, PendingMove, Reused, Revisions, SetAside, TaskRef};
 pub use run_figures::{AmbiguousAttempt, StepCounts, Totals};
 pub use runs::{NewRun, RecordedPlan, Run, RunStatus, Runs};
@@ -363,6 +363,8 @@ impl Store {
     pub fn outputs(&self) -> Outputs<'_> {
         Outputs { store: self }
     }
+
+    /// What resuming a run reads and writes (reviews, reuse, rerolls).
 
     /// The spending caps and their leases.
     pub fn caps(&self) -> Caps<'_> {

@@ -3,7 +3,8 @@
 
 use sqlx::{AnyConnection, Row};
 
-use crate::store::{Store, StoreError, now_ms};
+use crate::store::revisions::Revisions;
+use crate::store::{StoreError, now_ms};
 
 /// A reroll to record with the review that resets its tasks.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -37,21 +38,15 @@ pub(super) async fn insert(
     Ok(())
 }
 
-/// A run's rerolls: [`Store::rerolls`].
-#[derive(Clone, Copy)]
-pub struct Rerolls<'a> {
-    store: &'a Store,
-}
-
-impl Store {
-    pub fn rerolls(&self) -> Rerolls<'_> {
-        Rerolls { store: self }
-    }
-}
-
-impl Rerolls<'_> {
+/// A reroll is recorded by the revision that resets its tasks: its reads and its end are
+/// revisions' too.
+impl Revisions<'_> {
     /// The latest reroll of run `run_id` that named `said` and has not ended.
-    pub async fn open(&self, run_id: &str, said: &str) -> Result<Option<OpenReroll>, StoreError> {
+    pub async fn open_reroll(
+        &self,
+        run_id: &str,
+        said: &str,
+    ) -> Result<Option<OpenReroll>, StoreError> {
         let row = sqlx::query(
             "SELECT id, task_ids FROM rerolls
              WHERE run_id = $1 AND said = $2 AND finished_at IS NULL
@@ -74,7 +69,7 @@ impl Rerolls<'_> {
     }
 
     /// Ends the open rerolls of run `run_id` that named `said`: all their tasks are done.
-    pub async fn finish(&self, run_id: &str, said: &str) -> Result<(), StoreError> {
+    pub async fn finish_reroll(&self, run_id: &str, said: &str) -> Result<(), StoreError> {
         sqlx::query(
             "UPDATE rerolls SET finished_at = $1
              WHERE run_id = $2 AND said = $3 AND finished_at IS NULL",

@@ -75,7 +75,7 @@ pub struct PendingMove {
 /// A resume's revisions of the record: [`Store::revisions`].
 #[derive(Clone, Copy)]
 pub struct Revisions<'a> {
-    store: &'a Store,
+    pub(super) store: &'a Store,
 }
 
 impl Store {

@@ -14,6 +14,7 @@ mod cli;
 mod client;
 mod common;
 mod crash;
+mod docs;
 mod events;
 mod full_disk;
 mod fuzz;
