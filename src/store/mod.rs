@@ -364,8 +364,6 @@ impl Store {
         Outputs { store: self }
     }
 
-    /// What resuming a run reads and writes (reviews, reuse, rerolls).
-
     /// The spending caps and their leases.
     pub fn caps(&self) -> Caps<'_> {
         Caps { store: self }
