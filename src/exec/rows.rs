@@ -243,7 +243,8 @@ pub(super) async fn record_identities(
             .collect();
         inputs.sort_unstable();
         inputs.dedup();
-        let hashes: HashMap<(i64, u32), String> = store.resume().output_hashes_of(&inputs).await?;
+        let hashes: HashMap<(i64, u32), String> =
+            store.identities().output_hashes_of(&inputs).await?;
         let found: Vec<(i64, String)> = chunk
             .iter()
             .filter_map(|&t| {
@@ -251,7 +252,7 @@ pub(super) async fn record_identities(
                 Some((rows.get(t)?, id))
             })
             .collect();
-        store.resume().set_identities(&found).await?;
+        store.identities().set(&found).await?;
     }
     Ok(())
 }

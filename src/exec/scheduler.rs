@@ -251,7 +251,7 @@ impl Scheduler {
             .collect();
         read.sort_unstable();
         let mut outputs = store.outputs().unstored(&self.config.run_id).await?;
-        let stored = store.resume().outputs_of_tasks(&read).await?.into_iter();
+        let stored = store.kept().of_tasks(&read).await?.into_iter();
         outputs.extend(stored.filter(|o| o.path.is_some()));
         self.take_outputs(outputs);
         // Every download so far fetches an output a run paid for and could not keep.

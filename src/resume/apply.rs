@@ -6,7 +6,7 @@
 //! 2. lost answers are read back and each recorded as it comes (a fact, like any answer);
 //! 3. reused outputs are copied into the run (files no row names yet: copied again, or found
 //!    whole, next time);
-//! 4. every other state write is one transaction ([`Store::apply_review`]), which also journals
+//! 4. every other state write is one transaction ([`crate::store::Revisions::apply`]), which also journals
 //!    the file and object moves: before its commit nothing of it happened, after it all did;
 //! 5. the journaled moves are made, then forgotten. A move is idempotent: one found made is
 //!    counted made.
@@ -54,7 +54,7 @@ pub async fn apply(
     review: &Review,
     describe: impl Fn(usize) -> NewTask,
 ) -> Result<Tally, StoreError> {
-    make_moves(store, store.resume().pending_moves(run_id).await?).await?;
+    make_moves(store, store.revisions().pending_moves(run_id).await?).await?;
     store.attempts().settle_orphaned(run_id).await?;
     // A continued run's rows are the review's; a new run recorded some since its review.
     let read;
@@ -78,7 +78,7 @@ pub async fn apply(
         describe: &describe,
     };
     let leaving = at.leaving(&recovered);
-    let set_aside = at.set_aside(&store.resume().outputs_of_tasks(&leaving).await?, run_dir);
+    let set_aside = at.set_aside(&store.kept().of_tasks(&leaving).await?, run_dir);
     let (failed, blocked) = at.left_failed();
     let changes = Changes {
         new_tasks: at.new_tasks(),
@@ -96,7 +96,7 @@ pub async fn apply(
         set_aside: changes.set_aside.len(),
     };
     crate::failpoint::hit("resume-apply-before-commit");
-    let moves = store.resume().apply_review(run_id, &changes).await?;
+    let moves = store.revisions().apply(run_id, &changes).await?;
     crate::failpoint::hit("resume-apply-after-commit");
     make_moves(store, moves).await?;
     Ok(tally)
@@ -265,7 +265,7 @@ pub(super) async fn refetch(
         ..Changes::default()
     };
     crate::failpoint::hit("resume-refetch-before-commit");
-    let moves = store.resume().apply_review(run_id, &changes).await?;
+    let moves = store.revisions().apply(run_id, &changes).await?;
     crate::failpoint::hit("resume-refetch-after-commit");
     make_moves(store, moves).await
 }
@@ -283,7 +283,7 @@ async fn make_moves(store: &Store, moves: Vec<PendingMove>) -> Result<(), StoreE
             crate::failpoint::hit("resume-apply-moving");
         }
     }
-    store.resume().finish_moves(&done).await
+    store.revisions().finish_moves(&done).await
 }
 
 /// Moves a file or object from `from` to `to` (as the journal holds them), never replacing

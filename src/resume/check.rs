@@ -2,7 +2,7 @@
 //! (see [`super::objects`]). What differs is fetched again from its job, never paid again.
 //!
 //! Memory: the run's stored outputs stream from the state database in the byte order of their
-//! path ([`Store::stored_outputs`]: id, task, path, sha256, size, ETag), and are checked in
+//! path ([`crate::store::Kept::stored`]: id, task, path, sha256, size, ETag), and are checked in
 //! pages as they come: files [`FILES_PER_TRIP`] to a trip to the blocking pool, two trips at
 //! once; objects a listing's page at a time, [`PAGES_IN_FLIGHT`] pages at once. What the
 //! check holds is those pages and, for the run as a whole, the outputs that differ (an id and
@@ -73,8 +73,8 @@ pub(super) async fn outputs(
 ) -> Result<Vec<Refetch>, StoreError> {
     let (hashing, objects) = (&Semaphore::new(HASHING_AT_ONCE), &Checker::new());
     let kept = store
-        .resume()
-        .stored_outputs(run_id)
+        .kept()
+        .stored(run_id)
         .try_filter(|o| ready(kept.binary_search(&o.task_id).is_ok()));
     let mut differ: Vec<Differs> = pages(kept)
         .map_ok(move |page| async move {
@@ -97,8 +97,8 @@ pub(super) async fn outputs(
     let mut modified: HashMap<i64, Option<String>> =
         differ.into_iter().map(|d| (d.id, d.modified)).collect();
     let mut refetch: Vec<Refetch> = store
-        .resume()
-        .outputs_by_id(&ids)
+        .kept()
+        .by_id(&ids)
         .await?
         .into_iter()
         .map(|output| Refetch {

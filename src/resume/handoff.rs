@@ -102,7 +102,7 @@ impl After {
     /// the part asked for, finished) is recorded finished, so the same command starts anew.
     pub async fn finish(self, store: &Store, done: bool) -> Result<(), StoreError> {
         match &self.reroll {
-            Some(said) if done => store.resume().finish_reroll(&self.run_id, said).await,
+            Some(said) if done => store.revisions().finish_reroll(&self.run_id, said).await,
             _ => Ok(()),
         }
     }

@@ -258,7 +258,7 @@ pub async fn review(
         match decide::decide(graph, &records, opts, &lookups) {
             Decision::Done(review) => break *review,
             Decision::Need(ids) => {
-                let found = store.resume().reusable_many(&ids, run_id).await?;
+                let found = store.identities().reusable(&ids, run_id).await?;
                 lookups.answer(ids, found);
             }
         }

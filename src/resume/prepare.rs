@@ -152,7 +152,7 @@ async fn rerolled(
         message,
     })?;
     let said = reroll::said(targets);
-    let open = store.resume().open_reroll(run_id, &said).await?;
+    let open = store.revisions().open_reroll(run_id, &said).await?;
     if open.is_some() {
         tracing::info!(
             "continuing the unfinished reroll of {said}: what it already paid for is kept"

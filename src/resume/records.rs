@@ -61,7 +61,7 @@ pub(super) async fn load(
     }
     r.has_rows[batch] = r.ids.any_of(graph, Instance::Batch);
     if identities || previous.is_some() {
-        r.hashes = store.resume().output_hashes(run_id).await?;
+        r.hashes = store.identities().output_hashes(run_id).await?;
     }
     if let Some(old) = previous {
         r.previous = Some(identities_of(old, &all, &r.hashes));

@@ -59,7 +59,7 @@ pub(super) async fn recover(
         })
     });
     let parent = match upstream.and_then(|u| rows.get(u)) {
-        Some(id) => store.resume().task_job(id).await?,
+        Some(id) => store.kept().job_of_task(id).await?,
         None => None,
     };
     store

@@ -1,7 +1,7 @@
 //! A reroll: chosen tasks of a run paid for again, with everything downstream of them that
 //! ran, their earlier outputs set aside under `_superseded/` (never overwritten).
 //!
-//! A reroll is recorded in the same transaction that resets its tasks ([`Store::apply_review`]
+//! A reroll is recorded in the same transaction that resets its tasks ([`crate::store::Revisions::apply`]
 //! with [`crate::store::Changes::reroll`]), with the row ids it reset. Until it ends with all
 //! of them done, the same command continues it rather than starting another: a reroll killed
 //! half way and given again pays for what is left of it, and nothing twice.

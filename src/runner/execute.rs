@@ -143,44 +143,12 @@ impl Runner<'_> {
         } = start;
         config.scope = scope.clone();
         if discover {
-            let found =
-                discover::price(conn, store, &graph, &config, &doc.balance, &self.shutdown).await?;
-            let budget = doc.budget.as_ref().map(|b| b.max_credits);
-            doc = crate::plan::make(pipeline, found, doc.balance.clone(), budget);
-            doc = crate::plan::narrow(doc, pipeline, &scope);
-            graph = Arc::new(Graph::build(pipeline, &doc.costs)?);
-            record::reprice(store, &run.id, &graph, &doc).await?;
-            config.known_prices = known_prices(store, &doc).await?;
-            if !doc.verdict.fits {
-                self.view.plan(&doc)?;
-                store
-                    .runs()
-                    .set_status(
-                        &run.id,
-                        RunStatus::Stopped,
-                        Some("the discovered price does not fit"),
-                        None,
-                    )
-                    .await?;
-                return admit::refusal(&doc);
-            }
-            // The plan was judged against the balance before the discovering call; what may
-            // be spent now is bounded by the balance after it.
-            let budget_cap = admit::cap_of(&doc, admit::spent(store, &run.id).await?);
-            let fresh = conn
-                .balance_now()
-                .await
-                .map(|b| u64::try_from(b).unwrap_or(0));
-            config.cap = crate::plan::tighter(budget_cap, fresh);
+            (graph, doc) = self
+                .discovered(conn, store, pipeline, &graph, doc, &mut config)
+                .await?;
         }
-        let steps: Vec<(String, u64)> = doc
-            .costs
-            .steps
-            .iter()
-            .map(|s| (s.step.clone(), s.tasks))
-            .collect();
         let progress = self.view.progress(
-            &steps,
+            &steps_of(&doc),
             &store.runs().step_counts(&run.id).await?,
             doc.costs.total_credits.unwrap_or(doc.costs.known_credits),
         );
@@ -192,28 +160,61 @@ impl Runner<'_> {
             config.run_dir.root()
         );
         let Told { session, concluded } = told;
-        let observer = session.observer(
-            Arc::clone(&progress),
-            doc.budget.as_ref().map(|b| b.max_credits),
-            run.billed,
-        );
-        let outcome = exec::run(
-            Arc::clone(&graph),
-            exec::Links {
-                store: store.clone(),
-                client: conn.client.clone(),
-                downloader: conn.downloader.clone(),
-            },
-            config,
-            observer,
-            self.shutdown.clone(),
-            refetch,
-        )
-        .await?;
+        let budget = doc.budget.as_ref().map(|b| b.max_credits);
+        let observer = session.observer(Arc::clone(&progress), budget, run.billed);
+        let links = exec::Links {
+            store: store.clone(),
+            client: conn.client.clone(),
+            downloader: conn.downloader.clone(),
+        };
+        let shutdown = self.shutdown.clone();
+        let outcome = exec::run(graph, links, config, observer, shutdown, refetch).await?;
         progress.finish();
         concluded.failures = outcome.failures.clone();
         self.conclude(conn, store, &run, outcome, &scope, &mut concluded.report)
             .await
+    }
+
+    /// The generation price discovered by one call: the plan made again with it and the
+    /// run's recorded tasks repriced; the run stopped and refused when the plan no longer
+    /// fits; else what may be spent bounded by the balance after the call.
+    async fn discovered(
+        &self,
+        conn: &Connection,
+        store: &Store,
+        pipeline: &Pipeline,
+        graph: &Arc<Graph>,
+        doc: PlanDocument,
+        config: &mut exec::Config,
+    ) -> Result<(Arc<Graph>, PlanDocument), Error> {
+        let found = discover::price(conn, store, graph, config, &doc.balance, &self.shutdown);
+        let found = found.await?;
+        let budget = doc.budget.as_ref().map(|b| b.max_credits);
+        let doc = crate::plan::make(pipeline, found, doc.balance.clone(), budget);
+        let doc = crate::plan::narrow(doc, pipeline, &config.scope);
+        let graph = Arc::new(Graph::build(pipeline, &doc.costs)?);
+        let run_id = config.run_id.clone();
+        record::reprice(store, &run_id, &graph, &doc).await?;
+        config.known_prices = known_prices(store, &doc).await?;
+        if !doc.verdict.fits {
+            self.view.plan(&doc)?;
+            let why = Some("the discovered price does not fit");
+            store
+                .runs()
+                .set_status(&run_id, RunStatus::Stopped, why, None)
+                .await?;
+            // A plan that does not fit is always refused.
+            admit::refusal(&doc)?;
+        }
+        // The plan was judged against the balance before the discovering call; what may be
+        // spent now is bounded by the balance after it.
+        let budget_cap = admit::cap_of(&doc, admit::spent(store, &run_id).await?);
+        let fresh = conn
+            .balance_now()
+            .await
+            .map(|b| u64::try_from(b).unwrap_or(0));
+        config.cap = crate::plan::tighter(budget_cap, fresh);
+        Ok((graph, doc))
     }
 
     /// What the run may do: the settings first, then the pipeline, then the account's word.
@@ -348,6 +349,12 @@ impl Runner<'_> {
         };
         verdict.exit.into_result(outcome.stop, &words)
     }
+}
+
+/// Each step's name and task count, in pipeline order, for the progress shown.
+fn steps_of(doc: &PlanDocument) -> Vec<(String, u64)> {
+    let steps = doc.costs.steps.iter();
+    steps.map(|s| (s.step.clone(), s.tasks)).collect()
 }
 
 /// The run's hold on the spending caps that cover its pipeline; `None` when none does.

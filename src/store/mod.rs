@@ -22,9 +22,10 @@
 
 mod attempts;
 mod caps;
-mod changes;
 mod gauges;
 mod group;
+mod identities;
+mod kept;
 pub mod ledger;
 mod location;
 pub mod lock;
@@ -33,7 +34,7 @@ mod outputs;
 mod postgres;
 mod report;
 mod rerolls;
-mod resume;
+mod revisions;
 mod run_figures;
 mod runs;
 pub(crate) mod tasks;
@@ -56,15 +57,14 @@ pub use gauges::{Gauges, RunGauges};
 pub use location::{Location, PgUrl};
 pub use outline::ItemOutline;
 
+pub use identities::{Identities, Reusable, ReusableOutput};
+pub use kept::{Kept, StoredOutput};
 pub use outputs::{Outputs, RecordedOutput, UrlIssued};
 pub use report::{
     EarlierOutput, Report, ReportEntry, ReportOutput, ReportTask, Spend, StepTotals, TaskRequest,
 };
 pub use rerolls::{NewReroll, OpenReroll};
-pub use resume::{
-    Changes, PendingMove, Resuming, Reusable, ReusableOutput, Reused, SetAside, StoredOutput,
-    TaskRef,
-};
+pub use revisions::{Changes, PendingMove, Reused, Revisions, SetAside, TaskRef};
 pub use run_figures::{AmbiguousAttempt, StepCounts, Totals};
 pub use runs::{NewRun, RecordedPlan, Run, RunStatus, Runs};
 pub use tasks::{LastAttempt, NewTask, RecordedTask, TaskStatus, Tasks};
@@ -362,11 +362,6 @@ impl Store {
     /// The images the calls made, and where they were kept.
     pub fn outputs(&self) -> Outputs<'_> {
         Outputs { store: self }
-    }
-
-    /// What resuming a run reads and writes (reviews, reuse, rerolls).
-    pub fn resume(&self) -> Resuming<'_> {
-        Resuming { store: self }
     }
 
     /// The spending caps and their leases.

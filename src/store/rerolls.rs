@@ -1,9 +1,9 @@
 //! Rerolls as the record keeps them: written in the transaction that resets their tasks
-//! ([`Resuming::apply_review`]), looked up by what they named, ended when all their tasks are done.
+//! ([`crate::store::Revisions::apply`]), looked up by what they named, ended when all their tasks are done.
 
 use sqlx::{AnyConnection, Row};
 
-use crate::store::resume::Resuming;
+use crate::store::revisions::Revisions;
 use crate::store::{StoreError, now_ms};
 
 /// A reroll to record with the review that resets its tasks.
@@ -38,7 +38,9 @@ pub(super) async fn insert(
     Ok(())
 }
 
-impl Resuming<'_> {
+/// A reroll is recorded by the revision that resets its tasks: its reads and its end are
+/// revisions' too.
+impl Revisions<'_> {
     /// The latest reroll of run `run_id` that named `said` and has not ended.
     pub async fn open_reroll(
         &self,

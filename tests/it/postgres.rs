@@ -992,7 +992,7 @@ async fn in_byte_order(state: &str, writer: &str) {
     }
     conn.commit().await.unwrap();
     let stored: Vec<imgpipe::store::StoredOutput> =
-        futures::TryStreamExt::try_collect(store.resume().stored_outputs("r"))
+        futures::TryStreamExt::try_collect(store.kept().stored("r"))
             .await
             .unwrap();
     let listed: Vec<&str> = stored.iter().map(|o| o.path.as_str()).collect();
@@ -1010,7 +1010,7 @@ async fn in_byte_order(state: &str, writer: &str) {
     // Read back whole by id, in the order of the ids.
     let mut some: Vec<i64> = stored.iter().take(3).map(|o| o.id).collect();
     some.sort_unstable();
-    let rows = store.resume().outputs_by_id(&some).await.unwrap();
+    let rows = store.kept().by_id(&some).await.unwrap();
     let read: Vec<(i64, &str)> = rows.iter().map(|r| (r.id, r.task.item.as_str())).collect();
     let expected: Vec<(i64, String)> = some
         .iter()

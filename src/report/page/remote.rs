@@ -202,8 +202,8 @@ async fn outputs_not_as_recorded(
     run_url: &ObjectUrl,
 ) -> Result<Vec<(i64, Seen)>, Error> {
     let kept = store
-        .resume()
-        .stored_outputs(run_id)
+        .kept()
+        .stored(run_id)
         .map_err(Error::from)
         .try_filter_map(|o| {
             ready(Ok(match Address::recorded(&o.path) {

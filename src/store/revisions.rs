@@ -1,17 +1,94 @@
-//! A resume's changes to the record, written in one transaction, and the journal of the file
-//! and object moves that go with them.
+//! A resume's revisions of the record (tasks reset, added, dropped, left failed or reused,
+//! outputs set aside), written in one transaction, and the journal of the file and object
+//! moves that go with them.
 
 use sqlx::{AnyConnection, Row};
 
-use crate::store::resume::Resuming;
-use crate::store::resume::{Changes, PendingMove, Reused, SetAside, TaskRef};
+use crate::store::identities::Reusable;
 use crate::store::tasks::{NewTask, insert_tasks, to_i64};
-use crate::store::{StoreError, now_ms};
+use crate::store::{Store, StoreError, now_ms};
+use crate::task_key::TaskKey;
 
-impl Resuming<'_> {
+/// An output set aside by a resume: its row moves to `superseded_outputs`, and its file (or
+/// object), when it has one, is to move from `from` to `to`: a move journaled with the change
+/// and made after the commit (see [`Revisions::apply`]).
+pub struct SetAside {
+    pub output_id: i64,
+    /// The file's recorded place, and where it goes.
+    pub from: Option<String>,
+    pub to: Option<String>,
+    /// The sha256 of the bytes there, when they differ from the recorded ones.
+    pub sha256: Option<String>,
+    pub reason: &'static str,
+    /// Keep the output (its job is still the task's) and fetch its file again; else the
+    /// output is dropped with its task's old job, before the task runs again.
+    pub refetch: bool,
+}
+
+/// A task the record gains or already has: new tasks have no row id until the change is
+/// written.
+#[derive(Clone, Debug)]
+pub enum TaskRef {
+    Row(i64),
+    /// The key of a task recorded by the same change.
+    New(TaskKey),
+}
+
+/// A task settled with an earlier run's result (`--reuse`), its files copied to `paths` (by
+/// output index), or to be fetched from its job where `None`.
+pub struct Reused {
+    pub task: TaskRef,
+    pub identity: String,
+    pub from: Reusable,
+    pub paths: Vec<Option<String>>,
+}
+
+/// Every state write a resume makes before its scheduler starts, written by
+/// [`Revisions::apply`] in one transaction: a process killed while applying a review leaves
+/// the record as it was before, or as it is after, never in between.
+#[derive(Default)]
+pub struct Changes {
+    /// Tasks the pipeline gained, or reused ones the run had not recorded yet.
+    pub new_tasks: Vec<NewTask>,
+    pub set_aside: Vec<SetAside>,
+    /// Tasks to do again from the start, as each `NewTask` now describes it.
+    pub reset: Vec<(i64, NewTask)>,
+    /// Tasks the pipeline no longer has; their attempts stay, for what they cost.
+    pub removed: Vec<i64>,
+    /// Tasks left failed, with why, and the tasks below them, blocked.
+    pub failed: Vec<(i64, String)>,
+    pub blocked: Vec<(Vec<i64>, String)>,
+    pub reused: Vec<Reused>,
+    /// A reroll, recorded with the tasks it resets.
+    pub reroll: Option<crate::store::NewReroll>,
+}
+
+/// A file or object move a resume journaled: made after the change's commit, then forgotten
+/// with [`Revisions::finish_moves`]. The next resume makes those a killed process left.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingMove {
+    pub id: i64,
+    pub superseded_id: i64,
+    pub from: String,
+    pub to: String,
+}
+
+/// A resume's revisions of the record: [`Store::revisions`].
+#[derive(Clone, Copy)]
+pub struct Revisions<'a> {
+    pub(super) store: &'a Store,
+}
+
+impl Store {
+    pub fn revisions(&self) -> Revisions<'_> {
+        Revisions { store: self }
+    }
+}
+
+impl Revisions<'_> {
     /// Writes every change of an applied review in one transaction, and journals in it each
     /// move of a set-aside output's file; gives the moves to make once it is committed.
-    pub async fn apply_review(
+    pub async fn apply(
         &self,
         run_id: &str,
         changes: &Changes,
