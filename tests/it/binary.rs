@@ -42,6 +42,19 @@ pub struct Imgpipe<'e> {
     vars: Vec<(OsString, Option<OsString>)>,
     sandbox: Option<&'e Env>,
     limit: Duration,
+    launcher: Launcher,
+}
+
+/// What starts the binary: itself, or a program given the command line a user types.
+enum Launcher {
+    Direct,
+    /// `PROGRAM ARGS… LINE TAIL…`, `imgpipe` at the start of LINE being this build's binary.
+    Line {
+        program: OsString,
+        before: Vec<OsString>,
+        line: String,
+        after: Vec<OsString>,
+    },
 }
 
 impl<'e> Imgpipe<'e> {
@@ -53,7 +66,40 @@ impl<'e> Imgpipe<'e> {
             vars: Vec::new(),
             sandbox: None,
             limit: RUN_LIMIT,
+            launcher: Launcher::Direct,
         }
+    }
+
+    /// A command line as a user pastes it into `sh` (`imgpipe run … --run-id …`, as a run
+    /// printed it): the shell reads its quoting; `imgpipe` is this build's binary.
+    pub fn pasted(line: &str) -> Imgpipe<'e> {
+        Imgpipe::new(&[]).launched_by("sh", &["-c"], line, &[])
+    }
+
+    /// A command line run on a terminal that `script` (util-linux, at `script`) gives it:
+    /// `script -qefc LINE /dev/null`.
+    pub fn on_a_terminal(script: &Path, line: &str) -> Imgpipe<'e> {
+        Imgpipe::new(&[]).launched_by(script.as_os_str(), &["-qefc"], line, &["/dev/null"])
+    }
+
+    fn launched_by(
+        mut self,
+        program: impl Into<OsString>,
+        before: &[&str],
+        line: &str,
+        after: &[&str],
+    ) -> Imgpipe<'e> {
+        assert!(
+            line.starts_with("imgpipe "),
+            "a command line of imgpipe: {line}"
+        );
+        self.launcher = Launcher::Line {
+            program: program.into(),
+            before: before.iter().map(OsString::from).collect(),
+            line: line.to_owned(),
+            after: after.iter().map(OsString::from).collect(),
+        };
+        self
     }
 
     /// `imgpipe ARGS` in `env`'s directory, pointed at its sandbox with its key.
@@ -120,7 +166,21 @@ impl<'e> Imgpipe<'e> {
 
     /// [`Imgpipe::command`] for a test that waits without a runtime (a property test).
     pub fn std_command(&self) -> std::process::Command {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_imgpipe"));
+        let binary = env!("CARGO_BIN_EXE_imgpipe");
+        let mut cmd = match &self.launcher {
+            Launcher::Direct => std::process::Command::new(binary),
+            Launcher::Line {
+                program,
+                before,
+                line,
+                after,
+            } => {
+                let line = line.replacen("imgpipe", &format!("'{binary}'"), 1);
+                let mut cmd = std::process::Command::new(program);
+                cmd.args(before).arg(line).args(after);
+                cmd
+            }
+        };
         cmd.args(&self.args).stdin(Stdio::null());
         for name in CLEARED {
             cmd.env_remove(name);

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use imgpipe::sandbox;
 
+use crate::binary::Imgpipe;
 use crate::common::*;
 use crate::review_loop::items_with_outputs;
 use crate::run::{config, edit_chain, state_path, write};
@@ -677,21 +678,16 @@ async fn a_run_on_a_terminal_draws_a_bar_per_step_and_one_for_credits() {
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(1, None));
     let line = format!(
-        "'{}' run p.yaml --run-id r --state '{}'",
-        env!("CARGO_BIN_EXE_imgpipe"),
+        "imgpipe run p.yaml --run-id r --state '{}'",
         state_path(dir).display()
     );
-    let mut cmd = tokio::process::Command::new(script);
-    cmd.args(["-qefc", &line, "/dev/null"])
-        .current_dir(dir)
-        .env_remove("IMGPIPE_LOG")
-        .env_remove("IMGPIPE_STATE")
+    let o = Imgpipe::on_a_terminal(&script, &line)
+        .sandbox(&env)
+        .cwd(dir)
         .env("TERM", "xterm")
-        .env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
-        .env("IMGPIPE_API_KEY", env.sandbox.key())
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true);
-    let o = finish(cmd).await;
+        .run()
+        .await
+        .output;
     assert_exit(&o, 0);
     let planned = Db::read_file(&state_path(dir)).await.planned();
     let seen = stdout(&o);

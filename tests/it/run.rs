@@ -19,6 +19,7 @@ use serde_json::Value;
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions, Connection};
 
+use crate::binary::Imgpipe;
 use crate::common::*;
 
 // ---------------------------------------------------------------------------------------------
@@ -1852,21 +1853,7 @@ async fn the_continue_command_printed_after_an_interruption_works_when_pasted() 
     let billed_before = env.sandbox.ledger().len();
     assert!(billed_before < 9, "the run was interrupted before its end");
     // Pasted into a shell, with no IMGPIPE_* in the environment.
-    let binary = env!("CARGO_BIN_EXE_imgpipe");
-    let line = printed.replacen("imgpipe", &format!("'{binary}'"), 1);
-    let pasted = tokio::process::Command::new("sh")
-        .arg("-c")
-        .arg(&line)
-        .current_dir(dir)
-        .env_remove("IMGPIPE_BASE_URL")
-        .env_remove("IMGPIPE_API_KEY")
-        .env_remove("IMGPIPE_STATE")
-        .stdin(std::process::Stdio::null())
-        .output();
-    let pasted = tokio::time::timeout(RUN_LIMIT, pasted)
-        .await
-        .unwrap()
-        .unwrap();
+    let pasted = Imgpipe::pasted(&printed).cwd(dir).run().await.output;
     assert_exit_without_panic(&pasted, 0);
     assert!(
         stdout(&pasted).contains("run night2: succeeded"),

@@ -7,14 +7,15 @@
 //! test needs, a 429 is aimed at one chosen call (`Sandbox::rate_limit_next`), and the only
 //! time asserted is a lower bound (a gap of at least the `Retry-After`).
 
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
+use crate::binary::Imgpipe;
 use imgpipe::sandbox::{self, LedgerEntry, Sandbox};
 
 use crate::common::{
-    Db, Env, RUN_LIMIT, Watched, assert_exit_without_panic, command, printed_continue_command,
-    start, stderr, wait_until,
+    Db, Env, Watched, assert_exit_without_panic, command, printed_continue_command, start, stderr,
+    wait_until,
 };
 
 /// `items` items of one generation each, at most `concurrency` calls in flight.
@@ -77,22 +78,12 @@ async fn continue_as_printed(env: &Env, interrupted: &Output, run_id: &str) -> O
         printed.starts_with(&format!("imgpipe run p.yaml --run-id {run_id}")),
         "{printed}"
     );
-    let binary = env!("CARGO_BIN_EXE_imgpipe");
-    let line = printed.replacen("imgpipe", &format!("'{binary}'"), 1);
-    let pasted = tokio::process::Command::new("sh")
-        .arg("-c")
-        .arg(&line)
-        .current_dir(env.dir.path())
-        .env_remove("IMGPIPE_STATE")
-        .env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
-        .env("IMGPIPE_API_KEY", env.sandbox.key())
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    tokio::time::timeout(RUN_LIMIT, pasted)
+    Imgpipe::pasted(&printed)
+        .sandbox(env)
+        .cwd(env.dir.path())
+        .run()
         .await
-        .unwrap_or_else(|_| panic!("`{printed}` did not finish within {RUN_LIMIT:?}"))
-        .unwrap()
+        .output
 }
 
 /// The whole record against the ledger once the run is done: every task succeeded with a job
