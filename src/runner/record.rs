@@ -47,7 +47,7 @@ pub fn new_run_id() -> String {
 /// recorded by the executor as it comes near them.
 pub async fn create(
     store: &Store,
-    id: &str,
+    id: &RunId,
     pipeline: &Pipeline,
     doc: &PlanDocument,
     graph: &Graph,
@@ -93,7 +93,7 @@ pub async fn create(
     Ok(OpenRun {
         dir,
         place,
-        id: RunId::from(id),
+        id: id.clone(),
         billed: 0,
     })
 }

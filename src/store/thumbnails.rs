@@ -5,6 +5,7 @@
 //! `_thumbs/` compared with these rows in the order of their names: nothing of the run's
 //! thumbnails is held whole, in the database's client or in the bucket.
 
+use crate::run_id::RunId;
 use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 use sqlx::Row;
 
@@ -107,7 +108,7 @@ impl<'a> Thumbnails<'a> {
     /// The run's thumbnails of these names; a name with none is left out.
     pub async fn named(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         names: &[String],
     ) -> Result<Vec<Thumbnail>, StoreError> {
         let mut found = Vec::new();
@@ -128,7 +129,7 @@ impl<'a> Thumbnails<'a> {
 
     /// Records thumbnails put under the run's prefix, over what was recorded of the same names
     /// (a thumbnail put again replaced the object).
-    pub async fn record(&self, run_id: &str, thumbnails: &[Thumbnail]) -> Result<(), StoreError> {
+    pub async fn record(&self, run_id: &RunId, thumbnails: &[Thumbnail]) -> Result<(), StoreError> {
         let mut tx = self.store.pool().begin().await?;
         for chunk in thumbnails.chunks(PER_STATEMENT) {
             let values = rows(self.store.backend(), chunk.len(), 9, |p| {
@@ -163,7 +164,7 @@ impl<'a> Thumbnails<'a> {
 
     /// Forgets thumbnails no longer in the bucket as they were put: the next report makes them
     /// again.
-    pub async fn forget(&self, run_id: &str, names: &[String]) -> Result<(), StoreError> {
+    pub async fn forget(&self, run_id: &RunId, names: &[String]) -> Result<(), StoreError> {
         let mut tx = self.store.pool().begin().await?;
         for chunk in names.chunks(PER_STATEMENT) {
             let sql = format!(
