@@ -3,6 +3,7 @@
 //! lets go of it when the holding session ends: a process killed, a pod evicted, a host lost
 //! (once the server notices the connection is gone).
 
+use crate::run_id::RunId;
 use sqlx::{Connection, PgConnection};
 
 use crate::store::lock::{Holder, LockError, Probe, RunLock, describe};
@@ -33,7 +34,7 @@ const WATCH: std::time::Duration = std::time::Duration::from_secs(2);
 pub async fn acquire(
     url: &PgUrl,
     pipeline: &str,
-    run_id: &str,
+    run_id: &RunId,
     wait: bool,
     lost: tokio_util::sync::CancellationToken,
 ) -> Result<RunLock, LockError> {
@@ -83,7 +84,7 @@ pub async fn acquire(
     )
     .bind(key)
     .bind(pipeline)
-    .bind(&me.run_id)
+    .bind(me.run_id.as_str())
     .bind(&me.host)
     .bind(i64::from(me.pid))
     .bind(&me.since)
@@ -139,7 +140,7 @@ fn to_holder((run_id, host, pid, since): (String, String, i64, String)) -> Holde
         pid: u32::try_from(pid).unwrap_or_default(),
         host,
         since,
-        run_id,
+        run_id: RunId::from(run_id),
     }
 }
 
@@ -175,7 +176,14 @@ mod tests {
     }
 
     async fn take(url: &PgUrl, run: &str, wait: bool) -> Result<RunLock, LockError> {
-        acquire(url, "nightly", run, wait, CancellationToken::new()).await
+        acquire(
+            url,
+            "nightly",
+            &RunId::from(run),
+            wait,
+            CancellationToken::new(),
+        )
+        .await
     }
 
     /// Waits until the lock is free, as the server lets go of it once its session ends.
@@ -238,9 +246,15 @@ mod tests {
         );
         // Another pipeline's lock is another key.
         drop(
-            acquire(&url, "weekly", "w", false, CancellationToken::new())
-                .await
-                .unwrap(),
+            acquire(
+                &url,
+                "weekly",
+                &RunId::from("w"),
+                false,
+                CancellationToken::new(),
+            )
+            .await
+            .unwrap(),
         );
 
         drop(held);
@@ -289,7 +303,7 @@ mod tests {
             return;
         };
         let lost = CancellationToken::new();
-        let held = acquire(&url, "nightly", "r", false, lost.clone())
+        let held = acquire(&url, "nightly", &RunId::from("r"), false, lost.clone())
             .await
             .unwrap();
         assert!(!lost.is_cancelled());
