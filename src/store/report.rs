@@ -173,7 +173,7 @@ impl<'a> Report<'a> {
     ///
     /// Tasks are recorded step by step, so an item's rows are spread over the table; each
     /// backend's statement says how it brings them together.
-    pub fn rows(self, run_id: &'a str) -> BoxStream<'a, Result<ReportEntry, StoreError>> {
+    pub fn rows(self, run_id: &'a RunId) -> BoxStream<'a, Result<ReportEntry, StoreError>> {
         let sql = match self.store.backend() {
             Backend::Sqlite => REPORT_ROWS_SQLITE,
             Backend::Postgres => REPORT_ROWS_POSTGRES,

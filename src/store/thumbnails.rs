@@ -68,7 +68,7 @@ impl<'a> Thumbnails<'a> {
     /// The run's thumbnails in the byte order of their names (the order S3 lists them in; the
     /// PostgreSQL column is `COLLATE "C"`), a page of [`PER_PAGE`] at a time from where the
     /// last ended: a seek in the primary key each.
-    pub fn list(self, run_id: &'a str) -> BoxStream<'a, Result<Thumbnail, StoreError>> {
+    pub fn list(self, run_id: &'a RunId) -> BoxStream<'a, Result<Thumbnail, StoreError>> {
         let sql = format!(
             "SELECT {COLUMNS} FROM thumbnails WHERE run_id = $1 AND name > $2
              ORDER BY name LIMIT $3"

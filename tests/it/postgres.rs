@@ -996,7 +996,7 @@ async fn in_byte_order(state: &str, writer: &str) {
     }
     conn.commit().await.unwrap();
     let stored: Vec<imgpipe::store::StoredOutput> =
-        futures::TryStreamExt::try_collect(store.kept().stored("r"))
+        futures::TryStreamExt::try_collect(store.kept().stored(&RUN_R))
             .await
             .unwrap();
     let listed: Vec<&str> = stored.iter().map(|o| o.path.as_str()).collect();
@@ -1069,9 +1069,10 @@ async fn thumbnails_recorded(state: &str) {
         .record(&imgpipe::run_id::RunId::from("r"), &rows)
         .await
         .unwrap();
-    let listed: Vec<Thumbnail> = futures::TryStreamExt::try_collect(store.thumbnails().list("r"))
-        .await
-        .unwrap();
+    let listed: Vec<Thumbnail> =
+        futures::TryStreamExt::try_collect(store.thumbnails().list(&RUN_R))
+            .await
+            .unwrap();
     let mut expected = rows.clone();
     expected.sort_unstable_by(|a, b| a.name.cmp(&b.name));
     assert_eq!(listed, expected, "{state}");
@@ -1108,7 +1109,7 @@ async fn thumbnails_recorded(state: &str) {
         .forget(&imgpipe::run_id::RunId::from("r"), &names[..250])
         .await
         .unwrap();
-    let left = futures::TryStreamExt::try_collect::<Vec<_>>(store.thumbnails().list("r"))
+    let left = futures::TryStreamExt::try_collect::<Vec<_>>(store.thumbnails().list(&RUN_R))
         .await
         .unwrap();
     assert_eq!(left.len(), 1_850, "{state}");
