@@ -35,12 +35,17 @@ pub fn check_run_id(id: &str) -> Result<(), Error> {
 }
 
 /// `<UTC date>-<time>-<4 hex>`: sorts by start time, and two runs in one second still differ.
-pub fn new_run_id() -> String {
+pub fn new_run_id() -> RunId {
     let stamp = crate::time::rfc3339(std::time::SystemTime::now());
     let digits: String = stamp.chars().filter(char::is_ascii_digit).collect();
     let mut nonce = [0u8; 2];
     let _ = getrandom::fill(&mut nonce);
-    format!("{}-{}-{}", &digits[..8], &digits[8..14], hex::encode(nonce))
+    RunId::from(format!(
+        "{}-{}-{}",
+        &digits[..8],
+        &digits[8..14],
+        hex::encode(nonce)
+    ))
 }
 
 /// Records a new run and the batch's tasks, in one transaction; each item's tasks are
