@@ -188,7 +188,7 @@ impl<'a> Thumbnails<'a> {
 /// `sql` (a fixed text of [`Thumbnails::placeholders`]'s placeholders) with the run and the names bound.
 fn bind_named<'q>(
     sql: &str,
-    run_id: &'q str,
+    run_id: &'q RunId,
     names: &'q [String],
 ) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
     // Built from a fixed placeholder list: no value is ever part of the text.
