@@ -152,7 +152,7 @@ impl Runner<'_> {
         if let Some(id) = &request.run_id {
             record::check_run_id(id)?;
             let store = self.settings.state.open().await?;
-            if let Some(row) = store.runs().get(&RunId::from(id.as_str())).await? {
+            if let Some(row) = store.runs().get(id).await? {
                 let result = self
                     .continued(&store, row, Some(pipeline), request.dry_run, None)
                     .await;
