@@ -175,15 +175,8 @@ mod tests {
         Some((url, store))
     }
 
-    async fn take(url: &PgUrl, run: &str, wait: bool) -> Result<RunLock, LockError> {
-        acquire(
-            url,
-            "nightly",
-            &RunId::from(run),
-            wait,
-            CancellationToken::new(),
-        )
-        .await
+    async fn take(url: &PgUrl, run: RunId, wait: bool) -> Result<RunLock, LockError> {
+        acquire(url, "nightly", &run, wait, CancellationToken::new()).await
     }
 
     /// Waits until the lock is free, as the server lets go of it once its session ends.
@@ -219,7 +212,7 @@ mod tests {
             probe(&store, "nightly").await.unwrap(),
             Probe::Free
         ));
-        let held = take(&url, "first", false).await.unwrap();
+        let held = take(&url, RunId::from("first"), false).await.unwrap();
         let Probe::Held(Some(holder)) = probe(&store, "nightly").await.unwrap() else {
             panic!("the lock is not seen held");
         };
@@ -227,7 +220,7 @@ mod tests {
             (holder.run_id.as_str(), holder.pid),
             ("first", std::process::id())
         );
-        let refused = take(&url, "second", false).await.unwrap_err();
+        let refused = take(&url, RunId::from("second"), false).await.unwrap_err();
         let LockError::Held {
             pipeline,
             holder: Some(holder),
@@ -259,7 +252,7 @@ mod tests {
 
         drop(held);
         until_free(&store).await;
-        let second = take(&url, "second", false).await.unwrap();
+        let second = take(&url, RunId::from("second"), false).await.unwrap();
         let Probe::Held(Some(holder)) = probe(&store, "nightly").await.unwrap() else {
             panic!("the lock is not seen held");
         };
@@ -274,8 +267,8 @@ mod tests {
         let Some((url, store)) = state("wait").await else {
             return;
         };
-        let held = take(&url, "first", false).await.unwrap();
-        let waiting = take(&url, "second", true);
+        let held = take(&url, RunId::from("first"), false).await.unwrap();
+        let waiting = take(&url, RunId::from("second"), true);
         tokio::pin!(waiting);
         // Several of its polls while the lock is held: none may take it.
         let polls = POLL * 4;
