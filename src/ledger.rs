@@ -7,6 +7,7 @@
 //! totals are the sums of `runs --json`. Per step, planned credits are split as `status`
 //! splits them (the recorded tasks, plus the plan's for tasks not recorded yet).
 
+use crate::run_id::RunId;
 use std::collections::{BTreeMap, HashMap};
 
 use chrono::{DateTime, Datelike, Utc};
@@ -103,7 +104,7 @@ type Key = (i64, String, Option<String>);
 
 /// Reads and folds the ledger of `window` by `by`.
 pub async fn ledger(store: &Store, by: By, window: Window) -> Result<Ledger, StoreError> {
-    let runs: HashMap<String, RunPlanned> = store
+    let runs: HashMap<RunId, RunPlanned> = store
         .ledger()
         .runs_planned()
         .await?
@@ -135,7 +136,7 @@ async fn add_planned(
     store: &Store,
     by: By,
     window: Window,
-    runs: &HashMap<String, RunPlanned>,
+    runs: &HashMap<RunId, RunPlanned>,
     lines: &mut BTreeMap<Key, Figures>,
 ) -> Result<(), StoreError> {
     if by == By::Step {
@@ -173,13 +174,13 @@ fn contains(window: Window, at: i64) -> bool {
 }
 
 /// The line of a run's figures when grouping by pipeline, step or run.
-fn run_key(by: By, run: Option<&RunPlanned>, run_id: &str, step: Option<String>) -> Key {
+fn run_key(by: By, run: Option<&RunPlanned>, run_id: &RunId, step: Option<String>) -> Key {
     let pipeline = run.map_or_else(String::new, |r| r.pipeline.clone());
     match (by, step) {
         (By::Step, Some(step)) => (0, pipeline.clone(), Some(step)),
         (By::Run, _) => (
             run.map_or(0, |r| r.created_at),
-            run_id.to_owned(),
+            run_id.to_string(),
             Some(pipeline),
         ),
         _ => (0, pipeline, None),

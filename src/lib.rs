@@ -33,10 +33,10 @@
 //! - [`store`]: the state database, SQLite or PostgreSQL (migrations in `migrations/`), and the
 //!   run lock.
 //! - [`task_key`]: a task's name, `item/step[index]`, written and read back in one place.
-//! - [`run_id`]: a run's id, made from text once where it comes in, then passed as a type.
 //! - [`place`]: where a run directory is (an address: a local path or an `s3://` prefix, parsed
 //!   once) and how its files are named and written: downloads kept, never over other bytes,
 //!   through temporary files a resume recognises.
+//! - [`run_id`]: a run's id, made from text once where it comes in, then passed as a type.
 //! - [`sandbox`]: the local emulator of the service, for tests, benchmarks and `--sandbox`.
 //! - [`api`]: the service: wire types and rules, client, billing-aware errors, retries, and
 //!   downloads checked whole, then handed to a destination the caller gives.

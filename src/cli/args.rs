@@ -1,6 +1,7 @@
 //! Option groups shared by several commands, each resolved into the library's settings, and
 //! the command that continues a run as the user can paste it.
 
+use crate::run_id::RunId;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -122,7 +123,7 @@ impl StateArgs {
     }
 
     /// `imgpipe resume RUN_ID` with the flags that find this database again.
-    pub fn resume_command(&self, run_id: &str, sandbox: bool) -> String {
+    pub fn resume_command(&self, run_id: &RunId, sandbox: bool) -> String {
         let mut command = format!("imgpipe resume {}", quote(run_id));
         if let Some(state) = &self.state {
             command += &format!(" --state {}", quote(&state_flag(state)));

@@ -1,6 +1,7 @@
 //! `imgpipe report RUN_ID`: the run's HTML page, from the state database and the run's files;
 //! no network, and no lock, so it works on a run still going.
 
+use crate::run_id::RunId;
 use clap::Args;
 
 use crate::cli::GlobalArgs;
@@ -16,7 +17,7 @@ use crate::store::Store;
 #[derive(Debug, Args)]
 pub struct ReportArgs {
     /// The run (`imgpipe runs` lists them)
-    pub run_id: String,
+    pub run_id: RunId,
     /// Where to write the page [default: report.html in the run's directory]
     #[arg(long, value_name = "FILE", value_parser = crate::cli::args::out_place)]
     pub out: Option<Address>,
@@ -55,7 +56,7 @@ pub(super) async fn run(args: &ReportArgs, global: &GlobalArgs) -> Result<(), Er
 async fn write(store: &Store, args: &ReportArgs) -> Result<Written, Error> {
     let (run, observed) = args
         .state
-        .observed_run(store, &args.run_id.as_str().into(), args.sandbox)
+        .observed_run(store, &args.run_id, args.sandbox)
         .await?;
     report::write(store, run, args.out.as_ref(), observed).await
 }

@@ -2,6 +2,7 @@
 //! downstream of them that ran, priced and held against the budget first; `--dry-run` shows
 //! each task and the total.
 
+use crate::run_id::RunId;
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
@@ -15,7 +16,7 @@ use crate::runner::Runner;
 #[derive(Debug, Args)]
 pub struct RerollArgs {
     /// The run (`imgpipe runs` lists them)
-    pub run_id: String,
+    pub run_id: RunId,
     /// What to pay for again: an item (`mug`), one of its steps (`mug/clean`) or one task
     /// (`mug/clean[0]`); what is downstream of it is paid for again too
     #[arg(required = true, value_name = "TASK")]
@@ -54,7 +55,5 @@ pub(super) async fn run(
         view: &view,
         shutdown,
     };
-    runner
-        .reroll(&args.run_id.as_str().into(), targets, args.dry_run)
-        .await
+    runner.reroll(&args.run_id, targets, args.dry_run).await
 }

@@ -1,6 +1,7 @@
 //! `imgpipe resume RUN_ID`: continue an interrupted run without paying twice for what it
 //! already did; `--dry-run` lists what it would pay for, and why.
 
+use crate::run_id::RunId;
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
@@ -13,7 +14,7 @@ use crate::runner::Runner;
 #[derive(Debug, Args)]
 pub struct ResumeArgs {
     /// The run to resume (`imgpipe runs` lists them)
-    pub run_id: String,
+    pub run_id: RunId,
     /// List what resuming would pay for, and why, without spending anything
     #[arg(long, help_heading = "Run")]
     pub dry_run: bool,
@@ -45,7 +46,5 @@ pub(super) async fn run(
         view: &view,
         shutdown,
     };
-    runner
-        .resume(&args.run_id.as_str().into(), args.dry_run)
-        .await
+    runner.resume(&args.run_id, args.dry_run).await
 }

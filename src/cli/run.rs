@@ -1,6 +1,7 @@
 //! `imgpipe run FILE`: plan, refuse what cannot be paid for, then execute with every step
 //! recorded in the state database and every output downloaded.
 
+use crate::run_id::RunId;
 use std::path::PathBuf;
 
 use clap::Args;
@@ -27,7 +28,7 @@ pub struct RunArgs {
     /// that id is resumed; a finished one is only summarised [default: the time and a random
     /// suffix]
     #[arg(long, value_name = "ID", help_heading = "Run")]
-    pub run_id: Option<String>,
+    pub run_id: Option<RunId>,
     /// Output directory, instead of the pipeline's output_dir: a path or s3://bucket/prefix
     /// (credentials from the AWS_* environment variables)
     #[arg(long, value_name = "DIR", help_heading = "Run", value_parser = crate::cli::args::out_place)]

@@ -1,5 +1,6 @@
 //! `imgpipe status RUN_ID`: one run as the state database knows it, without any network call.
 
+use crate::run_id::RunId;
 use clap::Args;
 
 use crate::cli::GlobalArgs;
@@ -15,7 +16,7 @@ use crate::time::rfc3339_ms as time;
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     /// The run (`imgpipe runs` lists them)
-    pub run_id: String,
+    pub run_id: RunId,
     #[command(flatten)]
     pub state: StateArgs,
     /// Look in the database of runs made with --sandbox
@@ -75,7 +76,7 @@ pub(super) async fn run(args: &StatusArgs, global: &GlobalArgs) -> Result<(), Er
 async fn read(store: &Store, args: &StatusArgs) -> Result<Status, Error> {
     let (run, observed) = args
         .state
-        .observed_run(store, &args.run_id.as_str().into(), args.sandbox)
+        .observed_run(store, &args.run_id, args.sandbox)
         .await?;
     let mut status = status_of(store, run).await?;
     status.summary.process = observed.process;

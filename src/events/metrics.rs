@@ -23,10 +23,10 @@ use crate::store::{CallOutcome, RunGauges, Store, Totals};
 pub const EVERY: Duration = Duration::from_secs(10);
 
 /// What one writing of the file shows.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Snapshot {
     pub pipeline: String,
-    pub run_id: String,
+    pub run_id: RunId,
     pub totals: Totals,
     pub gauges: RunGauges,
     /// Room left under each spending cap that covers the run, by cap name. Empty until caps
@@ -206,7 +206,7 @@ async fn snapshot(store: &Store, run_id: &RunId, pipeline: &str) -> Result<Snaps
         .map_err(|e| e.to_string())?;
     Ok(Snapshot {
         pipeline: pipeline.to_owned(),
-        run_id: run_id.to_string(),
+        run_id: run_id.clone(),
         totals,
         gauges,
         caps: cap_room(store, pipeline).await,
@@ -350,7 +350,8 @@ mod tests {
                 ..RunGauges::default()
             },
             now_ms: 3_500,
-            ..Snapshot::default()
+            totals: Totals::default(),
+            caps: Vec::new(),
         };
         let text = render(&snapshot);
         assert!(!text.contains("imgpipe_cap_remaining_credits"), "{text}");

@@ -271,7 +271,7 @@ mod tests {
         open: &[usize],
     ) {
         let run = crate::store::NewRun {
-            id: "r",
+            id: &crate::run_id::RunId::from("r"),
             pipeline_name: "p",
             pipeline_file: "p.yaml",
             pipeline_text: "",

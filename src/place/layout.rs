@@ -7,6 +7,7 @@
 //! on disk and under a prefix in object storage: a [`RunDir`] gives them as [`Address`]es, or,
 //! for a run directory on this machine, as paths.
 
+use crate::run_id::RunId;
 use std::path::{Path, PathBuf};
 
 use super::Address;
@@ -72,7 +73,7 @@ pub struct RunDir<R = Address> {
 }
 
 impl<R: Root> RunDir<R> {
-    pub fn new(output_dir: &R, run_id: &str) -> RunDir<R> {
+    pub fn new(output_dir: &R, run_id: &RunId) -> RunDir<R> {
         RunDir {
             root: output_dir.child(run_id),
         }
@@ -180,7 +181,7 @@ mod tests {
 
     #[test]
     fn names_inside_a_run_directory() {
-        let run = RunDir::new(&PathBuf::from("out"), "r1");
+        let run = RunDir::new(&PathBuf::from("out"), &crate::run_id::RunId::from("r1"));
         assert_eq!(run.root(), Path::new("out/r1"));
         assert_eq!(run.item(BATCH), Path::new("out/r1/_batch"));
         assert_eq!(run.output("a", "shot.png"), Path::new("out/r1/a/shot.png"));
@@ -189,9 +190,12 @@ mod tests {
         assert_eq!(run.thumbs(), Path::new("out/r1/_thumbs"));
         assert_eq!(run.superseded("a"), Path::new("out/r1/_superseded/a"));
         assert_eq!(RunDir::at(PathBuf::from("out/r1")), run);
-        let local = RunDir::new(&Address::recorded("out"), "r1");
+        let local = RunDir::new(&Address::recorded("out"), &crate::run_id::RunId::from("r1"));
         assert_eq!(local.local(), Some(run));
-        let objects = RunDir::new(&Address::recorded("s3://bkt/p"), "r1");
+        let objects = RunDir::new(
+            &Address::recorded("s3://bkt/p"),
+            &crate::run_id::RunId::from("r1"),
+        );
         assert_eq!(objects.local(), None);
         assert_eq!(
             objects.output("a", "shot.png").to_string(),

@@ -148,7 +148,7 @@ async fn rerolled(
     targets: &[Target],
 ) -> Result<(Scope, String), ResumeError> {
     let chosen = reroll::resolve(graph, targets).map_err(|message| Refusal::Targets {
-        run_id: run_id.to_string(),
+        run_id: run_id.clone(),
         message,
     })?;
     let said = reroll::said(targets);

@@ -4,6 +4,7 @@
 //! would cost).
 
 use crate::plan::Balance;
+use crate::run_id::RunId;
 
 /// A continuation refused before anything was paid for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -11,18 +12,18 @@ pub enum Refusal {
     /// `imgpipe reroll` with `--items` or `--until`.
     RerollScoped,
     /// A run with finished tasks resumed on a new embedded sandbox, which lost their jobs.
-    SandboxGone { run_id: String },
+    SandboxGone { run_id: RunId },
     /// The run's own copy of its pipeline file (needed to compare) no longer reads.
-    CopyUnreadable { run_id: String },
+    CopyUnreadable { run_id: RunId },
     /// A reroll naming tasks the run does not have.
-    Targets { run_id: String, message: String },
+    Targets { run_id: RunId, message: String },
     /// A reroll the review cannot make (a target nothing can be paid for again).
     Reroll { message: String },
     /// The pipeline changed and `--allow-changes` was not given; `changes` says what changed.
-    Changed { run_id: String, changes: String },
+    Changed { run_id: RunId, changes: String },
     /// What is left costs more than may be spent.
     OverCap {
-        run_id: String,
+        run_id: RunId,
         tasks: usize,
         needed: u64,
         cap: u64,
@@ -87,7 +88,7 @@ impl Refusal {
 /// What is known of a run before its lock is taken.
 #[derive(Clone, Copy, Debug)]
 pub struct Asked<'a> {
-    pub run_id: &'a str,
+    pub run_id: &'a RunId,
     pub rerolling: bool,
     /// Whether `--items` or `--until` asked for a part of the run.
     pub part: bool,
@@ -103,7 +104,7 @@ pub fn before_lock(asked: Asked<'_>) -> Result<(), Refusal> {
     }
     if asked.sandbox_with_finished {
         return Err(Refusal::SandboxGone {
-            run_id: asked.run_id.to_owned(),
+            run_id: asked.run_id.clone(),
         });
     }
     Ok(())
@@ -111,7 +112,7 @@ pub fn before_lock(asked: Asked<'_>) -> Result<(), Refusal> {
 
 /// A changed pipeline continues only under `--allow-changes`.
 pub fn changes(
-    run_id: &str,
+    run_id: &RunId,
     changed: bool,
     allowed: bool,
     describe: impl FnOnce() -> String,
@@ -120,7 +121,7 @@ pub fn changes(
         return Ok(());
     }
     Err(Refusal::Changed {
-        run_id: run_id.to_owned(),
+        run_id: run_id.clone(),
         changes: describe(),
     })
 }
@@ -136,10 +137,10 @@ pub struct Cap<'a> {
 
 /// Refuses what remains of a run (`tasks` tasks, `needed` credits) when it does not fit the
 /// budget left or the balance.
-pub fn over_cap(run_id: &str, tasks: usize, needed: u64, cap: Cap<'_>) -> Result<(), Refusal> {
+pub fn over_cap(run_id: &RunId, tasks: usize, needed: u64, cap: Cap<'_>) -> Result<(), Refusal> {
     match cap.credits {
         Some(credits) if needed > credits => Err(Refusal::OverCap {
-            run_id: run_id.to_owned(),
+            run_id: run_id.clone(),
             tasks,
             needed,
             cap: credits,
@@ -163,9 +164,11 @@ fn limits(budget: Option<u64>, balance: &Balance) -> String {
 mod tests {
     use super::*;
 
+    static R1: std::sync::LazyLock<RunId> = std::sync::LazyLock::new(|| RunId::from("r1"));
+
     fn asked(rerolling: bool, part: bool, sandbox_with_finished: bool) -> Asked<'static> {
         Asked {
-            run_id: "r1",
+            run_id: &R1,
             rerolling,
             part,
             sandbox_with_finished,
@@ -203,10 +206,10 @@ mod tests {
             described.set(described.get() + 1);
             "step(s) `big` added".to_owned()
         };
-        assert_eq!(changes("r1", false, false, describe), Ok(()));
-        assert_eq!(changes("r1", true, true, describe), Ok(()));
+        assert_eq!(changes(&R1, false, false, describe), Ok(()));
+        assert_eq!(changes(&R1, true, true, describe), Ok(()));
         assert_eq!(described.get(), 0);
-        let refused = changes("r1", true, false, describe).unwrap_err();
+        let refused = changes(&R1, true, false, describe).unwrap_err();
         assert_eq!(
             refused.message(),
             "the pipeline changed since run r1 started: step(s) `big` added"
@@ -222,9 +225,9 @@ mod tests {
             budget: None,
             balance: &unknown,
         };
-        assert_eq!(over_cap("r1", 3, 30, cap(None)), Ok(()));
-        assert_eq!(over_cap("r1", 3, 30, cap(Some(30))), Ok(()));
-        let refused = over_cap("r1", 3, 31, cap(Some(30))).unwrap_err();
+        assert_eq!(over_cap(&R1, 3, 30, cap(None)), Ok(()));
+        assert_eq!(over_cap(&R1, 3, 30, cap(Some(30))), Ok(()));
+        let refused = over_cap(&R1, 3, 31, cap(Some(30))).unwrap_err();
         assert_eq!(
             refused.message(),
             "resuming run r1 would pay for 3 task(s), 31 credits, but only 30 may be spent (no budget less what the run spent, balance unknown)"
@@ -239,7 +242,7 @@ mod tests {
             budget: Some(20),
             balance: &known,
         };
-        let refused = over_cap("r1", 1, 21, cap).unwrap_err();
+        let refused = over_cap(&R1, 1, 21, cap).unwrap_err();
         assert!(
             refused
                 .message()

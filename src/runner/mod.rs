@@ -83,7 +83,7 @@ pub struct RunRequest {
     /// The pipeline file; with only `saved_plan`, the file the plan names.
     pub file: Option<PathBuf>,
     pub saved_plan: Option<PathBuf>,
-    pub run_id: Option<String>,
+    pub run_id: Option<RunId>,
     pub out: Option<crate::place::Address>,
     pub discover_price: bool,
     pub dry_run: bool,
@@ -152,7 +152,7 @@ impl Runner<'_> {
         if let Some(id) = &request.run_id {
             record::check_run_id(id)?;
             let store = self.settings.state.open().await?;
-            if let Some(row) = store.runs().get(&RunId::from(id.as_str())).await? {
+            if let Some(row) = store.runs().get(id).await? {
                 let result = self
                     .continued(&store, row, Some(pipeline), request.dry_run, None)
                     .await;
@@ -350,7 +350,7 @@ impl Runner<'_> {
     /// A new run: refused unless it fits (after what earlier runs' results save), then
     /// recorded and executed.
     async fn fresh(&self, f: Fresh<'_>, mut doc: PlanDocument) -> Result<(), Error> {
-        let run_id = RunId::from(f.request.run_id.clone().unwrap_or_else(record::new_run_id));
+        let run_id = f.request.run_id.clone().unwrap_or_else(record::new_run_id);
         record::check_run_id(&run_id)?;
         let graph = Arc::new(Graph::build(f.pipeline, &doc.costs)?);
         let on_ambiguous = self.settings.on_ambiguous;

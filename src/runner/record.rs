@@ -35,19 +35,24 @@ pub fn check_run_id(id: &str) -> Result<(), Error> {
 }
 
 /// `<UTC date>-<time>-<4 hex>`: sorts by start time, and two runs in one second still differ.
-pub fn new_run_id() -> String {
+pub fn new_run_id() -> RunId {
     let stamp = crate::time::rfc3339(std::time::SystemTime::now());
     let digits: String = stamp.chars().filter(char::is_ascii_digit).collect();
     let mut nonce = [0u8; 2];
     let _ = getrandom::fill(&mut nonce);
-    format!("{}-{}-{}", &digits[..8], &digits[8..14], hex::encode(nonce))
+    RunId::from(format!(
+        "{}-{}-{}",
+        &digits[..8],
+        &digits[8..14],
+        hex::encode(nonce)
+    ))
 }
 
 /// Records a new run and the batch's tasks, in one transaction; each item's tasks are
 /// recorded by the executor as it comes near them.
 pub async fn create(
     store: &Store,
-    id: &str,
+    id: &RunId,
     pipeline: &Pipeline,
     doc: &PlanDocument,
     graph: &Graph,
@@ -93,7 +98,7 @@ pub async fn create(
     Ok(OpenRun {
         dir,
         place,
-        id: RunId::from(id),
+        id: id.clone(),
         billed: 0,
     })
 }

@@ -72,7 +72,7 @@ impl Runner<'_> {
         let doc = crate::plan::narrow(doc, &pipeline, &scope);
         let recorded = if resume::changed(&pipeline, &doc, &row) {
             let unreadable = |_| resume::Refusal::CopyUnreadable {
-                run_id: row.id.to_string(),
+                run_id: row.id.clone(),
             };
             Some(self.recorded_pipeline(&row).map_err(unreadable)?)
         } else {

@@ -223,7 +223,7 @@ async fn stale_holders(
     store: &Store,
     caps: &[CapWindow],
     before: i64,
-) -> Result<Vec<(String, String)>, StoreError> {
+) -> Result<Vec<(String, RunId)>, StoreError> {
     // The time is bound first, then the names.
     let marks = rows(store.backend(), caps.len() + 1, 1, |p| p[0].clone());
     let (time, names) = marks.split_once(", ").unwrap_or((&marks, ""));
@@ -239,7 +239,12 @@ async fn stale_holders(
     let found = query.fetch_all(&mut **tx).await?;
     found
         .iter()
-        .map(|r| Ok((r.try_get("holder")?, r.try_get("run_id")?)))
+        .map(|r| {
+            Ok((
+                r.try_get("holder")?,
+                RunId::from(r.try_get::<String, _>("run_id")?),
+            ))
+        })
         .collect()
 }
 
@@ -263,7 +268,7 @@ async fn spent_in(
 /// Closes the leases of a holder that is gone, used by what its run was billed or possibly
 /// billed (an attempt without an answer, at its task's planned price) since the first of them
 /// opened.
-async fn close_dead(tx: &mut Tx<'_>, holder: &str, run_id: &str) -> Result<(), StoreError> {
+async fn close_dead(tx: &mut Tx<'_>, holder: &str, run_id: &RunId) -> Result<(), StoreError> {
     let (since,): (Option<i64>,) =
         sqlx::query_as("SELECT MIN(opened_at) FROM cap_leases WHERE holder = $1 AND open = 1")
             .bind(holder)

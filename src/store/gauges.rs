@@ -2,6 +2,7 @@
 //! read, so the metrics agree with them): calls by outcome, 429s, downloads still owed and the
 //! pipeline's last successful run. A few aggregate statements over the run's own indexes.
 
+use crate::run_id::RunId;
 use sqlx::Row;
 
 use crate::store::CallOutcome;
@@ -37,7 +38,7 @@ pub struct Gauges<'a> {
 }
 
 impl<'a> Gauges<'a> {
-    pub async fn of_run(&self, run_id: &str, pipeline: &str) -> Result<RunGauges, StoreError> {
+    pub async fn of_run(&self, run_id: &RunId, pipeline: &str) -> Result<RunGauges, StoreError> {
         let rows = sqlx::query(
             "SELECT outcome, COUNT(*) AS n,
                     COUNT(*) FILTER (WHERE http_status = 429) AS limited

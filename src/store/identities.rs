@@ -2,6 +2,7 @@
 //! succeeded tasks of earlier runs found by identity: what `--reuse` and a changed pipeline
 //! compare.
 
+use crate::run_id::RunId;
 use std::collections::HashMap;
 
 use sqlx::Row;
@@ -14,7 +15,7 @@ use crate::store::{Backend, Store, StoreError, rows};
 #[derive(Clone, Debug)]
 pub struct Reusable {
     pub task_id: i64,
-    pub run_id: String,
+    pub run_id: RunId,
     pub job_id: String,
     pub outputs: Vec<ReusableOutput>,
 }
@@ -80,7 +81,7 @@ impl Identities<'_> {
     pub async fn reusable(
         &self,
         identities: &[String],
-        not_run: &str,
+        not_run: &RunId,
     ) -> Result<HashMap<String, Reusable>, StoreError> {
         let mut found: HashMap<String, Reusable> = HashMap::new();
         for chunk in identities.chunks(500) {
@@ -112,7 +113,7 @@ impl Identities<'_> {
                 let task_id: i64 = r.try_get("id")?;
                 let entry = found.entry(identity).or_insert(Reusable {
                     task_id,
-                    run_id: r.try_get("run_id")?,
+                    run_id: RunId::from(r.try_get::<String, _>("run_id")?),
                     job_id: r.try_get("job_id")?,
                     outputs: Vec::new(),
                 });
@@ -166,7 +167,7 @@ impl Identities<'_> {
     /// The sha256 of every downloaded output of a run, by task id and output index.
     pub async fn output_hashes(
         &self,
-        run_id: &str,
+        run_id: &RunId,
     ) -> Result<std::collections::HashMap<(i64, u32), String>, StoreError> {
         let rows = sqlx::query(
             "SELECT task_id, k, sha256 FROM outputs WHERE run_id = $1 AND sha256 IS NOT NULL",

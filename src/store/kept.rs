@@ -1,6 +1,7 @@
 //! The outputs a run keeps, read back for a resume: streamed in the order of their place to be
 //! checked, read whole by id or by task to be set aside, and a task's job for the lineage.
 
+use crate::run_id::RunId;
 use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 use sqlx::Row;
 
@@ -64,7 +65,7 @@ impl<'a> Kept<'a> {
     /// on a table not analysed yet (right after a kill) the planner guesses fewer rows than a
     /// page and would sort the run's outputs for each page (0.14–0.28 s a page at 300,000 of
     /// them); the index gives them in order (1 ms a page).
-    pub fn stored(self, run_id: &'a str) -> BoxStream<'a, Result<StoredOutput, StoreError>> {
+    pub fn stored(self, run_id: &'a RunId) -> BoxStream<'a, Result<StoredOutput, StoreError>> {
         let sql = match self.store.backend() {
             Backend::Sqlite => STORED_OUTPUTS_SQLITE,
             Backend::Postgres => STORED_OUTPUTS_POSTGRES,

@@ -18,6 +18,7 @@
 //! Without a window it is `SCAN a`: every attempt read once, in 0.5 s for 2,000,000. The
 //! task's price is looked up only for the rare call that may have been billed.
 
+use crate::run_id::RunId;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
@@ -83,7 +84,7 @@ pub struct CallsAt {
 /// The calls of one run, or of one step of it.
 #[derive(Clone, Debug)]
 pub struct CallsOf {
-    pub run_id: String,
+    pub run_id: RunId,
     pub step: Option<String>,
     pub calls: Calls,
 }
@@ -91,7 +92,7 @@ pub struct CallsOf {
 /// What one run planned, counted the way `runs` counts it.
 #[derive(Clone, Debug)]
 pub struct RunPlanned {
-    pub run_id: String,
+    pub run_id: RunId,
     pub pipeline: String,
     pub created_at: i64,
     /// The larger of the plan's total and the recorded tasks' (a run records an item's tasks
@@ -102,7 +103,7 @@ pub struct RunPlanned {
 /// One step's recorded tasks of a run (not those `--allow-changes` removed).
 #[derive(Clone, Debug)]
 pub struct StepPlanned {
-    pub run_id: String,
+    pub run_id: RunId,
     pub step: String,
     pub tasks: u64,
     pub planned_credits: u64,
@@ -184,7 +185,7 @@ impl Ledger<'_> {
         rows.iter()
             .map(|r| {
                 Ok(CallsOf {
-                    run_id: r.try_get("run_id")?,
+                    run_id: RunId::from(r.try_get::<String, _>("run_id")?),
                     step: r.try_get("step")?,
                     calls: calls(r)?,
                 })
@@ -209,7 +210,7 @@ impl Ledger<'_> {
                 let planned = to_u64(r.try_get("credits_planned")?);
                 let recorded = to_u64(r.try_get("recorded")?);
                 Ok(RunPlanned {
-                    run_id: r.try_get("id")?,
+                    run_id: RunId::from(r.try_get::<String, _>("id")?),
                     pipeline: r.try_get("pipeline_name")?,
                     created_at: r.try_get("created_at")?,
                     credits_planned: planned.max(recorded),
@@ -223,7 +224,7 @@ impl Ledger<'_> {
     pub async fn steps_planned(
         &self,
         window: Window,
-    ) -> Result<(Vec<StepPlanned>, Vec<(String, RecordedPlan)>), StoreError> {
+    ) -> Result<(Vec<StepPlanned>, Vec<(RunId, RecordedPlan)>), StoreError> {
         let runs = format!("SELECT id FROM runs WHERE {}", window.sql("created_at"));
         let sql = format!(
             "SELECT t.run_id, t.step, COUNT(*) AS tasks,
@@ -238,7 +239,7 @@ impl Ledger<'_> {
             .iter()
             .map(|r| {
                 Ok(StepPlanned {
-                    run_id: r.try_get("run_id")?,
+                    run_id: RunId::from(r.try_get::<String, _>("run_id")?),
                     step: r.try_get("step")?,
                     tasks: to_u64(r.try_get("tasks")?),
                     planned_credits: to_u64(r.try_get("planned")?),
@@ -254,7 +255,7 @@ impl Ledger<'_> {
             .await?;
         let plans = plans
             .into_iter()
-            .map(|(id, plan)| (id, RecordedPlan::from_record(plan)))
+            .map(|(id, plan)| (RunId::from(id), RecordedPlan::from_record(plan)))
             .collect();
         Ok((steps, plans))
     }

@@ -3,6 +3,7 @@
 //! calls over time, both summed by the database: a report of a large run holds one page of
 //! rows at a time, never the run.
 
+use crate::run_id::RunId;
 use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 use sqlx::Row;
 
@@ -172,7 +173,7 @@ impl<'a> Report<'a> {
     ///
     /// Tasks are recorded step by step, so an item's rows are spread over the table; each
     /// backend's statement says how it brings them together.
-    pub fn rows(self, run_id: &'a str) -> BoxStream<'a, Result<ReportEntry, StoreError>> {
+    pub fn rows(self, run_id: &'a RunId) -> BoxStream<'a, Result<ReportEntry, StoreError>> {
         let sql = match self.store.backend() {
             Backend::Sqlite => REPORT_ROWS_SQLITE,
             Backend::Postgres => REPORT_ROWS_POSTGRES,
@@ -203,7 +204,7 @@ impl<'a> Report<'a> {
 
     /// How many items the run has (the batch's `once` steps count as one), read from the
     /// index alone: an item whose every task was removed from the pipeline still counts.
-    pub async fn items(&self, run_id: &str) -> Result<u64, StoreError> {
+    pub async fn items(&self, run_id: &RunId) -> Result<u64, StoreError> {
         let (n,): (i64,) =
             sqlx::query_as("SELECT COUNT(DISTINCT item) FROM tasks WHERE run_id = $1")
                 .bind(run_id)
@@ -217,7 +218,7 @@ impl<'a> Report<'a> {
     /// the run goes on they are in flight, not (yet) possibly billed.
     pub async fn step_totals(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         unanswered: bool,
     ) -> Result<Vec<StepTotals>, StoreError> {
         let rows = sqlx::query(
@@ -280,7 +281,7 @@ impl<'a> Report<'a> {
     /// and a large run's every call would weigh on the page.
     pub async fn spend(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         start: i64,
         end: i64,
         buckets: i64,
@@ -310,7 +311,7 @@ impl<'a> Report<'a> {
     /// page's tasks are asked, never the whole run's, one statement per 500 tasks.
     pub async fn earlier_outputs(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         tasks: &[i64],
     ) -> Result<Vec<EarlierOutput>, StoreError> {
         let mut out = Vec::new();
@@ -346,7 +347,7 @@ impl<'a> Report<'a> {
     }
 
     /// The balance the service reported with the run's latest answer, if any did.
-    pub async fn last_balance(&self, run_id: &str) -> Result<Option<i64>, StoreError> {
+    pub async fn last_balance(&self, run_id: &RunId) -> Result<Option<i64>, StoreError> {
         let row: Option<(i64,)> = sqlx::query_as(
             "SELECT credits_remaining FROM attempts
              WHERE run_id = $1 AND credits_remaining IS NOT NULL

@@ -1,6 +1,7 @@
 //! Rerolls as the record keeps them: written in the transaction that resets their tasks
 //! ([`crate::store::Revisions::apply`]), looked up by what they named, ended when all their tasks are done.
 
+use crate::run_id::RunId;
 use sqlx::{AnyConnection, Row};
 
 use crate::store::revisions::Revisions;
@@ -24,7 +25,7 @@ pub struct OpenReroll {
 
 pub(super) async fn insert(
     conn: &mut AnyConnection,
-    run_id: &str,
+    run_id: &RunId,
     reroll: &NewReroll,
 ) -> Result<(), StoreError> {
     let ids = serde_json::to_string(&reroll.task_ids).unwrap_or_else(|_| "[]".into());
@@ -44,7 +45,7 @@ impl Revisions<'_> {
     /// The latest reroll of run `run_id` that named `said` and has not ended.
     pub async fn open_reroll(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         said: &str,
     ) -> Result<Option<OpenReroll>, StoreError> {
         let row = sqlx::query(
@@ -69,7 +70,7 @@ impl Revisions<'_> {
     }
 
     /// Ends the open rerolls of run `run_id` that named `said`: all their tasks are done.
-    pub async fn finish_reroll(&self, run_id: &str, said: &str) -> Result<(), StoreError> {
+    pub async fn finish_reroll(&self, run_id: &RunId, said: &str) -> Result<(), StoreError> {
         sqlx::query(
             "UPDATE rerolls SET finished_at = $1
              WHERE run_id = $2 AND said = $3 AND finished_at IS NULL",

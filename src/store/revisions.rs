@@ -2,6 +2,7 @@
 //! outputs set aside), written in one transaction, and the journal of the file and object
 //! moves that go with them.
 
+use crate::run_id::RunId;
 use sqlx::{AnyConnection, Row};
 
 use crate::store::identities::Reusable;
@@ -90,7 +91,7 @@ impl Revisions<'_> {
     /// move of a set-aside output's file; gives the moves to make once it is committed.
     pub async fn apply(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         changes: &Changes,
     ) -> Result<Vec<PendingMove>, StoreError> {
         let mut tx = self.store.pool().begin().await?;
@@ -156,7 +157,7 @@ impl Revisions<'_> {
     }
 
     /// The moves a resume journaled and did not finish (its process was killed).
-    pub async fn pending_moves(&self, run_id: &str) -> Result<Vec<PendingMove>, StoreError> {
+    pub async fn pending_moves(&self, run_id: &RunId) -> Result<Vec<PendingMove>, StoreError> {
         sqlx::query(
             "SELECT id, superseded_id, from_path, to_path FROM pending_moves
              WHERE run_id = $1 ORDER BY id",
@@ -208,7 +209,7 @@ impl Revisions<'_> {
 /// again) and journals its file's move.
 async fn set_aside(
     conn: &mut AnyConnection,
-    run_id: &str,
+    run_id: &RunId,
     m: &SetAside,
     now: i64,
 ) -> Result<Option<PendingMove>, StoreError> {
@@ -289,7 +290,7 @@ async fn reset_task(
 /// Settles `task_id` with an earlier task's job and outputs, billed nothing.
 async fn reuse(
     conn: &mut AnyConnection,
-    run_id: &str,
+    run_id: &RunId,
     task_id: i64,
     r: &Reused,
     now: i64,

@@ -103,7 +103,7 @@ impl RecordedPlan {
 
 /// What a run starts with.
 pub struct NewRun<'a> {
-    pub id: &'a str,
+    pub id: &'a RunId,
     pub pipeline_name: &'a str,
     pub pipeline_file: &'a str,
     pub pipeline_text: &'a str,

@@ -266,7 +266,7 @@ const ROWS_PER_INSERT: usize = 100;
 pub(crate) async fn insert_tasks(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     backend: Backend,
-    run_id: &str,
+    run_id: &RunId,
     tasks: &[NewTask],
 ) -> Result<Vec<(i64, TaskKey)>, StoreError> {
     let now = now_ms();

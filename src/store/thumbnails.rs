@@ -5,6 +5,7 @@
 //! `_thumbs/` compared with these rows in the order of their names: nothing of the run's
 //! thumbnails is held whole, in the database's client or in the bucket.
 
+use crate::run_id::RunId;
 use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 use sqlx::Row;
 
@@ -67,7 +68,7 @@ impl<'a> Thumbnails<'a> {
     /// The run's thumbnails in the byte order of their names (the order S3 lists them in; the
     /// PostgreSQL column is `COLLATE "C"`), a page of [`PER_PAGE`] at a time from where the
     /// last ended: a seek in the primary key each.
-    pub fn list(self, run_id: &'a str) -> BoxStream<'a, Result<Thumbnail, StoreError>> {
+    pub fn list(self, run_id: &'a RunId) -> BoxStream<'a, Result<Thumbnail, StoreError>> {
         let sql = format!(
             "SELECT {COLUMNS} FROM thumbnails WHERE run_id = $1 AND name > $2
              ORDER BY name LIMIT $3"
@@ -107,7 +108,7 @@ impl<'a> Thumbnails<'a> {
     /// The run's thumbnails of these names; a name with none is left out.
     pub async fn named(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         names: &[String],
     ) -> Result<Vec<Thumbnail>, StoreError> {
         let mut found = Vec::new();
@@ -128,7 +129,7 @@ impl<'a> Thumbnails<'a> {
 
     /// Records thumbnails put under the run's prefix, over what was recorded of the same names
     /// (a thumbnail put again replaced the object).
-    pub async fn record(&self, run_id: &str, thumbnails: &[Thumbnail]) -> Result<(), StoreError> {
+    pub async fn record(&self, run_id: &RunId, thumbnails: &[Thumbnail]) -> Result<(), StoreError> {
         let mut tx = self.store.pool().begin().await?;
         for chunk in thumbnails.chunks(PER_STATEMENT) {
             let values = rows(self.store.backend(), chunk.len(), 9, |p| {
@@ -163,7 +164,7 @@ impl<'a> Thumbnails<'a> {
 
     /// Forgets thumbnails no longer in the bucket as they were put: the next report makes them
     /// again.
-    pub async fn forget(&self, run_id: &str, names: &[String]) -> Result<(), StoreError> {
+    pub async fn forget(&self, run_id: &RunId, names: &[String]) -> Result<(), StoreError> {
         let mut tx = self.store.pool().begin().await?;
         for chunk in names.chunks(PER_STATEMENT) {
             let sql = format!(
@@ -187,7 +188,7 @@ impl<'a> Thumbnails<'a> {
 /// `sql` (a fixed text of [`Thumbnails::placeholders`]'s placeholders) with the run and the names bound.
 fn bind_named<'q>(
     sql: &str,
-    run_id: &'q str,
+    run_id: &'q RunId,
     names: &'q [String],
 ) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
     // Built from a fixed placeholder list: no value is ever part of the text.

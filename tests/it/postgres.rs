@@ -842,10 +842,14 @@ async fn store_at(state: &str) -> imgpipe::store::Store {
 static EMPTY_PLAN: std::sync::LazyLock<imgpipe::store::RecordedPlan> =
     std::sync::LazyLock::new(|| imgpipe::store::RecordedPlan::of(&serde_json::json!({})).unwrap());
 
+/// The id of [`one_step_run`].
+static RUN_R: std::sync::LazyLock<imgpipe::run_id::RunId> =
+    std::sync::LazyLock::new(|| imgpipe::run_id::RunId::from("r"));
+
 /// Run `r` of a one-step pipeline, its outputs under `output_dir`.
 fn one_step_run(output_dir: &str) -> imgpipe::store::NewRun<'_> {
     imgpipe::store::NewRun {
-        id: "r",
+        id: &RUN_R,
         pipeline_name: "p",
         pipeline_file: "p.yaml",
         pipeline_text: "",
@@ -992,7 +996,7 @@ async fn in_byte_order(state: &str, writer: &str) {
     }
     conn.commit().await.unwrap();
     let stored: Vec<imgpipe::store::StoredOutput> =
-        futures::TryStreamExt::try_collect(store.kept().stored("r"))
+        futures::TryStreamExt::try_collect(store.kept().stored(&RUN_R))
             .await
             .unwrap();
     let listed: Vec<&str> = stored.iter().map(|o| o.path.as_str()).collect();
@@ -1060,10 +1064,15 @@ async fn thumbnails_recorded(state: &str) {
     };
     // Past the store's page of 1,000 rows twice, in statements of a few hundred.
     let rows: Vec<Thumbnail> = (0..2_100).map(row).collect();
-    store.thumbnails().record("r", &rows).await.unwrap();
-    let listed: Vec<Thumbnail> = futures::TryStreamExt::try_collect(store.thumbnails().list("r"))
+    store
+        .thumbnails()
+        .record(&imgpipe::run_id::RunId::from("r"), &rows)
         .await
         .unwrap();
+    let listed: Vec<Thumbnail> =
+        futures::TryStreamExt::try_collect(store.thumbnails().list(&RUN_R))
+            .await
+            .unwrap();
     let mut expected = rows.clone();
     expected.sort_unstable_by(|a, b| a.name.cmp(&b.name));
     assert_eq!(listed, expected, "{state}");
@@ -1075,7 +1084,10 @@ async fn thumbnails_recorded(state: &str) {
     };
     store
         .thumbnails()
-        .record("r", std::slice::from_ref(&again))
+        .record(
+            &imgpipe::run_id::RunId::from("r"),
+            std::slice::from_ref(&again),
+        )
         .await
         .unwrap();
     let names: Vec<String> = rows[..300]
@@ -1083,20 +1095,28 @@ async fn thumbnails_recorded(state: &str) {
         .map(|t| t.name.clone())
         .chain(["f".repeat(32)])
         .collect();
-    let mut found = store.thumbnails().named("r", &names).await.unwrap();
+    let mut found = store
+        .thumbnails()
+        .named(&imgpipe::run_id::RunId::from("r"), &names)
+        .await
+        .unwrap();
     found.sort_unstable_by_key(|t| t.size.1);
     assert_eq!(found.len(), 300, "{state}: a name with none is left out");
     assert_eq!(found[5], again, "{state}");
     assert_eq!(found[6], rows[6], "{state}");
-    store.thumbnails().forget("r", &names[..250]).await.unwrap();
-    let left = futures::TryStreamExt::try_collect::<Vec<_>>(store.thumbnails().list("r"))
+    store
+        .thumbnails()
+        .forget(&imgpipe::run_id::RunId::from("r"), &names[..250])
+        .await
+        .unwrap();
+    let left = futures::TryStreamExt::try_collect::<Vec<_>>(store.thumbnails().list(&RUN_R))
         .await
         .unwrap();
     assert_eq!(left.len(), 1_850, "{state}");
     assert!(
         store
             .thumbnails()
-            .named("r", &names[..250])
+            .named(&imgpipe::run_id::RunId::from("r"), &names[..250])
             .await
             .unwrap()
             .is_empty()

@@ -264,7 +264,7 @@ fn chain_file(env: &Env) -> PathBuf {
 fn request(file: &Path, run_id: Option<&str>) -> RunRequest {
     RunRequest {
         file: Some(file.to_path_buf()),
-        run_id: run_id.map(str::to_owned),
+        run_id: run_id.map(imgpipe::run_id::RunId::from),
         ..RunRequest::default()
     }
 }

@@ -3,6 +3,7 @@
 //! the run's state database again. Words are quoted as `crate::shell` quotes them, and the
 //! script quotes the task words the same way.
 
+use crate::run_id::RunId;
 use std::path::Path;
 
 use crate::shell::quote;
@@ -23,7 +24,7 @@ pub(super) struct Commands {
 impl Commands {
     /// The commands of run `run_id` recorded in `state`; `portable` for the page of a run in
     /// object storage, which names no local file.
-    pub(super) fn new(run_id: &str, state: &Location, portable: bool) -> Commands {
+    pub(super) fn new(run_id: &RunId, state: &Location, portable: bool) -> Commands {
         let unnamed_state = portable && matches!(state, Location::File(_));
         let flags = if unnamed_state {
             Vec::new()
@@ -38,7 +39,7 @@ impl Commands {
     }
 
     /// `imgpipe resume RUN_ID` and the flags.
-    pub(super) fn resume(&self, run_id: &str) -> String {
+    pub(super) fn resume(&self, run_id: &RunId) -> String {
         format!("imgpipe resume {}{}", quote(run_id), self.flags)
     }
 }
@@ -82,6 +83,9 @@ mod tests {
             flags: " --state /x.db".into(),
             unnamed_state: false,
         };
-        assert_eq!(commands.resume("a b"), "imgpipe resume 'a b' --state /x.db");
+        assert_eq!(
+            commands.resume(&crate::run_id::RunId::from("a b")),
+            "imgpipe resume 'a b' --state /x.db"
+        );
     }
 }

@@ -2,6 +2,7 @@
 //! the request the task sent, the box that picks it for `imgpipe reroll`, and the earlier
 //! versions of the output that a reroll or a resume set aside.
 
+use crate::run_id::RunId;
 use maud::{Markup, html};
 
 use crate::report::page::html::{Page, label, label_in_item, output_label, output_label_in_item};
@@ -164,7 +165,7 @@ struct Missing {
 
 /// Why an output of run `run_id` has no file: its download failed (`download_error`), is on
 /// its way (the run is `in_progress`), or never happened before the run ended.
-fn missing(download_error: Option<&str>, in_progress: bool, run_id: &str) -> Missing {
+fn missing(download_error: Option<&str>, in_progress: bool, run_id: &RunId) -> Missing {
     let (class, badge, why) = match download_error {
         Some(e) => ("failed", "not downloaded", e.to_owned()),
         None if in_progress => (
@@ -276,14 +277,14 @@ mod tests {
 
     #[test]
     fn a_missing_file_is_a_failed_download_then_one_on_its_way_then_one_never_made() {
-        let failed = missing(Some("disk full"), true, "r1");
+        let failed = missing(Some("disk full"), true, &crate::run_id::RunId::from("r1"));
         assert_eq!(
             (failed.class, failed.badge, failed.why.as_str()),
             ("failed", "not downloaded", "disk full")
         );
-        let going = missing(None, true, "r1");
+        let going = missing(None, true, &crate::run_id::RunId::from("r1"));
         assert_eq!((going.class, going.badge), ("pending", "downloading"));
-        let ended = missing(None, false, "r1");
+        let ended = missing(None, false, &crate::run_id::RunId::from("r1"));
         assert_eq!(ended.class, "failed");
         assert!(ended.why.contains("`imgpipe resume r1` fetches it"));
     }

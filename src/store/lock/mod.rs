@@ -13,6 +13,7 @@
 
 pub mod pg;
 
+use crate::run_id::RunId;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
@@ -29,7 +30,7 @@ pub struct Holder {
     pub host: String,
     /// RFC 3339, UTC.
     pub since: String,
-    pub run_id: String,
+    pub run_id: RunId,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -105,7 +106,12 @@ pub fn lock_path(db: &Path, pipeline: &str) -> PathBuf {
 
 /// Takes the lock of `pipeline`, or fails at once naming its holder. With `wait`, blocks until
 /// the holder is done instead; run it off the async threads.
-pub fn acquire(db: &Path, pipeline: &str, run_id: &str, wait: bool) -> Result<RunLock, LockError> {
+pub fn acquire(
+    db: &Path,
+    pipeline: &str,
+    run_id: &RunId,
+    wait: bool,
+) -> Result<RunLock, LockError> {
     let path = lock_path(db, pipeline);
     let io = |source| LockError::Io {
         path: path.clone(),
@@ -232,14 +238,14 @@ mod tests {
     fn a_second_taker_is_told_who_holds_the_lock_until_it_is_released() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("state.db");
-        let first = acquire(&db, "nightly", "r1", false).unwrap();
-        let err = acquire(&db, "nightly", "r2", false).unwrap_err();
+        let first = acquire(&db, "nightly", &RunId::from("r1"), false).unwrap();
+        let err = acquire(&db, "nightly", &RunId::from("r2"), false).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("run r1 by pid"), "{text}");
         assert!(text.contains(&std::process::id().to_string()), "{text}");
-        assert!(acquire(&db, "another pipeline", "r3", false).is_ok());
+        assert!(acquire(&db, "another pipeline", &RunId::from("r3"), false).is_ok());
         drop(first);
-        assert!(acquire(&db, "nightly", "r2", false).is_ok());
+        assert!(acquire(&db, "nightly", &RunId::from("r2"), false).is_ok());
     }
 
     #[test]
@@ -251,7 +257,7 @@ mod tests {
             !db.with_extension("db.locks").exists(),
             "a probe creates nothing"
         );
-        let held = acquire(&db, "nightly", "r1", false).unwrap();
+        let held = acquire(&db, "nightly", &RunId::from("r1"), false).unwrap();
         match probe(&db, "nightly").unwrap() {
             Probe::Held(Some(h)) => assert_eq!(h.run_id, "r1"),
             other => panic!("{other:?}"),
@@ -259,6 +265,6 @@ mod tests {
         drop(held);
         assert!(matches!(probe(&db, "nightly").unwrap(), Probe::Free));
         // A probe lets go at once: the lock can be taken right after it.
-        assert!(acquire(&db, "nightly", "r2", false).is_ok());
+        assert!(acquire(&db, "nightly", &RunId::from("r2"), false).is_ok());
     }
 }

@@ -3,6 +3,7 @@
 //! lets go of it when the holding session ends: a process killed, a pod evicted, a host lost
 //! (once the server notices the connection is gone).
 
+use crate::run_id::RunId;
 use sqlx::{Connection, PgConnection};
 
 use crate::store::lock::{Holder, LockError, Probe, RunLock, describe};
@@ -33,7 +34,7 @@ const WATCH: std::time::Duration = std::time::Duration::from_secs(2);
 pub async fn acquire(
     url: &PgUrl,
     pipeline: &str,
-    run_id: &str,
+    run_id: &RunId,
     wait: bool,
     lost: tokio_util::sync::CancellationToken,
 ) -> Result<RunLock, LockError> {
@@ -83,7 +84,7 @@ pub async fn acquire(
     )
     .bind(key)
     .bind(pipeline)
-    .bind(&me.run_id)
+    .bind(me.run_id.as_str())
     .bind(&me.host)
     .bind(i64::from(me.pid))
     .bind(&me.since)
@@ -139,7 +140,7 @@ fn to_holder((run_id, host, pid, since): (String, String, i64, String)) -> Holde
         pid: u32::try_from(pid).unwrap_or_default(),
         host,
         since,
-        run_id,
+        run_id: RunId::from(run_id),
     }
 }
 
@@ -174,8 +175,8 @@ mod tests {
         Some((url, store))
     }
 
-    async fn take(url: &PgUrl, run: &str, wait: bool) -> Result<RunLock, LockError> {
-        acquire(url, "nightly", run, wait, CancellationToken::new()).await
+    async fn take(url: &PgUrl, run: RunId, wait: bool) -> Result<RunLock, LockError> {
+        acquire(url, "nightly", &run, wait, CancellationToken::new()).await
     }
 
     /// Waits until the lock is free, as the server lets go of it once its session ends.
@@ -211,7 +212,7 @@ mod tests {
             probe(&store, "nightly").await.unwrap(),
             Probe::Free
         ));
-        let held = take(&url, "first", false).await.unwrap();
+        let held = take(&url, RunId::from("first"), false).await.unwrap();
         let Probe::Held(Some(holder)) = probe(&store, "nightly").await.unwrap() else {
             panic!("the lock is not seen held");
         };
@@ -219,7 +220,7 @@ mod tests {
             (holder.run_id.as_str(), holder.pid),
             ("first", std::process::id())
         );
-        let refused = take(&url, "second", false).await.unwrap_err();
+        let refused = take(&url, RunId::from("second"), false).await.unwrap_err();
         let LockError::Held {
             pipeline,
             holder: Some(holder),
@@ -238,14 +239,20 @@ mod tests {
         );
         // Another pipeline's lock is another key.
         drop(
-            acquire(&url, "weekly", "w", false, CancellationToken::new())
-                .await
-                .unwrap(),
+            acquire(
+                &url,
+                "weekly",
+                &RunId::from("w"),
+                false,
+                CancellationToken::new(),
+            )
+            .await
+            .unwrap(),
         );
 
         drop(held);
         until_free(&store).await;
-        let second = take(&url, "second", false).await.unwrap();
+        let second = take(&url, RunId::from("second"), false).await.unwrap();
         let Probe::Held(Some(holder)) = probe(&store, "nightly").await.unwrap() else {
             panic!("the lock is not seen held");
         };
@@ -260,8 +267,8 @@ mod tests {
         let Some((url, store)) = state("wait").await else {
             return;
         };
-        let held = take(&url, "first", false).await.unwrap();
-        let waiting = take(&url, "second", true);
+        let held = take(&url, RunId::from("first"), false).await.unwrap();
+        let waiting = take(&url, RunId::from("second"), true);
         tokio::pin!(waiting);
         // Several of its polls while the lock is held: none may take it.
         let polls = POLL * 4;
@@ -289,7 +296,7 @@ mod tests {
             return;
         };
         let lost = CancellationToken::new();
-        let held = acquire(&url, "nightly", "r", false, lost.clone())
+        let held = acquire(&url, "nightly", &RunId::from("r"), false, lost.clone())
             .await
             .unwrap();
         assert!(!lost.is_cancelled());
