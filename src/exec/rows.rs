@@ -27,12 +27,9 @@ const CHUNK_ITEMS: usize = 1024;
 /// as the executor will send it (rendered by the same code, its URLs left out).
 pub fn new_task(graph: &Graph, t: usize) -> NewTask {
     let task = graph.task(t);
-    let TaskKey { item, step, index } = graph.key(t);
     let work = graph.work(t).ok();
     NewTask {
-        item,
-        step,
-        idx: index,
+        key: graph.key(t),
         operation: match &work {
             Some(Work::Tool { params, .. }) => params.tool().as_str(),
             _ => "generate",
@@ -205,13 +202,13 @@ impl Rows {
         missing: &[usize],
     ) -> Result<(), StoreError> {
         let tasks: Vec<NewTask> = missing.iter().map(|t| new_task(graph, *t)).collect();
-        let chunk: HashMap<(&str, &str, u32), usize> = tasks
+        let chunk: HashMap<&TaskKey, usize> = tasks
             .iter()
             .zip(missing)
-            .map(|(n, t)| ((n.item.as_str(), n.step.as_str(), n.idx), *t))
+            .map(|(n, t)| (&n.key, *t))
             .collect();
         for (id, key) in store.tasks().record(run_id, &tasks).await? {
-            if let Some(t) = chunk.get(&(key.item.as_str(), key.step.as_str(), key.index)) {
+            if let Some(t) = chunk.get(&key) {
                 self.ids.set(*t, id);
             }
         }
@@ -284,9 +281,7 @@ mod tests {
         };
         let mut tasks: Vec<NewTask> = order.iter().map(|t| new_task(graph, *t)).collect();
         tasks.extend(extra.iter().map(|(item, step)| NewTask {
-            item: (*item).to_owned(),
-            step: (*step).to_owned(),
-            idx: 0,
+            key: TaskKey::new(*item, *step, 0),
             operation: "erase",
             inputs: "[]".to_owned(),
             planned_credits: 2,

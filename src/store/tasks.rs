@@ -45,9 +45,8 @@ impl TaskStatus {
 }
 
 pub struct NewTask {
-    pub item: String,
-    pub step: String,
-    pub idx: u32,
+    /// The task it records: `item/step[index]`.
+    pub key: TaskKey,
     pub operation: &'static str,
     pub inputs: String,
     pub planned_credits: u64,
@@ -296,9 +295,9 @@ pub(crate) async fn insert_tasks(
         for t in chunk {
             query = query
                 .bind(run_id)
-                .bind(&t.item)
-                .bind(&t.step)
-                .bind(i64::from(t.idx))
+                .bind(&t.key.item)
+                .bind(&t.key.step)
+                .bind(i64::from(t.key.index))
                 .bind(t.operation)
                 .bind(&t.inputs)
                 .bind(to_i64(t.planned_credits))

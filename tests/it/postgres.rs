@@ -865,9 +865,7 @@ fn one_step_run(output_dir: &str) -> imgpipe::store::NewRun<'_> {
 /// An erase of item `item`, planned at a credit.
 fn erase_task(item: &str) -> imgpipe::store::NewTask {
     imgpipe::store::NewTask {
-        item: item.to_owned(),
-        step: "s".to_owned(),
-        idx: 0,
+        key: imgpipe::task_key::TaskKey::new(item, "s", 0),
         operation: "erase",
         inputs: "[]".to_owned(),
         planned_credits: 1,
