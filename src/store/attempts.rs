@@ -4,7 +4,7 @@
 
 use crate::run_id::RunId;
 use crate::store::group::Written;
-use crate::store::tasks::to_i64;
+use crate::store::to_i64;
 use crate::store::{Backend, Store, StoreError, now_ms};
 
 /// How a paid call ended, as its attempt records it (`attempts.outcome`).

@@ -7,7 +7,7 @@
 use sqlx::Row;
 
 use crate::run_id::RunId;
-use crate::store::tasks::to_u64;
+use crate::store::to_u64;
 use crate::store::{Store, StoreError, now_ms, rows};
 
 /// A spending cap as recorded.

@@ -6,7 +6,7 @@ use crate::run_id::RunId;
 use sqlx::Row;
 
 use crate::store::CallOutcome;
-use crate::store::tasks::to_u64;
+use crate::store::to_u64;
 use crate::store::{Store, StoreError};
 
 /// A run's call and download figures beyond [`crate::store::Totals`].

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use sqlx::Row;
 
 use crate::place::Address;
-use crate::store::tasks::to_u64;
+use crate::store::to_u64;
 use crate::store::{Backend, Store, StoreError, rows};
 
 /// A succeeded task of some run, whose outputs another task may take instead of paying.

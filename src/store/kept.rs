@@ -5,7 +5,8 @@ use crate::run_id::RunId;
 use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 use sqlx::Row;
 
-use crate::store::tasks::{OUTPUT_COLUMNS, output_row, to_u64};
+use crate::store::tasks::{OUTPUT_COLUMNS, output_row};
+use crate::store::to_u64;
 use crate::store::{Backend, RecordedOutput, Store, StoreError, rows};
 
 /// A stored output as a resume checks it: where it is and what was stored there. The rest of

@@ -22,7 +22,7 @@ use crate::run_id::RunId;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::store::tasks::to_u64;
+use crate::store::to_u64;
 use crate::store::{RecordedPlan, Store, StoreError};
 
 /// Calls are counted per quarter of an hour (unix milliseconds): every time zone's offset is a

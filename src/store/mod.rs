@@ -694,6 +694,16 @@ pub(crate) fn rows(
     out
 }
 
+/// A count as the database keeps it: 64-bit signed, the largest it holds when it is larger.
+pub(crate) fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// A count read back from the database: never negative.
+pub(crate) fn to_u64(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
 /// Unix milliseconds, the database's time unit.
 pub fn now_ms() -> i64 {
     SystemTime::now()

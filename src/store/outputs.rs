@@ -6,8 +6,8 @@ use sqlx::Row;
 use crate::place::Address;
 use crate::run_id::RunId;
 use crate::store::group::Written;
-use crate::store::tasks::{to_i64, to_u64};
 use crate::store::{Store, StoreError, now_ms};
+use crate::store::{to_i64, to_u64};
 use crate::task_key::TaskKey;
 
 /// A freshly signed URL for an output.

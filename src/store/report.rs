@@ -8,7 +8,8 @@ use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 use sqlx::Row;
 
 use crate::place::Address;
-use crate::store::tasks::{TaskStatus, to_u64};
+use crate::store::tasks::TaskStatus;
+use crate::store::to_u64;
 use crate::store::{Backend, Store, StoreError, rows};
 
 /// A task as the report shows it.

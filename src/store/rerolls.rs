@@ -2,9 +2,8 @@
 //! ([`crate::store::Revisions::apply`]), looked up by what they named, ended when all their tasks are done.
 
 use crate::run_id::RunId;
-use sqlx::{AnyConnection, Row};
+use sqlx::{AnyConnection, AnyPool, Row};
 
-use crate::store::revisions::Revisions;
 use crate::store::{StoreError, now_ms};
 
 /// A reroll to record with the review that resets its tasks.
@@ -39,47 +38,43 @@ pub(super) async fn insert(
     Ok(())
 }
 
-/// A reroll is recorded by the revision that resets its tasks: its reads and its end are
-/// revisions' too.
-impl Revisions<'_> {
-    /// The latest reroll of run `run_id` that named `said` and has not ended.
-    pub async fn open_reroll(
-        &self,
-        run_id: &RunId,
-        said: &str,
-    ) -> Result<Option<OpenReroll>, StoreError> {
-        let row = sqlx::query(
-            "SELECT id, task_ids FROM rerolls
+/// The latest reroll of run `run_id` that named `said` and has not ended.
+pub(super) async fn open(
+    pool: &AnyPool,
+    run_id: &RunId,
+    said: &str,
+) -> Result<Option<OpenReroll>, StoreError> {
+    let row = sqlx::query(
+        "SELECT id, task_ids FROM rerolls
              WHERE run_id = $1 AND said = $2 AND finished_at IS NULL
              ORDER BY id DESC LIMIT 1",
-        )
-        .bind(run_id)
-        .bind(said)
-        .fetch_optional(self.store.pool())
-        .await?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let text: String = row.try_get("task_ids")?;
-        let task_ids = serde_json::from_str(&text)
-            .map_err(|e| StoreError::Inconsistent(format!("reroll's task ids do not read: {e}")))?;
-        Ok(Some(OpenReroll {
-            id: row.try_get("id")?,
-            task_ids,
-        }))
-    }
+    )
+    .bind(run_id)
+    .bind(said)
+    .fetch_optional(pool)
+    .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let text: String = row.try_get("task_ids")?;
+    let task_ids = serde_json::from_str(&text)
+        .map_err(|e| StoreError::Inconsistent(format!("reroll's task ids do not read: {e}")))?;
+    Ok(Some(OpenReroll {
+        id: row.try_get("id")?,
+        task_ids,
+    }))
+}
 
-    /// Ends the open rerolls of run `run_id` that named `said`: all their tasks are done.
-    pub async fn finish_reroll(&self, run_id: &RunId, said: &str) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE rerolls SET finished_at = $1
+/// Ends the open rerolls of run `run_id` that named `said`: all their tasks are done.
+pub(super) async fn finish(pool: &AnyPool, run_id: &RunId, said: &str) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE rerolls SET finished_at = $1
              WHERE run_id = $2 AND said = $3 AND finished_at IS NULL",
-        )
-        .bind(now_ms())
-        .bind(run_id)
-        .bind(said)
-        .execute(self.store.pool())
-        .await?;
-        Ok(())
-    }
+    )
+    .bind(now_ms())
+    .bind(run_id)
+    .bind(said)
+    .execute(pool)
+    .await?;
+    Ok(())
 }

@@ -6,8 +6,9 @@ use crate::run_id::RunId;
 use sqlx::{AnyConnection, Row};
 
 use crate::store::identities::Reusable;
-use crate::store::tasks::{NewTask, insert_tasks, to_i64};
-use crate::store::{Store, StoreError, now_ms};
+use crate::store::tasks::{NewTask, insert_tasks};
+use crate::store::to_i64;
+use crate::store::{Store, StoreError, now_ms, rerolls};
 use crate::task_key::TaskKey;
 
 /// An output set aside by a resume: its row moves to `superseded_outputs`, and its file (or
@@ -329,4 +330,22 @@ async fn reuse(
         .await?;
     }
     Ok(())
+}
+
+/// A reroll is recorded by the revision that resets its tasks: its reads and its end are
+/// revisions' too.
+impl Revisions<'_> {
+    /// The latest reroll of run `run_id` that named `said` and has not ended.
+    pub async fn open_reroll(
+        &self,
+        run_id: &RunId,
+        said: &str,
+    ) -> Result<Option<crate::store::OpenReroll>, StoreError> {
+        rerolls::open(self.store.pool(), run_id, said).await
+    }
+
+    /// Ends the open rerolls of run `run_id` that named `said`: all their tasks are done.
+    pub async fn finish_reroll(&self, run_id: &RunId, said: &str) -> Result<(), StoreError> {
+        rerolls::finish(self.store.pool(), run_id, said).await
+    }
 }

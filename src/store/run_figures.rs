@@ -6,7 +6,8 @@ use sqlx::Row;
 use crate::run_id::RunId;
 use crate::store::StoreError;
 use crate::store::runs::Runs;
-use crate::store::tasks::{key_of, to_u64};
+use crate::store::tasks::key_of;
+use crate::store::to_u64;
 use crate::task_key::TaskKey;
 
 /// What a run has done and paid, from its attempts.
@@ -118,7 +119,7 @@ impl Runs<'_> {
                     started_at: r.try_get("started_at")?,
                     job_id: r.try_get("job_id")?,
                     error: r.try_get("error")?,
-                    credits_at_risk: crate::store::tasks::to_u64(r.try_get("planned_credits")?),
+                    credits_at_risk: to_u64(r.try_get("planned_credits")?),
                     in_flight: r.try_get::<i64, _>("in_flight")? != 0,
                 })
             })

@@ -6,7 +6,7 @@ use sqlx::Row;
 use crate::run_id::RunId;
 use crate::store::attempts::CallOutcome;
 use crate::store::group::Written;
-use crate::store::{Backend, Store, StoreError, now_ms, rows};
+use crate::store::{Backend, Store, StoreError, now_ms, rows, to_i64, to_u64};
 use crate::task_key::TaskKey;
 
 pub(crate) use crate::store::outputs::{OUTPUT_COLUMNS, output_row};
@@ -84,14 +84,6 @@ impl LastAttempt {
     pub fn possibly_billed(&self) -> bool {
         self.outcome.is_none_or(|o| o == CallOutcome::Ambiguous)
     }
-}
-
-pub(crate) fn to_i64(n: u64) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
-
-pub(crate) fn to_u64(n: i64) -> u64 {
-    u64::try_from(n).unwrap_or(0)
 }
 
 /// The run's tasks: what is recorded of each, and the statements that change them.

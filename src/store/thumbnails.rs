@@ -9,7 +9,7 @@ use crate::run_id::RunId;
 use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 use sqlx::Row;
 
-use crate::store::tasks::to_u64;
+use crate::store::to_u64;
 use crate::store::{Store, StoreError, rows};
 
 /// A thumbnail under `<run>/_thumbs/`, named `<name>.png`.
