@@ -5,6 +5,7 @@
 //! records them; a call cut off after that stays recorded as in flight, that is, possibly
 //! billed, which is exactly what is known of it.
 
+pub mod account_rate;
 mod attempt;
 pub mod budget;
 mod download;
@@ -84,6 +85,9 @@ pub struct Config {
     /// The run's hold on the spending caps that cover it: chains are committed only from what
     /// it leased.
     pub leash: Option<crate::caps::Leash>,
+    /// The account's rate limit, shared with every process that spends on it through the
+    /// state database; `None` without a known rate (or a database that cannot say).
+    pub account_rate: Option<account_rate::AccountRate>,
 }
 
 /// Live news of the run, for the progress display or log lines.
