@@ -122,6 +122,7 @@ impl SandboxArgs {
             jitter: Duration::from_millis(self.jitter_ms),
             download_latency: Duration::from_millis(self.download_latency_ms),
             rate_limit: self.rate_limit,
+            rate_burst: None,
             rate_scope: self.rate_limit_scope.into(),
             max_in_flight: self.max_in_flight,
             image_side: self.image_side,

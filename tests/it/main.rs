@@ -34,6 +34,7 @@ mod run;
 mod runner;
 mod sandbox_http;
 mod scale;
+mod shared_rate;
 mod signals;
 mod spend;
 mod validate;

@@ -1,0 +1,157 @@
+//! An account's rate limit shared through the state database (issue 35): two processes of
+//! different pipelines, neither told a rate, on one SQLite file and on one PostgreSQL
+//! database, against one sandbox whose token bucket holds 20 calls a second (burst 5): no 429,
+//! and the arrivals the sandbox saw never above its bucket; each run gets a fair share while
+//! both are ready; a process killed holding a block delays the other no longer than the block.
+//!
+//! The sandbox tells its limit in its account record: that is where both runs learn it.
+
+use std::path::Path;
+
+use imgpipe::sandbox::{self, LedgerEntry};
+
+use crate::binary::Imgpipe;
+use crate::common::*;
+use crate::run::{config, edit_chain, write};
+
+const RATE: f64 = 20.0;
+const BURST: u32 = 5;
+/// Items of each pipeline: `north` pays one generation an item, `south` three tool calls.
+const NORTH_ITEMS: usize = 36;
+const SOUTH_ITEMS: usize = 12;
+const CALLS_EACH: usize = 36;
+
+fn bucket() -> sandbox::Config {
+    sandbox::Config {
+        rate_limit: Some(RATE),
+        rate_burst: Some(BURST),
+        rate_scope: sandbox::RateScope::Paid,
+        ..config()
+    }
+}
+
+/// Two pipelines of 36 paid calls each, told apart in the ledger by what they pay for.
+fn pipelines(dir: &Path) {
+    let mut north = String::from(
+        "version: 1\nname: north\noutput_dir: out\npricing: { generation: 4 }\nitems:\n",
+    );
+    for i in 0..NORTH_ITEMS {
+        north += &format!("  - {{ id: n{i:02} }}\n");
+    }
+    north += "steps:\n  - id: shot\n    generate: { prompt: \"Studio photo of {{ item.id }}\" }\n";
+    write(dir, "north.yaml", &north);
+    let south = edit_chain(SOUTH_ITEMS, None).replace("name: chain\n", "name: south\n");
+    write(dir, "south.yaml", &south);
+}
+
+fn is_north(e: &LedgerEntry) -> bool {
+    e.operation == "generate"
+}
+
+fn run_of<'e>(env: &'e Env, state: &str, pipeline: &str) -> Imgpipe<'e> {
+    Imgpipe::on(env, &["run", &format!("{pipeline}.yaml"), "--run-id", pipeline]).state(state)
+}
+
+/// Arrival times in µs, in order.
+fn arrivals(ledger: &[LedgerEntry]) -> Vec<u64> {
+    let mut times: Vec<u64> = ledger.iter().map(|e| e.received_us).collect();
+    times.sort_unstable();
+    times
+}
+
+/// The token bucket's ceiling: between any two arrivals, no more calls than the burst and
+/// the rate over the time between them allow (a millisecond of slack for the clock's reading).
+fn assert_within_bucket(times: &[u64], rate: f64, burst: u32, what: &str) {
+    for (i, first) in times.iter().enumerate() {
+        for (j, last) in times.iter().enumerate().skip(i) {
+            let calls = (j - i + 1) as f64;
+            let allowed = f64::from(burst) + rate * (last - first + 1_000) as f64 / 1e6;
+            assert!(
+                calls <= allowed,
+                "{what}: {calls} calls between {first} µs and {last} µs, above {allowed:.1}: {times:?}"
+            );
+        }
+    }
+}
+
+/// While both runs were ready (from the later one's first call to the earlier one's last),
+/// each got within 25% of the other's calls.
+fn assert_fair(ledger: &[LedgerEntry]) {
+    let mut ordered = ledger.to_vec();
+    ordered.sort_by_key(|e| e.received_us);
+    let first = |north: bool| ordered.iter().position(|e| is_north(e) == north).unwrap();
+    let last = |north: bool| ordered.iter().rposition(|e| is_north(e) == north).unwrap();
+    let (from, to) = (first(true).max(first(false)), last(true).min(last(false)));
+    assert!(from < to, "the runs never overlapped: {ordered:?}");
+    let window = &ordered[from..=to];
+    let north = window.iter().filter(|e| is_north(e)).count() as f64;
+    let south = window.len() as f64 - north;
+    assert!(
+        north.min(south) >= 0.75 * north.max(south),
+        "unfair while both were ready: north {north}, south {south} of {} calls",
+        window.len()
+    );
+}
+
+async fn two_runs_share_the_accounts_rate(env: &Env, state: &str) {
+    let dir = env.dir.path();
+    pipelines(dir);
+    let (north, south) = tokio::join!(
+        run_of(env, state, "north").run(),
+        run_of(env, state, "south").run()
+    );
+    assert_exit_without_panic(&north, 0);
+    assert_exit_without_panic(&south, 0);
+    let stats = env.sandbox.stats();
+    assert_eq!(stats.rate_limited, 0, "answered 429: {stats:?}");
+    let ledger = env.sandbox.ledger();
+    assert_eq!(ledger.len(), 2 * CALLS_EACH, "{ledger:?}");
+    assert_within_bucket(&arrivals(&ledger), RATE, BURST, "both runs together");
+    assert_fair(&ledger);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_processes_on_one_sqlite_file_keep_to_the_accounts_rate_together() {
+    let env = start(bucket()).await;
+    let state = env.dir.path().join("state.db");
+    two_runs_share_the_accounts_rate(&env, &state.to_string_lossy()).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_processes_on_one_postgres_database_keep_to_the_accounts_rate_together() {
+    let Some(url) = postgres_database("shared_rate").await else {
+        return;
+    };
+    let env = start(bucket()).await;
+    two_runs_share_the_accounts_rate(&env, &url).await;
+}
+
+/// A process killed (SIGKILL) while it holds a block: its block is simply lost, the other run
+/// goes on at the account's rate and finishes without a 429. (Were a block held until its
+/// holder was found gone, the other would wait for that instead.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_process_killed_holding_a_block_does_not_starve_the_other() {
+    let env = start(bucket()).await;
+    let dir = env.dir.path();
+    pipelines(dir);
+    let state = dir.join("state.db").to_string_lossy().into_owned();
+    let mut north = run_of(&env, &state, "north").command().spawn().unwrap();
+    let south = run_of(&env, &state, "south").run();
+    let killer = async {
+        wait_until("the north run's third call", || {
+            env.sandbox.ledger().iter().filter(|e| is_north(e)).count() >= 3
+        })
+        .await;
+        send_signal(north.id().unwrap(), libc::SIGKILL);
+        wait_child(&mut north, RUN_LIMIT, "the killed north run").await;
+        env.sandbox.ledger().len()
+    };
+    let (south, killed_at) = tokio::join!(south, killer);
+    assert_exit_without_panic(&south, 0);
+    let ledger = env.sandbox.ledger();
+    let souths = ledger.iter().filter(|e| !is_north(e)).count();
+    assert_eq!(souths, CALLS_EACH, "the south run paid every call: {ledger:?}");
+    assert!(killed_at < ledger.len(), "the south run went on after the kill");
+    assert_eq!(env.sandbox.stats().rate_limited, 0);
+    assert_within_bucket(&arrivals(&ledger), RATE, BURST, "both runs together");
+}
