@@ -18,6 +18,11 @@ use tokio::time::Instant;
 use crate::run_id::RunId;
 use crate::store::{Drawn, NewDrawer, Store, StoreError};
 
+/// A test-only setting: the state database the shared rate is drawn from, when it is to be
+/// another connection than the run's records (a test cuts it alone, through a proxy, while
+/// the run's records go on).
+pub const TEST_RATE_STATE_ENV: &str = "IMGPIPE_TEST_RATE_STATE";
+
 /// How long a draw may take before the process falls back to its share.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(2);
 
@@ -263,9 +268,13 @@ impl Inner {
 
     async fn draw(&self, interval_us: u64) -> Option<Drawn> {
         let rates = self.store.rates();
-        let asked = rates.draw(&self.account, self.block, interval_us);
+        let seen_since = crate::store::now_ms() - STALE_AFTER_MS;
+        let asked = rates.draw(&self.account, self.block, interval_us, seen_since);
         match tokio::time::timeout(ANSWER_WITHIN, asked).await {
-            Ok(Ok(Some(drawn))) => Some(drawn),
+            Ok(Ok(Some(drawn))) => {
+                self.seen.store(drawn.drawers.max(1), Relaxed);
+                Some(drawn)
+            }
             Ok(Ok(None)) => {
                 // The account's row is gone (removed by hand): enrol again, then draw.
                 let enrolled = rates.enrol(&self.drawer(), interval_us, 1).await;
@@ -274,7 +283,7 @@ impl Inner {
                     return None;
                 }
                 rates
-                    .draw(&self.account, self.block, interval_us)
+                    .draw(&self.account, self.block, interval_us, seen_since)
                     .await
                     .ok()
                     .flatten()

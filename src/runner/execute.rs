@@ -383,6 +383,14 @@ async fn account_rate(
 ) -> Option<exec::account_rate::AccountRate> {
     let rate = rate.filter(|r| r.is_finite() && *r > 0.0)?;
     let account = conn.client.account_digest();
+    let own = match std::env::var(exec::account_rate::TEST_RATE_STATE_ENV) {
+        Ok(place) if !place.is_empty() => {
+            let location = crate::store::Location::parse(&place, "the rate's state").ok()?;
+            Store::open_existing(&location).await.ok()
+        }
+        _ => None,
+    };
+    let store = own.as_ref().unwrap_or(store);
     let opened = exec::account_rate::AccountRate::open(store, account, rate, run_id);
     match tokio::time::timeout(exec::account_rate::ANSWER_WITHIN, opened).await {
         Ok(Ok(shared)) => Some(shared),

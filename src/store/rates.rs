@@ -22,6 +22,8 @@ pub struct Drawn {
     pub end_us: i64,
     /// "Now" as the statement read it.
     pub now_us: i64,
+    /// The processes drawing from the account, seen since the time the draw was given.
+    pub drawers: u64,
 }
 
 /// A process that draws from an account's limit, as it registers itself.
@@ -97,12 +99,14 @@ impl Rates<'_> {
 
     /// Draws `calls` calls, charged `interval_us` each, in one statement: the account's TAT
     /// becomes `max(TAT, pause end, now − (burst − 1) × interval) + calls × interval`, and the
-    /// block is the stretch it moved over. `None` when the account has no row (never enrolled).
+    /// block is the stretch it moved over; with it, how many drawers were seen since
+    /// `seen_since` (unix ms). `None` when the account has no row (never enrolled).
     pub async fn draw(
         &self,
         account: &str,
         calls: u32,
         interval_us: u64,
+        seen_since: i64,
     ) -> Result<Option<Drawn>, StoreError> {
         let interval = to_i64(interval_us.max(1));
         let span = interval.saturating_mul(i64::from(calls.max(1)));
@@ -113,15 +117,22 @@ impl Rates<'_> {
                      UPDATE rate_accounts
                      SET tat_us = GREATEST(tat_us, paused_until_us, c.now_us - (burst - 1) * $1) + $2
                      FROM c WHERE account = $3
-                     RETURNING tat_us, c.now_us AS now_us"
+                     RETURNING tat_us, c.now_us AS now_us,
+                         (SELECT COUNT(*) FROM rate_drawers d
+                          WHERE d.account = $3 AND d.last_seen >= $4) AS drawers"
                 );
                 // Built from a constant: no value is ever part of the text.
                 sqlx::query(sqlx::AssertSqlSafe(sql))
                     .bind(interval)
                     .bind(span)
                     .bind(account)
+                    .bind(seen_since)
                     .fetch_optional(self.store.pool())
                     .await?
+                    .map(|r| -> Result<_, StoreError> {
+                        Ok((r.try_get("tat_us")?, r.try_get("now_us")?, r.try_get("drawers")?))
+                    })
+                    .transpose()?
             }
             Backend::Sqlite => {
                 // One machine, one clock: the process's, read inside the write lock so that
@@ -140,16 +151,29 @@ impl Rates<'_> {
                 .bind(account)
                 .fetch_optional(&mut *tx)
                 .await?;
+                let (drawers,): (i64,) = sqlx::query_as(
+                    "SELECT COUNT(*) FROM rate_drawers WHERE account = $1 AND last_seen >= $2",
+                )
+                .bind(account)
+                .bind(seen_since)
+                .fetch_one(&mut *tx)
+                .await?;
                 tx.commit().await?;
-                row
+                row.map(|r| -> Result<_, StoreError> {
+                    Ok((r.try_get("tat_us")?, r.try_get("now_us")?, drawers))
+                })
+                .transpose()?
             }
         };
-        let Some(row) = row else { return Ok(None) };
-        let end_us: i64 = row.try_get("tat_us")?;
+        let Some((end_us, now_us, drawers)) = row else {
+            return Ok(None);
+        };
+        let end_us: i64 = end_us;
         Ok(Some(Drawn {
             start_us: end_us - span,
             end_us,
-            now_us: row.try_get("now_us")?,
+            now_us,
+            drawers: to_u64(drawers),
         }))
     }
 

@@ -2,7 +2,8 @@
 //! different pipelines, neither told a rate, on one SQLite file and on one PostgreSQL
 //! database, against one sandbox whose token bucket holds 20 calls a second (burst 5): no 429,
 //! and the arrivals the sandbox saw never above its bucket; each run gets a fair share while
-//! both are ready; a process killed holding a block delays the other no longer than the block.
+//! both are ready; a process killed holding a block delays the other no longer than the block;
+//! the database cut mid-run (a proxy closed) drops each process to its share, and it says so.
 //!
 //! The sandbox tells its limit in its account record: that is where both runs learn it.
 
@@ -127,8 +128,11 @@ async fn two_processes_on_one_postgres_database_keep_to_the_accounts_rate_togeth
 }
 
 /// A process killed (SIGKILL) while it holds a block: its block is simply lost, the other run
-/// goes on at the account's rate and finishes without a 429. (Were a block held until its
-/// holder was found gone, the other would wait for that instead.)
+/// goes on at the account's rate and finishes without a 429. What the dead process can hold
+/// up is bounded by the account's record itself: at the kill, the account's next free moment
+/// is at most three blocks ahead (3 calls of 50 ms each at 20/s): the other's block and the
+/// killed one's last two, drawn as its previous one ended; never a lease that waits for its
+/// holder to be found gone.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_process_killed_holding_a_block_does_not_starve_the_other() {
     let env = start(bucket()).await;
@@ -144,9 +148,14 @@ async fn a_process_killed_holding_a_block_does_not_starve_the_other() {
         .await;
         send_signal(north.id().unwrap(), libc::SIGKILL);
         wait_child(&mut north, RUN_LIMIT, "the killed north run").await;
-        env.sandbox.ledger().len()
+        let ahead = ahead_of_now_us(Path::new(&state)).await;
+        (env.sandbox.ledger().len(), ahead)
     };
-    let (south, killed_at) = tokio::join!(south, killer);
+    let (south, (killed_at, ahead)) = tokio::join!(south, killer);
+    assert!(
+        ahead <= 3 * 3 * 50_000,
+        "the account's next free moment was {ahead} µs ahead at the kill"
+    );
     assert_exit_without_panic(&south, 0);
     let ledger = env.sandbox.ledger();
     let souths = ledger.iter().filter(|e| !is_north(e)).count();
@@ -154,4 +163,76 @@ async fn a_process_killed_holding_a_block_does_not_starve_the_other() {
     assert!(killed_at < ledger.len(), "the south run went on after the kill");
     assert_eq!(env.sandbox.stats().rate_limited, 0);
     assert_within_bucket(&arrivals(&ledger), RATE, BURST, "both runs together");
+}
+
+/// How far ahead of now the account's theoretical arrival time is in a SQLite state file (the
+/// process clock: one machine), in µs; 0 when it is behind.
+async fn ahead_of_now_us(state: &Path) -> i64 {
+    use sqlx::{ConnectOptions, Connection};
+    let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(state)
+        .read_only(true)
+        .connect()
+        .await
+        .unwrap();
+    let (tat,): (i64,) = sqlx::query_as("SELECT MAX(tat_us) FROM rate_accounts")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64;
+    (tat - now).max(0)
+}
+
+/// The connection to the database the rate is drawn from cut mid-run (a proxy closed; the
+/// runs' records go on through their own connection, `IMGPIPE_TEST_RATE_STATE`): each process
+/// says it keeps to its share, and from then on sends no faster than half the account's rate.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_database_cut_mid_run_drops_each_process_to_its_share_and_it_says_so() {
+    let Some(url) = postgres_database("rate_cut").await else {
+        return;
+    };
+    let env = start(bucket()).await;
+    pipelines(env.dir.path());
+    let mut proxied = url::Url::parse(&url).unwrap();
+    let target = std::net::SocketAddr::from((
+        std::net::Ipv4Addr::LOCALHOST,
+        proxied.port().unwrap_or(5432),
+    ));
+    let proxy = TcpProxy::start(target).await;
+    proxied.set_port(Some(proxy.port)).unwrap();
+    let run = |pipeline| {
+        run_of(&env, &url, pipeline)
+            .env("IMGPIPE_TEST_RATE_STATE", proxied.as_str())
+            .run()
+    };
+    let cutter = async {
+        wait_until("six paid calls", || env.sandbox.ledger().len() >= 6).await;
+        proxy.close().await;
+        env.sandbox.ledger().len()
+    };
+    let (north, south, cut_at) = tokio::join!(run("north"), run("south"), cutter);
+    for ran in [&north, &south] {
+        assert_exit_without_panic(ran, 0);
+        let said = stderr(ran);
+        assert!(
+            said.contains("keeping to this process's share of the account's rate, 10.00 calls/s"),
+            "{said}"
+        );
+    }
+    let mut ledger = env.sandbox.ledger();
+    assert_eq!(ledger.len(), 2 * CALLS_EACH);
+    ledger.sort_by_key(|e| e.received_us);
+    let after = &ledger[cut_at..];
+    for north in [true, false] {
+        let times: Vec<u64> = after
+            .iter()
+            .filter(|e| is_north(e) == north)
+            .map(|e| e.received_us)
+            .collect();
+        assert_within_bucket(&times, RATE / 2.0, BURST, "one process after the cut");
+    }
 }
