@@ -88,7 +88,10 @@ mod tests {
         assert_eq!(key.redact("bad key sk-secret-123"), "bad key [redacted]");
         assert!(matches!(ApiKey::new("  \n"), Err(KeyError::Empty)));
         let account = key.account_digest("http://127.0.0.1:9/");
-        assert!(!account.contains("secret") && account.len() == 64, "{account}");
+        assert!(
+            !account.contains("secret") && account.len() == 64,
+            "{account}"
+        );
         assert_eq!(account, key.account_digest("http://127.0.0.1:9"));
         assert_ne!(account, key.account_digest("http://127.0.0.1:8"));
         let other = ApiKey::new("sk-secret-124").unwrap();

@@ -10,6 +10,7 @@ use crate::cli::view::print_json;
 use crate::error::Error;
 use crate::report::live::{Process, observe};
 use crate::runner::state::{NO_DATABASE_HINT, close};
+use crate::store::Drawer;
 use crate::time::rfc3339_ms as time;
 
 #[derive(Debug, Args)]
@@ -37,6 +38,9 @@ struct RunLine {
     /// The command that continues a run whose process is gone.
     #[serde(skip_serializing_if = "Option::is_none")]
     continue_with: Option<String>,
+    /// The run's processes drawing from their account's shared rate limit now.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    rate_drawers: Vec<Drawer>,
 }
 
 pub(super) async fn run(args: &RunsArgs, global: &GlobalArgs) -> Result<(), Error> {
@@ -89,6 +93,19 @@ pub(super) async fn run(args: &RunsArgs, global: &GlobalArgs) -> Result<(), Erro
         ))?;
     }
     for l in &lines {
+        for d in &l.rate_drawers {
+            let sharing = lines
+                .iter()
+                .flat_map(|o| &o.rate_drawers)
+                .filter(|o| o.account == d.account)
+                .count();
+            stdio::line(format_args!(
+                "run {}: draws from account {}'s rate, {} a second, on {} (pid {}) with {sharing} process(es) in all",
+                l.id, d.account, d.per_second, d.host, d.pid
+            ))?;
+        }
+    }
+    for l in &lines {
         if let (Some(process), Some(command)) = (&l.process, &l.continue_with) {
             stdio::line(format_args!(
                 "run {}: process {}\nhint: continue it with: {command}",
@@ -102,6 +119,8 @@ pub(super) async fn run(args: &RunsArgs, global: &GlobalArgs) -> Result<(), Erro
 
 async fn lines(store: &crate::store::Store, args: &RunsArgs) -> Result<Vec<RunLine>, Error> {
     let mut lines = Vec::new();
+    let since = crate::store::now_ms() - crate::exec::account_rate::STALE_AFTER_MS;
+    let drawers = store.rates().drawers(since).await?;
     for run in store.runs().list().await? {
         let (run, process) = observe(store, run).await?;
         let totals = store.runs().totals(&run.id).await?;
@@ -120,6 +139,11 @@ async fn lines(store: &crate::store::Store, args: &RunsArgs) -> Result<Vec<RunLi
             finished: run.finished_at.map(time),
             process,
             continue_with,
+            rate_drawers: drawers
+                .iter()
+                .filter(|d| d.run_id == run.id.as_str())
+                .cloned()
+                .collect(),
             pipeline: run.pipeline_name,
             id: run.id.to_string(),
         });

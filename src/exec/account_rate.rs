@@ -32,8 +32,8 @@ const RETRY_EVERY: Duration = Duration::from_secs(1);
 /// How often a drawer says it is alive, and learns how many draw beside it.
 const BEAT_EVERY: Duration = Duration::from_secs(5);
 
-/// A drawer silent this long is no longer counted (six beats missed).
-const STALE_AFTER_MS: i64 = 30_000;
+/// A drawer silent this long is no longer counted (six beats missed), nor shown.
+pub const STALE_AFTER_MS: i64 = 30_000;
 
 /// Draws a second, at most, that a process aims for at high rates: a block holds about
 /// rate ÷ this many calls, and one call at low rates.

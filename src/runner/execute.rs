@@ -395,11 +395,15 @@ async fn account_rate(
     match tokio::time::timeout(exec::account_rate::ANSWER_WITHIN, opened).await {
         Ok(Ok(shared)) => Some(shared),
         Ok(Err(e)) => {
-            tracing::warn!("cannot share the account's rate through the state database ({e}): this run keeps to {rate} a second alone");
+            tracing::warn!(
+                "cannot share the account's rate through the state database ({e}): this run keeps to {rate} a second alone"
+            );
             None
         }
         Err(_) => {
-            tracing::warn!("the state database did not answer in time to share the account's rate: this run keeps to {rate} a second alone");
+            tracing::warn!(
+                "the state database did not answer in time to share the account's rate: this run keeps to {rate} a second alone"
+            );
             None
         }
     }

@@ -130,7 +130,11 @@ impl Rates<'_> {
                     .fetch_optional(self.store.pool())
                     .await?
                     .map(|r| -> Result<_, StoreError> {
-                        Ok((r.try_get("tat_us")?, r.try_get("now_us")?, r.try_get("drawers")?))
+                        Ok((
+                            r.try_get("tat_us")?,
+                            r.try_get("now_us")?,
+                            r.try_get("drawers")?,
+                        ))
                     })
                     .transpose()?
             }

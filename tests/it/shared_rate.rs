@@ -5,6 +5,8 @@
 //! both are ready; a process killed holding a block delays the other no longer than the block;
 //! the database cut mid-run (a proxy closed) drops each process to its share, and it says so.
 //!
+//! `status` and `runs` show both processes drawing while they run.
+//!
 //! The sandbox tells its limit in its account record: that is where both runs learn it.
 
 use std::path::Path;
@@ -50,7 +52,11 @@ fn is_north(e: &LedgerEntry) -> bool {
 }
 
 fn run_of<'e>(env: &'e Env, state: &str, pipeline: &str) -> Imgpipe<'e> {
-    Imgpipe::on(env, &["run", &format!("{pipeline}.yaml"), "--run-id", pipeline]).state(state)
+    Imgpipe::on(
+        env,
+        &["run", &format!("{pipeline}.yaml"), "--run-id", pipeline],
+    )
+    .state(state)
 }
 
 /// Arrival times in µs, in order.
@@ -97,9 +103,38 @@ fn assert_fair(ledger: &[LedgerEntry]) {
 async fn two_runs_share_the_accounts_rate(env: &Env, state: &str) {
     let dir = env.dir.path();
     pipelines(dir);
-    let (north, south) = tokio::join!(
+    // Both runs stay mid-call until `status` and `runs` have shown them drawing together.
+    let hold = env.sandbox.hold();
+    let shown = async {
+        let drawers = |v: &serde_json::Value| v["rate_drawers"].as_array().map_or(0, Vec::len);
+        wait_until_async("status to show both runs drawing from the rate", || async {
+            let o = Imgpipe::on(env, &["status", "north", "--json"])
+                .state(state)
+                .run()
+                .await;
+            o.status.success() && drawers(&json_stdout(&o)) == 2
+        })
+        .await;
+        let o = Imgpipe::on(env, &["runs", "--json"])
+            .state(state)
+            .run()
+            .await;
+        let runs = json_stdout(&o);
+        let lines = runs.as_array().unwrap();
+        assert!(lines.iter().all(|l| drawers(l) == 1), "{runs}");
+        let text = Imgpipe::on(env, &["runs"]).state(state).run().await;
+        assert!(
+            stdout(&text).contains("draws from account")
+                && stdout(&text).contains("with 2 process(es) in all"),
+            "{}",
+            stdout(&text)
+        );
+        drop(hold);
+    };
+    let (north, south, ()) = tokio::join!(
         run_of(env, state, "north").run(),
-        run_of(env, state, "south").run()
+        run_of(env, state, "south").run(),
+        shown
     );
     assert_exit_without_panic(&north, 0);
     assert_exit_without_panic(&south, 0);
@@ -159,8 +194,14 @@ async fn a_process_killed_holding_a_block_does_not_starve_the_other() {
     assert_exit_without_panic(&south, 0);
     let ledger = env.sandbox.ledger();
     let souths = ledger.iter().filter(|e| !is_north(e)).count();
-    assert_eq!(souths, CALLS_EACH, "the south run paid every call: {ledger:?}");
-    assert!(killed_at < ledger.len(), "the south run went on after the kill");
+    assert_eq!(
+        souths, CALLS_EACH,
+        "the south run paid every call: {ledger:?}"
+    );
+    assert!(
+        killed_at < ledger.len(),
+        "the south run went on after the kill"
+    );
     assert_eq!(env.sandbox.stats().rate_limited, 0);
     assert_within_bucket(&arrivals(&ledger), RATE, BURST, "both runs together");
 }
