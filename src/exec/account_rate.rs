@@ -80,6 +80,8 @@ struct Inner {
     said_fallback: AtomicBool,
     /// Bumped by each 429: blocks drawn before it are dropped.
     pauses: AtomicU64,
+    /// Who hears that the process fell back to its share (the run's events).
+    observer: Mutex<Option<Arc<dyn super::Observer>>>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
@@ -126,6 +128,7 @@ impl AccountRate {
             fallback: Mutex::new(None),
             said_fallback: AtomicBool::new(false),
             pauses: AtomicU64::new(0),
+            observer: Mutex::new(None),
             tasks: Mutex::new(Vec::new()),
         });
         let interval_us = u64::try_from(interval.as_micros()).unwrap_or(u64::MAX);
@@ -134,6 +137,13 @@ impl AccountRate {
         let beating = tokio::spawn(beat(Arc::downgrade(&inner)));
         inner.keep(beating);
         Ok(AccountRate { inner })
+    }
+
+    /// Tells `observer` (the run's events) when the process falls back to its share.
+    pub fn tell(&self, observer: Arc<dyn super::Observer>) {
+        if let Ok(mut slot) = self.inner.observer.lock() {
+            *slot = Some(observer);
+        }
     }
 
     /// The calls a block holds.
@@ -314,6 +324,10 @@ impl Inner {
                 ANSWER_WITHIN.as_secs(),
                 self.rate
             );
+            let observer = self.observer.lock().ok().and_then(|o| o.clone());
+            if let Some(observer) = observer {
+                observer.rate_fallback(share, self.rate, seen);
+            }
         }
         let probing = tokio::spawn(probe(Arc::downgrade(self)));
         self.keep(probing);

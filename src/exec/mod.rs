@@ -99,6 +99,10 @@ pub trait Observer: Send + Sync {
     fn call_billed(&self, _step: usize, _task: &str, _planned: u64, _billed: u64) {}
     /// A lease of this run took a spending cap's window past 50, 80 or 100%.
     fn cap_crossed(&self, _crossing: &crate::caps::Crossing) {}
+    /// The state database did not answer a draw from the account's shared rate: this process
+    /// keeps to `share` calls a second (the account's `limit` over the `drawers` it last saw)
+    /// until it answers again.
+    fn rate_fallback(&self, _share: f64, _limit: f64, _drawers: u64) {}
     /// The run stopped dispatching and everything in flight was settled.
     fn finish(&self) {}
 }

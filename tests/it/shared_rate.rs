@@ -230,7 +230,8 @@ async fn ahead_of_now_us(state: &Path) -> i64 {
 
 /// The connection to the database the rate is drawn from cut mid-run (a proxy closed; the
 /// runs' records go on through their own connection, `IMGPIPE_TEST_RATE_STATE`): each process
-/// says it keeps to its share, and from then on sends no faster than half the account's rate.
+/// says it keeps to its share (a warning, and a `rate.fallback` event to its webhook), and
+/// from then on sends no faster than half the account's rate.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_database_cut_mid_run_drops_each_process_to_its_share_and_it_says_so() {
     let Some(url) = postgres_database("rate_cut").await else {
@@ -245,9 +246,11 @@ async fn the_database_cut_mid_run_drops_each_process_to_its_share_and_it_says_so
     ));
     let proxy = TcpProxy::start(target).await;
     proxied.set_port(Some(proxy.port)).unwrap();
+    let hook = crate::events::receiver(false).await;
     let run = |pipeline| {
         run_of(&env, &url, pipeline)
             .env("IMGPIPE_TEST_RATE_STATE", proxied.as_str())
+            .args(&["--notify", &hook.url])
             .run()
     };
     let cutter = async {
@@ -264,6 +267,9 @@ async fn the_database_cut_mid_run_drops_each_process_to_its_share_and_it_says_so
             "{said}"
         );
     }
+    let told = hook.wait_for("rate.fallback").await.json();
+    assert_eq!(told["per_second"], 10.0, "{told}");
+    assert_eq!(told["drawers"], 2, "{told}");
     let mut ledger = env.sandbox.ledger();
     assert_eq!(ledger.len(), 2 * CALLS_EACH);
     ledger.sort_by_key(|e| e.received_us);
@@ -276,4 +282,53 @@ async fn the_database_cut_mid_run_drops_each_process_to_its_share_and_it_says_so
             .collect();
         assert_within_bucket(&times, RATE / 2.0, BURST, "one process after the cut");
     }
+}
+
+/// A 429 to one process pauses the other too: the pause is recorded on the account, and the
+/// other's next block begins after it. In the 2 s `Retry-After` of the one 429 the sandbox
+/// gives, the other process sends at most the rest of the block it held (3 calls) and a call
+/// on its way; without the shared pause it would go on at its share, some 20 calls.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_429_to_one_process_pauses_every_process_on_the_account() {
+    let env = start(bucket()).await;
+    let dir = env.dir.path();
+    pipelines(dir);
+    let state = dir.join("state.db").to_string_lossy().into_owned();
+    let aim = async {
+        wait_until("both runs' first calls", || {
+            let ledger = env.sandbox.ledger();
+            ledger.iter().filter(|e| is_north(e)).count() >= 3
+                && ledger.iter().filter(|e| !is_north(e)).count() >= 3
+        })
+        .await;
+        env.sandbox
+            .rate_limit_next(std::time::Duration::from_secs(2));
+    };
+    let (north, south, ()) = tokio::join!(
+        run_of(&env, &state, "north").run(),
+        run_of(&env, &state, "south").run(),
+        aim
+    );
+    assert_exit_without_panic(&north, 0);
+    assert_exit_without_panic(&south, 0);
+    let limited = env.sandbox.rate_limits();
+    assert_eq!(limited.len(), 1, "the one 429 aimed");
+    let at = limited[0];
+    let ledger = env.sandbox.ledger();
+    // The process that got the 429 is the one whose call has no ledger entry at `at`: find it
+    // by which run said so.
+    let throttled_north = stderr(&north).contains("rate limited by the service");
+    let throttled_south = stderr(&south).contains("rate limited by the service");
+    assert!(throttled_north != throttled_south, "one run got the 429");
+    let during: Vec<u64> = ledger
+        .iter()
+        .filter(|e| is_north(e) != throttled_north)
+        .map(|e| e.received_us)
+        .filter(|t| *t > at && *t < at + 2_000_000)
+        .collect();
+    assert!(
+        during.len() <= 4,
+        "the other process sent {} calls during the pause: {during:?}",
+        during.len()
+    );
 }
