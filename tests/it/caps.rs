@@ -13,23 +13,6 @@ use crate::run::{CHAIN_CREDITS, config, edit_chain, write};
 
 const CAP_EXIT: i32 = 6;
 
-/// `imgpipe ARGS --state STATE` against `env`'s sandbox, the caps' clock moved `offset` s.
-fn imgpipe_at(
-    env: &Env,
-    dir: &Path,
-    state: &str,
-    offset: i64,
-    args: &[&str],
-) -> tokio::process::Command {
-    let mut all = args.to_vec();
-    all.extend_from_slice(&["--state", state]);
-    let mut cmd = command(&all, dir);
-    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
-        .env("IMGPIPE_API_KEY", env.sandbox.key())
-        .env("IMGPIPE_TEST_CAP_CLOCK_OFFSET_SECS", offset.to_string());
-    cmd
-}
-
 /// A pipeline of [`edit_chain`] named `name`.
 fn chain_named(dir: &Path, name: &str, items: usize) {
     let text = edit_chain(items, None).replace("name: chain\n", &format!("name: {name}\n"));
@@ -45,7 +28,7 @@ async fn caps_are_set_listed_and_removed_and_a_bad_one_is_named() {
     let env = start(config()).await;
     let dir = env.dir.path();
     let state = dir.join("state.db").to_string_lossy().into_owned();
-    let cap = |args: &[&str]| finish(imgpipe_at(&env, dir, &state, 0, args));
+    let cap = |args: &[&str]| Imgpipe::on(&env, args).state(&state).run();
     let o = cap(&[
         "cap",
         "set",
@@ -119,30 +102,24 @@ async fn two_runs_under_one_cap(env: &Env, state: &str) {
         "--per",
         "day",
     ];
-    assert_exit_without_panic(&finish(imgpipe_at(env, dir, state, 0, &set)).await, 0);
-    let plan = finish(imgpipe_at(
-        env,
-        dir,
-        state,
-        0,
-        &["plan", "left.yaml", "--offline", "--json"],
-    ))
-    .await;
+    assert_exit_without_panic(&Imgpipe::on(env, &set).state(state).run().await, 0);
+    let plan = Imgpipe::on(env, &["plan", "left.yaml", "--offline", "--json"])
+        .state(state)
+        .run()
+        .await;
     let doc = json_stdout(&plan);
     assert_eq!(doc["caps"][0]["name"], "daily", "{doc}");
     assert_eq!(doc["caps"][0]["fits"], false, "{doc}");
     let run = |name: &str| {
         let file = format!("{name}.yaml");
         let run_id = format!("r-{name}");
-        imgpipe_at(
+        Imgpipe::on(
             env,
-            dir,
-            state,
-            0,
             &["run", &file, "--run-id", &run_id, "--concurrency", "4"],
         )
+        .state(state)
     };
-    let (a, b) = tokio::join!(finish(run("left")), finish(run("right")));
+    let (a, b) = tokio::join!(run("left").run(), run("right").run());
     for o in [&a, &b] {
         assert_exit_without_panic(o, CAP_EXIT);
         assert!(both(o).contains("cap daily"), "{}", both(o));
@@ -151,7 +128,10 @@ async fn two_runs_under_one_cap(env: &Env, state: &str) {
     assert!(billed <= cap, "billed {billed} under a cap of {cap}");
     assert!(billed >= CHAIN_CREDITS, "something ran: {billed}");
     // The cap's window counts what was billed or possibly billed, never less than the ledger.
-    let o = finish(imgpipe_at(env, dir, state, 0, &["cap", "list", "--json"])).await;
+    let o = Imgpipe::on(env, &["cap", "list", "--json"])
+        .state(state)
+        .run()
+        .await;
     let listed = json_stdout(&o);
     let spent = listed[0]["spent"].as_u64().unwrap();
     assert!(
@@ -214,18 +194,22 @@ async fn a_run_stopped_by_its_cap_continues_in_the_next_window_paying_each_task_
         "--pipeline",
         "night",
     ];
-    assert_exit_without_panic(&finish(imgpipe_at(&env, dir, &state, 0, &set)).await, 0);
+    assert_exit_without_panic(&Imgpipe::on(&env, &set).state(&state).run().await, 0);
     let run = ["run", "night.yaml", "--run-id", "backlog"];
-    let first = finish(imgpipe_at(&env, dir, &state, 0, &run)).await;
+    let first = Imgpipe::on(&env, &run).state(&state).run().await;
     assert_exit_without_panic(&first, CAP_EXIT);
     assert!(both(&first).contains("reopens"), "{}", both(&first));
     assert_eq!(billed(&env), 2 * CHAIN_CREDITS, "two whole chains fit");
     // The same window again: nothing more fits, nothing is paid.
-    let again = finish(imgpipe_at(&env, dir, &state, 0, &run)).await;
+    let again = Imgpipe::on(&env, &run).state(&state).run().await;
     assert_exit_without_panic(&again, CAP_EXIT);
     assert_eq!(billed(&env), 2 * CHAIN_CREDITS);
     // A day later: the rest, each task paid once.
-    let next = finish(imgpipe_at(&env, dir, &state, 86_400, &run)).await;
+    let next = Imgpipe::on(&env, &run)
+        .state(&state)
+        .caps_clock_offset(86_400)
+        .run()
+        .await;
     assert_exit_without_panic(&next, 0);
     let ledger = env.sandbox.ledger();
     assert_eq!(billed(&env), 4 * CHAIN_CREDITS, "{ledger:?}");

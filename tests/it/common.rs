@@ -15,6 +15,8 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tokio::process::{Child, Command};
 
+pub use crate::binary::Imgpipe;
+
 /// The sandbox's default starting balance.
 pub const START_BALANCE: i64 = 1000;
 /// Upper bound for one run of the binary: only a stuck run reaches it. Most runs here take
@@ -116,13 +118,6 @@ pub fn assert_no_request_billed_twice(env: &Env) {
             panic!("a request billed twice: {first:?} and {entry:?}");
         }
     }
-}
-
-/// The binary with a clean environment (no IMGPIPE_* from the caller) and its own HOME and
-/// XDG directories, killed if the test gives up on it: [`Imgpipe`](crate::binary::Imgpipe)'s
-/// command, for the tests not moved to the builder yet.
-pub fn command(args: &[&str], cwd: &Path) -> Command {
-    crate::binary::Imgpipe::new(args).cwd(cwd).command()
 }
 
 /// How long a process killed with SIGKILL may take to be reaped: the kernel ends it at once,
@@ -436,17 +431,6 @@ pub async fn imgpipe(env: Option<&Env>, args: &[&str], cwd: &Path) -> Output {
     .into()
 }
 
-/// `imgpipe ARGS --state STATE` in `dir`, against `env`'s sandbox, within [`RUN_LIMIT`].
-pub async fn imgpipe_on(env: &Env, dir: &Path, state: &str, args: &[&str]) -> Output {
-    crate::binary::Imgpipe::new(args)
-        .state(state)
-        .cwd(dir)
-        .sandbox(env)
-        .run()
-        .await
-        .into()
-}
-
 /// The command an interrupted or stopped run printed after `continue with: `, as a user would
 /// copy it.
 pub fn printed_continue_command(o: &Output) -> String {
@@ -458,17 +442,36 @@ pub fn printed_continue_command(o: &Output) -> String {
         .to_owned()
 }
 
-pub fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
+/// What a process that ended printed: its [`Output`], or the builder's [`Ran`] that holds one.
+/// The helpers below take either, so that a test can write `stdout(&Imgpipe::…run().await)`.
+pub trait Printed {
+    fn printed(&self) -> &Output;
 }
 
-pub fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+impl Printed for Output {
+    fn printed(&self) -> &Output {
+        self
+    }
+}
+
+impl Printed for crate::binary::Ran {
+    fn printed(&self) -> &Output {
+        &self.output
+    }
+}
+
+pub fn stdout(o: &impl Printed) -> String {
+    String::from_utf8_lossy(&o.printed().stdout).into_owned()
+}
+
+pub fn stderr(o: &impl Printed) -> String {
+    String::from_utf8_lossy(&o.printed().stderr).into_owned()
 }
 
 /// Asserts the exit code, showing both streams when it is not the expected one.
 #[track_caller]
-pub fn assert_exit(o: &Output, expected: i32) {
+pub fn assert_exit(o: &impl Printed, expected: i32) {
+    let o = o.printed();
     assert_eq!(
         o.status.code(),
         Some(expected),
@@ -481,14 +484,14 @@ pub fn assert_exit(o: &Output, expected: i32) {
 
 /// [`assert_exit`], and stderr shows no panic either.
 #[track_caller]
-pub fn assert_exit_without_panic(o: &Output, expected: i32) {
+pub fn assert_exit_without_panic(o: &impl Printed, expected: i32) {
     assert_exit(o, expected);
     assert!(!stderr(o).contains("panicked"), "{}", stderr(o));
 }
 
 #[track_caller]
-pub fn json_stdout(o: &Output) -> Value {
-    serde_json::from_slice(&o.stdout)
+pub fn json_stdout(o: &impl Printed) -> Value {
+    serde_json::from_slice(&o.printed().stdout)
         .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", stdout(o)))
 }
 

@@ -93,20 +93,19 @@ async fn a_run_of_many_items_is_paged_and_still_loads_every_image() {
     let dir = env.dir.path();
     write(dir, "chain.yaml", &edit_chain(130, None));
     let state = state_path(dir).to_string_lossy().into_owned();
-    let mut cmd = command(
-        &[
-            "run",
-            "chain.yaml",
-            "--report",
-            "--state",
-            &state,
-            "--retry-base-ms",
-            "20",
-            "--concurrency",
-            "16",
-        ],
-        dir,
-    );
+    let mut cmd = Imgpipe::new(&[
+        "run",
+        "chain.yaml",
+        "--report",
+        "--state",
+        &state,
+        "--retry-base-ms",
+        "20",
+        "--concurrency",
+        "16",
+    ])
+    .cwd(dir)
+    .command();
     cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
         .env("IMGPIPE_API_KEY", env.sandbox.key());
     let o = finish(cmd).await;
