@@ -35,8 +35,63 @@ pub(crate) fn admin() -> Option<String> {
     None
 }
 
+/// A test's own database: reads as its [`PgUrl`]; dropped when the test passes, kept (and
+/// named on stderr) when it fails, for a look at what it left.
+pub(crate) struct TestDatabase {
+    url: PgUrl,
+    admin: String,
+    name: String,
+}
+
+impl std::ops::Deref for TestDatabase {
+    type Target = PgUrl;
+
+    fn deref(&self) -> &PgUrl {
+        &self.url
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("kept the failed test's database {}", self.name);
+            return;
+        }
+        drop_database(&self.admin, &self.name);
+    }
+}
+
+/// `DROP DATABASE … WITH (FORCE)` (connections the test left open are ended), from a thread of
+/// its own: a `Drop` cannot await, and may run inside the test's runtime.
+pub(crate) fn drop_database(admin: &str, name: &str) {
+    let (admin, name) = (admin.to_owned(), name.to_owned());
+    let dropped = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime to drop the test database");
+        runtime.block_on(async {
+            let mut conn = bounded(
+                "reaching IMGPIPE_TEST_POSTGRES",
+                PgConnection::connect(&admin),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("cannot reach IMGPIPE_TEST_POSTGRES: {e}"));
+            let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+            bounded(
+                &format!("dropping database {name}"),
+                sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&mut conn),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("cannot drop database {name}: {e}"));
+            let _ = conn.close().await;
+        });
+    });
+    dropped.join().expect("the test database dropped");
+}
+
 /// A fresh, empty database for one test, named after `tag`; `None` as [`admin`] says.
-pub(crate) async fn database(tag: &str) -> Option<PgUrl> {
+pub(crate) async fn database(tag: &str) -> Option<TestDatabase> {
     let admin = admin()?;
     let name = format!(
         "imgpipe_unit_{tag}_{}_{}",
@@ -64,7 +119,7 @@ pub(crate) async fn database(tag: &str) -> Option<PgUrl> {
     let mut url = url::Url::parse(&admin).unwrap();
     url.set_path(&name);
     match Location::parse(url.as_str(), "IMGPIPE_TEST_POSTGRES") {
-        Ok(Location::Postgres(url)) => Some(url),
+        Ok(Location::Postgres(url)) => Some(TestDatabase { url, admin, name }),
         other => panic!("not a PostgreSQL URL: {other:?}"),
     }
 }

@@ -209,6 +209,6 @@ async fn a_resume_killed_inside_apply_on_postgres_resumes_paying_nothing_twice()
             return;
         };
         let env = start(config()).await;
-        check_point(env, url, point).await;
+        check_point(env, url.to_string(), point).await;
     }
 }

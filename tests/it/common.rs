@@ -648,7 +648,7 @@ pub fn skip_unless_ci(what: &str, why: &str, hint: &str) {
 /// `IMGPIPE_TEST_POSTGRES`, an administrator's). `None` when there is no server outside CI, the
 /// skip said in the test's output ([`skip_unless_ci`]); under CI a missing server fails the
 /// test with the reason.
-pub async fn postgres_database(tag: &str) -> Option<String> {
+pub async fn postgres_database(tag: &str) -> Option<TestDatabase> {
     use sqlx::Connection;
     let Some(admin) = std::env::var("IMGPIPE_TEST_POSTGRES")
         .ok()
@@ -680,7 +680,74 @@ pub async fn postgres_database(tag: &str) -> Option<String> {
     conn.close().await.unwrap();
     let mut url = url::Url::parse(&admin).unwrap();
     url.set_path(&name);
-    Some(url.to_string())
+    Some(TestDatabase {
+        url: url.to_string(),
+        admin,
+        name,
+    })
+}
+
+/// A test's own PostgreSQL database: reads as its URL (a `String`); dropped when the test
+/// passes, kept (and named on stderr) when it fails, for a look at what it left.
+pub struct TestDatabase {
+    url: String,
+    admin: String,
+    name: String,
+}
+
+impl std::ops::Deref for TestDatabase {
+    type Target = String;
+
+    fn deref(&self) -> &String {
+        &self.url
+    }
+}
+
+impl std::fmt::Display for TestDatabase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.url)
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("kept the failed test's database {}", self.name);
+            return;
+        }
+        drop_database(&self.admin, &self.name);
+    }
+}
+
+/// `DROP DATABASE … WITH (FORCE)` (connections a test or its processes left are ended), from a
+/// thread of its own: a `Drop` cannot await, and runs inside the test's runtime.
+fn drop_database(admin: &str, name: &str) {
+    use sqlx::Connection;
+    let (admin, name) = (admin.to_owned(), name.to_owned());
+    let dropped = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime to drop the test database");
+        runtime.block_on(async {
+            let mut conn = tokio::time::timeout(RUN_LIMIT, sqlx::PgConnection::connect(&admin))
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("IMGPIPE_TEST_POSTGRES did not answer within {RUN_LIMIT:?}")
+                })
+                .unwrap_or_else(|e| panic!("cannot reach IMGPIPE_TEST_POSTGRES: {e}"));
+            let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+            tokio::time::timeout(
+                RUN_LIMIT,
+                sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&mut conn),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("dropping {name}: no answer within {RUN_LIMIT:?}"))
+            .unwrap_or_else(|e| panic!("cannot drop database {name}: {e}"));
+            let _ = conn.close().await;
+        });
+    });
+    dropped.join().expect("the test database dropped");
 }
 
 /// A connection through sqlx's `Any` driver to the state at `state`: a SQLite file (opened

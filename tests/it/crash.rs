@@ -1039,7 +1039,7 @@ async fn killed_24_times_under_every_fault_the_run_finishes_without_paying_twice
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_24_times_with_the_state_in_postgres_the_run_finishes_without_paying_twice() {
     if let Some(url) = crate::common::postgres_database("crash").await {
-        killed_24_times(Some(url)).await;
+        killed_24_times(Some(url.to_string())).await;
     }
 }
 
