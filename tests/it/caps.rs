@@ -219,3 +219,104 @@ async fn a_run_stopped_by_its_cap_continues_in_the_next_window_paying_each_task_
         "three calls an item, each once: {ledger:?}"
     );
 }
+
+/// What cap `name` has spent in its window, as `cap list --json` says (open leases whole).
+async fn spent(env: &Env, name: &str) -> u64 {
+    let o = Imgpipe::on(env, &["cap", "list", "--json"])
+        .sqlite_in(env.dir.path())
+        .run()
+        .await;
+    assert_exit_without_panic(&o, 0);
+    let doc = json_stdout(&o);
+    let cap = doc
+        .as_array()
+        .and_then(|caps| caps.iter().find(|c| c["name"] == name))
+        .unwrap_or_else(|| panic!("no cap {name} in {doc}"));
+    cap["spent"].as_u64().unwrap()
+}
+
+/// Sets cap `wide` (400 credits a day: leases in blocks of 20, a twentieth), starts run `dead`
+/// of three chains of [`CHAIN_CREDITS`] one call at a time, and kills it (SIGKILL) while its
+/// first call is held at the sandbox's gate: it leaves one open lease of a whole block, and an
+/// attempt without an answer (2 credits, an erase, at its planned price).
+async fn a_run_killed_with_its_lease_open(env: &Env) {
+    let dir = env.dir.path();
+    chain_named(dir, "night", 3);
+    let set = ["cap", "set", "wide", "--credits", "400", "--per", "day"];
+    assert_exit_without_panic(&Imgpipe::on(env, &set).sqlite_in(dir).run().await, 0);
+    let hold = env.sandbox.hold();
+    let run = Imgpipe::on(
+        env,
+        &[
+            "run",
+            "night.yaml",
+            "--run-id",
+            "dead",
+            "--concurrency",
+            "1",
+        ],
+    )
+    .sqlite_in(dir)
+    .watched();
+    wait_until("the first call of run dead held at the gate", || {
+        env.sandbox.held_calls() >= 1
+    })
+    .await;
+    send_signal(run.id(), libc::SIGKILL);
+    let killed = run.finish().await;
+    assert_eq!(killed.status.code(), None, "killed: {killed:?}");
+    release_after_kill(env, hold).await;
+    assert_eq!(
+        spent(env, "wide").await,
+        400 / 20,
+        "the dead run's lease, a twentieth of the cap (more than its chain's {CHAIN_CREDITS}), counts whole while open"
+    );
+}
+
+/// A process that died stops beating; the next run that leases from the cap after 60 s of its
+/// silence (not before) closes its lease with what its attempts say it spent. The 60 s pass on
+/// the caps' clock (`IMGPIPE_TEST_CAP_CLOCK_OFFSET_SECS`), not the test's.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_runs_lease_is_reclaimed_by_the_next_run_after_60_s_of_silence() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    a_run_killed_with_its_lease_open(&env).await;
+    chain_named(dir, "other", 1);
+    let other = |run_id: &str, offset: i64| {
+        Imgpipe::on(&env, &["run", "other.yaml", "--run-id", run_id])
+            .sqlite_in(dir)
+            .caps_clock_offset(offset)
+            .run()
+    };
+    // 59 s: still alive as far as anyone can tell: its block counts whole.
+    assert_exit_without_panic(&other("o59", 59).await, 0);
+    assert_eq!(spent(&env, "wide").await, 20 + CHAIN_CREDITS);
+    // 61 s: dead. Its lease is closed with the 2 credits of its call without an answer; the
+    // rest of its block returns to the window.
+    assert_exit_without_panic(&other("o61", 61).await, 0);
+    assert_eq!(spent(&env, "wide").await, 2 + 2 * CHAIN_CREDITS);
+}
+
+/// A resume of a run whose process died closes that process's leases at once (it holds the
+/// run's lock, so their holder is gone), without waiting for 60 s of silence.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resume_closes_its_dead_processes_lease_at_once() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    a_run_killed_with_its_lease_open(&env).await;
+    let o = Imgpipe::on(&env, &["resume", "dead"])
+        .sqlite_in(dir)
+        .retry_base_ms(10)
+        .run()
+        .await;
+    assert_exit_without_panic(&o, 0);
+    let billed = billed(&env);
+    // The dead process's lease counts the 2 credits of its call without an answer, not its
+    // whole block; the resume's counts what it billed.
+    assert_eq!(
+        spent(&env, "wide").await,
+        2 + 3 * CHAIN_CREDITS,
+        "billed {billed}: {:?}",
+        env.sandbox.ledger()
+    );
+}
