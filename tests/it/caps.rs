@@ -320,3 +320,64 @@ async fn a_resume_closes_its_dead_processes_lease_at_once() {
         env.sandbox.ledger()
     );
 }
+
+/// A process frozen past 60 s (SIGSTOP here; a suspended machine alike) may have had its
+/// lease closed by a run that took it for dead: it beats before it sends anything more, finds
+/// the lease closed, sends nothing (not even the rest of the chain it had committed), and
+/// stops with exit 6. Its 61 s pass on the caps' clock, through the file it reads that clock's
+/// offset from (`IMGPIPE_TEST_CAP_CLOCK_FILE`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_process_frozen_past_60_s_finds_its_lease_closed_sends_nothing_more_and_exits_6() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    chain_named(dir, "night", 3);
+    chain_named(dir, "other", 1);
+    let set = ["cap", "set", "wide", "--credits", "400", "--per", "day"];
+    assert_exit_without_panic(&Imgpipe::on(&env, &set).sqlite_in(dir).run().await, 0);
+    let clock = dir.join("frozen-clock");
+    std::fs::write(&clock, "0").unwrap();
+    let hold = env.sandbox.hold();
+    let run = Imgpipe::on(
+        &env,
+        &[
+            "run",
+            "night.yaml",
+            "--run-id",
+            "frozen",
+            "--concurrency",
+            "1",
+        ],
+    )
+    .sqlite_in(dir)
+    .env("IMGPIPE_TEST_CAP_CLOCK_FILE", &clock)
+    .watched();
+    wait_until("the frozen run's first call held at the gate", || {
+        env.sandbox.held_calls() >= 1
+    })
+    .await;
+    send_signal(run.id(), libc::SIGSTOP);
+    drop(hold);
+    // 61 s later, for everyone: another run takes the frozen one for dead and closes its lease.
+    std::fs::write(&clock, "61").unwrap();
+    let other = Imgpipe::on(&env, &["run", "other.yaml", "--run-id", "other"])
+        .sqlite_in(dir)
+        .caps_clock_offset(61)
+        .run()
+        .await;
+    assert_exit_without_panic(&other, 0);
+    let calls = env.sandbox.ledger().len();
+    send_signal(run.id(), libc::SIGCONT);
+    let frozen = run.finish().await;
+    assert_exit_without_panic(&frozen, 6);
+    assert!(
+        stderr(&frozen).contains("closed by another run"),
+        "{}",
+        stderr(&frozen)
+    );
+    assert_eq!(
+        env.sandbox.ledger().len(),
+        calls,
+        "the frozen run sent nothing after it woke: {:?}",
+        env.sandbox.ledger()
+    );
+}
