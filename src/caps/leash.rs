@@ -193,14 +193,14 @@ impl Leash {
             holder: &i.holder,
             run_id: &i.run_id,
         };
-        // The caps' clock, so that a test moves past the 60 s of silence without waiting them
-        // out (see `TEST_CLOCK_ENV`); the same as the store's outside tests.
+        // Heartbeats and staleness on the caps' clock, so that a test moves past the 60 s of
+        // silence without waiting them out (see `TEST_CLOCK_ENV`); the wall clock outside tests.
         let stale = now_ms() - STALE_AFTER_MS;
         let want = need.max(i.block);
         let (granted, before) = i
             .store
             .caps()
-            .lease(&windows, lessee, want, need, stale)
+            .lease(&windows, lessee, want, need, (stale, now))
             .await?;
         if granted > 0 {
             i.leased.fetch_add(granted, Relaxed);
@@ -284,7 +284,7 @@ async fn beat(inner: std::sync::Weak<Inner>) {
 
 /// One beat; notes when the holder's leases were closed by another run.
 async fn beat_once(i: &Inner) -> Result<(), StoreError> {
-    let open = i.store.caps().beat(&i.holder).await?;
+    let open = i.store.caps().beat(&i.holder, now_ms()).await?;
     if open < i.rows.load(Relaxed) && !i.lost.swap(true, Relaxed) {
         tracing::warn!(
             "this run's cap leases were closed by another run that took it for dead; it sends nothing more"

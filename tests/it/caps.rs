@@ -381,3 +381,70 @@ async fn a_process_frozen_past_60_s_finds_its_lease_closed_sends_nothing_more_an
         env.sandbox.ledger()
     );
 }
+
+/// Credits count in the window they were leased in: a run that crosses midnight spends the
+/// rest of the lease it took before midnight in that day, and leases what it needs after it
+/// from the next. Its clock is the caps' (`IMGPIPE_TEST_CAP_CLOCK_FILE`): an hour before the
+/// next midnight (UTC, the cap's zone) when it leases, an hour after when it goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_crossing_midnight_spends_each_lease_in_the_day_it_was_leased() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    chain_named(dir, "night", 3);
+    let set = ["cap", "set", "wide", "--credits", "400", "--per", "day"];
+    assert_exit_without_panic(&Imgpipe::on(&env, &set).sqlite_in(dir).run().await, 0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let midnight = (now / 86_400 + 1) * 86_400;
+    let before = i64::try_from(midnight - 3_600 - now).unwrap();
+    let after = before + 7_200;
+    let clock = dir.join("clock");
+    std::fs::write(&clock, before.to_string()).unwrap();
+    let hold = env.sandbox.hold();
+    let run = Imgpipe::on(
+        &env,
+        &[
+            "run",
+            "night.yaml",
+            "--run-id",
+            "late",
+            "--concurrency",
+            "1",
+        ],
+    )
+    .sqlite_in(dir)
+    .env("IMGPIPE_TEST_CAP_CLOCK_FILE", &clock)
+    .watched();
+    wait_until(
+        "the first call, leased before midnight, held at the gate",
+        || env.sandbox.held_calls() >= 1,
+    )
+    .await;
+    std::fs::write(&clock, after.to_string()).unwrap();
+    drop(hold);
+    assert_exit_without_panic(&run.finish().await, 0);
+    assert_eq!(billed(&env), 3 * CHAIN_CREDITS);
+    let spent_on = |offset: i64| {
+        let env = &env;
+        async move {
+            let o = Imgpipe::on(env, &["cap", "list", "--json"])
+                .sqlite_in(dir)
+                .caps_clock_offset(offset)
+                .run()
+                .await;
+            assert_exit_without_panic(&o, 0);
+            json_stdout(&o)[0]["spent"].as_u64().unwrap()
+        }
+    };
+    // The block leased before midnight (20: two chains of 9 and 2 over) is spent that day; the
+    // third chain's 9 were leased after it, of which 7 are left to spend after the first
+    // block's 20 are used up.
+    assert_eq!(spent_on(before).await, 20, "the day before midnight");
+    assert_eq!(
+        spent_on(after).await,
+        3 * CHAIN_CREDITS - 20,
+        "the day after"
+    );
+}
