@@ -448,3 +448,45 @@ async fn a_run_crossing_midnight_spends_each_lease_in_the_day_it_was_leased() {
         "the day after"
     );
 }
+
+/// A reroll pays again, so it is held against the caps as a run is: with too little left in
+/// the window for the chain it redoes, it pays for nothing and stops with exit 6, saying which
+/// cap and when it reopens.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reroll_is_held_against_the_caps() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    chain_named(dir, "night", 2);
+    let set = ["cap", "set", "nightly", "--credits", "20", "--per", "day"];
+    assert_exit_without_panic(&Imgpipe::on(&env, &set).sqlite_in(dir).run().await, 0);
+    let run = Imgpipe::on(&env, &["run", "night.yaml", "--run-id", "r"])
+        .sqlite_in(dir)
+        .run()
+        .await;
+    assert_exit_without_panic(&run, 0);
+    assert_eq!(billed(&env), 2 * CHAIN_CREDITS, "the run fits its cap");
+    // 2 credits left today; the reroll of an item redoes its chain of 9.
+    let reroll = Imgpipe::on(&env, &["reroll", "r", "i00"])
+        .sqlite_in(dir)
+        .run()
+        .await;
+    assert_exit_without_panic(&reroll, 6);
+    assert!(
+        stderr(&reroll).contains("cap nightly") && stderr(&reroll).contains("reopens"),
+        "{}",
+        stderr(&reroll)
+    );
+    assert_eq!(
+        billed(&env),
+        2 * CHAIN_CREDITS,
+        "the reroll paid for nothing"
+    );
+    // The next window: the reroll goes through, paying the chain once.
+    let next = Imgpipe::on(&env, &["reroll", "r", "i00"])
+        .sqlite_in(dir)
+        .caps_clock_offset(86_400)
+        .run()
+        .await;
+    assert_exit_without_panic(&next, 0);
+    assert_eq!(billed(&env), 3 * CHAIN_CREDITS);
+}
