@@ -32,6 +32,11 @@ const RETRY_EVERY: Duration = Duration::from_secs(1);
 /// How often a drawer says it is alive, and learns how many draw beside it.
 const BEAT_EVERY: Duration = Duration::from_secs(5);
 
+/// Calls the account's limit lets go at once after a quiet spell, as the local limiter does: a
+/// run that starts (or a resume right after its run) sends its first call at once, and a call
+/// that woke late does not cost the next its turn.
+const BURST: u32 = 2;
+
 /// A drawer silent this long is no longer counted (six beats missed), nor shown.
 pub const STALE_AFTER_MS: i64 = 30_000;
 
@@ -132,7 +137,10 @@ impl AccountRate {
             tasks: Mutex::new(Vec::new()),
         });
         let interval_us = u64::try_from(interval.as_micros()).unwrap_or(u64::MAX);
-        store.rates().enrol(&inner.drawer(), interval_us, 1).await?;
+        store
+            .rates()
+            .enrol(&inner.drawer(), interval_us, BURST)
+            .await?;
         inner.beat().await?;
         let beating = tokio::spawn(beat(Arc::downgrade(&inner)));
         inner.keep(beating);
@@ -229,14 +237,15 @@ impl Inner {
         self.fallback.lock().ok().and_then(|f| f.clone())
     }
 
-    /// The time of the block's next call still in its time, skipping (losing) those whose
-    /// time passed; `None` when the block is spent or dropped by a 429.
+    /// The time of the block's next call still in its time (a call may go up to [`BURST`]
+    /// intervals after its time, as the account's tolerance allows), skipping (losing) those
+    /// whose time passed; `None` when the block is spent or dropped by a 429.
     fn next_call(&self, block: &mut Block) -> Option<Instant> {
         if block.pauses != self.pauses.load(Relaxed) {
             block.left = 0;
         }
         let now = Instant::now();
-        while block.left > 0 && block.next + self.interval <= now {
+        while block.left > 0 && block.next + self.interval * BURST <= now {
             block.next += self.interval;
             block.left -= 1;
         }
@@ -287,7 +296,7 @@ impl Inner {
             }
             Ok(Ok(None)) => {
                 // The account's row is gone (removed by hand): enrol again, then draw.
-                let enrolled = rates.enrol(&self.drawer(), interval_us, 1).await;
+                let enrolled = rates.enrol(&self.drawer(), interval_us, BURST).await;
                 if let Err(e) = enrolled {
                     tracing::debug!("cannot enrol in the shared rate: {e}");
                     return None;

@@ -1331,7 +1331,13 @@ pub struct TcpProxy {
 
 impl TcpProxy {
     pub async fn start(target: std::net::SocketAddr) -> TcpProxy {
-        let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+        TcpProxy::start_on(target, 0).await
+    }
+
+    /// On a chosen port (0: any free one), e.g. the port of a proxy closed before: the
+    /// connection comes back where its clients look for it.
+    pub async fn start_on(target: std::net::SocketAddr, port: u16) -> TcpProxy {
+        let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port))
             .await
             .unwrap();
         let port = listener.local_addr().unwrap().port();

@@ -3,7 +3,8 @@
 //! database, against one sandbox whose token bucket holds 20 calls a second (burst 5): no 429,
 //! and the arrivals the sandbox saw never above its bucket; each run gets a fair share while
 //! both are ready; a process killed holding a block delays the other no longer than the block;
-//! the database cut mid-run (a proxy closed) drops each process to its share, and it says so.
+//! the database cut mid-run (a proxy closed) drops each process to its share, and it says so;
+//! back, they draw from the shared limit again.
 //!
 //! `status` and `runs` show both processes drawing while they run.
 //!
@@ -331,4 +332,52 @@ async fn a_429_to_one_process_pauses_every_process_on_the_account() {
         "the other process sent {} calls during the pause: {during:?}",
         during.len()
     );
+}
+
+/// The connection to the rate's database cut, then back (the proxy started again on its
+/// port): each process, having said it keeps to its share, says it is back on the shared
+/// limit, and both finish. The sandbox holds the calls meanwhile, so neither run can end
+/// before the database is back.
+#[tokio::test(flavor = "multi_thread")]
+async fn when_the_database_answers_again_each_process_draws_from_the_shared_limit_again() {
+    let Some(url) = postgres_database("rate_back").await else {
+        return;
+    };
+    let env = start(bucket()).await;
+    pipelines(env.dir.path());
+    let mut proxied = url::Url::parse(&url).unwrap();
+    let target = std::net::SocketAddr::from((
+        std::net::Ipv4Addr::LOCALHOST,
+        proxied.port().unwrap_or(5432),
+    ));
+    let proxy = TcpProxy::start(target).await;
+    let port = proxy.port;
+    proxied.set_port(Some(port)).unwrap();
+    let watched = |pipeline| {
+        Watched::start(
+            run_of(&env, &url, pipeline)
+                .env("IMGPIPE_TEST_RATE_STATE", proxied.as_str())
+                .command(),
+        )
+    };
+    let (mut north, mut south) = (watched("north"), watched("south"));
+    wait_until("six paid calls", || env.sandbox.ledger().len() >= 6).await;
+    proxy.close().await;
+    let share = "keeping to this process's share of the account's rate";
+    north.wait_for_line(share).await;
+    south.wait_for_line(share).await;
+    let hold = env.sandbox.hold();
+    let proxy = TcpProxy::start_on(target, port).await;
+    let back = "back on the account's shared rate";
+    north.wait_for_line(back).await;
+    south.wait_for_line(back).await;
+    drop(hold);
+    let (north, south) = (north.finish().await, south.finish().await);
+    assert_exit_without_panic(&north, 0);
+    assert_exit_without_panic(&south, 0);
+    // Every call paid once. (A 429 may meet the switch back: the shared limit's burst comes on
+    // top of the calls the shares sent just before; the service's pause then holds all.)
+    assert_eq!(env.sandbox.ledger().len(), 2 * CALLS_EACH);
+    assert_no_request_billed_twice(&env);
+    proxy.close().await;
 }
