@@ -966,3 +966,69 @@ async fn a_refused_plan_posts_nothing() {
     let tries = hook.tries.lock().unwrap().clone();
     assert!(tries.is_empty(), "{tries:?}");
 }
+
+/// A resume does not announce a budget mark its run already announced: interrupted once 50%
+/// was crossed (and announced), the resume announces 80 and 100 only, each once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resume_does_not_announce_a_mark_again() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "chain.yaml", &edit_chain(2, Some(18)));
+    let hook = receiver(false).await;
+    let hold = env.sandbox.hold();
+    // The first item's chain (2 + 2 + 5 = 9 credits, half of 18) through the gate, the next
+    // call held.
+    env.sandbox.let_through(3);
+    let mut run = Imgpipe::on(
+        &env,
+        &[
+            "run",
+            "chain.yaml",
+            "--run-id",
+            "marks",
+            "--concurrency",
+            "1",
+            "--notify",
+            &hook.url,
+        ],
+    )
+    .sqlite_in(dir)
+    .watched();
+    wait_until("the first chain billed and the next call held", || {
+        env.sandbox.ledger().len() == 3 && env.sandbox.held_calls() >= 1
+    })
+    .await;
+    send_signal(run.id(), libc::SIGINT);
+    run.wait_for_line("interrupted: no new calls").await;
+    drop(hold);
+    assert_exit_without_panic(&run.finish().await, 130);
+    hook.wait_for("run.finished").await;
+    let marks = |hook: &Receiver| {
+        let mut marks: Vec<u64> = hook
+            .of_kind("budget.crossed")
+            .iter()
+            .map(|g| g.json()["percent"].as_u64().unwrap())
+            .collect();
+        marks.sort_unstable();
+        marks
+    };
+    assert_eq!(marks(&hook), [50], "{:?}", hook.all());
+    let resumed = Imgpipe::on(&env, &["resume", "marks", "--notify", &hook.url])
+        .sqlite_in(dir)
+        .retry_base_ms(10)
+        .limit(CEILING)
+        .run()
+        .await;
+    assert_exit_without_panic(&resumed, 0);
+    assert_eq!(ledger_total(&env), 18);
+    let deadline = tokio::time::Instant::now() + EVENT_WAIT;
+    while hook.of_kind("run.finished").len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no second run.finished within {EVENT_WAIT:?}: {:?}",
+            hook.all()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(marks(&hook), [50, 80, 100], "{:?}", hook.all());
+}
