@@ -94,6 +94,9 @@ struct Inner {
 #[derive(Clone, Copy, Debug)]
 struct Block {
     next: Instant,
+    /// When the block came: its calls whose time had passed (the burst after a quiet spell)
+    /// may go from then.
+    came: Instant,
     left: u32,
     pauses: u64,
 }
@@ -125,6 +128,7 @@ impl AccountRate {
             block: block_for(rate),
             spending: tokio::sync::Mutex::new(Block {
                 next: Instant::now(),
+                came: Instant::now(),
                 left: 0,
                 pauses: 0,
             }),
@@ -237,15 +241,15 @@ impl Inner {
         self.fallback.lock().ok().and_then(|f| f.clone())
     }
 
-    /// The time of the block's next call still in its time (a call may go up to [`BURST`]
-    /// intervals after its time, as the account's tolerance allows), skipping (losing) those
-    /// whose time passed; `None` when the block is spent or dropped by a 429.
+    /// The time of the block's next call still in its time (a call may go up to an interval
+    /// after its time, or after the block came when its time was already past), skipping
+    /// (losing) those whose time passed; `None` when the block is spent or dropped by a 429.
     fn next_call(&self, block: &mut Block) -> Option<Instant> {
         if block.pauses != self.pauses.load(Relaxed) {
             block.left = 0;
         }
         let now = Instant::now();
-        while block.left > 0 && block.next + self.interval * BURST <= now {
+        while block.left > 0 && block.next.max(block.came) + self.interval <= now {
             block.next += self.interval;
             block.left -= 1;
         }
@@ -275,6 +279,7 @@ impl Inner {
                 let now = Instant::now();
                 *block = Block {
                     next: (now + ahead).checked_sub(behind).unwrap_or(now),
+                    came: now,
                     left: self.block,
                     pauses,
                 };
