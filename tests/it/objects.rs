@@ -1166,7 +1166,7 @@ async fn a_store_that_refuses_the_key_whose_port_is_closed_or_that_never_answers
     };
     let silent = SilentStore::start().await;
     let manifest = "s3://shots/runs/r/manifest.jsonl";
-    let cases: [(&str, Vec<(&str, String)>, &str); 3] = [
+    let cases = [
         (
             "a store that never answers",
             vec![
