@@ -419,6 +419,7 @@ impl Runner<'_> {
             discover,
             refetch: None,
             scope: f.scope,
+            reroll: None,
         };
         self.execute(f.conn, f.store, f.pipeline, start).await
     }
