@@ -31,11 +31,16 @@ impl<'e> Catalogue<'e> {
         Catalogue { env, dir, state }
     }
 
-    fn imgpipe(&self, args: &[&str]) -> Imgpipe<'e> {
+    /// `imgpipe ARGS --state …` in the catalogue's directory, against the sandbox.
+    fn plain(&self, args: &[&str]) -> Imgpipe<'e> {
         Imgpipe::on(self.env, args)
             .cwd(&self.dir)
             .state(&self.state)
-            .args(&["--retry-base-ms", "1"])
+    }
+
+    /// A paying command: retries without waiting.
+    fn imgpipe(&self, args: &[&str]) -> Imgpipe<'e> {
+        self.plain(args).args(&["--retry-base-ms", "1"])
     }
 
     /// The whole catalogue, run to its end as run `r`.
@@ -197,4 +202,219 @@ async fn a_reroll_refused_for_the_balance_changes_nothing_and_says_why() {
 
     env.sandbox.set_balance(1000);
     reroll_pays_and_sets_aside(&c).await;
+}
+
+/// `imgpipe review --no-open` started on the catalogue's state: the child, its URL (stdout's
+/// first line) and its token.
+struct Served {
+    child: tokio::process::Child,
+    base: String,
+    token: String,
+    port: u16,
+}
+
+async fn serve(c: &Catalogue<'_>) -> Served {
+    use tokio::io::AsyncBufReadExt;
+    let mut cmd = c.plain(&["review", "--no-open"]).command();
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let first = within("the desk's URL on stdout's first line", lines.next_line())
+        .await
+        .unwrap()
+        .expect("a first line");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let url = url::Url::parse(&first).unwrap_or_else(|e| panic!("`{first}`: {e}"));
+    assert_eq!(url.host_str(), Some("127.0.0.1"), "{first}");
+    let token = url
+        .query_pairs()
+        .find(|(k, _)| k == "token")
+        .map(|(_, v)| v.into_owned())
+        .expect("the token in the URL");
+    assert!(token.len() >= 32, "at least 128 bits: {token}");
+    let port = url.port().unwrap();
+    Served {
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+        token,
+        port,
+    }
+}
+
+impl Served {
+    /// SIGTERM, then what it wrote on stderr once ended (exit 0).
+    async fn stop(mut self) -> String {
+        send_signal(self.child.id().unwrap(), libc::SIGTERM);
+        let stderr = self.child.stderr.take().unwrap();
+        let status = wait_child(&mut self.child, RUN_LIMIT, "the desk stopping on SIGTERM").await;
+        let mut err = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut tokio::io::BufReader::new(stderr), &mut err)
+            .await
+            .unwrap();
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "the desk ends well on SIGTERM: {err}"
+        );
+        err
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_desk_answers_only_its_token_its_host_and_its_own_page() {
+    let env = start_default().await;
+    let c = Catalogue::new(&env, None);
+    c.done().await;
+    let calls = env.sandbox.ledger().len();
+    let desk = serve(&c).await;
+    let http = reqwest::Client::builder()
+        .timeout(RUN_LIMIT)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let (base, token) = (desk.base.clone(), desk.token.clone());
+    let bearer = format!("Bearer {token}");
+    let csp = |r: &reqwest::Response| {
+        let csp = r.headers()["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(csp.starts_with("default-src 'self'"), "{csp}");
+    };
+
+    // No token: 401, saying how to get the URL again; a wrong one the same.
+    for given in [None, Some("Bearer 00")] {
+        let mut get = http.get(format!("{base}/api/runs"));
+        if let Some(g) = given {
+            get = get.header("authorization", g);
+        }
+        let r = get.send().await.unwrap();
+        assert_eq!(r.status(), 401);
+        csp(&r);
+        let body = r.text().await.unwrap();
+        assert!(body.contains("imgpipe review"), "{body}");
+    }
+    let r = http.get(format!("{base}/")).send().await.unwrap();
+    assert_eq!(r.status(), 401, "the page too");
+
+    // The token: the API answers what the command line prints.
+    let r = http
+        .get(format!("{base}/api/runs"))
+        .header("authorization", &bearer)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    csp(&r);
+    let runs: serde_json::Value = r.json().await.unwrap();
+    let cli = c.plain(&["runs", "--json"]).run().await;
+    assert_eq!(runs, json_stdout(&cli), "GET /api/runs is `runs --json`");
+    let r = http
+        .get(format!("{base}/api/runs/r"))
+        .header("authorization", &bearer)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let status: serde_json::Value = r.json().await.unwrap();
+    let cli = c.plain(&["status", "r", "--json"]).run().await;
+    assert_eq!(
+        status,
+        json_stdout(&cli),
+        "GET /api/runs/r is `status r --json`"
+    );
+
+    // The URL's token sets a cookie the page's requests carry.
+    let r = http
+        .get(format!("{base}/?token={token}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let cookie = r.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(has_phrase(&cookie, "HttpOnly; SameSite=Strict"), "{cookie}");
+    let cookie = cookie.split(';').next().unwrap().to_owned();
+    let r = http
+        .get(format!("{base}/api/runs"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "the cookie is the token for a GET");
+
+    // A name rebound to 127.0.0.1 is refused, token or not.
+    for host in [
+        format!("evil.example:{}", desk.port),
+        "127.0.0.1:1".to_owned(),
+    ] {
+        let r = http
+            .get(format!("{base}/api/runs"))
+            .header("host", &host)
+            .header("authorization", &bearer)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 421, "Host {host} refused");
+        csp(&r);
+    }
+
+    // A change from anywhere but the desk's own page is refused, and nothing is spent.
+    let reroll = format!("{base}/api/runs/r/reroll");
+    let own = format!("http://127.0.0.1:{}", desk.port);
+    let other = format!("http://127.0.0.1:{}", desk.port.wrapping_add(1).max(1));
+    let body = r#"{"tasks":["mug/clean[0]"],"credits":16}"#;
+    let refused: [(&str, Option<&str>, Option<&str>, &str, u16); 5] = [
+        // A page served by another loopback port, with the token (stolen) and JSON.
+        (
+            "another origin",
+            Some(&bearer),
+            Some(&other),
+            "application/json",
+            403,
+        ),
+        // No Origin at all.
+        ("no origin", Some(&bearer), None, "application/json", 403),
+        // An HTML form: no header but the cookie, a form's body.
+        (
+            "a form post",
+            None,
+            Some(&other),
+            "application/x-www-form-urlencoded",
+            401,
+        ),
+        // A form from the desk's origin still has no JSON body.
+        ("a form body", Some(&bearer), Some(&own), "text/plain", 415),
+        // The cookie alone does not make a change.
+        (
+            "the cookie alone",
+            None,
+            Some(&own),
+            "application/json",
+            401,
+        ),
+    ];
+    for (what, auth, origin, content_type, status) in refused {
+        let mut post = http
+            .post(&reroll)
+            .header("content-type", content_type)
+            .header("cookie", &cookie)
+            .body(body);
+        if let Some(a) = auth {
+            post = post.header("authorization", a);
+        }
+        if let Some(o) = origin {
+            post = post.header("origin", o);
+        }
+        let r = post.send().await.unwrap();
+        assert_eq!(r.status(), status, "{what} is refused");
+        csp(&r);
+    }
+    assert_eq!(env.sandbox.ledger().len(), calls, "nothing spent");
+
+    let err = desk.stop().await;
+    assert!(!err.contains(&token), "the token is never logged: {err}");
 }
