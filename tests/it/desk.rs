@@ -264,6 +264,10 @@ impl Served {
     }
 }
 
+/// A POST as a test sends it: what it is, its `Authorization`, its `Origin`, its
+/// `Content-Type`, and the status it must get.
+type Post<'a> = (&'a str, Option<&'a str>, Option<&'a str>, &'a str, u16);
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_desk_answers_only_its_token_its_host_and_its_own_page() {
     let env = start_default().await;
@@ -367,7 +371,7 @@ async fn the_desk_answers_only_its_token_its_host_and_its_own_page() {
     let own = format!("http://127.0.0.1:{}", desk.port);
     let other = format!("http://127.0.0.1:{}", desk.port.wrapping_add(1).max(1));
     let body = r#"{"tasks":["mug/clean[0]"],"credits":16}"#;
-    let refused: [(&str, Option<&str>, Option<&str>, &str, u16); 5] = [
+    let refused: [Post<'_>; 5] = [
         // A page served by another loopback port, with the token (stolen) and JSON.
         (
             "another origin",
