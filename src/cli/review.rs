@@ -8,7 +8,7 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::GlobalArgs;
-use crate::cli::args::StateArgs;
+use crate::cli::args::{PartArgs, RunOptions};
 use crate::cli::stdio;
 use crate::desk::{self, Desk, Token};
 use crate::error::Error;
@@ -24,11 +24,9 @@ pub struct ReviewArgs {
     /// Do not open the browser (it is opened only when stdout is a terminal)
     #[arg(long)]
     pub no_open: bool,
+    // What a reroll or a continuation confirmed on the desk runs with, as `imgpipe reroll`.
     #[command(flatten)]
-    pub state: StateArgs,
-    /// Look in the database of runs made with --sandbox
-    #[arg(long)]
-    pub sandbox: bool,
+    pub opts: RunOptions,
 }
 
 pub(super) async fn run(
@@ -36,7 +34,8 @@ pub(super) async fn run(
     _global: &GlobalArgs,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
-    let store = args.state.location(args.sandbox)?.open_existing().await?;
+    let (settings, service) = args.opts.settings(&PartArgs::default())?;
+    let store = settings.state.open_existing().await?;
     if let Some(id) = &args.run_id
         && store.runs().get(id).await?.is_none()
     {
@@ -52,12 +51,15 @@ pub(super) async fn run(
         .local_addr()
         .map_err(|e| Error::Other(e.into()))?
         .port();
-    let (state, sandbox) = (args.state.clone(), args.sandbox);
+    let (state, sandbox) = (args.opts.state.clone(), args.opts.service.sandbox);
     let desk = Arc::new(Desk {
         store,
         token: Token::new().map_err(|e| Error::Other(e.into()))?,
         port,
         resume: Box::new(move |id| state.resume_command(id, sandbox)),
+        settings,
+        service,
+        shutdown: shutdown.clone(),
     });
     let url = match &args.run_id {
         Some(id) => format!("{}#run={id}", desk.url()),

@@ -15,6 +15,7 @@ pub mod api;
 pub mod guard;
 mod page;
 pub mod token;
+mod view;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -38,6 +39,12 @@ pub struct Desk {
     /// The command that continues a run, as `status` and `runs` say it (with the flags that
     /// find this state database again).
     pub resume: Box<dyn Fn(&RunId) -> String + Send + Sync>,
+    /// What a reroll or a continuation started here runs with: the settings `imgpipe reroll`
+    /// would have with the same flags.
+    pub settings: crate::runner::Settings,
+    pub service: crate::runner::ServiceSettings,
+    /// Cancelled on SIGINT/SIGTERM: the work started here stops at a safe point.
+    pub shutdown: CancellationToken,
 }
 
 impl Desk {

@@ -20,6 +20,7 @@ mod discover;
 mod execute;
 pub mod record;
 mod recorded;
+mod reviewed;
 pub mod service;
 pub mod state;
 

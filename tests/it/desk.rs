@@ -214,8 +214,12 @@ struct Served {
 }
 
 async fn serve(c: &Catalogue<'_>) -> Served {
+    serve_with(c, &[]).await
+}
+
+async fn serve_with(c: &Catalogue<'_>, more: &[&str]) -> Served {
     use tokio::io::AsyncBufReadExt;
-    let mut cmd = c.plain(&["review", "--no-open"]).command();
+    let mut cmd = c.plain(&["review", "--no-open"]).args(more).command();
     cmd.stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .stdin(Stdio::null())
@@ -421,4 +425,157 @@ async fn the_desk_answers_only_its_token_its_host_and_its_own_page() {
 
     let err = desk.stop().await;
     assert!(!err.contains(&token), "the token is never logged: {err}");
+}
+
+impl Served {
+    /// A POST as the desk's own page sends it.
+    async fn post(&self, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+        let r = http()
+            .post(format!("{}{path}", self.base))
+            .header("authorization", format!("Bearer {}", self.token))
+            .header("origin", &self.base)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(serde_json::Value::Null))
+    }
+
+    async fn status_of(&self, run: &str) -> serde_json::Value {
+        http()
+            .get(format!("{}/api/runs/{run}", self.base))
+            .header("authorization", format!("Bearer {}", self.token))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// Waits until the run's record is no longer `running` and its status is `status`.
+    async fn wait_status(&self, run: &str, status: &str) {
+        let what = format!("run {run} {status} as the desk says");
+        wait_until_async(&what, || async {
+            self.status_of(run).await["status"] == status
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_desk_prices_as_the_cli_and_pays_exactly_the_price_confirmed() {
+    let env = start_default().await;
+    let c = Catalogue::new(&env, None);
+    c.done().await;
+    let desk = serve_with(&c, &["--retry-base-ms", "1"]).await;
+    let calls = env.sandbox.ledger().len();
+    let reroll = "/api/runs/r/reroll";
+    let tasks = serde_json::json!(["mug/clean[0]"]);
+
+    // The dry run's price is `reroll --dry-run`'s, and nothing is spent.
+    let (status, priced) = desk
+        .post(reroll, serde_json::json!({"tasks": tasks, "dry_run": true}))
+        .await;
+    assert_eq!(status, 200, "{priced}");
+    let cli = c
+        .plain(&["reroll", "r", "mug/clean[0]", "--dry-run", "--json"])
+        .run()
+        .await;
+    assert_exit(&cli, 0);
+    let cli = json_stdout(&cli);
+    assert_eq!(priced["credits"], cli["credits"], "{priced}\n{cli}");
+    assert_eq!(priced["credits"], CLEAN0);
+    assert_eq!(priced["tasks"], cli["tasks"]);
+    assert_eq!(
+        env.sandbox.ledger().len(),
+        calls,
+        "a dry run spends nothing"
+    );
+
+    // A price that is not the price now: 409, nothing spent.
+    let (status, stale) = desk
+        .post(
+            reroll,
+            serde_json::json!({"tasks": tasks, "credits": CLEAN0 - 1}),
+        )
+        .await;
+    assert_eq!(status, 409, "{stale}");
+    assert_eq!(stale["credits"], CLEAN0, "the answer gives the price now");
+    assert_eq!(env.sandbox.ledger().len(), calls, "nothing spent");
+
+    // Another process holds the run: refused naming it, nothing spent.
+    env.sandbox.hold_calls();
+    let mut cmd = c.imgpipe(&["reroll", "r", "lamp/shot"]).command();
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let other = cmd.spawn().unwrap();
+    let pid = other.id().unwrap();
+    wait_until("the other reroll's call held", || {
+        env.sandbox.held_calls() == 1
+    })
+    .await;
+    let (status, held) = desk
+        .post(
+            reroll,
+            serde_json::json!({"tasks": tasks, "credits": CLEAN0}),
+        )
+        .await;
+    assert_eq!(status, 409, "{held}");
+    let said = held["error"].as_str().unwrap_or_default();
+    assert!(
+        said.contains(&format!("pid {pid}")),
+        "the holder is named: {held}"
+    );
+    env.sandbox.release_calls();
+    assert_exit(&finish_child(other, "the other reroll").await, 0);
+    let calls = env.sandbox.ledger().len();
+    let billed_before = billed(&env);
+
+    // Confirmed at its price: started (202), and billed exactly that.
+    let (status, started) = desk
+        .post(
+            reroll,
+            serde_json::json!({"tasks": tasks, "credits": CLEAN0}),
+        )
+        .await;
+    assert_eq!(status, 202, "{started}");
+    wait_until("the desk's reroll billed", || {
+        env.sandbox.ledger().len() >= calls + 4
+    })
+    .await;
+    desk.wait_status("r", "succeeded").await;
+    assert_eq!(
+        billed(&env) - billed_before,
+        CLEAN0,
+        "billed exactly the price confirmed"
+    );
+    assert_eq!(env.sandbox.ledger().len(), calls + 4);
+    desk.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_desk_continues_a_stopped_run_for_exactly_the_rest() {
+    let env = start_default().await;
+    let c = Catalogue::new(&env, None);
+    let sample = c
+        .imgpipe(&["run", "shots.yaml", "--items", "mug", "--run-id", "s"])
+        .run()
+        .await;
+    assert_exit(&sample, 7);
+    let desk = serve_with(&c, &["--retry-base-ms", "1"]).await;
+    let path = "/api/runs/s/continue";
+    let (status, priced) = desk.post(path, serde_json::json!({"dry_run": true})).await;
+    assert_eq!(status, 200, "{priced}");
+    let cli = c.plain(&["resume", "s", "--dry-run", "--json"]).run().await;
+    assert_eq!(priced["credits"], json_stdout(&cli)["credits"]);
+    assert_eq!(priced["credits"], 2 * ITEM, "{priced}");
+    let before = billed(&env);
+    let (status, started) = desk
+        .post(path, serde_json::json!({"credits": 2 * ITEM}))
+        .await;
+    assert_eq!(status, 202, "{started}");
+    desk.wait_status("s", "succeeded").await;
+    assert_eq!(billed(&env) - before, 2 * ITEM, "billed exactly the rest");
+    desk.stop().await;
 }
