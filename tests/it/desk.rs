@@ -527,6 +527,7 @@ async fn the_desk_prices_as_the_cli_and_pays_exactly_the_price_confirmed() {
         said.contains(&format!("pid {pid}")),
         "the holder is named: {held}"
     );
+    assert_eq!(env.sandbox.ledger().len(), calls, "nothing spent");
     env.sandbox.release_calls();
     assert_exit(&finish_child(other, "the other reroll").await, 0);
     let calls = env.sandbox.ledger().len();
@@ -567,6 +568,7 @@ async fn the_desk_continues_a_stopped_run_for_exactly_the_rest() {
     let path = "/api/runs/s/continue";
     let (status, priced) = desk.post(path, serde_json::json!({"dry_run": true})).await;
     assert_eq!(status, 200, "{priced}");
+    assert_eq!(billed(&env), ITEM, "a dry run spends nothing");
     let cli = c.plain(&["resume", "s", "--dry-run", "--json"]).run().await;
     assert_eq!(priced["credits"], json_stdout(&cli)["credits"]);
     assert_eq!(priced["credits"], 2 * ITEM, "{priced}");
