@@ -165,7 +165,8 @@ async fn on_postgres_a_reroll_refused_changes_nothing() {
     let Some(pg) = postgres_database("desk_undo").await else {
         return;
     };
-    a_reroll_the_service_refuses_changes_nothing(Some(pg)).await;
+    a_reroll_the_service_refuses_changes_nothing(Some(pg.to_string())).await;
+    drop(pg);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -192,6 +193,7 @@ async fn a_reroll_refused_for_the_balance_changes_nothing_and_says_why() {
     let ran = Ran {
         output: out,
         ledger: None,
+        state: None,
     };
     assert_exit(&ran, 3);
     says_nothing_changed(&ran, "balance");
