@@ -100,7 +100,7 @@ pub enum Command {
     Reroll(reroll::RerollArgs),
     /// List the runs in the state database
     Runs(runs::RunsArgs),
-    /// Serve the review desk on 127.0.0.1: the runs live, picks priced, paid with one click
+    /// Serve the review desk on 127.0.0.1: the runs, and rerolls priced and paid at the price confirmed
     Review(review::ReviewArgs),
     /// Spending caps shared by every run on every host: set, list, remove
     Cap(cap::CapArgs),
