@@ -12,6 +12,8 @@
 //! the top down: each module uses only modules listed after it.
 //!
 //! - [`cli`]: parses the command line, calls the library, renders what it returns.
+//! - [`desk`]: the review desk (`imgpipe review`): the runs served live on loopback behind a
+//!   token, with the JSON API its page and scripts use.
 //! - [`runner`]: a run's lifecycle: state, lock, fresh or continued, admission, execution.
 //! - [`ledger`]: what was billed across runs (`imgpipe spend`), per day, week, month,
 //!   pipeline, step or run, read from the store's ledger part.
@@ -53,6 +55,7 @@
 pub mod api;
 pub mod caps;
 pub mod cli;
+pub mod desk;
 pub mod error;
 pub mod events;
 pub mod exec;

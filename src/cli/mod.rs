@@ -20,6 +20,7 @@ mod progress;
 mod report;
 mod reroll;
 mod resume;
+mod review;
 mod run;
 mod runs;
 mod sandbox;
@@ -99,6 +100,8 @@ pub enum Command {
     Reroll(reroll::RerollArgs),
     /// List the runs in the state database
     Runs(runs::RunsArgs),
+    /// Serve the review desk on 127.0.0.1: the runs, and rerolls priced and paid at the price confirmed
+    Review(review::ReviewArgs),
     /// Spending caps shared by every run on every host: set, list, remove
     Cap(cap::CapArgs),
     /// Write a run's HTML report: each item's images step by step, and where every credit went
@@ -163,6 +166,7 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
             Command::Resume(args) => resume::run(args, g, shutdown.clone()).await,
             Command::Reroll(args) => reroll::run(args, g, shutdown.clone()).await,
             Command::Sandbox(args) => sandbox::run(args, g, shutdown.clone()).await,
+            Command::Review(args) => review::run(args, g, shutdown.clone()).await,
             Command::Plan(args) => plan::run(args, g).await,
             Command::Account(args) => account::run(args, g).await,
             Command::Models(args) => models::run(args, g).await,
@@ -182,7 +186,11 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
     };
     if matches!(
         command,
-        Command::Run(_) | Command::Resume(_) | Command::Reroll(_) | Command::Sandbox(_)
+        Command::Run(_)
+            | Command::Resume(_)
+            | Command::Reroll(_)
+            | Command::Sandbox(_)
+            | Command::Review(_)
     ) {
         return work.await;
     }

@@ -1,17 +1,14 @@
 //! `imgpipe runs`: the runs in the state database, without any network call.
 
 use clap::Args;
-use serde::Serialize;
 
 use crate::cli::GlobalArgs;
 use crate::cli::args::StateArgs;
 use crate::cli::stdio;
 use crate::cli::view::print_json;
 use crate::error::Error;
-use crate::report::live::{Process, observe};
+use crate::report::runs::RunLine;
 use crate::runner::state::{NO_DATABASE_HINT, close};
-use crate::store::Drawer;
-use crate::time::rfc3339_ms as time;
 
 #[derive(Debug, Args)]
 pub struct RunsArgs {
@@ -20,27 +17,6 @@ pub struct RunsArgs {
     /// Look in the database of runs made with --sandbox
     #[arg(long)]
     pub sandbox: bool,
-}
-
-#[derive(Serialize)]
-struct RunLine {
-    id: String,
-    pipeline: String,
-    status: &'static str,
-    credits_planned: u64,
-    credits_billed: u64,
-    possibly_billed: u64,
-    started: String,
-    finished: Option<String>,
-    /// For a run recorded as `running`: whether its process is still going.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    process: Option<Process>,
-    /// The command that continues a run whose process is gone.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    continue_with: Option<String>,
-    /// The run's processes drawing from their account's shared rate limit now.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    rate_drawers: Vec<Drawer>,
 }
 
 pub(super) async fn run(args: &RunsArgs, global: &GlobalArgs) -> Result<(), Error> {
@@ -118,35 +94,6 @@ pub(super) async fn run(args: &RunsArgs, global: &GlobalArgs) -> Result<(), Erro
 }
 
 async fn lines(store: &crate::store::Store, args: &RunsArgs) -> Result<Vec<RunLine>, Error> {
-    let mut lines = Vec::new();
-    let since = crate::store::now_ms() - crate::exec::account_rate::STALE_AFTER_MS;
-    let drawers = store.rates().drawers(since).await?;
-    for run in store.runs().list().await? {
-        let (run, process) = observe(store, run).await?;
-        let totals = store.runs().totals(&run.id).await?;
-        // Said for a run whose process is gone; other unfinished runs said so when they ended.
-        let continue_with = process
-            .as_ref()
-            .filter(|p| !p.alive)
-            .map(|_| args.state.resume_command(&run.id, args.sandbox));
-        lines.push(RunLine {
-            status: run.status.as_str(),
-            // A run records an item's tasks only as it reaches the item: the plan has the rest.
-            credits_planned: totals.planned_credits.max(run.credits_planned),
-            credits_billed: totals.billed_credits,
-            possibly_billed: totals.possibly_billed_credits,
-            started: time(run.created_at),
-            finished: run.finished_at.map(time),
-            process,
-            continue_with,
-            rate_drawers: drawers
-                .iter()
-                .filter(|d| d.run_id == run.id.as_str())
-                .cloned()
-                .collect(),
-            pipeline: run.pipeline_name,
-            id: run.id.to_string(),
-        });
-    }
-    Ok(lines)
+    let resume = |id: &crate::run_id::RunId| args.state.resume_command(id, args.sandbox);
+    Ok(crate::report::runs::lines(store, resume).await?)
 }

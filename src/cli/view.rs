@@ -6,7 +6,6 @@ use std::io::IsTerminal;
 use std::sync::Arc;
 
 use serde::Serialize;
-use serde_json::json;
 
 use crate::error::Error;
 use crate::exec::Observer;
@@ -16,7 +15,6 @@ use crate::plan::render;
 use crate::report::summary::Summary;
 use crate::runner::{Reviewed, View};
 use crate::store::StepCounts;
-use crate::task_key::TaskKey;
 
 use super::progress::Progress;
 use crate::cli::stdio;
@@ -180,66 +178,12 @@ pub(super) fn render_summary(s: &Summary) -> String {
 
 /// `resume --dry-run`: each task to pay for with its reason and credits, then the totals.
 fn print_review(shown: &Reviewed<'_>, json: bool) -> Result<(), Error> {
-    let by_reason = sum_by_reason(shown);
+    let by_reason = shown.by_reason();
     if json {
-        return print_json(&review_json(shown, &by_reason));
+        return print_json(&shown.to_json());
     }
     print_to_pay(shown, &by_reason)?;
     print_free(shown)
-}
-
-/// Tasks to pay for and their credits, summed by reason.
-fn sum_by_reason(shown: &Reviewed<'_>) -> BTreeMap<&'static str, (usize, u64)> {
-    let Reviewed { graph, review, .. } = shown;
-    let mut by_reason: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
-    for r in review.each_redo(graph) {
-        let e = by_reason.entry(r.reason.as_str()).or_default();
-        e.0 += 1;
-        e.1 += r.credits;
-    }
-    by_reason
-}
-
-/// The review whole, for `--json`.
-fn review_json(
-    shown: &Reviewed<'_>,
-    by_reason: &BTreeMap<&str, (usize, u64)>,
-) -> serde_json::Value {
-    let Reviewed {
-        row,
-        graph,
-        review,
-        cap,
-    } = shown;
-    let name = |t: usize| graph.key(t).to_string();
-    let tasks: Vec<_> = review
-        .each_redo(graph)
-        .map(|r| {
-            let TaskKey { item, step, index } = graph.key(r.task);
-            json!({"item": item, "step": step, "index": index, "reason": r.reason,
-                   "credits": r.credits, "detail": r.detail})
-        })
-        .collect();
-    let left: Vec<_> = review
-        .left_failed
-        .iter()
-        .map(|r| json!({"task": name(r.task), "credits": r.credits, "detail": r.detail}))
-        .collect();
-    json!({
-        "run_id": row.id,
-        "status": row.status.as_str(),
-        "tasks": tasks,
-        "credits": review.credits(),
-        "by_reason": by_reason.iter().map(|(k, (n, c))| (k.to_string(), json!({"tasks": n, "credits": c}))).collect::<serde_json::Map<_, _>>(),
-        "cap": cap,
-        "kept": review.kept.len(),
-        "recover_by_job_id": review.recover.len(),
-        "refetch": review.refetch.iter().map(|r| json!({"path": r.output.path, "modified": r.modified.is_some()})).collect::<Vec<_>>(),
-        "reused": review.reuse.len(),
-        "saved_by_reuse": review.saved_by_reuse(graph),
-        "left_failed": left,
-        "removed": review.removed.len(),
-    })
 }
 
 /// The heading, then each task to pay for (the first [`SHOWN_TASKS`]), then the sums by

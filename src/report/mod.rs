@@ -11,6 +11,7 @@
 
 pub mod live;
 pub mod page;
+pub mod runs;
 pub mod summary;
 
 pub use page::{MARKER, Written, write};

@@ -24,7 +24,7 @@ use crate::plan::rows::RowIds;
 use crate::run_id::RunId;
 use crate::store::{
     Changes, NewTask, PendingMove, RecordedOutput, Reusable, Reused, SetAside, Store, StoreError,
-    TaskRef,
+    TaskRef, Undone,
 };
 use crate::task_key::TaskKey;
 
@@ -268,6 +268,25 @@ pub(super) async fn refetch(
     let moves = store.revisions().apply(run_id, &changes).await?;
     crate::failpoint::hit("resume-refetch-after-commit");
     make_moves(store, moves).await
+}
+
+/// Undoes the open reroll of run `run_id` named `said` when it could not be done: nothing of
+/// it billed, none of its tasks done ([`crate::store::Revisions::undo_reroll`]); then moves
+/// the files it set aside back to their places, never over other bytes. A process killed
+/// between the commit and the moves leaves outputs whose files are missing: the next resume
+/// fetches them again from their jobs, for free.
+pub async fn undo_reroll(
+    store: &Store,
+    run_id: &RunId,
+    said: &str,
+) -> Result<Option<Undone>, StoreError> {
+    let undone = store.revisions().undo_reroll(run_id, said).await?;
+    for (aside, home) in undone.iter().flat_map(|u| u.moves.iter()) {
+        if move_one(aside, home).await.is_none() {
+            tracing::warn!("cannot move {aside} back to {home}; the next resume fetches it again");
+        }
+    }
+    Ok(undone)
 }
 
 /// Makes journaled moves, then forgets them.

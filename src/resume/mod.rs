@@ -51,7 +51,7 @@ use crate::plan::scope::Scope;
 use crate::run_id::RunId;
 use crate::store::{RecordedOutput, RecordedTask, Reusable, Store, StoreError};
 
-pub use apply::{Tally, apply};
+pub use apply::{Tally, apply, undo_reroll};
 use decide::{Decision, Lookups, Options};
 pub use handoff::{After, Applied};
 pub use prepare::{Choices, Given, Prepared, changed, finished, prepare};

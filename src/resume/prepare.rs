@@ -97,6 +97,14 @@ pub async fn prepare(
     let reroll = match reroll {
         Some(targets) => {
             let (rerolled, said) = rerolled(store, id, &graph, &mut review, targets).await?;
+            if let Some(reroll) = review.reroll.as_mut() {
+                // As found, before the run is reopened: what an undone reroll gives back.
+                reroll.before = Some(crate::store::RunBefore {
+                    status: row.status,
+                    stop_reason: row.stop_reason.clone(),
+                    finished_at: row.finished_at,
+                });
+            }
             scope = rerolled;
             Some(said)
         }

@@ -4,7 +4,9 @@
 //! A reroll is recorded in the same transaction that resets its tasks ([`crate::store::Revisions::apply`]
 //! with [`crate::store::Changes::reroll`]), with the row ids it reset. Until it ends with all
 //! of them done, the same command continues it rather than starting another: a reroll killed
-//! half way and given again pays for what is left of it, and nothing twice.
+//! half way and given again pays for what is left of it, and nothing twice. One that could not
+//! be done (nothing of it billed, none of its tasks done) is undone from the copy of the rows
+//! recorded with it ([`super::undo_reroll`]): the person keeps what they had.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -195,6 +197,7 @@ impl Review {
                 self.reroll = Some(crate::store::NewReroll {
                     said: said.clone(),
                     task_ids: reset,
+                    before: None,
                 });
             }
         }

@@ -3,7 +3,8 @@
 
 use crate::error::Error;
 use crate::exec::{Outcome, Stop};
-use crate::store::{RunStatus, Totals};
+use crate::run_id::RunId;
+use crate::store::{RunStatus, Totals, Undone};
 
 /// What the decision reads of a run's end.
 #[derive(Clone, Copy, Debug, Default)]
@@ -121,6 +122,41 @@ impl Exit {
                 ),
             }),
         }
+    }
+}
+
+/// The error of a reroll undone ([`crate::resume::undo_reroll`]): why it could not be done,
+/// with the exit code of that cause (2 for a call the service refused as invalid, 3 for the
+/// balance or the budget, 6 for a cap, 130 when interrupted), and that nothing changed.
+pub(super) fn undone(said: &str, run_id: &RunId, undone: &Undone, outcome: &Outcome) -> Error {
+    let stop = outcome.stop.as_ref();
+    let why = match (&undone.failed, stop) {
+        (Some((key, error)), _) => format!("{key}: {error}"),
+        (None, Some(stop)) => stop.describe(),
+        (None, None) if outcome.interrupted => "interrupted before any call was billed".into(),
+        (None, None) => "none of its calls was done".into(),
+    };
+    let message = format!("the reroll of {said} could not be done: {why}");
+    let hint = format!(
+        "nothing was billed and nothing changed: run {run_id} is {} as before, its files where they were",
+        undone.status
+    );
+    match (outcome.interrupted, undone.http_status, stop) {
+        (true, ..) => Error::Interrupted {
+            detail: Some(format!("{message}\nhint: {hint}")),
+        },
+        (_, Some(400 | 422), _) => Error::Usage {
+            message,
+            hint: Some(hint),
+        },
+        (_, Some(402), _) | (_, _, Some(Stop::Balance(_) | Stop::Budget { .. })) => {
+            Error::Refused {
+                message,
+                hint: Some(hint),
+            }
+        }
+        (_, _, Some(Stop::Cap(_) | Stop::LeaseLost)) => Error::CapSpent { message, hint },
+        _ => Error::Other(anyhow::anyhow!("{message}\nhint: {hint}")),
     }
 }
 

@@ -29,6 +29,8 @@ pub(super) struct Start {
     pub refetch: Option<exec::Refetch>,
     /// The tasks to pay for now; the others are left pending.
     pub scope: Scope,
+    /// What a reroll names, as recorded: undone at the end when it could not be done.
+    pub reroll: Option<String>,
 }
 
 /// Where a run tells how it goes and how it ended: its events session, and what its end
@@ -145,6 +147,7 @@ impl Runner<'_> {
             discover,
             refetch,
             scope,
+            reroll,
         } = start;
         config.scope = scope.clone();
         if discover {
@@ -176,6 +179,11 @@ impl Runner<'_> {
         let outcome = exec::run(graph, links, config, observer, shutdown, refetch).await?;
         progress.finish();
         concluded.failures = outcome.failures.clone();
+        if let Some(said) = &reroll
+            && let Some(undone) = crate::resume::undo_reroll(store, &run.id, said).await?
+        {
+            return self.undone(store, &run, &outcome, said, &undone).await;
+        }
         self.conclude(conn, store, &run, outcome, &scope, &mut concluded.report)
             .await
     }
@@ -301,6 +309,26 @@ impl Runner<'_> {
             write_report(store, run_id).await;
         }
         Ok(())
+    }
+
+    /// A reroll that could not be done, undone: the record and the files are as they were;
+    /// the manifest is written again from them, the summary shown, and why it could not be
+    /// done is the error.
+    async fn undone(
+        &self,
+        store: &Store,
+        run: &OpenRun,
+        outcome: &Outcome,
+        said: &str,
+        undone: &crate::store::Undone,
+    ) -> Result<(), Error> {
+        tracing::info!("the reroll of {said} could not be done and is undone; nothing changed");
+        if let Err(e) = manifest::write(store, &run.id, &run.dir).await {
+            tracing::error!("{e}");
+        }
+        self.view
+            .summary(&crate::report::summary::summary_of(store, &run.id).await?)?;
+        Err(conclude::undone(said, &run.id, undone, outcome))
     }
 
     /// Records how the run ended, shows the summary, writes the report when asked, and

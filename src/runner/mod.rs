@@ -20,6 +20,7 @@ mod discover;
 mod execute;
 pub mod record;
 mod recorded;
+mod reviewed;
 pub mod service;
 pub mod state;
 
@@ -419,6 +420,7 @@ impl Runner<'_> {
             discover,
             refetch: None,
             scope: f.scope,
+            reroll: None,
         };
         self.execute(f.conn, f.store, f.pipeline, start).await
     }

@@ -118,6 +118,7 @@ impl Runner<'_> {
         }
         prepared.admit(cap)?;
         let run = record::reopen(store, &prepared.row, spent).await?;
+        let reroll = prepared.reroll.clone();
         let applied = prepared.apply(store, &conn.client, run.dir.clone()).await?;
         let resume::Applied {
             pipeline,
@@ -134,6 +135,7 @@ impl Runner<'_> {
             discover: false,
             refetch: Some(refetch),
             scope,
+            reroll,
         };
         let result = self.execute(&conn, store, &pipeline, start).await;
         let done = matches!(result, Ok(()) | Err(Error::PartDone { .. }));

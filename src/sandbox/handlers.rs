@@ -103,6 +103,12 @@ fn admit(state: &Arc<State>) -> Result<InFlight, Reply> {
     if let Some(wait) = state.take_armed_rate_limit() {
         return Err(limited(state, "rate limited (armed by the test)", wait));
     }
+    if state.take_armed_refusal() {
+        return Err(invalid(
+            state,
+            InvalidField::new("prompt", "refused as invalid (armed by the test)"),
+        ));
+    }
     let faults = &state.config.faults;
     if state.dice.chance(faults.rate_limit) {
         return Err(limited(

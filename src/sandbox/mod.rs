@@ -189,6 +189,12 @@ impl Sandbox {
         self.state.rate_limit_next(retry_after);
     }
 
+    /// The next `calls` paid calls are answered 400 (invalid request), before any work or
+    /// billing: a test of a call the service refuses, aimed at a chosen moment. In process only.
+    pub fn refuse_next(&self, calls: usize) {
+        self.state.refuse_next(calls);
+    }
+
     /// When each 429 was answered, in microseconds on the clock of the ledger's `received_us`,
     /// so a test can order the calls that arrived against it.
     pub fn rate_limits(&self) -> Vec<u64> {

@@ -115,6 +115,8 @@ struct Books {
     rate_limited_us: Vec<u64>,
     /// A 429 the next paid call gets, with this `Retry-After` ([`State::rate_limit_next`]).
     armed_rate_limit: Option<Duration>,
+    /// Paid calls still to be answered 400 ([`State::refuse_next`]).
+    armed_refusals: usize,
 }
 
 pub struct State {
@@ -156,6 +158,7 @@ impl State {
                 next_id: 0,
                 rate_limited_us: Vec::new(),
                 armed_rate_limit: None,
+                armed_refusals: 0,
             }),
             signer: Signer::new(secret),
             id_salt: u64::from_le_bytes([
@@ -223,6 +226,19 @@ impl State {
     /// The next paid call to arrive gets a 429 with `retry_after`, before anything is billed.
     pub fn rate_limit_next(&self, retry_after: Duration) {
         self.books().armed_rate_limit = Some(retry_after);
+    }
+
+    /// The next `calls` paid calls are answered 400, before any work or billing.
+    pub fn refuse_next(&self, calls: usize) {
+        self.books().armed_refusals = calls;
+    }
+
+    /// Whether the call asking is one to answer 400 ([`State::refuse_next`]).
+    pub fn take_armed_refusal(&self) -> bool {
+        let mut books = self.books();
+        let armed = books.armed_refusals > 0;
+        books.armed_refusals = books.armed_refusals.saturating_sub(1);
+        armed
     }
 
     /// The armed 429's `Retry-After`, once: the call asking gets it.

@@ -65,7 +65,7 @@ pub use outputs::{Outputs, RecordedOutput, UrlIssued};
 pub use report::{
     EarlierOutput, Report, ReportEntry, ReportOutput, ReportTask, Spend, StepTotals, TaskRequest,
 };
-pub use rerolls::{NewReroll, OpenReroll};
+pub use rerolls::{NewReroll, OpenReroll, RunBefore, Undone};
 pub use revisions::{Changes, PendingMove, Reused, Revisions, SetAside, TaskRef};
 pub use run_figures::{AmbiguousAttempt, StepCounts, Totals};
 pub use runs::{NewRun, RecordedPlan, Run, RunStatus, Runs};

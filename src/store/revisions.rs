@@ -99,6 +99,10 @@ impl Revisions<'_> {
         let inserted =
             insert_tasks(&mut tx, self.store.backend(), run_id, &changes.new_tasks).await?;
         let now = now_ms();
+        // First, so that its copy of the rows is of them as they were.
+        if let Some(reroll) = &changes.reroll {
+            rerolls::insert(&mut tx, run_id, reroll, now).await?;
+        }
         let mut moves = Vec::new();
         for m in &changes.set_aside {
             if let Some(mv) = set_aside(&mut tx, run_id, m, now).await? {
@@ -149,9 +153,6 @@ impl Revisions<'_> {
                 )));
             };
             reuse(&mut tx, run_id, id, r, now).await?;
-        }
-        if let Some(reroll) = &changes.reroll {
-            crate::store::rerolls::insert(&mut tx, run_id, reroll).await?;
         }
         tx.commit().await?;
         Ok(moves)
@@ -347,5 +348,21 @@ impl Revisions<'_> {
     /// Ends the open rerolls of run `run_id` that named `said`: all their tasks are done.
     pub async fn finish_reroll(&self, run_id: &RunId, said: &str) -> Result<(), StoreError> {
         rerolls::finish(self.store.pool(), run_id, said).await
+    }
+
+    /// Undoes the open reroll of run `run_id` that named `said`, in one transaction, when
+    /// none of its calls was billed (or may have been) and none of its tasks is done: the
+    /// record as it was before it ([`rerolls::Undone`]); `None`, and nothing changed, else.
+    pub async fn undo_reroll(
+        &self,
+        run_id: &RunId,
+        said: &str,
+    ) -> Result<Option<crate::store::Undone>, StoreError> {
+        let mut tx = self.store.pool().begin().await?;
+        let undone = rerolls::undo(&mut tx, run_id, said).await?;
+        if undone.is_some() {
+            tx.commit().await?;
+        }
+        Ok(undone)
     }
 }

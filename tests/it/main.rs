@@ -14,6 +14,7 @@ mod cli;
 mod client;
 mod common;
 mod crash;
+mod desk;
 mod docs;
 mod events;
 mod full_disk;

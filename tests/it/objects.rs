@@ -1148,8 +1148,13 @@ async fn large_outputs_go_up_in_parts_and_their_completion_never_replaces_an_obj
     assert_objects_agree(&s3, &done, "s3://shots/big/r/").await;
 }
 
+/// A store that cannot be used is said, with the environment variables to check, before
+/// anything is recorded or paid for: one that refuses the key, one whose port is closed, and
+/// one that takes the connection and never answers (bounded by the client's own request
+/// timeout, `AWS_TIMEOUT`, here 1 s: the verdict is the error, not how long it took).
 #[tokio::test(flavor = "multi_thread")]
-async fn a_store_that_refuses_the_key_or_whose_port_is_closed_is_said_before_anything_is_paid() {
+async fn a_store_that_refuses_the_key_whose_port_is_closed_or_that_never_answers_is_said_before_anything_is_paid()
+ {
     let env = start(config()).await;
     let s3 = S3::start().await;
     let dir = env.dir.path();
@@ -1159,15 +1164,25 @@ async fn a_store_that_refuses_the_key_or_whose_port_is_closed_is_said_before_any
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port())
     };
+    let silent = SilentStore::start().await;
+    let manifest = "s3://shots/runs/r/manifest.jsonl";
     let cases = [
         (
-            "AWS_SECRET_ACCESS_KEY",
-            wrong_secret.to_owned(),
+            "a store that never answers",
+            vec![
+                ("AWS_ENDPOINT", silent.url.clone()),
+                ("AWS_TIMEOUT", "1s".to_owned()),
+            ],
+            manifest,
+        ),
+        (
+            "a refused key",
+            vec![("AWS_SECRET_ACCESS_KEY", wrong_secret.to_owned())],
             "check AWS_ACCESS_KEY_ID",
         ),
-        ("AWS_ENDPOINT", closed, "s3://shots/runs/r/manifest.jsonl"),
+        ("a closed port", vec![("AWS_ENDPOINT", closed)], manifest),
     ];
-    for (var, value, said_what) in cases {
+    for (case, vars, said_what) in cases {
         let mut cmd = Imgpipe::on(
             &env,
             &["run", "p.yaml", "--run-id", "r", "--out", "s3://shots/runs"],
@@ -1176,20 +1191,60 @@ async fn a_store_that_refuses_the_key_or_whose_port_is_closed_is_said_before_any
         .sqlite_in(dir)
         .retry_base_ms(20)
         .command();
-        cmd.env(var, &value).env("IMGPIPE_LOG", "debug");
+        cmd.envs(vars).env("IMGPIPE_LOG", "debug");
         let o = finish(cmd).await;
         assert_exit_without_panic(&o, 2);
         let said = both(&o);
-        assert!(said.contains(said_what), "{var}: {said}");
-        assert!(said.contains("hint: the store is set by"), "{var}: {said}");
+        assert!(said.contains(said_what), "{case}: {said}");
+        assert!(said.contains("hint: the store is set by"), "{case}: {said}");
         for secret in [wrong_secret, SECRET_KEY, ACCESS_KEY] {
             assert!(!said.contains(secret), "{secret} in:\n{said}");
         }
         assert_nothing_billed(&env);
     }
+    assert!(silent.accepted() > 0, "the silent store was asked");
     let db = std::fs::read(state_path(dir)).unwrap_or_default();
     let db = String::from_utf8_lossy(&db);
     assert!(!db.contains(wrong_secret) && !db.contains(SECRET_KEY));
+}
+
+/// A store on 127.0.0.1 that accepts every connection, reads nothing and never answers; its
+/// connections are held open until it is dropped.
+struct SilentStore {
+    url: String,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SilentStore {
+    async fn start() -> SilentStore {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = std::sync::Arc::clone(&accepted);
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                held.push(conn);
+            }
+        });
+        SilentStore {
+            url,
+            accepted,
+            task,
+        }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for SilentStore {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// Runs `sql` on the state database.

@@ -285,6 +285,77 @@ async fn until_a_step_bills_only_it_and_continuing_bills_only_the_rest() {
     assert_eq!(billed(&env), 3 * ITEM, "nothing billed twice");
 }
 
+/// A run stopped after a step (`--until shot`), then a reroll of one item's generation: the
+/// reroll pays exactly that generation's price (one call of 8 credits on the sandbox's ledger),
+/// stops where the run stopped (exit 7: what is downstream never ran and stays pending), its
+/// new images are the ones the manifest lists, and the run continued afterwards pays only the
+/// rest, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reroll_after_until_bills_exactly_its_price_and_leaves_the_rest_pending() {
+    let env = start_default().await;
+    let dir = pipeline_dir(&env);
+    let shots = Imgpipe::on(
+        &env,
+        &["run", "shots.yaml", "--until", "shot", "--run-id", "u"],
+    )
+    .cwd(&dir)
+    .sqlite_in(&dir)
+    .retry_base_ms(1)
+    .run()
+    .await;
+    assert_exit(&shots, 7);
+    assert_eq!(billed(&env), 3 * 8);
+    let calls = env.sandbox.ledger().len();
+
+    let reroll = Imgpipe::on(&env, &["reroll", "u", "mug/shot", "--retry-base-ms", "1"])
+        .cwd(&dir)
+        .sqlite_in(&dir)
+        .run()
+        .await;
+    assert_exit(&reroll, 7);
+    assert_eq!(
+        operations(&env, calls),
+        BTreeMap::from([("generate".to_owned(), 1)]),
+        "the reroll paid for mug's generation alone"
+    );
+    assert_eq!(
+        billed(&env),
+        3 * 8 + 8,
+        "the reroll billed exactly its price"
+    );
+    assert!(
+        has_phrase(
+            &crate::run::both(&reroll),
+            "reroll mug/shot is done as asked; 24 task(s) left pending"
+        ),
+        "{}",
+        crate::run::both(&reroll)
+    );
+    let new_job = env.sandbox.ledger()[calls].job_id.clone();
+    let mug_shots: Vec<_> = crate::run::manifest(&dir.join("out/u"))
+        .into_iter()
+        .filter(|l| l["item"] == "mug" && l["step"] == "shot")
+        .collect();
+    assert!(!mug_shots.is_empty(), "the manifest lists mug/shot");
+    for line in &mug_shots {
+        assert_eq!(line["job_id"], new_job.as_str(), "the new images: {line}");
+    }
+
+    let calls = env.sandbox.ledger().len();
+    let rest = Imgpipe::on(&env, &["resume", "u", "--retry-base-ms", "1"])
+        .cwd(&dir)
+        .sqlite_in(&dir)
+        .run()
+        .await;
+    assert_exit(&rest, 0);
+    assert_eq!(
+        operations(&env, calls),
+        tools(6),
+        "every tool call of the three items, once, and no generation again"
+    );
+    assert_eq!(billed(&env), 3 * ITEM + 8, "nothing billed twice");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_reroll_bills_its_chain_once_and_sets_the_old_files_aside() {
     let env = start_default().await;

@@ -1,0 +1,108 @@
+//! The review desk (`imgpipe review`): the runs of a state database served live on loopback,
+//! to look at, pick, and pay for exactly what is wrong.
+//!
+//! - [`guard`]: what every request passes (the desk's own `Host`, its token, and for a change
+//!   a JSON `POST` with the token in its header from the desk's own origin) and what every
+//!   response carries (a Content-Security-Policy allowing nothing from elsewhere);
+//! - [`api`]: the JSON API, the same documents the command line prints
+//!   (`docs/reference/review-api.md`);
+//! - [`token`]: the secret in the printed URL.
+//!
+//! It reads the state database as `status` and `runs` do (SQLite or PostgreSQL, any run, on
+//! this host or another's) and holds nothing of a run in memory between requests.
+
+pub mod api;
+pub mod guard;
+mod page;
+pub mod token;
+mod view;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::run_id::RunId;
+use crate::store::Store;
+
+pub use token::Token;
+
+/// What the desk serves from, shared by its requests.
+pub struct Desk {
+    pub store: Store,
+    pub token: Token,
+    /// The port it is bound to on 127.0.0.1.
+    pub port: u16,
+    /// The command that continues a run, as `status` and `runs` say it (with the flags that
+    /// find this state database again).
+    pub resume: Box<dyn Fn(&RunId) -> String + Send + Sync>,
+    /// What a reroll or a continuation started here runs with: the settings `imgpipe reroll`
+    /// would have with the same flags.
+    pub settings: crate::runner::Settings,
+    pub service: crate::runner::ServiceSettings,
+    /// Cancelled on SIGINT/SIGTERM: the work started here stops at a safe point.
+    pub shutdown: CancellationToken,
+}
+
+impl Desk {
+    /// Whether `host` (a request's `Host`) is the desk's own address.
+    pub fn is_own_host(&self, host: Option<&str>) -> bool {
+        let port = self.port.to_string();
+        host.and_then(|h| h.rsplit_once(':'))
+            .is_some_and(|(name, p)| p == port && (name == "127.0.0.1" || name == "localhost"))
+    }
+
+    /// Whether `origin` (a request's `Origin`) is the desk's own page.
+    pub fn is_own_origin(&self, origin: &str) -> bool {
+        origin
+            .strip_prefix("http://")
+            .is_some_and(|host| self.is_own_host(Some(host)))
+    }
+
+    /// The URL to open: the token in it, as the `token` parameter.
+    pub fn url(&self) -> String {
+        format!(
+            "http://127.0.0.1:{}/?token={}",
+            self.port,
+            self.token.reveal()
+        )
+    }
+}
+
+/// Binds 127.0.0.1 (never another address) on `port`, or a free one.
+pub async fn bind(port: Option<u16>) -> std::io::Result<TcpListener> {
+    TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port.unwrap_or(0)))).await
+}
+
+/// The desk's routes, every one behind [`guard::guard`].
+pub fn router(desk: Arc<Desk>) -> Router {
+    Router::new()
+        .route("/", get(page::home))
+        .route("/api/runs", get(api::runs))
+        .route("/api/runs/{run}", get(api::run))
+        .route("/api/runs/{run}/reroll", axum::routing::post(api::reroll))
+        .route(
+            "/api/runs/{run}/continue",
+            axum::routing::post(api::continue_run),
+        )
+        .fallback(api::not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&desk),
+            guard::guard,
+        ))
+        .with_state(desk)
+}
+
+/// Serves `desk` on `listener` until `shutdown`.
+pub async fn serve(
+    listener: TcpListener,
+    desk: Arc<Desk>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(desk))
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+}
