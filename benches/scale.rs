@@ -131,6 +131,8 @@ struct Sample {
     takeover: f64,
     /// Requests to the S3 server from the takeover's spawn to its first paid call.
     takeover_s3: u64,
+    /// Of them, LIST requests.
+    takeover_lists: u64,
     status: Usage,
     report: Usage,
     /// `report` made again, its thumbnails made.
@@ -228,12 +230,12 @@ fn run_once(items: usize, run_for: Duration, mode: Mode) -> Sample {
     let mut resume = imgpipe(Some(&sandbox));
     resume.args(["resume", &record.run_id, "--dry-run", "--state", &state]);
     let resume = measure(resume, dir, "resume");
-    let (takeover, takeover_s3) = if mode.kill {
+    let (takeover, takeover_s3, takeover_lists) = if mode.kill {
         let mut cmd = imgpipe(Some(&sandbox));
         cmd.args(["resume", &record.run_id, "--state", &state]);
         take_over(cmd, &state, dir)
     } else {
-        (0.0, 0)
+        (0.0, 0, 0)
     };
     let mut status = imgpipe(None);
     status.args(["status", &record.run_id, "--state", &state]);
@@ -269,6 +271,7 @@ fn run_once(items: usize, run_for: Duration, mode: Mode) -> Sample {
         resume,
         takeover,
         takeover_s3,
+        takeover_lists,
         status,
         report,
         report_again,
@@ -469,12 +472,14 @@ fn proc_hwm_mib(pid: u32) -> Option<f64> {
 
 /// The takeover of a killed run: spawns the real `resume`, waits for its first paid call (the
 /// first attempt recorded after those of the killed run), then interrupts it. Gives the
-/// seconds from the spawn to that call, and the requests the S3 server got meanwhile.
-fn take_over(mut cmd: Command, state: &str, dir: &Path) -> (f64, u64) {
+/// seconds from the spawn to that call, and the requests (and of them LISTs) the S3 server got
+/// meanwhile.
+fn take_over(mut cmd: Command, state: &str, dir: &Path) -> (f64, u64, u64) {
     let stderr = dir.join("takeover.log");
     let mut db = Poller::new(state);
     let before = db.last_attempt().unwrap_or(0);
     let requests = support::s3_requests();
+    let lists = support::s3_lists();
     let spawned_ms = unix_ms();
     let (child, start) = support::spawn(&mut cmd, &dir.join("takeover.out"), &stderr);
     let mut reaper = Reaper {
@@ -499,6 +504,7 @@ fn take_over(mut cmd: Command, state: &str, dir: &Path) -> (f64, u64) {
         std::thread::sleep(POLL / 5);
     };
     let requests = support::s3_requests() - requests;
+    let lists = support::s3_lists() - lists;
     // SAFETY: pid is our child and not reaped, so it names no other process.
     unsafe { libc::kill(pid, libc::SIGINT) };
     let stopping = Instant::now();
@@ -509,7 +515,7 @@ fn take_over(mut cmd: Command, state: &str, dir: &Path) -> (f64, u64) {
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let _ = support::reap(child.id(), start);
     reaper.reaped = true;
-    (first, requests)
+    (first, requests, lists)
 }
 
 /// A read-only look at the state while the run writes it: the SQLite file, or the PostgreSQL
@@ -676,8 +682,8 @@ fn print_sample(i: usize, s: &Sample, mode: Mode) {
     );
     if mode.kill {
         println!(
-            "         takeover: first paid call {:.2} s after spawn, {} requests to the S3 server",
-            s.takeover, s.takeover_s3
+            "         takeover: first paid call {:.2} s after spawn, {} requests to the S3 server ({} LIST)",
+            s.takeover, s.takeover_s3, s.takeover_lists
         );
     }
 }
@@ -707,6 +713,7 @@ fn median(samples: &[Sample]) -> Sample {
         resume: usage(&|s| s.resume),
         takeover: pick(&|s| s.takeover),
         takeover_s3: pick(&|s| s.takeover_s3 as f64) as u64,
+        takeover_lists: pick(&|s| s.takeover_lists as f64) as u64,
         status: usage(&|s| s.status),
         report: usage(&|s| s.report),
         report_again: usage(&|s| s.report_again),
@@ -747,10 +754,11 @@ fn report(m: &Sample, runs: usize, mode: Mode) {
     if mode.kill {
         println!(
             "  takeover          first paid call {:.2} s after spawn (goal {GOAL_TAKEOVER_S} s): \
-             {}; {} requests to the S3 server before it",
+             {}; {} requests to the S3 server before it ({} LIST)",
             m.takeover,
             verdict(m.takeover <= GOAL_TAKEOVER_S),
-            m.takeover_s3
+            m.takeover_s3,
+            m.takeover_lists
         );
     }
     let (status_goal, again_goal) = if mode.kill {
