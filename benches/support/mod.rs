@@ -322,6 +322,11 @@ pub fn s3_remove_bucket() {
     }
 }
 
+/// The directory the bench's S3 server keeps its buckets in, once started.
+pub fn s3_root() -> Option<&'static Path> {
+    S3_ROOT.get().map(|p| p.as_path())
+}
+
 /// Requests the bench's S3 server has received so far (0 without one).
 pub fn s3_requests() -> u64 {
     S3_REQUESTS.load(Ordering::Relaxed)

@@ -1546,7 +1546,11 @@ async fn assert_taken_over(env: &Env, s3: &S3, lost: &Lost, kills: usize) {
     let ledger = env.sandbox.ledger();
     let jobs: std::collections::BTreeSet<&str> = ledger.iter().map(|e| e.job_id.as_str()).collect();
     assert_eq!(jobs.len(), ledger.len());
-    assert_eq!(delivered(env), TAKEOVER_ITEMS, "each task billed once: {ledger:#?}");
+    assert_eq!(
+        delivered(env),
+        TAKEOVER_ITEMS,
+        "each task billed once: {ledger:#?}"
+    );
     assert_eq!(ledger.len(), TAKEOVER_ITEMS + kills, "{ledger:#?}");
     assert_eq!(run_status(dir).await, "succeeded");
 }
@@ -1574,11 +1578,7 @@ async fn a_takeover_pays_while_its_listing_is_held_and_ends_only_once_its_check_
     };
     wait_until_async(
         "every task left paid for and stored while the listing is held",
-        || async {
-            s3.lists_held() >= 1
-                && delivered(&env) == TAKEOVER_ITEMS
-                && paid_for().await
-        },
+        || async { s3.lists_held() >= 1 && delivered(&env) == TAKEOVER_ITEMS && paid_for().await },
     )
     .await;
     // Nothing left to pay for, and yet the run goes on: its check has not answered.
@@ -1588,7 +1588,10 @@ async fn a_takeover_pays_while_its_listing_is_held_and_ends_only_once_its_check_
         "the takeover ended before its check did"
     );
     assert_eq!(run_status(dir).await, "running");
-    assert_eq!(object_bytes(&s3, lost.deleted.path.as_deref().unwrap()).await, None);
+    assert_eq!(
+        object_bytes(&s3, lost.deleted.path.as_deref().unwrap()).await,
+        None
+    );
     assert_eq!(
         object_bytes(&s3, lost.modified.path.as_deref().unwrap()).await,
         Some(lost.users.clone())
@@ -1630,11 +1633,7 @@ async fn a_takeover_killed_during_its_check_is_taken_over_again_and_pays_nothing
         .unwrap();
     wait_until(
         "a call paid and another held while the listing is held",
-        || {
-            s3.lists_held() >= 1
-                && delivered(&env) == 4
-                && env.sandbox.held_calls() == 1
-        },
+        || s3.lists_held() >= 1 && delivered(&env) == 4 && env.sandbox.held_calls() == 1,
     )
     .await;
     kill_child(&mut child, "the takeover").await;
