@@ -21,6 +21,7 @@ const STALE_AFTER_MS: i64 = 60_000;
 /// frozen (SIGSTOP, a suspended machine) past [`STALE_AFTER_MS`] may have had its leases closed,
 /// and must learn it before it spends them.
 const FRESH_FOR: Duration = Duration::from_secs(20);
+const FRESH_FOR_MS: i64 = 20_000;
 
 /// A block is this share of the smallest cap: runs sharing a cap lease often enough to share
 /// it, rarely enough that the database is not on the hot path.
@@ -85,7 +86,9 @@ struct Inner {
     lost: AtomicBool,
     /// When the holder last beat, on both clocks: the monotonic one stops while a machine is
     /// suspended, the wall clock does not.
-    beaten: std::sync::Mutex<(std::time::Instant, std::time::SystemTime)>,
+    /// (The wall clock as the caps read it, in unix ms: a test can move it, see
+    /// `TEST_CLOCK_FILE_ENV`.)
+    beaten: std::sync::Mutex<(std::time::Instant, i64)>,
     beating: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -163,7 +166,8 @@ impl Leash {
     /// closed by another run (then nothing more may be sent).
     pub async fn ensure_fresh(&self) -> Result<bool, StoreError> {
         let fresh = self.inner.beaten.lock().is_ok_and(|at| {
-            at.0.elapsed() < FRESH_FOR && at.1.elapsed().is_ok_and(|wall| wall < FRESH_FOR)
+            let wall = now_ms() - at.1;
+            at.0.elapsed() < FRESH_FOR && (0..FRESH_FOR_MS).contains(&wall)
         });
         if !fresh {
             beat_once(&self.inner).await?;
@@ -189,12 +193,14 @@ impl Leash {
             holder: &i.holder,
             run_id: &i.run_id,
         };
-        let stale = crate::store::now_ms() - STALE_AFTER_MS;
+        // Heartbeats and staleness on the caps' clock, so that a test moves past the 60 s of
+        // silence without waiting them out (see `TEST_CLOCK_ENV`); the wall clock outside tests.
+        let stale = now_ms() - STALE_AFTER_MS;
         let want = need.max(i.block);
         let (granted, before) = i
             .store
             .caps()
-            .lease(&windows, lessee, want, need, stale)
+            .lease(&windows, lessee, want, need, (stale, now))
             .await?;
         if granted > 0 {
             i.leased.fetch_add(granted, Relaxed);
@@ -261,8 +267,8 @@ impl Leash {
     }
 }
 
-fn now() -> (std::time::Instant, std::time::SystemTime) {
-    (std::time::Instant::now(), std::time::SystemTime::now())
+fn now() -> (std::time::Instant, i64) {
+    (std::time::Instant::now(), now_ms())
 }
 
 /// Says every [`BEAT_EVERY`] that the holder is alive, until its leash is dropped.
@@ -278,7 +284,7 @@ async fn beat(inner: std::sync::Weak<Inner>) {
 
 /// One beat; notes when the holder's leases were closed by another run.
 async fn beat_once(i: &Inner) -> Result<(), StoreError> {
-    let open = i.store.caps().beat(&i.holder).await?;
+    let open = i.store.caps().beat(&i.holder, now_ms()).await?;
     if open < i.rows.load(Relaxed) && !i.lost.swap(true, Relaxed) {
         tracing::warn!(
             "this run's cap leases were closed by another run that took it for dead; it sends nothing more"

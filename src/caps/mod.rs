@@ -39,6 +39,11 @@ pub enum CapError {
 /// can move a run into the next window without waiting for it.
 pub const TEST_CLOCK_ENV: &str = "IMGPIPE_TEST_CAP_CLOCK_OFFSET_SECS";
 
+/// A test-only setting: a file holding that offset in seconds, read again each time the caps
+/// read the clock (over [`TEST_CLOCK_ENV`]), so a test can move a running process's clock: as
+/// if it had been frozen (SIGSTOP, a suspended machine) for that long.
+pub const TEST_CLOCK_FILE_ENV: &str = "IMGPIPE_TEST_CAP_CLOCK_FILE";
+
 /// The length of a cap's windows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -193,9 +198,15 @@ fn millis(at: &ZonedDateTime) -> i64 {
 
 /// Now, in unix milliseconds, as the caps read it (see [`TEST_CLOCK_ENV`]).
 pub fn now_ms() -> i64 {
-    let offset = std::env::var(TEST_CLOCK_ENV)
-        .ok()
-        .and_then(|s| s.parse::<i64>().ok())
+    let from_file = std::env::var_os(TEST_CLOCK_FILE_ENV)
+        .and_then(|path| std::fs::read_to_string(path).ok())
+        .and_then(|s| s.trim().parse::<i64>().ok());
+    let offset = from_file
+        .or_else(|| {
+            std::env::var(TEST_CLOCK_ENV)
+                .ok()
+                .and_then(|s| s.parse::<i64>().ok())
+        })
         .unwrap_or(0);
     crate::store::now_ms().saturating_add(offset.saturating_mul(1000))
 }

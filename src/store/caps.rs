@@ -118,14 +118,15 @@ impl Caps<'_> {
     /// and none unless at least `least` fits every one: returns what was leased, and what each
     /// window had spent before (in the order of `caps`). Leases whose
     /// holder has not beaten since `stale_before` are closed first (see
-    /// [`Caps::close_of`]).
+    /// [`Caps::close_of`]). Heartbeats are times of the caller's clock (`beat_at` here, the
+    /// first), which `stale_before` is read on.
     pub async fn lease(
         &self,
         caps: &[CapWindow],
         lessee: Lessee<'_>,
         want: u64,
         least: u64,
-        stale_before: i64,
+        (stale_before, beat_at): (i64, i64),
     ) -> Result<(u64, Vec<u64>), StoreError> {
         let mut tx = self.store.pool().begin().await?;
         hold_caps(&mut tx, self.store, caps).await?;
@@ -148,7 +149,7 @@ impl Caps<'_> {
             sqlx::query(
                 "INSERT INTO cap_leases (cap, window_start, run_id, holder, credits, used, open,
                      opened_at, heartbeat_at)
-                 VALUES ($1, $2, $3, $4, $5, 0, 1, $6, $6)",
+                 VALUES ($1, $2, $3, $4, $5, 0, 1, $6, $7)",
             )
             .bind(&cap.cap)
             .bind(cap.start)
@@ -156,6 +157,7 @@ impl Caps<'_> {
             .bind(lessee.holder)
             .bind(i64_of(room))
             .bind(now)
+            .bind(beat_at)
             .execute(&mut *tx)
             .await?;
         }
@@ -163,12 +165,13 @@ impl Caps<'_> {
         Ok((room, before))
     }
 
-    /// Says the holder is alive; returns how many of its leases are still open (fewer than it
-    /// took: another run found it dead and closed them).
-    pub async fn beat(&self, holder: &str) -> Result<u64, StoreError> {
+    /// Says the holder is alive at `at` (on the caller's clock, as [`Caps::lease`]'s); returns
+    /// how many of its leases are still open (fewer than it took: another run found it dead
+    /// and closed them).
+    pub async fn beat(&self, holder: &str, at: i64) -> Result<u64, StoreError> {
         let done =
             sqlx::query("UPDATE cap_leases SET heartbeat_at = $1 WHERE holder = $2 AND open = 1")
-                .bind(now_ms())
+                .bind(at)
                 .bind(holder)
                 .execute(self.store.pool())
                 .await?;

@@ -35,8 +35,78 @@ pub(crate) fn admin() -> Option<String> {
     None
 }
 
+/// A test's own database: reads as its [`PgUrl`]; dropped when the test passes, kept (and
+/// named on stderr) when it fails, for a look at what it left.
+pub(crate) struct TestDatabase {
+    url: PgUrl,
+    admin: String,
+    name: String,
+}
+
+impl std::ops::Deref for TestDatabase {
+    type Target = PgUrl;
+
+    fn deref(&self) -> &PgUrl {
+        &self.url
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = writeln!(
+                std::io::stderr(),
+                "kept the failed test's database {}",
+                self.name
+            );
+            return;
+        }
+        drop_database(&self.admin, &self.name);
+    }
+}
+
+/// `DROP DATABASE … WITH (FORCE)` (connections the test left open are ended), from a thread of
+/// its own: a `Drop` cannot await, and may run inside the test's runtime. Cleaning up never
+/// fails a test that passed: a database that cannot be dropped within [`PG_LIMIT`] is named on
+/// stderr and left.
+pub(crate) fn drop_database(admin: &str, name: &str) {
+    let (admin, sql) = (
+        admin.to_owned(),
+        format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"),
+    );
+    let dropped = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("no runtime: {e}"))?;
+        runtime.block_on(async {
+            let work = async {
+                let mut conn = PgConnection::connect(&admin).await?;
+                sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .execute(&mut conn)
+                    .await?;
+                conn.close().await
+            };
+            match tokio::time::timeout(PG_LIMIT, work).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("no answer within {PG_LIMIT:?}")),
+            }
+        })
+    });
+    let outcome = dropped
+        .join()
+        .unwrap_or_else(|_| Err("the thread dropping it panicked".to_owned()));
+    if let Err(why) = outcome {
+        let _ = writeln!(
+            std::io::stderr(),
+            "left the test database {name}: cannot drop it: {why}"
+        );
+    }
+}
+
 /// A fresh, empty database for one test, named after `tag`; `None` as [`admin`] says.
-pub(crate) async fn database(tag: &str) -> Option<PgUrl> {
+pub(crate) async fn database(tag: &str) -> Option<TestDatabase> {
     let admin = admin()?;
     let name = format!(
         "imgpipe_unit_{tag}_{}_{}",
@@ -64,7 +134,7 @@ pub(crate) async fn database(tag: &str) -> Option<PgUrl> {
     let mut url = url::Url::parse(&admin).unwrap();
     url.set_path(&name);
     match Location::parse(url.as_str(), "IMGPIPE_TEST_POSTGRES") {
-        Ok(Location::Postgres(url)) => Some(url),
+        Ok(Location::Postgres(url)) => Some(TestDatabase { url, admin, name }),
         other => panic!("not a PostgreSQL URL: {other:?}"),
     }
 }

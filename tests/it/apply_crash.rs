@@ -13,7 +13,7 @@ use std::process::Output;
 use sqlx::Connection;
 
 use crate::common::{
-    Env, assert_exit_without_panic, command, finish, postgres_database, sha256_hex, start,
+    Env, Imgpipe, assert_exit_without_panic, finish, postgres_database, sha256_hex, start,
     state_connection, stderr,
 };
 use crate::resume::interrupt_when;
@@ -31,7 +31,7 @@ const POINTS: [&str; 5] = [
 fn on(env: &Env, dir: &Path, state: &str, args: &[&str]) -> tokio::process::Command {
     let mut all = args.to_vec();
     all.extend_from_slice(&["--state", state, "--retry-base-ms", "20"]);
-    let mut cmd = command(&all, dir);
+    let mut cmd = Imgpipe::new(&all).cwd(dir).command();
     cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
         .env("IMGPIPE_API_KEY", env.sandbox.key())
         .env_remove(imgpipe::failpoint::ENV);
@@ -209,6 +209,6 @@ async fn a_resume_killed_inside_apply_on_postgres_resumes_paying_nothing_twice()
             return;
         };
         let env = start(config()).await;
-        check_point(env, url, point).await;
+        check_point(env, url.to_string(), point).await;
     }
 }

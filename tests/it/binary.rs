@@ -22,7 +22,7 @@ use std::time::Duration;
 use imgpipe::sandbox::LedgerEntry;
 use tokio::process::Command;
 
-use crate::common::{Env, RUN_LIMIT, describe};
+use crate::common::{Db, Env, RUN_LIMIT, Watched, describe};
 
 /// The variables of the caller's that never reach the binary.
 const CLEARED: [&str; 6] = [
@@ -41,6 +41,8 @@ pub struct Imgpipe<'e> {
     cwd: Option<PathBuf>,
     vars: Vec<(OsString, Option<OsString>)>,
     sandbox: Option<&'e Env>,
+    /// The `--state` given, for [`Ran::db`].
+    state: Option<String>,
     limit: Duration,
     launcher: Launcher,
 }
@@ -65,6 +67,7 @@ impl<'e> Imgpipe<'e> {
             cwd: None,
             vars: Vec::new(),
             sandbox: None,
+            state: None,
             limit: RUN_LIMIT,
             launcher: Launcher::Direct,
         }
@@ -121,8 +124,36 @@ impl<'e> Imgpipe<'e> {
     }
 
     /// `--state STATE`: a SQLite file or a PostgreSQL URL.
-    pub fn state(self, state: &str) -> Imgpipe<'e> {
+    pub fn state(mut self, state: &str) -> Imgpipe<'e> {
+        self.state = Some(state.to_owned());
         self.args(&["--state", state])
+    }
+
+    /// `--state DIR/state.db`: the SQLite state the tests keep beside their pipeline.
+    pub fn sqlite_in(self, dir: impl AsRef<Path>) -> Imgpipe<'e> {
+        let path = dir.as_ref().join("state.db");
+        self.state(&path.to_string_lossy())
+    }
+
+    /// `--retry-base-ms MS` (`run` and `resume`): retries a few milliseconds apart, so that a
+    /// test of retries does not wait out the real backoff.
+    pub fn retry_base_ms(self, ms: u64) -> Imgpipe<'e> {
+        self.args(&["--retry-base-ms", &ms.to_string()])
+    }
+
+    /// The caps' clock moved `secs` seconds on (`IMGPIPE_TEST_CAP_CLOCK_OFFSET_SECS`, read by
+    /// tests-only builds): tomorrow's window, or leases gone silent, without waiting.
+    pub fn caps_clock_offset(self, secs: i64) -> Imgpipe<'e> {
+        self.env("IMGPIPE_TEST_CAP_CLOCK_OFFSET_SECS", secs.to_string())
+    }
+
+    /// Outputs to the test's S3 server: the environment a user sets for an S3-compatible
+    /// store (the place itself is the pipeline's `output:`).
+    pub fn s3(mut self, s3: &crate::objects::S3) -> Imgpipe<'e> {
+        for (name, value) in s3.vars() {
+            self.vars.push((name.into(), value.map(OsString::from)));
+        }
+        self
     }
 
     /// More arguments.
@@ -162,6 +193,12 @@ impl<'e> Imgpipe<'e> {
         let mut cmd = Command::from(self.std_command());
         cmd.kill_on_drop(true);
         cmd
+    }
+
+    /// Started, its stderr read line by line as it goes ([`Watched`]): for a test that
+    /// signals it or lets its calls through the sandbox's gate.
+    pub fn watched(&self) -> Watched {
+        Watched::start(self.command())
     }
 
     /// [`Imgpipe::command`] for a test that waits without a runtime (a property test).
@@ -214,15 +251,19 @@ impl<'e> Imgpipe<'e> {
         Ran {
             output,
             ledger: self.sandbox.map(|env| env.sandbox.ledger()),
+            state: self.state,
         }
     }
 }
 
 /// What a run of the binary left: its output, and the sandbox's ledger at its end when it
 /// talked to the in-process sandbox. Reads as the [`Output`] it holds.
+#[derive(Debug)]
 pub struct Ran {
     pub output: Output,
     pub ledger: Option<Vec<LedgerEntry>>,
+    /// The `--state` it was given.
+    pub state: Option<String>,
 }
 
 impl Ran {
@@ -237,6 +278,12 @@ impl Ran {
 
     pub fn stderr(&self) -> String {
         String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+
+    /// The state database it was given with `--state`, whole, read now.
+    pub async fn db(&self) -> Db {
+        let state = self.state.as_deref().expect("a run given --state");
+        Db::read(state).await
     }
 }
 

@@ -80,7 +80,7 @@ fn nested_cwd(root: &Path) -> PathBuf {
 
 /// `imgpipe ARGS` in `cwd` against `env`'s sandbox, in time.
 async fn bin(env: &Env, cwd: &Path, args: &[&str]) -> Output {
-    let mut cmd = command(args, cwd);
+    let mut cmd = Imgpipe::new(args).cwd(cwd).command();
     cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
         .env("IMGPIPE_API_KEY", env.sandbox.key());
     finish(cmd).await
@@ -1229,7 +1229,7 @@ async fn a_state_database_from_a_newer_imgpipe_is_reported_and_left_untouched() 
             &["validate", "p.yaml"],
             &["account"],
         ] {
-            let mut cmd = command(args, dir.path());
+            let mut cmd = Imgpipe::new(args).cwd(dir.path()).command();
             cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
                 .env("IMGPIPE_API_KEY", env.sandbox.key())
                 .env("IMGPIPE_STATE", db);
@@ -1244,7 +1244,9 @@ async fn a_state_database_from_a_newer_imgpipe_is_reported_and_left_untouched() 
         "plan, dry run, validate, account",
     );
     // And IMGPIPE_STATE reaches `run`, which refuses it as it refuses --state.
-    let mut cmd = command(&["run", "p.yaml", "--run-id", "r"], dir.path());
+    let mut cmd = Imgpipe::new(&["run", "p.yaml", "--run-id", "r"])
+        .cwd(dir.path())
+        .command();
     cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
         .env("IMGPIPE_API_KEY", env.sandbox.key())
         .env("IMGPIPE_STATE", &state);

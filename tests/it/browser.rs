@@ -12,7 +12,6 @@
 //! and Chromium is told to use no proxy and to resolve no host name but `localhost`.
 
 use std::fmt::Display;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -425,66 +424,63 @@ struct Driver {
 }
 
 impl Driver {
+    /// Starts chromedriver with `--port=0`: it binds a free port itself and reports it
+    /// ("… started successfully on port N."), so no port is picked here and left free for
+    /// another process to take before chromedriver binds it.
     async fn start(chromedriver: &Path) -> Result<Driver, String> {
-        // A free port can be taken between our check and chromedriver's bind: retry a few times.
-        let mut attempt = 1;
-        loop {
-            let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
-            let port = free_port();
-            let output = std::fs::File::create(dir.path().join("chromedriver.out"))
-                .map_err(|e| format!("chromedriver output file: {e}"))?;
-            let child = Command::new(chromedriver)
-                .arg(format!("--port={port}"))
-                .arg(format!(
-                    "--log-path={}",
-                    dir.path().join("chromedriver.log").display()
-                ))
-                .stdin(Stdio::null())
-                .stdout(output.try_clone().map_err(|e| format!("dup: {e}"))?)
-                .stderr(output)
-                // Its own process group, so that Drop can kill Chromium along with it.
-                .process_group(0)
-                .spawn()
-                .map_err(|e| format!("cannot start {}: {e}", chromedriver.display()))?;
-            let mut driver = Driver {
-                child,
-                url: format!("http://127.0.0.1:{port}"),
-                dir,
-            };
-            match driver.wait_ready(port).await {
-                Ok(()) => return Ok(driver),
-                Err(why) if attempt < 3 && why.contains("exited") => {
-                    eprintln!("browser: chromedriver on port {port} {why}; retrying");
-                    attempt += 1;
-                }
-                Err(why) => {
-                    return Err(format!(
-                        "chromedriver ({}) {why}\n{}",
-                        chromedriver.display(),
-                        driver.diagnostics()
-                    ));
-                }
+        let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
+        let output = std::fs::File::create(dir.path().join("chromedriver.out"))
+            .map_err(|e| format!("chromedriver output file: {e}"))?;
+        let child = Command::new(chromedriver)
+            .arg("--port=0")
+            .arg(format!(
+                "--log-path={}",
+                dir.path().join("chromedriver.log").display()
+            ))
+            .stdin(Stdio::null())
+            .stdout(output.try_clone().map_err(|e| format!("dup: {e}"))?)
+            .stderr(output)
+            // Its own process group, so that Drop can kill Chromium along with it.
+            .process_group(0)
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", chromedriver.display()))?;
+        let mut driver = Driver {
+            child,
+            url: String::new(),
+            dir,
+        };
+        match driver.wait_ready().await {
+            Ok(port) => {
+                driver.url = format!("http://127.0.0.1:{port}");
+                Ok(driver)
             }
+            Err(why) => Err(format!(
+                "chromedriver ({}) {why}\n{}",
+                chromedriver.display(),
+                driver.diagnostics()
+            )),
         }
     }
 
-    /// Waits until chromedriver accepts connections on `port`.
-    async fn wait_ready(&mut self, port: u16) -> Result<(), String> {
+    /// Waits until chromedriver reports the port it listens on, and returns it.
+    async fn wait_ready(&mut self) -> Result<u16, String> {
+        const READY: &str = "started successfully on port ";
         let deadline = Instant::now() + DRIVER_START;
         loop {
             if let Some(status) = self.child.try_wait().ok().flatten() {
                 return Err(format!("exited early ({status})"));
             }
-            if tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port))
-                .await
-                .is_ok()
-            {
-                return Ok(());
+            let said = std::fs::read_to_string(self.dir.path().join("chromedriver.out"))
+                .unwrap_or_default();
+            let port = said.lines().find_map(|line| {
+                let tail = line.split(READY).nth(1)?;
+                tail.trim_end_matches('.').trim().parse::<u16>().ok()
+            });
+            if let Some(port) = port {
+                return Ok(port);
             }
             if Instant::now() > deadline {
-                return Err(format!(
-                    "not listening on port {port} after {DRIVER_START:?}"
-                ));
+                return Err(format!("reported no port within {DRIVER_START:?}"));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -523,12 +519,6 @@ impl Drop for Driver {
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap()
-}
-
-fn free_port() -> u16 {
-    let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
-        .expect("browser: bind a loopback port");
-    listener.local_addr().unwrap().port()
 }
 
 /// Panics unless `png` decodes as a PNG with more than one colour in it.

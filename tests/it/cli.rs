@@ -25,7 +25,7 @@ const SAMPLE_MUG: &str = "https://sandbox.invalid/assets/mug.png";
 
 /// The binary pointed at `env`'s sandbox with an explicit key (`None`: no key at all).
 async fn run_with_key(env: &Env, key: Option<&str>, args: &[&str]) -> Output {
-    let mut cmd = command(args, env.dir.path());
+    let mut cmd = Imgpipe::new(args).cwd(env.dir.path()).command();
     cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str());
     if let Some(key) = key {
         cmd.env("IMGPIPE_API_KEY", key);
@@ -101,7 +101,7 @@ async fn tool_on_mug(env: &Env, tool: &str, extra: &[&str]) -> (Value, PathBuf) 
 async fn spawn_standalone(args: &[&str], cwd: &Path) -> (tokio::process::Child, Value) {
     let mut full = vec!["sandbox", "--port", "0", "--json"];
     full.extend_from_slice(args);
-    let mut cmd = command(&full, cwd);
+    let mut cmd = Imgpipe::new(&full).cwd(cwd).command();
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("imgpipe sandbox starts");
     let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
@@ -681,14 +681,9 @@ async fn sigint_or_sigterm_during_a_call_exits_130() {
     })
     .await;
     for (i, signal) in ["INT", "TERM"].into_iter().enumerate() {
-        let mut cmd = command(
-            &["generate", "--prompt", "slow", "--out", "out"],
-            env.dir.path(),
-        );
-        cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
-            .env("IMGPIPE_API_KEY", env.sandbox.key())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        let mut cmd =
+            Imgpipe::on(&env, &["generate", "--prompt", "slow", "--out", "out"]).command();
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         let child = cmd.spawn().unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         while env.sandbox.stats().paid_requests <= i as u64 {
@@ -908,10 +903,9 @@ async fn base_url_flag_and_its_checks() {
     let env = start_default().await;
     let dir = env.dir.path();
     // --base-url works in place of the environment variable.
-    let mut cmd = command(
-        &["account", "--base-url", env.sandbox.base_url().as_str()],
-        dir,
-    );
+    let mut cmd = Imgpipe::new(&["account", "--base-url", env.sandbox.base_url().as_str()])
+        .cwd(dir)
+        .command();
     cmd.env("IMGPIPE_API_KEY", env.sandbox.key());
     let o = finish(cmd).await;
     assert_exit(&o, 0);
@@ -922,7 +916,9 @@ async fn base_url_flag_and_its_checks() {
     );
 
     // Plain http to anything but loopback would send the key in clear: refused, nothing sent.
-    let mut cmd = command(&["account", "--base-url", "http://api.example.com/"], dir);
+    let mut cmd = Imgpipe::new(&["account", "--base-url", "http://api.example.com/"])
+        .cwd(dir)
+        .command();
     cmd.env("IMGPIPE_API_KEY", env.sandbox.key());
     let o = finish(cmd).await;
     assert_exit(&o, 2);
@@ -1004,7 +1000,9 @@ async fn the_api_key_never_appears_in_any_output() {
     }
     // IMGPIPE_LOG overrides -v: trace level, everything the HTTP stack says.
     for key in [RIGHT, WRONG] {
-        let mut cmd = command(&["generate", "--prompt", "x", "--out", "e"], env.dir.path());
+        let mut cmd = Imgpipe::new(&["generate", "--prompt", "x", "--out", "e"])
+            .cwd(env.dir.path())
+            .command();
         cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
             .env("IMGPIPE_API_KEY", key)
             .env("IMGPIPE_LOG", "trace");
@@ -1036,7 +1034,7 @@ async fn standalone_sandbox_serves_the_cli_and_stops_on_sigint() {
     assert!(base.starts_with("http://127.0.0.1:"), "{base}");
 
     let run = |args: &'static [&'static str]| {
-        let mut cmd = command(args, dir.path());
+        let mut cmd = Imgpipe::new(args).cwd(dir.path()).command();
         cmd.env("IMGPIPE_BASE_URL", &base)
             .env("IMGPIPE_API_KEY", &key);
         finish(cmd)
@@ -1066,22 +1064,20 @@ async fn standalone_sandbox_serves_the_cli_and_stops_on_sigint() {
         .join(generated["files"][0]["path"].as_str().unwrap());
     assert_eq!(decode(&first).dimensions(), (256, 256));
     let url = generated["job"]["images"][0]["url"].as_str().unwrap();
-    let mut cmd = command(
-        &[
-            "tool",
-            "upscale",
-            "--desired-increase",
-            "4",
-            "--image-url",
-            url,
-            "--out",
-            "out",
-        ],
-        dir.path(),
-    );
-    cmd.env("IMGPIPE_BASE_URL", &base)
-        .env("IMGPIPE_API_KEY", &key);
-    let o = finish(cmd).await;
+    let o = Imgpipe::new(&[
+        "tool",
+        "upscale",
+        "--desired-increase",
+        "4",
+        "--image-url",
+        url,
+        "--out",
+        "out",
+    ])
+    .cwd(dir.path())
+    .service(&base, &key)
+    .run()
+    .await;
     assert_exit(&o, 0);
     assert!(
         has_phrase(&stdout(&o), "4 credits billed"),
@@ -1118,7 +1114,7 @@ async fn standalone_sandbox_refuses_invalid_flags() {
         (&["sandbox", "--url-ttl", "0"], "--url-ttl"),
     ];
     for (args, flag) in cases {
-        let o = finish(command(args, dir.path())).await;
+        let o = Imgpipe::new(args).cwd(dir.path()).run().await;
         assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
         assert!(stderr(&o).contains(flag), "{args:?}: {}", stderr(&o));
         assert!(stdout(&o).is_empty(), "{args:?} printed {}", stdout(&o));
@@ -1187,7 +1183,7 @@ async fn absurd_timeouts_and_sandbox_limits_are_usage_errors_not_panics() {
     let env = start_default().await;
     let dir = env.dir.path();
     let with_service = |args: &[&str]| {
-        let mut cmd = command(args, dir);
+        let mut cmd = Imgpipe::new(args).cwd(dir).command();
         cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
             .env("IMGPIPE_API_KEY", env.sandbox.key());
         cmd
@@ -1256,7 +1252,7 @@ async fn absurd_timeouts_and_sandbox_limits_are_usage_errors_not_panics() {
         ),
     ];
     for (args, flag) in sandbox_cases {
-        let o = refused_quickly(command(args, dir)).await;
+        let o = refused_quickly(Imgpipe::new(args).cwd(dir).command()).await;
         let err = stderr(&o);
         assert_eq!(code(&o), 2, "{args:?}: {err}");
         assert!(err.contains(flag), "{args:?} names {flag}: {err}");
@@ -1387,7 +1383,7 @@ async fn a_full_or_closed_stdout_or_stderr_never_panics_and_a_full_stdout_exits_
     for args in &commands {
         let shown = args.join(" ");
         let streams = |out: Stream, err: Stream| {
-            let mut cmd = command(args, dir);
+            let mut cmd = Imgpipe::new(args).cwd(dir).command();
             cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
                 .env("IMGPIPE_API_KEY", env.sandbox.key())
                 .stdout(out.stdio())

@@ -15,6 +15,8 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tokio::process::{Child, Command};
 
+pub use crate::binary::Imgpipe;
+
 /// The sandbox's default starting balance.
 pub const START_BALANCE: i64 = 1000;
 /// Upper bound for one run of the binary: only a stuck run reaches it. Most runs here take
@@ -116,13 +118,6 @@ pub fn assert_no_request_billed_twice(env: &Env) {
             panic!("a request billed twice: {first:?} and {entry:?}");
         }
     }
-}
-
-/// The binary with a clean environment (no IMGPIPE_* from the caller) and its own HOME and
-/// XDG directories, killed if the test gives up on it: [`Imgpipe`](crate::binary::Imgpipe)'s
-/// command, for the tests not moved to the builder yet.
-pub fn command(args: &[&str], cwd: &Path) -> Command {
-    crate::binary::Imgpipe::new(args).cwd(cwd).command()
 }
 
 /// How long a process killed with SIGKILL may take to be reaped: the kernel ends it at once,
@@ -436,17 +431,6 @@ pub async fn imgpipe(env: Option<&Env>, args: &[&str], cwd: &Path) -> Output {
     .into()
 }
 
-/// `imgpipe ARGS --state STATE` in `dir`, against `env`'s sandbox, within [`RUN_LIMIT`].
-pub async fn imgpipe_on(env: &Env, dir: &Path, state: &str, args: &[&str]) -> Output {
-    crate::binary::Imgpipe::new(args)
-        .state(state)
-        .cwd(dir)
-        .sandbox(env)
-        .run()
-        .await
-        .into()
-}
-
 /// The command an interrupted or stopped run printed after `continue with: `, as a user would
 /// copy it.
 pub fn printed_continue_command(o: &Output) -> String {
@@ -458,17 +442,36 @@ pub fn printed_continue_command(o: &Output) -> String {
         .to_owned()
 }
 
-pub fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
+/// What a process that ended printed: its [`Output`], or the builder's [`Ran`] that holds one.
+/// The helpers below take either, so that a test can write `stdout(&Imgpipe::…run().await)`.
+pub trait Printed {
+    fn printed(&self) -> &Output;
 }
 
-pub fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+impl Printed for Output {
+    fn printed(&self) -> &Output {
+        self
+    }
+}
+
+impl Printed for crate::binary::Ran {
+    fn printed(&self) -> &Output {
+        &self.output
+    }
+}
+
+pub fn stdout(o: &impl Printed) -> String {
+    String::from_utf8_lossy(&o.printed().stdout).into_owned()
+}
+
+pub fn stderr(o: &impl Printed) -> String {
+    String::from_utf8_lossy(&o.printed().stderr).into_owned()
 }
 
 /// Asserts the exit code, showing both streams when it is not the expected one.
 #[track_caller]
-pub fn assert_exit(o: &Output, expected: i32) {
+pub fn assert_exit(o: &impl Printed, expected: i32) {
+    let o = o.printed();
     assert_eq!(
         o.status.code(),
         Some(expected),
@@ -481,14 +484,14 @@ pub fn assert_exit(o: &Output, expected: i32) {
 
 /// [`assert_exit`], and stderr shows no panic either.
 #[track_caller]
-pub fn assert_exit_without_panic(o: &Output, expected: i32) {
+pub fn assert_exit_without_panic(o: &impl Printed, expected: i32) {
     assert_exit(o, expected);
     assert!(!stderr(o).contains("panicked"), "{}", stderr(o));
 }
 
 #[track_caller]
-pub fn json_stdout(o: &Output) -> Value {
-    serde_json::from_slice(&o.stdout)
+pub fn json_stdout(o: &impl Printed) -> Value {
+    serde_json::from_slice(&o.printed().stdout)
         .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", stdout(o)))
 }
 
@@ -645,7 +648,7 @@ pub fn skip_unless_ci(what: &str, why: &str, hint: &str) {
 /// `IMGPIPE_TEST_POSTGRES`, an administrator's). `None` when there is no server outside CI, the
 /// skip said in the test's output ([`skip_unless_ci`]); under CI a missing server fails the
 /// test with the reason.
-pub async fn postgres_database(tag: &str) -> Option<String> {
+pub async fn postgres_database(tag: &str) -> Option<TestDatabase> {
     use sqlx::Connection;
     let Some(admin) = std::env::var("IMGPIPE_TEST_POSTGRES")
         .ok()
@@ -677,7 +680,81 @@ pub async fn postgres_database(tag: &str) -> Option<String> {
     conn.close().await.unwrap();
     let mut url = url::Url::parse(&admin).unwrap();
     url.set_path(&name);
-    Some(url.to_string())
+    Some(TestDatabase {
+        url: url.to_string(),
+        admin,
+        name,
+    })
+}
+
+/// A test's own PostgreSQL database: reads as its URL (a `String`); dropped when the test
+/// passes, kept (and named on stderr) when it fails, for a look at what it left.
+pub struct TestDatabase {
+    url: String,
+    admin: String,
+    name: String,
+}
+
+impl std::ops::Deref for TestDatabase {
+    type Target = String;
+
+    fn deref(&self) -> &String {
+        &self.url
+    }
+}
+
+impl std::fmt::Display for TestDatabase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.url)
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("kept the failed test's database {}", self.name);
+            return;
+        }
+        drop_database(&self.admin, &self.name);
+    }
+}
+
+/// `DROP DATABASE … WITH (FORCE)` (connections a test or its processes left are ended), from a
+/// thread of its own: a `Drop` cannot await, and runs inside the test's runtime. Cleaning up
+/// never fails a test that passed: a database that cannot be dropped within [`RUN_LIMIT`] is
+/// named on stderr and left.
+fn drop_database(admin: &str, name: &str) {
+    use sqlx::Connection;
+    let (admin, sql) = (
+        admin.to_owned(),
+        format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"),
+    );
+    let dropped = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("no runtime: {e}"))?;
+        runtime.block_on(async {
+            let work = async {
+                let mut conn = sqlx::PgConnection::connect(&admin).await?;
+                sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .execute(&mut conn)
+                    .await?;
+                conn.close().await
+            };
+            match tokio::time::timeout(RUN_LIMIT, work).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("no answer within {RUN_LIMIT:?}")),
+            }
+        })
+    });
+    let outcome = dropped
+        .join()
+        .unwrap_or_else(|_| Err("the thread dropping it panicked".to_owned()));
+    if let Err(why) = outcome {
+        eprintln!("left the test database {name}: cannot drop it: {why}");
+    }
 }
 
 /// A connection through sqlx's `Any` driver to the state at `state`: a SQLite file (opened

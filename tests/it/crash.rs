@@ -25,7 +25,7 @@ use sqlx::Connection;
 use tokio::io::AsyncBufReadExt;
 use tokio::process::Child;
 
-use crate::common::{AttemptRow, Db, OutputRow, TaskRow, command, files_under, sha256_hex};
+use crate::common::{AttemptRow, Db, Imgpipe, OutputRow, TaskRow, files_under, sha256_hex};
 
 // ---------------------------------------------------------------------------------------------
 // The sandbox in a process of its own
@@ -66,7 +66,7 @@ impl External {
         ];
         args.extend_from_slice(flags);
         let log = std::fs::File::create(dir.join("sandbox.log")).unwrap();
-        let mut cmd = command(&args, dir);
+        let mut cmd = Imgpipe::new(&args).cwd(dir).command();
         cmd.stdout(Stdio::piped()).stderr(Stdio::from(log));
         let mut child = cmd.spawn().expect("imgpipe sandbox starts");
         let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
@@ -288,7 +288,7 @@ impl Runner<'_> {
             "20",
         ];
         args.extend_from_slice(&self.extra);
-        let mut cmd = command(&args, self.dir);
+        let mut cmd = Imgpipe::new(&args).cwd(self.dir).command();
         let file = std::fs::File::create(&log).unwrap();
         cmd.env("IMGPIPE_BASE_URL", &self.sandbox.base)
             .env("IMGPIPE_API_KEY", KEY)
@@ -1014,7 +1014,9 @@ async fn faulty_sandbox(dir: &Path, items: usize, seed: &str) -> External {
 
 /// `imgpipe plan p.yaml --json`: the number of tasks.
 async fn planned_tasks(dir: &Path, sandbox: &External) -> usize {
-    let mut cmd = command(&["plan", "p.yaml", "--json"], dir);
+    let mut cmd = Imgpipe::new(&["plan", "p.yaml", "--json"])
+        .cwd(dir)
+        .command();
     cmd.env("IMGPIPE_BASE_URL", &sandbox.base)
         .env("IMGPIPE_API_KEY", KEY);
     let o = crate::common::finish(cmd).await;
@@ -1037,7 +1039,7 @@ async fn killed_24_times_under_every_fault_the_run_finishes_without_paying_twice
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_24_times_with_the_state_in_postgres_the_run_finishes_without_paying_twice() {
     if let Some(url) = crate::common::postgres_database("crash").await {
-        killed_24_times(Some(url)).await;
+        killed_24_times(Some(url.to_string())).await;
     }
 }
 

@@ -303,7 +303,7 @@ async fn run_page(page: &str) {
     let mut failures = Vec::new();
     for step in &steps {
         let args: Vec<&str> = step.args.iter().map(String::as_str).collect();
-        let mut cmd = common::command(&args, dir);
+        let mut cmd = common::Imgpipe::new(&args).cwd(dir).command();
         cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
             .env("IMGPIPE_API_KEY", env.sandbox.key())
             .env("HOME", dir.join("home"))
@@ -371,7 +371,7 @@ fn transcript_syntax() {
 
 /// The subcommands `imgpipe --help` lists, `help` aside.
 async fn subcommands() -> Vec<String> {
-    let out = common::finish(common::command(&["--help"], root())).await;
+    let out = common::Imgpipe::new(&["--help"]).cwd(root()).run().await;
     let text = common::stdout(&out);
     let list = text.split("Commands:").nth(1).unwrap();
     list.lines()
@@ -387,11 +387,17 @@ async fn subcommands() -> Vec<String> {
 async fn bash_completions_parse_and_name_every_command() {
     let dir = tempfile::tempdir().unwrap();
     for shell in ["bash", "zsh", "fish", "powershell"] {
-        let out = common::finish(common::command(&["completions", shell], dir.path())).await;
+        let out = common::Imgpipe::new(&["completions", shell])
+            .cwd(dir.path())
+            .run()
+            .await;
         common::assert_exit(&out, 0);
         assert!(!out.stdout.is_empty(), "no {shell} script");
     }
-    let out = common::finish(common::command(&["completions", "bash"], dir.path())).await;
+    let out = common::Imgpipe::new(&["completions", "bash"])
+        .cwd(dir.path())
+        .run()
+        .await;
     let script = dir.path().join("imgpipe.bash");
     std::fs::write(&script, &out.stdout).unwrap();
     let checked = std::process::Command::new("bash")
@@ -419,11 +425,10 @@ async fn bash_completions_parse_and_name_every_command() {
 async fn man_pages_for_every_command_render_without_warnings() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("man1");
-    let out = common::finish(common::command(
-        &["man", "--out", out_dir.to_str().unwrap()],
-        dir.path(),
-    ))
-    .await;
+    let out = common::Imgpipe::new(&["man", "--out", out_dir.to_str().unwrap()])
+        .cwd(dir.path())
+        .run()
+        .await;
     common::assert_exit(&out, 0);
     let mut pages = vec!["imgpipe.1".to_owned()];
     for command in subcommands().await {
@@ -475,7 +480,7 @@ async fn reroll_help_lists_only_what_a_reroll_accepts() {
     let dir = tempfile::tempdir().unwrap();
     let help = |cmd: &'static str| {
         let dir = dir.path().to_owned();
-        async move { common::stdout(&common::finish(common::command(&[cmd, "--help"], &dir)).await) }
+        async move { common::stdout(&common::Imgpipe::new(&[cmd, "--help"]).cwd(&dir).run().await) }
     };
     let reroll = help("reroll").await;
     for flag in ["--items", "--until"] {
@@ -495,10 +500,9 @@ async fn reroll_help_lists_only_what_a_reroll_accepts() {
             "{cmd}:\n{text}"
         );
     }
-    let out = common::finish(common::command(
-        &["reroll", "r", "mug", "--items", "first:1"],
-        dir.path(),
-    ))
-    .await;
+    let out = common::Imgpipe::new(&["reroll", "r", "mug", "--items", "first:1"])
+        .cwd(dir.path())
+        .run()
+        .await;
     common::assert_exit(&out, 2);
 }

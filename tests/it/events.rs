@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Output;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -163,29 +162,6 @@ fn assert_no_secret(env: &Env, receiver: &Receiver) {
 // Running the binary
 // ---------------------------------------------------------------------------------------------
 
-/// `imgpipe run ARGS --state DIR/state.db` against `env`'s sandbox with the signing secret.
-fn run_command(env: &Env, dir: &Path, args: &[&str]) -> tokio::process::Command {
-    let state = state_path(dir).to_string_lossy().into_owned();
-    let mut all = vec!["run"];
-    all.extend_from_slice(args);
-    all.extend_from_slice(&["--state", &state, "--retry-base-ms", "10"]);
-    let mut cmd = command(&all, dir);
-    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
-        .env("IMGPIPE_API_KEY", env.sandbox.key())
-        .env("IMGPIPE_NOTIFY_SECRET", SECRET)
-        .env_remove("IMGPIPE_NOTIFY_URL");
-    cmd
-}
-
-/// Runs to the end, failing if the process is still there after `ceiling`.
-async fn run_within(cmd: tokio::process::Command, ceiling: Duration) -> Output {
-    let mut cmd = cmd;
-    tokio::time::timeout(ceiling, cmd.output())
-        .await
-        .unwrap_or_else(|_| panic!("imgpipe still running after {ceiling:?}"))
-        .expect("imgpipe runs")
-}
-
 fn ledger_total(env: &Env) -> u64 {
     env.sandbox.ledger().iter().map(|e| e.credits).sum()
 }
@@ -221,14 +197,15 @@ async fn run_finished_arrives_signed_with_the_figures_of_the_ledger_and_the_reco
     let dir = env.dir.path();
     write(dir, "chain.yaml", &edit_chain(ITEMS, None));
     let hook = receiver(false).await;
-    let o = run_within(
-        run_command(
-            &env,
-            dir,
-            &["chain.yaml", "--report", "--notify", &hook.url],
-        ),
-        CEILING,
+    let o = Imgpipe::on(
+        &env,
+        &["run", "chain.yaml", "--report", "--notify", &hook.url],
     )
+    .sqlite_in(dir)
+    .retry_base_ms(10)
+    .env("IMGPIPE_NOTIFY_SECRET", SECRET)
+    .limit(CEILING)
+    .run()
     .await;
     assert_exit_without_panic(&o, 0);
 
@@ -280,20 +257,22 @@ async fn a_tight_budget_is_announced_at_50_80_and_100_percent_each_once() {
     write(dir, "chain.yaml", &edit_chain(2, None));
     let hook = receiver(false).await;
     let budget = 18.to_string();
-    let o = run_within(
-        run_command(
-            &env,
-            dir,
-            &[
-                "chain.yaml",
-                "--max-credits",
-                &budget,
-                "--notify",
-                &hook.url,
-            ],
-        ),
-        CEILING,
+    let o = Imgpipe::on(
+        &env,
+        &[
+            "run",
+            "chain.yaml",
+            "--max-credits",
+            &budget,
+            "--notify",
+            &hook.url,
+        ],
     )
+    .sqlite_in(dir)
+    .retry_base_ms(10)
+    .env("IMGPIPE_NOTIFY_SECRET", SECRET)
+    .limit(CEILING)
+    .run()
     .await;
     assert_exit_without_panic(&o, 0);
     hook.wait_for("run.finished").await;
@@ -327,11 +306,13 @@ async fn a_call_billed_above_the_plan_is_announced_and_the_exit_code_stays_3() {
         "version: 1\nname: gens\npricing: { generation: 2 }\nitems: [{ id: a }, { id: b }]\nsteps:\n  - id: shot\n    generate: { prompt: \"a {{ item.id }}\" }\n",
     );
     let hook = receiver(false).await;
-    let o = run_within(
-        run_command(&env, dir, &["gens.yaml", "--notify", &hook.url]),
-        CEILING,
-    )
-    .await;
+    let o = Imgpipe::on(&env, &["run", "gens.yaml", "--notify", &hook.url])
+        .sqlite_in(dir)
+        .retry_base_ms(10)
+        .env("IMGPIPE_NOTIFY_SECRET", SECRET)
+        .limit(CEILING)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 3);
     let above = hook.wait_for("call.billed_above_plan").await;
     assert_signed(&above);
@@ -357,11 +338,13 @@ async fn a_receiver_that_is_down_changes_neither_the_exit_code_nor_the_exit() {
     let dir = env.dir.path();
     write(dir, "chain.yaml", &edit_chain(1, None));
     let url = closed_port_url().await;
-    let o = run_within(
-        run_command(&env, dir, &["chain.yaml", "--notify", &url]),
-        CEILING,
-    )
-    .await;
+    let o = Imgpipe::on(&env, &["run", "chain.yaml", "--notify", &url])
+        .sqlite_in(dir)
+        .retry_base_ms(10)
+        .env("IMGPIPE_NOTIFY_SECRET", SECRET)
+        .limit(CEILING)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     assert!(
         stderr(&o).contains("notify: run.finished not delivered"),
@@ -385,11 +368,13 @@ async fn a_receiver_that_never_answers_is_waited_for_5s_at_exit_then_given_up_on
     write(dir, "chain.yaml", &edit_chain(1, None));
     let hook = receiver(true).await;
     let started = std::time::Instant::now();
-    let o = run_within(
-        run_command(&env, dir, &["chain.yaml", "--notify", &hook.url]),
-        CEILING,
-    )
-    .await;
+    let o = Imgpipe::on(&env, &["run", "chain.yaml", "--notify", &hook.url])
+        .sqlite_in(dir)
+        .retry_base_ms(10)
+        .env("IMGPIPE_NOTIFY_SECRET", SECRET)
+        .limit(CEILING)
+        .run()
+        .await;
     let took = started.elapsed();
     assert_exit_without_panic(&o, 0);
     assert!(
@@ -410,14 +395,15 @@ async fn plain_http_to_another_host_is_refused_before_anything_is_sent() {
     let env = start(config()).await;
     let dir = env.dir.path();
     write(dir, "chain.yaml", &edit_chain(1, None));
-    let o = run_within(
-        run_command(
-            &env,
-            dir,
-            &["chain.yaml", "--notify", "http://example.com/hook"],
-        ),
-        CEILING,
+    let o = Imgpipe::on(
+        &env,
+        &["run", "chain.yaml", "--notify", "http://example.com/hook"],
     )
+    .sqlite_in(dir)
+    .retry_base_ms(10)
+    .env("IMGPIPE_NOTIFY_SECRET", SECRET)
+    .limit(CEILING)
+    .run()
     .await;
     assert_exit_without_panic(&o, 2);
     assert_nothing_billed(&env);
@@ -429,7 +415,13 @@ async fn plain_http_to_another_host_is_refused_before_anything_is_sent() {
             "output_dir: out\nnotify: http://example.com/x\n",
         ),
     );
-    let o = run_within(run_command(&env, dir, &["notify.yaml"]), CEILING).await;
+    let o = Imgpipe::on(&env, &["run", "notify.yaml"])
+        .sqlite_in(dir)
+        .retry_base_ms(10)
+        .env("IMGPIPE_NOTIFY_SECRET", SECRET)
+        .limit(CEILING)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 2);
     assert!(stderr(&o).contains("notify"), "{}", stderr(&o));
     assert_nothing_billed(&env);
@@ -448,7 +440,13 @@ async fn notify_in_the_pipeline_file_is_used_without_a_flag() {
             &format!("output_dir: out\nnotify: {}\n", hook.url),
         ),
     );
-    let o = run_within(run_command(&env, dir, &["notify.yaml"]), CEILING).await;
+    let o = Imgpipe::on(&env, &["run", "notify.yaml"])
+        .sqlite_in(dir)
+        .retry_base_ms(10)
+        .env("IMGPIPE_NOTIFY_SECRET", SECRET)
+        .limit(CEILING)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let body = hook.wait_for("run.finished").await.json();
     assert_eq!(body["credits"]["billed"], ledger_total(&env));
@@ -541,14 +539,20 @@ async fn the_metrics_file_parses_and_its_credits_agree_with_the_ledger() {
     let dir = env.dir.path();
     write(dir, "chain.yaml", &edit_chain(ITEMS, None));
     let file = dir.join("imgpipe.prom");
-    let o = run_within(
-        run_command(
-            &env,
-            dir,
-            &["chain.yaml", "--metrics-file", &file.to_string_lossy()],
-        ),
-        CEILING,
+    let o = Imgpipe::on(
+        &env,
+        &[
+            "run",
+            "chain.yaml",
+            "--metrics-file",
+            &file.to_string_lossy(),
+        ],
     )
+    .sqlite_in(dir)
+    .retry_base_ms(10)
+    .env("IMGPIPE_NOTIFY_SECRET", SECRET)
+    .limit(CEILING)
+    .run()
     .await;
     assert_exit_without_panic(&o, 0);
     let text = std::fs::read_to_string(&file).unwrap();
@@ -603,14 +607,23 @@ async fn a_run_killed_while_writing_the_metrics_leaves_the_last_whole_file() {
     let dir = env.dir.path();
     write(dir, "chain.yaml", &edit_chain(ITEMS, None));
     let file = dir.join("imgpipe.prom");
-    let mut cmd = run_command(
-        &env,
-        dir,
-        &["chain.yaml", "--metrics-file", &file.to_string_lossy()],
-    );
     // Aborts, as a kill -9 would, with half of the run's last metrics written.
-    cmd.env(imgpipe::failpoint::ENV, "metrics-file-half-written");
-    let o = run_within(cmd, CEILING).await;
+    let o = Imgpipe::on(
+        &env,
+        &[
+            "run",
+            "chain.yaml",
+            "--metrics-file",
+            &file.to_string_lossy(),
+        ],
+    )
+    .sqlite_in(dir)
+    .retry_base_ms(10)
+    .env("IMGPIPE_NOTIFY_SECRET", SECRET)
+    .env(imgpipe::failpoint::ENV, "metrics-file-half-written")
+    .limit(CEILING)
+    .run()
+    .await;
     assert_eq!(o.status.code(), None, "killed by a signal: {o:?}");
     let text = std::fs::read_to_string(&file).unwrap();
     let m = parse_metrics(&text);
@@ -643,17 +656,21 @@ async fn a_run_killed_with_sigkill_mid_run_leaves_a_whole_metrics_file() {
     let dir = env.dir.path();
     write(dir, "chain.yaml", &edit_chain(ITEMS, None));
     let file = dir.join("imgpipe.prom");
-    let mut cmd = run_command(
+    let mut cmd = Imgpipe::on(
         &env,
-        dir,
         &[
+            "run",
             "chain.yaml",
             "--concurrency",
             "1",
             "--metrics-file",
             &file.to_string_lossy(),
         ],
-    );
+    )
+    .sqlite_in(dir)
+    .retry_base_ms(10)
+    .env("IMGPIPE_NOTIFY_SECRET", SECRET)
+    .command();
     let mut child = cmd.stderr(std::process::Stdio::null()).spawn().unwrap();
     let deadline = tokio::time::Instant::now() + EVENT_WAIT;
     while !file.exists() || env.sandbox.ledger().is_empty() {
@@ -697,23 +714,25 @@ async fn a_cap_crossed_is_announced_and_its_room_is_in_the_metrics() {
         "--state",
         &state,
     ];
-    assert_exit_without_panic(&finish(command(&set, dir)).await, 0);
+    assert_exit_without_panic(&Imgpipe::new(&set).cwd(dir).run().await, 0);
     let hook = receiver(false).await;
     let file = dir.join("imgpipe.prom");
-    let o = run_within(
-        run_command(
-            &env,
-            dir,
-            &[
-                "chain.yaml",
-                "--notify",
-                &hook.url,
-                "--metrics-file",
-                &file.to_string_lossy(),
-            ],
-        ),
-        CEILING,
+    let o = Imgpipe::on(
+        &env,
+        &[
+            "run",
+            "chain.yaml",
+            "--notify",
+            &hook.url,
+            "--metrics-file",
+            &file.to_string_lossy(),
+        ],
     )
+    .sqlite_in(dir)
+    .retry_base_ms(10)
+    .env("IMGPIPE_NOTIFY_SECRET", SECRET)
+    .limit(CEILING)
+    .run()
     .await;
     assert_exit_without_panic(&o, 6);
     hook.wait_for("run.finished").await;

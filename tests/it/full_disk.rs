@@ -22,7 +22,7 @@ use sqlx::{Connection, Row};
 use tokio::process::Command;
 
 use crate::common::*;
-use crate::objects::{BUCKET, S3, imgpipe_s3};
+use crate::objects::{BUCKET, S3};
 use crate::run::{config, edit_chain, state_path, write};
 
 /// Items of the pipeline: each erase → upscale → remove_background, one output a call.
@@ -30,19 +30,6 @@ const ITEMS: usize = 6;
 const TASKS: usize = ITEMS * 3;
 /// Outputs the place keeps before it fails.
 const KEPT: usize = 4;
-
-/// `imgpipe ARGS --state STATE` in `dir` against `env`'s sandbox.
-fn imgpipe_on(env: &Env, dir: &Path, state: &str, args: &[&str]) -> Command {
-    let mut all = args.to_vec();
-    all.extend_from_slice(&["--state", state]);
-    if matches!(args.first(), Some(&("run" | "resume"))) {
-        all.extend_from_slice(&["--retry-base-ms", "10"]);
-    }
-    let mut cmd = command(&all, dir);
-    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
-        .env("IMGPIPE_API_KEY", env.sandbox.key());
-    cmd
-}
 
 /// Outputs recorded in the SQLite state at `state` with a file or object, and without one
 /// after a failed download; (0, 0) while the database does not exist yet.
@@ -178,9 +165,12 @@ async fn a_full_disk_stops_the_calls_and_a_resume_fetches_what_was_paid_for_with
     let run_dir = dir.join("out/full").display().to_string();
 
     // Full from the start: said before anything is paid for.
-    let mut cmd = imgpipe_on(&env, dir, &state, &["run", "p.yaml", "--run-id", "early"]);
-    cmd.env("IMGPIPE_TEST_DISK_FULL_AFTER", "0");
-    let o = finish(cmd).await;
+    let o = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "early"])
+        .state(&state)
+        .retry_base_ms(10)
+        .env("IMGPIPE_TEST_DISK_FULL_AFTER", "0")
+        .run()
+        .await;
     assert_exit_without_panic(&o, 1);
     assert_nothing_billed(&env);
     assert_eq!(
@@ -191,13 +181,14 @@ hint: free space there (or restore the permission, or give another --out), then 
     );
 
     // The disk holds KEPT outputs, then fills.
-    let mut cmd = imgpipe_on(
+    let cmd = Imgpipe::on(
         &env,
-        dir,
-        &state,
         &["run", "p.yaml", "--run-id", "full", "--concurrency", "1"],
-    );
-    cmd.env("IMGPIPE_TEST_DISK_FULL_AFTER", KEPT.to_string());
+    )
+    .state(&state)
+    .retry_base_ms(10)
+    .env("IMGPIPE_TEST_DISK_FULL_AFTER", KEPT.to_string())
+    .command();
     let (o, in_flight) = lockstep(&env, cmd, &state_file).await;
     assert_exit_without_panic(&o, 1);
     // The output that failed was paid for, and the call in flight then: nothing more.
@@ -218,14 +209,21 @@ hint: {unstored} paid output(s) are not stored; once [RUN] can be written again 
     let recorded = outputs(&state).await;
     assert_eq!(recorded.len(), paid);
     assert_eq!(recorded.iter().filter(|o| o.1.is_some()).count(), KEPT);
-    let status =
-        json_stdout(&finish(imgpipe_on(&env, dir, &state, &["status", "full", "--json"])).await);
+    let status = json_stdout(
+        &Imgpipe::on(&env, &["status", "full", "--json"])
+            .state(&state)
+            .run()
+            .await,
+    );
     assert_eq!(status["status"], "stopped", "{status}");
 
     // Still full: the resume pays nothing.
-    let mut cmd = imgpipe_on(&env, dir, &state, &["resume", "full"]);
-    cmd.env("IMGPIPE_TEST_DISK_FULL_AFTER", "0");
-    let o = finish(cmd).await;
+    let o = Imgpipe::on(&env, &["resume", "full"])
+        .state(&state)
+        .retry_base_ms(10)
+        .env("IMGPIPE_TEST_DISK_FULL_AFTER", "0")
+        .run()
+        .await;
     assert_exit_without_panic(&o, 1);
     assert!(
         stderr(&o).contains("No space left on device (os error 28); nothing was paid for"),
@@ -239,7 +237,11 @@ hint: {unstored} paid output(s) are not stored; once [RUN] can be written again 
     );
 
     // Space freed: the outputs paid for are fetched from their jobs, the rest paid once.
-    let o = finish(imgpipe_on(&env, dir, &state, &["resume", "full"])).await;
+    let o = Imgpipe::on(&env, &["resume", "full"])
+        .state(&state)
+        .retry_base_ms(10)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     assert_whole(&env, &state).await;
     for (_, path, sha256) in outputs(&state).await {
@@ -269,7 +271,16 @@ async fn a_bucket_that_refuses_writes_stops_the_calls_and_a_resume_uploads_witho
         "--out",
         &out,
     ];
-    let (o, in_flight) = lockstep(&env, imgpipe_s3(&env, &s3, dir, &args), &state_file).await;
+    let (o, in_flight) = lockstep(
+        &env,
+        Imgpipe::on(&env, &args)
+            .s3(&s3)
+            .sqlite_in(dir)
+            .retry_base_ms(20)
+            .command(),
+        &state_file,
+    )
+    .await;
     assert_exit_without_panic(&o, 1);
     let paid = env.sandbox.ledger().len();
     assert_eq!(paid, KEPT + 1 + in_flight, "{:?}", env.sandbox.ledger());
@@ -287,7 +298,12 @@ async fn a_bucket_that_refuses_writes_stops_the_calls_and_a_resume_uploads_witho
 
     // A bucket that fails (507) after its store's retries is a place that fails too.
     s3.refuse_writes_after(Some((0, http::StatusCode::INSUFFICIENT_STORAGE)));
-    let o = finish(imgpipe_s3(&env, &s3, dir, &["resume", "r"])).await;
+    let o = Imgpipe::on(&env, &["resume", "r"])
+        .s3(&s3)
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 1);
     assert!(stderr(&o).contains("507"), "{}", stderr(&o));
     assert_eq!(
@@ -297,7 +313,12 @@ async fn a_bucket_that_refuses_writes_stops_the_calls_and_a_resume_uploads_witho
     );
 
     s3.refuse_writes_after(None);
-    let o = finish(imgpipe_s3(&env, &s3, dir, &["resume", "r"])).await;
+    let o = Imgpipe::on(&env, &["resume", "r"])
+        .s3(&s3)
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     assert_whole(&env, &state).await;
     for (_, path, _) in outputs(&state).await {
@@ -396,18 +417,17 @@ async fn no_call_without_its_intent(state: &str) {
     let env = start(config()).await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(ITEMS, None));
-    let on = |args: &[&str]| imgpipe_on(&env, dir, state, args);
+    let on = |args: &[&str]| Imgpipe::on(&env, args).state(state).retry_base_ms(10);
 
     // One item paid for, to make the database; then it takes two intents more.
-    let o = finish(on(&[
-        "run", "p.yaml", "--run-id", "db", "--items", "first:1",
-    ]))
-    .await;
+    let o = on(&["run", "p.yaml", "--run-id", "db", "--items", "first:1"])
+        .run()
+        .await;
     assert_exit_without_panic(&o, 7);
     let first = env.sandbox.ledger().len();
     refuse_rows_after(state, "attempts", first + 2).await;
 
-    let o = finish(on(&["resume", "db", "--concurrency", "2"])).await;
+    let o = on(&["resume", "db", "--concurrency", "2"]).run().await;
     let (recorded, jobs) = attempts(state).await;
     assert_eq!(
         env.sandbox.ledger().len(),
@@ -433,7 +453,7 @@ async fn no_call_without_its_intent(state: &str) {
     );
 
     allow_rows(state, "attempts").await;
-    let o = finish(on(&["resume", "db"])).await;
+    let o = on(&["resume", "db"]).run().await;
     assert_exit_without_panic(&o, 0);
     assert_whole(&env, state).await;
 }
@@ -460,17 +480,16 @@ async fn a_state_that_refuses_the_run(state: &str) {
     let env = start(config()).await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(ITEMS, None));
-    let on = |args: &[&str]| imgpipe_on(&env, dir, state, args);
+    let on = |args: &[&str]| Imgpipe::on(&env, args).state(state).retry_base_ms(10);
     // One item paid for, to make the database; then it takes no run more.
-    let o = finish(on(&[
-        "run", "p.yaml", "--run-id", "a", "--items", "first:1",
-    ]))
-    .await;
+    let o = on(&["run", "p.yaml", "--run-id", "a", "--items", "first:1"])
+        .run()
+        .await;
     assert_exit_without_panic(&o, 7);
     let paid = env.sandbox.ledger().len();
     refuse_rows_after(state, "runs", 1).await;
 
-    let o = finish(on(&["run", "p.yaml", "--run-id", "b"])).await;
+    let o = on(&["run", "p.yaml", "--run-id", "b"]).run().await;
     assert_exit_without_panic(&o, 1);
     let said = stderr(&o);
     assert!(
@@ -490,7 +509,7 @@ async fn a_state_that_refuses_the_run(state: &str) {
     );
 
     allow_rows(state, "runs").await;
-    let o = finish(on(&["run", "p.yaml", "--run-id", "b"])).await;
+    let o = on(&["run", "p.yaml", "--run-id", "b"]).run().await;
     assert_exit_without_panic(&o, 0);
 }
 
@@ -518,13 +537,11 @@ async fn a_state_that_cannot_be_made_is_exit_1_and_nothing_is_paid() {
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(1, None));
     std::fs::write(dir.join("afile"), b"not a directory").unwrap();
-    let o = finish(imgpipe_on(
-        &env,
-        dir,
-        "afile/sub/state.db",
-        &["run", "p.yaml"],
-    ))
-    .await;
+    let o = Imgpipe::on(&env, &["run", "p.yaml"])
+        .state("afile/sub/state.db")
+        .retry_base_ms(10)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 1);
     let said = stderr(&o);
     assert!(

@@ -26,7 +26,7 @@ use tokio::net::TcpListener;
 use tokio::process::Command;
 
 use crate::common::{
-    FAKE_KEY, Fake, assert_exit_without_panic, command, entries, finish, generation, json_stdout,
+    FAKE_KEY, Fake, Imgpipe, assert_exit_without_panic, entries, finish, generation, json_stdout,
     leftovers, sample_png, sha256_hex, stderr, stdout, tree,
 };
 
@@ -687,7 +687,11 @@ async fn proxies_from_the_environment_never_see_loopback_traffic() {
     // A closed port as the proxy: anything sent through it would fail.
     let mut args = generate.to_vec();
     args.push("closed");
-    let o = finish(with_proxy(command(&args, dir.path()), "http://127.0.0.1:9")).await;
+    let o = finish(with_proxy(
+        Imgpipe::new(&args).cwd(dir.path()).command(),
+        "http://127.0.0.1:9",
+    ))
+    .await;
     assert_exit_without_panic(&o, 0);
     let files = entries(&dir.path().join("closed"));
     assert_eq!(files.len(), 2, "{files:?}");
@@ -699,7 +703,11 @@ async fn proxies_from_the_environment_never_see_loopback_traffic() {
     let (proxy, seen, trap) = proxy_trap().await;
     let mut args = generate.to_vec();
     args.push("trapped");
-    let o = finish(with_proxy(command(&args, dir.path()), &proxy)).await;
+    let o = finish(with_proxy(
+        Imgpipe::new(&args).cwd(dir.path()).command(),
+        &proxy,
+    ))
+    .await;
     assert_exit_without_panic(&o, 0);
     assert_eq!(entries(&dir.path().join("trapped")).len(), 2);
     assert!(
@@ -710,16 +718,15 @@ async fn proxies_from_the_environment_never_see_loopback_traffic() {
 
     // The control: these variables do reach the binary's HTTP stack, for a remote service.
     let mut cmd = with_proxy(
-        command(
-            &[
-                "account",
-                "--base-url",
-                "https://api.example.invalid/",
-                "--connect-timeout",
-                "3",
-            ],
-            dir.path(),
-        ),
+        Imgpipe::new(&[
+            "account",
+            "--base-url",
+            "https://api.example.invalid/",
+            "--connect-timeout",
+            "3",
+        ])
+        .cwd(dir.path())
+        .command(),
         &proxy,
     );
     cmd.env("IMGPIPE_API_KEY", FAKE_KEY);

@@ -32,6 +32,7 @@ mod review;
 mod review_loop;
 mod run;
 mod runner;
+mod said;
 mod sandbox_http;
 mod scale;
 mod signals;

@@ -364,15 +364,17 @@ impl S3 {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    /// The environment a user sets for an S3-compatible store.
-    pub(crate) fn env(&self, cmd: &mut tokio::process::Command) {
-        cmd.env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-            .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-            .env("AWS_REGION", "us-east-1")
-            .env("AWS_ENDPOINT", self.endpoint())
-            .env("AWS_ALLOW_HTTP", "true")
-            .env_remove("AWS_SESSION_TOKEN")
-            .env_remove("AWS_PROFILE");
+    /// The environment a user sets for an S3-compatible store: set, or (`None`) removed.
+    pub(crate) fn vars(&self) -> [(&'static str, Option<String>); 7] {
+        [
+            ("AWS_ACCESS_KEY_ID", Some(ACCESS_KEY.to_owned())),
+            ("AWS_SECRET_ACCESS_KEY", Some(SECRET_KEY.to_owned())),
+            ("AWS_REGION", Some("us-east-1".to_owned())),
+            ("AWS_ENDPOINT", Some(self.endpoint())),
+            ("AWS_ALLOW_HTTP", Some("true".to_owned())),
+            ("AWS_SESSION_TOKEN", None),
+            ("AWS_PROFILE", None),
+        ]
     }
 
     /// The test's own client of the bucket.
@@ -408,20 +410,6 @@ impl S3 {
     fn cut_uploads_to(&self, key: Option<&str>) {
         *self.cut.lock().unwrap() = key.map(str::to_owned);
     }
-}
-
-pub(crate) fn imgpipe_s3(env: &Env, s3: &S3, dir: &Path, args: &[&str]) -> tokio::process::Command {
-    let state = state_path(dir).to_string_lossy().into_owned();
-    let mut all = args.to_vec();
-    all.extend_from_slice(&["--state", &state]);
-    if matches!(args.first(), Some(&("run" | "resume"))) {
-        all.extend_from_slice(&["--retry-base-ms", "20"]);
-    }
-    let mut cmd = command(&all, dir);
-    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
-        .env("IMGPIPE_API_KEY", env.sandbox.key());
-    s3.env(&mut cmd);
-    cmd
 }
 
 /// The outputs recorded in the state database: item, path, sha256, bytes, ETag, download
@@ -525,10 +513,8 @@ async fn a_run_into_a_bucket_writes_every_output_with_its_sha256_and_the_manifes
     let s3 = S3::start().await;
     let dir = env.dir.path();
     write(dir, "p.yaml", PIPELINE);
-    let o = finish(imgpipe_s3(
+    let o = Imgpipe::on(
         &env,
-        &s3,
-        dir,
         &[
             "run",
             "p.yaml",
@@ -538,7 +524,11 @@ async fn a_run_into_a_bucket_writes_every_output_with_its_sha256_and_the_manifes
             "s3://shots/runs/",
             "--report",
         ],
-    ))
+    )
+    .s3(&s3)
+    .sqlite_in(dir)
+    .retry_base_ms(20)
+    .run()
     .await;
     assert_exit_without_panic(&o, 0);
     // The report read each image whole once, to make its thumbnail.
@@ -656,7 +646,11 @@ async fn a_run_into_a_bucket_writes_every_output_with_its_sha256_and_the_manifes
     let said = both(&o);
     assert!(!said.contains(SECRET_KEY), "{said}");
     // The status shows where the outputs are.
-    let o = finish(imgpipe_s3(&env, &s3, dir, &["status", "r", "--json"])).await;
+    let o = Imgpipe::on(&env, &["status", "r", "--json"])
+        .s3(&s3)
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     assert_eq!(json_stdout(&o)["output_dir"], "s3://shots/runs/r");
 }
@@ -666,10 +660,14 @@ async fn a_run_into_a_bucket_writes_every_output_with_its_sha256_and_the_manifes
 async fn report_again(env: &Env, s3: &S3, out: &str) -> (String, Vec<Request>, Output) {
     let dir = env.dir.path();
     s3.take_requests();
-    let o = finish(imgpipe_s3(env, s3, dir, &["report", "r", "--out", out])).await;
+    let o = Imgpipe::on(env, &["report", "r", "--out", out])
+        .s3(s3)
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let page = std::fs::read_to_string(dir.join(out)).unwrap();
-    (page, s3.take_requests(), o)
+    (page, s3.take_requests(), o.output)
 }
 
 /// The outputs (`…/shot.png`) the store was asked for, by key, sorted.
@@ -721,10 +719,8 @@ async fn an_upload_finished_but_unrecorded_is_done_and_other_bytes_at_the_key_ar
         "one.yaml",
         &PIPELINE.replace("  - { id: b }\n  - { id: c }\n", ""),
     );
-    let mut cmd = imgpipe_s3(
+    let mut cmd = Imgpipe::on(
         &env,
-        &s3,
-        dir,
         &[
             "run",
             "one.yaml",
@@ -733,7 +729,11 @@ async fn an_upload_finished_but_unrecorded_is_done_and_other_bytes_at_the_key_ar
             "--out",
             "s3://shots/runs",
         ],
-    );
+    )
+    .s3(&s3)
+    .sqlite_in(dir)
+    .retry_base_ms(20)
+    .command();
     cmd.env(imgpipe::failpoint::ENV, "object-written-unrecorded");
     let o = finish(cmd).await;
     assert_eq!(
@@ -752,7 +752,12 @@ async fn an_upload_finished_but_unrecorded_is_done_and_other_bytes_at_the_key_ar
     assert_eq!(env.sandbox.ledger().len(), 1);
     s3.take_requests();
 
-    let o = finish(imgpipe_s3(&env, &s3, dir, &["resume", "r1"])).await;
+    let o = Imgpipe::on(&env, &["resume", "r1"])
+        .s3(&s3)
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     assert_eq!(env.sandbox.ledger().len(), 1, "nothing paid again");
     // The resume fetched the output from its job and tried its create-only PUT, which the
@@ -788,10 +793,8 @@ async fn an_upload_finished_but_unrecorded_is_done_and_other_bytes_at_the_key_ar
     let (_, same_etag, _) = object_at(&s3, same).await;
     let billed = env.sandbox.ledger().len();
     s3.take_requests();
-    let o = finish(imgpipe_s3(
+    let o = Imgpipe::on(
         &env,
-        &s3,
-        dir,
         &[
             "run",
             "p.yaml",
@@ -800,7 +803,11 @@ async fn an_upload_finished_but_unrecorded_is_done_and_other_bytes_at_the_key_ar
             "--out",
             "s3://shots/runs",
         ],
-    ))
+    )
+    .s3(&s3)
+    .sqlite_in(dir)
+    .retry_base_ms(20)
+    .run()
     .await;
     assert_exit_without_panic(&o, 4);
     let said = both(&o);
@@ -846,7 +853,12 @@ async fn an_upload_finished_but_unrecorded_is_done_and_other_bytes_at_the_key_ar
 
     // A resume fetches that output again from its job, for free, and still never replaces
     // the object.
-    let o = finish(imgpipe_s3(&env, &s3, dir, &["resume", "r2"])).await;
+    let o = Imgpipe::on(&env, &["resume", "r2"])
+        .s3(&s3)
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 4);
     assert!(
         both(&o).contains("s3://shots/runs/r2/b/shot.png"),
@@ -878,12 +890,14 @@ async fn an_upload_cut_in_the_middle_of_a_part_leaves_no_object_and_the_resume_u
     write(dir, "p.yaml", PIPELINE);
     let key = "runs/r/c/shot.png";
     s3.cut_uploads_to(Some(key));
-    let o = finish(imgpipe_s3(
+    let o = Imgpipe::on(
         &env,
-        &s3,
-        dir,
         &["run", "p.yaml", "--run-id", "r", "--out", "s3://shots/runs"],
-    ))
+    )
+    .s3(&s3)
+    .sqlite_in(dir)
+    .retry_base_ms(20)
+    .run()
     .await;
     assert_exit_without_panic(&o, 4);
     // The upload was started and its part cut halfway (each try of it: the store had begun
@@ -953,7 +967,12 @@ async fn an_upload_cut_in_the_middle_of_a_part_leaves_no_object_and_the_resume_u
     assert_eq!(billed, 3);
 
     s3.cut_uploads_to(None);
-    let o = finish(imgpipe_s3(&env, &s3, dir, &["resume", "r"])).await;
+    let o = Imgpipe::on(&env, &["resume", "r"])
+        .s3(&s3)
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     assert_eq!(env.sandbox.ledger().len(), billed, "nothing paid again");
     assert_objects_agree(&s3, &outputs(dir).await, "s3://shots/runs/r/").await;
@@ -974,10 +993,8 @@ async fn killed_then_resumed_a_deleted_object_is_fetched_again_and_a_modified_on
     // end before it is killed, however fast the machine.
     let hold = env.sandbox.hold();
     env.sandbox.let_through(3);
-    let mut child = imgpipe_s3(
+    let mut child = Imgpipe::on(
         &env,
-        &s3,
-        dir,
         &[
             "run",
             "p.yaml",
@@ -989,6 +1006,10 @@ async fn killed_then_resumed_a_deleted_object_is_fetched_again_and_a_modified_on
             "1",
         ],
     )
+    .s3(&s3)
+    .sqlite_in(dir)
+    .retry_base_ms(20)
+    .command()
     .stdout(Stdio::null())
     .stderr(Stdio::null())
     .spawn()
@@ -1037,7 +1058,12 @@ async fn killed_then_resumed_a_deleted_object_is_fetched_again_and_a_modified_on
 
     // The dry run finds both (missing from the listing, or another size and ETag there, then
     // looked at) and touches nothing.
-    let o = finish(imgpipe_s3(&env, &s3, dir, &["resume", "r", "--dry-run"])).await;
+    let o = Imgpipe::on(&env, &["resume", "r", "--dry-run"])
+        .s3(&s3)
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     assert!(
         stdout(&o).contains("free: 2 file(s) missing or modified"),
@@ -1049,7 +1075,12 @@ async fn killed_then_resumed_a_deleted_object_is_fetched_again_and_a_modified_on
         users
     );
 
-    let o = finish(imgpipe_s3(&env, &s3, dir, &["resume", "r"])).await;
+    let o = Imgpipe::on(&env, &["resume", "r"])
+        .s3(&s3)
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let recorded = outputs(dir).await;
     assert_eq!(recorded.len(), 8, "{recorded:?}");
@@ -1079,7 +1110,12 @@ async fn other_schemes_exit_2_and_file_urls_are_paths() {
     let dir = env.dir.path();
     write(dir, "p.yaml", PIPELINE);
     for out in ["ftp://host/out", "gs://bucket/out", "s3://Bad_Bucket/x"] {
-        let o = finish(imgpipe_s3(&env, &s3, dir, &["run", "p.yaml", "--out", out])).await;
+        let o = Imgpipe::on(&env, &["run", "p.yaml", "--out", out])
+            .s3(&s3)
+            .sqlite_in(dir)
+            .retry_base_ms(20)
+            .run()
+            .await;
         assert_exit_without_panic(&o, 2);
         let said = stderr(&o);
         assert!(said.contains("the output place"), "{out}: {said}");
@@ -1089,13 +1125,12 @@ async fn other_schemes_exit_2_and_file_urls_are_paths() {
     }
     assert!(env.sandbox.ledger().is_empty());
     let out = format!("file://{}", dir.join("local").display());
-    let o = finish(imgpipe_s3(
-        &env,
-        &s3,
-        dir,
-        &["run", "p.yaml", "--run-id", "r", "--out", &out],
-    ))
-    .await;
+    let o = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "r", "--out", &out])
+        .s3(&s3)
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     assert!(dir.join("local/r/a/shot.png").is_file());
     assert!(dir.join("local/r/manifest.jsonl").is_file());
@@ -1127,13 +1162,12 @@ async fn large_outputs_go_up_in_parts_and_their_completion_never_replaces_an_obj
         .await
         .unwrap();
     s3.take_requests();
-    let o = finish(imgpipe_s3(
-        &env,
-        &s3,
-        dir,
-        &["run", "p.yaml", "--run-id", "r"],
-    ))
-    .await;
+    let o = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "r"])
+        .s3(&s3)
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     // What the store received: each output started as a multipart upload, its part put
     // (one: a part holds 8 MiB), and a completion carrying `If-None-Match: *`, which the
     // store refused where an object was already; that upload was then aborted.
@@ -1186,12 +1220,14 @@ async fn a_store_that_refuses_the_key_or_whose_port_is_closed_is_said_before_any
         ("AWS_ENDPOINT", closed, "s3://shots/runs/r/manifest.jsonl"),
     ];
     for (var, value, said_what) in cases {
-        let mut cmd = imgpipe_s3(
+        let mut cmd = Imgpipe::on(
             &env,
-            &s3,
-            dir,
             &["run", "p.yaml", "--run-id", "r", "--out", "s3://shots/runs"],
-        );
+        )
+        .s3(&s3)
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .command();
         cmd.env(var, &value).env("IMGPIPE_LOG", "debug");
         let o = finish(cmd).await;
         assert_exit_without_panic(&o, 2);
@@ -1247,12 +1283,14 @@ async fn a_resume_lists_the_prefix_and_looks_only_at_the_objects_that_disagree()
     );
     // The last item's upload is cut: the run is left unfinished, for a resume to review.
     s3.cut_uploads_to(Some("runs/r/i11/"));
-    let o = finish(imgpipe_s3(
+    let o = Imgpipe::on(
         &env,
-        &s3,
-        dir,
         &["run", "p.yaml", "--run-id", "r", "--out", "s3://shots/runs"],
-    ))
+    )
+    .s3(&s3)
+    .sqlite_in(dir)
+    .retry_base_ms(20)
+    .run()
     .await;
     assert_exit_without_panic(&o, 4);
     s3.cut_uploads_to(None);
@@ -1306,7 +1344,12 @@ async fn a_resume_lists_the_prefix_and_looks_only_at_the_objects_that_disagree()
 
     // The dry run lists the prefix, looks at the five the listing does not show as recorded,
     // finds the deleted and the modified one, and touches nothing.
-    let o = finish(imgpipe_s3(&env, &s3, dir, &["resume", "r", "--dry-run"])).await;
+    let o = Imgpipe::on(&env, &["resume", "r", "--dry-run"])
+        .s3(&s3)
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     assert!(
         stdout(&o).contains("free: 2 file(s) missing or modified"),
@@ -1349,7 +1392,12 @@ async fn a_resume_lists_the_prefix_and_looks_only_at_the_objects_that_disagree()
     for n in 0..10_000 {
         std::fs::write(notes.join(format!("n{n:04}.txt")), b"note").unwrap();
     }
-    let o = finish(imgpipe_s3(&env, &s3, dir, &["resume", "r"])).await;
+    let o = Imgpipe::on(&env, &["resume", "r"])
+        .s3(&s3)
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let log = s3.take_requests();
     eprintln!("resume: {:?}", counts(&log));

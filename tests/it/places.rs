@@ -86,7 +86,9 @@ async fn a_url_given_for_state_or_outputs_is_refused_and_nothing_is_created() {
         );
     }
 
-    let mut cmd = command(&["run", "p.yaml", "--sandbox"], cwd);
+    let mut cmd = Imgpipe::new(&["run", "p.yaml", "--sandbox"])
+        .cwd(cwd)
+        .command();
     cmd.env("IMGPIPE_STATE", mysql);
     let o = finish(cmd).await;
     assert_exit_without_panic(&o, 2);

@@ -27,7 +27,7 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 
 /// The binary in `cwd`, pointed at `env`'s sandbox when given, within [`RUN_LIMIT`].
 async fn run(env: Option<&Env>, args: &[&str], cwd: &Path) -> Output {
-    let mut cmd = command(args, cwd);
+    let mut cmd = Imgpipe::new(args).cwd(cwd).command();
     if let Some(env) = env {
         cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
             .env("IMGPIPE_API_KEY", env.sandbox.key());

@@ -18,19 +18,19 @@ use imgpipe::sandbox;
 use sqlx::Connection;
 
 use crate::common::{
-    Env, Watched, assert_exit_without_panic, command, finish, kill_child, postgres_database, start,
+    Env, Imgpipe, Watched, assert_exit_without_panic, finish, kill_child, postgres_database, start,
     state_connection, stderr, stdout, wait_until, within,
 };
 use crate::run::{config, edit_chain, write};
 
 /// `imgpipe ARGS --state URL` in `dir` against `env`'s sandbox.
 fn on(env: &Env, dir: &Path, url: &str, args: &[&str]) -> tokio::process::Command {
-    let mut all = args.to_vec();
-    all.extend_from_slice(&["--state", url]);
-    let mut cmd = command(&all, dir);
-    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
-        .env("IMGPIPE_API_KEY", env.sandbox.key())
-        .stdout(std::process::Stdio::piped())
+    let mut cmd = Imgpipe::new(args)
+        .cwd(dir)
+        .state(url)
+        .sandbox(env)
+        .command();
+    cmd.stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     cmd
 }
@@ -477,8 +477,14 @@ async fn a_pod_killed_with_state_in_postgres_and_outputs_in_a_bucket_is_taken_ov
         "2",
     ];
     let (a, b) = (host(&edit_chain(4, None)), host(&edit_chain(4, None)));
-    let mut cmd = on(&env, a.path(), &url, &args);
-    s3.env(&mut cmd);
+    let mut cmd = Imgpipe::new(&args)
+        .cwd(a.path())
+        .state(&url)
+        .sandbox(&env)
+        .s3(&s3)
+        .command();
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     // Three calls let through the gate, the next held: the first pod dies with work left,
     // however fast the machine.
     let hold = env.sandbox.hold();
@@ -505,9 +511,13 @@ async fn a_pod_killed_with_state_in_postgres_and_outputs_in_a_bucket_is_taken_ov
     assert!(left > 0, "the first pod left work to take over");
     let attempts_then = count(&url, "SELECT COUNT(*) FROM attempts").await;
 
-    let mut cmd = on(&env, b.path(), &url, &args);
-    s3.env(&mut cmd);
-    let second = finish(cmd).await;
+    let second = Imgpipe::new(&args)
+        .cwd(b.path())
+        .state(&url)
+        .sandbox(&env)
+        .s3(&s3)
+        .run()
+        .await;
     assert_exit_without_panic(&second, 0);
     assert!(
         count(&url, "SELECT COUNT(*) FROM attempts").await > attempts_then,

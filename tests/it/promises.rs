@@ -49,17 +49,26 @@ async fn a_postgres_password_reaches_no_output_log_or_row() {
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(2, None));
     // A run that stops part way prints the command that continues it, state URL included.
-    let run = imgpipe_on(
+    let run = Imgpipe::on(
         &env,
-        dir,
-        &url,
         &["-vv", "run", "p.yaml", "--run-id", "r", "--until", "clean"],
     )
+    .cwd(dir)
+    .state(&url)
+    .run()
     .await;
     assert_exit(&run, 7);
-    let status = imgpipe_on(&env, dir, &url, &["-vv", "status", "r"]).await;
+    let status = Imgpipe::on(&env, &["-vv", "status", "r"])
+        .cwd(dir)
+        .state(&url)
+        .run()
+        .await;
     assert_exit(&status, 0);
-    let runs = imgpipe_on(&env, dir, &url, &["runs", "--json"]).await;
+    let runs = Imgpipe::on(&env, &["runs", "--json"])
+        .cwd(dir)
+        .state(&url)
+        .run()
+        .await;
     assert_exit(&runs, 0);
     for (what, o) in [("run -vv", &run), ("status -vv", &status), ("runs", &runs)] {
         let text = format!("{}{}", stdout(o), stderr(o));
@@ -98,7 +107,7 @@ async fn commands_that_only_read_make_no_tables_in_an_empty_postgres_database() 
         &["spend"],
         &["cap", "list"],
     ] {
-        let o = imgpipe_on(&env, dir, &url, args).await;
+        let o = Imgpipe::on(&env, args).cwd(dir).state(&url).run().await;
         assert_exit(&o, 2);
         assert!(
             tables(&url).await.is_empty(),
@@ -122,7 +131,11 @@ async fn a_postgres_database_of_another_application_is_refused_and_left_alone() 
     let env = start_default().await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(1, None));
-    let o = imgpipe_on(&env, dir, &url, &["run", "p.yaml"]).await;
+    let o = Imgpipe::on(&env, &["run", "p.yaml"])
+        .cwd(dir)
+        .state(&url)
+        .run()
+        .await;
     assert_exit(&o, 2);
     assert_eq!(
         tables(&url).await,
@@ -141,7 +154,11 @@ async fn a_postgres_database_from_a_newer_imgpipe_is_refused_and_left_alone() {
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(1, None));
     assert_exit(
-        &imgpipe_on(&env, dir, &url, &["run", "p.yaml", "--run-id", "r"]).await,
+        &Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "r"])
+            .cwd(dir)
+            .state(&url)
+            .run()
+            .await,
         0,
     );
     execute(
@@ -153,7 +170,7 @@ async fn a_postgres_database_from_a_newer_imgpipe_is_refused_and_left_alone() {
     let before = tables(&url).await;
     let calls = env.sandbox.ledger().len();
     for args in [&["runs"][..], &["run", "p.yaml", "--run-id", "s"]] {
-        let o = imgpipe_on(&env, dir, &url, args).await;
+        let o = Imgpipe::on(&env, args).cwd(dir).state(&url).run().await;
         assert_exit(&o, 2);
         assert!(
             stderr(&o).contains("newer imgpipe"),
@@ -193,7 +210,7 @@ async fn a_one_off_command_the_service_refuses_as_invalid_exits_2_and_writes_not
             "out",
         ],
     ] {
-        let mut cmd = command(&args, dir);
+        let mut cmd = Imgpipe::new(&args).cwd(dir).command();
         cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
             .env("IMGPIPE_API_KEY", env.sandbox.key());
         let o = finish(cmd).await;

@@ -22,7 +22,12 @@ use crate::run::{config, edit_chain, state_path, write};
 /// `imgpipe ARGS` in `dir` against `env`'s sandbox, its state in `dir`.
 async fn on(env: &Env, dir: &std::path::Path, args: &[&str]) -> std::process::Output {
     let state = state_path(dir).display().to_string();
-    imgpipe_on(env, dir, &state, args).await
+    Imgpipe::on(env, args)
+        .cwd(dir)
+        .state(&state)
+        .run()
+        .await
+        .into()
 }
 
 /// Two generated items whose price is the service's word only: the file has no `pricing:`.
@@ -165,7 +170,7 @@ async fn run_by_default(
     if env.is_none() {
         args.push("--sandbox");
     }
-    let mut cmd = command(&args, dir);
+    let mut cmd = Imgpipe::new(&args).cwd(dir).command();
     cmd.env_remove("XDG_STATE_HOME")
         .env("HOME", dir.join("home"));
     if let Some(env) = env {
@@ -243,7 +248,7 @@ fn spawn_on(env: &Env, dir: &std::path::Path, args: &[&str]) -> Watched {
     let state = state_path(dir).display().to_string();
     let mut all = args.to_vec();
     all.extend_from_slice(&["--state", &state]);
-    let mut cmd = command(&all, dir);
+    let mut cmd = Imgpipe::new(&all).cwd(dir).command();
     cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
         .env("IMGPIPE_API_KEY", env.sandbox.key());
     Watched::start(cmd)
@@ -573,7 +578,9 @@ async fn a_run_killed_while_it_creates_its_database_leaves_none_at_the_path() {
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(1, None));
     let state = state_path(dir).display().to_string();
-    let mut cmd = command(&["run", "p.yaml", "--run-id", "r", "--state", &state], dir);
+    let mut cmd = Imgpipe::new(&["run", "p.yaml", "--run-id", "r", "--state", &state])
+        .cwd(dir)
+        .command();
     cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
         .env("IMGPIPE_API_KEY", env.sandbox.key())
         .env(imgpipe::failpoint::ENV, "state-created-unlinked");
@@ -784,7 +791,7 @@ async fn a_run_on_the_embedded_sandbox_is_not_resumed_by_a_later_process() {
     let sandboxed = |args: &[&str]| {
         let mut all = args.to_vec();
         all.extend_from_slice(&["--sandbox", "--state", &state]);
-        finish(command(&all, dir))
+        finish(Imgpipe::new(&all).cwd(dir).command())
     };
     let o = sandboxed(&["run", "p.yaml", "--run-id", "s", "--items", "first:1"]).await;
     assert_exit_without_panic(&o, 7);

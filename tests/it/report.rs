@@ -36,7 +36,7 @@ fn cmd(env: Option<&Env>, dir: &Path, cwd: &Path, args: &[&str]) -> Command {
         all.extend_from_slice(&["--retry-base-ms", "20"]);
     }
     all.extend_from_slice(&["--state", &state]);
-    let mut c = command(&all, cwd);
+    let mut c = Imgpipe::new(&all).cwd(cwd).command();
     if let Some(env) = env {
         c.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
             .env("IMGPIPE_API_KEY", env.sandbox.key());
@@ -1724,11 +1724,10 @@ async fn a_mistyped_state_path_is_reported_and_not_created() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let typo = dir.join("sate/state.db");
-    let o = finish(command(
-        &["report", "r", "--state", typo.to_str().unwrap()],
-        dir,
-    ))
-    .await;
+    let o = Imgpipe::new(&["report", "r", "--state", typo.to_str().unwrap()])
+        .cwd(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 2);
     let err = stderr(&o);
     assert!(
@@ -1744,11 +1743,10 @@ async fn a_mistyped_state_path_is_reported_and_not_created() {
     assert!(!dir.join("sate").exists());
     // No command that only reads (or resumes) what runs recorded makes one either.
     for args in [["status", "r"], ["resume", "r"]] {
-        let o = finish(command(
-            &[args[0], args[1], "--state", typo.to_str().unwrap()],
-            dir,
-        ))
-        .await;
+        let o = Imgpipe::new(&[args[0], args[1], "--state", typo.to_str().unwrap()])
+            .cwd(dir)
+            .run()
+            .await;
         assert_exit_without_panic(&o, 2);
         assert!(
             stderr(&o).contains("there is no state database"),
@@ -1757,7 +1755,10 @@ async fn a_mistyped_state_path_is_reported_and_not_created() {
         );
         assert!(!dir.join("sate").exists(), "{args:?} created it");
     }
-    let o = finish(command(&["runs", "--state", typo.to_str().unwrap()], dir)).await;
+    let o = Imgpipe::new(&["runs", "--state", typo.to_str().unwrap()])
+        .cwd(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     assert!(stdout(&o).contains("no runs yet"), "{}", stdout(&o));
     assert!(!dir.join("sate").exists(), "runs created it");

@@ -11,9 +11,17 @@ use crate::common::*;
 use crate::review::run_review;
 use crate::run::{config, edit_chain, state_path, write};
 
-/// The screenshot of a report, kept in the target directory for anyone to look at.
+/// The screenshot of a report, kept in the target directory for anyone to look at:
+/// `screenshots/PID/TEST-NAME.png`, so that test processes run at once (two checkouts, two
+/// runs of the suite) and tests in one process never write the same file.
 fn screenshot(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.png"))
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("test").replace("::", "-");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("screenshots")
+        .join(std::process::id().to_string());
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    dir.join(format!("{test}-{name}.png"))
 }
 
 /// The only report under `dir/out/<run id>/`.
@@ -93,20 +101,19 @@ async fn a_run_of_many_items_is_paged_and_still_loads_every_image() {
     let dir = env.dir.path();
     write(dir, "chain.yaml", &edit_chain(130, None));
     let state = state_path(dir).to_string_lossy().into_owned();
-    let mut cmd = command(
-        &[
-            "run",
-            "chain.yaml",
-            "--report",
-            "--state",
-            &state,
-            "--retry-base-ms",
-            "20",
-            "--concurrency",
-            "16",
-        ],
-        dir,
-    );
+    let mut cmd = Imgpipe::new(&[
+        "run",
+        "chain.yaml",
+        "--report",
+        "--state",
+        &state,
+        "--retry-base-ms",
+        "20",
+        "--concurrency",
+        "16",
+    ])
+    .cwd(dir)
+    .command();
     cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
         .env("IMGPIPE_API_KEY", env.sandbox.key());
     let o = finish(cmd).await;

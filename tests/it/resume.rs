@@ -26,45 +26,6 @@ use crate::run::{CHAIN_CREDITS, both, config, edit_chain, manifest, state_path, 
 
 type Command = tokio::process::Command;
 
-/// `imgpipe ARGS --state DIR/state.db` in `cwd`, pointed at `base` with `env`'s key.
-fn imgpipe_at(env: &Env, base: &str, state_dir: &Path, cwd: &Path, args: &[&str]) -> Command {
-    let state = state_path(state_dir).to_string_lossy().into_owned();
-    let mut all = args.to_vec();
-    all.extend_from_slice(&["--state", &state]);
-    let mut cmd = command(&all, cwd);
-    cmd.env("IMGPIPE_BASE_URL", base)
-        .env("IMGPIPE_API_KEY", env.sandbox.key());
-    cmd
-}
-
-/// A command that runs tasks: `run` or `resume`, with fast retries.
-fn task_command(env: &Env, dir: &Path, sub: &str, args: &[&str]) -> Command {
-    let mut all = vec![sub];
-    all.extend_from_slice(args);
-    all.extend_from_slice(&["--retry-base-ms", "20"]);
-    imgpipe_at(env, env.sandbox.base_url().as_str(), dir, dir, &all)
-}
-
-async fn run(env: &Env, dir: &Path, args: &[&str]) -> Output {
-    finish(task_command(env, dir, "run", args)).await
-}
-
-async fn resume(env: &Env, dir: &Path, args: &[&str]) -> Output {
-    finish(task_command(env, dir, "resume", args)).await
-}
-
-/// `runs` or `status`: they take only `--state` (and the global flags).
-async fn query(env: &Env, dir: &Path, args: &[&str]) -> Output {
-    finish(imgpipe_at(
-        env,
-        env.sandbox.base_url().as_str(),
-        dir,
-        dir,
-        args,
-    ))
-    .await
-}
-
 /// Starts `cmd` with the sandbox held, lets its paid calls through the gate one at a time
 /// until `cond` holds of the sandbox while a call is still held there, sends SIGINT, waits
 /// until the run says it sends no new calls, lets the held calls finish, and returns what the
@@ -83,12 +44,13 @@ pub(crate) async fn interrupt_when(env: &Env, cmd: Command, cond: impl Fn(&Env) 
 /// Runs `p.yaml` in the sandbox's directory as run `r`, one call at a time, and interrupts it
 /// (exit 130) once `calls` calls were billed.
 async fn interrupt_run_r(env: &Env, calls: usize) -> Output {
-    let cmd = task_command(
+    let cmd = Imgpipe::on(
         env,
-        env.dir.path(),
-        "run",
-        &["p.yaml", "--run-id", "r", "--concurrency", "1"],
-    );
+        &["run", "p.yaml", "--run-id", "r", "--concurrency", "1"],
+    )
+    .sqlite_in(env.dir.path())
+    .retry_base_ms(20)
+    .command();
     let o = interrupt_when(env, cmd, |env| env.sandbox.ledger().len() >= calls).await;
     assert_exit_without_panic(&o, 130);
     o
@@ -115,11 +77,6 @@ pub(crate) async fn connect(dir: &Path) -> sqlx::SqliteConnection {
         .connect()
         .await
         .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()))
-}
-
-/// The state database, read while no imgpipe process is running.
-async fn read_db(dir: &Path) -> Db {
-    Db::read_file(&state_path(dir)).await
 }
 
 /// The live task `item/step` of `run`.
@@ -347,7 +304,7 @@ async fn an_interrupted_run_resumes_paying_only_for_the_rest_and_fetches_lost_fi
     let err = stderr(&o);
     assert!(err.contains("interrupted"), "{err}");
     assert!(err.contains("continue with"), "{err}");
-    let db = read_db(dir).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_eq!(db.run_status("r"), "interrupted");
     assert!(db.attempts.iter().all(|a| a.outcome.is_some()), "{db:#?}");
     assert_ledger_agrees(&env, &db);
@@ -381,7 +338,10 @@ async fn an_interrupted_run_resumes_paying_only_for_the_rest_and_fetches_lost_fi
     std::fs::write(run_dir.join("i00/big.png"), &junk).unwrap();
 
     // `status` reads the record alone.
-    let o = query(&env, dir, &["status", "r", "--json"]).await;
+    let o = Imgpipe::on(&env, &["status", "r", "--json"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let status = json_stdout(&o);
     assert_eq!(status["status"], "interrupted", "{status:#}");
@@ -404,7 +364,11 @@ async fn an_interrupted_run_resumes_paying_only_for_the_rest_and_fetches_lost_fi
 
     // The dry run says what resuming pays for, and touches nothing: not even the modified file.
     let before = still(&env, dir).await;
-    let o = resume(&env, dir, &["r", "--dry-run"]).await;
+    let o = Imgpipe::on(&env, &["resume", "r", "--dry-run"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let text = stdout(&o);
     assert!(
@@ -423,7 +387,11 @@ async fn an_interrupted_run_resumes_paying_only_for_the_rest_and_fetches_lost_fi
         text.contains("free: 2 file(s) missing or modified"),
         "{text}"
     );
-    let o = resume(&env, dir, &["r", "--dry-run", "--json"]).await;
+    let o = Imgpipe::on(&env, &["resume", "r", "--dry-run", "--json"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let doc = json_stdout(&o);
     assert_eq!(doc["credits"], remaining, "{doc:#}");
@@ -439,7 +407,11 @@ async fn an_interrupted_run_resumes_paying_only_for_the_rest_and_fetches_lost_fi
     assert_eq!(std::fs::read(run_dir.join("i00/big.png")).unwrap(), junk);
 
     // The resume: the rest paid once, the lost files fetched again from their jobs for free.
-    let o = resume(&env, dir, &["r", "--json"]).await;
+    let o = Imgpipe::on(&env, &["resume", "r", "--json"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let summary = json_stdout(&o);
     assert_eq!(summary["status"], "succeeded", "{summary:#}");
@@ -452,7 +424,7 @@ async fn an_interrupted_run_resumes_paying_only_for_the_rest_and_fetches_lost_fi
         12,
         "each task billed exactly once: {ledger:#?}"
     );
-    let db = read_db(dir).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_eq!(db.run_status("r"), "succeeded");
     assert_ledger_agrees(&env, &db);
     for t in &done {
@@ -520,7 +492,11 @@ async fn a_resume_removes_the_temporary_files_a_killed_process_left() {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(path, b"half an image").unwrap();
     }
-    let o = resume(&env, dir, &["r"]).await;
+    let o = Imgpipe::on(&env, &["resume", "r"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     for path in &left {
         assert!(
@@ -537,13 +513,21 @@ async fn a_finished_run_is_only_summarised_even_offline_and_an_unknown_id_exits_
     let env = start(config()).await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(2, None));
-    let first = run(&env, dir, &["p.yaml", "--run-id", "done"]).await;
+    let first = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "done"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&first, 0);
     let before = still(&env, dir).await;
     let api_requests = env.sandbox.stats().api_requests;
 
     // Against the sandbox: not one request of any kind.
-    let again = run(&env, dir, &["p.yaml", "--run-id", "done"]).await;
+    let again = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "done"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&again, 0);
     assert_eq!(stdout(&again), stdout(&first));
     assert_eq!(env.sandbox.stats().api_requests, api_requests);
@@ -554,7 +538,11 @@ async fn a_finished_run_is_only_summarised_even_offline_and_an_unknown_id_exits_
         &["run", "p.yaml", "--run-id", "done"][..],
         &["resume", "done"][..],
     ] {
-        let o = finish(imgpipe_at(&env, &closed, dir, dir, sub)).await;
+        let o = Imgpipe::on(&env, sub)
+            .service(&closed, env.sandbox.key())
+            .sqlite_in(dir)
+            .run()
+            .await;
         assert_exit_without_panic(&o, 0);
         assert!(
             stdout(&o).starts_with("run done: succeeded"),
@@ -567,31 +555,35 @@ async fn a_finished_run_is_only_summarised_even_offline_and_an_unknown_id_exits_
             stdout(&o)
         );
     }
-    let o = finish(imgpipe_at(
-        &env,
-        &closed,
-        dir,
-        dir,
-        &["resume", "done", "--dry-run"],
-    ))
-    .await;
+    let o = Imgpipe::on(&env, &["resume", "done", "--dry-run"])
+        .service(&closed, env.sandbox.key())
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     assert!(stdout(&o).contains("nothing to pay for"), "{}", both(&o));
     assert_still(&env, dir, &before, "a finished run run again").await;
 
     // An unknown run: exit 2, and a pointer to the list.
-    let o = resume(&env, dir, &["nope"]).await;
+    let o = Imgpipe::on(&env, &["resume", "nope"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 2);
     let err = stderr(&o);
     assert!(err.contains("\"nope\""), "{err}");
     assert!(err.contains("imgpipe runs"), "{err}");
-    let o = query(&env, dir, &["status", "nope"]).await;
+    let o = Imgpipe::on(&env, &["status", "nope"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 2);
     assert!(stderr(&o).contains("imgpipe runs"), "{}", stderr(&o));
     assert_still(&env, dir, &before, "an unknown run").await;
 
     // The list of runs.
-    let o = query(&env, dir, &["runs"]).await;
+    let o = Imgpipe::on(&env, &["runs"]).sqlite_in(dir).run().await;
     assert_exit_without_panic(&o, 0);
     let text = stdout(&o);
     let header = text.lines().next().unwrap();
@@ -604,7 +596,10 @@ async fn a_finished_run_is_only_summarised_even_offline_and_an_unknown_id_exits_
         ["done", "chain", "succeeded", "18", "18"],
         "{text}"
     );
-    let o = query(&env, dir, &["runs", "--json"]).await;
+    let o = Imgpipe::on(&env, &["runs", "--json"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let runs = json_stdout(&o);
     let runs = runs.as_array().unwrap();
@@ -626,12 +621,21 @@ async fn a_run_stopped_by_the_balance_is_refused_over_max_credits_then_finished_
     let env = start(config()).await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(items, None));
-    let cmd = task_command(
+    let cmd = Imgpipe::on(
         &env,
-        dir,
-        "run",
-        &["p.yaml", "--run-id", "r", "--concurrency", "2", "--json"],
-    );
+        &[
+            "run",
+            "p.yaml",
+            "--run-id",
+            "r",
+            "--concurrency",
+            "2",
+            "--json",
+        ],
+    )
+    .sqlite_in(dir)
+    .retry_base_ms(20)
+    .command();
     // Someone else spends the account down once four calls are billed, the calls after them
     // held in flight: those are refused for lack of credits.
     let hold = env.sandbox.hold();
@@ -643,7 +647,7 @@ async fn a_run_stopped_by_the_balance_is_refused_over_max_credits_then_finished_
     assert_exit_without_panic(&o, 3);
     let summary = json_stdout(&o);
     assert_eq!(summary["status"], "stopped", "{summary:#}");
-    let db = read_db(dir).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_eq!(db.run_status("r"), "stopped");
     assert_record_agrees_with_ledger(&env, &db);
     let spent: u64 = env.sandbox.ledger().iter().map(|e| e.credits).sum();
@@ -652,7 +656,10 @@ async fn a_run_stopped_by_the_balance_is_refused_over_max_credits_then_finished_
     assert!(left > 0);
 
     // The list shows it stopped, with what it was billed.
-    let o = query(&env, dir, &["runs", "--json"]).await;
+    let o = Imgpipe::on(&env, &["runs", "--json"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let runs = json_stdout(&o);
     assert_eq!(runs[0]["status"], "stopped", "{runs:#}");
@@ -663,7 +670,11 @@ async fn a_run_stopped_by_the_balance_is_refused_over_max_credits_then_finished_
     env.sandbox.set_balance(1000);
     let before = still(&env, dir).await;
     let cap = (spent + left - 1).to_string();
-    let o = resume(&env, dir, &["r", "--max-credits", &cap]).await;
+    let o = Imgpipe::on(&env, &["resume", "r", "--max-credits", &cap])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 3);
     let err = stderr(&o);
     assert!(
@@ -678,7 +689,11 @@ async fn a_run_stopped_by_the_balance_is_refused_over_max_credits_then_finished_
 
     // Exactly enough: it finishes, every task paid once over both processes.
     let cap = total.to_string();
-    let o = resume(&env, dir, &["r", "--max-credits", &cap, "--json"]).await;
+    let o = Imgpipe::on(&env, &["resume", "r", "--max-credits", &cap, "--json"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let summary = json_stdout(&o);
     assert_eq!(summary["succeeded"], 3 * items, "{summary:#}");
@@ -686,7 +701,7 @@ async fn a_run_stopped_by_the_balance_is_refused_over_max_credits_then_finished_
     let ledger = env.sandbox.ledger();
     assert_eq!(ledger.len(), 3 * items, "{ledger:#?}");
     assert_eq!(ledger.iter().map(|e| e.credits).sum::<u64>(), total);
-    let db = read_db(dir).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_eq!(db.run_status("r"), "succeeded");
     assert_record_agrees_with_ledger(&env, &db);
     assert_eq!(env.sandbox.balance(), 1000 - (total - spent) as i64);
@@ -707,12 +722,13 @@ async fn killed_with_two_calls_in_flight(env: &Env) {
     write(dir, "p.yaml", &edit_chain(3, None));
     let hold = env.sandbox.hold();
     env.sandbox.let_through(1);
-    let mut child = task_command(
+    let mut child = Imgpipe::on(
         env,
-        dir,
-        "run",
-        &["p.yaml", "--run-id", "k", "--concurrency", "2"],
+        &["run", "p.yaml", "--run-id", "k", "--concurrency", "2"],
     )
+    .sqlite_in(dir)
+    .retry_base_ms(20)
+    .command()
     .stdout(Stdio::null())
     .stderr(Stdio::null())
     .spawn()
@@ -735,7 +751,7 @@ async fn killed_with_two_calls_in_flight(env: &Env) {
         BTreeSet::from([("erase", true), ("upscale", false), ("erase", false)]),
         "{ledger:#?}"
     );
-    let db = read_db(dir).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_eq!(db.run_status("k"), "running", "a killed run says nothing");
     let orphans: Vec<_> = db.attempts.iter().filter(|a| a.outcome.is_none()).collect();
     assert_eq!(orphans.len(), 2, "{:#?}", db.attempts);
@@ -754,7 +770,10 @@ async fn calls_in_flight_when_the_process_was_killed_are_ambiguous_and_called_ag
     killed_with_two_calls_in_flight(&env).await;
 
     // status and runs show the two calls as possibly billed.
-    let o = query(&env, dir, &["status", "k", "--json"]).await;
+    let o = Imgpipe::on(&env, &["status", "k", "--json"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let status = json_stdout(&o);
     assert_eq!(status["status"], "interrupted", "{status:#}");
@@ -774,21 +793,31 @@ async fn calls_in_flight_when_the_process_was_killed_are_ambiguous_and_called_ag
     );
     assert_eq!(status["ambiguous_attempts"], 2, "{status:#}");
     assert_eq!(status["possibly_billed_credits"], 4, "{status:#}");
-    let o = query(&env, dir, &["status", "k"]).await;
+    let o = Imgpipe::on(&env, &["status", "k"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     assert!(
         stdout(&o).contains("possibly billed: i01/clean[0] POST /v1/images/tools/erase"),
         "{}",
         stdout(&o)
     );
-    let o = query(&env, dir, &["runs", "--json"]).await;
+    let o = Imgpipe::on(&env, &["runs", "--json"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     let runs = json_stdout(&o);
     assert_eq!(runs[0]["status"], "interrupted", "{runs:#}");
     assert_eq!(runs[0]["possibly_billed"], 4, "{runs:#}");
 
     // The dry run names them ambiguous, and settles nothing.
     let before = still(&env, dir).await;
-    let o = resume(&env, dir, &["k", "--dry-run", "--json"]).await;
+    let o = Imgpipe::on(&env, &["resume", "k", "--dry-run", "--json"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let doc = json_stdout(&o);
     assert_eq!(doc["by_reason"]["ambiguous"]["tasks"], 2, "{doc:#}");
@@ -796,7 +825,11 @@ async fn calls_in_flight_when_the_process_was_killed_are_ambiguous_and_called_ag
     assert_eq!(doc["by_reason"]["never started"]["tasks"], 6, "{doc:#}");
     assert_eq!(doc["credits"], 3 * CHAIN_CREDITS - 2, "{doc:#}");
     assert_eq!(doc["kept"], 1, "{doc:#}");
-    let o = resume(&env, dir, &["k", "--dry-run"]).await;
+    let o = Imgpipe::on(&env, &["resume", "k", "--dry-run"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let text = stdout(&o);
     assert!(text.contains("ambiguous: 2 task(s), 4 credits"), "{text}");
@@ -810,7 +843,11 @@ async fn calls_in_flight_when_the_process_was_killed_are_ambiguous_and_called_ag
     assert_still(&env, dir, &before, "resume --dry-run").await;
 
     // Resumed with the default --on-ambiguous retry: both are called again.
-    let o = resume(&env, dir, &["k", "--json"]).await;
+    let o = Imgpipe::on(&env, &["resume", "k", "--json"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let summary = json_stdout(&o);
     assert_eq!(summary["succeeded"], 9, "{summary:#}");
@@ -819,7 +856,7 @@ async fn calls_in_flight_when_the_process_was_killed_are_ambiguous_and_called_ag
     assert_eq!(billed_for(&env, "erase"), 4, "one lost, three delivered");
     assert_eq!(billed_for(&env, "upscale"), 4, "one lost, three delivered");
     assert_eq!(env.sandbox.ledger().len(), 11);
-    let db = read_db(dir).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_eq!(db.run_status("k"), "succeeded");
     assert_ledger_agrees(&env, &db);
     for (item, step) in ORPHANS {
@@ -857,18 +894,23 @@ async fn answers_cut_after_naming_their_job_across_an_interruption_are_never_pai
     .await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(items, None));
-    let cmd = task_command(
+    let cmd = Imgpipe::on(
         &env,
-        dir,
-        "run",
-        &["p.yaml", "--run-id", "r", "--concurrency", "2"],
-    );
+        &["run", "p.yaml", "--run-id", "r", "--concurrency", "2"],
+    )
+    .sqlite_in(dir)
+    .retry_base_ms(20)
+    .command();
     let o = interrupt_when(&env, cmd, |env| {
         env.sandbox.stats().partial_answers >= 1 && env.sandbox.ledger().len() >= 3
     })
     .await;
     assert_exit_without_panic(&o, 130);
-    let o = resume(&env, dir, &["r", "--json"]).await;
+    let o = Imgpipe::on(&env, &["resume", "r", "--json"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let summary = json_stdout(&o);
     assert_eq!(summary["succeeded"], 3 * items, "{summary:#}");
@@ -884,7 +926,7 @@ async fn answers_cut_after_naming_their_job_across_an_interruption_are_never_pai
         ledger.iter().filter(|e| e.partial).count() >= 3,
         "{ledger:#?}"
     );
-    let db = read_db(dir).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_eq!(db.run_status("r"), "succeeded");
     assert_ledger_agrees(&env, &db);
     assert_files_agree(dir, &db, "r");
@@ -925,7 +967,10 @@ async fn killed_while_reading_back_a_cut_answer_the_resume_reads_it_back_for_fre
     .await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(1, None));
-    let mut child = task_command(&env, dir, "run", &["p.yaml", "--run-id", "k"])
+    let mut child = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "k"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .command()
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -961,13 +1006,21 @@ async fn killed_while_reading_back_a_cut_answer_the_resume_reads_it_back_for_fre
     // sandbox's second pass first.
     let turn = Duration::from_millis(1100);
     tokio::time::sleep(turn).await;
-    let o = resume(&env, dir, &["k", "--dry-run", "--json"]).await;
+    let o = Imgpipe::on(&env, &["resume", "k", "--dry-run", "--json"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let doc = json_stdout(&o);
     assert_eq!(doc["recover_by_job_id"], 1, "{doc:#}");
 
     tokio::time::sleep(turn).await;
-    let o = resume(&env, dir, &["k", "--json"]).await;
+    let o = Imgpipe::on(&env, &["resume", "k", "--json"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let summary = json_stdout(&o);
     assert_eq!(summary["succeeded"], 3, "{summary:#}");
@@ -979,7 +1032,7 @@ async fn killed_while_reading_back_a_cut_answer_the_resume_reads_it_back_for_fre
         1,
         "the cut upscale was not paid for again"
     );
-    let db = read_db(dir).await;
+    let db = Db::read_file(&state_path(dir)).await;
     let big = task_in(&db, "k", "i00", "big");
     assert_eq!(big.job_id.as_deref(), Some(job.as_str()));
     // Calls the sandbox refused with a 429 billed nothing; one call was sent and billed.
@@ -1017,13 +1070,19 @@ async fn a_killed_run_reads_interrupted_in_status_runs_and_report_with_the_comma
     killed_with_two_calls_in_flight(&env).await;
     let resume_with = format!("imgpipe resume k --state {}", state_path(dir).display());
 
-    let o = query(&env, dir, &["status", "k", "--json"]).await;
+    let o = Imgpipe::on(&env, &["status", "k", "--json"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let status = json_stdout(&o);
     assert_eq!(status["status"], "interrupted", "{status:#}");
     assert_eq!(status["process"]["alive"], false, "{status:#}");
     assert_eq!(status["continue_with"], resume_with.as_str(), "{status:#}");
-    let o = query(&env, dir, &["status", "k"]).await;
+    let o = Imgpipe::on(&env, &["status", "k"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let text = stdout(&o);
     assert!(text.starts_with("run k: interrupted\n"), "{text}");
@@ -1036,13 +1095,16 @@ async fn a_killed_run_reads_interrupted_in_status_runs_and_report_with_the_comma
         "{text}"
     );
 
-    let o = query(&env, dir, &["runs", "--json"]).await;
+    let o = Imgpipe::on(&env, &["runs", "--json"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let runs = json_stdout(&o);
     assert_eq!(runs[0]["status"], "interrupted", "{runs:#}");
     assert_eq!(runs[0]["process"]["alive"], false, "{runs:#}");
     assert_eq!(runs[0]["continue_with"], resume_with.as_str(), "{runs:#}");
-    let o = query(&env, dir, &["runs"]).await;
+    let o = Imgpipe::on(&env, &["runs"]).sqlite_in(dir).run().await;
     assert_exit_without_panic(&o, 0);
     let text = stdout(&o);
     let line = text.lines().find(|l| l.starts_with("k ")).unwrap();
@@ -1052,7 +1114,10 @@ async fn a_killed_run_reads_interrupted_in_status_runs_and_report_with_the_comma
         "{text}"
     );
 
-    let o = query(&env, dir, &["report", "k", "--json"]).await;
+    let o = Imgpipe::on(&env, &["report", "k", "--json"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let written = json_stdout(&o);
     assert_eq!(written["status"], "interrupted", "{written:#}");
@@ -1078,17 +1143,21 @@ async fn a_killed_run_reads_interrupted_in_status_runs_and_report_with_the_comma
     assert!(page.contains("a call was in flight when the run ended"));
 
     // Only said: the record is unchanged, and the command it names finishes the run.
-    assert_eq!(read_db(dir).await.run_status("k"), "running");
-    let o = finish(imgpipe_at(
-        &env,
-        env.sandbox.base_url().as_str(),
-        dir,
-        dir,
-        &["resume", "k", "--retry-base-ms", "20"],
-    ))
-    .await;
+    assert_eq!(
+        Db::read_file(&state_path(dir)).await.run_status("k"),
+        "running"
+    );
+    let o = Imgpipe::on(&env, &["resume", "k", "--retry-base-ms", "20"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
-    let status = json_stdout(&query(&env, dir, &["status", "k", "--json"]).await);
+    let status = json_stdout(
+        &Imgpipe::on(&env, &["status", "k", "--json"])
+            .sqlite_in(dir)
+            .run()
+            .await,
+    );
     assert_eq!(status["status"], "succeeded", "{status:#}");
     assert!(status.get("process").is_none(), "{status:#}");
     assert!(status.get("continue_with").is_none(), "{status:#}");
@@ -1103,12 +1172,13 @@ async fn a_run_whose_process_is_alive_reads_running_with_its_pid_even_while_stop
     write(dir, "p.yaml", &edit_chain(3, None));
     let hold = env.sandbox.hold();
     env.sandbox.let_through(2);
-    let child = task_command(
+    let child = Imgpipe::on(
         &env,
-        dir,
-        "run",
-        &["p.yaml", "--run-id", "g", "--concurrency", "1"],
+        &["run", "p.yaml", "--run-id", "g", "--concurrency", "1"],
     )
+    .sqlite_in(dir)
+    .retry_base_ms(20)
+    .command()
     .stdout(Stdio::null())
     .stderr(Stdio::null())
     .spawn()
@@ -1120,26 +1190,42 @@ async fn a_run_whose_process_is_alive_reads_running_with_its_pid_even_while_stop
     .await;
     send_signal(pid, libc::SIGSTOP);
 
-    let o = query(&env, dir, &["status", "g", "--json"]).await;
+    let o = Imgpipe::on(&env, &["status", "g", "--json"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let status = json_stdout(&o);
     assert_eq!(status["status"], "running", "{status:#}");
     assert_eq!(status["process"]["alive"], true, "{status:#}");
     assert_eq!(status["process"]["pid"], pid, "{status:#}");
     assert!(status.get("continue_with").is_none(), "{status:#}");
-    let text = stdout(&query(&env, dir, &["status", "g"]).await);
+    let text = stdout(
+        &Imgpipe::on(&env, &["status", "g"])
+            .sqlite_in(dir)
+            .run()
+            .await,
+    );
     assert!(text.starts_with("run g: running\n"), "{text}");
     assert!(
         text.contains(&format!("  process   going: pid {pid} on ")),
         "{text}"
     );
     assert!(!text.contains("continue"), "{text}");
-    let runs = json_stdout(&query(&env, dir, &["runs", "--json"]).await);
+    let runs = json_stdout(
+        &Imgpipe::on(&env, &["runs", "--json"])
+            .sqlite_in(dir)
+            .run()
+            .await,
+    );
     assert_eq!(runs[0]["status"], "running", "{runs:#}");
     assert_eq!(runs[0]["process"]["pid"], pid, "{runs:#}");
-    let text = stdout(&query(&env, dir, &["runs"]).await);
+    let text = stdout(&Imgpipe::on(&env, &["runs"]).sqlite_in(dir).run().await);
     assert!(!text.contains("hint:"), "{text}");
-    let o = query(&env, dir, &["report", "g", "--json"]).await;
+    let o = Imgpipe::on(&env, &["report", "g", "--json"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let written = json_stdout(&o);
     assert_eq!(written["status"], "running", "{written:#}");
@@ -1167,14 +1253,18 @@ async fn with_on_ambiguous_fail_calls_in_flight_at_a_kill_fail_their_task_and_bl
     let dir = env.dir.path();
     killed_with_two_calls_in_flight(&env).await;
 
-    let o = resume(&env, dir, &["k", "--on-ambiguous", "fail"]).await;
+    let o = Imgpipe::on(&env, &["resume", "k", "--on-ambiguous", "fail"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 4);
     // Only i02's chain was paid; the two lost calls were not sent again.
     let ledger = env.sandbox.ledger();
     assert_eq!(ledger.len(), 6, "{ledger:#?}");
     assert_eq!(billed_for(&env, "erase"), 3, "{ledger:#?}");
     assert_eq!(billed_for(&env, "upscale"), 2, "{ledger:#?}");
-    let db = read_db(dir).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_ledger_agrees(&env, &db);
     let text = stdout(&o);
     let blocked = [("i00", "cutout"), ("i01", "big"), ("i01", "cutout")];
@@ -1200,7 +1290,10 @@ async fn with_on_ambiguous_fail_calls_in_flight_at_a_kill_fail_their_task_and_bl
     assert_files_agree(dir, &db, "k");
 
     // status names the failures and their reasons.
-    let o = query(&env, dir, &["status", "k", "--json"]).await;
+    let o = Imgpipe::on(&env, &["status", "k", "--json"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let status = json_stdout(&o);
     let failures = status["failures"].as_array().unwrap();
@@ -1236,10 +1329,14 @@ async fn with_on_ambiguous_fail_calls_in_flight_at_a_kill_fail_their_task_and_bl
     );
 
     // The user decides to pay for them after all: resumed with retry, the run finishes.
-    let o = resume(&env, dir, &["k"]).await;
+    let o = Imgpipe::on(&env, &["resume", "k"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     assert_eq!(env.sandbox.ledger().len(), 11);
-    let db = read_db(dir).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_ledger_agrees(&env, &db);
     assert_eq!(db.count_in("k", "succeeded"), 9);
     assert_files_agree(dir, &db, "k");
@@ -1256,12 +1353,20 @@ async fn resume_dry_run_lists_failed_and_blocked_tasks_with_their_credits_and_wr
     // i01's image is no sample of the sandbox: its erase is refused (400, nothing billed).
     let text = edit_chain(3, None).replace("assets/lamp.png", "assets/sofa.png");
     write(dir, "p.yaml", &text);
-    let o = run(&env, dir, &["p.yaml", "--run-id", "r"]).await;
+    let o = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "r"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 4);
     assert_eq!(env.sandbox.ledger().len(), 6);
 
     let before = still(&env, dir).await;
-    let o = resume(&env, dir, &["r", "--dry-run"]).await;
+    let o = Imgpipe::on(&env, &["resume", "r", "--dry-run"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let text = stdout(&o);
     assert!(
@@ -1276,7 +1381,11 @@ async fn resume_dry_run_lists_failed_and_blocked_tasks_with_their_credits_and_wr
         "{failed}"
     );
     assert!(text.contains("kept: 6 task(s) already done"), "{text}");
-    let o = resume(&env, dir, &["r", "--dry-run", "--json"]).await;
+    let o = Imgpipe::on(&env, &["resume", "r", "--dry-run", "--json"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let doc = json_stdout(&o);
     assert_eq!(doc["credits"], 9, "{doc:#}");
@@ -1306,7 +1415,7 @@ async fn a_changed_pipeline_is_refused_and_with_allow_changes_only_what_changed_
     let original = edit_chain(3, None);
     write(dir, "p.yaml", &original);
     interrupt_run_r(&env, 4).await;
-    let db = read_db(dir).await;
+    let db = Db::read_file(&state_path(dir)).await;
     let done: Vec<TaskRow> = db
         .tasks_of("r")
         .into_iter()
@@ -1327,7 +1436,11 @@ async fn a_changed_pipeline_is_refused_and_with_allow_changes_only_what_changed_
     let changed = original.replace("desired_increase: 2", "desired_increase: 4");
     write(dir, "p.yaml", &changed);
     let before = still(&env, dir).await;
-    let o = resume(&env, dir, &["r"]).await;
+    let o = Imgpipe::on(&env, &["resume", "r"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 3);
     let err = stderr(&o);
     assert!(err.contains("the pipeline changed"), "{err}");
@@ -1340,7 +1453,14 @@ async fn a_changed_pipeline_is_refused_and_with_allow_changes_only_what_changed_
     assert!(err.contains("--allow-changes"), "{err}");
     assert_still(&env, dir, &before, "a refused resume").await;
 
-    let o = resume(&env, dir, &["r", "--dry-run", "--allow-changes", "--json"]).await;
+    let o = Imgpipe::on(
+        &env,
+        &["resume", "r", "--dry-run", "--allow-changes", "--json"],
+    )
+    .sqlite_in(dir)
+    .retry_base_ms(20)
+    .run()
+    .await;
     assert_exit_without_panic(&o, 0);
     let doc = json_stdout(&o);
     assert_eq!(
@@ -1351,7 +1471,11 @@ async fn a_changed_pipeline_is_refused_and_with_allow_changes_only_what_changed_
     assert_eq!(doc["kept"], clean_done, "{doc:#}");
     assert_still(&env, dir, &before, "resume --dry-run --allow-changes").await;
 
-    let o = resume(&env, dir, &["r", "--allow-changes", "--json"]).await;
+    let o = Imgpipe::on(&env, &["resume", "r", "--allow-changes", "--json"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let summary = json_stdout(&o);
     assert_eq!(summary["status"], "succeeded", "{summary:#}");
@@ -1359,7 +1483,7 @@ async fn a_changed_pipeline_is_refused_and_with_allow_changes_only_what_changed_
     // Everything but the erases already done was called (again).
     let ledger = env.sandbox.ledger();
     assert_eq!(ledger.len(), paid_before + 9 - clean_done, "{ledger:#?}");
-    let db = read_db(dir).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_ledger_agrees(&env, &db);
     assert_eq!(
         db.run("r").pipeline_text,
@@ -1417,19 +1541,16 @@ async fn a_run_resumes_from_its_own_copy_of_the_pipeline_when_the_file_is_gone()
     // From another directory, as cron would.
     let elsewhere = dir.join("elsewhere");
     std::fs::create_dir(&elsewhere).unwrap();
-    let cmd = imgpipe_at(
-        &env,
-        env.sandbox.base_url().as_str(),
-        dir,
-        &elsewhere,
-        &["resume", "r", "--retry-base-ms", "20"],
-    );
-    let o = finish(cmd).await;
+    let o = Imgpipe::on(&env, &["resume", "r", "--retry-base-ms", "20"])
+        .cwd(&elsewhere)
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     assert!(stderr(&o).contains("is gone"), "{}", stderr(&o));
     assert!(stdout(&o).starts_with("run r: succeeded"), "{}", both(&o));
     assert_eq!(env.sandbox.ledger().len(), 6, "each task paid once");
-    let db = read_db(dir).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_ledger_agrees(&env, &db);
     assert_eq!(db.count_in("r", "succeeded"), 6);
     assert!(
@@ -1447,13 +1568,17 @@ async fn an_item_dropped_by_allow_changes_and_then_put_back_runs_in_the_same_run
     write(dir, "p.yaml", &original);
     let one_at_a_time = ["r", "--concurrency", "1"];
     interrupt_run_r(&env, 4).await;
-    let db = read_db(dir).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_eq!(task_in(&db, "r", "i03", "clean").status, "pending");
 
     // i03 dropped from the file: refused without --allow-changes, dropped with it.
     write(dir, "p.yaml", &edit_chain(3, None));
     let before = still(&env, dir).await;
-    let o = resume(&env, dir, &["r"]).await;
+    let o = Imgpipe::on(&env, &["resume", "r"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 3);
     let err = stderr(&o);
     assert!(has_phrase(&err, "0 item(s) added, 1 removed"), "{err}");
@@ -1462,7 +1587,14 @@ async fn an_item_dropped_by_allow_changes_and_then_put_back_runs_in_the_same_run
         "{err}"
     );
     assert_still(&env, dir, &before, "a refused resume").await;
-    let o = resume(&env, dir, &["r", "--allow-changes", "--dry-run", "--json"]).await;
+    let o = Imgpipe::on(
+        &env,
+        &["resume", "r", "--allow-changes", "--dry-run", "--json"],
+    )
+    .sqlite_in(dir)
+    .retry_base_ms(20)
+    .run()
+    .await;
     assert_exit_without_panic(&o, 0);
     assert_eq!(json_stdout(&o)["removed"], 3);
     assert_still(&env, dir, &before, "resume --dry-run").await;
@@ -1470,12 +1602,21 @@ async fn an_item_dropped_by_allow_changes_and_then_put_back_runs_in_the_same_run
     let paid = env.sandbox.ledger().len();
     let mut args = one_at_a_time.to_vec();
     args.push("--allow-changes");
-    let o = interrupt_when(&env, task_command(&env, dir, "resume", &args), |env| {
-        env.sandbox.ledger().len() > paid
-    })
+    let o = interrupt_when(
+        &env,
+        Imgpipe::on(&env, &["resume"])
+            .args(&args)
+            .sqlite_in(dir)
+            .retry_base_ms(20)
+            .command(),
+        |env| env.sandbox.ledger().len() > paid,
+    )
     .await;
     assert_exit_without_panic(&o, 130);
-    let o = query(&env, dir, &["status", "r", "--json"]).await;
+    let o = Imgpipe::on(&env, &["status", "r", "--json"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     let status = json_stdout(&o);
     assert_eq!(status["tasks"], 9, "{status:#}");
     assert!(
@@ -1485,12 +1626,16 @@ async fn an_item_dropped_by_allow_changes_and_then_put_back_runs_in_the_same_run
 
     // i03 put back: it is new work again, paid once, and the run finishes.
     write(dir, "p.yaml", &original);
-    let o = resume(&env, dir, &["r", "--allow-changes", "--json"]).await;
+    let o = Imgpipe::on(&env, &["resume", "r", "--allow-changes", "--json"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let summary = json_stdout(&o);
     assert_eq!(summary["succeeded"], 12, "{summary:#}");
     assert_eq!(env.sandbox.ledger().len(), 12, "each task paid once");
-    let db = read_db(dir).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_ledger_agrees(&env, &db);
     assert_files_agree(dir, &db, "r");
 }
@@ -1505,14 +1650,22 @@ async fn reuse_takes_earlier_results_for_free_and_pays_only_downstream_of_a_chan
     let dir = env.dir.path();
     let original = edit_chain(3, None);
     write(dir, "p.yaml", &original);
-    let o = run(&env, dir, &["p.yaml", "--run-id", "a"]).await;
+    let o = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "a"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let full = 3 * CHAIN_CREDITS;
     assert_eq!(env.sandbox.ledger().len(), 9);
 
     // The dry run says what reuse saves, and spends nothing.
     let before = still(&env, dir).await;
-    let o = run(&env, dir, &["p.yaml", "--dry-run", "--reuse"]).await;
+    let o = Imgpipe::on(&env, &["run", "p.yaml", "--dry-run", "--reuse"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let text = stdout(&o);
     assert!(
@@ -1524,14 +1677,21 @@ async fn reuse_takes_earlier_results_for_free_and_pays_only_downstream_of_a_chan
     assert_still(&env, dir, &before, "run --dry-run --reuse").await;
 
     // A second run of the same pipeline, --reuse: nothing billed, the same files.
-    let o = run(&env, dir, &["p.yaml", "--run-id", "b", "--reuse", "--json"]).await;
+    let o = Imgpipe::on(
+        &env,
+        &["run", "p.yaml", "--run-id", "b", "--reuse", "--json"],
+    )
+    .sqlite_in(dir)
+    .retry_base_ms(20)
+    .run()
+    .await;
     assert_exit_without_panic(&o, 0);
     let summary = json_stdout(&o);
     assert_eq!(summary["succeeded"], 9, "{summary:#}");
     assert_eq!(summary["billed_credits"], 0, "{summary:#}");
     assert_eq!(env.sandbox.ledger(), before.ledger, "nothing billed");
     assert_eq!(env.sandbox.stats().paid_requests, before.paid_requests);
-    let db = read_db(dir).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_ledger_agrees(&env, &db);
     for t in db.tasks_of("b") {
         let from = t
@@ -1553,36 +1713,61 @@ async fn reuse_takes_earlier_results_for_free_and_pays_only_downstream_of_a_chan
     }
     assert_files_agree(dir, &db, "b");
     // Reused tasks count for nothing against the budget: a run they cover whole fits any.
-    let o = run(
+    let o = Imgpipe::on(
         &env,
-        dir,
-        &["p.yaml", "--run-id", "b2", "--reuse", "--max-credits", "1"],
+        &[
+            "run",
+            "p.yaml",
+            "--run-id",
+            "b2",
+            "--reuse",
+            "--max-credits",
+            "1",
+        ],
     )
+    .sqlite_in(dir)
+    .retry_base_ms(20)
+    .run()
     .await;
     assert_exit_without_panic(&o, 0);
     assert_eq!(env.sandbox.ledger(), before.ledger, "nothing billed");
 
     // `reuse: true` in the file does the same.
     write(dir, "p.yaml", &format!("reuse: true\n{original}"));
-    let o = run(&env, dir, &["p.yaml", "--run-id", "c", "--json"]).await;
+    let o = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "c", "--json"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     assert_eq!(json_stdout(&o)["billed_credits"], 0);
     assert_eq!(env.sandbox.ledger(), before.ledger, "nothing billed");
-    let db = read_db(dir).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert!(db.tasks_of("c").iter().all(|t| t.reused_from.is_some()));
     assert_files_agree(dir, &db, "c");
 
     // One step changed: what is upstream of it is reused, the rest is paid.
     let changed = original.replace("desired_increase: 2", "desired_increase: 4");
     write(dir, "p.yaml", &changed);
-    let o = run(&env, dir, &["p.yaml", "--dry-run", "--reuse"]).await;
+    let o = Imgpipe::on(&env, &["run", "p.yaml", "--dry-run", "--reuse"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     assert!(
         stdout(&o).contains("reuse: 3 task(s) from earlier runs, saving 6 credits"),
         "{}",
         stdout(&o)
     );
-    let o = run(&env, dir, &["p.yaml", "--run-id", "d", "--reuse", "--json"]).await;
+    let o = Imgpipe::on(
+        &env,
+        &["run", "p.yaml", "--run-id", "d", "--reuse", "--json"],
+    )
+    .sqlite_in(dir)
+    .retry_base_ms(20)
+    .run()
+    .await;
     assert_exit_without_panic(&o, 0);
     let summary = json_stdout(&o);
     // 3 × (upscale 4× at 4 + remove_background at 5).
@@ -1590,7 +1775,7 @@ async fn reuse_takes_earlier_results_for_free_and_pays_only_downstream_of_a_chan
     let ledger = env.sandbox.ledger();
     assert_eq!(ledger.len(), 9 + 6, "{ledger:#?}");
     assert!(ledger[9..].iter().all(|e| e.operation != "erase"));
-    let db = read_db(dir).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_ledger_agrees(&env, &db);
     for t in db.tasks_of("d") {
         assert_eq!(t.reused_from.is_some(), t.step == "clean", "{t:?}");
@@ -1624,7 +1809,11 @@ async fn a_once_step_added_under_allow_changes_is_recorded_and_run_once() {
         "output_dir: out\npricing: { generation: 4 }\n",
     ) + "  - id: style\n    once: true\n    generate: { prompt: a style }\n";
     write(dir, "p.yaml", &changed);
-    let o = resume(&env, dir, &["r", "--allow-changes", "--json"]).await;
+    let o = Imgpipe::on(&env, &["resume", "r", "--allow-changes", "--json"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let summary = json_stdout(&o);
     assert_eq!(summary["status"], "succeeded", "{summary:#}");
@@ -1635,7 +1824,7 @@ async fn a_once_step_added_under_allow_changes_is_recorded_and_run_once() {
         "{:#?}",
         env.sandbox.ledger()
     );
-    let db = read_db(dir).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_ledger_agrees(&env, &db);
     let style: Vec<_> = db
         .tasks_of("r")

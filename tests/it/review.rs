@@ -42,21 +42,20 @@ steps:
 /// Runs `review_pipeline` as run `r1` on the embedded sandbox, state at `state`, with a report.
 pub(crate) async fn run_review(dir: &Path, state: &str, subject: &str, remove: &str) -> PathBuf {
     write(dir, "review.yaml", &review_pipeline(subject, remove));
-    let o = finish(command(
-        &[
-            "run",
-            "--sandbox",
-            "--report",
-            "review.yaml",
-            "--run-id",
-            "r1",
-            "--state",
-            state,
-            "--retry-base-ms",
-            "20",
-        ],
-        dir,
-    ))
+    let o = Imgpipe::new(&[
+        "run",
+        "--sandbox",
+        "--report",
+        "review.yaml",
+        "--run-id",
+        "r1",
+        "--state",
+        state,
+        "--retry-base-ms",
+        "20",
+    ])
+    .cwd(dir)
+    .run()
     .await;
     assert_exit(&o, 0);
     dir.join("out/r1/report.html")
@@ -220,7 +219,10 @@ async fn an_output_set_aside_by_a_reroll_shows_as_an_earlier_version() {
     .unwrap();
     db.close().await.unwrap();
 
-    let o = finish(command(&["report", "r1", "--state", &state], dir.path())).await;
+    let o = Imgpipe::new(&["report", "r1", "--state", &state])
+        .cwd(dir.path())
+        .run()
+        .await;
     assert_exit(&o, 0);
     let html = std::fs::read_to_string(run_dir.join("report.html")).unwrap();
     assert_eq!(html.matches("<details class=\"earlier\">").count(), 1);

@@ -23,18 +23,6 @@ fn pipeline_dir(env: &Env) -> PathBuf {
     dir
 }
 
-/// `imgpipe ARGS --state DIR/state.db` in `dir`, against the sandbox.
-async fn imgpipe_in(env: &Env, dir: &Path, args: &[&str]) -> Output {
-    let state = dir.join("state.db");
-    imgpipe_on(env, dir, state.to_str().unwrap(), args).await
-}
-
-async fn run(env: &Env, dir: &Path, args: &[&str]) -> Output {
-    let mut all = vec!["run", "shots.yaml", "--retry-base-ms", "1"];
-    all.extend_from_slice(args);
-    imgpipe_in(env, dir, &all).await
-}
-
 /// The `hint:` line of what the command printed.
 fn hint_of(o: &Output) -> String {
     let err = stderr(o);
@@ -101,11 +89,13 @@ async fn a_sample_bills_its_plan_and_the_whole_run_after_it_bills_only_the_rest(
     let env = start_default().await;
     let dir = pipeline_dir(&env);
 
-    let plan = imgpipe_in(
+    let plan = Imgpipe::on(
         &env,
-        &dir,
         &["plan", "shots.yaml", "--items", "mug,chair", "--json"],
     )
+    .cwd(&dir)
+    .sqlite_in(&dir)
+    .run()
     .await;
     assert_exit(&plan, 0);
     let doc = json_stdout(&plan);
@@ -115,7 +105,22 @@ async fn a_sample_bills_its_plan_and_the_whole_run_after_it_bills_only_the_rest(
     assert_eq!(doc["scope"]["whole_credits"], 3 * ITEM);
     assert_nothing_billed(&env);
 
-    let sample = run(&env, &dir, &["--items", "mug,chair", "--run-id", "cat"]).await;
+    let sample = Imgpipe::on(
+        &env,
+        &[
+            "run",
+            "shots.yaml",
+            "--items",
+            "mug,chair",
+            "--run-id",
+            "cat",
+        ],
+    )
+    .cwd(&dir)
+    .sqlite_in(&dir)
+    .retry_base_ms(1)
+    .run()
+    .await;
     assert_exit(&sample, 7);
     assert_eq!(billed(&env), 2 * ITEM, "the sample bills exactly its plan");
     assert_eq!(env.sandbox.ledger().len(), 18);
@@ -135,7 +140,12 @@ async fn a_sample_bills_its_plan_and_the_whole_run_after_it_bills_only_the_rest(
         "a part done is reported unasked"
     );
 
-    let dry = run(&env, &dir, &["--run-id", "cat", "--dry-run"]).await;
+    let dry = Imgpipe::on(&env, &["run", "shots.yaml", "--run-id", "cat", "--dry-run"])
+        .cwd(&dir)
+        .sqlite_in(&dir)
+        .retry_base_ms(1)
+        .run()
+        .await;
     assert_exit(&dry, 0);
     assert!(
         has_phrase(
@@ -146,7 +156,12 @@ async fn a_sample_bills_its_plan_and_the_whole_run_after_it_bills_only_the_rest(
         stdout(&dry)
     );
 
-    let rest = run(&env, &dir, &["--run-id", "cat"]).await;
+    let rest = Imgpipe::on(&env, &["run", "shots.yaml", "--run-id", "cat"])
+        .cwd(&dir)
+        .sqlite_in(&dir)
+        .retry_base_ms(1)
+        .run()
+        .await;
     assert_exit(&rest, 0);
     assert_eq!(
         billed(&env),
@@ -161,7 +176,11 @@ async fn a_sample_bills_its_plan_and_the_whole_run_after_it_bills_only_the_rest(
 async fn a_sample_picks_the_same_items_again_from_its_printed_seed() {
     let env = start_default().await;
     let dir = pipeline_dir(&env);
-    let first = imgpipe_in(&env, &dir, &["plan", "shots.yaml", "--items", "sample:2"]).await;
+    let first = Imgpipe::on(&env, &["plan", "shots.yaml", "--items", "sample:2"])
+        .cwd(&dir)
+        .sqlite_in(&dir)
+        .run()
+        .await;
     assert_exit(&first, 0);
     let text = stdout(&first);
     let asked = text
@@ -171,9 +190,25 @@ async fn a_sample_picks_the_same_items_again_from_its_printed_seed() {
     let selector = asked.split(':').take(3).collect::<Vec<_>>().join(":");
     let selector = selector.trim_end_matches(|c: char| !c.is_ascii_digit());
     assert!(selector.starts_with("sample:2:"), "{selector}");
-    let run_a = run(&env, &dir, &["--items", selector, "--run-id", "a"]).await;
+    let run_a = Imgpipe::on(
+        &env,
+        &["run", "shots.yaml", "--items", selector, "--run-id", "a"],
+    )
+    .cwd(&dir)
+    .sqlite_in(&dir)
+    .retry_base_ms(1)
+    .run()
+    .await;
     assert_exit(&run_a, 7);
-    let run_b = run(&env, &dir, &["--items", selector, "--run-id", "b"]).await;
+    let run_b = Imgpipe::on(
+        &env,
+        &["run", "shots.yaml", "--items", selector, "--run-id", "b"],
+    )
+    .cwd(&dir)
+    .sqlite_in(&dir)
+    .retry_base_ms(1)
+    .run()
+    .await;
     assert_exit(&run_b, 7);
     let (a, b) = (
         items_with_outputs(&dir.join("out/a")),
@@ -182,7 +217,12 @@ async fn a_sample_picks_the_same_items_again_from_its_printed_seed() {
     assert_eq!(a.len(), 2);
     assert_eq!(a, b, "the same seed picks the same items");
 
-    let typo = run(&env, &dir, &["--items", "mugg"]).await;
+    let typo = Imgpipe::on(&env, &["run", "shots.yaml", "--items", "mugg"])
+        .cwd(&dir)
+        .sqlite_in(&dir)
+        .retry_base_ms(1)
+        .run()
+        .await;
     assert_exit(&typo, 2);
     assert!(
         stderr(&typo).contains("no item has the id `mugg`"),
@@ -200,7 +240,15 @@ async fn a_sample_picks_the_same_items_again_from_its_printed_seed() {
 async fn until_a_step_bills_only_it_and_continuing_bills_only_the_rest() {
     let env = start_default().await;
     let dir = pipeline_dir(&env);
-    let shots = run(&env, &dir, &["--until", "shot", "--run-id", "u"]).await;
+    let shots = Imgpipe::on(
+        &env,
+        &["run", "shots.yaml", "--until", "shot", "--run-id", "u"],
+    )
+    .cwd(&dir)
+    .sqlite_in(&dir)
+    .retry_base_ms(1)
+    .run()
+    .await;
     assert_exit(&shots, 7);
     assert_eq!(
         operations(&env, 0),
@@ -211,11 +259,23 @@ async fn until_a_step_bills_only_it_and_continuing_bills_only_the_rest() {
     assert!(hint.contains("imgpipe run shots.yaml --run-id u"), "{hint}");
     assert!(!hint.contains("--until"), "{hint}");
 
-    let bad = run(&env, &dir, &["--until", "shoot", "--run-id", "v"]).await;
+    let bad = Imgpipe::on(
+        &env,
+        &["run", "shots.yaml", "--until", "shoot", "--run-id", "v"],
+    )
+    .cwd(&dir)
+    .sqlite_in(&dir)
+    .retry_base_ms(1)
+    .run()
+    .await;
     assert_exit(&bad, 2);
     assert!(stderr(&bad).contains("no step `shoot`"), "{}", stderr(&bad));
 
-    let rest = imgpipe_in(&env, &dir, &["resume", "u", "--retry-base-ms", "1"]).await;
+    let rest = Imgpipe::on(&env, &["resume", "u", "--retry-base-ms", "1"])
+        .cwd(&dir)
+        .sqlite_in(&dir)
+        .run()
+        .await;
     assert_exit(&rest, 0);
     assert_eq!(
         operations(&env, 3),
@@ -229,12 +289,24 @@ async fn until_a_step_bills_only_it_and_continuing_bills_only_the_rest() {
 async fn a_reroll_bills_its_chain_once_and_sets_the_old_files_aside() {
     let env = start_default().await;
     let dir = pipeline_dir(&env);
-    assert_exit(&run(&env, &dir, &["--run-id", "r"]).await, 0);
+    assert_exit(
+        &Imgpipe::on(&env, &["run", "shots.yaml", "--run-id", "r"])
+            .cwd(&dir)
+            .sqlite_in(&dir)
+            .retry_base_ms(1)
+            .run()
+            .await,
+        0,
+    );
     let run_dir = dir.join("out/r");
     let before = files(&run_dir);
     let calls = env.sandbox.ledger().len();
 
-    let dry = imgpipe_in(&env, &dir, &["reroll", "r", "mug/clean[0]", "--dry-run"]).await;
+    let dry = Imgpipe::on(&env, &["reroll", "r", "mug/clean[0]", "--dry-run"])
+        .cwd(&dir)
+        .sqlite_in(&dir)
+        .run()
+        .await;
     assert_exit(&dry, 0);
     let text = stdout(&dry);
     assert!(
@@ -247,11 +319,13 @@ async fn a_reroll_bills_its_chain_once_and_sets_the_old_files_aside() {
     assert!(!text.contains("mug/clean[1]"), "{text}");
     assert_eq!(env.sandbox.ledger().len(), calls, "a dry run pays nothing");
 
-    let over = imgpipe_in(
+    let over = Imgpipe::on(
         &env,
-        &dir,
         &["reroll", "r", "mug/clean[0]", "--max-credits", "130"],
     )
+    .cwd(&dir)
+    .sqlite_in(&dir)
+    .run()
     .await;
     assert_exit(&over, 3);
     assert!(
@@ -265,11 +339,13 @@ async fn a_reroll_bills_its_chain_once_and_sets_the_old_files_aside() {
         "a reroll over the budget pays nothing"
     );
 
-    let reroll = imgpipe_in(
+    let reroll = Imgpipe::on(
         &env,
-        &dir,
         &["reroll", "r", "mug/clean[0]", "--retry-base-ms", "1"],
     )
+    .cwd(&dir)
+    .sqlite_in(&dir)
+    .run()
     .await;
     assert_exit(&reroll, 0);
     assert_eq!(operations(&env, calls), tools(1));
@@ -323,7 +399,15 @@ async fn a_reroll_bills_its_chain_once_and_sets_the_old_files_aside() {
 async fn a_reroll_killed_half_way_and_given_again_pays_nothing_twice() {
     let env = start_default().await;
     let dir = pipeline_dir(&env);
-    assert_exit(&run(&env, &dir, &["--run-id", "r"]).await, 0);
+    assert_exit(
+        &Imgpipe::on(&env, &["run", "shots.yaml", "--run-id", "r"])
+            .cwd(&dir)
+            .sqlite_in(&dir)
+            .retry_base_ms(1)
+            .run()
+            .await,
+        0,
+    );
     let calls = env.sandbox.ledger().len();
     let args = [
         "reroll",
@@ -334,16 +418,12 @@ async fn a_reroll_killed_half_way_and_given_again_pays_nothing_twice() {
         "--retry-base-ms",
         "1",
     ];
-    let state = dir.join("state.db");
-    let mut killed = command(
-        &[&args[..], &["--state", state.to_str().unwrap()]].concat(),
-        &dir,
-    );
-    killed
-        .env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
-        .env("IMGPIPE_API_KEY", env.sandbox.key())
-        .env(imgpipe::failpoint::ENV, "exec-task-succeeded");
-    let killed = finish(killed).await;
+    let killed = Imgpipe::on(&env, &args)
+        .cwd(&dir)
+        .sqlite_in(&dir)
+        .env(imgpipe::failpoint::ENV, "exec-task-succeeded")
+        .run()
+        .await;
     assert!(
         killed.status.code().is_none(),
         "aborted at the crash point: {killed:?}"
@@ -354,7 +434,11 @@ async fn a_reroll_killed_half_way_and_given_again_pays_nothing_twice() {
         "one call paid before the kill"
     );
 
-    let again = imgpipe_in(&env, &dir, &args).await;
+    let again = Imgpipe::on(&env, &args)
+        .cwd(&dir)
+        .sqlite_in(&dir)
+        .run()
+        .await;
     assert_exit(&again, 0);
     assert_eq!(
         operations(&env, calls),
@@ -362,7 +446,11 @@ async fn a_reroll_killed_half_way_and_given_again_pays_nothing_twice() {
         "the reroll given again continues it: each of its calls paid once"
     );
     // Now done, the same command is a new reroll.
-    let anew = imgpipe_in(&env, &dir, &["reroll", "r", "mug/clean[0]", "--dry-run"]).await;
+    let anew = Imgpipe::on(&env, &["reroll", "r", "mug/clean[0]", "--dry-run"])
+        .cwd(&dir)
+        .sqlite_in(&dir)
+        .run()
+        .await;
     assert!(
         has_phrase(&stdout(&anew), "4 task(s) to pay for, 16 credits"),
         "{}",
@@ -377,30 +465,24 @@ async fn on_postgres_a_sample_then_a_reroll_pay_each_task_once() {
     };
     let env = start_default().await;
     let dir = pipeline_dir(&env);
-    let run = |args: &'static [&'static str]| {
-        let mut all = vec!["run", "shots.yaml", "--retry-base-ms", "1"];
-        all.extend_from_slice(args);
-        all
+    let run = |args: &[&str]| {
+        Imgpipe::on(&env, &["run", "shots.yaml"])
+            .args(args)
+            .cwd(&dir)
+            .state(&state)
+            .retry_base_ms(1)
     };
-    let sample = imgpipe_on(
-        &env,
-        &dir,
-        &state,
-        &run(&["--items", "first:1", "--run-id", "p"]),
-    )
-    .await;
+    let sample = run(&["--items", "first:1", "--run-id", "p"]).run().await;
     assert_exit(&sample, 7);
     assert_eq!(billed(&env), ITEM);
-    let rest = imgpipe_on(&env, &dir, &state, &run(&["--run-id", "p"])).await;
+    let rest = run(&["--run-id", "p"]).run().await;
     assert_exit(&rest, 0);
     assert_eq!(billed(&env), 3 * ITEM);
-    let reroll = imgpipe_on(
-        &env,
-        &dir,
-        &state,
-        &["reroll", "p", "lamp/wide", "--retry-base-ms", "1"],
-    )
-    .await;
+    let reroll = Imgpipe::on(&env, &["reroll", "p", "lamp/wide", "--retry-base-ms", "1"])
+        .cwd(&dir)
+        .state(&state)
+        .run()
+        .await;
     assert_exit(&reroll, 0);
     // Both of lamp's expands, and the upscale and cut-out below each.
     assert_eq!(billed(&env), 3 * ITEM + 2 * (5 + 4 + 5));

@@ -98,29 +98,9 @@ pub(crate) fn state_path(dir: &Path) -> PathBuf {
     dir.join("state.db")
 }
 
-/// `imgpipe run ARGS --state DIR/state.db` in `dir`, against `env`'s sandbox, in time.
-async fn run(env: &Env, dir: &Path, args: &[&str]) -> Output {
-    finish(run_command(env, dir, args)).await
-}
-
-fn run_command(env: &Env, dir: &Path, args: &[&str]) -> tokio::process::Command {
-    let state = state_path(dir).to_string_lossy().into_owned();
-    let mut all = vec!["run"];
-    all.extend_from_slice(args);
-    all.extend_from_slice(&["--state", &state]);
-    let mut cmd = command(&all, dir);
-    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
-        .env("IMGPIPE_API_KEY", env.sandbox.key());
-    cmd
-}
-
 /// Both streams, for messages that may go to either.
 pub(crate) fn both(o: &Output) -> String {
     format!("{}\n{}", stdout(o), stderr(o))
-}
-
-async fn read_db(path: &Path) -> Db {
-    Db::read_file(path).await
 }
 
 /// Tasks by item, in task order.
@@ -376,10 +356,10 @@ async fn product_shots_runs_the_whole_chain_and_every_record_agrees() {
     let dir = env.dir.path();
     copy_sample(dir, "product-shots.yaml");
     // The sample's 10/s would make this test take three seconds; the rate has its own test.
-    let o = run(
+    let o = Imgpipe::on(
         &env,
-        dir,
         &[
+            "run",
             "product-shots.yaml",
             "--json",
             "--run-id",
@@ -388,6 +368,8 @@ async fn product_shots_runs_the_whole_chain_and_every_record_agrees() {
             "100/s",
         ],
     )
+    .sqlite_in(dir)
+    .run()
     .await;
     assert_exit_without_panic(&o, 0);
     let summary = json_stdout(&o);
@@ -414,7 +396,7 @@ async fn product_shots_runs_the_whole_chain_and_every_record_agrees() {
         "free reads: {stats:?}"
     );
 
-    let db = read_db(&state_path(dir)).await;
+    let db = Db::read_file(&state_path(dir)).await;
     let runs: Vec<(&str, &str)> = db
         .runs
         .iter()
@@ -497,7 +479,10 @@ async fn a_max_credits_below_the_plan_is_refused_before_any_call() {
     let env = start(config()).await;
     let dir = env.dir.path();
     copy_sample(dir, "product-shots.yaml");
-    let o = run(&env, dir, &["product-shots.yaml", "--max-credits", "100"]).await;
+    let o = Imgpipe::on(&env, &["run", "product-shots.yaml", "--max-credits", "100"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 3);
     let text = both(&o);
     assert!(
@@ -518,7 +503,10 @@ async fn a_balance_below_the_plan_is_refused_before_any_call() {
     .await;
     let dir = env.dir.path();
     copy_sample(dir, "product-shots.yaml");
-    let o = run(&env, dir, &["product-shots.yaml"]).await;
+    let o = Imgpipe::on(&env, &["run", "product-shots.yaml"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 3);
     let text = both(&o);
     assert!(
@@ -570,7 +558,11 @@ async fn a_budget_that_a_retry_leaves_short_at_high_concurrency_is_spent_on_whol
         "--retry-base-ms",
         "10",
     ];
-    let o = run(&env, dir, &args).await;
+    let o = Imgpipe::on(&env, &["run"])
+        .args(&args)
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 3);
     let summary = json_stdout(&o);
     assert_eq!(summary["status"], "stopped", "{summary:#}");
@@ -587,7 +579,7 @@ async fn a_budget_that_a_retry_leaves_short_at_high_concurrency_is_spent_on_whol
     );
     let ledger: u64 = env.sandbox.ledger().iter().map(|e| e.credits).sum();
     assert_eq!(ledger, budget - 7, "39 chains and the erase paid twice");
-    let db = read_db(&state_path(dir)).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_ledger_agrees(&env, &db, START_BALANCE);
     assert_no_half_chains(&db);
     let chains = by_item(&db);
@@ -619,10 +611,10 @@ async fn high_concurrency_with_ambiguous_retries_never_bills_past_a_tight_budget
     .await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(items, Some(budget)));
-    let o = run(
+    let o = Imgpipe::on(
         &env,
-        dir,
         &[
+            "run",
             "p.yaml",
             "--json",
             "--concurrency",
@@ -631,6 +623,8 @@ async fn high_concurrency_with_ambiguous_retries_never_bills_past_a_tight_budget
             "10",
         ],
     )
+    .sqlite_in(dir)
+    .run()
     .await;
     let ledger: u64 = env.sandbox.ledger().iter().map(|e| e.credits).sum();
     assert!(ledger <= budget, "billed {ledger} of a budget of {budget}");
@@ -643,7 +637,7 @@ async fn high_concurrency_with_ambiguous_retries_never_bills_past_a_tight_budget
     // The point of the test: calls were dropped after billing and tried again.
     let dropped = env.sandbox.stats().dropped_after_billing;
     assert!(dropped >= 3, "dropped calls: {:?}", env.sandbox.stats());
-    let db = read_db(&state_path(dir)).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_ledger_agrees(&env, &db, START_BALANCE);
     assert_eq!(db.ambiguous().len() as u64, dropped);
     assert!(
@@ -679,10 +673,10 @@ async fn retries_that_use_up_the_budget_stop_before_the_next_item_starts() {
     .await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(3, Some(27)));
-    let o = run(
+    let o = Imgpipe::on(
         &env,
-        dir,
         &[
+            "run",
             "p.yaml",
             "--json",
             "--concurrency",
@@ -691,6 +685,8 @@ async fn retries_that_use_up_the_budget_stop_before_the_next_item_starts() {
             "10",
         ],
     )
+    .sqlite_in(dir)
+    .run()
     .await;
     assert_exit_without_panic(&o, 3);
     let summary = json_stdout(&o);
@@ -703,7 +699,7 @@ async fn retries_that_use_up_the_budget_stop_before_the_next_item_starts() {
     let ledger = env.sandbox.ledger();
     assert_eq!(ledger.iter().filter(|e| !e.delivered).count(), 1);
     assert_eq!(ledger.iter().map(|e| e.credits).sum::<u64>(), 20);
-    let db = read_db(&state_path(dir)).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_ledger_agrees(&env, &db, START_BALANCE);
     assert_no_half_chains(&db);
     let i02: Vec<_> = db.tasks.iter().filter(|t| t.item == "i02").collect();
@@ -732,13 +728,21 @@ async fn an_ambiguous_call_given_up_for_budget_leaves_no_half_finished_item() {
     .await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(4, Some(36)));
-    let o = run(
+    let o = Imgpipe::on(
         &env,
-        dir,
-        &["p.yaml", "--concurrency", "1", "--retry-base-ms", "10"],
+        &[
+            "run",
+            "p.yaml",
+            "--concurrency",
+            "1",
+            "--retry-base-ms",
+            "10",
+        ],
     )
+    .sqlite_in(dir)
+    .run()
     .await;
-    let db = read_db(&state_path(dir)).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_ledger_agrees(&env, &db, START_BALANCE);
     assert_no_half_chains(&db);
     let ledger: u64 = env.sandbox.ledger().iter().map(|e| e.credits).sum();
@@ -776,10 +780,18 @@ async fn continuing_a_run_counts_its_possibly_billed_calls_against_the_budget() 
         "10",
     ];
     let fail_mode = [&args[..], &["--on-ambiguous", "fail"][..]].concat();
-    let first = run(&env, dir, &fail_mode).await;
+    let first = Imgpipe::on(&env, &["run"])
+        .args(&fail_mode)
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&first, 4);
     assert_eq!(START_BALANCE - env.sandbox.balance(), 36);
-    let second = run(&env, dir, &args).await;
+    let second = Imgpipe::on(&env, &["run"])
+        .args(&args)
+        .sqlite_in(dir)
+        .run()
+        .await;
     let spent = START_BALANCE - env.sandbox.balance();
     assert!(
         spent <= 36,
@@ -808,7 +820,10 @@ async fn an_underpriced_plan_at_high_concurrency_never_bills_past_the_budget() {
     }
     text += "steps:\n  - id: shot\n    generate: { prompt: \"A mug, take {{ item.id }}\" }\n";
     write(dir, "p.yaml", &text);
-    let o = run(&env, dir, &["p.yaml", "--concurrency", "16"]).await;
+    let o = Imgpipe::on(&env, &["run", "p.yaml", "--concurrency", "16"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 3);
     let spent = START_BALANCE - env.sandbox.balance();
     assert!(
@@ -831,7 +846,10 @@ async fn the_balance_running_out_stops_the_run_and_a_top_up_finishes_it_without_
     // Someone else spends the account down once six calls are billed, while the calls sent
     // after them are held in flight: those are then refused for lack of credits.
     let hold = env.sandbox.hold();
-    let mut child = Watched::start(run_command(&env, dir, &args));
+    let mut child = Imgpipe::on(&env, &["run"])
+        .args(&args)
+        .sqlite_in(dir)
+        .watched();
     step_until(&env, &mut child, |env| env.sandbox.ledger().len() >= 6).await;
     env.sandbox.set_balance(4);
     drop(hold);
@@ -848,14 +866,18 @@ async fn the_balance_running_out_stops_the_run_and_a_top_up_finishes_it_without_
     );
     assert!(env.sandbox.stats().insufficient_credits > 0);
     let billed_first = env.sandbox.ledger().len();
-    let db = read_db(&state_path(dir)).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_eq!(db.count("running"), 0, "no task left in flight");
     assert!(db.count("pending") > 0, "{db:#?}");
     assert_eq!(db.count("failed"), 0, "402 is not a task's failure");
     let paid_first = db.billed();
 
     env.sandbox.set_balance(1000);
-    let o = run(&env, dir, &args).await;
+    let o = Imgpipe::on(&env, &["run"])
+        .args(&args)
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let summary = json_stdout(&o);
     assert_eq!(summary["succeeded"], 3 * items, "{summary:#}");
@@ -864,7 +886,7 @@ async fn the_balance_running_out_stops_the_run_and_a_top_up_finishes_it_without_
     // Every task paid exactly once over both runs.
     assert_eq!(ledger.len(), 3 * items);
     assert_no_request_billed_twice(&env);
-    let db = read_db(&state_path(dir)).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert!(db.billed() > paid_first);
     assert_eq!(db.billed(), items as u64 * CHAIN_CREDITS);
     assert_eq!(
@@ -903,7 +925,10 @@ async fn a_service_rate_limit_below_imgpipes_slows_it_down_without_losing_anythi
         "--concurrency",
         "8",
     ];
-    let mut child = Watched::start(run_command(&env, dir, &args));
+    let mut child = Imgpipe::on(&env, &["run"])
+        .args(&args)
+        .sqlite_in(dir)
+        .watched();
     wait_while_running(&mut child, "the first call held at the gate", || {
         env.sandbox.held_calls() == 1
     })
@@ -916,7 +941,7 @@ async fn a_service_rate_limit_below_imgpipes_slows_it_down_without_losing_anythi
     assert!(stats.rate_limited > 0, "the limit was met: {stats:?}");
     assert!(stats.rate_limited < 10, "imgpipe slowed down: {stats:?}");
     assert_eq!(env.sandbox.ledger().len(), 3 * items);
-    let db = read_db(&state_path(dir)).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_ledger_agrees(&env, &db, START_BALANCE);
     let lines = assert_outputs_agree(dir, &dir.join("out").join("r"), &db);
     assert_eq!(lines.len(), 3 * items);
@@ -970,7 +995,11 @@ async fn assert_paced(flag: bool) {
         );
     }
     write(dir, "p.yaml", &text);
-    let o = run(&env, dir, &args).await;
+    let o = Imgpipe::on(&env, &["run"])
+        .args(&args)
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let stats = env.sandbox.stats();
     assert_eq!(stats.rate_limited, 0, "no 429: {stats:?}");
@@ -1000,7 +1029,7 @@ async fn assert_paced(flag: bool) {
         span >= floor_us,
         "{n} calls in {span} µs, less than {floor_us}: {times:?}"
     );
-    let db = read_db(&state_path(dir)).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_ledger_agrees(&env, &db, START_BALANCE);
 }
 
@@ -1047,7 +1076,10 @@ async fn urls_expired_between_the_erases(
     write(dir, "p.yaml", TWO_ERASES);
     let all = [&["p.yaml", "--run-id", "r", "--concurrency", "1"][..], args].concat();
     env.sandbox.hold_calls();
-    let mut cmd = run_command(env, dir, &all);
+    let mut cmd = Imgpipe::on(env, &["run"])
+        .args(&all)
+        .sqlite_in(dir)
+        .command();
     cmd.stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
@@ -1085,7 +1117,7 @@ async fn urls_near_expiry_are_refreshed_before_a_call_reads_them_and_nothing_is_
     assert_eq!(stats.invalid, 0, "no expired URL was sent: {stats:?}");
     assert_eq!(env.sandbox.ledger().len(), 3, "shot, clean-0, clean-1");
     assert_no_request_billed_twice(&env);
-    let db = read_db(&state_path(dir)).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_eq!(db.attempts.len(), 3);
     assert_ledger_agrees(&env, &db, START_BALANCE);
     assert_outputs_agree(dir, &dir.join("out").join("r"), &db);
@@ -1116,7 +1148,7 @@ async fn an_expired_url_refused_by_the_service_is_refreshed_and_the_call_made_on
     );
     assert_eq!(env.sandbox.ledger().len(), 3, "shot, clean-0, clean-1");
     assert_no_request_billed_twice(&env);
-    let db = read_db(&state_path(dir)).await;
+    let db = Db::read_file(&state_path(dir)).await;
     let refused: Vec<_> = db
         .attempts
         .iter()
@@ -1149,10 +1181,10 @@ async fn calls_wait_for_downloads_that_fall_behind() {
     .await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(40, None));
-    let o = run(
+    let o = Imgpipe::on(
         &env,
-        dir,
         &[
+            "run",
             "p.yaml",
             "--json",
             "--concurrency",
@@ -1161,6 +1193,8 @@ async fn calls_wait_for_downloads_that_fall_behind() {
             "2",
         ],
     )
+    .sqlite_in(dir)
+    .run()
     .await;
     assert_exit_without_panic(&o, 0);
     let summary = json_stdout(&o);
@@ -1197,10 +1231,10 @@ async fn under_every_fault_everything_arrives_and_possibly_billed_calls_are_coun
     .await;
     let dir = env.dir.path();
     copy_sample(dir, "product-shots.yaml");
-    let o = run(
+    let o = Imgpipe::on(
         &env,
-        dir,
         &[
+            "run",
             "product-shots.yaml",
             "--json",
             "--run-id",
@@ -1213,6 +1247,8 @@ async fn under_every_fault_everything_arrives_and_possibly_billed_calls_are_coun
             "10",
         ],
     )
+    .sqlite_in(dir)
+    .run()
     .await;
     assert_exit_without_panic(&o, 0);
     let stats = env.sandbox.stats();
@@ -1223,7 +1259,7 @@ async fn under_every_fault_everything_arrives_and_possibly_billed_calls_are_coun
         + stats.partial_answers
         + stats.truncated_downloads;
     assert!(struck >= 5, "faults struck: {stats:?}");
-    let db = read_db(&state_path(dir)).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_eq!(db.count("succeeded"), 27);
     assert_ledger_agrees(&env, &db, START_BALANCE);
     let undelivered = env
@@ -1261,10 +1297,10 @@ async fn answers_cut_after_naming_their_job_are_read_back_and_never_paid_for_twi
     .await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(items, None));
-    let o = run(
+    let o = Imgpipe::on(
         &env,
-        dir,
         &[
+            "run",
             "p.yaml",
             "--json",
             "--run-id",
@@ -1275,6 +1311,8 @@ async fn answers_cut_after_naming_their_job_are_read_back_and_never_paid_for_twi
             "10",
         ],
     )
+    .sqlite_in(dir)
+    .run()
     .await;
     assert_exit_without_panic(&o, 0);
     let stats = env.sandbox.stats();
@@ -1294,7 +1332,7 @@ async fn answers_cut_after_naming_their_job_are_read_back_and_never_paid_for_twi
     assert_eq!(summary["planned_credits"], planned, "{summary:#}");
     assert_eq!(summary["billed_credits"], planned, "{summary:#}");
     assert_eq!(summary["ambiguous_attempts"], 0, "{summary:#}");
-    let db = read_db(&state_path(dir)).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_eq!(db.attempts.len(), 3 * items, "one attempt per task");
     // Each cut answer's attempt says it was read back by its job id.
     assert_ledger_agrees(&env, &db, START_BALANCE);
@@ -1311,11 +1349,17 @@ async fn dry_run_prints_the_plan_and_spends_nothing() {
     let env = start(config()).await;
     let dir = env.dir.path();
     copy_sample(dir, "product-shots.yaml");
-    let o = run(&env, dir, &["product-shots.yaml", "--dry-run"]).await;
+    let o = Imgpipe::on(&env, &["run", "product-shots.yaml", "--dry-run"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let text = stdout(&o);
     assert!(text.contains("total    120 credits"), "{text}");
-    let o = run(&env, dir, &["product-shots.yaml", "--dry-run", "--json"]).await;
+    let o = Imgpipe::on(&env, &["run", "product-shots.yaml", "--dry-run", "--json"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let doc = json_stdout(&o);
     assert_eq!(doc["costs"]["total_credits"], 120, "{doc:#}");
@@ -1331,20 +1375,23 @@ async fn a_saved_plan_runs_as_saved() {
     let env = start(config()).await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(2, Some(50)));
-    let mut cmd = command(&["plan", "p.yaml", "--save", "plan.json"], dir);
-    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
-        .env("IMGPIPE_API_KEY", env.sandbox.key());
-    assert_exit(&finish(cmd).await, 0);
-    let o = run(
+    assert_exit(
+        &Imgpipe::on(&env, &["plan", "p.yaml", "--save", "plan.json"])
+            .run()
+            .await,
+        0,
+    );
+    let o = Imgpipe::on(
         &env,
-        dir,
-        &["--plan", "plan.json", "--run-id", "r", "--json"],
+        &["run", "--plan", "plan.json", "--run-id", "r", "--json"],
     )
+    .sqlite_in(dir)
+    .run()
     .await;
     assert_exit_without_panic(&o, 0);
     let summary = json_stdout(&o);
     assert_eq!(summary["billed_credits"], 2 * CHAIN_CREDITS, "{summary:#}");
-    let db = read_db(&state_path(dir)).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_ledger_agrees(&env, &db, START_BALANCE);
     assert_outputs_agree(dir, &dir.join("out").join("r"), &db);
 }
@@ -1354,20 +1401,28 @@ async fn a_pipeline_changed_after_its_plan_was_saved_is_refused() {
     let env = start(config()).await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(2, Some(50)));
-    let mut cmd = command(&["plan", "p.yaml", "--save", "plan.json"], dir);
-    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
-        .env("IMGPIPE_API_KEY", env.sandbox.key());
-    assert_exit(&finish(cmd).await, 0);
+    assert_exit(
+        &Imgpipe::on(&env, &["plan", "p.yaml", "--save", "plan.json"])
+            .run()
+            .await,
+        0,
+    );
     // One more item: the file and the items both changed.
     write(dir, "p.yaml", &edit_chain(3, Some(50)));
-    let o = run(&env, dir, &["--plan", "plan.json"]).await;
+    let o = Imgpipe::on(&env, &["run", "--plan", "plan.json"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 3);
     let text = both(&o);
     assert!(text.contains("pipeline file p.yaml changed"), "{text}");
     assert!(has_phrase(&text, "2 then, 3 now"), "{text}");
     assert_nothing_billed(&env);
     // The same with the file named as well.
-    let o = run(&env, dir, &["p.yaml", "--plan", "plan.json"]).await;
+    let o = Imgpipe::on(&env, &["run", "p.yaml", "--plan", "plan.json"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 3);
     assert_nothing_billed(&env);
 }
@@ -1395,7 +1450,10 @@ async fn an_unknown_generation_price_is_refused_with_a_hint_to_discover_it() {
     .await;
     let dir = env.dir.path();
     unpriced(dir);
-    let o = run(&env, dir, &["p.yaml"]).await;
+    let o = Imgpipe::on(&env, &["run", "p.yaml"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 3);
     let err = stderr(&o);
     assert!(
@@ -1410,10 +1468,10 @@ async fn an_unknown_generation_price_is_refused_with_a_hint_to_discover_it() {
 async fn discover(env: &Env) -> Output {
     let dir = env.dir.path();
     unpriced(dir);
-    run(
+    Imgpipe::on(
         env,
-        dir,
         &[
+            "run",
             "p.yaml",
             "--discover-price",
             "--json",
@@ -1423,7 +1481,10 @@ async fn discover(env: &Env) -> Output {
             "100/s",
         ],
     )
+    .sqlite_in(dir)
+    .run()
     .await
+    .output
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1447,7 +1508,7 @@ async fn discover_price_learns_it_from_one_generation_and_bills_the_rest_correct
         "the discovering generation is not paid twice"
     );
     assert_eq!(START_BALANCE - env.sandbox.balance(), 132);
-    let db = read_db(&state_path(dir)).await;
+    let db = Db::read_file(&state_path(dir)).await;
     let shots: Vec<_> = db.tasks.iter().filter(|t| t.step == "shot").collect();
     assert!(shots.iter().all(|t| t.billed == 12), "{shots:#?}");
     // The generations after the discovery were planned at the discovered price.
@@ -1469,10 +1530,10 @@ async fn a_discovered_price_over_the_budget_is_refused_after_the_one_generation(
     .await;
     let dir = env.dir.path();
     unpriced(dir);
-    let o = run(
+    let o = Imgpipe::on(
         &env,
-        dir,
         &[
+            "run",
             "p.yaml",
             "--discover-price",
             "--run-id",
@@ -1481,6 +1542,8 @@ async fn a_discovered_price_over_the_budget_is_refused_after_the_one_generation(
             "100",
         ],
     )
+    .sqlite_in(dir)
+    .run()
     .await;
     assert_exit_without_panic(&o, 3);
     let ledger = env.sandbox.ledger();
@@ -1509,7 +1572,7 @@ async fn discover_price_plans_the_discovering_generation_too() {
     assert_exit_without_panic(&o, 0);
     let summary = json_stdout(&o);
     assert_eq!(summary["planned_credits"], 132, "{summary:#}");
-    let db = read_db(&state_path(env.dir.path())).await;
+    let db = Db::read_file(&state_path(env.dir.path())).await;
     for t in db.tasks.iter().filter(|t| t.step == "shot") {
         assert_eq!(t.planned, 12, "{t:?}");
     }
@@ -1542,10 +1605,10 @@ async fn on_ambiguous_fail_fails_the_dropped_tasks_blocks_their_chains_and_finis
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(items, None));
     // One call at a time: the dice fall in the same order on every run.
-    let o = run(
+    let o = Imgpipe::on(
         &env,
-        dir,
         &[
+            "run",
             "p.yaml",
             "--run-id",
             "r",
@@ -1555,9 +1618,11 @@ async fn on_ambiguous_fail_fails_the_dropped_tasks_blocks_their_chains_and_finis
             "fail",
         ],
     )
+    .sqlite_in(dir)
+    .run()
     .await;
     assert_exit_without_panic(&o, 4);
-    let db = read_db(&state_path(dir)).await;
+    let db = Db::read_file(&state_path(dir)).await;
     let failed: Vec<_> = db.tasks.iter().filter(|t| t.status == "failed").collect();
     assert!(!failed.is_empty(), "seed 11 drops some calls");
     assert!(db.count("succeeded") > 0);
@@ -1597,13 +1662,21 @@ async fn running_a_finished_run_again_prints_its_summary_and_spends_nothing() {
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(3, None));
     let args = ["p.yaml", "--run-id", "again"];
-    let first = run(&env, dir, &args).await;
+    let first = Imgpipe::on(&env, &["run"])
+        .args(&args)
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&first, 0);
     let paid = env.sandbox.stats().paid_requests;
     let balance = env.sandbox.balance();
     let manifest_before = std::fs::read(dir.join("out/again/manifest.jsonl")).unwrap();
 
-    let second = run(&env, dir, &args).await;
+    let second = Imgpipe::on(&env, &["run"])
+        .args(&args)
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&second, 0);
     assert_eq!(stdout(&second), stdout(&first), "the same summary");
     assert!(stdout(&second).starts_with("run again: succeeded"));
@@ -1614,7 +1687,7 @@ async fn running_a_finished_run_again_prints_its_summary_and_spends_nothing() {
         std::fs::read(dir.join("out/again/manifest.jsonl")).unwrap(),
         manifest_before
     );
-    let db = read_db(&state_path(dir)).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_eq!(db.attempts.len(), 9);
 }
 
@@ -1624,10 +1697,18 @@ async fn a_finished_run_is_summarised_even_when_the_balance_no_longer_covers_its
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(3, None));
     let args = ["p.yaml", "--run-id", "paid"];
-    let first = run(&env, dir, &args).await;
+    let first = Imgpipe::on(&env, &["run"])
+        .args(&args)
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&first, 0);
     env.sandbox.set_balance(1);
-    let second = run(&env, dir, &args).await;
+    let second = Imgpipe::on(&env, &["run"])
+        .args(&args)
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&second, 0);
     assert!(
         stdout(&second).starts_with("run paid: succeeded"),
@@ -1657,10 +1738,10 @@ async fn the_api_key_appears_in_no_output_file_database_or_stream() {
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(4, None));
     // Maximum logging, and failures whose messages end up in the database.
-    let o = run(
+    let o = Imgpipe::on(
         &env,
-        dir,
         &[
+            "run",
             "p.yaml",
             "-vv",
             "--run-id",
@@ -1671,6 +1752,8 @@ async fn the_api_key_appears_in_no_output_file_database_or_stream() {
             "10",
         ],
     )
+    .sqlite_in(dir)
+    .run()
     .await;
     assert!(matches!(o.status.code(), Some(0 | 4)), "{}", both(&o));
     let key = env.sandbox.key().as_bytes();
@@ -1683,7 +1766,7 @@ async fn the_api_key_appears_in_no_output_file_database_or_stream() {
         let bytes = std::fs::read(dir.join(f)).unwrap();
         assert!(!contains(&bytes), "the key is in {f}");
     }
-    let db = read_db(&state_path(dir)).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert!(!db.attempts.is_empty());
 }
 
@@ -1700,7 +1783,13 @@ async fn started_and_held(
     args: &[&str],
 ) -> (sandbox::Hold, tokio::task::JoinHandle<Output>) {
     let hold = env.sandbox.hold();
-    let run = tokio::spawn(finish(run_command(env, dir, args)));
+    let run = tokio::spawn(finish(
+        Imgpipe::on(env, &["run"])
+            .args(args)
+            .cwd(dir)
+            .sqlite_in(dir)
+            .command(),
+    ));
     wait_until("the first run's call held mid-flight", || {
         env.sandbox.held_calls() >= 1
     })
@@ -1717,17 +1806,18 @@ async fn a_second_run_of_a_pipeline_exits_5_naming_the_first_or_waits_its_turn()
     write(dir, "p.yaml", &edit_chain(3, None));
     let (hold, first) = started_and_held(&env, dir, &["p.yaml", "--run-id", "first"]).await;
 
-    let refused = run(&env, dir, &["p.yaml", "--run-id", "second"]).await;
+    let refused = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "second"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&refused, 5);
     let text = stderr(&refused);
     assert!(text.contains("run first by pid"), "{text}");
     assert!(text.contains("--wait"), "{text}");
 
-    let mut waiting = Watched::start(run_command(
-        &env,
-        dir,
-        &["p.yaml", "--run-id", "second", "--wait"],
-    ));
+    let mut waiting = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "second", "--wait"])
+        .sqlite_in(dir)
+        .watched();
     waiting.wait_for_line("waiting for run first by pid").await;
     assert!(env.sandbox.ledger().is_empty(), "nothing billed while held");
     drop(hold);
@@ -1741,7 +1831,7 @@ async fn a_second_run_of_a_pipeline_exits_5_naming_the_first_or_waits_its_turn()
         "each run paid once for its 9 calls"
     );
 
-    let db = read_db(&state_path(dir)).await;
+    let db = Db::read_file(&state_path(dir)).await;
     let first_done = db
         .attempts
         .iter()
@@ -1770,7 +1860,9 @@ async fn a_lock_left_by_a_killed_run_does_not_block_the_next() {
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(3, None));
     let hold = env.sandbox.hold();
-    let mut child = run_command(&env, dir, &["p.yaml", "--run-id", "killed"])
+    let mut child = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "killed"])
+        .sqlite_in(dir)
+        .command()
         .spawn()
         .unwrap();
     wait_until("the run's call held mid-flight", || {
@@ -1779,7 +1871,10 @@ async fn a_lock_left_by_a_killed_run_does_not_block_the_next() {
     .await;
     kill_child(&mut child, "the first run").await;
     drop(hold);
-    let next = run(&env, dir, &["p.yaml", "--run-id", "next"]).await;
+    let next = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "next"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&next, 0);
 }
 
@@ -1792,11 +1887,9 @@ async fn waiting_for_a_run_that_then_finishes_says_it_is_finished_and_pays_nothi
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(3, None));
     let (hold, first) = started_and_held(&env, dir, &["p.yaml", "--run-id", "same"]).await;
-    let mut waiting = Watched::start(run_command(
-        &env,
-        dir,
-        &["p.yaml", "--run-id", "same", "--wait"],
-    ));
+    let mut waiting = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "same", "--wait"])
+        .sqlite_in(dir)
+        .watched();
     waiting.wait_for_line("waiting for run same by pid").await;
     drop(hold);
     let waited = waiting.finish().await;
@@ -1839,10 +1932,11 @@ async fn the_continue_command_printed_after_an_interruption_works_when_pasted() 
     let mut args = vec!["run", "p.yaml"];
     args.extend_from_slice(&flags);
     // Interrupted once two calls are billed, with the third held in flight.
-    let interrupted = crate::resume::interrupt_when(&env, command(&args, dir), |env| {
-        env.sandbox.ledger().len() >= 2
-    })
-    .await;
+    let interrupted =
+        crate::resume::interrupt_when(&env, Imgpipe::new(&args).cwd(dir).command(), |env| {
+            env.sandbox.ledger().len() >= 2
+        })
+        .await;
     assert_exit_without_panic(&interrupted, 130);
     let printed = printed_continue_command(&interrupted);
     assert!(
@@ -1874,9 +1968,12 @@ async fn the_continue_command_printed_after_an_interruption_works_when_pasted() 
 async fn runs_without_a_database_says_where_to_look() {
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path().join("home");
-    let mut cmd = command(&["runs"], dir.path());
-    cmd.env("HOME", &home).env_remove("XDG_STATE_HOME");
-    let o = finish(cmd).await;
+    let o = Imgpipe::new(&["runs"])
+        .cwd(dir.path())
+        .env("HOME", &home)
+        .env_remove("XDG_STATE_HOME")
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let text = stdout(&o);
     assert!(
@@ -1934,11 +2031,12 @@ async fn a_price_the_service_states_or_billed_before_needs_no_lone_first_call() 
     let env = start(slow(false)).await;
     let dir = env.dir.path();
     write(dir, "p.yaml", FOUR_GENERATIONS);
-    let o = run(
+    let o = Imgpipe::on(
         &env,
-        dir,
-        &["p.yaml", "--run-id", "first", "--concurrency", "4"],
+        &["run", "p.yaml", "--run-id", "first", "--concurrency", "4"],
     )
+    .sqlite_in(dir)
+    .run()
     .await;
     assert_exit_without_panic(&o, 0);
     assert!(
@@ -1976,7 +2074,11 @@ async fn a_price_the_service_states_or_billed_before_needs_no_lone_first_call() 
 /// first call would keep the other three from being sent until it was billed.)
 async fn four_at_once(env: &Env, dir: &Path, args: &[&str]) {
     let hold = env.sandbox.hold();
-    let mut cmd = run_command(env, dir, args);
+    let mut cmd = Imgpipe::on(env, &["run"])
+        .args(args)
+        .cwd(dir)
+        .sqlite_in(dir)
+        .command();
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let child = cmd.spawn().unwrap();
     wait_until(
@@ -2006,7 +2108,10 @@ async fn a_429_on_the_reads_a_run_starts_with_is_waited_out() {
         .account()
         .await
         .unwrap();
-    let o = run(&env, dir, &["p.yaml", "--json", "--run-id", "r"]).await;
+    let o = Imgpipe::on(&env, &["run", "p.yaml", "--json", "--run-id", "r"])
+        .sqlite_in(dir)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let stats = env.sandbox.stats();
     assert!(stats.rate_limited > 0, "a read met the limit: {stats:?}");
@@ -2015,6 +2120,6 @@ async fn a_429_on_the_reads_a_run_starts_with_is_waited_out() {
         3 * items,
         "each call billed once"
     );
-    let db = read_db(&state_path(dir)).await;
+    let db = Db::read_file(&state_path(dir)).await;
     assert_ledger_agrees(&env, &db, START_BALANCE);
 }

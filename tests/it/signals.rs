@@ -10,11 +10,10 @@
 use std::process::Output;
 use std::time::Duration;
 
-use crate::binary::Imgpipe;
 use imgpipe::sandbox::{self, LedgerEntry, Sandbox};
 
 use crate::common::{
-    Db, Env, Watched, assert_exit_without_panic, command, printed_continue_command, start, stderr,
+    Db, Env, Imgpipe, assert_exit_without_panic, printed_continue_command, start, stderr,
     wait_until,
 };
 
@@ -47,17 +46,6 @@ fn state_of(env: &Env) -> String {
         .join("state.db")
         .to_string_lossy()
         .into_owned()
-}
-
-/// `imgpipe run p.yaml --run-id ID --state … EXTRA`, pointed at the sandbox, not yet started.
-fn run_command(env: &Env, run_id: &str, extra: &[&str]) -> tokio::process::Command {
-    let state = state_of(env);
-    let mut args = vec!["run", "p.yaml", "--run-id", run_id, "--state", &state];
-    args.extend_from_slice(extra);
-    let mut cmd = command(&args, env.dir.path());
-    cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
-        .env("IMGPIPE_API_KEY", env.sandbox.key());
-    cmd
 }
 
 fn send(pid: u32, signal: i32) {
@@ -137,7 +125,9 @@ async fn a_429_pauses_every_paid_call_for_its_retry_after() {
     const RETRY_AFTER: Duration = Duration::from_secs(2);
     let env = sandbox_with(ITEMS, 2).await;
     let hold = env.sandbox.hold();
-    let mut run = Watched::start(run_command(&env, "rl", &[]));
+    let mut run = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "rl"])
+        .sqlite_in(env.dir.path())
+        .watched();
     wait_until("two calls held in flight", || env.sandbox.held_calls() == 2).await;
     env.sandbox.rate_limit_next(RETRY_AFTER);
     env.sandbox.let_through(1);
@@ -204,7 +194,9 @@ async fn sigterm_lets_the_calls_in_flight_finish_and_the_run_continues_without_p
     const ITEMS: usize = 7;
     let env = sandbox_with(ITEMS, 3).await;
     let hold = env.sandbox.hold();
-    let mut run = Watched::start(run_command(&env, "term", &[]));
+    let mut run = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "term"])
+        .sqlite_in(env.dir.path())
+        .watched();
     wait_until("three calls held in flight", || {
         env.sandbox.held_calls() == 3
     })
@@ -253,7 +245,12 @@ async fn when_the_grace_runs_out_the_calls_in_flight_are_recorded_as_possibly_bi
     const ITEMS: usize = 5;
     let env = sandbox_with(ITEMS, 2).await;
     let hold = env.sandbox.hold();
-    let run = Watched::start(run_command(&env, "grace", &["--grace", "1"]));
+    let run = Imgpipe::on(
+        &env,
+        &["run", "p.yaml", "--run-id", "grace", "--grace", "1"],
+    )
+    .sqlite_in(env.dir.path())
+    .watched();
     wait_until("two calls held in flight", || env.sandbox.held_calls() == 2).await;
     send(run.id(), libc::SIGTERM);
     let out = run.finish().await;

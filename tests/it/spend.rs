@@ -35,7 +35,11 @@ fn billed(entries: &[imgpipe::sandbox::LedgerEntry]) -> Billed {
 }
 
 async fn spend_json(env: &Env, dir: &Path, state: &str, by: &str) -> Value {
-    let o = imgpipe_on(env, dir, state, &["spend", "--json", "--by", by]).await;
+    let o = Imgpipe::on(env, &["spend", "--json", "--by", by])
+        .cwd(dir)
+        .state(state)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     json_stdout(&o)
 }
@@ -92,23 +96,21 @@ async fn ledger_agrees_with_the_sandbox(state: &str) {
     let other = edit_chain(1, None).replace("name: chain", "name: other");
     write(dir, "other.yaml", &other);
     let one_at_a_time = ["--concurrency", "1", "--retry-base-ms", "10"];
-    let o = imgpipe_on(
-        &env,
-        dir,
-        state,
-        &[&["run", "chain.yaml"][..], &one_at_a_time].concat(),
-    )
-    .await;
+    let o = Imgpipe::on(&env, &["run", "chain.yaml"])
+        .args(&one_at_a_time)
+        .cwd(dir)
+        .state(state)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let chain = billed(&env.sandbox.ledger());
     assert_eq!(chain.possibly_calls, 1, "{:#?}", env.sandbox.ledger());
-    let o = imgpipe_on(
-        &env,
-        dir,
-        state,
-        &[&["run", "other.yaml"][..], &one_at_a_time].concat(),
-    )
-    .await;
+    let o = Imgpipe::on(&env, &["run", "other.yaml"])
+        .args(&one_at_a_time)
+        .cwd(dir)
+        .state(state)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     days.insert(today());
     let all = billed(&env.sandbox.ledger());
@@ -176,7 +178,11 @@ async fn ledger_agrees_with_the_sandbox(state: &str) {
 }
 
 async fn assert_totals_agree_with_runs_and_status(env: &Env, dir: &Path, state: &str, t: &Value) {
-    let o = imgpipe_on(env, dir, state, &["runs", "--json"]).await;
+    let o = Imgpipe::on(env, &["runs", "--json"])
+        .cwd(dir)
+        .state(state)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let runs = json_stdout(&o);
     let runs = runs.as_array().unwrap();
@@ -187,13 +193,11 @@ async fn assert_totals_agree_with_runs_and_status(env: &Env, dir: &Path, state: 
     assert_eq!(t["possibly_billed"], sum("possibly_billed"), "{runs:#?}");
     let (mut planned, mut billed, mut possibly) = (0, 0, 0);
     for run in runs {
-        let o = imgpipe_on(
-            env,
-            dir,
-            state,
-            &["status", run["id"].as_str().unwrap(), "--json"],
-        )
-        .await;
+        let o = Imgpipe::on(env, &["status", run["id"].as_str().unwrap(), "--json"])
+            .cwd(dir)
+            .state(state)
+            .run()
+            .await;
         assert_exit_without_panic(&o, 0);
         let s = json_stdout(&o);
         planned += s["planned_credits"].as_u64().unwrap();
@@ -206,7 +210,11 @@ async fn assert_totals_agree_with_runs_and_status(env: &Env, dir: &Path, state: 
 }
 
 async fn assert_csv_and_windows(env: &Env, dir: &Path, state: &str, by_day: &Value) {
-    let o = imgpipe_on(env, dir, state, &["spend", "--csv"]).await;
+    let o = Imgpipe::on(env, &["spend", "--csv"])
+        .cwd(dir)
+        .state(state)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let mut csv = csv::Reader::from_reader(o.stdout.as_slice());
     let header = csv.headers().unwrap().clone();
@@ -230,16 +238,18 @@ async fn assert_csv_and_windows(env: &Env, dir: &Path, state: &str, by_day: &Val
         .iter()
         .map(|g| g["group"].as_str().unwrap())
         .collect();
-    let o = imgpipe_on(env, dir, state, &["spend", "--json", "--since", days[0]]).await;
+    let o = Imgpipe::on(env, &["spend", "--json", "--since", days[0]])
+        .cwd(dir)
+        .state(state)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     assert_eq!(json_stdout(&o)["totals"], by_day["totals"]);
-    let o = imgpipe_on(
-        env,
-        dir,
-        state,
-        &["spend", "--json", "--until", "2026-01-01"],
-    )
-    .await;
+    let o = Imgpipe::on(env, &["spend", "--json", "--until", "2026-01-01"])
+        .cwd(dir)
+        .state(state)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     assert_eq!(json_stdout(&o)["groups"], Value::Array(Vec::new()));
     assert_eq!(json_stdout(&o)["totals"]["credits_billed"], 0);

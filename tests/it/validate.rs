@@ -140,7 +140,7 @@ fn corpus() -> Vec<PathBuf> {
 fn validate(args: &[&str]) -> impl Future<Output = Output> + use<> {
     let mut all = vec!["validate"];
     all.extend_from_slice(args);
-    finish(command(&all, manifest_dir()))
+    finish(Imgpipe::new(&all).cwd(manifest_dir()).command())
 }
 
 /// What is wrong with one run against its case; empty when it is all as expected.
@@ -329,7 +329,10 @@ async fn validate_needs_no_network_no_key_and_writes_nothing() {
     let before = snapshot(dir.path());
 
     // `command` removes IMGPIPE_BASE_URL, IMGPIPE_API_KEY and IMGPIPE_LOG: no service, no key.
-    let o = finish(command(&["validate", sample], dir.path())).await;
+    let o = Imgpipe::new(&["validate", sample])
+        .cwd(dir.path())
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     assert_eq!(
         stdout(&o).trim(),
@@ -339,7 +342,10 @@ async fn validate_needs_no_network_no_key_and_writes_nothing() {
     );
     assert!(!stderr(&o).contains("error"), "{}", stderr(&o));
 
-    let o = finish(command(&["validate", "--json", sample], dir.path())).await;
+    let o = Imgpipe::new(&["validate", "--json", sample])
+        .cwd(dir.path())
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let doc = json_stdout(&o);
     assert_eq!(doc["valid"], Value::Bool(true), "{doc:#}");

@@ -160,16 +160,16 @@ mod tests {
 
     use super::*;
     use crate::store::Location;
-    use crate::store::test_postgres::{connect, database};
+    use crate::store::test_postgres::{TestDatabase, connect, database};
 
     /// A ceiling for what the server does at once (a session ended, a lock let go, a session
     /// found gone by the watch); waits stop as soon as it happens.
     const CEILING: Duration = Duration::from_secs(30);
 
     /// A database with imgpipe's tables, and the store opened on it.
-    async fn state(tag: &str) -> Option<(PgUrl, Store)> {
+    async fn state(tag: &str) -> Option<(TestDatabase, Store)> {
         let url = database(tag).await?;
-        let store = Store::open_at(&Location::Postgres(url.clone()))
+        let store = Store::open_at(&Location::Postgres(PgUrl::clone(&url)))
             .await
             .unwrap();
         Some((url, store))
