@@ -1469,6 +1469,15 @@ async fn superseded(dir: &Path) -> Vec<(String, bool)> {
     rows.iter().map(|r| (r.get(0), r.get(1))).collect()
 }
 
+/// `imgpipe ARGS` against `env`'s sandbox and `s3`, its state in `env`'s directory, to spawn.
+fn on_s3(env: &Env, s3: &S3, args: &[&str]) -> tokio::process::Command {
+    Imgpipe::on(env, args)
+        .s3(s3)
+        .sqlite_in(env.dir.path())
+        .retry_base_ms(20)
+        .command()
+}
+
 /// The run's status as recorded.
 async fn run_status(dir: &Path) -> String {
     use sqlx::Connection;
@@ -1515,7 +1524,7 @@ async fn lost_with_two_objects_changed(env: &Env, s3: &S3) -> Lost {
         "--concurrency",
         "1",
     ];
-    let mut child = imgpipe_s3(env, s3, dir, &args)
+    let mut child = on_s3(env, s3, &args)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -1612,7 +1621,7 @@ async fn a_takeover_pays_while_its_listing_is_held_and_ends_only_once_its_check_
 
     // The check's listing is held: the takeover pays for every task left all the same.
     s3.hold_lists();
-    let mut child = imgpipe_s3(&env, &s3, dir, &["resume", "r"])
+    let mut child = on_s3(&env, &s3, &["resume", "r"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -1674,7 +1683,7 @@ async fn a_takeover_killed_during_its_check_is_taken_over_again_and_pays_nothing
     let hold = env.sandbox.hold();
     env.sandbox.let_through(1);
     let args = ["resume", "r", "--concurrency", "1"];
-    let mut child = imgpipe_s3(&env, &s3, dir, &args)
+    let mut child = on_s3(&env, &s3, &args)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -1694,7 +1703,12 @@ async fn a_takeover_killed_during_its_check_is_taken_over_again_and_pays_nothing
     .await;
 
     // Another takeover: it checks again what the first could not, and pays only for the rest.
-    let o = finish(imgpipe_s3(&env, &s3, dir, &["resume", "r"])).await;
+    let o = Imgpipe::on(&env, &["resume", "r"])
+        .s3(&s3)
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     assert_taken_over(&env, &s3, &lost, 2).await;
 }
