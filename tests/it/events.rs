@@ -758,3 +758,277 @@ async fn a_cap_crossed_is_announced_and_its_room_is_in_the_metrics() {
     assert_eq!(left, 2.0, "20 less the 18 the run spent, its leases closed");
     assert_no_secret(&env, &hook);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Delivery: tries, backoff, redirects, where the URL comes from
+// ---------------------------------------------------------------------------------------------
+
+/// One request a [`Scripted`] receiver got: its path, event kind, and when.
+#[derive(Clone, Debug)]
+struct Try {
+    path: String,
+    event: Option<String>,
+    at: std::time::Instant,
+}
+
+/// A receiver that answers the statuses it is given, in order, then 204 to everything; a 307
+/// it answers points to its `/elsewhere`, which it records too.
+struct Scripted {
+    base: String,
+    tries: Arc<Mutex<Vec<Try>>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Scripted {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+type Script = (Arc<Mutex<Vec<Try>>>, Arc<Mutex<Vec<u16>>>, String);
+
+async fn scripted(statuses: &[u16]) -> Scripted {
+    async fn answer(
+        State((tries, script, base)): State<Script>,
+        uri: axum::http::Uri,
+        headers: HeaderMap,
+    ) -> axum::response::Response {
+        use axum::response::IntoResponse as _;
+        tries.lock().unwrap().push(Try {
+            path: uri.path().to_owned(),
+            event: headers
+                .get("x-imgpipe-event")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+            at: std::time::Instant::now(),
+        });
+        let next = {
+            let mut script = script.lock().unwrap();
+            (!script.is_empty()).then(|| script.remove(0))
+        };
+        let status = StatusCode::from_u16(next.unwrap_or(204)).unwrap();
+        if status == StatusCode::TEMPORARY_REDIRECT {
+            let to = format!("{base}/elsewhere");
+            return (status, [(axum::http::header::LOCATION, to)]).into_response();
+        }
+        status.into_response()
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let tries = Arc::new(Mutex::new(Vec::new()));
+    let script = Arc::new(Mutex::new(statuses.to_vec()));
+    let app = axum::Router::new()
+        .route("/hook", post(answer))
+        .route("/elsewhere", post(answer))
+        .with_state((Arc::clone(&tries), script, base.clone()));
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Scripted {
+        base,
+        tries,
+        server,
+    }
+}
+
+impl Scripted {
+    fn url(&self) -> String {
+        format!("{}/hook", self.base)
+    }
+
+    /// The tries of events of `kind`.
+    fn tries_of(&self, kind: &str) -> Vec<Try> {
+        let tries = self.tries.lock().unwrap();
+        tries
+            .iter()
+            .filter(|t| t.event.as_deref() == Some(kind))
+            .cloned()
+            .collect()
+    }
+}
+
+/// `imgpipe run chain.yaml ARGS` of one item, to its end.
+async fn one_item_run(env: &Env, args: &[&str]) -> crate::binary::Ran {
+    let dir = env.dir.path();
+    write(dir, "chain.yaml", &edit_chain(1, None));
+    Imgpipe::on(env, &["run", "chain.yaml"])
+        .args(args)
+        .sqlite_in(dir)
+        .retry_base_ms(10)
+        .limit(CEILING)
+        .run()
+        .await
+}
+
+/// An event answered 503, 429 and 500 is tried again after each, 0.25, 0.5 and 1 s apart at
+/// least (the backoff doubles), and delivered at the fourth try.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_event_answered_5xx_or_429_is_tried_4_times_with_a_doubling_backoff() {
+    let env = start(config()).await;
+    let hook = scripted(&[503, 429, 500]).await;
+    let o = one_item_run(&env, &["--notify", &hook.url()]).await;
+    assert_exit_without_panic(&o, 0);
+    let tries = hook.tries_of("run.finished");
+    assert_eq!(tries.len(), 4, "{tries:?}");
+    for (gap, least) in tries.windows(2).zip([250, 500, 1_000]) {
+        let waited = gap[1].at - gap[0].at;
+        assert!(
+            waited >= Duration::from_millis(least),
+            "{waited:?} between tries, at least {least} ms expected: {tries:?}"
+        );
+    }
+    assert!(
+        !stderr(&o).contains("not delivered"),
+        "delivered at the fourth try: {}",
+        stderr(&o)
+    );
+}
+
+/// Four tries and no more: a receiver that answers 503 to each is given up on, said on stderr,
+/// the exit code unchanged.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_event_failing_4_times_is_given_up_on_without_a_fifth_try() {
+    let env = start(config()).await;
+    let hook = scripted(&[503, 503, 503, 503, 503, 503]).await;
+    let o = one_item_run(&env, &["--notify", &hook.url()]).await;
+    assert_exit_without_panic(&o, 0);
+    assert_eq!(hook.tries_of("run.finished").len(), 4);
+    assert!(
+        stderr(&o).contains("notify: run.finished not delivered: the receiver answered 503"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// A redirect is not followed (it could lead a signed body elsewhere, over plain http), nor
+/// tried again: one try, nothing at the address it points to.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redirect_is_not_followed() {
+    let env = start(config()).await;
+    let hook = scripted(&[307, 307, 307, 307]).await;
+    let o = one_item_run(&env, &["--notify", &hook.url()]).await;
+    assert_exit_without_panic(&o, 0);
+    let tries = hook.tries_of("run.finished");
+    assert_eq!(tries.len(), 1, "{tries:?}");
+    assert!(tries.iter().all(|t| t.path == "/hook"), "{tries:?}");
+    assert!(stderr(&o).contains("answered 307"), "{}", stderr(&o));
+}
+
+/// `IMGPIPE_NOTIFY_URL` is used without a flag and over the pipeline file's `notify:`;
+/// `--notify` wins over both.
+#[tokio::test(flavor = "multi_thread")]
+async fn imgpipe_notify_url_is_used_and_the_flag_wins_over_it() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    let (file, var, flag) = (
+        scripted(&[]).await,
+        scripted(&[]).await,
+        scripted(&[]).await,
+    );
+    write(
+        dir,
+        "chain.yaml",
+        &edit_chain(1, None).replace(
+            "output_dir: out\n",
+            &format!("output_dir: out\nnotify: {}\n", file.url()),
+        ),
+    );
+    let run = |run_id: &str, args: &[&str]| {
+        Imgpipe::on(&env, &["run", "chain.yaml", "--run-id", run_id])
+            .args(args)
+            .sqlite_in(dir)
+            .env("IMGPIPE_NOTIFY_URL", var.url())
+            .limit(CEILING)
+            .run()
+    };
+    assert_exit_without_panic(&run("by-var", &[]).await, 0);
+    assert_eq!(var.tries_of("run.finished").len(), 1, "the variable");
+    assert_eq!(file.tries_of("run.finished").len(), 0, "not the file");
+    let flagged = flag.url();
+    assert_exit_without_panic(&run("by-flag", &["--notify", &flagged]).await, 0);
+    assert_eq!(flag.tries_of("run.finished").len(), 1, "the flag");
+    assert_eq!(
+        var.tries_of("run.finished").len(),
+        1,
+        "not the variable again"
+    );
+    assert_eq!(file.tries_of("run.finished").len(), 0, "nor the file");
+}
+
+/// A run refused before it starts (over budget: exit 3, nothing billed) posts nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_plan_posts_nothing() {
+    let env = start(config()).await;
+    let hook = scripted(&[]).await;
+    let o = one_item_run(&env, &["--notify", &hook.url(), "--max-credits", "1"]).await;
+    assert_exit_without_panic(&o, 3);
+    assert_nothing_billed(&env);
+    let tries = hook.tries.lock().unwrap().clone();
+    assert!(tries.is_empty(), "{tries:?}");
+}
+
+/// A resume does not announce a budget mark its run already announced: interrupted once 50%
+/// was crossed (and announced), the resume announces 80 and 100 only, each once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resume_does_not_announce_a_mark_again() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "chain.yaml", &edit_chain(2, Some(18)));
+    let hook = receiver(false).await;
+    let hold = env.sandbox.hold();
+    // The first item's chain (2 + 2 + 5 = 9 credits, half of 18) through the gate, the next
+    // call held.
+    env.sandbox.let_through(3);
+    let mut run = Imgpipe::on(
+        &env,
+        &[
+            "run",
+            "chain.yaml",
+            "--run-id",
+            "marks",
+            "--concurrency",
+            "1",
+            "--notify",
+            &hook.url,
+        ],
+    )
+    .sqlite_in(dir)
+    .watched();
+    wait_until("the first chain billed and the next call held", || {
+        env.sandbox.ledger().len() == 3 && env.sandbox.held_calls() >= 1
+    })
+    .await;
+    send_signal(run.id(), libc::SIGINT);
+    run.wait_for_line("interrupted: no new calls").await;
+    drop(hold);
+    assert_exit_without_panic(&run.finish().await, 130);
+    hook.wait_for("run.finished").await;
+    let marks = |hook: &Receiver| {
+        let mut marks: Vec<u64> = hook
+            .of_kind("budget.crossed")
+            .iter()
+            .map(|g| g.json()["percent"].as_u64().unwrap())
+            .collect();
+        marks.sort_unstable();
+        marks
+    };
+    assert_eq!(marks(&hook), [50], "{:?}", hook.all());
+    let resumed = Imgpipe::on(&env, &["resume", "marks", "--notify", &hook.url])
+        .sqlite_in(dir)
+        .retry_base_ms(10)
+        .limit(CEILING)
+        .run()
+        .await;
+    assert_exit_without_panic(&resumed, 0);
+    assert_eq!(ledger_total(&env), 18);
+    let deadline = tokio::time::Instant::now() + EVENT_WAIT;
+    while hook.of_kind("run.finished").len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no second run.finished within {EVENT_WAIT:?}: {:?}",
+            hook.all()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(marks(&hook), [50, 80, 100], "{:?}", hook.all());
+}

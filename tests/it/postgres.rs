@@ -18,8 +18,8 @@ use imgpipe::sandbox;
 use sqlx::Connection;
 
 use crate::common::{
-    Env, Imgpipe, Watched, assert_exit_without_panic, finish, kill_child, postgres_database, start,
-    state_connection, stderr, stdout, wait_until, within,
+    Env, Imgpipe, Watched, assert_exit_without_panic, finish, json_stdout, kill_child,
+    postgres_database, start, state_connection, stderr, stdout, wait_until, within,
 };
 use crate::run::{config, edit_chain, write};
 
@@ -1182,4 +1182,35 @@ fn ci_stops_when_it_cannot_have_postgresql() {
             std::fs::remove_dir_all(dir).unwrap();
         }
     }
+}
+
+/// `IMGPIPE_STATE=postgres://…` without `--state` keeps the run in that database: the run and its
+/// attempts are there, one a bill, and `status` reads it back the same way.
+#[tokio::test(flavor = "multi_thread")]
+async fn imgpipe_state_set_to_a_postgres_url_keeps_the_run_there() {
+    let Some(url) = postgres_database("state_env").await else {
+        return;
+    };
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(2, None));
+    let o = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "by-env"])
+        .env("IMGPIPE_STATE", url.as_str())
+        .run()
+        .await;
+    assert_exit_without_panic(&o, 0);
+    assert_eq!(
+        count(&url, "SELECT COUNT(*) FROM runs WHERE id = 'by-env'").await,
+        1
+    );
+    assert_eq!(
+        count(&url, "SELECT COUNT(*) FROM attempts").await,
+        i64::try_from(env.sandbox.ledger().len()).unwrap()
+    );
+    let status = Imgpipe::on(&env, &["status", "by-env", "--json"])
+        .env("IMGPIPE_STATE", url.as_str())
+        .run()
+        .await;
+    assert_exit_without_panic(&status, 0);
+    assert_eq!(json_stdout(&status)["status"], "succeeded");
 }

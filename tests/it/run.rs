@@ -2123,3 +2123,48 @@ async fn a_429_on_the_reads_a_run_starts_with_is_waited_out() {
     let db = Db::read_file(&state_path(dir)).await;
     assert_ledger_agrees(&env, &db, START_BALANCE);
 }
+
+/// A second process given the same run id with `--wait` waits for the first; when the first is
+/// interrupted with work left, the waiting one takes the run over and finishes it, paying for
+/// each task once: the calls the first paid for are not paid again.
+#[tokio::test(flavor = "multi_thread")]
+async fn waiting_for_a_run_that_is_then_interrupted_continues_it_paying_each_task_once() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(3, None));
+    let hold = env.sandbox.hold();
+    env.sandbox.let_through(2);
+    let mut first = Imgpipe::on(
+        &env,
+        &["run", "p.yaml", "--run-id", "same", "--concurrency", "1"],
+    )
+    .sqlite_in(dir)
+    .watched();
+    wait_until("two calls billed and the third held at the gate", || {
+        env.sandbox.ledger().len() == 2 && env.sandbox.held_calls() >= 1
+    })
+    .await;
+    let mut waiting = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "same", "--wait"])
+        .sqlite_in(dir)
+        .watched();
+    waiting.wait_for_line("waiting for run same by pid").await;
+    send_signal(first.id(), libc::SIGINT);
+    first.wait_for_line("interrupted: no new calls").await;
+    drop(hold);
+    assert_exit_without_panic(&first.finish().await, 130);
+    let paid_by_first = env.sandbox.ledger().len();
+    assert!(
+        paid_by_first < 9,
+        "the first left work: {paid_by_first} of 9 paid"
+    );
+    let waited = waiting.finish().await;
+    assert_exit_without_panic(&waited, 0);
+    assert!(
+        stdout(&waited).contains("run same: succeeded"),
+        "{}",
+        stdout(&waited)
+    );
+    let ledger = env.sandbox.ledger();
+    assert_eq!(ledger.len(), 9, "each task paid once: {ledger:#?}");
+    assert_no_request_billed_twice(&env);
+}

@@ -272,3 +272,66 @@ async fn a_run_already_going_refuses_a_second_process_with_exit_5() {
     let first = first.finish().await;
     assert_exit_without_panic(&first, 0);
 }
+
+/// A reroll of a run that another process is running is refused with exit 5 and pays for
+/// nothing, while that run goes on to its end.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reroll_of_a_run_going_is_refused_with_exit_5_and_the_run_goes_on() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(2, None));
+    let done = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "r"])
+        .sqlite_in(dir)
+        .run()
+        .await;
+    assert_exit_without_panic(&done, 0);
+    let billed = env.sandbox.ledger().len();
+    let hold = env.sandbox.hold();
+    let first = Imgpipe::on(&env, &["reroll", "r", "i01"])
+        .sqlite_in(dir)
+        .watched();
+    wait_until("the first reroll's call held at the gate", || {
+        env.sandbox.held_calls() >= 1
+    })
+    .await;
+    let second = Imgpipe::on(&env, &["reroll", "r", "i00"])
+        .sqlite_in(dir)
+        .run()
+        .await;
+    assert_exit_without_panic(&second, 5);
+    said(dir, "refused_5_reroll_while_rerolling", &seen(&second));
+    drop(hold);
+    assert_exit_without_panic(&first.finish().await, 0);
+    assert_eq!(
+        env.sandbox.ledger().len(),
+        billed + 3,
+        "the first reroll paid its item's chain, the refused one nothing"
+    );
+}
+
+/// A reroll is priced first and held against the balance: more than the account has is
+/// refused with exit 3 before anything is paid.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reroll_over_the_balance_is_refused_with_exit_3_and_pays_nothing() {
+    let env = start(sandbox::Config {
+        balance: 20,
+        ..config()
+    })
+    .await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(2, None));
+    let done = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "r"])
+        .sqlite_in(dir)
+        .run()
+        .await;
+    assert_exit_without_panic(&done, 0);
+    let billed = env.sandbox.ledger().len();
+    // 2 credits left; the item's chain costs 9.
+    let o = Imgpipe::on(&env, &["reroll", "r", "i00"])
+        .sqlite_in(dir)
+        .run()
+        .await;
+    assert_exit_without_panic(&o, 3);
+    said(dir, "refused_3_reroll_over_balance", &seen(&o));
+    assert_eq!(env.sandbox.ledger().len(), billed, "nothing paid");
+}

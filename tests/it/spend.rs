@@ -310,3 +310,66 @@ async fn bad_dates_exit_2_naming_the_flag() {
         stderr(&o)
     );
 }
+
+/// `--until` an instant excludes it: a call sent at that very millisecond is not counted, one
+/// a millisecond later the bound is; `--until DAY` includes the whole day.
+#[tokio::test(flavor = "multi_thread")]
+async fn until_an_instant_excludes_it_and_until_a_day_includes_the_day() {
+    use sqlx::Row as _;
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "chain.yaml", &edit_chain(1, None));
+    let o = Imgpipe::on(&env, &["run", "chain.yaml", "--concurrency", "1"])
+        .sqlite_in(dir)
+        .run()
+        .await;
+    assert_exit_without_panic(&o, 0);
+    let state = dir.join("state.db").to_string_lossy().into_owned();
+    let mut conn = state_connection(&state).await;
+    let first: i64 = sqlx::query("SELECT MIN(started_at) FROM attempts")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+        .try_get(0)
+        .unwrap();
+    let at = |ms: i64| {
+        chrono::DateTime::from_timestamp_millis(ms)
+            .unwrap()
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    };
+    let calls = |args: Vec<String>| {
+        let env = &env;
+        let state = &state;
+        async move {
+            let mut all = vec!["spend".to_owned(), "--json".to_owned()];
+            all.extend(args);
+            let all: Vec<&str> = all.iter().map(String::as_str).collect();
+            let o = Imgpipe::on(env, &all).state(state).run().await;
+            assert_exit_without_panic(&o, 0);
+            json_stdout(&o)["totals"]["calls"].as_u64().unwrap()
+        }
+    };
+    let until = |ms: i64| vec!["--until".to_owned(), at(ms)];
+    assert_eq!(
+        calls(until(first)).await,
+        0,
+        "the first call's instant is excluded"
+    );
+    // (At least: a fast sandbox may answer the first call within its millisecond.)
+    assert!(
+        calls(until(first + 1)).await >= 1,
+        "a millisecond later it counts"
+    );
+    let day = at(first)[..10].to_owned();
+    assert_eq!(
+        calls(vec![
+            "--since".to_owned(),
+            day.clone(),
+            "--until".to_owned(),
+            day
+        ])
+        .await,
+        3,
+        "--until DAY includes the day"
+    );
+}
