@@ -79,7 +79,11 @@ pub async fn close<T>(store: Store, result: Result<T, Error>) -> Result<T, Error
 
 pub fn no_such_run(store: &Store, run_id: &RunId) -> Error {
     Error::usage(
-        format!("there is no run {:?} in {}", run_id.as_str(), store.location()),
+        format!(
+            "there is no run {:?} in {}",
+            run_id.as_str(),
+            store.location()
+        ),
         Some(
             "`imgpipe runs` lists the runs; --state (or IMGPIPE_STATE) picks another database, and --sandbox the one of runs made with --sandbox",
         ),
