@@ -29,6 +29,9 @@
 //! `report` and `report` made again. Goals then: 2 s, 3 s, 1 s and 3 s. The requests the
 //! takeover sent the S3 server before its first paid call are counted. IMGPIPE_BENCH_REPORT=0
 //! leaves both reports out (a report of a run in object storage can take many minutes).
+//! IMGPIPE_BENCH_S3_LIST_MS delays each listing page the S3 server answers (S3 takes about
+//! 300 ms), and IMGPIPE_BENCH_SEED_OUTPUTS=N makes the killed night N stored outputs long
+//! without paying for them ([`seed_outputs`]), for the takeover of a whole night.
 
 // Benchmarks and tests report on stdout and stderr by design, and share helpers between
 // their own modules.
@@ -131,6 +134,8 @@ struct Sample {
     takeover: f64,
     /// Requests to the S3 server from the takeover's spawn to its first paid call.
     takeover_s3: u64,
+    /// Of them, LIST requests.
+    takeover_lists: u64,
     status: Usage,
     report: Usage,
     /// `report` made again, its thumbnails made.
@@ -222,18 +227,27 @@ fn run_once(items: usize, run_for: Duration, mode: Mode) -> Sample {
         .args(["--state", &state, "--out", &out])
         .args(["--concurrency", CONCURRENCY]);
     let watched = run_and_stop(run, &state, dir, run_for, mode.kill);
-    let record = recorded(&state);
+    let mut record = recorded(&state);
+    let seed = env_usize("IMGPIPE_BENCH_SEED_OUTPUTS", 0);
+    if seed > 0 && mode.kill {
+        record.stored = seed_outputs(&state, &record.run_id, seed);
+    }
 
     // From here on, at once: a pod taking over does not wait for the server to analyse tables.
     let mut resume = imgpipe(Some(&sandbox));
     resume.args(["resume", &record.run_id, "--dry-run", "--state", &state]);
     let resume = measure(resume, dir, "resume");
-    let (takeover, takeover_s3) = if mode.kill {
+    let (takeover, takeover_s3, takeover_lists) = if mode.kill {
         let mut cmd = imgpipe(Some(&sandbox));
         cmd.args(["resume", &record.run_id, "--state", &state]);
+        // IMGPIPE_BENCH_TAKEOVER_LOG=debug: the takeover's log (takeover.log) says where its
+        // time went.
+        if let Ok(filter) = std::env::var("IMGPIPE_BENCH_TAKEOVER_LOG") {
+            cmd.env("IMGPIPE_LOG", filter);
+        }
         take_over(cmd, &state, dir)
     } else {
-        (0.0, 0)
+        (0.0, 0, 0)
     };
     let mut status = imgpipe(None);
     status.args(["status", &record.run_id, "--state", &state]);
@@ -269,6 +283,7 @@ fn run_once(items: usize, run_for: Duration, mode: Mode) -> Sample {
         resume,
         takeover,
         takeover_s3,
+        takeover_lists,
         status,
         report,
         report_again,
@@ -469,12 +484,14 @@ fn proc_hwm_mib(pid: u32) -> Option<f64> {
 
 /// The takeover of a killed run: spawns the real `resume`, waits for its first paid call (the
 /// first attempt recorded after those of the killed run), then interrupts it. Gives the
-/// seconds from the spawn to that call, and the requests the S3 server got meanwhile.
-fn take_over(mut cmd: Command, state: &str, dir: &Path) -> (f64, u64) {
+/// seconds from the spawn to that call, and the requests (and of them LISTs) the S3 server got
+/// meanwhile.
+fn take_over(mut cmd: Command, state: &str, dir: &Path) -> (f64, u64, u64) {
     let stderr = dir.join("takeover.log");
     let mut db = Poller::new(state);
     let before = db.last_attempt().unwrap_or(0);
     let requests = support::s3_requests();
+    let lists = support::s3_lists();
     let spawned_ms = unix_ms();
     let (child, start) = support::spawn(&mut cmd, &dir.join("takeover.out"), &stderr);
     let mut reaper = Reaper {
@@ -499,6 +516,7 @@ fn take_over(mut cmd: Command, state: &str, dir: &Path) -> (f64, u64) {
         std::thread::sleep(POLL / 5);
     };
     let requests = support::s3_requests() - requests;
+    let lists = support::s3_lists() - lists;
     // SAFETY: pid is our child and not reaped, so it names no other process.
     unsafe { libc::kill(pid, libc::SIGINT) };
     let stopping = Instant::now();
@@ -509,7 +527,7 @@ fn take_over(mut cmd: Command, state: &str, dir: &Path) -> (f64, u64) {
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let _ = support::reap(child.id(), start);
     reaper.reaped = true;
-    (first, requests)
+    (first, requests, lists)
 }
 
 /// A read-only look at the state while the run writes it: the SQLite file, or the PostgreSQL
@@ -676,8 +694,8 @@ fn print_sample(i: usize, s: &Sample, mode: Mode) {
     );
     if mode.kill {
         println!(
-            "         takeover: first paid call {:.2} s after spawn, {} requests to the S3 server",
-            s.takeover, s.takeover_s3
+            "         takeover: first paid call {:.2} s after spawn, {} requests to the S3 server ({} LIST)",
+            s.takeover, s.takeover_s3, s.takeover_lists
         );
     }
 }
@@ -707,6 +725,7 @@ fn median(samples: &[Sample]) -> Sample {
         resume: usage(&|s| s.resume),
         takeover: pick(&|s| s.takeover),
         takeover_s3: pick(&|s| s.takeover_s3 as f64) as u64,
+        takeover_lists: pick(&|s| s.takeover_lists as f64) as u64,
         status: usage(&|s| s.status),
         report: usage(&|s| s.report),
         report_again: usage(&|s| s.report_again),
@@ -747,10 +766,11 @@ fn report(m: &Sample, runs: usize, mode: Mode) {
     if mode.kill {
         println!(
             "  takeover          first paid call {:.2} s after spawn (goal {GOAL_TAKEOVER_S} s): \
-             {}; {} requests to the S3 server before it",
+             {}; {} requests to the S3 server before it ({} LIST)",
             m.takeover,
             verdict(m.takeover <= GOAL_TAKEOVER_S),
-            m.takeover_s3
+            m.takeover_s3,
+            m.takeover_lists
         );
     }
     let (status_goal, again_goal) = if mode.kill {
@@ -771,4 +791,163 @@ fn report(m: &Sample, runs: usize, mode: Mode) {
             verdict(u.wall <= goal)
         );
     }
+}
+
+/// IMGPIPE_BENCH_SEED_OUTPUTS=N (with IMGPIPE_BENCH_KILL=1, IMGPIPE_BENCH_OUT=s3 and PostgreSQL
+/// state): after the kill, the night is made N stored outputs long without paying for them:
+/// the first item's nine tasks, their attempts and ten outputs are copied in the state
+/// database to the items after the last one recorded (its keys and inputs renamed), and its
+/// objects hard-linked under the new items' keys in the S3 server's bucket (s3s-fs: a file
+/// and two sidecar files an object), so the takeover finds a night of N outputs as the record
+/// and the bucket hold it. Gives the number of outputs stored once seeded.
+fn seed_outputs(state: &str, run_id: &str, outputs: usize) -> u64 {
+    let root = support::s3_root().expect("IMGPIPE_BENCH_SEED_OUTPUTS needs IMGPIPE_BENCH_OUT=s3");
+    assert!(
+        state.starts_with("postgres"),
+        "IMGPIPE_BENCH_SEED_OUTPUTS needs PostgreSQL state"
+    );
+    let started = Instant::now();
+    let (first, last, prefix) = support::block_on(async {
+        let mut conn = sqlx::PgConnection::connect(state).await.expect("the state");
+        let (recorded,): (String,) =
+            sqlx::query_as("SELECT MAX(item) FROM tasks WHERE run_id = $1")
+                .bind(run_id)
+                .fetch_one(&mut conn)
+                .await
+                .expect("the last item recorded");
+        let (stored,): (i64,) =
+            sqlx::query_as("SELECT COUNT(*) FROM outputs WHERE run_id = $1 AND path IS NOT NULL")
+                .bind(run_id)
+                .fetch_one(&mut conn)
+                .await
+                .expect("outputs stored");
+        let (path,): (String,) = sqlx::query_as(
+            "SELECT o.path FROM outputs o JOIN tasks t ON t.id = o.task_id
+             WHERE t.run_id = $1 AND t.item = 'p000001' AND o.path IS NOT NULL LIMIT 1",
+        )
+        .bind(run_id)
+        .fetch_one(&mut conn)
+        .await
+        .expect("an object of the first item");
+        let first: usize = recorded[1..].parse::<usize>().expect("item pNNNNNN") + 1;
+        let items = outputs.saturating_sub(stored as usize) / 10;
+        let last = (first + items).min(DEFAULT_ITEMS + 1) - 1;
+        let at = path.find("/p000001/").expect("the item's directory");
+        let prefix = path["s3://".len()..at].to_owned();
+        let copy = [
+            "INSERT INTO tasks (run_id, item, step, idx, operation, inputs, planned_credits,
+                status, credits_billed, job_id, error, updated_at, identity, request)
+             SELECT t.run_id, i.item, t.step, t.idx, t.operation,
+                replace(t.inputs, 'p000001/', i.item || '/'), t.planned_credits, t.status,
+                t.credits_billed, t.job_id || '-' || i.item, t.error, t.updated_at, t.identity,
+                t.request
+             FROM tasks t, (SELECT 'p' || lpad(g::text, 6, '0') AS item
+                            FROM generate_series($2::bigint, $3::bigint) g) i
+             WHERE t.run_id = $1 AND t.item = 'p000001'",
+            "INSERT INTO attempts (task_id, run_id, endpoint, started_at, finished_at, outcome,
+                http_status, credits_billed, credits_remaining, job_id, error)
+             SELECT n.id, a.run_id, a.endpoint, a.started_at, a.finished_at, a.outcome,
+                a.http_status, a.credits_billed, a.credits_remaining, n.job_id, a.error
+             FROM attempts a JOIN tasks t ON t.id = a.task_id AND t.item = 'p000001'
+             JOIN tasks n ON n.run_id = t.run_id AND n.step = t.step AND n.idx = t.idx
+             WHERE t.run_id = $1
+               AND n.item BETWEEN 'p' || lpad($2::text, 6, '0') AND 'p' || lpad($3::text, 6, '0')",
+            "INSERT INTO outputs (task_id, run_id, k, job_id, parent_job_id, url, url_issued_at,
+                path, sha256, bytes, downloaded_at, download_error, etag)
+             SELECT n.id, o.run_id, o.k, n.job_id, o.parent_job_id, o.url, o.url_issued_at,
+                replace(o.path, '/p000001/', '/' || n.item || '/'), o.sha256, o.bytes,
+                o.downloaded_at, o.download_error, o.etag
+             FROM outputs o JOIN tasks t ON t.id = o.task_id AND t.item = 'p000001'
+             JOIN tasks n ON n.run_id = t.run_id AND n.step = t.step AND n.idx = t.idx
+             WHERE t.run_id = $1
+               AND n.item BETWEEN 'p' || lpad($2::text, 6, '0') AND 'p' || lpad($3::text, 6, '0')",
+        ];
+        for sql in copy {
+            sqlx::query(sql)
+                .bind(run_id)
+                .bind(first as i64)
+                .bind(last as i64)
+                .execute(&mut conn)
+                .await
+                .expect("seed the state");
+        }
+        // A night written over hours is analysed by autovacuum many times over; these three
+        // statements wrote it at once, so they analyse it as autovacuum would have. (Left
+        // unanalysed, one statement of the review's reads of 900,000 tasks took over 25 s.)
+        sqlx::query("ANALYZE tasks, attempts, outputs")
+            .execute(&mut conn)
+            .await
+            .expect("analyse the seeded tables");
+        (first, last, prefix)
+    });
+    link_objects(root, &prefix, first, last);
+    let stored = recorded(state).stored;
+    println!(
+        "  seeded items p{first:06}..p{last:06}: {stored} outputs stored, in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    stored
+}
+
+/// Hard-links the first item's objects (and s3s-fs's two sidecar files of each) under the keys
+/// of items `first..=last`, in `prefix` (`bucket/…`, the run's directory).
+fn link_objects(root: &Path, prefix: &str, first: usize, last: usize) {
+    let (bucket, dir) = prefix.split_once('/').expect("bucket/prefix");
+    let names: Vec<String> = std::fs::read_dir(root.join(prefix).join("p000001"))
+        .expect("the first item's objects")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    let sidecar = |key: &str, ext: &str| {
+        root.join(format!(
+            ".bucket-{}.object-{}.{ext}.json",
+            base64_url(bucket),
+            base64_url(key)
+        ))
+    };
+    // A file takes at most 65,000 links (ext4): every 60,000 items, one is a copy, which the
+    // next ones link to.
+    let mut source = "p000001".to_owned();
+    for i in first..=last {
+        let item = format!("p{i:06}");
+        let copy = (i - first) % 60_000 == 59_999;
+        std::fs::create_dir_all(root.join(prefix).join(&item)).expect("an item's directory");
+        for name in &names {
+            let (from, to) = (
+                format!("{dir}/{source}/{name}"),
+                format!("{dir}/{item}/{name}"),
+            );
+            let link = |a: PathBuf, b: PathBuf| {
+                let made = if copy {
+                    std::fs::copy(&a, &b).map(drop)
+                } else {
+                    std::fs::hard_link(&a, &b)
+                };
+                made.unwrap_or_else(|e| panic!("link {a:?}: {e}"));
+            };
+            link(root.join(bucket).join(&from), root.join(bucket).join(&to));
+            link(sidecar(&from, "internal"), sidecar(&to, "internal"));
+            link(sidecar(&from, "metadata"), sidecar(&to, "metadata"));
+        }
+        if copy {
+            source = item;
+        }
+    }
+}
+
+/// Base64 of `s`, URL-safe, without padding: how s3s-fs names an object's sidecar files.
+fn base64_url(s: &str) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in s.as_bytes().chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..=chunk.len() {
+            out.push(ABC[((n >> (18 - 6 * i)) & 63) as usize] as char);
+        }
+    }
+    out
 }

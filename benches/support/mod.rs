@@ -322,12 +322,43 @@ pub fn s3_remove_bucket() {
     }
 }
 
+/// The directory the bench's S3 server keeps its buckets in, once started.
+pub fn s3_root() -> Option<&'static Path> {
+    S3_ROOT.get().map(|p| p.as_path())
+}
+
 /// Requests the bench's S3 server has received so far (0 without one).
 pub fn s3_requests() -> u64 {
     S3_REQUESTS.load(Ordering::Relaxed)
 }
 
+/// LIST requests (a GET with `list-type`) the bench's S3 server has received so far.
+pub fn s3_lists() -> u64 {
+    S3_LISTS.load(Ordering::Relaxed)
+}
+
+/// With IMGPIPE_BENCH_S3_LOG=FILE, a line per request the S3 server receives (milliseconds
+/// since the epoch, LIST or the method, the path), to see what a takeover asks and when.
+fn s3_log<B>(req: &http::Request<B>, list: bool) {
+    let Some(file) = std::env::var_os("IMGPIPE_BENCH_S3_LOG") else {
+        return;
+    };
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let kind = if list { "LIST" } else { req.method().as_str() };
+    let line = format!("{ms} {kind} {}\n", req.uri());
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(file)
+    {
+        let _ = f.write_all(line.as_bytes());
+    }
+}
+
 static S3_REQUESTS: AtomicU64 = AtomicU64::new(0);
+static S3_LISTS: AtomicU64 = AtomicU64::new(0);
 static S3_ROOT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
 const S3_KEY: &str = "AKIAIMGPIPEBENCH";
 const S3_SECRET: &str = "imgpipe-bench-secret";
@@ -363,10 +394,21 @@ fn s3_server() -> u16 {
                     continue;
                 };
                 let service = service.clone();
-                let counted = hyper::service::service_fn(move |req| {
+                let counted = hyper::service::service_fn(move |req: http::Request<_>| {
                     S3_REQUESTS.fetch_add(1, Ordering::Relaxed);
+                    let list = req.uri().query().is_some_and(|q| q.contains("list-type"));
+                    if list {
+                        S3_LISTS.fetch_add(1, Ordering::Relaxed);
+                    }
+                    s3_log(&req, list);
                     let service = service.clone();
-                    async move { hyper::service::Service::call(&service, req).await }
+                    async move {
+                        let delay = env_usize("IMGPIPE_BENCH_S3_LIST_MS", 0) as u64;
+                        if list && delay > 0 {
+                            tokio::time::sleep(Duration::from_millis(delay)).await;
+                        }
+                        hyper::service::Service::call(&service, req).await
+                    }
                 });
                 tokio::spawn(async move {
                     let _ = hyper_util::server::conn::auto::Builder::new(

@@ -37,8 +37,11 @@ pub struct Links {
 
 /// Outputs of earlier tasks that a resume, checking the kept files beside the run, found
 /// missing or modified (and set aside: no path recorded): the executor fetches each again from
-/// its job, free.
-pub type Refetch = tokio::sync::oneshot::Receiver<Vec<crate::store::RecordedOutput>>;
+/// its job, free. A check that could not end says why (the state database failed it): the run
+/// then stops as when it cannot record, never recorded succeeded with its kept outputs
+/// unchecked (a succeeded run is not checked again by the next resume).
+pub type Refetch =
+    tokio::sync::oneshot::Receiver<Result<Vec<crate::store::RecordedOutput>, Arc<StoreError>>>;
 
 /// What to do with a call that was sent and got no complete answer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

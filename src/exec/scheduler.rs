@@ -11,6 +11,7 @@ use crate::exec::ready::ReadySet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::oneshot::error::RecvError;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -385,12 +386,7 @@ impl Scheduler {
                 }
                 found = checked(&mut self.refetch), if self.refetch.is_some() => {
                     self.refetch = None;
-                    match found {
-                        Ok(outputs) => self.take_outputs(outputs),
-                        Err(_) => tracing::warn!(
-                            "the check of the kept files ended without an answer; the next resume checks them again"
-                        ),
-                    }
+                    self.check_ended(found);
                 }
                 () = shutdown.cancelled(), if deadline.is_none() => {
                     self.shared.stop();
@@ -414,6 +410,22 @@ impl Scheduler {
             }
         }
         self.drain_downloads(deadline).await;
+    }
+
+    /// Takes what the check of the kept files beside the run found. A check that failed, or
+    /// ended without an answer, stops the run: recorded succeeded, its kept files would never
+    /// be checked again; stopped, the next resume checks them.
+    fn check_ended(
+        &mut self,
+        found: Result<Result<Vec<RecordedOutput>, Arc<StoreError>>, RecvError>,
+    ) {
+        match found {
+            Ok(Ok(outputs)) => self.take_outputs(outputs),
+            Ok(Err(e)) => self.fatal(Fatal::Store(e)),
+            Err(_) => self.fatal(Fatal::Crashed(
+                "the check of the kept files ended without an answer; the next resume checks them again".to_owned(),
+            )),
+        }
     }
 
     /// Waits for the downloads: all of them, or until the grace period ends after an
@@ -995,7 +1007,7 @@ fn url_of(o: RecordedOutput) -> OutputUrl {
 /// The outputs a resume's check found to fetch again, once it ends; never, without one.
 async fn checked(
     refetch: &mut Option<Refetch>,
-) -> Result<Vec<RecordedOutput>, tokio::sync::oneshot::error::RecvError> {
+) -> Result<Result<Vec<RecordedOutput>, Arc<StoreError>>, RecvError> {
     match refetch {
         Some(rx) => rx.await,
         None => std::future::pending().await,

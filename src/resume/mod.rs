@@ -292,8 +292,17 @@ impl Drop for Beside {
 
 /// Starts the check of the kept outputs (row ids `kept`, sorted) beside the run: what is missing
 /// or modified is set aside ([`apply::refetch`]) and handed to the executor to fetch again from
-/// its job. The run pays meanwhile: no paid call reads a kept file (calls read URLs). First,
-/// the temporary files a killed process left are removed (not the executor's own).
+/// its job. First, the temporary files a killed process left are removed (not the executor's
+/// own).
+///
+/// The run pays meanwhile, from its first call, because no paid call depends on what the check
+/// finds: a call never reads a kept file or object. Its inputs are the service's URLs of the
+/// outputs it reads, taken from their jobs (fetched fresh from the job when near expiry), and a
+/// call whose input the job cannot give is not sent. A kept output found missing or modified
+/// is fetched again from that same job, free; a downstream call that read it meanwhile read
+/// the job's bytes, the recorded ones. What the check must hold back is the run's end: the
+/// executor does not end (nor the run get recorded succeeded) before the check answers, and a
+/// check that fails stops the run, so the next resume checks again.
 pub fn beside(
     store: Store,
     run_id: RunId,
@@ -325,11 +334,14 @@ pub fn beside(
                     path: None,
                     ..r.output
                 });
-                let _ = tx.send(outputs.collect());
+                let _ = tx.send(Ok(outputs.collect()));
             }
-            Err(e) => tracing::warn!(
-                "cannot check the kept outputs of run {run_id}: {e}; the next resume checks them again"
-            ),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot check the kept outputs of run {run_id}: {e}; the next resume checks them again"
+                );
+                let _ = tx.send(Err(std::sync::Arc::new(e)));
+            }
         }
     });
     (rx, Beside(task))

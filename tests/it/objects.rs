@@ -98,7 +98,33 @@ pub(crate) struct S3 {
     refuse: Refusal,
     /// Every request the server answered.
     requests: RequestLog,
+    /// See [`S3::hold_lists`].
+    lists: Arc<ListGate>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// Holds LIST requests (a GET with `list-type`) until the test lets them through: a listing
+/// as slow as a test needs it, without racing the clock.
+struct ListGate {
+    /// Whether LISTs pass.
+    open: tokio::sync::watch::Sender<bool>,
+    /// LISTs waiting at the gate now.
+    held: std::sync::atomic::AtomicUsize,
+}
+
+impl ListGate {
+    /// Waits while the gate is closed, counted as held.
+    async fn pass(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let mut open = self.open.subscribe();
+        if *open.borrow() {
+            return;
+        }
+        self.held.fetch_add(1, SeqCst);
+        // A gate dropped with its server ends the wait too.
+        let _ = open.wait_for(|o| *o).await;
+        self.held.fetch_sub(1, SeqCst);
+    }
 }
 
 /// Writes still allowed before the bucket refuses every one with this status; none refused
@@ -118,6 +144,7 @@ struct Cutting {
     cut: Arc<Mutex<Option<String>>>,
     refuse: Refusal,
     requests: RequestLog,
+    lists: Arc<ListGate>,
 }
 
 type Answer = std::pin::Pin<
@@ -155,7 +182,11 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Cutting {
         let cut = req.method() == http::Method::PUT
             && cut.is_some_and(|c| req.uri().path().contains(c.as_str()));
         let (inner, requests) = (self.inner.clone(), Arc::clone(&self.requests));
+        let lists = (seen.kind() == "LIST").then(|| Arc::clone(&self.lists));
         Box::pin(async move {
+            if let Some(gate) = lists {
+                gate.pass().await;
+            }
             let answer = match refusal {
                 Some(status) => refused(status).await,
                 None if cut => {
@@ -270,11 +301,16 @@ impl S3 {
         let cut = Arc::new(Mutex::new(None));
         let refuse = Arc::new(Mutex::new(None));
         let requests = Arc::new(Mutex::new(Vec::new()));
+        let lists = Arc::new(ListGate {
+            open: tokio::sync::watch::Sender::new(true),
+            held: std::sync::atomic::AtomicUsize::new(0),
+        });
         let service = Cutting {
             inner: builder.build(),
             cut: Arc::clone(&cut),
             refuse: Arc::clone(&refuse),
             requests: Arc::clone(&requests),
+            lists: Arc::clone(&lists),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -299,8 +335,24 @@ impl S3 {
             cut,
             refuse,
             requests,
+            lists,
             task,
         }
+    }
+
+    /// Holds every LIST from now on until [`S3::let_lists_through`].
+    fn hold_lists(&self) {
+        self.lists.open.send_replace(false);
+    }
+
+    /// Lets the LISTs held, and every later one, through.
+    fn let_lists_through(&self) {
+        self.lists.open.send_replace(true);
+    }
+
+    /// LISTs waiting at the gate now.
+    fn lists_held(&self) -> usize {
+        self.lists.held.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The requests answered since the last call, and the log emptied.
@@ -1470,4 +1522,248 @@ async fn superseded(dir: &Path) -> Vec<(String, bool)> {
     .unwrap();
     conn.close().await.unwrap();
     rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+}
+
+/// `imgpipe ARGS` against `env`'s sandbox and `s3`, its state in `env`'s directory, to spawn.
+fn on_s3(env: &Env, s3: &S3, args: &[&str]) -> tokio::process::Command {
+    Imgpipe::on(env, args)
+        .s3(s3)
+        .sqlite_in(env.dir.path())
+        .retry_base_ms(20)
+        .command()
+}
+
+/// The run's status as recorded.
+async fn run_status(dir: &Path) -> String {
+    use sqlx::Connection;
+    let mut conn = read_state(dir).await;
+    let (status,): (String,) = sqlx::query_as("SELECT status FROM runs WHERE id = 'r'")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    let _ = conn.close().await;
+    status
+}
+
+/// A run of [`TAKEOVER_ITEMS`] items into the bucket, killed with three calls billed (two of
+/// their outputs stored), then one stored object deleted and another one's bytes replaced by
+/// the user's: a pod lost, its outputs changed, for another to take over.
+struct Lost {
+    deleted: Recorded,
+    modified: Recorded,
+    /// The bytes the user put in the modified one's place.
+    users: Vec<u8>,
+}
+
+const TAKEOVER_ITEMS: usize = 8;
+
+async fn lost_with_two_objects_changed(env: &Env, s3: &S3) -> Lost {
+    let dir = env.dir.path();
+    let items: String = (0..TAKEOVER_ITEMS)
+        .map(|i| format!("  - {{ id: i{i} }}\n"))
+        .collect();
+    write(
+        dir,
+        "p.yaml",
+        &PIPELINE.replace("  - { id: a }\n  - { id: b }\n  - { id: c }\n", &items),
+    );
+    let hold = env.sandbox.hold();
+    env.sandbox.let_through(3);
+    let args = [
+        "run",
+        "p.yaml",
+        "--run-id",
+        "r",
+        "--out",
+        "s3://shots/runs",
+        "--concurrency",
+        "1",
+    ];
+    let mut child = on_s3(env, s3, &args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stored = || async {
+        let recorded = outputs(dir).await;
+        recorded.iter().filter(|o| o.path.is_some()).count()
+    };
+    wait_until_async(
+        "three calls billed, two outputs in the bucket, the fourth call held",
+        || async {
+            env.sandbox.ledger().len() == 3 && env.sandbox.held_calls() == 1 && stored().await >= 2
+        },
+    )
+    .await;
+    kill_child(&mut child, "the run").await;
+    release_after_kill(env, hold).await;
+    wait_until(
+        "the service settled the calls in flight at the kill",
+        || env.sandbox.in_flight() == 0,
+    )
+    .await;
+    // The call held at the kill was billed for nobody (never delivered): it is paid again.
+    assert_eq!(delivered(env), 3);
+    let mut done = outputs(dir).await.into_iter().filter(|o| o.path.is_some());
+    let (deleted, modified) = (done.next().unwrap(), done.next().unwrap());
+    let store = s3.store();
+    store
+        .delete(&key_of(deleted.path.as_deref().unwrap()))
+        .await
+        .unwrap();
+    let users = b"the user's own edit".to_vec();
+    store
+        .put(
+            &key_of(modified.path.as_deref().unwrap()),
+            users.clone().into(),
+        )
+        .await
+        .unwrap();
+    Lost {
+        deleted,
+        modified,
+        users,
+    }
+}
+
+/// The bills the service delivered: a call held at a kill is billed, for nobody.
+fn delivered(env: &Env) -> usize {
+    env.sandbox.ledger().iter().filter(|e| e.delivered).count()
+}
+
+/// The object at a recorded URL, `None` when there is none.
+async fn object_bytes(s3: &S3, url: &str) -> Option<Vec<u8>> {
+    match s3.store().get(&key_of(url)).await {
+        Ok(found) => Some(found.bytes().await.unwrap().to_vec()),
+        Err(object_store::Error::NotFound { .. }) => None,
+        Err(e) => panic!("{url}: {e}"),
+    }
+}
+
+/// What a takeover must have done once its check ended: the deleted object fetched again, the
+/// modified one's bytes set aside once under `_superseded/` and replaced by the recorded ones,
+/// every output stored as recorded, each task billed once (and `kills` calls in flight at a
+/// kill billed for nobody).
+async fn assert_taken_over(env: &Env, s3: &S3, lost: &Lost, kills: usize) {
+    let dir = env.dir.path();
+    let recorded = outputs(dir).await;
+    assert_eq!(recorded.len(), TAKEOVER_ITEMS, "{recorded:?}");
+    assert_objects_agree_as(s3, &recorded, "s3://shots/runs/r/", true).await;
+    let aside = std::fs::read_dir(s3.file(&format!("runs/r/_superseded/{}", lost.modified.item)))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect::<Vec<_>>();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(std::fs::read(&aside[0]).unwrap(), lost.users);
+    let ledger = env.sandbox.ledger();
+    let jobs: std::collections::BTreeSet<&str> = ledger.iter().map(|e| e.job_id.as_str()).collect();
+    assert_eq!(jobs.len(), ledger.len());
+    assert_eq!(
+        delivered(env),
+        TAKEOVER_ITEMS,
+        "each task billed once: {ledger:#?}"
+    );
+    assert_eq!(ledger.len(), TAKEOVER_ITEMS + kills, "{ledger:#?}");
+    assert_eq!(run_status(dir).await, "succeeded");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_takeover_pays_while_its_listing_is_held_and_ends_only_once_its_check_has() {
+    let env = start(config()).await;
+    let s3 = S3::start().await;
+    let dir = env.dir.path();
+    let lost = lost_with_two_objects_changed(&env, &s3).await;
+
+    // The check's listing is held: the takeover pays for every task left all the same.
+    s3.hold_lists();
+    let mut child = on_s3(&env, &s3, &["resume", "r"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let paid_for = || async {
+        let recorded = outputs(dir).await;
+        let stored = recorded.iter().filter(|o| o.path.is_some()).count();
+        // Every task paid for and its output stored; the two changed ones are still recorded
+        // as they were, the check having found nothing yet.
+        recorded.len() == TAKEOVER_ITEMS && stored == TAKEOVER_ITEMS
+    };
+    wait_until_async(
+        "every task left paid for and stored while the listing is held",
+        || async { s3.lists_held() >= 1 && delivered(&env) == TAKEOVER_ITEMS && paid_for().await },
+    )
+    .await;
+    // Nothing left to pay for, and yet the run goes on: its check has not answered.
+    assert!(s3.lists_held() >= 1);
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the takeover ended before its check did"
+    );
+    assert_eq!(run_status(dir).await, "running");
+    assert_eq!(
+        object_bytes(&s3, lost.deleted.path.as_deref().unwrap()).await,
+        None
+    );
+    assert_eq!(
+        object_bytes(&s3, lost.modified.path.as_deref().unwrap()).await,
+        Some(lost.users.clone())
+    );
+
+    s3.let_lists_through();
+    let status = wait_child(&mut child, WAIT_LIMIT, "the takeover").await;
+    let mut log = String::new();
+    use tokio::io::AsyncReadExt;
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+    assert_taken_over(&env, &s3, &lost, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_takeover_killed_during_its_check_is_taken_over_again_and_pays_nothing_twice() {
+    let env = start(config()).await;
+    let s3 = S3::start().await;
+    let dir = env.dir.path();
+    let lost = lost_with_two_objects_changed(&env, &s3).await;
+
+    // The takeover pays for one more task, holds a second call in flight, and is killed while
+    // its check waits for the listing.
+    s3.hold_lists();
+    let hold = env.sandbox.hold();
+    env.sandbox.let_through(1);
+    let args = ["resume", "r", "--concurrency", "1"];
+    let mut child = on_s3(&env, &s3, &args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(
+        "a call paid and another held while the listing is held",
+        || s3.lists_held() >= 1 && delivered(&env) == 4 && env.sandbox.held_calls() == 1,
+    )
+    .await;
+    kill_child(&mut child, "the takeover").await;
+    release_after_kill(&env, hold).await;
+    s3.let_lists_through();
+    wait_until(
+        "the service settled the calls in flight at the kill",
+        || env.sandbox.in_flight() == 0,
+    )
+    .await;
+
+    // Another takeover: it checks again what the first could not, and pays only for the rest.
+    let o = Imgpipe::on(&env, &["resume", "r"])
+        .s3(&s3)
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
+    assert_exit_without_panic(&o, 0);
+    assert_taken_over(&env, &s3, &lost, 2).await;
 }
