@@ -106,6 +106,11 @@ impl Client {
         &self.base
     }
 
+    /// The account the client spends on, as the state database names it (never the key).
+    pub fn account_digest(&self) -> String {
+        self.key.account_digest(self.base.as_str())
+    }
+
     /// Scrubs the key from text about to be shown: records may echo what they were sent.
     pub fn redact(&self, text: &str) -> String {
         self.key.redact(text)

@@ -46,6 +46,18 @@ impl ApiKey {
         &self.0
     }
 
+    /// The account this key opens at the service at `base`, as the state database names it:
+    /// a SHA-256 digest of the address and the key, from which neither can be read back.
+    pub fn account_digest(&self, base: &str) -> String {
+        use sha2::Digest;
+        let mut hash = sha2::Sha256::new();
+        hash.update(b"imgpipe account\n");
+        hash.update(base.trim_end_matches('/').as_bytes());
+        hash.update(b"\n");
+        hash.update(self.0.as_bytes());
+        hex::encode(hash.finalize())
+    }
+
     /// Replaces every occurrence of the key in `text`: servers sometimes echo what they got.
     pub fn redact(&self, text: &str) -> String {
         text.replace(&self.0, "[redacted]")
@@ -75,6 +87,15 @@ mod tests {
         assert!(!format!("{key} {key:?} {key:#?}").contains("secret"));
         assert_eq!(key.redact("bad key sk-secret-123"), "bad key [redacted]");
         assert!(matches!(ApiKey::new("  \n"), Err(KeyError::Empty)));
+        let account = key.account_digest("http://127.0.0.1:9/");
+        assert!(
+            !account.contains("secret") && account.len() == 64,
+            "{account}"
+        );
+        assert_eq!(account, key.account_digest("http://127.0.0.1:9"));
+        assert_ne!(account, key.account_digest("http://127.0.0.1:8"));
+        let other = ApiKey::new("sk-secret-124").unwrap();
+        assert_ne!(account, other.account_digest("http://127.0.0.1:9"));
         assert!(matches!(ApiKey::new("a b"), Err(KeyError::NotHeaderSafe)));
     }
 }

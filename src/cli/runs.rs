@@ -69,6 +69,19 @@ pub(super) async fn run(args: &RunsArgs, global: &GlobalArgs) -> Result<(), Erro
         ))?;
     }
     for l in &lines {
+        for d in &l.rate_drawers {
+            let sharing = lines
+                .iter()
+                .flat_map(|o| &o.rate_drawers)
+                .filter(|o| o.account == d.account)
+                .count();
+            stdio::line(format_args!(
+                "run {}: draws from account {}'s rate, {} a second, on {} (pid {}) with {sharing} process(es) in all",
+                l.id, d.account, d.per_second, d.host, d.pid
+            ))?;
+        }
+    }
+    for l in &lines {
         if let (Some(process), Some(command)) = (&l.process, &l.continue_with) {
             stdio::line(format_args!(
                 "run {}: process {}\nhint: continue it with: {command}",

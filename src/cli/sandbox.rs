@@ -46,6 +46,9 @@ pub struct SandboxArgs {
     /// Requests per second before 429 (burst: one second's worth)
     #[arg(long, value_name = "PER_SEC")]
     pub rate_limit: Option<f64>,
+    /// Requests the rate limit lets through at once after a quiet spell
+    #[arg(long, value_name = "N", requires = "rate_limit", value_parser = clap::value_parser!(u32).range(1..))]
+    pub rate_burst: Option<u32>,
     /// Which calls the rate limit counts: every /v1 call, or only the paid ones
     #[arg(long, value_enum, default_value = "all")]
     pub rate_limit_scope: RateScope,
@@ -122,6 +125,7 @@ impl SandboxArgs {
             jitter: Duration::from_millis(self.jitter_ms),
             download_latency: Duration::from_millis(self.download_latency_ms),
             rate_limit: self.rate_limit,
+            rate_burst: self.rate_burst,
             rate_scope: self.rate_limit_scope.into(),
             max_in_flight: self.max_in_flight,
             image_side: self.image_side,

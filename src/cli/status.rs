@@ -62,6 +62,18 @@ pub(super) async fn run(args: &StatusArgs, global: &GlobalArgs) -> Result<(), Er
             a.error.as_deref().unwrap_or("no answer")
         ))?;
     }
+    for d in &status.rate_drawers {
+        stdio::line(format_args!(
+            "  rate: {} on {} (pid {}) draws from account {}'s {} a second, {} calls so far, seen {}",
+            d.run_id,
+            d.host,
+            d.pid,
+            d.account,
+            d.per_second,
+            d.drawn,
+            time(d.last_seen)
+        ))?;
+    }
     if status.superseded_files > 0 {
         stdio::line(format_args!(
             "  {} earlier file(s) kept under {}/{}",

@@ -27,6 +27,22 @@ pub enum Event {
     /// window announced once, by the run whose lease passed it).
     #[serde(rename = "cap.crossed")]
     CapCrossed(CapCrossed),
+    /// The state database did not answer a draw from the account's shared rate in time: the
+    /// process keeps to its share of the limit until it answers (said once each time).
+    #[serde(rename = "rate.fallback")]
+    RateFallback(RateFallback),
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RateFallback {
+    pub run_id: RunId,
+    pub pipeline: String,
+    /// What this process keeps to now, in calls per second.
+    pub per_second: f64,
+    /// The account's limit.
+    pub limit_per_second: f64,
+    /// The processes it last saw drawing from the limit, itself included.
+    pub drawers: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -121,6 +137,7 @@ impl Event {
             Event::BudgetCrossed(_) => "budget.crossed",
             Event::CallBilledAbovePlan(_) => "call.billed_above_plan",
             Event::CapCrossed(_) => "cap.crossed",
+            Event::RateFallback(_) => "rate.fallback",
         }
     }
 
@@ -155,6 +172,10 @@ impl Event {
             Event::CapCrossed(c) => format!(
                 "imgpipe: cap {} is {}% spent ({} of {} credits, until {}), run {} of {}",
                 c.cap, c.percent, c.credits_spent, c.credits, c.window_end, c.run_id, c.pipeline
+            ),
+            Event::RateFallback(r) => format!(
+                "imgpipe: run {} of {}: the state database does not answer; keeping to {:.2} calls/s, its share of the account's {} a second with {} process(es)",
+                r.run_id, r.pipeline, r.per_second, r.limit_per_second, r.drawers
             ),
         }
     }

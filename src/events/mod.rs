@@ -20,7 +20,7 @@ use std::time::Instant;
 pub use event::Event;
 
 use crate::events::event::{
-    BudgetCrossed, CallBilledAbovePlan, CapCrossed, Credits, Failure, RunFinished,
+    BudgetCrossed, CallBilledAbovePlan, CapCrossed, Credits, Failure, RateFallback, RunFinished,
 };
 use crate::events::metrics::MetricsFile;
 use crate::events::notify::{DELIVERY_BOUND, Notifier};
@@ -244,6 +244,17 @@ impl Observer for Watch {
                 max_credits: max,
             }));
         }
+    }
+
+    fn rate_fallback(&self, share: f64, limit: f64, drawers: u64) {
+        self.inner.rate_fallback(share, limit, drawers);
+        self.sender.send(Event::RateFallback(RateFallback {
+            run_id: self.run_id.clone(),
+            pipeline: self.pipeline.clone(),
+            per_second: share,
+            limit_per_second: limit,
+            drawers,
+        }));
     }
 
     fn cap_crossed(&self, c: &crate::caps::Crossing) {

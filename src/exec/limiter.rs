@@ -1,6 +1,9 @@
 //! The one limiter every paid call passes: a governor rate limiter at the configured rate, a
 //! shared pause when the service answers 429, and a lowered rate that recovers gradually.
 //!
+//! With an account's shared limit ([`AccountRate`]), each call also takes its turn from the
+//! limit every process on the account draws from, and a 429 pauses them all.
+//!
 //! A 429 pauses all dispatch for its `Retry-After`, not only the call that got it, so the calls
 //! queued behind it do not stampede the service the moment the pause ends.
 
@@ -13,6 +16,7 @@ use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use tokio::time::Instant;
 
 use crate::api::retry::honoured;
+use crate::exec::account_rate::AccountRate;
 
 /// Each 429 divides the rate by this, down to [`MIN_FACTOR`] of the configured rate.
 const BACKOFF_DIVISOR: f64 = 2.0;
@@ -29,6 +33,8 @@ const SAME_SIGNAL: Duration = Duration::from_millis(500);
 
 pub struct PaidLimiter {
     inner: Mutex<Inner>,
+    /// The account's limit shared with every process that spends on it, when known.
+    shared: Option<AccountRate>,
 }
 
 struct Inner {
@@ -61,7 +67,14 @@ impl PaidLimiter {
                 last_change: Instant::now(),
                 recent: VecDeque::new(),
             }),
+            shared: None,
         }
+    }
+
+    /// The same, each call also taking its turn from the account's shared limit.
+    pub fn sharing(mut self, shared: Option<AccountRate>) -> PaidLimiter {
+        self.shared = shared;
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -82,6 +95,9 @@ impl PaidLimiter {
             }
             if let Some(limiter) = limiter {
                 limiter.until_ready().await;
+            }
+            if let Some(shared) = &self.shared {
+                shared.take().await;
             }
             let mut inner = self.lock();
             // A 429 may have come in while this call waited for its turn.
@@ -116,6 +132,9 @@ impl PaidLimiter {
             return;
         }
         inner.last_signal = Some(now);
+        if let Some(shared) = &self.shared {
+            shared.throttled(pause);
+        }
         if inner.base.is_none() {
             inner.base = Some((inner.recent.len() as f64).max(1.0));
             inner.learned = true;
@@ -164,7 +183,7 @@ impl Inner {
 /// A governor limiter pacing calls evenly at `rate` per second. A burst of two lets a call
 /// that woke late be made up by the next, so timer lateness does not erode the rate; never
 /// more, since a burst is exactly what a service's own limiter refuses.
-fn governor_for(rate: f64) -> Option<Arc<DefaultDirectRateLimiter>> {
+pub(super) fn governor_for(rate: f64) -> Option<Arc<DefaultDirectRateLimiter>> {
     let period = Duration::try_from_secs_f64(1.0 / rate).ok()?;
     let burst = NonZeroU32::new(if rate >= 2.0 { 2 } else { 1 }).unwrap_or(NonZeroU32::MIN);
     let quota = Quota::with_period(period.max(Duration::from_nanos(1)))?.allow_burst(burst);

@@ -5,6 +5,7 @@
 //! records them; a call cut off after that stays recorded as in flight, that is, possibly
 //! billed, which is exactly what is known of it.
 
+pub mod account_rate;
 mod attempt;
 pub mod budget;
 mod download;
@@ -87,6 +88,9 @@ pub struct Config {
     /// The run's hold on the spending caps that cover it: chains are committed only from what
     /// it leased.
     pub leash: Option<crate::caps::Leash>,
+    /// The account's rate limit, shared with every process that spends on it through the
+    /// state database; `None` without a known rate (or a database that cannot say).
+    pub account_rate: Option<account_rate::AccountRate>,
 }
 
 /// Live news of the run, for the progress display or log lines.
@@ -98,6 +102,10 @@ pub trait Observer: Send + Sync {
     fn call_billed(&self, _step: usize, _task: &str, _planned: u64, _billed: u64) {}
     /// A lease of this run took a spending cap's window past 50, 80 or 100%.
     fn cap_crossed(&self, _crossing: &crate::caps::Crossing) {}
+    /// The state database did not answer a draw from the account's shared rate: this process
+    /// keeps to `share` calls a second (the account's `limit` over the `drawers` it last saw)
+    /// until it answers again.
+    fn rate_fallback(&self, _share: f64, _limit: f64, _drawers: u64) {}
     /// The run stopped dispatching and everything in flight was settled.
     fn finish(&self) {}
 }

@@ -112,6 +112,9 @@ pub async fn run(
     } = links;
     let started = std::time::Instant::now();
     store.attempts().settle_orphaned(&config.run_id).await?;
+    if let Some(rate) = &config.account_rate {
+        rate.tell(Arc::clone(&observer));
+    }
     let (rows, state) = Rows::load(&store, &graph, &config).await?;
     tracing::debug!("tasks' state read in {:.2?}", started.elapsed());
     let shared = Arc::new(Shared::new(

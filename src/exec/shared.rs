@@ -73,7 +73,7 @@ impl Shared {
             graph,
             run_id: config.run_id.clone(),
             place: config.place.clone(),
-            limiter: PaidLimiter::new(config.rate),
+            limiter: PaidLimiter::new(config.rate).sharing(config.account_rate.clone()),
             downloads: Semaphore::new(config.download_concurrency.max(1)),
             url_ttl: config.url_ttl,
             url_margin: config.url_margin,

@@ -25,6 +25,9 @@ pub struct RunLine {
     /// The command that continues a run whose process is gone.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub continue_with: Option<String>,
+    /// The run's processes drawing from their account's shared rate limit now.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rate_drawers: Vec<crate::store::Drawer>,
 }
 
 /// Every run of `store`, newest last as the store lists them; `resume` gives the command that
@@ -34,6 +37,8 @@ pub async fn lines(
     resume: impl Fn(&RunId) -> String,
 ) -> Result<Vec<RunLine>, StoreError> {
     let mut lines = Vec::new();
+    let since = crate::store::now_ms() - crate::exec::account_rate::STALE_AFTER_MS;
+    let drawers = store.rates().drawers(since).await?;
     for run in store.runs().list().await? {
         let (run, process) = observe(store, run).await?;
         let totals = store.runs().totals(&run.id).await?;
@@ -52,6 +57,11 @@ pub async fn lines(
             finished: run.finished_at.map(time),
             process,
             continue_with,
+            rate_drawers: drawers
+                .iter()
+                .filter(|d| d.run_id == run.id.as_str())
+                .cloned()
+                .collect(),
             pipeline: run.pipeline_name,
             id: run.id.to_string(),
         });

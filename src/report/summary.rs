@@ -54,6 +54,10 @@ pub struct Status {
     pub ambiguous: Vec<AmbiguousAttempt>,
     /// Outputs moved under `_superseded/` (a task ran again, or a file was modified).
     pub superseded_files: u64,
+    /// While the run goes: every process drawing from the rate limit of its account, the
+    /// run's own included (they share the account's limit through the state database).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rate_drawers: Vec<crate::store::Drawer>,
 }
 
 /// The summary of run `run_id`, which must be in `store`.
@@ -150,7 +154,27 @@ pub async fn status_of(store: &Store, run: Run) -> Result<Status, Error> {
         steps,
         ambiguous: store.runs().ambiguous_attempts(run_id).await?,
         superseded_files: store.runs().superseded_count(run_id).await?,
+        rate_drawers: sharing_with(store, run_id).await?,
     })
+}
+
+/// The processes drawing from the rate limit of the accounts run `run_id` draws from now
+/// (seen within the time a drawer is counted), itself included; none when it draws from none.
+pub async fn sharing_with(
+    store: &Store,
+    run_id: &RunId,
+) -> Result<Vec<crate::store::Drawer>, Error> {
+    let since = crate::store::now_ms() - crate::exec::account_rate::STALE_AFTER_MS;
+    let all = store.rates().drawers(since).await?;
+    let accounts: Vec<String> = all
+        .iter()
+        .filter(|d| d.run_id == run_id.as_str())
+        .map(|d| d.account.clone())
+        .collect();
+    Ok(all
+        .into_iter()
+        .filter(|d| accounts.contains(&d.account))
+        .collect())
 }
 
 /// The tasks the run has not recorded yet, per step: a run records an item's tasks only as

@@ -112,9 +112,14 @@ impl Runner<'_> {
         config.known_prices = known_prices(store, &start.doc).await?;
         config.leash = leash(store, pipeline, &start.run.id).await?;
         let leash = config.leash.clone();
+        config.account_rate = account_rate(store, conn, config.rate, &start.run.id).await;
+        let shared_rate = config.account_rate.clone();
         let ran = self
             .execute_leashed(conn, store, pipeline, start, config, told)
             .await;
+        if let Some(rate) = shared_rate {
+            rate.close().await;
+        }
         if let Some(leash) = leash
             && let Err(e) = leash.close().await
         {
@@ -393,6 +398,43 @@ async fn leash(
 ) -> Result<Option<crate::caps::Leash>, Error> {
     let caps = crate::caps::recorded(store).await?;
     Ok(crate::caps::Leash::open(store, caps, &pipeline.name, run_id).await?)
+}
+
+/// The run's hold on its account's rate limit, shared with every process that spends on the
+/// account through this state database; `None` without a known rate (as before: unlimited
+/// until a 429), or when the database cannot enrol it (said, and the run paces itself alone).
+async fn account_rate(
+    store: &Store,
+    conn: &Connection,
+    rate: Option<f64>,
+    run_id: &RunId,
+) -> Option<exec::account_rate::AccountRate> {
+    let rate = rate.filter(|r| r.is_finite() && *r > 0.0)?;
+    let account = conn.client.account_digest();
+    let own = match std::env::var(exec::account_rate::TEST_RATE_STATE_ENV) {
+        Ok(place) if !place.is_empty() => {
+            let location = crate::store::Location::parse(&place, "the rate's state").ok()?;
+            Store::open_existing(&location).await.ok()
+        }
+        _ => None,
+    };
+    let store = own.as_ref().unwrap_or(store);
+    let opened = exec::account_rate::AccountRate::open(store, account, rate, run_id);
+    match tokio::time::timeout(exec::account_rate::ANSWER_WITHIN, opened).await {
+        Ok(Ok(shared)) => Some(shared),
+        Ok(Err(e)) => {
+            tracing::warn!(
+                "cannot share the account's rate through the state database ({e}): this run keeps to {rate} a second alone"
+            );
+            None
+        }
+        Err(_) => {
+            tracing::warn!(
+                "the state database did not answer in time to share the account's rate: this run keeps to {rate} a second alone"
+            );
+            None
+        }
+    }
 }
 
 /// By step, whether its price needs no single call to confirm it: a price the service

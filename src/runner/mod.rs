@@ -446,6 +446,7 @@ impl Runner<'_> {
             scope: Scope::all(),
             known_prices: Vec::new(),
             leash: None,
+            account_rate: None,
         }
     }
 }

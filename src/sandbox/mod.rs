@@ -49,6 +49,9 @@ pub struct Config {
     pub download_latency: Duration,
     /// Requests per second (see `rate_scope`); unlimited when `None`.
     pub rate_limit: Option<f64>,
+    /// Calls the rate limit lets through at once after a quiet spell; one second's worth when
+    /// `None`.
+    pub rate_burst: Option<u32>,
     /// Which calls the rate limit counts.
     pub rate_scope: RateScope,
     /// Paid requests in flight at once; unlimited when `None`.
@@ -71,6 +74,7 @@ impl Default for Config {
             jitter: Duration::ZERO,
             download_latency: Duration::ZERO,
             rate_limit: None,
+            rate_burst: None,
             rate_scope: RateScope::All,
             max_in_flight: None,
             image_side: 256,

@@ -168,7 +168,9 @@ impl State {
             in_flight: AtomicUsize::new(0),
             started: Instant::now(),
             gate: crate::sandbox::hold::Gate::new(),
-            limiter: config.rate_limit.and_then(limiter),
+            limiter: config
+                .rate_limit
+                .and_then(|rate| limiter(rate, config.rate_burst)),
             samples,
             config,
             key,
@@ -486,14 +488,17 @@ impl State {
     }
 }
 
-/// A limiter admitting `rate` requests per second with a burst of one second's worth, so a
-/// client pacing itself at the same rate is not refused for network jitter.
-fn limiter(rate: f64) -> Option<governor::DefaultDirectRateLimiter> {
+/// A limiter admitting `rate` requests per second with a burst of `burst`, by default one
+/// second's worth, so a client pacing itself at the same rate is not refused for network
+/// jitter.
+fn limiter(rate: f64, burst: Option<u32>) -> Option<governor::DefaultDirectRateLimiter> {
     use std::num::NonZeroU32;
     if !(rate.is_finite() && rate > 0.0) {
         return None;
     }
-    let burst = NonZeroU32::new(rate.ceil().clamp(1.0, f64::from(u32::MAX)) as u32)?;
+    let burst = NonZeroU32::new(
+        burst.unwrap_or_else(|| rate.ceil().clamp(1.0, f64::from(u32::MAX)) as u32),
+    )?;
     let period = Duration::try_from_secs_f64(1.0 / rate).ok()?;
     let quota = governor::Quota::with_period(period)?.allow_burst(burst);
     Some(governor::RateLimiter::direct(quota))

@@ -32,6 +32,7 @@ pub mod lock;
 mod outline;
 mod outputs;
 mod postgres;
+mod rates;
 mod report;
 mod rerolls;
 mod revisions;
@@ -56,6 +57,7 @@ pub use caps::{CapSetting, CapWindow, Caps, Lessee};
 pub use gauges::{Gauges, RunGauges};
 pub use location::{Location, PgUrl};
 pub use outline::ItemOutline;
+pub use rates::{Drawer, Drawn, NewDrawer, Rates};
 
 pub use identities::{Identities, Reusable, ReusableOutput};
 pub use kept::{Kept, StoredOutput};
@@ -367,6 +369,11 @@ impl Store {
     /// The spending caps and their leases.
     pub fn caps(&self) -> Caps<'_> {
         Caps { store: self }
+    }
+
+    /// The accounts' shared rate limits and the processes drawing from them.
+    pub fn rates(&self) -> Rates<'_> {
+        Rates { store: self }
     }
 
     pub async fn close(&self) {

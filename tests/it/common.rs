@@ -1320,3 +1320,51 @@ fn a_blocking_command_that_hangs_fails_the_test_and_is_killed() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A TCP proxy on 127.0.0.1 to `target`, which a test closes to cut every connection through
+/// it at once: the connections are dropped and new ones refused (its port is no longer bound).
+pub struct TcpProxy {
+    pub port: u16,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TcpProxy {
+    pub async fn start(target: std::net::SocketAddr) -> TcpProxy {
+        TcpProxy::start_on(target, 0).await
+    }
+
+    /// On a chosen port (0: any free one), e.g. the port of a proxy closed before: the
+    /// connection comes back where its clients look for it.
+    pub async fn start_on(target: std::net::SocketAddr, port: u16) -> TcpProxy {
+        let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port))
+            .await
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            // Dropped at the end: every connection's task is aborted, its sockets closed.
+            let mut connections = tokio::task::JoinSet::new();
+            loop {
+                tokio::select! {
+                    accepted = listener.accept() => {
+                        let Ok((mut inbound, _)) = accepted else { continue };
+                        connections.spawn(async move {
+                            if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                            }
+                        });
+                    }
+                    _ = stopped.changed() => return,
+                }
+            }
+        });
+        TcpProxy { port, stop, task }
+    }
+
+    /// Cuts every connection and refuses new ones.
+    pub async fn close(self) {
+        self.stop.send_replace(true);
+        let _ = self.task.await;
+    }
+}

@@ -38,14 +38,14 @@ const EVENT_WAIT: Duration = Duration::from_secs(20);
 // ---------------------------------------------------------------------------------------------
 
 #[derive(Clone, Debug)]
-struct Got {
+pub(crate) struct Got {
     event: Option<String>,
     signature: Option<String>,
     body: Bytes,
 }
 
 impl Got {
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
     }
@@ -54,8 +54,8 @@ impl Got {
 type Log = Arc<Mutex<Vec<Got>>>;
 
 /// A webhook receiver: records every request; answers 204 or, `holding`, never answers.
-struct Receiver {
-    url: String,
+pub(crate) struct Receiver {
+    pub(crate) url: String,
     got: Log,
     server: tokio::task::JoinHandle<()>,
 }
@@ -66,7 +66,7 @@ impl Drop for Receiver {
     }
 }
 
-async fn receiver(holding: bool) -> Receiver {
+pub(crate) async fn receiver(holding: bool) -> Receiver {
     async fn hook(
         State((got, holding)): State<(Log, bool)>,
         headers: HeaderMap,
@@ -117,7 +117,7 @@ impl Receiver {
     }
 
     /// Waits for a `kind` event, failing with what came instead.
-    async fn wait_for(&self, kind: &str) -> Got {
+    pub(crate) async fn wait_for(&self, kind: &str) -> Got {
         let deadline = tokio::time::Instant::now() + EVENT_WAIT;
         loop {
             if let Some(g) = self.of_kind(kind).pop() {

@@ -36,6 +36,7 @@ mod runner;
 mod said;
 mod sandbox_http;
 mod scale;
+mod shared_rate;
 mod signals;
 mod spend;
 mod validate;
