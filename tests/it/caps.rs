@@ -355,7 +355,7 @@ async fn a_process_frozen_past_60_s_finds_its_lease_closed_sends_nothing_more_an
         env.sandbox.held_calls() >= 1
     })
     .await;
-    send_signal(run.id(), libc::SIGSTOP);
+    freeze_between_writes(run.id(), &dir.join("state.db")).await;
     drop(hold);
     // 61 s later, for everyone: another run takes the frozen one for dead and closes its lease.
     std::fs::write(&clock, "61").unwrap();

@@ -311,6 +311,43 @@ pub fn send_signal(pid: u32, signal: i32) {
     );
 }
 
+/// Freezes our own child `pid` (SIGSTOP) at a moment it holds no write transaction on the
+/// SQLite state at `state`: a process frozen in the middle of one would keep every other
+/// process from writing for as long as it stays frozen, which is SQLite's nature and not what
+/// a test of a frozen run is about. Frozen while the database takes a write from us, it is
+/// left frozen; otherwise it is let go on (SIGCONT) and frozen again a moment later.
+pub async fn freeze_between_writes(pid: u32, state: &Path) {
+    use sqlx::{ConnectOptions, Connection};
+    let started = std::time::Instant::now();
+    loop {
+        send_signal(pid, libc::SIGSTOP);
+        let writable = async {
+            let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(state)
+                .busy_timeout(Duration::ZERO)
+                .connect()
+                .await
+                .ok()?;
+            sqlx::query("BEGIN IMMEDIATE")
+                .execute(&mut conn)
+                .await
+                .ok()?;
+            sqlx::query("ROLLBACK").execute(&mut conn).await.ok()?;
+            conn.close().await.ok()
+        };
+        if writable.await.is_some() {
+            return;
+        }
+        send_signal(pid, libc::SIGCONT);
+        assert!(
+            started.elapsed() < WAIT_LIMIT,
+            "waited {WAIT_LIMIT:?} to freeze process {pid} outside a write to {}",
+            state.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Waits until `cond` holds while `run` is still running, failing the test with `what` and
 /// what the run said if it ends first or [`WAIT_LIMIT`] passes.
 pub async fn wait_while_running(run: &mut Watched, what: &str, mut cond: impl FnMut() -> bool) {

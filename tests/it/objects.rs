@@ -100,6 +100,8 @@ pub(crate) struct S3 {
     requests: RequestLog,
     /// See [`S3::hold_lists`].
     lists: Arc<ListGate>,
+    /// See [`S3::deny_list_bucket`].
+    unlisted: Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -145,6 +147,7 @@ struct Cutting {
     refuse: Refusal,
     requests: RequestLog,
     lists: Arc<ListGate>,
+    unlisted: Arc<std::sync::atomic::AtomicBool>,
 }
 
 type Answer = std::pin::Pin<
@@ -183,11 +186,17 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Cutting {
             && cut.is_some_and(|c| req.uri().path().contains(c.as_str()));
         let (inner, requests) = (self.inner.clone(), Arc::clone(&self.requests));
         let lists = (seen.kind() == "LIST").then(|| Arc::clone(&self.lists));
+        // Credentials without s3:ListBucket: S3 refuses a listing, and answers 403 where the
+        // key is missing rather than say it is (404).
+        let unlisted = self.unlisted.load(std::sync::atomic::Ordering::SeqCst);
+        if unlisted && seen.kind() == "LIST" {
+            refusal = Some(http::StatusCode::FORBIDDEN);
+        }
         Box::pin(async move {
             if let Some(gate) = lists {
                 gate.pass().await;
             }
-            let answer = match refusal {
+            let mut answer = match refusal {
                 Some(status) => refused(status).await,
                 None if cut => {
                     let (answer, received) = cut_halfway(&inner, req).await;
@@ -196,6 +205,13 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Cutting {
                 }
                 None => inner.call(req.map(s3s::Body::from)).await,
             };
+            if unlisted
+                && answer
+                    .as_ref()
+                    .is_ok_and(|a| a.status() == http::StatusCode::NOT_FOUND)
+            {
+                answer = refused(http::StatusCode::FORBIDDEN).await;
+            }
             seen.status = answer.as_ref().ok().map(|a| a.status().as_u16());
             requests.lock().unwrap().push(seen);
             answer
@@ -305,12 +321,14 @@ impl S3 {
             open: tokio::sync::watch::Sender::new(true),
             held: std::sync::atomic::AtomicUsize::new(0),
         });
+        let unlisted = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let service = Cutting {
             inner: builder.build(),
             cut: Arc::clone(&cut),
             refuse: Arc::clone(&refuse),
             requests: Arc::clone(&requests),
             lists: Arc::clone(&lists),
+            unlisted: Arc::clone(&unlisted),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -336,8 +354,16 @@ impl S3 {
             refuse,
             requests,
             lists,
+            unlisted,
             task,
         }
+    }
+
+    /// Answers from now on as S3 does to credentials without `s3:ListBucket`: a LIST is
+    /// refused (403), and so is a GET or HEAD of a key that is not there (403, not 404).
+    fn deny_list_bucket(&self) {
+        self.unlisted
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Holds every LIST from now on until [`S3::let_lists_through`].
@@ -1258,6 +1284,45 @@ async fn a_store_that_refuses_the_key_whose_port_is_closed_or_that_never_answers
     let db = std::fs::read(state_path(dir)).unwrap_or_default();
     let db = String::from_utf8_lossy(&db);
     assert!(!db.contains(wrong_secret) && !db.contains(SECRET_KEY));
+}
+
+/// Credentials allowed to read and write objects but not to list the bucket are said before
+/// anything is paid: without `s3:ListBucket`, S3 answers 403 for the missing manifest, the run's
+/// check of the store refuses it (exit 2), and the hint names the permissions a run needs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_whose_credentials_may_not_list_the_bucket_is_refused_before_anything_is_paid() {
+    let env = start(config()).await;
+    let s3 = S3::start().await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", PIPELINE);
+    s3.deny_list_bucket();
+    let ran = Imgpipe::on(
+        &env,
+        &["run", "p.yaml", "--run-id", "r", "--out", "s3://shots/runs"],
+    )
+    .s3(&s3)
+    .sqlite_in(dir)
+    .retry_base_ms(20)
+    .run()
+    .await;
+    assert_exit_without_panic(&ran.output, 2);
+    let said = both(&ran.output);
+    assert!(
+        said.contains("s3://shots/runs/r/manifest.jsonl"),
+        "the refused key is named: {said}"
+    );
+    assert!(
+        said.contains("s3:ListBucket"),
+        "the hint names the permission: {said}"
+    );
+    assert_nothing_billed(&env);
+    let asked = s3.take_requests();
+    assert!(
+        asked
+            .iter()
+            .all(|r| r.kind() != "PUT" && r.kind() != "POST"),
+        "nothing written to the store: {asked:?}"
+    );
 }
 
 /// A store on 127.0.0.1 that accepts every connection, reads nothing and never answers; its
