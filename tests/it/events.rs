@@ -1032,3 +1032,81 @@ async fn a_resume_does_not_announce_a_mark_again() {
     }
     assert_eq!(marks(&hook), [50, 80, 100], "{:?}", hook.all());
 }
+
+/// The metrics file is written at the run's start, again every 10 s while the run goes on (not
+/// before), and at its end, every sample labelled with its pipeline. The writer's clock is the
+/// test's (`IMGPIPE_TEST_METRICS_CLOCK_FILE`), moved on while a paid call is held at the
+/// sandbox's gate: the run is still going whatever the machine's speed, and no 10 s is waited.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_metrics_file_is_rewritten_every_10_s_of_the_run_and_every_sample_names_its_pipeline() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "chain.yaml", &edit_chain(ITEMS, None));
+    let file = dir.join("imgpipe.prom");
+    let clock = dir.join("metrics-clock");
+    std::fs::write(&clock, "0").unwrap();
+    let billed =
+        |text: &str| parse_metrics(text)["imgpipe_credits_billed_total{pipeline=\"chain\"}"];
+    let hold = env.sandbox.hold();
+    let metrics = file.to_string_lossy().into_owned();
+    let args = [
+        "run",
+        "chain.yaml",
+        "--concurrency",
+        "1",
+        "--metrics-file",
+        &metrics,
+    ];
+    let mut run = Imgpipe::on(&env, &args)
+        .sqlite_in(dir)
+        .env("IMGPIPE_TEST_METRICS_CLOCK_FILE", &clock)
+        .watched();
+    // Written at the start, nothing billed yet; then one call billed, the next held.
+    step_until(&env, &mut run, |env| !env.sandbox.ledger().is_empty()).await;
+    let at_start = std::fs::read_to_string(&file).expect("the file written at the start");
+    assert_eq!(billed(&at_start), 0.0, "{at_start}");
+    // 9 s on: the writer has read its clock and left the file as it was.
+    std::fs::write(&clock, "9").unwrap();
+    run.wait_for_line("metrics: test clock at 9 s").await;
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        at_start,
+        "rewritten before 10 s"
+    );
+    // 10 s on: rewritten with what the run billed since, while it is still held at the gate.
+    std::fs::write(&clock, "10").unwrap();
+    run.wait_for_line("metrics: test clock at 10 s").await;
+    let at_10 = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(billed(&at_10), ledger_total(&env) as f64, "{at_10}");
+    assert!(billed(&at_10) > 0.0, "{at_10}");
+    // 19 s: not again before 20.
+    step_until(&env, &mut run, |env| env.sandbox.ledger().len() >= 2).await;
+    std::fs::write(&clock, "19").unwrap();
+    run.wait_for_line("metrics: test clock at 19 s").await;
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        at_10,
+        "rewritten before 20 s"
+    );
+    drop(hold);
+    let o = run.finish().await;
+    assert_exit_without_panic(&o, 0);
+    let at_end = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(billed(&at_end), PLANNED as f64, "{at_end}");
+    promtool_accepts(&at_end);
+    for text in [&at_start, &at_10, &at_end] {
+        for sample in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            let labels = sample
+                .split_once('{')
+                .and_then(|(_, rest)| rest.split_once('}'))
+                .map_or("", |(labels, _)| labels);
+            assert!(
+                labels.split(',').any(|label| label == "pipeline=\"chain\""),
+                "a sample without its pipeline: {sample}\n--- file\n{text}"
+            );
+        }
+    }
+}
