@@ -29,8 +29,19 @@ pub struct Cluster {
 impl Cluster {
     /// Starts a cluster whose superuser `postgres` has `password`; `None` when this machine
     /// has no PostgreSQL server binaries (said as a skip; under CI the test fails).
-    pub fn start(password: &str) -> Option<Cluster> {
+    pub async fn start(password: &str) -> Option<Cluster> {
+        // On the test's own thread, which names the test in a skip.
         let bin = server_bin()?;
+        let password = password.to_owned();
+        let made = tokio::task::spawn_blocking(move || Cluster::make(bin, &password));
+        Some(
+            made.await
+                .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())),
+        )
+    }
+
+    /// `initdb` and `pg_ctl start`, waited for.
+    fn make(bin: PathBuf, password: &str) -> Cluster {
         let as_postgres = unsafe { libc::geteuid() } == 0;
         let dir = tempfile::Builder::new()
             .prefix("imgpipe-pg-")
@@ -58,7 +69,7 @@ impl Cluster {
         let out = finish_blocking(initdb, STEP_LIMIT, "initdb");
         assert!(out.status.success(), "initdb failed: {}", said(&out));
         cluster.listen();
-        Some(cluster)
+        cluster
     }
 
     /// `pg_ctl start` on a loopback port free a moment before; tried again on another port

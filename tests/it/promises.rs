@@ -330,8 +330,7 @@ async fn a_postgres_password_comes_from_pgpassword_or_pgpass_and_a_wrong_one_is_
     const ADMIN: &str = "admin-pw-5520";
     const RIGHT: &str = "right-pw-9034";
     const WRONG: &str = "wrong-pw-1177";
-    let started = tokio::task::spawn_blocking(|| crate::cluster::Cluster::start(ADMIN));
-    let Some(cluster) = started.await.unwrap() else {
+    let Some(cluster) = crate::cluster::Cluster::start(ADMIN).await else {
         return;
     };
     let mut admin = pg_connect(&cluster.url("postgres", Some(ADMIN), "postgres")).await;
@@ -399,6 +398,10 @@ async fn a_postgres_password_comes_from_pgpassword_or_pgpass_and_a_wrong_one_is_
                 cluster.port
             )),
             "the database named, without the password:\n{said}"
+        );
+        assert!(
+            said.contains("hint: give the password of the URL's user in PGPASSWORD or ~/.pgpass"),
+            "the hint says where the password goes:\n{said}"
         );
         for secret in [WRONG, RIGHT, ADMIN] {
             assert!(!said.contains(secret), "{how}: a password shown:\n{said}");
