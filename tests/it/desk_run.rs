@@ -120,11 +120,19 @@ struct Served {
 }
 
 async fn serve(c: &Catalogue<'_>) -> Served {
+    serve_with(c, None).await
+}
+
+/// [`serve`], with the store's environment of `s3` when given.
+async fn serve_with(c: &Catalogue<'_>, s3: Option<&crate::objects::S3>) -> Served {
     use tokio::io::AsyncBufReadExt;
-    let mut cmd = Imgpipe::on(c.env, &["review", "--no-open"])
+    let mut desk = Imgpipe::on(c.env, &["review", "--no-open"])
         .cwd(&c.dir)
-        .state(&c.state)
-        .command();
+        .state(&c.state);
+    if let Some(s3) = s3 {
+        desk = desk.s3(s3);
+    }
+    let mut cmd = desk.command();
     cmd.stdout(Stdio::piped())
         .stderr(Stdio::null())
         .stdin(Stdio::null());
@@ -352,6 +360,52 @@ async fn the_desk_serves_a_runs_images_and_nothing_outside_its_directory() {
         );
         assert_ne!(r.bytes().await.unwrap().as_ref(), b"not yours");
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_desk_serves_the_images_of_a_run_in_a_bucket_and_nothing_outside_it() {
+    let env = start_default().await;
+    let s3 = crate::objects::S3::start().await;
+    let c = Catalogue::new(&env, None);
+    let ran = c
+        .imgpipe(&[
+            "run",
+            "desk.yaml",
+            "--run-id",
+            "r",
+            "--out",
+            "s3://shots/runs/",
+        ])
+        .s3(&s3)
+        .run()
+        .await;
+    assert_exit(&ran, 0);
+    std::fs::create_dir_all(s3.file("runs")).unwrap();
+    std::fs::write(s3.file("runs/secret.png"), b"not yours").unwrap();
+    let desk = serve_with(&c, Some(&s3)).await;
+
+    let page = desk.json("/api/runs/r/items?limit=1").await;
+    let out = &page["items"][0]["tasks"][0]["outputs"][0];
+    assert_eq!(out["file"], "a0/shot.png", "{page}");
+    let src = out["src"].as_str().unwrap();
+    let r = desk.get(src).await;
+    assert_eq!(r.status(), 200, "{src}");
+    assert_eq!(r.headers()["content-type"], "image/png");
+    let object = std::fs::read(s3.file("runs/r/a0/shot.png")).unwrap();
+    assert_eq!(
+        r.bytes().await.unwrap().to_vec(),
+        object,
+        "the object, whole"
+    );
+    for path in [
+        "/runs/r/files/..%2Fsecret.png",
+        "/runs/r/files/a0%2F..%2F..%2Fsecret.png",
+    ] {
+        let r = desk.get(path).await;
+        assert_eq!(r.status(), 400, "{path} refused");
+    }
+    let r = desk.get("/runs/r/files/a0/none.png").await;
+    assert_eq!(r.status(), 404, "an object the run does not have");
 }
 
 /// Opens the run page in Chromium with the token's URL; `None` when there is no browser and
