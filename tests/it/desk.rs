@@ -583,3 +583,72 @@ async fn the_desk_continues_a_stopped_run_for_exactly_the_rest() {
     assert_eq!(billed(&env) - before, 2 * ITEM, "billed exactly the rest");
     desk.stop().await;
 }
+
+/// The text of the first `<td class="…">` after `row` (a `data-…` attribute) in `page`.
+fn cell<'p>(page: &'p str, row: &str, class: &str) -> &'p str {
+    let at = page
+        .find(row)
+        .unwrap_or_else(|| panic!("no row {row} in the page:\n{page}"));
+    let open = format!("<td class=\"{class}\">");
+    let from = page[at..]
+        .find(&open)
+        .map(|i| at + i + open.len())
+        .unwrap_or_else(|| panic!("no cell {class} after {row}:\n{page}"));
+    &page[from..from + page[from..].find('<').unwrap()]
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_home_shows_the_runs_the_caps_and_the_ledger_as_the_cli_computes_them() {
+    let env = start_default().await;
+    let c = Catalogue::new(&env, None);
+    let set = c
+        .plain(&["cap", "set", "daily", "--credits", "1000", "--per", "day"])
+        .run()
+        .await;
+    assert_exit(&set, 0);
+    c.done().await;
+    let desk = serve(&c).await;
+    let r = http()
+        .get(format!("{}/", desk.base))
+        .header("authorization", format!("Bearer {}", desk.token))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let page = r.text().await.unwrap();
+
+    // The run, linking to its page, with what `runs --json` says of its money.
+    let runs = json_stdout(&c.plain(&["runs", "--json"]).run().await);
+    assert!(page.contains(r#"<a href="/runs/r">r</a>"#), "{page}");
+    assert_eq!(cell(&page, r#"data-run="r""#, "status"), "succeeded");
+    assert_eq!(runs[0]["credits_billed"], 3 * ITEM);
+    assert!(
+        page.contains(&format!("<td class=\"n\">{}</td>", 3 * ITEM)),
+        "billed shown: {page}"
+    );
+
+    // The cap: limit, spent and left as `cap list --json` computes them.
+    let caps = json_stdout(&c.plain(&["cap", "list", "--json"]).run().await);
+    let cap = &caps[0];
+    assert_eq!(cap["spent"], 3 * ITEM, "{caps}");
+    for (class, field) in [
+        ("n limit", "credits"),
+        ("n spent", "spent"),
+        ("n left", "left"),
+    ] {
+        assert_eq!(
+            cell(&page, r#"data-cap="daily""#, class),
+            cap[field].to_string(),
+            "{field}"
+        );
+    }
+
+    // Today's line of the ledger, as `spend --json` computes it.
+    let spend = json_stdout(&c.plain(&["spend", "--json"]).run().await);
+    let today = spend["groups"][0]["group"].as_str().unwrap().to_owned();
+    assert_eq!(
+        cell(&page, &format!("data-day=\"{today}\""), "n billed"),
+        spend["groups"][0]["credits_billed"].to_string()
+    );
+    desk.stop().await;
+}
