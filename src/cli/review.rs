@@ -60,6 +60,7 @@ pub(super) async fn run(
         settings,
         service,
         shutdown: shutdown.clone(),
+        works: desk::work::Works::default(),
     });
     let url = match &args.run_id {
         Some(id) => format!("{}#run={id}", desk.url()),

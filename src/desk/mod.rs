@@ -6,7 +6,8 @@
 //!   response carries (a Content-Security-Policy allowing nothing from elsewhere);
 //! - [`api`]: the JSON API, the same documents the command line prints
 //!   (`docs/reference/review-api.md`);
-//! - [`token`]: the secret in the printed URL.
+//! - [`token`]: the secret in the printed URL;
+//! - [`work`]: the work started from the desk, followed for the page and waited for at the end.
 //!
 //! It reads the state database as `status` and `runs` do (SQLite or PostgreSQL, any run, on
 //! this host or another's) and holds nothing of a run in memory between requests.
@@ -16,6 +17,7 @@ pub mod guard;
 mod page;
 pub mod token;
 mod view;
+pub mod work;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -45,6 +47,8 @@ pub struct Desk {
     pub service: crate::runner::ServiceSettings,
     /// Cancelled on SIGINT/SIGTERM: the work started here stops at a safe point.
     pub shutdown: CancellationToken,
+    /// The work started here, followed for the page and waited for at the end.
+    pub works: work::Works,
 }
 
 impl Desk {
@@ -81,8 +85,10 @@ pub async fn bind(port: Option<u16>) -> std::io::Result<TcpListener> {
 pub fn router(desk: Arc<Desk>) -> Router {
     Router::new()
         .route("/", get(page::home))
+        .route("/assets/decide.js", get(page::decide_js))
         .route("/api/runs", get(api::runs))
         .route("/api/runs/{run}", get(api::run))
+        .route("/api/runs/{run}/work", get(api::work))
         .route("/api/runs/{run}/reroll", axum::routing::post(api::reroll))
         .route(
             "/api/runs/{run}/continue",
@@ -96,13 +102,17 @@ pub fn router(desk: Arc<Desk>) -> Router {
         .with_state(desk)
 }
 
-/// Serves `desk` on `listener` until `shutdown`.
+/// Serves `desk` on `listener` until `shutdown`: then it accepts nothing more, and waits for
+/// the work it started to reach the runner's safe point (the calls in flight answered and
+/// recorded, as `imgpipe reroll` does on SIGTERM) before it returns.
 pub async fn serve(
     listener: TcpListener,
     desk: Arc<Desk>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(desk))
+    let served = axum::serve(listener, router(Arc::clone(&desk)))
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+        .await;
+    desk.works.wait().await;
+    served
 }

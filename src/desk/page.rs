@@ -25,6 +25,19 @@ pub(super) fn token_meta(desk: &Desk) -> Markup {
     html! { meta name="imgpipe-desk-token" content=(desk.token.reveal()); }
 }
 
+/// `GET /assets/decide.js`: the run page's decisions with their price (`<aside id="decide">`).
+pub(super) async fn decide_js() -> Response {
+    let script = include_str!("assets/decide.js");
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/javascript; charset=utf-8",
+        )],
+        script,
+    )
+        .into_response()
+}
+
 /// What the home shows: the runs, the caps, the spend ledger's last days.
 struct Home {
     runs: Vec<RunLine>,

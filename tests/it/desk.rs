@@ -253,8 +253,13 @@ async fn serve_with(c: &Catalogue<'_>, more: &[&str]) -> Served {
 
 impl Served {
     /// SIGTERM, then what it wrote on stderr once ended (exit 0).
-    async fn stop(mut self) -> String {
+    async fn stop(self) -> String {
         send_signal(self.child.id().unwrap(), libc::SIGTERM);
+        self.ended().await
+    }
+
+    /// What it wrote on stderr once ended, which must be exit 0.
+    async fn ended(mut self) -> String {
         let stderr = self.child.stderr.take().unwrap();
         let status = wait_child(&mut self.child, RUN_LIMIT, "the desk stopping on SIGTERM").await;
         let mut err = String::new();
@@ -651,4 +656,61 @@ async fn the_home_shows_the_runs_the_caps_and_the_ledger_as_the_cli_computes_the
         spend["groups"][0]["credits_billed"].to_string()
     );
     desk.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_sigterm_the_desk_stops_accepting_lets_its_reroll_reach_its_safe_point_and_exits_0() {
+    let env = start_default().await;
+    let c = Catalogue::new(&env, None);
+    c.done().await;
+    let desk = serve_with(&c, &["--retry-base-ms", "1"]).await;
+    let calls = env.sandbox.ledger().len();
+
+    // The desk's reroll is held at the sandbox's gate, its first call in flight.
+    env.sandbox.hold_calls();
+    let (status, started) = desk
+        .post(
+            "/api/runs/r/reroll",
+            serde_json::json!({"tasks": ["mug/clean[0]"], "credits": CLEAN0}),
+        )
+        .await;
+    assert_eq!(status, 202, "{started}");
+    wait_until("the desk's reroll call held", || {
+        env.sandbox.held_calls() == 1
+    })
+    .await;
+
+    // SIGTERM: the desk accepts nothing more while its call is still in flight...
+    send_signal(desk.child.id().unwrap(), libc::SIGTERM);
+    let base = desk.base.clone();
+    wait_until_async("the desk refusing connections after SIGTERM", || async {
+        http().get(format!("{base}/api/runs")).send().await.is_err()
+    })
+    .await;
+    assert_eq!(env.sandbox.held_calls(), 1, "the call is still held");
+
+    // ...and once the call is answered, it records it and exits 0.
+    env.sandbox.release_calls();
+    let err = desk.ended().await;
+    assert_eq!(
+        env.sandbox.ledger().len(),
+        calls + 1,
+        "the call in flight billed once, nothing dispatched after it: {err}"
+    );
+    let db = Db::read(&c.state).await;
+    let clean0 = db
+        .tasks
+        .iter()
+        .find(|t| t.name() == "mug/clean[0]")
+        .expect("mug/clean[0]");
+    assert_eq!(clean0.status, "succeeded", "the call's result is kept");
+
+    // The run is resumable, and its rest pays only what was not paid.
+    let resumed = c.imgpipe(&["resume", "r"]).run().await;
+    assert_exit(&resumed, 0);
+    assert_eq!(
+        billed(&env),
+        3 * ITEM + CLEAN0,
+        "the reroll's chain billed exactly once in all"
+    );
 }
