@@ -7,13 +7,19 @@
 //! - [`api`]: the JSON API, the same documents the command line prints
 //!   (`docs/reference/review-api.md`);
 //! - [`token`]: the secret in the printed URL;
-//! - [`work`]: the work started from the desk, followed for the page and waited for at the end.
+//! - [`work`]: the work started from the desk, followed for the page and waited for at the end;
+//! - the run page (`page`, its script `desk.js` and style): the report's header and costs,
+//!   then the items a page at a time from [`items`] (paged and filtered by the database,
+//!   followed live), the images from [`files`], picked and compared by keyboard; its
+//!   decisions with their price (`decide.js`, in its `<aside id="decide">`).
 //!
 //! It reads the state database as `status` and `runs` do (SQLite or PostgreSQL, any run, on
 //! this host or another's) and holds nothing of a run in memory between requests.
 
 pub mod api;
+pub mod files;
 pub mod guard;
+pub mod items;
 mod page;
 pub mod token;
 mod view;
@@ -87,8 +93,13 @@ pub fn router(desk: Arc<Desk>) -> Router {
         .route("/", get(page::home))
         .route("/assets/decide.js", get(page::decide_js))
         .route("/api/runs", get(api::runs))
+        .route("/runs/{run}", get(page::run))
+        .route("/runs/{run}/files/{*path}", get(files::file))
+        .route("/assets/{name}", get(page::asset))
         .route("/api/runs/{run}", get(api::run))
         .route("/api/runs/{run}/work", get(api::work))
+        .route("/api/runs/{run}/items", get(items::items))
+        .route("/api/runs/{run}/changes", get(items::changes))
         .route("/api/runs/{run}/reroll", axum::routing::post(api::reroll))
         .route(
             "/api/runs/{run}/continue",

@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::http::StatusCode;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
-use maud::{DOCTYPE, Markup, html};
+use maud::{DOCTYPE, Markup, PreEscaped, html};
 
 use super::Desk;
 use crate::caps::Standing;
@@ -27,12 +27,9 @@ pub(super) fn token_meta(desk: &Desk) -> Markup {
 
 /// `GET /assets/decide.js`: the run page's decisions with their price (`<aside id="decide">`).
 pub(super) async fn decide_js() -> Response {
-    let script = include_str!("assets/decide.js");
+    let script = include_str!("decide.js");
     (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/javascript; charset=utf-8",
-        )],
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
         script,
     )
         .into_response()
@@ -167,5 +164,123 @@ fn ledger_table(ledger: &Ledger) -> Markup {
                 }
             }
         }
+    }
+}
+
+/// `GET /runs/{run}`: the run's header and costs (the report's templates), its problems,
+/// and its items, which the script draws a page at a time from the JSON API and keeps up to
+/// date while the run goes on.
+pub(super) async fn run(State(desk): State<Arc<Desk>>, Path(run): Path<String>) -> Response {
+    let id = crate::run_id::RunId::from(run.as_str());
+    let run = match desk.store.runs().get(&id).await {
+        Ok(Some(run)) => run,
+        Ok(None) => {
+            return (
+                StatusCode::NOT_FOUND,
+                format!("no run {id} in this state database"),
+            )
+                .into_response();
+        }
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    };
+    let observed = crate::report::live::observe(&desk.store, run).await;
+    let head = match observed {
+        Ok((run, process)) => {
+            let observed = crate::report::live::Observed {
+                process,
+                continue_with: run.status.unfinished().then(|| (desk.resume)(&run.id)),
+            };
+            crate::report::page::head(&desk.store, run, observed).await
+        }
+        Err(e) => Err(e.into()),
+    };
+    let (head, steps) = match head {
+        Ok(h) => h,
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    };
+    let statuses = ["pending", "running", "succeeded", "failed", "blocked"];
+    let page = html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { "run " (id) " · imgpipe review" }
+                link rel="stylesheet" href="/assets/desk.css";
+                script src="/assets/desk.js" defer {}
+                (token_meta(&desk))
+                script src="/assets/decide.js" defer {}
+            }
+            body #desk-run data-run=(id) {
+                nav.top { a href="/" { "‹ runs" } " " span #live { "" } " " button #help-open type="button" { "? keys" } }
+                // The report's header and costs, made by its templates (they escape).
+                (PreEscaped(head))
+                main {
+                    section #problems {
+                        h2 { "Problems" }
+                        p {
+                            "Show only: "
+                            button.show type="button" data-filter="failed" { "failed, blocked or not downloaded" }
+                            " "
+                            button.show type="button" data-filter="possibly_billed" { "possibly billed" }
+                            " "
+                            button.show type="button" data-filter="rerolled" { "done again" }
+                        }
+                    }
+                    section #items {
+                        h2 { "Items" }
+                        form #filters autocomplete="off" {
+                            label { "status " select name="status" { option value="" { "any" } @for s in statuses { option value=(s) { (s) } } } }
+                            label { "step " select name="step" { option value="" { "any" } @for s in &steps { option value=(s) { (s) } } } }
+                            label { input type="checkbox" name="failed" value="1"; " failed" }
+                            label { input type="checkbox" name="possibly_billed" value="1"; " possibly billed" }
+                            label { input type="checkbox" name="rerolled" value="1"; " done again" }
+                            label { "text " input type="search" name="q" placeholder="item id or prompt words"; }
+                        }
+                        p #shown {}
+                        div #list {}
+                        p { button #more type="button" hidden { "next page" } }
+                    }
+                }
+                aside #decide {}
+                div #viewer hidden {}
+                div #help hidden {
+                    h2 { "Keys" }
+                    dl {
+                        dt { "j / ↓" } dd { "next output" }
+                        dt { "k / ↑" } dd { "previous output" }
+                        dt { "p" } dd { "pick the output for a reroll (again: unpick)" }
+                        dt { "x" } dd { "reject it: picked for a reroll, marked rejected (again: undo)" }
+                        dt { "o" } dd { "open the image full size" }
+                        dt { "c" } dd { "compare it with its earlier versions" }
+                        dt { "?" } dd { "this help" }
+                        dt { "Esc" } dd { "close" }
+                    }
+                }
+            }
+        }
+    };
+    Html(page.into_string()).into_response()
+}
+
+/// `GET /assets/{name}`: the page's script and style, served by the desk itself (its
+/// Content-Security-Policy allows nothing inline and nothing from elsewhere). The style is
+/// the report's, with the desk's own after it.
+pub(super) async fn asset(Path(name): Path<String>) -> Response {
+    match name.as_str() {
+        "desk.js" => (
+            [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+            include_str!("desk.js"),
+        )
+            .into_response(),
+        "desk.css" => (
+            [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+            concat!(
+                include_str!("../report/page/page.css"),
+                include_str!("desk.css")
+            ),
+        )
+            .into_response(),
+        _ => (StatusCode::NOT_FOUND, "no such asset").into_response(),
     }
 }

@@ -21,6 +21,7 @@
 //! imgpipe would later refuse as empty or unmarked.
 
 mod attempts;
+mod browse;
 mod caps;
 mod gauges;
 mod group;
@@ -53,6 +54,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{AnyPool, ConnectOptions, Executor};
 
 pub use attempts::{AttemptOutcome, Attempts, CallOutcome, Settled};
+pub use browse::{ItemFilter, ItemPage, PageItem, PageTask};
 pub use caps::{CapSetting, CapWindow, Caps, Lessee};
 pub use gauges::{Gauges, RunGauges};
 pub use location::{Location, PgUrl};

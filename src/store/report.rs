@@ -50,6 +50,25 @@ pub struct TaskRequest {
     pub preserve_alpha: Option<bool>,
 }
 
+impl TaskRequest {
+    /// Each field the request has, named as the report and the desk show it, in that order.
+    pub fn shown(&self) -> Vec<(&'static str, String)> {
+        let fields: [(&str, Option<String>); 7] = [
+            ("prompt", self.prompt.clone()),
+            ("object name", self.object_name.clone()),
+            ("aspect ratio", self.aspect_ratio.clone()),
+            ("increase", self.desired_increase.map(|x| format!("×{x}"))),
+            ("n", self.n.map(|n| n.to_string())),
+            ("size", self.size.clone()),
+            ("preserve alpha", self.preserve_alpha.map(|b| b.to_string())),
+        ];
+        fields
+            .into_iter()
+            .filter_map(|(name, value)| value.map(|v| (name, v)))
+            .collect()
+    }
+}
+
 /// One output as the report shows it.
 #[derive(Clone, Debug)]
 pub struct ReportOutput {
@@ -63,7 +82,7 @@ pub struct ReportOutput {
 }
 
 /// A recorded place, decoded once here: a local path or an `s3://` URL.
-fn place(r: &sqlx::any::AnyRow) -> Result<Option<Address>, StoreError> {
+pub(super) fn place(r: &sqlx::any::AnyRow) -> Result<Option<Address>, StoreError> {
     Ok(r.try_get::<Option<String>, _>("path")?
         .as_deref()
         .map(Address::recorded))
@@ -164,7 +183,7 @@ impl Store {
 /// The report's reads of a run: its tasks and outputs a page at a time, its step costs, its spend over time.
 #[derive(Clone, Copy, Debug)]
 pub struct Report<'a> {
-    store: &'a Store,
+    pub(super) store: &'a Store,
 }
 
 impl<'a> Report<'a> {
@@ -362,7 +381,7 @@ impl<'a> Report<'a> {
 }
 
 /// A task as [`Report::rows`] selects it.
-fn report_task(r: &sqlx::any::AnyRow) -> Result<ReportTask, StoreError> {
+pub(super) fn report_task(r: &sqlx::any::AnyRow) -> Result<ReportTask, StoreError> {
     let inputs: String = r.try_get("inputs")?;
     let request: Option<String> = r.try_get("request")?;
     Ok(ReportTask {

@@ -9,21 +9,21 @@ use std::process::Stdio;
 use crate::binary::{Imgpipe, Ran};
 use crate::common::*;
 
-const PIPELINE: &str = include_str!("../../pipelines/product-shots.yaml");
+pub(crate) const PIPELINE: &str = include_str!("../../pipelines/product-shots.yaml");
 /// What an item's chain costs (see `review_loop.rs`).
-const ITEM: u64 = 8 + 2 * (2 + 5 + 4 + 5);
+pub(crate) const ITEM: u64 = 8 + 2 * (2 + 5 + 4 + 5);
 /// `mug/clean[0]` and what is downstream of it: erase, expand, upscale, cut-out.
 const CLEAN0: u64 = 2 + 5 + 4 + 5;
 
 /// The sample pipeline in `env`'s directory, and the state it uses (SQLite there, or `pg`).
-struct Catalogue<'e> {
+pub(crate) struct Catalogue<'e> {
     env: &'e Env,
-    dir: PathBuf,
-    state: String,
+    pub(crate) dir: PathBuf,
+    pub(crate) state: String,
 }
 
 impl<'e> Catalogue<'e> {
-    fn new(env: &'e Env, pg: Option<String>) -> Catalogue<'e> {
+    pub(crate) fn new(env: &'e Env, pg: Option<String>) -> Catalogue<'e> {
         let dir = env.dir.path().join("work");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("shots.yaml"), PIPELINE).unwrap();
@@ -32,14 +32,14 @@ impl<'e> Catalogue<'e> {
     }
 
     /// `imgpipe ARGS --state …` in the catalogue's directory, against the sandbox.
-    fn plain(&self, args: &[&str]) -> Imgpipe<'e> {
+    pub(crate) fn plain(&self, args: &[&str]) -> Imgpipe<'e> {
         Imgpipe::on(self.env, args)
             .cwd(&self.dir)
             .state(&self.state)
     }
 
     /// A paying command: retries without waiting.
-    fn imgpipe(&self, args: &[&str]) -> Imgpipe<'e> {
+    pub(crate) fn imgpipe(&self, args: &[&str]) -> Imgpipe<'e> {
         self.plain(args).args(&["--retry-base-ms", "1"])
     }
 
@@ -89,7 +89,7 @@ impl<'e> Catalogue<'e> {
     }
 }
 
-fn billed(env: &Env) -> u64 {
+pub(crate) fn billed(env: &Env) -> u64 {
     env.sandbox.ledger().iter().map(|e| e.credits).sum()
 }
 
@@ -208,10 +208,10 @@ async fn a_reroll_refused_for_the_balance_changes_nothing_and_says_why() {
 
 /// `imgpipe review --no-open` started on the catalogue's state: the child, its URL (stdout's
 /// first line) and its token.
-struct Served {
+pub(crate) struct Served {
     child: tokio::process::Child,
-    base: String,
-    token: String,
+    pub(crate) base: String,
+    pub(crate) token: String,
     port: u16,
 }
 
@@ -219,7 +219,7 @@ async fn serve(c: &Catalogue<'_>) -> Served {
     serve_with(c, &[]).await
 }
 
-async fn serve_with(c: &Catalogue<'_>, more: &[&str]) -> Served {
+pub(crate) async fn serve_with(c: &Catalogue<'_>, more: &[&str]) -> Served {
     use tokio::io::AsyncBufReadExt;
     let mut cmd = c.plain(&["review", "--no-open"]).args(more).command();
     cmd.stdout(Stdio::piped())
@@ -253,7 +253,7 @@ async fn serve_with(c: &Catalogue<'_>, more: &[&str]) -> Served {
 
 impl Served {
     /// SIGTERM, then what it wrote on stderr once ended (exit 0).
-    async fn stop(self) -> String {
+    pub(crate) async fn stop(self) -> String {
         send_signal(self.child.id().unwrap(), libc::SIGTERM);
         self.ended().await
     }

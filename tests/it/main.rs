@@ -15,6 +15,7 @@ mod client;
 mod common;
 mod crash;
 mod desk;
+mod desk_browser;
 mod docs;
 mod events;
 mod full_disk;

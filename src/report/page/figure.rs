@@ -214,21 +214,10 @@ fn pick(task: &ReportTask) -> Markup {
 
 /// What the task asked of the service, as recorded: each field it has.
 fn asked(r: &TaskRequest) -> Markup {
-    let fields: [(&str, Option<String>); 7] = [
-        ("prompt", r.prompt.clone()),
-        ("object name", r.object_name.clone()),
-        ("aspect ratio", r.aspect_ratio.clone()),
-        ("increase", r.desired_increase.map(|x| format!("×{x}"))),
-        ("n", r.n.map(|n| n.to_string())),
-        ("size", r.size.clone()),
-        ("preserve alpha", r.preserve_alpha.map(|b| b.to_string())),
-    ];
     html! {
         dl.req {
-            @for (name, value) in fields {
-                @if let Some(value) = value {
-                    div { dt { (name) } dd title=(value) { (value) } }
-                }
+            @for (name, value) in r.shown() {
+                div { dt { (name) } dd title=(value) { (value) } }
             }
         }
     }

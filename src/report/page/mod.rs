@@ -223,3 +223,40 @@ fn refuse_foreign(out: &Path) -> Result<(), Error> {
     }
     Ok(())
 }
+
+/// The run at a glance and where its credits went, made by the same templates as the first
+/// page's header and costs, for the desk's run page: sums and short lists read from the
+/// database, never a row per task. Returned with the run's steps, in pipeline order.
+pub async fn head(
+    store: &Store,
+    run: Run,
+    observed: Observed,
+) -> Result<(String, Vec<String>), Error> {
+    let first = Path::new(crate::place::layout::REPORT);
+    let shared = Shared::load(store, run, first, observed, true).await?;
+    let recorded: Vec<&str> = shared
+        .step_totals
+        .iter()
+        .filter(|s| !s.removed)
+        .map(|s| s.step.as_str())
+        .collect();
+    let order = lineage::order(&recorded, std::iter::empty());
+    let (steps, total, removed) = shared.costs(&order);
+    let unanswered = shared
+        .ambiguous
+        .iter()
+        .filter(|a| !shared.in_flight(a))
+        .count();
+    let failed = usize::try_from(total.failed + total.blocked).unwrap_or(usize::MAX);
+    let images = store.report().images(&shared.run.id).await?;
+    let items = usize::try_from(shared.items).unwrap_or(usize::MAX);
+    let mut page = html::Page::new(&shared, Path::new("/"), 1);
+    page.header(
+        &total,
+        failed + unanswered,
+        usize::try_from(images).unwrap_or(usize::MAX),
+        items,
+    );
+    page.costs(&steps, &total, removed.as_ref());
+    Ok((page.take(), order))
+}

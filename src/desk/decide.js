@@ -20,6 +20,8 @@
   if (!run) return;
   const api = '/api/runs/' + encodeURIComponent(run);
   const POLL_MS = 1000;
+  // The parts whose work is going: their progress is not replaced.
+  const busy = new Set();
 
   const el = (tag, attrs, ...children) => {
     const node = document.createElement(tag);
@@ -28,9 +30,12 @@
       else if (k === 'on') for (const [e, f] of Object.entries(v)) node.addEventListener(e, f);
       else node.setAttribute(k, v);
     }
-    for (const c of children) if (c !== null && c !== undefined) node.append(c);
+    node.append(...present(children));
     return node;
   };
+  // What is there of `nodes` (a part left out is null).
+  const present = nodes => nodes.filter(c => c !== null && c !== undefined);
+  const show = (part, ...nodes) => part.replaceChildren(...present(nodes));
 
   // Two parts: the reroll of the picked outputs, and the gate of a stopped run.
   const reroll = el('section', { id: 'decide-reroll', 'aria-live': 'polite' });
@@ -98,7 +103,7 @@
       label + ' (' + credits + ' credits)');
     if (priced.fits === false || tasks.length === 0) button.disabled = true;
     button.addEventListener('click', () => confirm(part, path, body, label, what, credits));
-    part.replaceChildren(
+    show(part,
       said,
       el('h2', {}, what),
       el('p', { class: 'price' }, el('span', { class: 'credits' }, String(credits)), ' credits'),
@@ -117,6 +122,8 @@
     for (const b of part.querySelectorAll('button')) b.disabled = true;
     const answer = await post(path, Object.assign({ credits }, body));
     if (answer.status === 202) {
+      // What was picked is being paid for: the picks start again from none.
+      if (path === '/reroll') document.dispatchEvent(new CustomEvent('desk:set-picks', { detail: { tasks: [] } }));
       follow(part, what, credits);
       return;
     }
@@ -135,6 +142,7 @@
   // The work goes beside the server: its progress from the run's record, its end from the
   // desk's record of it. The run page's live refresh shows the new images.
   const follow = (part, what, credits) => {
+    busy.add(part);
     const progress = el('p', { class: 'progress' }, what + ': started, ' + credits + ' credits confirmed');
     part.replaceChildren(progress);
     const tick = async () => {
@@ -148,6 +156,7 @@
         setTimeout(tick, POLL_MS);
         return;
       }
+      busy.delete(part);
       if (work && work.state === 'failed') {
         part.replaceChildren(progress, refusal(work));
       } else {
@@ -163,13 +172,16 @@
   const checkGate = async () => {
     const status = await get('');
     if (!status || status.status !== 'stopped') {
-      gate.replaceChildren();
+      // An offer for the rest no longer stands; what the last continuation did stays shown.
+      if (gate.querySelector('button.confirm')) gate.replaceChildren();
       return;
     }
     decide(gate, '/continue', {}, 'Continue', 'the rest of run ' + run);
   };
 
   document.addEventListener('desk:picks', e => {
+    // While a reroll goes, its progress stays; picks made meanwhile are priced after.
+    if (busy.has(reroll)) return;
     const tasks = (e.detail && e.detail.tasks) || [];
     if (tasks.length === 0) {
       reroll.replaceChildren();
