@@ -256,3 +256,56 @@ async fn in_chromium_a_stopped_samples_continue_bills_exactly_the_rest() {
     browser.close().await;
     desk.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn in_chromium_a_price_that_changed_is_shown_again_and_only_the_new_one_is_paid() {
+    let env = start_default().await;
+    let c = Catalogue::new(&env, None);
+    sample(&c).await;
+    let desk = serve_with(&c, &["--retry-base-ms", "1"]).await;
+    let Some(browser) = open(&desk).await else {
+        return;
+    };
+    let button = "const b = document.querySelector('#decide-gate button.confirm'); \
+                  return b ? b.textContent : null";
+    let shown = browser.wait_for("the rest's price", SHOWN, button).await;
+    assert_eq!(shown, format!("Continue ({} credits)", 2 * ITEM));
+
+    // Another process pays for part of the rest after the page priced it.
+    let lamp = c.imgpipe(&["resume", "s", "--items", "lamp"]).run().await;
+    assert_exit(&lamp, 7);
+    let before = billed(&env);
+    let calls = env.sandbox.ledger().len();
+
+    // Confirming the old price spends nothing: the new one is shown, and asked again.
+    browser.click("#decide-gate button.confirm").await;
+    let again = format!(
+        "const s = document.querySelector('#decide-gate .stale'); \
+         const b = document.querySelector('#decide-gate button.confirm'); \
+         return s && b && b.textContent === 'Continue ({ITEM} credits)' ? s.textContent : null"
+    );
+    let said = browser
+        .wait_for("the new price, asked again", SHOWN, &again)
+        .await;
+    assert!(
+        has_phrase(
+            said.as_str().unwrap(),
+            &format!("the price is now {ITEM} credits, not {}: nothing was spent", 2 * ITEM)
+        ),
+        "{said}"
+    );
+    assert_eq!(env.sandbox.ledger().len(), calls, "nothing spent");
+
+    browser.click("#decide-gate button.confirm").await;
+    browser
+        .wait_for(
+            "the continuation done",
+            SHOWN,
+            "return document.querySelector('#decide-gate .done, #decide-gate .refused') \
+             ? document.querySelector('#decide-gate').innerText : null",
+        )
+        .await;
+    assert_eq!(billed(&env) - before, ITEM, "billed exactly the new price");
+    browser.close().await;
+    desk.stop().await;
+}
