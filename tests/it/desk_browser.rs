@@ -290,7 +290,10 @@ async fn in_chromium_a_price_that_changed_is_shown_again_and_only_the_new_one_is
     assert!(
         has_phrase(
             said.as_str().unwrap(),
-            &format!("the price is now {ITEM} credits, not {}: nothing was spent", 2 * ITEM)
+            &format!(
+                "the price is now {ITEM} credits, not {}: nothing was spent",
+                2 * ITEM
+            )
         ),
         "{said}"
     );
@@ -306,6 +309,67 @@ async fn in_chromium_a_price_that_changed_is_shown_again_and_only_the_new_one_is
         )
         .await;
     assert_eq!(billed(&env) - before, ITEM, "billed exactly the new price");
+    browser.close().await;
+    desk.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn in_chromium_a_refusal_shows_its_error_and_hint_and_spends_nothing() {
+    let env = start_default().await;
+    let c = Catalogue::new(&env, None);
+    sample(&c).await;
+    let desk = serve_with(&c, &["--retry-base-ms", "1"]).await;
+    let Some(browser) = open(&desk).await else {
+        return;
+    };
+    // A pick the other process's reroll below leaves alone (set as the page's keys set it).
+    browser
+        .run(
+            "document.dispatchEvent(new CustomEvent('desk:set-picks', \
+             {detail: {tasks: ['mug/cutout[1]']}})); return true",
+        )
+        .await;
+    let confirm = "const b = document.querySelector('#decide-reroll button.confirm'); \
+                   return b ? b.textContent : null";
+    let shown = browser.wait_for("the pick's price", SHOWN, confirm).await;
+    assert_eq!(shown, "Confirm (5 credits)");
+
+    // Another process holds the run, its call at the sandbox's gate.
+    env.sandbox.hold_calls();
+    let mut cmd = c.imgpipe(&["reroll", "s", "mug/clean[0]"]).command();
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let other = cmd.spawn().unwrap();
+    let pid = other.id().unwrap();
+    wait_until("the other reroll's call held", || {
+        env.sandbox.held_calls() == 1
+    })
+    .await;
+    let calls = env.sandbox.ledger().len();
+
+    browser.click("#decide-reroll button.confirm").await;
+    let refused = browser
+        .wait_for(
+            "the refusal",
+            SHOWN,
+            "const r = document.querySelector('#decide-reroll .refused'); \
+             return r ? [r.querySelector('.error').textContent, r.querySelector('.hint').textContent] : null",
+        )
+        .await;
+    let (error, hint) = (refused[0].as_str().unwrap(), refused[1].as_str().unwrap());
+    assert!(
+        error.contains(&format!("pid {pid}")),
+        "the holder named: {error}"
+    );
+    assert!(has_phrase(error, "nothing was spent"), "{error}");
+    assert_eq!(hint, "hint: wait for it to end, then confirm again");
+    env.sandbox.release_calls();
+    assert_exit(&finish_child(other, "the other reroll").await, 7);
+    assert_eq!(
+        env.sandbox.ledger().len(),
+        calls + 4,
+        "only the other process's reroll was paid"
+    );
     browser.close().await;
     desk.stop().await;
 }
