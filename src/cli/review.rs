@@ -63,7 +63,7 @@ pub(super) async fn run(
         works: desk::work::Works::default(),
     });
     let url = match &args.run_id {
-        Some(id) => format!("{}#run={id}", desk.url()),
+        Some(id) => desk.run_url(id),
         None => desk.url(),
     };
     stdio::line(format_args!("{url}"))?;

@@ -72,6 +72,17 @@ impl Desk {
             .is_some_and(|host| self.is_own_host(Some(host)))
     }
 
+    /// The URL of run `id`'s page, the token in it.
+    pub fn run_url(&self, id: &RunId) -> String {
+        let run: String = url::form_urlencoded::byte_serialize(id.as_ref().as_bytes()).collect();
+        format!(
+            "http://127.0.0.1:{}/runs/{}?token={}",
+            self.port,
+            run.replace('+', "%20"),
+            self.token.reveal()
+        )
+    }
+
     /// The URL to open: the token in it, as the `token` parameter.
     pub fn url(&self) -> String {
         format!(

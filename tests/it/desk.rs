@@ -210,6 +210,8 @@ async fn a_reroll_refused_for_the_balance_changes_nothing_and_says_why() {
 /// first line) and its token.
 pub(crate) struct Served {
     child: tokio::process::Child,
+    /// The URL stdout's first line gives.
+    pub(crate) url: String,
     pub(crate) base: String,
     pub(crate) token: String,
     port: u16,
@@ -245,6 +247,7 @@ pub(crate) async fn serve_with(c: &Catalogue<'_>, more: &[&str]) -> Served {
     let port = url.port().unwrap();
     Served {
         child,
+        url: first.clone(),
         base: format!("http://127.0.0.1:{port}"),
         token,
         port,

@@ -24,13 +24,20 @@ async fn sample(c: &Catalogue<'_>) {
     assert_exit(&ran, 7);
 }
 
-/// The browser at run `s`'s page, opened through the URL with the desk's token (at
-/// `localhost`, the one name the test browser resolves; the desk answers to it too).
+/// `imgpipe review s`: the desk, its URL that of run `s`'s page.
+async fn serve(c: &Catalogue<'_>) -> crate::desk::Served {
+    let desk = serve_with(c, &["s", "--retry-base-ms", "1"]).await;
+    let page = format!("{}/runs/s?token={}", desk.base, desk.token);
+    assert_eq!(desk.url, page, "the URL printed opens the run's page");
+    desk
+}
+
+/// The browser at the URL the desk printed (at `localhost`, the one name the test browser
+/// resolves; the desk answers to it too).
 async fn open(desk: &crate::desk::Served) -> Option<Browser> {
     let browser = Browser::start().await?;
-    let base = desk.base.replace("127.0.0.1", "localhost");
     browser
-        .goto(&format!("{base}/runs/s?token={}", desk.token))
+        .goto(&desk.url.replace("127.0.0.1", "localhost"))
         .await;
     browser
         .wait_for(
@@ -92,7 +99,7 @@ async fn in_chromium_two_outputs_picked_by_keyboard_are_priced_as_the_cli_and_pa
     let env = start_default().await;
     let c = Catalogue::new(&env, None);
     sample(&c).await;
-    let desk = serve_with(&c, &["--retry-base-ms", "1"]).await;
+    let desk = serve(&c).await;
     let Some(browser) = open(&desk).await else {
         return;
     };
@@ -222,7 +229,7 @@ async fn in_chromium_a_stopped_samples_continue_bills_exactly_the_rest() {
     let env = start_default().await;
     let c = Catalogue::new(&env, None);
     sample(&c).await;
-    let desk = serve_with(&c, &["--retry-base-ms", "1"]).await;
+    let desk = serve(&c).await;
     let Some(browser) = open(&desk).await else {
         return;
     };
@@ -262,7 +269,7 @@ async fn in_chromium_a_price_that_changed_is_shown_again_and_only_the_new_one_is
     let env = start_default().await;
     let c = Catalogue::new(&env, None);
     sample(&c).await;
-    let desk = serve_with(&c, &["--retry-base-ms", "1"]).await;
+    let desk = serve(&c).await;
     let Some(browser) = open(&desk).await else {
         return;
     };
@@ -318,7 +325,7 @@ async fn in_chromium_a_refusal_shows_its_error_and_hint_and_spends_nothing() {
     let env = start_default().await;
     let c = Catalogue::new(&env, None);
     sample(&c).await;
-    let desk = serve_with(&c, &["--retry-base-ms", "1"]).await;
+    let desk = serve(&c).await;
     let Some(browser) = open(&desk).await else {
         return;
     };
