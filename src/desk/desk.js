@@ -22,6 +22,7 @@
   var help = document.getElementById("help");
 
   var tasks = {};       // task name -> its JSON, as last read
+  var drawn = {};       // item id -> the JSON it was drawn from
   var next = null;      // the next page's cursor
   var since = null;     // the stamp to ask changes since
   var loading = false;
@@ -161,8 +162,12 @@
     return f;
   }
 
-  // Places an item's element among those shown, in the order of item ids.
+  // Places an item's element among those shown, in the order of item ids; an item drawn
+  // from the same record already is left as it is (its images not fetched again).
   function place(item) {
+    var text = JSON.stringify(item);
+    if (drawn[item.item] === text && list.querySelector('.item[data-item="' + CSS.escape(item.item) + '"]')) { return; }
+    drawn[item.item] = text;
     var fresh = item_element(item);
     var same = list.querySelector('.item[data-item="' + CSS.escape(item.item) + '"]');
     if (same) {
@@ -225,6 +230,7 @@
     since = null;
     focus = -1;
     while (list.firstChild) { list.removeChild(list.firstChild); }
+    drawn = {};
     page();
   }
 
@@ -252,6 +258,19 @@
     if (fig) { set_focus([].indexOf.call(outs(), fig)); }
   });
 
+  // The run's header and costs: a fragment the report's templates made (escaping what they
+  // show), summed over the whole run, so asked again only every ten seconds while it changes.
+  var head = document.getElementById("head");
+  var head_at = 0;
+  function load_head() {
+    head_at = Date.now();
+    fetch("/runs/" + encodeURIComponent(run) + "/head", { credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.text() : null; })
+      .then(function (html) { if (html !== null) { head.innerHTML = html; } })
+      .catch(function () { /* the next change asks again */ });
+  }
+  load_head();
+
   // Follows the run: what changed since the last look, every second.
   function poll() {
     if (since === null) { return; }
@@ -271,6 +290,7 @@
         });
         refocus();
         say_shown();
+        if (j.items.length > 0 && Date.now() - head_at > 10000) { load_head(); }
         var badge = document.getElementById("run-status");
         if (badge && badge.textContent !== j.status) {
           badge.textContent = j.status;

@@ -105,6 +105,7 @@ pub fn router(desk: Arc<Desk>) -> Router {
         .route("/assets/decide.js", get(page::decide_js))
         .route("/api/runs", get(api::runs))
         .route("/runs/{run}", get(page::run))
+        .route("/runs/{run}/head", get(page::head))
         .route("/runs/{run}/files/{*path}", get(files::file))
         .route("/assets/{name}", get(page::asset))
         .route("/api/runs/{run}", get(api::run))

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
-use maud::{DOCTYPE, Markup, PreEscaped, html};
+use maud::{DOCTYPE, Markup, html};
 
 use super::Desk;
 use crate::caps::Standing;
@@ -167,13 +167,13 @@ fn ledger_table(ledger: &Ledger) -> Markup {
     }
 }
 
-/// `GET /runs/{run}`: the run's header and costs (the report's templates), its problems,
-/// and its items, which the script draws a page at a time from the JSON API and keeps up to
-/// date while the run goes on.
+/// `GET /runs/{run}`: the run's page. Its header and costs (summed over every task of the
+/// run: a second or two at 100,000 items) come from [`head`] once the page is up; its items,
+/// a page at a time from the JSON API, are drawn and kept up to date by its script.
 pub(super) async fn run(State(desk): State<Arc<Desk>>, Path(run): Path<String>) -> Response {
     let id = crate::run_id::RunId::from(run.as_str());
-    let run = match desk.store.runs().get(&id).await {
-        Ok(Some(run)) => run,
+    let steps = match desk.store.runs().get(&id).await {
+        Ok(Some(run)) => steps_of(&run),
         Ok(None) => {
             return (
                 StatusCode::NOT_FOUND,
@@ -181,21 +181,6 @@ pub(super) async fn run(State(desk): State<Arc<Desk>>, Path(run): Path<String>) 
             )
                 .into_response();
         }
-        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-    };
-    let observed = crate::report::live::observe(&desk.store, run).await;
-    let head = match observed {
-        Ok((run, process)) => {
-            let observed = crate::report::live::Observed {
-                process,
-                continue_with: run.status.unfinished().then(|| (desk.resume)(&run.id)),
-            };
-            crate::report::page::head(&desk.store, run, observed).await
-        }
-        Err(e) => Err(e.into()),
-    };
-    let (head, steps) = match head {
-        Ok(h) => h,
         Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     };
     let statuses = ["pending", "running", "succeeded", "failed", "blocked"];
@@ -213,8 +198,7 @@ pub(super) async fn run(State(desk): State<Arc<Desk>>, Path(run): Path<String>) 
             }
             body #desk-run data-run=(id) {
                 nav.top { a href="/" { "‹ runs" } " " span #live { "" } " " button #help-open type="button" { "? keys" } }
-                // The report's header and costs, made by its templates (they escape).
-                (PreEscaped(head))
+                div #head { header { h1 { "run " (id) } p { "Summing the run's costs…" } } }
                 main {
                     section #problems {
                         h2 { "Problems" }
@@ -282,5 +266,45 @@ pub(super) async fn asset(Path(name): Path<String>) -> Response {
         )
             .into_response(),
         _ => (StatusCode::NOT_FOUND, "no such asset").into_response(),
+    }
+}
+
+/// The run's steps, as its plan priced them (the step filter's choices).
+fn steps_of(run: &crate::store::Run) -> Vec<String> {
+    run.plan
+        .read::<crate::plan::document::PlanFigures>()
+        .map(|p| p.steps().iter().map(|s| s.step.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// `GET /runs/{run}/head`: the run's header and costs as the report's first page shows them,
+/// made by the report's own templates (which escape what they show): a fragment the run page
+/// puts in place, and again while the run goes on.
+pub(super) async fn head(State(desk): State<Arc<Desk>>, Path(run): Path<String>) -> Response {
+    let id = crate::run_id::RunId::from(run.as_str());
+    let run = match desk.store.runs().get(&id).await {
+        Ok(Some(run)) => run,
+        Ok(None) => {
+            return (
+                StatusCode::NOT_FOUND,
+                format!("no run {id} in this state database"),
+            )
+                .into_response();
+        }
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    };
+    let made = match crate::report::live::observe(&desk.store, run).await {
+        Ok((run, process)) => {
+            let observed = crate::report::live::Observed {
+                process,
+                continue_with: run.status.unfinished().then(|| (desk.resume)(&run.id)),
+            };
+            crate::report::page::head(&desk.store, run, observed).await
+        }
+        Err(e) => Err(e.into()),
+    };
+    match made {
+        Ok((head, _)) => Html(head).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
 }

@@ -103,7 +103,7 @@ impl Sql {
 /// literally.
 fn contains_pattern(text: &str) -> String {
     let mut p = String::from("%");
-    for c in text.to_lowercase().chars() {
+    for c in text.chars() {
         if matches!(c, '%' | '_' | '\\') {
             p.push('\\');
         }
@@ -113,9 +113,41 @@ fn contains_pattern(text: &str) -> String {
     p
 }
 
+/// Appends, when `f` asks for something rare (a problem: a failure, a call possibly billed, a
+/// task done again, a status other than pending or succeeded), the condition that the task is
+/// one of the few that have it, found from their own index: the page is then made from those
+/// few, not from a walk of every item looking for them. `$1` is the run's id.
+fn driver(sql: &mut Sql, f: &ItemFilter, unanswered: bool) {
+    if f.rerolled {
+        sql.push(" AND t.id IN (SELECT task_id FROM superseded_outputs WHERE run_id = $1)");
+    } else if f.failed {
+        sql.push(
+            " AND t.id IN (SELECT id FROM tasks WHERE run_id = $1
+                 AND status IN ('failed', 'blocked')
+               UNION SELECT task_id FROM outputs WHERE run_id = $1
+                 AND path IS NULL AND download_error IS NOT NULL)",
+        );
+    } else if f.possibly_billed {
+        sql.push(
+            " AND t.id IN (SELECT task_id FROM attempts WHERE run_id = $1
+                 AND (outcome = 'ambiguous' OR (outcome IS NULL AND ",
+        )
+        .bind(Bind::Bool(unanswered))
+        .push(")))");
+    } else if let Some(status) = f
+        .status
+        .filter(|s| !matches!(s, TaskStatus::Pending | TaskStatus::Succeeded))
+    {
+        sql.push(" AND t.id IN (SELECT id FROM tasks WHERE run_id = $1 AND status = ")
+            .bind(Bind::Text(status.as_str().to_owned()))
+            .push(")");
+    }
+}
+
 /// Appends the conditions of `f` on task `t` (`unanswered`: calls without an answer count
-/// as possibly billed, the run's process being gone).
-fn conditions(sql: &mut Sql, f: &ItemFilter, unanswered: bool) {
+/// as possibly billed, the run's process being gone); `like` is the backend's
+/// case-insensitive `LIKE`.
+fn conditions(sql: &mut Sql, f: &ItemFilter, unanswered: bool, like: &str) {
     if let Some(status) = f.status {
         sql.push(" AND t.status = ")
             .bind(Bind::Text(status.as_str().to_owned()));
@@ -141,20 +173,29 @@ fn conditions(sql: &mut Sql, f: &ItemFilter, unanswered: bool) {
         sql.push(" AND EXISTS (SELECT 1 FROM superseded_outputs so WHERE so.task_id = t.id)");
     }
     if let Some(text) = f.text.as_deref().filter(|t| !t.trim().is_empty()) {
-        sql.push(" AND (LOWER(t.item) LIKE ")
+        sql.push(&format!(" AND (t.item {like} "))
             .bind(Bind::Text(contains_pattern(text.trim())))
-            .push(" ESCAPE '\\' OR LOWER(COALESCE(t.request, '')) LIKE ")
+            .push(&format!(" ESCAPE '\\' OR t.request {like} "))
             .again()
             .push(" ESCAPE '\\')");
     }
 }
 
 impl Report<'_> {
+    /// The backend's `LIKE` that ignores case: SQLite's own (for ASCII), PostgreSQL's `ILIKE`.
+    fn like(&self) -> &'static str {
+        match self.store.backend() {
+            crate::store::Backend::Sqlite => "LIKE",
+            crate::store::Backend::Postgres => "ILIKE",
+        }
+    }
+
     /// Up to `limit` items of run `run_id` after item `after` (by id), with a live task
     /// matching `filter`, each with all its live tasks; and the cursor of the next page.
     ///
     /// The items are found walking the `(run_id, item, step, idx)` index from `after`, and
-    /// stop at `limit`: a page reads its own rows, whatever the run's size.
+    /// stop at `limit`: a page reads its own rows, whatever the run's size. A filter for
+    /// something rare starts from the few tasks that have it instead ([`driver`]).
     pub async fn item_page(
         &self,
         run_id: &RunId,
@@ -171,7 +212,8 @@ impl Report<'_> {
             sql.push(" AND t.item > ")
                 .bind(Bind::Text(after.to_owned()));
         }
-        conditions(&mut sql, filter, unanswered);
+        driver(&mut sql, filter, unanswered);
+        conditions(&mut sql, filter, unanswered, self.like());
         sql.push(" ORDER BY t.item LIMIT ")
             .bind(Bind::Int(i64::from(limit) + 1));
         let mut names: Vec<String> = sql
@@ -349,7 +391,7 @@ impl Report<'_> {
             sql.bind(Bind::Text(name.clone()));
         }
         sql.push(")");
-        conditions(&mut sql, filter, unanswered);
+        conditions(&mut sql, filter, unanswered, self.like());
         let rows = sql.query().fetch_all(self.store.pool()).await?;
         rows.iter()
             .map(|r| r.try_get::<String, _>(0).map_err(StoreError::from))
@@ -373,7 +415,7 @@ mod tests {
 
     #[test]
     fn a_text_is_matched_anywhere_and_literally() {
-        assert_eq!(contains_pattern("Mug"), "%mug%");
+        assert_eq!(contains_pattern("Mug"), "%Mug%");
         assert_eq!(contains_pattern("50%_a\\b"), "%50\\%\\_a\\\\b%");
     }
 }

@@ -238,13 +238,6 @@ impl Browser {
         url
     }
 
-    /// Loads `url` (a page the test serves on loopback, such as the review desk's).
-    pub async fn goto(&self, url: &str) {
-        let what = format!("opening {url}");
-        self.command(&what, NAVIGATE_TIMEOUT, self.client.goto(url))
-            .await;
-    }
-
     /// Presses and releases each of `keys` in turn, as a person typing on the focused page.
     pub async fn keys(&self, keys: &str) {
         use fantoccini::actions::{InputSource, KeyAction, KeyActions};
@@ -264,7 +257,7 @@ impl Browser {
 
     /// Waits until `script` (a function body) returns something other than `null` or
     /// `false`, and returns it; fails saying `what` it waited for after `limit`.
-    pub async fn wait_for(&self, what: &str, limit: Duration, script: &str) -> Value {
+    pub async fn wait_value(&self, what: &str, limit: Duration, script: &str) -> Value {
         let deadline = Instant::now() + limit;
         loop {
             let value = self.run(script).await;
@@ -790,4 +783,49 @@ fn ci_stops_when_it_cannot_have_chromium() {
             && stderr.contains("IMGPIPE_CHROMIUM/IMGPIPE_CHROMEDRIVER point at missing files"),
         "{stderr}"
     );
+}
+
+/// What the desk's tests do with the browser: open a page served on loopback, type on it.
+impl Browser {
+    /// Loads `url` (an `http://127.0.0.1:…` page).
+    pub async fn visit(&self, url: &str) {
+        let what = format!("opening {url}");
+        self.command(&what, NAVIGATE_TIMEOUT, self.client.goto(url))
+            .await;
+    }
+
+    /// Types `keys` into the first element `css` finds (the keys go on to whatever the page
+    /// focuses as they are typed).
+    pub async fn type_into(&self, css: &str, keys: &str) {
+        let found = self
+            .command(
+                &format!("finding {css}"),
+                SCRIPT_TIMEOUT,
+                self.client.find(Locator::Css(css)),
+            )
+            .await;
+        self.command(
+            &format!("typing into {css}"),
+            SCRIPT_TIMEOUT,
+            found.send_keys(keys),
+        )
+        .await;
+    }
+
+    /// Waits until `script` (a function body) returns `true` in the page, at most `limit`,
+    /// failing with `what` it waited for and the last answer.
+    pub async fn wait_for(&self, what: &str, script: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let got = self.run(script).await;
+            if got == Value::Bool(true) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "browser: waited {limit:?} for {what}; the page last answered {got}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }

@@ -37,10 +37,10 @@ async fn serve(c: &Catalogue<'_>) -> crate::desk::Served {
 async fn open(desk: &crate::desk::Served) -> Option<Browser> {
     let browser = Browser::start().await?;
     browser
-        .goto(&desk.url.replace("127.0.0.1", "localhost"))
+        .visit(&desk.url.replace("127.0.0.1", "localhost"))
         .await;
     browser
-        .wait_for(
+        .wait_value(
             "the run's outputs with their images",
             SHOWN,
             "return document.querySelectorAll('.out[data-src]').length >= 4 || null",
@@ -88,7 +88,7 @@ async fn shown_digests(browser: &Browser, task: &str) -> Value {
         }})()"#
     );
     browser
-        .wait_for(&format!("{task}'s images loaded"), SHOWN, &script)
+        .wait_value(&format!("{task}'s images loaded"), SHOWN, &script)
         .await
 }
 
@@ -120,7 +120,7 @@ async fn in_chromium_two_outputs_picked_by_keyboard_are_priced_as_the_cli_and_pa
 
     // The price on the button is `reroll --dry-run`'s.
     let shown = browser
-        .wait_for(
+        .wait_value(
             "the reroll's price on its Confirm button",
             SHOWN,
             "const b = document.querySelector('#decide-reroll button.confirm'); \
@@ -153,7 +153,7 @@ async fn in_chromium_two_outputs_picked_by_keyboard_are_priced_as_the_cli_and_pa
     let old_shown = shown_digests(&browser, &first).await;
     browser.click("#decide-reroll button.confirm").await;
     browser
-        .wait_for(
+        .wait_value(
             "the reroll done",
             SHOWN,
             "return document.querySelector('#decide-reroll .done, #decide-reroll .refused') \
@@ -187,7 +187,7 @@ async fn in_chromium_two_outputs_picked_by_keyboard_are_priced_as_the_cli_and_pa
         );
     }
     let new_shown = browser
-        .wait_for(
+        .wait_value(
             &format!("{first}'s new images on the page"),
             SHOWN,
             &format!(
@@ -234,7 +234,7 @@ async fn in_chromium_a_stopped_samples_continue_bills_exactly_the_rest() {
         return;
     };
     let shown = browser
-        .wait_for(
+        .wait_value(
             "the rest's price on its Continue button",
             SHOWN,
             "const b = document.querySelector('#decide-gate button.confirm'); \
@@ -250,7 +250,7 @@ async fn in_chromium_a_stopped_samples_continue_bills_exactly_the_rest() {
     let before = billed(&env);
     browser.click("#decide-gate button.confirm").await;
     browser
-        .wait_for(
+        .wait_value(
             "the continuation done",
             SHOWN,
             "return document.querySelector('#decide-gate .done, #decide-gate .refused') \
@@ -275,7 +275,7 @@ async fn in_chromium_a_price_that_changed_is_shown_again_and_only_the_new_one_is
     };
     let button = "const b = document.querySelector('#decide-gate button.confirm'); \
                   return b ? b.textContent : null";
-    let shown = browser.wait_for("the rest's price", SHOWN, button).await;
+    let shown = browser.wait_value("the rest's price", SHOWN, button).await;
     assert_eq!(shown, format!("Continue ({} credits)", 2 * ITEM));
 
     // Another process pays for part of the rest after the page priced it.
@@ -292,7 +292,7 @@ async fn in_chromium_a_price_that_changed_is_shown_again_and_only_the_new_one_is
          return s && b && b.textContent === 'Continue ({ITEM} credits)' ? s.textContent : null"
     );
     let said = browser
-        .wait_for("the new price, asked again", SHOWN, &again)
+        .wait_value("the new price, asked again", SHOWN, &again)
         .await;
     assert!(
         has_phrase(
@@ -308,7 +308,7 @@ async fn in_chromium_a_price_that_changed_is_shown_again_and_only_the_new_one_is
 
     browser.click("#decide-gate button.confirm").await;
     browser
-        .wait_for(
+        .wait_value(
             "the continuation done",
             SHOWN,
             "return document.querySelector('#decide-gate .done, #decide-gate .refused') \
@@ -338,7 +338,7 @@ async fn in_chromium_a_refusal_shows_its_error_and_hint_and_spends_nothing() {
         .await;
     let confirm = "const b = document.querySelector('#decide-reroll button.confirm'); \
                    return b ? b.textContent : null";
-    let shown = browser.wait_for("the pick's price", SHOWN, confirm).await;
+    let shown = browser.wait_value("the pick's price", SHOWN, confirm).await;
     assert_eq!(shown, "Confirm (5 credits)");
 
     // Another process holds the run, its call at the sandbox's gate.
@@ -356,7 +356,7 @@ async fn in_chromium_a_refusal_shows_its_error_and_hint_and_spends_nothing() {
 
     browser.click("#decide-reroll button.confirm").await;
     let refused = browser
-        .wait_for(
+        .wait_value(
             "the refusal",
             SHOWN,
             "const r = document.querySelector('#decide-reroll .refused'); \

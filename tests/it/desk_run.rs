@@ -1,0 +1,478 @@
+//! The desk's run page (issue 36): its items paged and filtered by the database over HTTP,
+//! its images served only from the run's directory, a hostile prompt shown as text, and in
+//! Chromium the keyboard's picks and a run in another process followed without reloading.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::binary::Imgpipe;
+use crate::browser::Browser;
+use crate::common::*;
+
+/// What a hostile prompt holds: a script and an attribute break-out.
+const HOSTILE: &str = r#"<script>alert(1)</script> "><img src=x onerror=alert(1)>"#;
+
+/// Two steps, one call at a time (so which call the sandbox refuses is the run's first).
+fn pipeline() -> String {
+    let mut items = String::new();
+    for i in 0..8 {
+        let colour = if i == 3 || i == 5 { "Red" } else { "blue" };
+        items.push_str(&format!(
+            "  - {{ id: a{i}, subject: \"a {colour} mug\" }}\n"
+        ));
+    }
+    items.push_str(&format!("  - {{ id: x-hostile, subject: '{HOSTILE}' }}\n"));
+    format!(
+        "version: 1\nname: desk-run\noutput_dir: out\npricing: {{ generation: 4 }}\nconcurrency: 1\nitems:\n{items}steps:\n  \
+         - id: shot\n    generate: {{ prompt: \"Photo of {{{{ item.subject }}}}\", n: 1, size: 2K }}\n  \
+         - id: clean\n    erase: {{ from: shot, object_name: dust }}\n"
+    )
+}
+
+struct Catalogue<'e> {
+    env: &'e Env,
+    dir: PathBuf,
+    state: String,
+}
+
+impl<'e> Catalogue<'e> {
+    fn new(env: &'e Env, pg: Option<String>) -> Catalogue<'e> {
+        let dir = env.dir.path().join("work");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("desk.yaml"), pipeline()).unwrap();
+        let state = pg.unwrap_or_else(|| dir.join("state.db").to_string_lossy().into_owned());
+        Catalogue { env, dir, state }
+    }
+
+    fn imgpipe(&self, args: &[&str]) -> Imgpipe<'e> {
+        Imgpipe::on(self.env, args)
+            .cwd(&self.dir)
+            .state(&self.state)
+            .args(&["--retry-base-ms", "1"])
+    }
+}
+
+/// A run `r` with an item of each kind: one whose first call the service refused (failed,
+/// its next step blocked), one done again (`reroll`), one with a call that may have been
+/// billed, the rest succeeded.
+async fn varied(c: &Catalogue<'_>) -> Db {
+    c.env.sandbox.refuse_next(1);
+    let ran = c
+        .imgpipe(&["run", "desk.yaml", "--run-id", "r"])
+        .run()
+        .await;
+    c.env.sandbox.refuse_next(0);
+    let db = Db::read(&c.state).await;
+    assert_eq!(db.count("failed"), 1, "one call refused: {}", ran.stderr());
+    let redo = db
+        .live()
+        .find(|t| t.step == "clean" && t.status == "succeeded" && t.item == "a2")
+        .expect("a2/clean[0] succeeded")
+        .name();
+    // Done again, and paid: the run still has its failed task (exit 4).
+    let ran = c.imgpipe(&["reroll", "r", &redo]).run().await;
+    assert_exit(&ran, 4);
+    assert!(
+        !Db::read(&c.state).await.superseded.is_empty(),
+        "{}",
+        ran.stderr()
+    );
+    // A call sent without an answer, as a killed process leaves one: possibly billed.
+    let task = db.find("a6", "shot", 0).expect("a6/shot[0]").id;
+    let mut conn = writable(&c.state).await;
+    sqlx::query(
+        "INSERT INTO attempts (task_id, run_id, endpoint, started_at, outcome)
+         VALUES ($1, 'r', '/v1/images/generations', 1, 'ambiguous')",
+    )
+    .bind(task)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    Db::read(&c.state).await
+}
+
+/// A connection that writes to the state (SQLite's file, or PostgreSQL).
+async fn writable(state: &str) -> sqlx::AnyConnection {
+    use sqlx::Connection;
+    sqlx::any::install_default_drivers();
+    let url = if state.starts_with("postgres") {
+        state.to_owned()
+    } else {
+        format!("sqlite://{state}?mode=rw")
+    };
+    within(
+        "opening the state to write",
+        sqlx::AnyConnection::connect(&url),
+    )
+    .await
+    .unwrap()
+}
+
+/// `imgpipe review --no-open`: the child, its base URL and token.
+struct Served {
+    _child: tokio::process::Child,
+    base: String,
+    token: String,
+}
+
+async fn serve(c: &Catalogue<'_>) -> Served {
+    use tokio::io::AsyncBufReadExt;
+    let mut cmd = Imgpipe::on(c.env, &["review", "--no-open"])
+        .cwd(&c.dir)
+        .state(&c.state)
+        .command();
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .stdin(Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = within("the desk's URL on stdout's first line", lines.next_line())
+        .await
+        .unwrap()
+        .expect("a first line");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let url = url::Url::parse(&first).unwrap();
+    let token = url
+        .query_pairs()
+        .find(|(k, _)| k == "token")
+        .map(|(_, v)| v.into_owned())
+        .unwrap();
+    Served {
+        _child: child,
+        base: format!("http://127.0.0.1:{}", url.port().unwrap()),
+        token,
+    }
+}
+
+impl Served {
+    async fn get(&self, path: &str) -> reqwest::Response {
+        http()
+            .get(format!("{}{path}", self.base))
+            .header("authorization", format!("Bearer {}", self.token))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn json(&self, path: &str) -> Value {
+        let r = self.get(path).await;
+        assert_eq!(r.status(), 200, "GET {path}");
+        r.json().await.unwrap()
+    }
+
+    /// Every item the filter `query` shows, page by page of `limit`: each page holds at most
+    /// `limit` items, and no item comes twice.
+    async fn walk(&self, query: &str, limit: u32) -> Vec<String> {
+        let mut seen = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let mut path = format!("/api/runs/r/items?limit={limit}&{query}");
+            if let Some(a) = &after {
+                path.push_str(&format!("&after={}", urlencode(a)));
+            }
+            let page = self.json(&path).await;
+            let items = page["items"].as_array().unwrap();
+            assert!(items.len() <= limit as usize, "{path}: {page}");
+            for i in items {
+                let id = i["item"].as_str().unwrap().to_owned();
+                assert!(!seen.contains(&id), "{id} twice, with {query} by {limit}");
+                seen.push(id);
+            }
+            match page["next"].as_str() {
+                Some(n) => after = Some(n.to_owned()),
+                None => return seen,
+            }
+            assert!(seen.len() < 1000, "the pages never end");
+        }
+    }
+}
+
+fn urlencode(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+/// The items of `db`'s run `r` with a live task for which `pred` holds.
+fn items_where(db: &Db, pred: impl Fn(&TaskRow) -> bool) -> Vec<String> {
+    let set: BTreeSet<String> = db
+        .tasks_of("r")
+        .into_iter()
+        .filter(|t| !t.removed && pred(t))
+        .map(|t| t.item.clone())
+        .collect();
+    set.into_iter().collect()
+}
+
+async fn paged_and_filtered(pg: Option<String>) {
+    let env = start_default().await;
+    let c = Catalogue::new(&env, pg);
+    let db = varied(&c).await;
+    let desk = serve(&c).await;
+
+    let all = items_where(&db, |_| true);
+    assert_eq!(all.len(), 9);
+    for limit in [1, 2, 4, 50] {
+        assert_eq!(
+            desk.walk("", limit).await,
+            all,
+            "every item once, by {limit}"
+        );
+    }
+
+    let ambiguous: BTreeSet<i64> = db.ambiguous().iter().map(|a| a.task_id).collect();
+    let superseded: BTreeSet<i64> = db.superseded.iter().map(|s| s.task_id).collect();
+    let bad_download: BTreeSet<i64> = db
+        .outputs
+        .iter()
+        .filter(|o| o.path.is_none() && o.download_error.is_some())
+        .map(|o| o.task_id)
+        .collect();
+    let expected: Vec<(&str, Vec<String>)> = vec![
+        ("status=failed", items_where(&db, |t| t.status == "failed")),
+        (
+            "status=blocked",
+            items_where(&db, |t| t.status == "blocked"),
+        ),
+        (
+            "step=clean&status=succeeded",
+            items_where(&db, |t| t.step == "clean" && t.status == "succeeded"),
+        ),
+        (
+            "failed=1",
+            items_where(&db, |t| {
+                t.status == "failed" || t.status == "blocked" || bad_download.contains(&t.id)
+            }),
+        ),
+        (
+            "possibly_billed=1",
+            items_where(&db, |t| ambiguous.contains(&t.id)),
+        ),
+        (
+            "rerolled=1",
+            items_where(&db, |t| superseded.contains(&t.id)),
+        ),
+        ("q=RED", vec!["a3".to_owned(), "a5".to_owned()]),
+        ("q=hostile", vec!["x-hostile".to_owned()]),
+        ("q=onerror%3Dalert", vec!["x-hostile".to_owned()]),
+        ("q=100%25", vec![]),
+    ];
+    for (query, want) in &expected {
+        if !query.starts_with("q=100") {
+            assert!(!want.is_empty(), "the fixture has items for {query}");
+            assert!(want.len() < all.len(), "{query} leaves some out");
+        }
+        for limit in [1, 3] {
+            assert_eq!(&desk.walk(query, limit).await, want, "{query} by {limit}");
+        }
+    }
+    assert_eq!(expected[5].1, vec!["a2".to_owned()], "the item done again");
+
+    // A bad parameter is named.
+    let r = desk.get("/api/runs/r/items?status=done").await;
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["error"].as_str().unwrap().starts_with("status:"),
+        "{body}"
+    );
+
+    // The hostile prompt comes as JSON text, the page's script puts it in as text.
+    let page = desk.json("/api/runs/r/items?q=hostile").await;
+    let task = &page["items"][0]["tasks"][0];
+    assert_eq!(task["prompt"], format!("Photo of {HOSTILE}"));
+    let html = desk.get("/runs/r").await.text().await.unwrap();
+    assert!(
+        !html.contains("<script>alert"),
+        "no prompt in the page's own markup"
+    );
+    assert!(html.contains(r#"<aside id="decide"></aside>"#));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_desk_pages_every_item_once_and_filters_exactly() {
+    paged_and_filtered(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_postgres_the_desk_pages_every_item_once_and_filters_exactly() {
+    let Some(pg) = postgres_database("desk_pages").await else {
+        return;
+    };
+    paged_and_filtered(Some(pg.to_string())).await;
+    drop(pg);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_desk_serves_a_runs_images_and_nothing_outside_its_directory() {
+    let env = start_default().await;
+    let c = Catalogue::new(&env, None);
+    let ran = c
+        .imgpipe(&["run", "desk.yaml", "--run-id", "r"])
+        .run()
+        .await;
+    assert_exit(&ran, 0);
+    let run_dir = c.dir.join("out/r");
+    std::fs::write(c.dir.join("out/secret.png"), b"not yours").unwrap();
+    std::os::unix::fs::symlink(c.dir.join("out/secret.png"), run_dir.join("a0/link.png")).unwrap();
+    let desk = serve(&c).await;
+
+    let page = desk.json("/api/runs/r/items?limit=1").await;
+    let out = &page["items"][0]["tasks"][0]["outputs"][0];
+    let src = out["src"].as_str().unwrap();
+    let r = desk.get(src).await;
+    assert_eq!(r.status(), 200, "{src}");
+    assert_eq!(r.headers()["content-type"], "image/png");
+    let file = run_dir.join(out["file"].as_str().unwrap());
+    assert_eq!(
+        r.bytes().await.unwrap().to_vec(),
+        std::fs::read(&file).unwrap()
+    );
+
+    for path in [
+        "/runs/r/files/..%2Fsecret.png",
+        "/runs/r/files/a0%2F..%2F..%2Fsecret.png",
+        "/runs/r/files/a0/..%2F..%2F..%2Fstate.db",
+        "/runs/r/files/%2Fetc%2Fpasswd",
+    ] {
+        let r = desk.get(path).await;
+        assert_eq!(r.status(), 400, "{path} refused");
+    }
+    for (path, why) in [
+        ("/runs/r/files/a0/link.png", "a link leading out of the run"),
+        ("/runs/r/files/manifest.jsonl", "not an image"),
+    ] {
+        let r = desk.get(path).await;
+        assert!(
+            r.status() == 404 || r.status() == 400,
+            "{why}: {path} answered {}",
+            r.status()
+        );
+        assert_ne!(r.bytes().await.unwrap().as_ref(), b"not yours");
+    }
+}
+
+/// Opens the run page in Chromium with the token's URL; `None` when there is no browser and
+/// the test may skip (under CI it fails).
+async fn page(desk: &Served, run: &str) -> Option<Browser> {
+    let browser = Browser::start().await?;
+    // The browser resolves no name but `localhost` (and maps even 127.0.0.1 away).
+    let base = desk.base.replace("127.0.0.1", "localhost");
+    browser
+        .visit(&format!("{base}/runs/{run}?token={}", desk.token))
+        .await;
+    Some(browser)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn in_chromium_the_keyboard_picks_two_outputs_and_a_hostile_prompt_stays_text() {
+    let env = start_default().await;
+    let c = Catalogue::new(&env, None);
+    let ran = c
+        .imgpipe(&["run", "desk.yaml", "--run-id", "r"])
+        .run()
+        .await;
+    assert_exit(&ran, 0);
+    let desk = serve(&c).await;
+    let Some(b) = page(&desk, "r").await else {
+        return;
+    };
+    b.wait_for(
+        "the first page of items drawn",
+        "return document.querySelectorAll('#list .item').length === 9;",
+        Duration::from_secs(20),
+    )
+    .await;
+    b.run(
+        "window.__picks = null; document.addEventListener('desk:picks', \
+         e => { window.__picks = e.detail.tasks; }); return true;",
+    )
+    .await;
+    b.type_into("#list .out", "jpjp").await;
+    let picked = b
+        .run(
+            "const outs = [...document.querySelectorAll('#list .out')].slice(0, 2); \
+             return { event: window.__picks, first: outs.map(o => o.dataset.task), \
+                      marked: [...document.querySelectorAll('.out.picked')].map(o => o.dataset.task) };",
+        )
+        .await;
+    let first = picked["first"].clone();
+    assert_eq!(first, serde_json::json!(["a0/shot[0]", "a0/clean[0]"]));
+    assert_eq!(
+        picked["event"], first,
+        "desk:picks carries the two tasks: {picked}"
+    );
+    assert_eq!(picked["marked"], first, "both marked picked: {picked}");
+
+    // The hostile prompt is text: the page holds it escaped, and made no element of it.
+    let hostile = b
+        .run(
+            "const it = document.querySelector('.item[data-item=\"x-hostile\"]'); \
+             return { text: it.textContent, html: it.innerHTML, \
+                      injected: document.querySelectorAll('img[src=\"x\"], #list script').length };",
+        )
+        .await;
+    assert!(
+        hostile["text"].as_str().unwrap().contains(HOSTILE),
+        "{hostile}"
+    );
+    assert!(
+        hostile["html"].as_str().unwrap().contains(
+            "&lt;script&gt;alert(1)&lt;/script&gt; \"&gt;&lt;img src=x onerror=alert(1)&gt;"
+        ),
+        "{hostile}"
+    );
+    assert_eq!(hostile["injected"], 0, "{hostile}");
+    // An alert would leave the browser refusing every command: this one still answers.
+    assert_eq!(b.run("return 1 + 1;").await, 2);
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn in_chromium_a_run_in_another_process_shows_its_new_images_without_reloading() {
+    let env = start_default().await;
+    let c = Catalogue::new(&env, None);
+    env.sandbox.hold_calls();
+    let mut run = c
+        .imgpipe(&["run", "desk.yaml", "--run-id", "live"])
+        .watched();
+    // The run recorded and its first call waiting at the gate.
+    wait_while_running(&mut run, "the run's first call held at the gate", || {
+        env.sandbox.held_calls() >= 1
+    })
+    .await;
+    let desk = serve(&c).await;
+    let Some(b) = page(&desk, "live").await else {
+        env.sandbox.release_calls();
+        return;
+    };
+    b.wait_for(
+        "the run's items drawn, none with an image yet",
+        "return document.querySelectorAll('#list .item').length === 9 \
+             && document.querySelectorAll('#list .out img').length === 0;",
+        Duration::from_secs(20),
+    )
+    .await;
+    b.run("window.__same_page = true; return true;").await;
+    step_until(&env, &mut run, |e| e.sandbox.ledger().len() >= 2).await;
+    b.wait_for(
+        "a0's shot shown without reloading",
+        "return window.__same_page === true && !!document.querySelector(\
+             '.out[data-task=\"a0/shot[0]\"] img');",
+        Duration::from_secs(30),
+    )
+    .await;
+    env.sandbox.release_calls();
+    let ended = run.finish().await;
+    assert_exit(&ended, 0);
+    b.wait_for(
+        "every image of the run shown without reloading",
+        "return window.__same_page === true \
+             && document.querySelectorAll('#list .out img').length === 18;",
+        Duration::from_secs(30),
+    )
+    .await;
+    b.close().await;
+}
