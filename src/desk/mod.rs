@@ -103,6 +103,7 @@ pub fn router(desk: Arc<Desk>) -> Router {
     Router::new()
         .route("/", get(page::home))
         .route("/assets/decide.js", get(page::decide_js))
+        .route("/assets/decide.css", get(page::decide_css))
         .route("/api/runs", get(api::runs))
         .route("/runs/{run}", get(page::run))
         .route("/runs/{run}/head", get(page::head))

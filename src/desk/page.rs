@@ -35,6 +35,12 @@ pub(super) async fn decide_js() -> Response {
         .into_response()
 }
 
+/// `GET /assets/decide.css`: the decisions' panel.
+pub(super) async fn decide_css() -> Response {
+    let style = include_str!("decide.css");
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], style).into_response()
+}
+
 /// What the home shows: the runs, the caps, the spend ledger's last days.
 struct Home {
     runs: Vec<RunLine>,
@@ -194,6 +200,7 @@ pub(super) async fn run(State(desk): State<Arc<Desk>>, Path(run): Path<String>) 
                 link rel="stylesheet" href="/assets/desk.css";
                 script src="/assets/desk.js" defer {}
                 (token_meta(&desk))
+                link rel="stylesheet" href="/assets/decide.css";
                 script src="/assets/decide.js" defer {}
             }
             body #desk-run data-run=(id) {

@@ -94,10 +94,27 @@ async fn shown_digests(browser: &Browser, task: &str) -> Value {
 
 use serde_json::Value;
 
+/// A screenshot of the desk kept for anyone to look at, as the report tests keep theirs:
+/// `screenshots/PID/TEST-NAME.png` in the target's test directory.
+fn screenshot(name: &str) -> std::path::PathBuf {
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("test").replace("::", "-");
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("screenshots")
+        .join(std::process::id().to_string());
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    dir.join(format!("{test}-{name}.png"))
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn in_chromium_two_outputs_picked_by_keyboard_are_priced_as_the_cli_and_paid_exactly() {
     let env = start_default().await;
     let c = Catalogue::new(&env, None);
+    let cap = c
+        .plain(&["cap", "set", "daily", "--credits", "1000", "--per", "day"])
+        .run()
+        .await;
+    assert_exit(&cap, 0);
     sample(&c).await;
     let desk = serve(&c).await;
     let Some(browser) = open(&desk).await else {
@@ -144,6 +161,19 @@ async fn in_chromium_two_outputs_picked_by_keyboard_are_priced_as_the_cli_and_pa
         has_phrase(left, &format!("budget left\t{}", 400 - ITEM)),
         "the budget's rest is shown: {left}"
     );
+    assert!(
+        has_phrase(left, &format!("balance\t{}", 1000 - ITEM)),
+        "the balance is shown: {left}"
+    );
+    assert!(
+        has_phrase(
+            left,
+            &format!("cap daily left (day)\t{} of 1000", 1000 - ITEM)
+        ),
+        "the cap's rest is shown: {left}"
+    );
+
+    browser.screenshot(&screenshot("priced")).await;
 
     // Confirm: billed exactly the price, the old files set aside, the new ones shown.
     let run_dir = c.dir.join("out/s");
