@@ -717,3 +717,61 @@ async fn on_sigterm_the_desk_stops_accepting_lets_its_reroll_reach_its_safe_poin
         "the reroll's chain billed exactly once in all"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn work_started_at_the_desk_is_followed_to_its_end_with_the_clis_error_and_hint() {
+    let env = start_default().await;
+    let c = Catalogue::new(&env, None);
+    c.done().await;
+    let desk = serve_with(&c, &["--retry-base-ms", "1"]).await;
+    let work = |desk: &Served| {
+        let url = format!("{}/api/runs/r/work", desk.base);
+        let bearer = format!("Bearer {}", desk.token);
+        async move {
+            let r = http()
+                .get(url)
+                .header("authorization", bearer)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            r.json::<serde_json::Value>().await.unwrap()
+        }
+    };
+    assert_eq!(work(&desk).await, serde_json::json!({"state": "none"}));
+    let calls = env.sandbox.ledger().len();
+
+    // Every call refused as invalid: the reroll cannot be done, and says why as the CLI does.
+    env.sandbox.refuse_next(usize::MAX);
+    let (status, started) = desk
+        .post(
+            "/api/runs/r/reroll",
+            serde_json::json!({"tasks": ["mug/clean[0]"], "credits": CLEAN0}),
+        )
+        .await;
+    assert_eq!(status, 202, "{started}");
+    wait_until_async("the desk's reroll ended", || async {
+        work(&desk).await["state"] != "going"
+    })
+    .await;
+    let ended = work(&desk).await;
+    env.sandbox.refuse_next(0);
+    assert_eq!(ended["state"], "failed", "{ended}");
+    assert_eq!(ended["kind"], "reroll");
+    assert_eq!(ended["credits"], CLEAN0);
+    let error = ended["error"].as_str().unwrap_or_default();
+    assert!(
+        has_phrase(error, "the reroll of mug/clean[0] could not be done"),
+        "{ended}"
+    );
+    let hint = ended["hint"].as_str().unwrap_or_default();
+    assert!(
+        has_phrase(
+            hint,
+            "nothing was billed and nothing changed: run r is succeeded as before"
+        ),
+        "{ended}"
+    );
+    assert_eq!(env.sandbox.ledger().len(), calls, "nothing billed");
+    desk.stop().await;
+}
