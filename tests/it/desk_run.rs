@@ -367,7 +367,8 @@ async fn page(desk: &Served, run: &str) -> Option<Browser> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn in_chromium_the_keyboard_picks_two_outputs_and_a_hostile_prompt_stays_text() {
+async fn in_chromium_the_keyboard_picks_and_rejects_through_filters_and_a_hostile_prompt_stays_text()
+ {
     let env = start_default().await;
     let c = Catalogue::new(&env, None);
     let ran = c
@@ -405,6 +406,50 @@ async fn in_chromium_the_keyboard_picks_two_outputs_and_a_hostile_prompt_stays_t
         "desk:picks carries the two tasks: {picked}"
     );
     assert_eq!(picked["marked"], first, "both marked picked: {picked}");
+
+    // A filter shows other items; `x` rejects one (picked too); the picks outlive the filter.
+    b.type_into("input[name=q]", "a1").await;
+    b.wait_for(
+        "the filter q=a1 applied",
+        "return document.querySelectorAll('#list .item').length === 1;",
+        Duration::from_secs(20),
+    )
+    .await;
+    b.type_into("#list .out", "jx").await;
+    b.run(
+        "const q = document.querySelector('input[name=q]'); q.value = ''; \
+         q.dispatchEvent(new Event('input', { bubbles: true })); return true;",
+    )
+    .await;
+    b.wait_for(
+        "the filter cleared",
+        "return document.querySelectorAll('#list .item').length === 9;",
+        Duration::from_secs(20),
+    )
+    .await;
+    let kept = b
+        .run(
+            "return { event: window.__picks, \
+                      picked: [...document.querySelectorAll('.out.picked')].map(o => o.dataset.task), \
+                      rejected: [...document.querySelectorAll('.out.rejected')].map(o => o.dataset.task), \
+                      said: document.querySelector('.out.rejected .mark').textContent };",
+        )
+        .await;
+    assert_eq!(
+        kept["event"],
+        serde_json::json!(["a0/shot[0]", "a0/clean[0]", "a1/shot[0]"]),
+        "a rejected output is picked too: {kept}"
+    );
+    assert_eq!(
+        kept["picked"], first,
+        "the picks outlive the filter: {kept}"
+    );
+    assert_eq!(
+        kept["rejected"],
+        serde_json::json!(["a1/shot[0]"]),
+        "{kept}"
+    );
+    assert_eq!(kept["said"], "rejected ", "{kept}");
 
     // The hostile prompt is text: the page holds it escaped, and made no element of it.
     let hostile = b
