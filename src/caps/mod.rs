@@ -258,6 +258,15 @@ pub async fn recorded(store: &Store) -> Result<Vec<Cap>, CapError> {
         .map_err(CapError::Unreadable)
 }
 
+/// Where each of `caps` stands now: what `imgpipe cap list` shows, and the desk's home.
+pub async fn standings(store: &Store, caps: &[Cap]) -> Result<Vec<Standing>, CapError> {
+    let mut standing = Vec::with_capacity(caps.len());
+    for cap in caps {
+        standing.push(Standing::of(store, cap).await?);
+    }
+    Ok(standing)
+}
+
 /// When a window of `cap` ends, as people read it: RFC 3339 in the cap's zone.
 pub fn shown(cap: &Cap, at: i64) -> String {
     Timestamp::from_millisecond(at).map_or_else(

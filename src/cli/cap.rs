@@ -119,11 +119,7 @@ pub(super) async fn run(args: &CapArgs, global: &GlobalArgs) -> Result<(), Error
 
 /// Where each cap stands now.
 async fn standing(store: &crate::store::Store, caps: &[Cap]) -> Result<Vec<Standing>, Error> {
-    let mut standing = Vec::with_capacity(caps.len());
-    for cap in caps {
-        standing.push(Standing::of(store, cap).await?);
-    }
-    Ok(standing)
+    Ok(crate::caps::standings(store, caps).await?)
 }
 
 fn show(standing: &[Standing], global: &GlobalArgs) -> Result<(), Error> {

@@ -60,9 +60,10 @@ pub(super) async fn run(
         settings,
         service,
         shutdown: shutdown.clone(),
+        works: desk::work::Works::default(),
     });
     let url = match &args.run_id {
-        Some(id) => format!("{}#run={id}", desk.url()),
+        Some(id) => desk.run_url(id),
         None => desk.url(),
     };
     stdio::line(format_args!("{url}"))?;

@@ -197,6 +197,7 @@ fn print_to_pay(
         graph,
         review,
         cap,
+        ..
     } = shown;
     let name = |t: usize| graph.key(t).to_string();
     stdio::line(format_args!(

@@ -187,7 +187,7 @@ async fn decide(
             ),
         ));
     }
-    start(Arc::clone(desk), id, work);
+    start(Arc::clone(desk), id, work, now);
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({ "started": true, "credits": now })),
@@ -211,12 +211,30 @@ async fn price(desk: &Arc<Desk>, id: &RunId, work: &Work) -> Result<serde_json::
             if let Err(e) = result {
                 review["refused"] = json!(e.to_string());
             }
+            review["caps"] = json!(caps_of(desk, id).await?);
             Ok(review)
         }
         // A finished run: nothing to pay for.
         (None, Ok(())) => Ok(json!({ "run_id": id, "tasks": [], "credits": 0, "fits": true })),
         (None, Err(e)) => Err(e.into()),
     }
+}
+
+/// Where the caps that bind run `id` stand (those of its pipeline and those of all), as
+/// `imgpipe cap list` computes them.
+async fn caps_of(desk: &Desk, id: &RunId) -> Result<Vec<crate::caps::Standing>, Failed> {
+    let Some(run) = desk.store.runs().get(id).await.map_err(Error::from)? else {
+        return Err(crate::runner::state::no_such_run(&desk.store, id).into());
+    };
+    let caps = crate::caps::recorded(&desk.store)
+        .await
+        .map_err(Error::from)?
+        .into_iter()
+        .filter(|c| c.pipeline.as_ref().is_none_or(|p| *p == run.pipeline_name))
+        .collect::<Vec<_>>();
+    Ok(crate::caps::standings(&desk.store, &caps)
+        .await
+        .map_err(Error::from)?)
 }
 
 /// What a runner did: the review it showed, and how it ended.
@@ -282,16 +300,35 @@ async fn holder(desk: &Desk, id: &RunId) -> Result<Option<String>, Failed> {
     })
 }
 
-/// Starts `work` beside the server; its end is logged (the page follows the record).
-fn start(desk: Arc<Desk>, id: RunId, work: Work) {
-    let ran = through_runner(desk, id.clone(), work, false);
-    tokio::spawn(async move {
-        match ran.await {
-            Ok((_, Ok(()))) => tracing::info!("the desk's work on run {id} is done"),
-            Ok((_, Err(e))) => tracing::warn!("the desk's work on run {id}: {e}"),
-            Err(_) => tracing::warn!("the desk's work on run {id} was lost"),
+/// Starts `work` beside the server, followed by the desk's [`Works`](super::work::Works):
+/// its end is logged and kept for the page.
+fn start(desk: Arc<Desk>, id: RunId, work: Work, credits: u64) {
+    let kind = match work {
+        Work::Reroll(_) => "reroll",
+        Work::Continue => "continue",
+    };
+    let ran = through_runner(Arc::clone(&desk), id.clone(), work, false);
+    let logged = id.clone();
+    let ended = async move {
+        let ended = ran.await.ok().map(|(_, result)| result);
+        match &ended {
+            Some(Ok(())) => tracing::info!("the desk's {kind} of run {logged} is done"),
+            Some(Err(e)) => tracing::warn!("the desk's {kind} of run {logged}: {e}"),
+            None => tracing::warn!("the desk's {kind} of run {logged} was lost"),
         }
-    });
+        ended
+    };
+    desk.works.follow(id, kind, credits, ended);
+}
+
+/// `GET /api/runs/{run}/work`: the latest work the desk started on the run (`kind`,
+/// `credits`, `state`: `going`, `done` or `failed` with `error` and `hint`), or `{"state":
+/// "none"}`.
+pub async fn work(State(desk): State<Arc<Desk>>, Path(run): Path<String>) -> Response {
+    match desk.works.latest(&RunId::from(run.as_str())) {
+        Some(started) => Json(started).into_response(),
+        None => Json(json!({ "state": "none" })).into_response(),
+    }
 }
 
 pub async fn not_found() -> Response {

@@ -7,9 +7,11 @@
 //! - [`api`]: the JSON API, the same documents the command line prints
 //!   (`docs/reference/review-api.md`);
 //! - [`token`]: the secret in the printed URL;
+//! - [`work`]: the work started from the desk, followed for the page and waited for at the end;
 //! - the run page (`page`, its script `desk.js` and style): the report's header and costs,
 //!   then the items a page at a time from [`items`] (paged and filtered by the database,
-//!   followed live), the images from [`files`], picked and compared by keyboard.
+//!   followed live), the images from [`files`], picked and compared by keyboard; its
+//!   decisions with their price (`decide.js`, in its `<aside id="decide">`).
 //!
 //! It reads the state database as `status` and `runs` do (SQLite or PostgreSQL, any run, on
 //! this host or another's) and holds nothing of a run in memory between requests.
@@ -21,6 +23,7 @@ pub mod items;
 mod page;
 pub mod token;
 mod view;
+pub mod work;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -50,6 +53,8 @@ pub struct Desk {
     pub service: crate::runner::ServiceSettings,
     /// Cancelled on SIGINT/SIGTERM: the work started here stops at a safe point.
     pub shutdown: CancellationToken,
+    /// The work started here, followed for the page and waited for at the end.
+    pub works: work::Works,
 }
 
 impl Desk {
@@ -65,6 +70,17 @@ impl Desk {
         origin
             .strip_prefix("http://")
             .is_some_and(|host| self.is_own_host(Some(host)))
+    }
+
+    /// The URL of run `id`'s page, the token in it.
+    pub fn run_url(&self, id: &RunId) -> String {
+        let run: String = url::form_urlencoded::byte_serialize(id.as_ref().as_bytes()).collect();
+        format!(
+            "http://127.0.0.1:{}/runs/{}?token={}",
+            self.port,
+            run.replace('+', "%20"),
+            self.token.reveal()
+        )
     }
 
     /// The URL to open: the token in it, as the `token` parameter.
@@ -86,12 +102,15 @@ pub async fn bind(port: Option<u16>) -> std::io::Result<TcpListener> {
 pub fn router(desk: Arc<Desk>) -> Router {
     Router::new()
         .route("/", get(page::home))
+        .route("/assets/decide.js", get(page::decide_js))
+        .route("/assets/decide.css", get(page::decide_css))
         .route("/api/runs", get(api::runs))
         .route("/runs/{run}", get(page::run))
         .route("/runs/{run}/head", get(page::head))
         .route("/runs/{run}/files/{*path}", get(files::file))
         .route("/assets/{name}", get(page::asset))
         .route("/api/runs/{run}", get(api::run))
+        .route("/api/runs/{run}/work", get(api::work))
         .route("/api/runs/{run}/items", get(items::items))
         .route("/api/runs/{run}/changes", get(items::changes))
         .route("/api/runs/{run}/reroll", axum::routing::post(api::reroll))
@@ -107,13 +126,17 @@ pub fn router(desk: Arc<Desk>) -> Router {
         .with_state(desk)
 }
 
-/// Serves `desk` on `listener` until `shutdown`.
+/// Serves `desk` on `listener` until `shutdown`: then it accepts nothing more, and waits for
+/// the work it started to reach the runner's safe point (the calls in flight answered and
+/// recorded, as `imgpipe reroll` does on SIGTERM) before it returns.
 pub async fn serve(
     listener: TcpListener,
     desk: Arc<Desk>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(desk))
+    let served = axum::serve(listener, router(Arc::clone(&desk)))
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+        .await;
+    desk.works.wait().await;
+    served
 }

@@ -5,34 +5,109 @@ use std::sync::Arc;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
-use maud::{DOCTYPE, html};
+use maud::{DOCTYPE, Markup, html};
 
 use super::Desk;
+use crate::caps::Standing;
+use crate::error::Error;
+use crate::ledger::{By, Ledger};
+use crate::report::runs::RunLine;
+use crate::store::ledger::Window;
 
-/// `GET /`: the runs of the state database.
+/// How many UTC days of the spend ledger the home shows: today and the six before.
+const LEDGER_DAYS: i64 = 7;
+
+/// The `<meta>` that gives the page's own scripts the token for their `POST`s (the cookie is
+/// `HttpOnly`, and a change needs the `Authorization` header). It is only ever in a page the
+/// guard served to a request that brought the token; no other origin can read the page (no
+/// CORS, a foreign `Host` refused, framing denied), and nothing caches it (`no-store`).
+pub(super) fn token_meta(desk: &Desk) -> Markup {
+    html! { meta name="imgpipe-desk-token" content=(desk.token.reveal()); }
+}
+
+/// `GET /assets/decide.js`: the run page's decisions with their price (`<aside id="decide">`).
+pub(super) async fn decide_js() -> Response {
+    let script = include_str!("decide.js");
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        script,
+    )
+        .into_response()
+}
+
+/// `GET /assets/decide.css`: the decisions' panel.
+pub(super) async fn decide_css() -> Response {
+    let style = include_str!("decide.css");
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], style).into_response()
+}
+
+/// What the home shows: the runs, the caps, the spend ledger's last days.
+struct Home {
+    runs: Vec<RunLine>,
+    caps: Vec<Standing>,
+    ledger: Ledger,
+}
+
+/// `GET /`: the runs of the state database, the caps and the spend ledger's last days, read by
+/// the code `imgpipe runs`, `imgpipe cap list` and `imgpipe spend` print them with.
 pub(super) async fn home(State(desk): State<Arc<Desk>>) -> Response {
-    let lines = match crate::report::runs::lines(&desk.store, |id| (desk.resume)(id)).await {
-        Ok(lines) => lines,
-        Err(e) => {
-            return (axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response();
-        }
+    match read_home(&desk).await {
+        Ok(home) => Html(home_page(&desk, &home).into_string()).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+async fn read_home(desk: &Desk) -> Result<Home, Error> {
+    let store = &desk.store;
+    let runs = crate::report::runs::lines(store, |id| (desk.resume)(id)).await?;
+    let caps = crate::caps::recorded(store).await?;
+    let caps = crate::caps::standings(store, &caps).await?;
+    let today = chrono::Utc::now().date_naive();
+    let first = today - chrono::Days::new(LEDGER_DAYS as u64 - 1);
+    let since = first.and_hms_opt(0, 0, 0).unwrap_or_default().and_utc();
+    let window = Window {
+        since: Some(since.timestamp_millis()),
+        until: None,
     };
-    let page = html! {
+    let ledger = crate::ledger::ledger(store, By::Day, window).await?;
+    Ok(Home { runs, caps, ledger })
+}
+
+fn home_page(desk: &Desk, home: &Home) -> Markup {
+    html! {
         (DOCTYPE)
         html lang="en" {
             head {
                 meta charset="utf-8";
+                (token_meta(desk))
                 title { "imgpipe review" }
+                link rel="stylesheet" href="/assets/desk.css";
             }
-            body {
-                h1 { "Runs" }
+            body.home {
+                h1 { "imgpipe review" }
+                (runs_table(&home.runs))
+                (caps_table(&home.caps))
+                (ledger_table(&home.ledger))
+            }
+        }
+    }
+}
+
+fn runs_table(runs: &[RunLine]) -> Markup {
+    html! {
+        section #runs {
+            h2 { "Runs" }
+            @if runs.is_empty() {
+                p { "No runs in this state database yet." }
+            } @else {
                 table {
                     thead { tr { th { "run" } th { "pipeline" } th { "status" } th { "planned" } th { "billed" } th { "possibly billed" } th { "started" } th { "finished" } } }
                     tbody {
-                        @for l in &lines {
-                            tr {
-                                td { a href={ "/runs/" (l.id) } { (l.id) } } td { (l.pipeline) } td { (l.status) }
-                                td { (l.credits_planned) } td { (l.credits_billed) } td { (l.possibly_billed) }
+                        @for l in runs {
+                            tr data-run=(l.id) {
+                                td { a href={ "/runs/" (l.id) } { (l.id) } }
+                                td { (l.pipeline) } td.status { (l.status) }
+                                td.n { (l.credits_planned) } td.n { (l.credits_billed) } td.n { (l.possibly_billed) }
                                 td { (l.started) } td { (l.finished.as_deref().unwrap_or("-")) }
                             }
                         }
@@ -40,8 +115,62 @@ pub(super) async fn home(State(desk): State<Arc<Desk>>) -> Response {
                 }
             }
         }
-    };
-    Html(page.into_string()).into_response()
+    }
+}
+
+fn caps_table(caps: &[Standing]) -> Markup {
+    html! {
+        section #caps {
+            h2 { "Caps" }
+            @if caps.is_empty() {
+                p { "No caps. " code { "imgpipe cap set NAME --credits N --per day" } " sets one." }
+            } @else {
+                table {
+                    thead { tr { th { "cap" } th { "pipeline" } th { "per" } th { "limit" } th { "spent" } th { "left" } th { "window ends" } } }
+                    tbody {
+                        @for c in caps {
+                            tr data-cap=(c.name) {
+                                td { (c.name) } td { (c.pipeline.as_deref().unwrap_or("(all)")) }
+                                td { (c.per.as_str()) } td.n.limit { (c.credits) }
+                                td.n.spent { (c.spent) } td.n.left { (c.left) } td { (c.window_end) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn ledger_table(ledger: &Ledger) -> Markup {
+    html! {
+        section #spend {
+            h2 { "Spend, the last " (LEDGER_DAYS) " days (UTC)" }
+            @if ledger.groups.is_empty() {
+                p { "Nothing spent or planned in these days." }
+            } @else {
+                table {
+                    thead { tr { th { "day" } th { "planned" } th { "billed" } th { "possibly billed" } th { "calls" } th { "failures" } } }
+                    tbody {
+                        @for l in &ledger.groups {
+                            tr data-day=(l.group) {
+                                td { (l.group) } td.n { (l.figures.credits_planned) }
+                                td.n.billed { (l.figures.credits_billed) } td.n { (l.figures.possibly_billed) }
+                                td.n { (l.figures.calls) } td.n { (l.figures.failures) }
+                            }
+                        }
+                    }
+                    tfoot {
+                        tr.total {
+                            td { "total" } td.n { (ledger.totals.credits_planned) }
+                            td.n.billed { (ledger.totals.credits_billed) } td.n { (ledger.totals.possibly_billed) }
+                            td.n { (ledger.totals.calls) } td.n { (ledger.totals.failures) }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// `GET /runs/{run}`: the run's page. Its header and costs (summed over every task of the
@@ -70,6 +199,9 @@ pub(super) async fn run(State(desk): State<Arc<Desk>>, Path(run): Path<String>) 
                 title { "run " (id) " · imgpipe review" }
                 link rel="stylesheet" href="/assets/desk.css";
                 script src="/assets/desk.js" defer {}
+                (token_meta(&desk))
+                link rel="stylesheet" href="/assets/decide.css";
+                script src="/assets/decide.js" defer {}
             }
             body #desk-run data-run=(id) {
                 nav.top { a href="/" { "‹ runs" } " " span #live { "" } " " button #help-open type="button" { "? keys" } }

@@ -1,5 +1,6 @@
 //! What the runner shows, as the desk keeps it: the review a dry run makes (the document
-//! `reroll --dry-run --json` prints), and nothing on the terminal.
+//! `reroll --dry-run --json` prints, with what the budget has left and the balance apart), and
+//! nothing on the terminal.
 
 use std::sync::{Arc, Mutex};
 
@@ -40,7 +41,10 @@ impl View for Kept {
     }
 
     fn review(&self, reviewed: &Reviewed<'_>) -> Result<(), Error> {
-        *self.review.lock().unwrap_or_else(|e| e.into_inner()) = Some(reviewed.to_json());
+        let mut json = reviewed.to_json();
+        json["budget_left"] = serde_json::json!(reviewed.budget_left);
+        json["balance"] = serde_json::json!(reviewed.balance);
+        *self.review.lock().unwrap_or_else(|e| e.into_inner()) = Some(json);
         Ok(())
     }
 

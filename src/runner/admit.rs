@@ -138,15 +138,22 @@ pub fn estimate(doc: &PlanDocument, review: &Review, graph: &Graph) -> ReuseEsti
 
 /// The most the run may still spend: the budget less what it was billed, and the balance.
 pub fn cap_of(doc: &PlanDocument, billed: u64) -> Option<u64> {
-    let budget = doc
-        .budget
+    plan::tighter(budget_left(doc, billed), balance_of(doc))
+}
+
+/// What the run's budget (`--max-credits`) has left once `billed` is spent; `None` without one.
+pub fn budget_left(doc: &PlanDocument, billed: u64) -> Option<u64> {
+    doc.budget
         .as_ref()
-        .map(|b| b.max_credits.saturating_sub(billed));
-    let balance = match &doc.balance {
+        .map(|b| b.max_credits.saturating_sub(billed))
+}
+
+/// The account's balance as the plan knew it; `None` when it was not known.
+pub fn balance_of(doc: &PlanDocument) -> Option<u64> {
+    match &doc.balance {
         Balance::Known { credits, .. } => Some(u64::try_from(*credits).unwrap_or(0)),
         _ => None,
-    };
-    plan::tighter(budget, balance)
+    }
 }
 
 /// What the run was billed, plus what its unanswered calls may have cost: a budget is never

@@ -97,6 +97,9 @@ pub struct Reviewed<'a> {
     pub review: &'a Review,
     /// The most that may be spent now.
     pub cap: Option<u64>,
+    /// What the budget has left, and the balance, of which `cap` is the tighter.
+    pub budget_left: Option<u64>,
+    pub balance: Option<u64>,
 }
 
 /// What the command line renders; the runner decides when.

@@ -113,6 +113,8 @@ impl Runner<'_> {
                 graph: &prepared.graph,
                 review: &prepared.review,
                 cap,
+                budget_left: admit::budget_left(&prepared.doc, spent),
+                balance: admit::balance_of(&prepared.doc),
             })?;
             return Ok(prepared.admit(cap)?);
         }

@@ -29,6 +29,7 @@ impl Reviewed<'_> {
             graph,
             review,
             cap,
+            ..
         } = self;
         let name = |t: usize| graph.key(t).to_string();
         let tasks: Vec<_> = review

@@ -238,6 +238,42 @@ impl Browser {
         url
     }
 
+    /// Presses and releases each of `keys` in turn, as a person typing on the focused page.
+    pub async fn keys(&self, keys: &str) {
+        use fantoccini::actions::{InputSource, KeyAction, KeyActions};
+        let mut typed = KeyActions::new("keyboard".to_owned());
+        for value in keys.chars() {
+            typed = typed
+                .then(KeyAction::Down { value })
+                .then(KeyAction::Up { value });
+        }
+        self.command(
+            &format!("typing {keys:?}"),
+            SCRIPT_TIMEOUT,
+            self.client.perform_actions(typed),
+        )
+        .await;
+    }
+
+    /// Waits until `script` (a function body) returns something other than `null` or
+    /// `false`, and returns it; fails saying `what` it waited for after `limit`.
+    pub async fn wait_value(&self, what: &str, limit: Duration, script: &str) -> Value {
+        let deadline = Instant::now() + limit;
+        loop {
+            let value = self.run(script).await;
+            if !value.is_null() && value != Value::Bool(false) {
+                return value;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "browser: no {what} within {limit:?} (the page's text: {})",
+                self.run("return document.body ? document.body.innerText : ''")
+                    .await
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// What `script` (a function body) returns in the page.
     pub async fn run(&self, script: &str) -> Value {
         self.command(

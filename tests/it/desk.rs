@@ -9,21 +9,21 @@ use std::process::Stdio;
 use crate::binary::{Imgpipe, Ran};
 use crate::common::*;
 
-const PIPELINE: &str = include_str!("../../pipelines/product-shots.yaml");
+pub(crate) const PIPELINE: &str = include_str!("../../pipelines/product-shots.yaml");
 /// What an item's chain costs (see `review_loop.rs`).
-const ITEM: u64 = 8 + 2 * (2 + 5 + 4 + 5);
+pub(crate) const ITEM: u64 = 8 + 2 * (2 + 5 + 4 + 5);
 /// `mug/clean[0]` and what is downstream of it: erase, expand, upscale, cut-out.
 const CLEAN0: u64 = 2 + 5 + 4 + 5;
 
 /// The sample pipeline in `env`'s directory, and the state it uses (SQLite there, or `pg`).
-struct Catalogue<'e> {
+pub(crate) struct Catalogue<'e> {
     env: &'e Env,
-    dir: PathBuf,
-    state: String,
+    pub(crate) dir: PathBuf,
+    pub(crate) state: String,
 }
 
 impl<'e> Catalogue<'e> {
-    fn new(env: &'e Env, pg: Option<String>) -> Catalogue<'e> {
+    pub(crate) fn new(env: &'e Env, pg: Option<String>) -> Catalogue<'e> {
         let dir = env.dir.path().join("work");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("shots.yaml"), PIPELINE).unwrap();
@@ -32,14 +32,14 @@ impl<'e> Catalogue<'e> {
     }
 
     /// `imgpipe ARGS --state …` in the catalogue's directory, against the sandbox.
-    fn plain(&self, args: &[&str]) -> Imgpipe<'e> {
+    pub(crate) fn plain(&self, args: &[&str]) -> Imgpipe<'e> {
         Imgpipe::on(self.env, args)
             .cwd(&self.dir)
             .state(&self.state)
     }
 
     /// A paying command: retries without waiting.
-    fn imgpipe(&self, args: &[&str]) -> Imgpipe<'e> {
+    pub(crate) fn imgpipe(&self, args: &[&str]) -> Imgpipe<'e> {
         self.plain(args).args(&["--retry-base-ms", "1"])
     }
 
@@ -89,7 +89,7 @@ impl<'e> Catalogue<'e> {
     }
 }
 
-fn billed(env: &Env) -> u64 {
+pub(crate) fn billed(env: &Env) -> u64 {
     env.sandbox.ledger().iter().map(|e| e.credits).sum()
 }
 
@@ -208,10 +208,12 @@ async fn a_reroll_refused_for_the_balance_changes_nothing_and_says_why() {
 
 /// `imgpipe review --no-open` started on the catalogue's state: the child, its URL (stdout's
 /// first line) and its token.
-struct Served {
+pub(crate) struct Served {
     child: tokio::process::Child,
-    base: String,
-    token: String,
+    /// The URL stdout's first line gives.
+    pub(crate) url: String,
+    pub(crate) base: String,
+    pub(crate) token: String,
     port: u16,
 }
 
@@ -219,7 +221,7 @@ async fn serve(c: &Catalogue<'_>) -> Served {
     serve_with(c, &[]).await
 }
 
-async fn serve_with(c: &Catalogue<'_>, more: &[&str]) -> Served {
+pub(crate) async fn serve_with(c: &Catalogue<'_>, more: &[&str]) -> Served {
     use tokio::io::AsyncBufReadExt;
     let mut cmd = c.plain(&["review", "--no-open"]).args(more).command();
     cmd.stdout(Stdio::piped())
@@ -245,6 +247,7 @@ async fn serve_with(c: &Catalogue<'_>, more: &[&str]) -> Served {
     let port = url.port().unwrap();
     Served {
         child,
+        url: first.clone(),
         base: format!("http://127.0.0.1:{port}"),
         token,
         port,
@@ -253,8 +256,13 @@ async fn serve_with(c: &Catalogue<'_>, more: &[&str]) -> Served {
 
 impl Served {
     /// SIGTERM, then what it wrote on stderr once ended (exit 0).
-    async fn stop(mut self) -> String {
+    pub(crate) async fn stop(self) -> String {
         send_signal(self.child.id().unwrap(), libc::SIGTERM);
+        self.ended().await
+    }
+
+    /// What it wrote on stderr once ended, which must be exit 0.
+    async fn ended(mut self) -> String {
         let stderr = self.child.stderr.take().unwrap();
         let status = wait_child(&mut self.child, RUN_LIMIT, "the desk stopping on SIGTERM").await;
         let mut err = String::new();
@@ -581,5 +589,189 @@ async fn the_desk_continues_a_stopped_run_for_exactly_the_rest() {
     assert_eq!(status, 202, "{started}");
     desk.wait_status("s", "succeeded").await;
     assert_eq!(billed(&env) - before, 2 * ITEM, "billed exactly the rest");
+    desk.stop().await;
+}
+
+/// The text of the first `<td class="…">` after `row` (a `data-…` attribute) in `page`.
+fn cell<'p>(page: &'p str, row: &str, class: &str) -> &'p str {
+    let at = page
+        .find(row)
+        .unwrap_or_else(|| panic!("no row {row} in the page:\n{page}"));
+    let open = format!("<td class=\"{class}\">");
+    let from = page[at..]
+        .find(&open)
+        .map(|i| at + i + open.len())
+        .unwrap_or_else(|| panic!("no cell {class} after {row}:\n{page}"));
+    &page[from..from + page[from..].find('<').unwrap()]
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_home_shows_the_runs_the_caps_and_the_ledger_as_the_cli_computes_them() {
+    let env = start_default().await;
+    let c = Catalogue::new(&env, None);
+    let set = c
+        .plain(&["cap", "set", "daily", "--credits", "1000", "--per", "day"])
+        .run()
+        .await;
+    assert_exit(&set, 0);
+    c.done().await;
+    let desk = serve(&c).await;
+    let r = http()
+        .get(format!("{}/", desk.base))
+        .header("authorization", format!("Bearer {}", desk.token))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let page = r.text().await.unwrap();
+
+    // The run, linking to its page, with what `runs --json` says of its money.
+    let runs = json_stdout(&c.plain(&["runs", "--json"]).run().await);
+    assert!(page.contains(r#"<a href="/runs/r">r</a>"#), "{page}");
+    assert_eq!(cell(&page, r#"data-run="r""#, "status"), "succeeded");
+    assert_eq!(runs[0]["credits_billed"], 3 * ITEM);
+    assert!(
+        page.contains(&format!("<td class=\"n\">{}</td>", 3 * ITEM)),
+        "billed shown: {page}"
+    );
+
+    // The cap: limit, spent and left as `cap list --json` computes them.
+    let caps = json_stdout(&c.plain(&["cap", "list", "--json"]).run().await);
+    let cap = &caps[0];
+    assert_eq!(cap["spent"], 3 * ITEM, "{caps}");
+    for (class, field) in [
+        ("n limit", "credits"),
+        ("n spent", "spent"),
+        ("n left", "left"),
+    ] {
+        assert_eq!(
+            cell(&page, r#"data-cap="daily""#, class),
+            cap[field].to_string(),
+            "{field}"
+        );
+    }
+
+    // Today's line of the ledger, as `spend --json` computes it.
+    let spend = json_stdout(&c.plain(&["spend", "--json"]).run().await);
+    let today = spend["groups"][0]["group"].as_str().unwrap().to_owned();
+    assert_eq!(
+        cell(&page, &format!("data-day=\"{today}\""), "n billed"),
+        spend["groups"][0]["credits_billed"].to_string()
+    );
+    desk.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_sigterm_the_desk_stops_accepting_lets_its_reroll_reach_its_safe_point_and_exits_0() {
+    let env = start_default().await;
+    let c = Catalogue::new(&env, None);
+    c.done().await;
+    let desk = serve_with(&c, &["--retry-base-ms", "1"]).await;
+    let calls = env.sandbox.ledger().len();
+
+    // The desk's reroll is held at the sandbox's gate, its first call in flight.
+    env.sandbox.hold_calls();
+    let (status, started) = desk
+        .post(
+            "/api/runs/r/reroll",
+            serde_json::json!({"tasks": ["mug/clean[0]"], "credits": CLEAN0}),
+        )
+        .await;
+    assert_eq!(status, 202, "{started}");
+    wait_until("the desk's reroll call held", || {
+        env.sandbox.held_calls() == 1
+    })
+    .await;
+
+    // SIGTERM: the desk accepts nothing more while its call is still in flight...
+    send_signal(desk.child.id().unwrap(), libc::SIGTERM);
+    let base = desk.base.clone();
+    wait_until_async("the desk refusing connections after SIGTERM", || async {
+        http().get(format!("{base}/api/runs")).send().await.is_err()
+    })
+    .await;
+    assert_eq!(env.sandbox.held_calls(), 1, "the call is still held");
+
+    // ...and once the call is answered, it records it and exits 0.
+    env.sandbox.release_calls();
+    let err = desk.ended().await;
+    assert_eq!(
+        env.sandbox.ledger().len(),
+        calls + 1,
+        "the call in flight billed once, nothing dispatched after it: {err}"
+    );
+    let db = Db::read(&c.state).await;
+    let clean0 = db
+        .tasks
+        .iter()
+        .find(|t| t.name() == "mug/clean[0]")
+        .expect("mug/clean[0]");
+    assert_eq!(clean0.status, "succeeded", "the call's result is kept");
+
+    // The run is resumable, and its rest pays only what was not paid.
+    let resumed = c.imgpipe(&["resume", "r"]).run().await;
+    assert_exit(&resumed, 0);
+    assert_eq!(
+        billed(&env),
+        3 * ITEM + CLEAN0,
+        "the reroll's chain billed exactly once in all"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn work_started_at_the_desk_is_followed_to_its_end_with_the_clis_error_and_hint() {
+    let env = start_default().await;
+    let c = Catalogue::new(&env, None);
+    c.done().await;
+    let desk = serve_with(&c, &["--retry-base-ms", "1"]).await;
+    let work = |desk: &Served| {
+        let url = format!("{}/api/runs/r/work", desk.base);
+        let bearer = format!("Bearer {}", desk.token);
+        async move {
+            let r = http()
+                .get(url)
+                .header("authorization", bearer)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            r.json::<serde_json::Value>().await.unwrap()
+        }
+    };
+    assert_eq!(work(&desk).await, serde_json::json!({"state": "none"}));
+    let calls = env.sandbox.ledger().len();
+
+    // Every call refused as invalid: the reroll cannot be done, and says why as the CLI does.
+    env.sandbox.refuse_next(usize::MAX);
+    let (status, started) = desk
+        .post(
+            "/api/runs/r/reroll",
+            serde_json::json!({"tasks": ["mug/clean[0]"], "credits": CLEAN0}),
+        )
+        .await;
+    assert_eq!(status, 202, "{started}");
+    wait_until_async("the desk's reroll ended", || async {
+        work(&desk).await["state"] != "going"
+    })
+    .await;
+    let ended = work(&desk).await;
+    env.sandbox.refuse_next(0);
+    assert_eq!(ended["state"], "failed", "{ended}");
+    assert_eq!(ended["kind"], "reroll");
+    assert_eq!(ended["credits"], CLEAN0);
+    let error = ended["error"].as_str().unwrap_or_default();
+    assert!(
+        has_phrase(error, "the reroll of mug/clean[0] could not be done"),
+        "{ended}"
+    );
+    let hint = ended["hint"].as_str().unwrap_or_default();
+    assert!(
+        has_phrase(
+            hint,
+            "nothing was billed and nothing changed: run r is succeeded as before"
+        ),
+        "{ended}"
+    );
+    assert_eq!(env.sandbox.ledger().len(), calls, "nothing billed");
     desk.stop().await;
 }

@@ -16,6 +16,7 @@ mod cluster;
 mod common;
 mod crash;
 mod desk;
+mod desk_browser;
 mod desk_run;
 mod docs;
 mod events;
