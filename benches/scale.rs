@@ -796,7 +796,8 @@ fn report(m: &Sample, runs: usize, mode: Mode) {
 /// IMGPIPE_BENCH_SEED_OUTPUTS=N (with IMGPIPE_BENCH_KILL=1, IMGPIPE_BENCH_OUT=s3 and PostgreSQL
 /// state): after the kill, the night is made N stored outputs long without paying for them:
 /// the first item's nine tasks, their attempts and ten outputs are copied in the state
-/// database to the items after the last one recorded (its keys and inputs renamed), and its
+/// database to the items after the last one recorded (its keys and inputs renamed; an item's
+/// tasks given consecutive ids in the chain's order, as a run records them), and its
 /// objects hard-linked under the new items' keys in the S3 server's bucket (s3s-fs: a file
 /// and two sidecar files an object), so the takeover finds a night of N outputs as the record
 /// and the bucket hold it. Gives the number of outputs stored once seeded.
@@ -843,7 +844,8 @@ fn seed_outputs(state: &str, run_id: &str, outputs: usize) -> u64 {
                 t.request
              FROM tasks t, (SELECT 'p' || lpad(g::text, 6, '0') AS item
                             FROM generate_series($2::bigint, $3::bigint) g) i
-             WHERE t.run_id = $1 AND t.item = 'p000001'",
+             WHERE t.run_id = $1 AND t.item = 'p000001'
+             ORDER BY i.item, t.id",
             "INSERT INTO attempts (task_id, run_id, endpoint, started_at, finished_at, outcome,
                 http_status, credits_billed, credits_remaining, job_id, error)
              SELECT n.id, a.run_id, a.endpoint, a.started_at, a.finished_at, a.outcome,

@@ -53,8 +53,9 @@ pub async fn read_rows(
 ) -> Result<RowIds, StoreError> {
     let index = graph.index();
     let mut ids = RowIds::new(graph);
-    // Items whose rows are read whole: the batch's, and those that break the pattern.
-    let mut irregular: Vec<String> = vec![BATCH.to_owned()];
+    // Items whose rows are read whole: those that break the pattern, in the order the
+    // database gave them (each_of_items reads them by ranges of that order), and the batch's.
+    let mut irregular: Vec<String> = Vec::new();
     if graph.instances() > 0 {
         let chain: Vec<(&str, u32)> = graph
             .instance_tasks(Instance::Item(0))
@@ -77,7 +78,11 @@ pub async fn read_rows(
             })
             .await?;
     }
-    let read_whole: HashSet<&str> = irregular.iter().map(String::as_str).collect();
+    let read_whole: HashSet<&str> = irregular
+        .iter()
+        .map(String::as_str)
+        .chain([BATCH])
+        .collect();
     store
         .tasks()
         .each_open(run_id, |row| {
@@ -88,18 +93,20 @@ pub async fn read_rows(
             whole(t, row);
         })
         .await?;
-    store
-        .tasks()
-        .each_of_items(run_id, &irregular, |row| {
-            let t = index.of(&row.key);
-            if let Some(t) = t {
-                ids.set(t, row.id);
-            }
-            if t.is_none() || row.status != TaskStatus::Succeeded {
-                whole(t, row);
-            }
-        })
+    let mut each = |row: RecordedTask| {
+        let t = index.of(&row.key);
+        if let Some(t) = t {
+            ids.set(t, row.id);
+        }
+        if t.is_none() || row.status != TaskStatus::Succeeded {
+            whole(t, row);
+        }
+    };
+    let tasks = store.tasks();
+    tasks
+        .each_of_items(run_id, &[BATCH.to_owned()], &mut each)
         .await?;
+    tasks.each_of_items(run_id, &irregular, &mut each).await?;
     Ok(ids)
 }
 
