@@ -234,9 +234,15 @@ fn run_once(items: usize, run_for: Duration, mode: Mode) -> Sample {
     }
 
     // From here on, at once: a pod taking over does not wait for the server to analyse tables.
-    let mut resume = imgpipe(Some(&sandbox));
-    resume.args(["resume", &record.run_id, "--dry-run", "--state", &state]);
-    let resume = measure(resume, dir, "resume");
+    // IMGPIPE_BENCH_DRY_RUN=0 leaves `resume --dry-run` out (at 900,000 outputs the bench's
+    // one-thread S3 server takes minutes to list them).
+    let resume = if std::env::var("IMGPIPE_BENCH_DRY_RUN").as_deref() == Ok("0") {
+        Usage::default()
+    } else {
+        let mut resume = imgpipe(Some(&sandbox));
+        resume.args(["resume", &record.run_id, "--dry-run", "--state", &state]);
+        measure(resume, dir, "resume")
+    };
     let (takeover, takeover_s3, takeover_lists) = if mode.kill {
         let mut cmd = imgpipe(Some(&sandbox));
         cmd.args(["resume", &record.run_id, "--state", &state]);
@@ -873,13 +879,15 @@ fn seed_outputs(state: &str, run_id: &str, outputs: usize) -> u64 {
                 .await
                 .expect("seed the state");
         }
-        // A night written over hours is analysed by autovacuum many times over; these three
-        // statements wrote it at once, so they analyse it as autovacuum would have. (Left
-        // unanalysed, one statement of the review's reads of 900,000 tasks took over 25 s.)
-        sqlx::query("ANALYZE tasks, attempts, outputs")
-            .execute(&mut conn)
-            .await
-            .expect("analyse the seeded tables");
+        // A night written over hours is analysed by autovacuum many times over, but a takeover
+        // may come before: left unanalysed by default (the worst case), analysed as autovacuum
+        // would have with IMGPIPE_BENCH_SEED_ANALYZE=1.
+        if std::env::var("IMGPIPE_BENCH_SEED_ANALYZE").as_deref() == Ok("1") {
+            sqlx::query("ANALYZE tasks, attempts, outputs")
+                .execute(&mut conn)
+                .await
+                .expect("analyse the seeded tables");
+        }
         (first, last, prefix)
     });
     link_objects(root, &prefix, first, last);
