@@ -181,6 +181,8 @@ fn median(samples: &[Usage]) -> Usage {
     Usage {
         wall: pick(&|s| s.wall),
         cpu: pick(&|s| s.cpu),
+        user: pick(&|s| s.user),
+        sys: pick(&|s| s.sys),
         peak_mib: pick(&|s| s.peak_mib),
     }
 }

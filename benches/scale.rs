@@ -715,6 +715,8 @@ fn median(samples: &[Sample]) -> Sample {
     let usage = |f: &dyn Fn(&Sample) -> Usage| Usage {
         wall: pick(&|s| f(s).wall),
         cpu: pick(&|s| f(s).cpu),
+        user: pick(&|s| f(s).user),
+        sys: pick(&|s| f(s).sys),
         peak_mib: pick(&|s| f(s).peak_mib),
     };
     Sample {

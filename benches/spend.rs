@@ -158,8 +158,8 @@ fn measure(dir: &Path, state: &Path, args: &[&str]) -> (Usage, u64) {
     walls.sort_by(f64::total_cmp);
     let usage = Usage {
         wall: walls[TIMES / 2],
-        cpu: 0.0,
         peak_mib: peak,
+        ..Usage::default()
     };
     (usage, calls)
 }

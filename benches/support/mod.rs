@@ -36,7 +36,10 @@ pub fn env_usize(name: &str, default: usize) -> usize {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Usage {
     pub wall: f64,
+    /// User + sys.
     pub cpu: f64,
+    pub user: f64,
+    pub sys: f64,
     pub peak_mib: f64,
 }
 
@@ -118,9 +121,12 @@ pub fn reap(pid: u32, start: Instant) -> (Usage, libc::c_int) {
     let reaped = unsafe { libc::wait4(pid as libc::pid_t, &mut status, 0, &mut usage) };
     assert_eq!(reaped, pid as libc::pid_t, "wait4 failed");
     let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    let (user, sys) = (seconds(usage.ru_utime), seconds(usage.ru_stime));
     let usage = Usage {
         wall: wall.as_secs_f64(),
-        cpu: seconds(usage.ru_utime) + seconds(usage.ru_stime),
+        cpu: user + sys,
+        user,
+        sys,
         // Linux reports ru_maxrss in KiB.
         peak_mib: usage.ru_maxrss as f64 / 1024.0,
     };

@@ -9,6 +9,7 @@
 use std::future::Future;
 use std::io;
 use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -147,29 +148,47 @@ fn is_storage_io(e: &io::Error) -> bool {
 
 #[derive(Clone, Debug)]
 pub struct Downloader {
-    http: reqwest::Client,
+    /// Each client is built on its first download: building one loads the system's root
+    /// certificates (the largest part of a run's start-up CPU in a profile), and most runs
+    /// need only one of the two (the sandbox's URLs are all loopback, a service's none).
+    http: Arc<OnceLock<reqwest::Client>>,
     /// For loopback URLs (the sandbox): a proxy from the environment must never see them.
-    direct: reqwest::Client,
+    direct: Arc<OnceLock<reqwest::Client>>,
+    connect_timeout: Duration,
+    timeout: Duration,
     max_bytes: u64,
 }
 
 impl Downloader {
-    pub fn new(
-        connect_timeout: Duration,
-        timeout: Duration,
-        max_bytes: u64,
-    ) -> Result<Self, reqwest::Error> {
-        let builder = || {
-            reqwest::Client::builder()
-                .user_agent(concat!("imgpipe/", env!("CARGO_PKG_VERSION")))
-                .connect_timeout(connect_timeout)
-                .timeout(timeout)
-        };
-        Ok(Downloader {
-            http: builder().build()?,
-            direct: builder().no_proxy().build()?,
+    pub fn new(connect_timeout: Duration, timeout: Duration, max_bytes: u64) -> Self {
+        Downloader {
+            http: Arc::default(),
+            direct: Arc::default(),
+            connect_timeout,
+            timeout,
             max_bytes,
-        })
+        }
+    }
+
+    /// The client for `url`, built the first time one is needed.
+    fn client_for(&self, url: &str) -> Result<&reqwest::Client, DownloadError> {
+        let direct = url::Url::parse(url).is_ok_and(|u| crate::api::client::is_loopback(&u));
+        let cell = if direct { &self.direct } else { &self.http };
+        if let Some(client) = cell.get() {
+            return Ok(client);
+        }
+        let mut builder = reqwest::Client::builder()
+            .user_agent(concat!("imgpipe/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(self.connect_timeout)
+            .timeout(self.timeout);
+        if direct {
+            builder = builder.no_proxy();
+        }
+        let client = builder.build().map_err(|e| DownloadError::Transport {
+            reason: format!("cannot set up the HTTP client: {}", error_chain(&e)),
+        })?;
+        // Two downloads may build one at once: the first kept serves both.
+        Ok(cell.get_or_init(|| client))
     }
 
     /// Downloads `url` and has `dest` keep it as `<stem>.<ext>`, the extension chosen from the
@@ -197,10 +216,7 @@ impl Downloader {
         let transport = |e: reqwest::Error| DownloadError::Transport {
             reason: error_chain(&e.without_url()),
         };
-        let http = match url::Url::parse(url) {
-            Ok(u) if crate::api::client::is_loopback(&u) => &self.direct,
-            _ => &self.http,
-        };
+        let http = self.client_for(url)?;
         let response = http.get(url).send().await.map_err(transport)?;
         let status = response.status().as_u16();
         if matches!(status, 401 | 403 | 410) {

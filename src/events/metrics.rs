@@ -22,6 +22,12 @@ use crate::store::{CallOutcome, RunGauges, Store, Totals};
 /// How often the file is written while the run goes on.
 pub const EVERY: Duration = Duration::from_secs(10);
 
+/// A test-only setting: a file holding the seconds the writer takes to have passed since the
+/// run's start, read again every few milliseconds in place of its clock, so a test moves the
+/// [`EVERY`] cadence on without waiting it out. Each new reading is said on stderr once the
+/// writer has acted on it (`metrics: test clock at N s`), so the test knows it was seen.
+pub const TEST_CLOCK_FILE_ENV: &str = "IMGPIPE_TEST_METRICS_CLOCK_FILE";
+
 /// What one writing of the file shows.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
@@ -293,6 +299,70 @@ impl Writer {
             Err(e) => tracing::warn!("metrics: the writer failed: {e}"),
         }
     }
+
+    /// Writes every [`EVERY`] of `clock` until stopped.
+    async fn every(mut self, mut clock: Clock, stopped: CancellationToken) -> Writer {
+        let mut next = EVERY;
+        loop {
+            tokio::select! {
+                () = stopped.cancelled() => return self,
+                now = clock.reach(next) => {
+                    self.write().await;
+                    next = now + EVERY;
+                    clock.acted_on(now);
+                }
+            }
+        }
+    }
+}
+
+/// The writer's clock: time since the run's start.
+enum Clock {
+    Real(tokio::time::Instant),
+    /// The test's, in a file (see [`TEST_CLOCK_FILE_ENV`]); the last reading said.
+    File(PathBuf, Option<Duration>),
+}
+
+impl Clock {
+    fn start() -> Clock {
+        match std::env::var_os(TEST_CLOCK_FILE_ENV) {
+            Some(path) => Clock::File(PathBuf::from(path), None),
+            None => Clock::Real(tokio::time::Instant::now()),
+        }
+    }
+
+    /// Waits until the clock reads `at` or later, and returns what it reads.
+    async fn reach(&mut self, at: Duration) -> Duration {
+        match self {
+            Clock::Real(start) => {
+                tokio::time::sleep_until(*start + at).await;
+                start.elapsed()
+            }
+            Clock::File(path, said) => loop {
+                let read = std::fs::read_to_string(&*path)
+                    .ok()
+                    .and_then(|text| text.trim().parse::<u64>().ok())
+                    .map(Duration::from_secs);
+                match read {
+                    Some(now) if now >= at => return now,
+                    Some(now) if *said != Some(now) => {
+                        *said = Some(now);
+                        tracing::info!("metrics: test clock at {} s", now.as_secs());
+                    }
+                    _ => {}
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            },
+        }
+    }
+
+    /// Says a reading of the test's clock once the writer has acted on it.
+    fn acted_on(&mut self, now: Duration) {
+        if let Clock::File(_, said) = self {
+            *said = Some(now);
+            tracing::info!("metrics: test clock at {} s", now.as_secs());
+        }
+    }
 }
 
 impl MetricsFile {
@@ -308,16 +378,7 @@ impl MetricsFile {
         writer.write().await;
         let stop = CancellationToken::new();
         let stopped = stop.clone();
-        let task = tokio::spawn(async move {
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + EVERY, EVERY);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    () = stopped.cancelled() => return writer,
-                    _ = tick.tick() => writer.write().await,
-                }
-            }
-        });
+        let task = tokio::spawn(writer.every(Clock::start(), stopped));
         MetricsFile { stop, task }
     }
 

@@ -93,8 +93,7 @@ impl Connection {
             ));
         }
         let client = Client::new(config.clone()).map_err(|e| Error::Other(e.into()))?;
-        let downloader = Downloader::new(config.connect_timeout, config.timeout, DEFAULT_MAX_BYTES)
-            .map_err(|e| Error::Other(e.into()))?;
+        let downloader = Downloader::new(config.connect_timeout, config.timeout, DEFAULT_MAX_BYTES);
         Ok(Connection {
             client,
             downloader,

@@ -96,6 +96,9 @@ pub enum StoreError {
     /// The file could not be opened or created: permissions, a full or failing disk.
     #[error("cannot open the state database {}: {reason}", path.display())]
     Io { path: PathBuf, reason: String },
+    /// The PostgreSQL server refused the login: a wrong or missing password, an unknown user.
+    #[error("cannot open the state database {}: {reason}", path.display())]
+    Login { path: PathBuf, reason: String },
     #[error(
         "the state database {} was written by a newer imgpipe (schema version {version}); it was left untouched",
         path.display()
@@ -152,6 +155,9 @@ impl StoreError {
             ),
             StoreError::Absent { .. } => Some(
                 "runs create imgpipe's tables there; check --state (or IMGPIPE_STATE) names the database the runs used",
+            ),
+            StoreError::Login { .. } => Some(
+                "give the password of the URL's user in PGPASSWORD or ~/.pgpass (a line host:port:database:user:password, mode 0600)",
             ),
             StoreError::Directory { .. } | StoreError::Io { .. } => {
                 Some("check the permissions and free space there, or point --state at another path")

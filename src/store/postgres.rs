@@ -32,9 +32,16 @@ pub(crate) async fn open(url: &PgUrl, create: bool) -> Result<Store, StoreError>
         .log_slow_statements(log::LevelFilter::Debug, Duration::from_secs(1));
     // One connection first, to look and migrate: its failure is the server's own reason (a
     // pool would retry until its timeout and say only that it timed out).
-    let mut conn = AnyConnection::connect_with(&options)
-        .await
-        .map_err(failed)?;
+    let mut conn = AnyConnection::connect_with(&options).await.map_err(|e| {
+        if refused_login(&e) {
+            StoreError::Login {
+                path: shown(),
+                reason: describe(&e),
+            }
+        } else {
+            failed(e)
+        }
+    })?;
     let prepared = prepare(&mut conn, url, create).await;
     let _ = conn.close().await;
     prepared?;
@@ -163,6 +170,12 @@ async fn whose(conn: &mut AnyConnection, url: &PgUrl) -> Result<Tables, StoreErr
             super::listed(names)
         ),
     })
+}
+
+/// Whether the server refused who we said we are (SQLSTATE class 28: a wrong or missing
+/// password, an unknown user), which a password in the environment mends and a retry does not.
+fn refused_login(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("28")))
 }
 
 /// The driver's error, which names the server and the user but never the password.

@@ -25,13 +25,15 @@ use tokio::process::Command;
 use crate::common::{Db, Env, RUN_LIMIT, Watched, describe};
 
 /// The variables of the caller's that never reach the binary.
-const CLEARED: [&str; 6] = [
+const CLEARED: [&str; 8] = [
     "IMGPIPE_BASE_URL",
     "IMGPIPE_API_KEY",
     "IMGPIPE_LOG",
     "IMGPIPE_STATE",
     "IMGPIPE_NOTIFY_URL",
     "IMGPIPE_NOTIFY_SECRET",
+    "PGPASSWORD",
+    "PGPASSFILE",
 ];
 
 /// A command line of the real binary, not started yet.
@@ -103,6 +105,12 @@ impl<'e> Imgpipe<'e> {
             after: after.iter().map(OsString::from).collect(),
         };
         self
+    }
+
+    /// The `HOME` of the commands run in `dir`, for a test that puts a user's file there
+    /// (`~/.pgpass`).
+    pub fn home_in(dir: impl AsRef<Path>) -> PathBuf {
+        home_for(dir.as_ref()).swap_remove(0).1
     }
 
     /// `imgpipe ARGS` in `env`'s directory, pointed at its sandbox with its key.

@@ -853,8 +853,7 @@ async fn the_size_limit_holds_at_its_boundary_with_or_without_a_content_length()
             .route("/over-streamed", streamed(bigger))
     })
     .await;
-    let downloader =
-        Downloader::new(Duration::from_secs(5), Duration::from_secs(10), limit).unwrap();
+    let downloader = Downloader::new(Duration::from_secs(5), Duration::from_secs(10), limit);
     for route in ["/exact", "/exact-streamed"] {
         let dir = tempfile::tempdir().unwrap();
         let got = downloader

@@ -38,8 +38,7 @@ pub async fn start(config: sandbox::Config) -> Env {
         Duration::from_secs(5),
         Duration::from_secs(30),
         DEFAULT_MAX_BYTES,
-    )
-    .unwrap();
+    );
     Env {
         sandbox,
         client,

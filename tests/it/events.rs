@@ -1032,3 +1032,221 @@ async fn a_resume_does_not_announce_a_mark_again() {
     }
     assert_eq!(marks(&hook), [50, 80, 100], "{:?}", hook.all());
 }
+
+/// The metrics file is written at the run's start, again every 10 s while the run goes on (not
+/// before), and at its end, every sample labelled with its pipeline. The writer's clock is the
+/// test's (`IMGPIPE_TEST_METRICS_CLOCK_FILE`), moved on while a paid call is held at the
+/// sandbox's gate: the run is still going whatever the machine's speed, and no 10 s is waited.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_metrics_file_is_rewritten_every_10_s_of_the_run_and_every_sample_names_its_pipeline() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "chain.yaml", &edit_chain(ITEMS, None));
+    let file = dir.join("imgpipe.prom");
+    let clock = dir.join("metrics-clock");
+    std::fs::write(&clock, "0").unwrap();
+    let billed =
+        |text: &str| parse_metrics(text)["imgpipe_credits_billed_total{pipeline=\"chain\"}"];
+    let hold = env.sandbox.hold();
+    let metrics = file.to_string_lossy().into_owned();
+    let args = [
+        "run",
+        "chain.yaml",
+        "--concurrency",
+        "1",
+        "--metrics-file",
+        &metrics,
+    ];
+    let mut run = Imgpipe::on(&env, &args)
+        .sqlite_in(dir)
+        .env("IMGPIPE_TEST_METRICS_CLOCK_FILE", &clock)
+        .watched();
+    // Written at the start, nothing billed yet; then one call billed, the next held.
+    step_until(&env, &mut run, |env| !env.sandbox.ledger().is_empty()).await;
+    let at_start = std::fs::read_to_string(&file).expect("the file written at the start");
+    assert_eq!(billed(&at_start), 0.0, "{at_start}");
+    // 9 s on: the writer has read its clock and left the file as it was.
+    std::fs::write(&clock, "9").unwrap();
+    run.wait_for_line("metrics: test clock at 9 s").await;
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        at_start,
+        "rewritten before 10 s"
+    );
+    // 10 s on: rewritten with what the run billed since, while it is still held at the gate.
+    std::fs::write(&clock, "10").unwrap();
+    run.wait_for_line("metrics: test clock at 10 s").await;
+    let at_10 = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(billed(&at_10), ledger_total(&env) as f64, "{at_10}");
+    assert!(billed(&at_10) > 0.0, "{at_10}");
+    // 19 s: not again before 20.
+    step_until(&env, &mut run, |env| env.sandbox.ledger().len() >= 2).await;
+    std::fs::write(&clock, "19").unwrap();
+    run.wait_for_line("metrics: test clock at 19 s").await;
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        at_10,
+        "rewritten before 20 s"
+    );
+    drop(hold);
+    let o = run.finish().await;
+    assert_exit_without_panic(&o, 0);
+    let at_end = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(billed(&at_end), PLANNED as f64, "{at_end}");
+    promtool_accepts(&at_end);
+    for text in [&at_start, &at_10, &at_end] {
+        for sample in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            let labels = sample
+                .split_once('{')
+                .and_then(|(_, rest)| rest.split_once('}'))
+                .map_or("", |(labels, _)| labels);
+            assert!(
+                labels.split(',').any(|label| label == "pipeline=\"chain\""),
+                "a sample without its pipeline: {sample}\n--- file\n{text}"
+            );
+        }
+    }
+}
+
+/// A receiver that takes the first try of each `budget.crossed` event and holds it at a gate
+/// the test opens, answering every other request 204 at once.
+struct Gated {
+    url: String,
+    tries: Arc<Mutex<Vec<Held>>>,
+    gate: Arc<tokio::sync::Notify>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Gated {
+    fn drop(&mut self) {
+        self.gate.notify_waiters();
+        self.server.abort();
+    }
+}
+
+/// A try a [`Gated`] receiver got, and when.
+#[derive(Clone, Debug)]
+struct Held {
+    event: Option<String>,
+    body: Value,
+    at: std::time::Instant,
+}
+
+type GateState = (Arc<Mutex<Vec<Held>>>, Arc<tokio::sync::Notify>);
+
+async fn gated() -> Gated {
+    async fn answer(
+        State((tries, gate)): State<GateState>,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> StatusCode {
+        let event = headers
+            .get("x-imgpipe-event")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let first = {
+            let mut tries = tries.lock().unwrap();
+            let first = event.as_deref() == Some("budget.crossed")
+                && !tries.iter().any(|t| t.event == event);
+            tries.push(Held {
+                body: serde_json::from_slice(&body).unwrap_or_default(),
+                event,
+                at: std::time::Instant::now(),
+            });
+            first
+        };
+        if first {
+            gate.notified().await;
+        }
+        StatusCode::NO_CONTENT
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let (tries, gate) = (Arc::default(), Arc::new(tokio::sync::Notify::new()));
+    let app = axum::Router::new()
+        .route("/hook", post(answer))
+        .with_state((Arc::clone(&tries), Arc::clone(&gate)));
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Gated {
+        url,
+        tries,
+        gate,
+        server,
+    }
+}
+
+/// A receiver that takes an event and never answers is given up on after the documented 10 s
+/// a try, and the event tried again: the 50% mark, its first try held at the receiver's gate,
+/// arrives whole at the second, while the run waits at the sandbox's gate; four tries at most.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_event_whose_try_times_out_is_tried_again_and_delivered() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "chain.yaml", &edit_chain(2, Some(18)));
+    let hook = gated().await;
+    let hold = env.sandbox.hold();
+    // The first item's chain (9 credits, half of 18) through the sandbox's gate, the next held.
+    env.sandbox.let_through(3);
+    let args = [
+        "run",
+        "chain.yaml",
+        "--concurrency",
+        "1",
+        "--notify",
+        &hook.url,
+    ];
+    let mut run = Imgpipe::on(&env, &args).sqlite_in(dir).watched();
+    let marks = || {
+        let tries = hook.tries.lock().unwrap();
+        tries
+            .iter()
+            .filter(|t| t.event.as_deref() == Some("budget.crossed"))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let limit = Duration::from_secs(40);
+    let deadline = std::time::Instant::now() + limit;
+    while marks().len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the mark not tried again within {limit:?}: {:?}",
+            marks()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (first, again) = (&marks()[0], &marks()[1]);
+    assert_eq!(first.body, again.body, "the same event tried again");
+    assert_eq!(again.body["percent"], 50, "{:?}", again.body);
+    assert!(
+        again.at - first.at >= Duration::from_secs(10),
+        "tried again only once the first try's 10 s were out: {:?}",
+        again.at - first.at
+    );
+    wait_while_running(&mut run, "still held at the sandbox's gate", || {
+        env.sandbox.held_calls() >= 1
+    })
+    .await;
+    drop(hold);
+    let o = run.finish().await;
+    assert_exit_without_panic(&o, 0);
+    let fifty: Vec<_> = marks()
+        .into_iter()
+        .filter(|t| t.body["percent"] == 50)
+        .collect();
+    assert_eq!(fifty.len(), 2, "delivered at the second try: {fifty:?}");
+    assert!(
+        marks().len() <= 3 * 4,
+        "four tries a mark at most: {:?}",
+        marks()
+    );
+    assert!(
+        !stderr(&o).contains("budget.crossed not delivered"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -75,7 +75,6 @@ fn downloader() -> Downloader {
         Duration::from_secs(10),
         DEFAULT_MAX_BYTES,
     )
-    .unwrap()
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ mod browser;
 mod caps;
 mod cli;
 mod client;
+mod cluster;
 mod common;
 mod crash;
 mod desk;

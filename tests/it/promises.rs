@@ -320,3 +320,96 @@ async fn a_key_the_service_echoes_is_scrubbed_from_what_is_shown() {
         );
     }
 }
+
+/// The password of a PostgreSQL state comes from `PGPASSWORD` or `~/.pgpass`, as libpq's does,
+/// against a server that checks it (a throwaway cluster of the test's own: `scram-sha-256` on
+/// 127.0.0.1); a wrong one, from either place or the URL, is refused with exit 1 and an error
+/// that says what failed and never shows the password.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_postgres_password_comes_from_pgpassword_or_pgpass_and_a_wrong_one_is_never_shown() {
+    const ADMIN: &str = "admin-pw-5520";
+    const RIGHT: &str = "right-pw-9034";
+    const WRONG: &str = "wrong-pw-1177";
+    let Some(cluster) = crate::cluster::Cluster::start(ADMIN).await else {
+        return;
+    };
+    let mut admin = pg_connect(&cluster.url("postgres", Some(ADMIN), "postgres")).await;
+    for sql in [
+        format!("CREATE ROLE imgpipe LOGIN PASSWORD '{RIGHT}'"),
+        "CREATE DATABASE imgpipe OWNER imgpipe".to_owned(),
+    ] {
+        within(
+            &sql,
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.clone())).execute(&mut admin),
+        )
+        .await
+        .unwrap();
+    }
+    admin.close().await.unwrap();
+    let state = cluster.url("imgpipe", None, "imgpipe");
+    let env = start_default().await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(1, None));
+    let run = |run_id: &str| Imgpipe::on(&env, &["run", "p.yaml", "--run-id", run_id]);
+
+    // PGPASSWORD: the run, its lock and its writes.
+    let by_env = run("by-env")
+        .state(&state)
+        .env("PGPASSWORD", RIGHT)
+        .run()
+        .await;
+    assert_exit(&by_env, 0);
+
+    // ~/.pgpass (0600, as libpq wants it) in the HOME the command gets.
+    let pgpass = Imgpipe::home_in(dir).join(".pgpass");
+    let line = format!("127.0.0.1:{}:imgpipe:imgpipe:{RIGHT}\n", cluster.port);
+    std::fs::write(&pgpass, line).unwrap();
+    std::fs::set_permissions(&pgpass, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    assert_exit(&run("by-file").state(&state).run().await, 0);
+    let runs = Imgpipe::on(&env, &["runs"])
+        .cwd(dir)
+        .state(&state)
+        .run()
+        .await;
+    assert_exit(&runs, 0);
+    for run_id in ["by-env", "by-file"] {
+        assert!(stdout(&runs).contains(run_id), "{}", stdout(&runs));
+    }
+    std::fs::remove_file(&pgpass).unwrap();
+
+    // Wrong, from PGPASSWORD and from the URL: refused, the password nowhere in what is said.
+    let wrong_env = run("wrong")
+        .state(&state)
+        .env("PGPASSWORD", WRONG)
+        .run()
+        .await;
+    let in_url = cluster.url("imgpipe", Some(WRONG), "imgpipe");
+    let wrong_url = run("wrong").state(&in_url).run().await;
+    for (how, o) in [("PGPASSWORD", &wrong_env), ("the URL", &wrong_url)] {
+        assert_exit(o, 1);
+        let said = format!("{}{}", stdout(o), stderr(o));
+        assert!(
+            said.contains("password authentication failed for user \"imgpipe\""),
+            "a wrong password in {how} said as such:\n{said}"
+        );
+        assert!(
+            said.contains(&format!(
+                "postgres://imgpipe@127.0.0.1:{}/imgpipe",
+                cluster.port
+            )),
+            "the database named, without the password:\n{said}"
+        );
+        assert!(
+            said.contains("hint: give the password of the URL's user in PGPASSWORD or ~/.pgpass"),
+            "the hint says where the password goes:\n{said}"
+        );
+        for secret in [WRONG, RIGHT, ADMIN] {
+            assert!(!said.contains(secret), "{how}: a password shown:\n{said}");
+        }
+    }
+    assert_eq!(
+        env.sandbox.ledger().len(),
+        2 * 3,
+        "only the two runs that got in paid"
+    );
+}

@@ -7,6 +7,7 @@
 //! Under CI (`CI=true`) insta never writes a snapshot: a new or changed one fails the test.
 
 use std::path::Path;
+use std::time::Duration;
 
 use imgpipe::sandbox;
 
@@ -273,10 +274,50 @@ async fn a_run_already_going_refuses_a_second_process_with_exit_5() {
     assert_exit_without_panic(&first, 0);
 }
 
-/// A reroll of a run that another process is running is refused with exit 5 and pays for
-/// nothing, while that run goes on to its end.
+/// A reroll of a run whose process is still going is refused with exit 5 (the lock) and pays
+/// for nothing, while that run goes on to its end: the run held at the sandbox's gate, a call
+/// in flight, when the reroll is given.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_reroll_of_a_run_going_is_refused_with_exit_5_and_the_run_goes_on() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(2, None));
+    let hold = env.sandbox.hold();
+    let run = Imgpipe::on(
+        &env,
+        &["run", "p.yaml", "--run-id", "r", "--concurrency", "1"],
+    )
+    .sqlite_in(dir)
+    .watched();
+    wait_until("the run's first call held at the gate", || {
+        env.sandbox.held_calls() >= 1
+    })
+    .await;
+    // A refused reroll ends at once; one let in would wait at the gate: the limit says so.
+    let reroll = Imgpipe::on(&env, &["reroll", "r", "i00"])
+        .sqlite_in(dir)
+        .limit(Duration::from_secs(60))
+        .run()
+        .await;
+    assert_exit_without_panic(&reroll, 5);
+    assert!(
+        stderr(&reroll).contains("another imgpipe is running pipeline chain: run r by pid"),
+        "{}",
+        stderr(&reroll)
+    );
+    drop(hold);
+    assert_exit_without_panic(&run.finish().await, 0);
+    assert_eq!(
+        env.sandbox.ledger().len(),
+        2 * 3,
+        "the run paid its two chains once, the refused reroll nothing"
+    );
+}
+
+/// A reroll while another reroll of the same run is going is refused the same way (exit 5,
+/// nothing paid), and the first goes on to its end.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reroll_while_another_reroll_of_the_run_goes_is_refused_with_exit_5() {
     let env = start(config()).await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(2, None));
@@ -296,6 +337,7 @@ async fn a_reroll_of_a_run_going_is_refused_with_exit_5_and_the_run_goes_on() {
     .await;
     let second = Imgpipe::on(&env, &["reroll", "r", "i00"])
         .sqlite_in(dir)
+        .limit(Duration::from_secs(60))
         .run()
         .await;
     assert_exit_without_panic(&second, 5);
