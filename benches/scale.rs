@@ -234,9 +234,15 @@ fn run_once(items: usize, run_for: Duration, mode: Mode) -> Sample {
     }
 
     // From here on, at once: a pod taking over does not wait for the server to analyse tables.
-    let mut resume = imgpipe(Some(&sandbox));
-    resume.args(["resume", &record.run_id, "--dry-run", "--state", &state]);
-    let resume = measure(resume, dir, "resume");
+    // IMGPIPE_BENCH_DRY_RUN=0 leaves `resume --dry-run` out (at 900,000 outputs the bench's
+    // one-thread S3 server takes minutes to list them).
+    let resume = if std::env::var("IMGPIPE_BENCH_DRY_RUN").as_deref() == Ok("0") {
+        Usage::default()
+    } else {
+        let mut resume = imgpipe(Some(&sandbox));
+        resume.args(["resume", &record.run_id, "--dry-run", "--state", &state]);
+        measure(resume, dir, "resume")
+    };
     let (takeover, takeover_s3, takeover_lists) = if mode.kill {
         let mut cmd = imgpipe(Some(&sandbox));
         cmd.args(["resume", &record.run_id, "--state", &state]);
@@ -798,7 +804,8 @@ fn report(m: &Sample, runs: usize, mode: Mode) {
 /// IMGPIPE_BENCH_SEED_OUTPUTS=N (with IMGPIPE_BENCH_KILL=1, IMGPIPE_BENCH_OUT=s3 and PostgreSQL
 /// state): after the kill, the night is made N stored outputs long without paying for them:
 /// the first item's nine tasks, their attempts and ten outputs are copied in the state
-/// database to the items after the last one recorded (its keys and inputs renamed), and its
+/// database to the items after the last one recorded (its keys and inputs renamed; an item's
+/// tasks given consecutive ids in the chain's order, as a run records them), and its
 /// objects hard-linked under the new items' keys in the S3 server's bucket (s3s-fs: a file
 /// and two sidecar files an object), so the takeover finds a night of N outputs as the record
 /// and the bucket hold it. Gives the number of outputs stored once seeded.
@@ -845,7 +852,8 @@ fn seed_outputs(state: &str, run_id: &str, outputs: usize) -> u64 {
                 t.request
              FROM tasks t, (SELECT 'p' || lpad(g::text, 6, '0') AS item
                             FROM generate_series($2::bigint, $3::bigint) g) i
-             WHERE t.run_id = $1 AND t.item = 'p000001'",
+             WHERE t.run_id = $1 AND t.item = 'p000001'
+             ORDER BY i.item, t.id",
             "INSERT INTO attempts (task_id, run_id, endpoint, started_at, finished_at, outcome,
                 http_status, credits_billed, credits_remaining, job_id, error)
              SELECT n.id, a.run_id, a.endpoint, a.started_at, a.finished_at, a.outcome,
@@ -873,13 +881,15 @@ fn seed_outputs(state: &str, run_id: &str, outputs: usize) -> u64 {
                 .await
                 .expect("seed the state");
         }
-        // A night written over hours is analysed by autovacuum many times over; these three
-        // statements wrote it at once, so they analyse it as autovacuum would have. (Left
-        // unanalysed, one statement of the review's reads of 900,000 tasks took over 25 s.)
-        sqlx::query("ANALYZE tasks, attempts, outputs")
-            .execute(&mut conn)
-            .await
-            .expect("analyse the seeded tables");
+        // A night written over hours is analysed by autovacuum many times over, but a takeover
+        // may come before: left unanalysed by default (the worst case), analysed as autovacuum
+        // would have with IMGPIPE_BENCH_SEED_ANALYZE=1.
+        if std::env::var("IMGPIPE_BENCH_SEED_ANALYZE").as_deref() == Ok("1") {
+            sqlx::query("ANALYZE tasks, attempts, outputs")
+                .execute(&mut conn)
+                .await
+                .expect("analyse the seeded tables");
+        }
         (first, last, prefix)
     });
     link_objects(root, &prefix, first, last);

@@ -1214,3 +1214,147 @@ async fn imgpipe_state_set_to_a_postgres_url_keeps_the_run_there() {
     assert_exit_without_panic(&status, 0);
     assert_eq!(json_stdout(&status)["status"], "succeeded");
 }
+
+/// Items whose task ids do not follow the pipeline's chain are read whole by resume, a range
+/// of the unique (run, item, …) index a statement, in the order the database sorts item ids
+/// (here, on PostgreSQL, an ICU locale's, which sorts `a0002` between `A0001` and `A0003`, and
+/// bytes do not). A run stopped `--until` a step, then resumed with that step dropped
+/// (`--allow-changes`) and stopped again, makes every item so: a range that missed one would leave a task without its row id and the run
+/// would stop, "was not recorded". Each resume pays for its step once an item and nothing
+/// twice; the dropped step's rows stay dropped (left out by the store, not by the statement:
+/// the last resume, without `--allow-changes`, would refuse a step dropped). On SQLite too.
+#[tokio::test(flavor = "multi_thread")]
+async fn items_read_whole_in_ranges_of_the_database_order_are_each_resumed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("state.db");
+    resumed_with_every_item_irregular(&file.to_string_lossy()).await;
+    if let Some(url) = postgres_database("ranges").await {
+        resumed_with_every_item_irregular(&url).await;
+    }
+}
+
+async fn resumed_with_every_item_irregular(state: &str) {
+    const ITEMS: usize = 1_100;
+    let env = start(sandbox::Config {
+        balance: 100_000_000,
+        image_side: 16,
+        ..sandbox::Config::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let items: String = (0..ITEMS)
+        .map(|i| {
+            format!(
+                "{{\"id\": \"{}{i:04}\"}}\n",
+                if i % 2 == 0 { 'a' } else { 'A' }
+            )
+        })
+        .collect();
+    write(dir.path(), "items.jsonl", &items);
+    let pipeline = |last: &str| {
+        format!(
+            "version: 1\nname: ranges\npricing: {{ generation: 4 }}\nitems_from: items.jsonl\n\
+             steps:\n  - id: shot\n    generate: {{ prompt: \"Photo of {{{{ item.id }}}}\", n: 1 }}\n{last}"
+        )
+    };
+    let tag = "  - id: tag\n    erase: { from: shot, object_name: the tag }\n";
+    let big = "  - id: big\n    upscale: { from: shot, desired_increase: 2 }\n";
+    let cut = "  - id: cut\n    remove_background: { from: shot }\n";
+    write(dir.path(), "p.yaml", &pipeline(&format!("{tag}{big}{cut}")));
+    let args = [
+        "run",
+        "p.yaml",
+        "--run-id",
+        "night",
+        "--until",
+        "tag",
+        "--concurrency",
+        "16",
+    ];
+    let first = run_on(&env, dir.path(), state, &args).await;
+    assert_exit_without_panic(&first, 7);
+    let paid_first = env.sandbox.ledger().len();
+    assert_eq!(paid_first, 2 * ITEMS, "the first run: {}", stderr(&first));
+    if state.starts_with("postgres") {
+        in_locale_order(state).await;
+    }
+
+    // `tag` dropped: every item's ids now break the chain (shot, big, cut).
+    write(dir.path(), "p.yaml", &pipeline(&format!("{big}{cut}")));
+    let args = ["resume", "night", "--allow-changes", "--until", "big"];
+    let resumed = run_on(&env, dir.path(), state, &args).await;
+    assert_exit_without_panic(&resumed, 7);
+    let paid = |from: usize, operation: &str| {
+        let ledger = env.sandbox.ledger();
+        let of = ledger[from..].iter().filter(|e| e.operation == operation);
+        (ledger.len() - from, of.count())
+    };
+    assert_eq!(
+        paid(paid_first, "upscale"),
+        (ITEMS, ITEMS),
+        "the resume pays `big` once an item, nothing else: {}",
+        stderr(&resumed)
+    );
+    // A plain resume: the dropped rows are no change to allow (were they read as the
+    // pipeline's, the review would find `tag` dropped again and refuse).
+    let paid_second = env.sandbox.ledger().len();
+    let last = run_on(&env, dir.path(), state, &["resume", "night"]).await;
+    assert_exit_without_panic(&last, 0);
+    assert_eq!(
+        paid(paid_second, "remove_background"),
+        (ITEMS, ITEMS),
+        "the last resume pays `cut` once an item, nothing else: {}",
+        stderr(&last)
+    );
+    let ledger = env.sandbox.ledger();
+    let mut requests: Vec<&str> = ledger.iter().map(|e| e.request.as_str()).collect();
+    requests.sort_unstable();
+    requests.dedup();
+    assert_eq!(requests.len(), ledger.len(), "a request paid twice");
+    // Every output of the steps left stored where the state says, and nowhere else.
+    let mut conn = state_connection(state).await;
+    let paths: Vec<(String,)> = sqlx::query_as(
+        "SELECT o.path FROM outputs o JOIN tasks t ON t.id = o.task_id
+         WHERE t.removed_at IS NULL AND o.path IS NOT NULL",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+    assert_eq!(paths.len(), 3 * ITEMS);
+    let run_dir = dir.path().join("out/night");
+    let missing: Vec<&String> = paths
+        .iter()
+        .map(|(p,)| p)
+        .filter(|p| !run_dir.join(p).is_file() && !Path::new(p).is_file())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "outputs not stored: {:?}",
+        &missing[..missing.len().min(5)]
+    );
+    let live = "SELECT COUNT(*) FROM tasks WHERE removed_at IS NULL AND status = 'succeeded'";
+    let dropped = "SELECT COUNT(*) FROM tasks WHERE removed_at IS NOT NULL AND step = 'tag'";
+    let (live, dropped) = (count(state, live).await, count(state, dropped).await);
+    assert_eq!((live, dropped), (3 * ITEMS as i64, ITEMS as i64));
+}
+
+/// Gives the state's item ids an ICU locale's collation (as a cluster made with one has), when
+/// this server has ICU's.
+async fn in_locale_order(url: &str) {
+    let mut conn = state_connection(url).await;
+    let (icu,): (i64,) =
+        sqlx::query_as("SELECT COUNT(*) FROM pg_collation WHERE collname = 'en-US-x-icu'")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    if icu > 0 {
+        sqlx::query(r#"ALTER TABLE tasks ALTER COLUMN item TYPE TEXT COLLATE "en-US-x-icu""#)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    } else {
+        eprintln!("no ICU collation on this server: the database's own collation is used");
+    }
+    conn.close().await.unwrap();
+}
