@@ -43,6 +43,18 @@ pub struct Links {
 pub type Refetch =
     tokio::sync::oneshot::Receiver<Result<Vec<crate::store::RecordedOutput>, Arc<StoreError>>>;
 
+/// What a resume hands the executor from its review, so the executor's start reads nothing
+/// the review already read: at a night's 900,000 tasks, reading every task's row id again cost
+/// seconds before the first paid call.
+pub struct Handoff {
+    /// The kept outputs to fetch again, as the check beside the run finds them.
+    pub refetch: Refetch,
+    /// Each recorded task's row id as the review read them, when they are still every row
+    /// of the run (its application recorded none): the executor then reads only the rows
+    /// not succeeded, for their state now. `None`: it reads them all again.
+    pub rows: Option<crate::plan::rows::RowIds>,
+}
+
 /// What to do with a call that was sent and got no complete answer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OnAmbiguous {

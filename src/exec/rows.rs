@@ -110,6 +110,30 @@ pub async fn read_rows(
     Ok(ids)
 }
 
+/// The rows of the run not succeeded, handed to `whole` as [`read_rows`] does, with `ids` (every
+/// recorded task's row id, as read earlier by [`read_rows`]): an open row's id is taken as
+/// read now.
+async fn open_rows(
+    store: &Store,
+    graph: &Graph,
+    run_id: &RunId,
+    mut ids: RowIds,
+    mut whole: impl FnMut(Option<usize>, RecordedTask),
+) -> Result<RowIds, StoreError> {
+    let index = graph.index();
+    store
+        .tasks()
+        .each_open(run_id, |row| {
+            let t = index.of(&row.key);
+            if let Some(t) = t {
+                ids.set(t, row.id);
+            }
+            whole(t, row);
+        })
+        .await?;
+    Ok(ids)
+}
+
 /// Each task's row id, and how far recording has gone.
 pub(super) struct Rows {
     pub ids: RowIds,
@@ -120,15 +144,18 @@ pub(super) struct Rows {
 impl Rows {
     /// Reads the run's rows (see [`read_rows`]): each task's row id, and the state an earlier
     /// process left it in (done, failed for good, or still to do: waiting), which becomes the
-    /// scheduler's own state vector rather than a copy beside it.
+    /// scheduler's own state vector rather than a copy beside it. `read`: the row ids a
+    /// resume's review read, still every row of the run: only the rows not succeeded are read
+    /// again (their state now), not every item's outline a second time.
     pub(super) async fn load(
         store: &Store,
         graph: &Graph,
         config: &Config,
+        read: Option<RowIds>,
     ) -> Result<(Rows, Vec<State>), StoreError> {
         let mut prior = vec![State::Waiting; graph.len()];
         let mut open = HashSet::new();
-        let ids = read_rows(store, graph, &config.run_id, |t, row| {
+        let mut settle = |t: Option<usize>, row: RecordedTask| {
             let Some(t) = t else {
                 return;
             };
@@ -147,8 +174,11 @@ impl Rows {
                 }
                 _ => State::Waiting,
             };
-        })
-        .await?;
+        };
+        let ids = match read {
+            Some(ids) => open_rows(store, graph, &config.run_id, ids, &mut settle).await?,
+            None => read_rows(store, graph, &config.run_id, &mut settle).await?,
+        };
         // The recorded tasks not read whole are the succeeded ones.
         for (t, state) in prior.iter_mut().enumerate() {
             if ids.has(t) && !open.contains(&t) {

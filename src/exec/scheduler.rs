@@ -23,7 +23,9 @@ use crate::exec::download::{Fetched, Unfetched, download};
 use crate::exec::rows::{Rows, record_identities};
 use crate::exec::shared::{OutputUrl, Shared};
 use crate::exec::state::State;
-use crate::exec::{Config, Fatal, Links, Observer, OnAmbiguous, Outcome, Refetch, Stop};
+use crate::exec::{
+    Config, Fatal, Handoff, Links, Observer, OnAmbiguous, Outcome, Refetch, Stop,
+};
 use crate::plan::graph::{Graph, Instance};
 use crate::store::{RecordedOutput, StoreError, TaskStatus};
 
@@ -95,15 +97,16 @@ struct Scheduler {
 
 /// Runs every unfinished task of the run recorded in `store` until done, stopped or
 /// interrupted by `shutdown`.
-/// `refetch` brings, while it runs, earlier outputs to fetch again: the run does not end before
-/// they are fetched, unless it is interrupted or halted (the next resume finds them again).
+/// A resume's `handoff` brings, while it runs, earlier outputs to fetch again: the run does not
+/// end before they are fetched, unless it is interrupted or halted (the next resume finds them
+/// again); and the row ids its review read, not read again.
 pub async fn run(
     graph: Arc<Graph>,
     links: Links,
     config: Config,
     observer: Arc<dyn Observer>,
     shutdown: CancellationToken,
-    refetch: Option<Refetch>,
+    handoff: Option<Handoff>,
 ) -> Result<Outcome, StoreError> {
     let Links {
         store,
@@ -115,7 +118,8 @@ pub async fn run(
     if let Some(rate) = &config.account_rate {
         rate.tell(Arc::clone(&observer));
     }
-    let (rows, state) = Rows::load(&store, &graph, &config).await?;
+    let (refetch, read) = handoff.map_or((None, None), |h| (Some(h.refetch), h.rows));
+    let (rows, state) = Rows::load(&store, &graph, &config, read).await?;
     tracing::debug!("tasks' state read in {:.2?}", started.elapsed());
     let shared = Arc::new(Shared::new(
         client,

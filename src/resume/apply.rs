@@ -36,6 +36,8 @@ pub struct Tally {
     pub recovered: usize,
     pub reused: usize,
     pub set_aside: usize,
+    /// Task rows recorded (tasks gained or reused): the review's row ids are then not all.
+    pub new_rows: usize,
 }
 
 /// Recorded tasks blocked below a failed one, and why.
@@ -94,6 +96,7 @@ pub async fn apply(
         recovered: recovered.len(),
         reused: changes.reused.len(),
         set_aside: changes.set_aside.len(),
+        new_rows: changes.new_tasks.len(),
     };
     crate::failpoint::hit("resume-apply-before-commit");
     let moves = store.revisions().apply(run_id, &changes).await?;

@@ -24,8 +24,9 @@ pub struct Applied {
     pub doc: PlanDocument,
     /// The tasks to pay for now; the others are left pending.
     pub scope: Scope,
-    /// The kept outputs to fetch again, as the check beside the run finds them.
-    pub refetch: crate::exec::Refetch,
+    /// The kept outputs to fetch again, as the check beside the run finds them, and the row
+    /// ids the review read, for the executor not to read them again.
+    pub handoff: crate::exec::Handoff,
     /// Held while the executor runs, then finished.
     pub after: After,
 }
@@ -71,6 +72,9 @@ impl Prepared {
             tally.reused,
         );
         let (refetch, checking) = check_beside(store, &row, run_dir, &mut review);
+        // The review's row ids are every row of the run unless the application recorded some.
+        let rows = review.rows.take().filter(|_| tally.new_rows == 0);
+        let handoff = crate::exec::Handoff { refetch, rows };
         let before = recorded_plan(&row).and_then(|d| d.scope);
         match rewrite(changed, before.as_ref(), doc.scope.as_ref()) {
             Rewrite::Nothing => {}
@@ -87,7 +91,7 @@ impl Prepared {
             graph,
             doc,
             scope,
-            refetch,
+            handoff,
             after: After {
                 _checking: checking,
                 run_id: row.id,

@@ -25,8 +25,9 @@ pub(super) struct Start {
     pub doc: PlanDocument,
     /// Run one generation first to learn its price.
     pub discover: bool,
-    /// A resume's earlier outputs to fetch again, found beside the run.
-    pub refetch: Option<exec::Refetch>,
+    /// A resume's earlier outputs to fetch again, found beside the run, and the row ids its
+    /// review read.
+    pub handoff: Option<exec::Handoff>,
     /// The tasks to pay for now; the others are left pending.
     pub scope: Scope,
     /// What a reroll names, as recorded: undone at the end when it could not be done.
@@ -145,7 +146,7 @@ impl Runner<'_> {
             mut graph,
             mut doc,
             discover,
-            refetch,
+            mut handoff,
             scope,
             reroll,
         } = start;
@@ -154,6 +155,10 @@ impl Runner<'_> {
             (graph, doc) = self
                 .discovered(conn, store, pipeline, &graph, doc, &mut config)
                 .await?;
+            // Row ids are of the graph they were read for, and the discovery recorded rows.
+            if let Some(h) = &mut handoff {
+                h.rows = None;
+            }
         }
         let progress = self.view.progress(
             &steps_of(&doc),
@@ -176,7 +181,7 @@ impl Runner<'_> {
             downloader: conn.downloader.clone(),
         };
         let shutdown = self.shutdown.clone();
-        let outcome = exec::run(graph, links, config, observer, shutdown, refetch).await?;
+        let outcome = exec::run(graph, links, config, observer, shutdown, handoff).await?;
         progress.finish();
         concluded.failures = outcome.failures.clone();
         if let Some(said) = &reroll

@@ -421,7 +421,7 @@ impl Runner<'_> {
             graph,
             doc,
             discover,
-            refetch: None,
+            handoff: None,
             scope: f.scope,
             reroll: None,
         };

@@ -127,7 +127,7 @@ impl Runner<'_> {
             graph,
             doc,
             scope,
-            refetch,
+            handoff,
             after,
         } = applied;
         let start = execute::Start {
@@ -135,7 +135,7 @@ impl Runner<'_> {
             graph,
             doc,
             discover: false,
-            refetch: Some(refetch),
+            handoff: Some(handoff),
             scope,
             reroll,
         };
