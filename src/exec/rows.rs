@@ -434,6 +434,31 @@ mod tests {
             ],
             "read whole: what is not succeeded, and what the graph does not have"
         );
+        handed_back(store, &g, ids, &whole).await;
+    }
+
+    /// The executor's start with the ids the review read (`ids`, `whole` as [`read_rows`] gave
+    /// them) sees what reading them again sees: the same ids, the same open rows of the graph.
+    async fn handed_back(
+        store: &Store,
+        g: &Graph,
+        ids: RowIds,
+        whole: &[(Option<usize>, String, String, TaskStatus)],
+    ) {
+        let before: Vec<Option<i64>> = (0..g.len()).map(|t| ids.get(t)).collect();
+        let mut open = Vec::new();
+        let ids = open_rows(store, g, &"r".into(), ids, |t, row| {
+            open.push((t, row.key.item, row.key.step, row.status));
+        })
+        .await
+        .unwrap();
+        let after: Vec<Option<i64>> = (0..g.len()).map(|t| ids.get(t)).collect();
+        assert_eq!(after, before, "the handed ids are the ids read again");
+        let of_graph: Vec<_> = whole.iter().filter(|w| w.0.is_some()).cloned().collect();
+        assert_eq!(
+            open, of_graph,
+            "the open rows of the graph's tasks, each once"
+        );
     }
 
     #[test]

@@ -23,9 +23,7 @@ use crate::exec::download::{Fetched, Unfetched, download};
 use crate::exec::rows::{Rows, record_identities};
 use crate::exec::shared::{OutputUrl, Shared};
 use crate::exec::state::State;
-use crate::exec::{
-    Config, Fatal, Handoff, Links, Observer, OnAmbiguous, Outcome, Refetch, Stop,
-};
+use crate::exec::{Config, Fatal, Handoff, Links, Observer, OnAmbiguous, Outcome, Refetch, Stop};
 use crate::plan::graph::{Graph, Instance};
 use crate::store::{RecordedOutput, StoreError, TaskStatus};
 
