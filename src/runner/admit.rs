@@ -159,6 +159,5 @@ pub fn balance_of(doc: &PlanDocument) -> Option<u64> {
 /// What the run was billed, plus what its unanswered calls may have cost: a budget is never
 /// paid twice for them.
 pub async fn spent(store: &Store, run_id: &RunId) -> Result<u64, Error> {
-    let totals = store.runs().totals(run_id).await?;
-    Ok(totals.billed_credits + totals.possibly_billed_credits)
+    Ok(store.runs().spent(run_id).await?)
 }
