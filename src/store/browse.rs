@@ -145,8 +145,9 @@ fn driver(sql: &mut Sql, f: &ItemFilter, unanswered: bool) {
 }
 
 /// How many tasks a page of a filter that walks the run ([`walks`]) looks at, at most: about
-/// 11,000 items of the five-step chain, some 40 ms of SQLite's or PostgreSQL's time.
-const WINDOW: u32 = 100_000;
+/// 5,500 items of the five-step chain, some 50 ms of SQLite's or PostgreSQL's time on a busy
+/// machine (a quarter of a page's goal, `benches/README.md`).
+const WINDOW: u32 = 50_000;
 
 /// Whether `f` is found by walking the run's items and testing each (the text of prompts, a
 /// step, a common status), rather than from an index of the few tasks it asks for

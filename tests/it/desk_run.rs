@@ -323,7 +323,7 @@ async fn on_postgres_the_desk_pages_every_item_once_and_filters_exactly() {
 }
 
 /// Items `b000001` to `b120000` added to run `r` as copies of `a1`'s two tasks, pending, the
-/// prompt of `bN` saying `(model N)`: 240,000 tasks, more than two of the windows a filter
+/// prompt of `bN` saying `(model N)`: 240,000 tasks, more than four of the windows a filter
 /// that walks the run looks at in one page.
 async fn far_down(c: &Catalogue<'_>) {
     let name = if c.state.starts_with("postgres") {
@@ -366,7 +366,7 @@ async fn filtered_far_down(pg: Option<String>) {
         pages.len() > 1 && pages[0].is_empty(),
         "a page looks at part of the run only: {pages:?}"
     );
-    // Matches on both sides of the first window's end (about b049993), paged through.
+    // Matches on both sides of the second window's end (about b049994), paged through.
     let mut want = vec!["b004999".to_owned()];
     want.extend((49990..=49999).map(|n| format!("b{n:06}")));
     for limit in [1, 3, 50] {
