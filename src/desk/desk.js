@@ -202,6 +202,7 @@
     if (loading) { return; }
     loading = true;
     var mine = generation;
+    var read = false;
     var q = query();
     if (next !== null) { q.set("after", next); }
     fetch(api + "/items?" + q.toString(), { credentials: "same-origin" })
@@ -218,9 +219,16 @@
         more.hidden = next === null;
         refocus();
         say_shown();
+        read = true;
       })
       .catch(function (e) { shown.textContent = "the items could not be read: " + e; })
-      .then(function () { if (mine === generation) { loading = false; } });
+      .then(function () {
+        if (mine !== generation) { return; }
+        loading = false;
+        // A filter's page looks at part of the run: a short one that leaves the button in
+        // view (where the observer, already told, says nothing more) asks for the next.
+        if (read && next !== null && more.getBoundingClientRect().top < window.innerHeight + 600) { page(); }
+      });
   }
 
   function restart() {
@@ -282,11 +290,11 @@
       .then(function (j) {
         if (!j || mine !== generation) { return; }
         since = j.since;
-        var last = list.lastElementChild && list.lastElementChild.getAttribute("data-item");
         j.items.forEach(function (item) {
           var there = list.querySelector('.item[data-item="' + CSS.escape(item.item) + '"]');
-          // An item past the last one shown comes with its page, when that is read.
-          if (there || next === null || (last !== null && item.item < last)) { place(item); }
+          // An item past the cursor (the last item looked at, shown or not) comes with its
+          // page, when that is read.
+          if (there || next === null || item.item <= next) { place(item); }
         });
         refocus();
         say_shown();

@@ -175,6 +175,12 @@ impl Served {
     /// Every item the filter `query` shows, page by page of `limit`: each page holds at most
     /// `limit` items, and no item comes twice.
     async fn walk(&self, query: &str, limit: u32) -> Vec<String> {
+        self.pages(query, limit).await.concat()
+    }
+
+    /// [`Served::walk`], page by page (a page may be short, even empty, and have a next).
+    async fn pages(&self, query: &str, limit: u32) -> Vec<Vec<String>> {
+        let mut pages = Vec::new();
         let mut seen = Vec::new();
         let mut after: Option<String> = None;
         loop {
@@ -185,16 +191,19 @@ impl Served {
             let page = self.json(&path).await;
             let items = page["items"].as_array().unwrap();
             assert!(items.len() <= limit as usize, "{path}: {page}");
+            let mut this = Vec::new();
             for i in items {
                 let id = i["item"].as_str().unwrap().to_owned();
                 assert!(!seen.contains(&id), "{id} twice, with {query} by {limit}");
-                seen.push(id);
+                seen.push(id.clone());
+                this.push(id);
             }
+            pages.push(this);
             match page["next"].as_str() {
                 Some(n) => after = Some(n.to_owned()),
-                None => return seen,
+                None => return pages,
             }
-            assert!(seen.len() < 1000, "the pages never end");
+            assert!(pages.len() < 1000, "the pages never end");
         }
     }
 }
@@ -310,6 +319,81 @@ async fn on_postgres_the_desk_pages_every_item_once_and_filters_exactly() {
         return;
     };
     paged_and_filtered(Some(pg.to_string())).await;
+    drop(pg);
+}
+
+/// Items `b000001` to `b120000` added to run `r` as copies of `a1`'s two tasks, pending, the
+/// prompt of `bN` saying `(model N)`: 240,000 tasks, more than four of the windows a filter
+/// that walks the run looks at in one page.
+async fn far_down(c: &Catalogue<'_>) {
+    let name = if c.state.starts_with("postgres") {
+        "'b' || lpad(n::text, 6, '0')"
+    } else {
+        "'b' || printf('%06d', n)"
+    };
+    let seed = format!(
+        "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 120000)
+         INSERT INTO tasks (run_id, item, step, idx, operation, inputs, planned_credits, status,
+             credits_billed, updated_at, request)
+         SELECT t.run_id, {name}, t.step, t.idx, t.operation, t.inputs, t.planned_credits,
+             'pending', 0, t.updated_at, replace(t.request, 'blue mug', 'blue mug (model ' || n || ')')
+         FROM tasks t, g WHERE t.run_id = 'r' AND t.item = 'a1'"
+    );
+    let mut conn = writable(&c.state).await;
+    within(
+        "seeding 240,000 tasks",
+        sqlx::query(sqlx::AssertSqlSafe(seed)).execute(&mut conn),
+    )
+    .await
+    .unwrap();
+}
+
+async fn filtered_far_down(pg: Option<String>) {
+    let env = start_default().await;
+    let c = Catalogue::new(&env, pg);
+    let ran = c
+        .imgpipe(&["run", "desk.yaml", "--run-id", "r"])
+        .run()
+        .await;
+    assert_exit(&ran, 0);
+    far_down(&c).await;
+    let desk = serve(&c).await;
+
+    // One match, at the run's far end: found, after pages that looked and found nothing.
+    let pages = desk.pages("q=model%20119999", 50).await;
+    assert_eq!(pages.concat(), vec!["b119999".to_owned()]);
+    assert!(
+        pages.len() > 1 && pages[0].is_empty(),
+        "a page looks at part of the run only: {pages:?}"
+    );
+    // Matches on both sides of the second window's end (about b049994), paged through.
+    let mut want = vec!["b004999".to_owned()];
+    want.extend((49990..=49999).map(|n| format!("b{n:06}")));
+    for limit in [1, 3, 50] {
+        assert_eq!(
+            desk.walk("q=MODEL%204999", limit).await,
+            want,
+            "q=MODEL 4999 by {limit}"
+        );
+    }
+    // A step with words: the item after all the others.
+    assert_eq!(
+        desk.walk("step=clean&q=x-HOSTILE", 2).await,
+        vec!["x-hostile".to_owned()]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_filter_finds_matches_far_down_a_long_run_page_by_bounded_page() {
+    filtered_far_down(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_postgres_a_filter_finds_matches_far_down_a_long_run_page_by_bounded_page() {
+    let Some(pg) = postgres_database("desk_far").await else {
+        return;
+    };
+    filtered_far_down(Some(pg.to_string())).await;
     drop(pg);
 }
 
