@@ -177,17 +177,9 @@ fn ledger_table(ledger: &Ledger) -> Markup {
 /// run: a second or two at 100,000 items) come from [`head`] once the page is up; its items,
 /// a page at a time from the JSON API, are drawn and kept up to date by its script.
 pub(super) async fn run(State(desk): State<Arc<Desk>>, Path(run): Path<String>) -> Response {
-    let id = crate::run_id::RunId::from(run.as_str());
-    let steps = match desk.store.runs().get(&id).await {
-        Ok(Some(run)) => steps_of(&run),
-        Ok(None) => {
-            return (
-                StatusCode::NOT_FOUND,
-                format!("no run {id} in this state database"),
-            )
-                .into_response();
-        }
-        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    let (id, steps) = match found(&desk, &run).await {
+        Ok(run) => (run.id.clone(), steps_of(&run)),
+        Err(answer) => return answer,
     };
     let statuses = ["pending", "running", "succeeded", "failed", "blocked"];
     let page = html! {
@@ -277,6 +269,20 @@ pub(super) async fn asset(Path(name): Path<String>) -> Response {
 }
 
 /// The run's steps, as its plan priced them (the step filter's choices).
+/// The run a page asks for, or the answer that it is not there (404) or cannot be read.
+async fn found(desk: &Desk, run: &str) -> Result<crate::store::Run, Response> {
+    let id = crate::run_id::RunId::from(run);
+    match desk.store.runs().get(&id).await {
+        Ok(Some(run)) => Ok(run),
+        Ok(None) => Err((
+            StatusCode::NOT_FOUND,
+            format!("no run {id} in this state database"),
+        )
+            .into_response()),
+        Err(e) => Err((StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()),
+    }
+}
+
 fn steps_of(run: &crate::store::Run) -> Vec<String> {
     run.plan
         .read::<crate::plan::document::PlanFigures>()
@@ -288,17 +294,9 @@ fn steps_of(run: &crate::store::Run) -> Vec<String> {
 /// made by the report's own templates (which escape what they show): a fragment the run page
 /// puts in place, and again while the run goes on.
 pub(super) async fn head(State(desk): State<Arc<Desk>>, Path(run): Path<String>) -> Response {
-    let id = crate::run_id::RunId::from(run.as_str());
-    let run = match desk.store.runs().get(&id).await {
-        Ok(Some(run)) => run,
-        Ok(None) => {
-            return (
-                StatusCode::NOT_FOUND,
-                format!("no run {id} in this state database"),
-            )
-                .into_response();
-        }
-        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    let run = match found(&desk, &run).await {
+        Ok(run) => run,
+        Err(answer) => return answer,
     };
     let made = match crate::report::live::observe(&desk.store, run).await {
         Ok((run, process)) => {
