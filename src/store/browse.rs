@@ -78,6 +78,17 @@ impl Sql {
         self
     }
 
+    /// Appends a placeholder for each of `texts`, separated by commas (an `IN (…)` list).
+    fn bind_texts(&mut self, texts: &[String]) -> &mut Sql {
+        for (i, text) in texts.iter().enumerate() {
+            if i > 0 {
+                self.push(", ");
+            }
+            self.bind(Bind::Text(text.clone()));
+        }
+        self
+    }
+
     /// The placeholder of the value bound last, again.
     fn again(&mut self) -> &mut Sql {
         let n = self.binds.len();
@@ -361,12 +372,7 @@ impl Report<'_> {
         )
         .bind(Bind::Text(run_id.to_string()))
         .push(" AND t.removed_at IS NULL AND t.item IN (");
-        for (i, name) in names.iter().enumerate() {
-            if i > 0 {
-                sql.push(", ");
-            }
-            sql.bind(Bind::Text(name.clone()));
-        }
+        sql.bind_texts(names);
         sql.push(") ORDER BY t.item, t.id, o.k");
         let rows = sql.query().fetch_all(self.store.pool()).await?;
         let mut tasks: Vec<PageTask> = Vec::new();
@@ -449,12 +455,7 @@ impl Report<'_> {
         sql.push("SELECT DISTINCT t.item FROM tasks t WHERE t.run_id = ")
             .bind(Bind::Text(run_id.to_string()))
             .push(" AND t.removed_at IS NULL AND t.item IN (");
-        for (i, name) in names.iter().enumerate() {
-            if i > 0 {
-                sql.push(", ");
-            }
-            sql.bind(Bind::Text(name.clone()));
-        }
+        sql.bind_texts(names);
         sql.push(")");
         conditions(&mut sql, filter, unanswered, self.like());
         let rows = sql.query().fetch_all(self.store.pool()).await?;
