@@ -14,7 +14,7 @@
 //! IMGPIPE_BENCH_CUT_DB_AT=N (PostgreSQL state only) cuts the database N seconds in: both
 //! processes reach it through a proxy the bench owns on 127.0.0.1, which then stops
 //! forwarding (a black hole: connections held open and silent, new ones accepted and never
-//! answered). The bench watches the processes for IMGPIPE_BENCH_CUT_WAIT seconds (default 60),
+//! answered). The bench watches the processes for IMGPIPE_BENCH_CUT_WAIT seconds (default 150),
 //! sends SIGTERM to those still running and SIGKILL 60 s later, closes the proxy, and resumes
 //! each run straight on the database. Figures: each process's calls after the cut against its
 //! share (the limit ÷ 2), whether it said it fell back, how it ended (exit code, or stopped by
@@ -153,7 +153,7 @@ fn main() {
 }
 
 /// Seconds the bench watches the processes after the cut before it stops them.
-const DEFAULT_CUT_WAIT: usize = 60;
+const DEFAULT_CUT_WAIT: usize = 150;
 /// How long a process has to end after SIGTERM before SIGKILL.
 const TERM_GRACE: Duration = Duration::from_secs(60);
 const FALLBACK_SAID: &str = "keeping to this process's share of the account's rate";
@@ -234,6 +234,7 @@ fn cut_the_database(at: Duration) {
         ));
     }
     let stopped = start.elapsed();
+    let before_resume = ledger(&sandbox).len();
     // The held connections close with the proxy: the server ends their sessions and lets go
     // of the run locks.
     drop(proxy);
@@ -250,7 +251,8 @@ fn cut_the_database(at: Duration) {
         let (_, status) = reap(child.id(), t);
         resumed.push((p.name, status_text(status), t.elapsed(), log));
     }
-    report_cut(&sandbox, &direct, &procs, before_cut, stopped, &resumed);
+    let paid = (before_cut, before_resume);
+    report_cut(&sandbox, &direct, &procs, paid, stopped, &resumed);
 }
 
 /// A process of the cut run: how it ended, once it did.
@@ -287,10 +289,10 @@ fn status_text(status: libc::c_int) -> String {
     }
 }
 
-/// The sandbox's ledger: (job id, the hash of what was paid for, arrival µs).
+/// The sandbox's ledger in billing order: (job id, the hash of what was paid for, arrival µs).
 fn ledger(sandbox: &Sandbox) -> Vec<(String, String, u64)> {
     let stats = sandbox.stats();
-    let mut entries: Vec<_> = stats["ledger"]
+    stats["ledger"]
         .as_array()
         .expect("the ledger")
         .iter()
@@ -301,9 +303,7 @@ fn ledger(sandbox: &Sandbox) -> Vec<(String, String, u64)> {
                 e["received_us"].as_u64().unwrap_or_default(),
             )
         })
-        .collect();
-    entries.sort_by_key(|e| e.2);
-    entries
+        .collect()
 }
 
 /// Which run each job the state recorded belongs to.
@@ -342,20 +342,22 @@ fn report_cut(
     sandbox: &Sandbox,
     state: &str,
     procs: &[Proc],
-    before_cut: usize,
+    (before_cut, before_resume): (usize, usize),
     stopped: Duration,
     resumed: &[(&str, String, Duration, PathBuf)],
 ) {
     let entries = ledger(sandbox);
     let jobs = runs_of_jobs(state);
-    let after = &entries[before_cut.min(entries.len())..];
+    // Billed after the cut and before the resumes (the ledger is in billing order).
+    let after = &entries[before_cut.min(entries.len())..before_resume.min(entries.len())];
     let share = LIMIT / PROCESSES;
     for p in procs {
-        let times: Vec<u64> = after
+        let mut times: Vec<u64> = after
             .iter()
             .filter(|e| jobs.get(&e.0).map(String::as_str) == Some(p.name))
             .map(|e| e.2)
             .collect();
+        times.sort_unstable();
         let seconds = match (times.first(), times.last()) {
             (Some(a), Some(b)) if b > a => (b - a) as f64 / 1e6,
             _ => 0.0,
@@ -375,7 +377,7 @@ fn report_cut(
         }
     }
     let unknown = after.iter().filter(|e| !jobs.contains_key(&e.0)).count();
-    println!("  calls after the cut no run recorded: {unknown}");
+    println!("  calls billed after the cut that no run recorded: {unknown}");
     println!(
         "  both stopped {:.2} s after the start",
         stopped.as_secs_f64()
