@@ -18,7 +18,9 @@
 //! sends SIGTERM to those still running and SIGKILL 60 s later, closes the proxy, and resumes
 //! each run straight on the database. Figures: each process's calls after the cut against its
 //! share (the limit ÷ 2), whether it said it fell back, how it ended (exit code, or stopped by
-//! the bench), the resume's exit code, and calls paid twice (none expected).
+//! the bench), the resume's exit code, and calls paid twice (none expected). With
+//! IMGPIPE_BENCH_CUT_RATE_ONLY=1 only the connection the shared rate is drawn from is cut
+//! (the test-only IMGPIPE_TEST_RATE_STATE), the runs' records go on: the share measured.
 
 // Benchmarks report on stdout by design.
 #![allow(clippy::print_stdout, clippy::print_stderr, unreachable_pub)]
@@ -81,6 +83,11 @@ fn sandbox() -> Sandbox {
 
 /// `imgpipe ARGS` on the sandbox's account, its output in `dir`/`name`.json and .log.
 fn start_imgpipe(sandbox: &Sandbox, dir: &Path, name: &str, args: &[&str]) -> (Child, PathBuf) {
+    spawn_in(imgpipe(sandbox, args), dir, name)
+}
+
+/// `imgpipe ARGS --json` on the sandbox's account.
+fn imgpipe(sandbox: &Sandbox, args: &[&str]) -> Command {
     let mut cmd = Command::new(binary());
     cmd.args(args)
         .arg("--json")
@@ -88,6 +95,11 @@ fn start_imgpipe(sandbox: &Sandbox, dir: &Path, name: &str, args: &[&str]) -> (C
         .env("IMGPIPE_API_KEY", &sandbox.api_key)
         .env_remove("IMGPIPE_LOG")
         .env_remove("IMGPIPE_STATE");
+    cmd
+}
+
+/// Starts `cmd`, its output in `dir`/`name`.json and .log.
+fn spawn_in(mut cmd: Command, dir: &Path, name: &str) -> (Child, PathBuf) {
     let stdout = dir.join(format!("{name}.json"));
     let stderr = dir.join(format!("{name}.log"));
     let (child, _) = spawn(&mut cmd, &stdout, &stderr);
@@ -188,9 +200,18 @@ fn cut_the_database(at: Duration) {
     let mut proxied = url.clone();
     proxied.set_port(Some(proxy.port)).expect("a port");
     let proxied = proxied.to_string();
+    // IMGPIPE_BENCH_CUT_RATE_ONLY=1: only the connection the rate is drawn from goes through
+    // the proxy (the test-only IMGPIPE_TEST_RATE_STATE), the runs' records go on: the share
+    // itself measured.
+    let rate_only = std::env::var_os("IMGPIPE_BENCH_CUT_RATE_ONLY").is_some();
     println!(
-        "PostgreSQL state {} through a proxy on 127.0.0.1:{}, cut {:.1} s in, binary: {} (admin {})",
+        "PostgreSQL state {} ({}) through a proxy on 127.0.0.1:{}, cut {:.1} s in, binary: {} (admin {})",
         url.path(),
+        if rate_only {
+            "the rate's connection only"
+        } else {
+            "every connection"
+        },
         proxy.port,
         at.as_secs_f64(),
         binary(),
@@ -200,7 +221,15 @@ fn cut_the_database(at: Duration) {
     let mut procs: Vec<Proc> = ["north", "south"]
         .into_iter()
         .map(|name| {
-            let (child, log) = start_run(&sandbox, dir.path(), &proxied, name);
+            let (child, log) = if rate_only {
+                let file = pipeline(dir.path(), name);
+                let args = ["run", &file, "--state", &direct, "--run-id", name];
+                let mut cmd = imgpipe(&sandbox, &args);
+                cmd.env("IMGPIPE_TEST_RATE_STATE", &proxied);
+                spawn_in(cmd, dir.path(), name)
+            } else {
+                start_run(&sandbox, dir.path(), &proxied, name)
+            };
             Proc {
                 name,
                 child,
@@ -371,8 +400,8 @@ fn report_cut(
             log.contains(FALLBACK_SAID),
             p.ended.as_deref().unwrap_or("?")
         );
-        let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
-        for line in lines.iter().rev().take(4).rev() {
+        let said = ["WARN", "ERROR", "error:"];
+        for line in log.lines().filter(|l| said.iter().any(|s| l.contains(s))) {
             println!("      | {line}");
         }
     }
