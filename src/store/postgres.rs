@@ -18,6 +18,19 @@ pub(crate) static MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
 /// Connections: the group writer's, and room for reads beside it (the run lock has its own).
 const CONNECTIONS: u32 = 4;
 
+/// How long a new connection has to be made: a server that accepts and never answers (a host
+/// frozen, a network dropping every packet) would otherwise hold a command, or a CronJob, for
+/// ever before it has done anything.
+pub(crate) const CONNECT_WITHIN: Duration = Duration::from_secs(10);
+
+/// What a connection not made within [`CONNECT_WITHIN`] is told.
+pub(crate) fn silent() -> String {
+    format!(
+        "the server did not answer within {}s (is it up, and is its address reachable from here?)",
+        CONNECT_WITHIN.as_secs()
+    )
+}
+
 /// Opens the state at `url`; with `create`, gives an empty database imgpipe's tables.
 pub(crate) async fn open(url: &PgUrl, create: bool) -> Result<Store, StoreError> {
     let shown = || PathBuf::from(url.to_string());
@@ -32,7 +45,13 @@ pub(crate) async fn open(url: &PgUrl, create: bool) -> Result<Store, StoreError>
         .log_slow_statements(log::LevelFilter::Debug, Duration::from_secs(1));
     // One connection first, to look and migrate: its failure is the server's own reason (a
     // pool would retry until its timeout and say only that it timed out).
-    let mut conn = AnyConnection::connect_with(&options).await.map_err(|e| {
+    let connected = tokio::time::timeout(CONNECT_WITHIN, AnyConnection::connect_with(&options))
+        .await
+        .map_err(|_| StoreError::Io {
+            path: shown(),
+            reason: silent(),
+        })?;
+    let mut conn = connected.map_err(|e| {
         if refused_login(&e) {
             StoreError::Login {
                 path: shown(),

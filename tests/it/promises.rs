@@ -413,3 +413,33 @@ async fn a_postgres_password_comes_from_pgpassword_or_pgpass_and_a_wrong_one_is_
         "only the two runs that got in paid"
     );
 }
+
+/// A PostgreSQL state whose server takes the connection and never answers (a host frozen, a
+/// network dropping every packet) stops the command with exit 1 and says so within the
+/// connection's bound, instead of holding it (or a CronJob) for ever. The "server" is a
+/// listening socket on 127.0.0.1 that never accepts: the kernel completes the handshake, and
+/// nothing answers the startup message.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_postgres_server_that_never_answers_stops_the_command_saying_so() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let state = format!("postgres://imgpipe:{SECRET}@127.0.0.1:{port}/imgpipe");
+    let dir = tempfile::tempdir().unwrap();
+    for args in [&["status", "some-run"][..], &["runs"][..]] {
+        let o = Imgpipe::new(args)
+            .cwd(dir.path())
+            .state(&state)
+            .limit(std::time::Duration::from_secs(90))
+            .run()
+            .await;
+        assert_exit(&o, 1);
+        let said = format!("{}{}", stdout(&o), stderr(&o));
+        assert!(
+            said.contains("the server did not answer within 10s"),
+            "`{}` said why it stopped:\n{said}",
+            args.join(" ")
+        );
+        assert!(!said.contains(SECRET), "no password shown:\n{said}");
+    }
+    drop(silent);
+}

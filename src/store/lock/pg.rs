@@ -47,7 +47,14 @@ pub async fn acquire(
         location: url.to_string(),
         reason: crate::store::postgres::describe(&e),
     };
-    let mut conn = PgConnection::connect(url.secret()).await.map_err(failed)?;
+    let connecting = PgConnection::connect(url.secret());
+    let mut conn = tokio::time::timeout(crate::store::postgres::CONNECT_WITHIN, connecting)
+        .await
+        .map_err(|_| LockError::Database {
+            location: url.to_string(),
+            reason: crate::store::postgres::silent(),
+        })?
+        .map_err(failed)?;
     let key = key(pipeline);
     let mut told = false;
     loop {
