@@ -18,9 +18,9 @@
 //! - a change in the state shown: while a poller asks `/changes?since=` as the run page does
 //!   (every second, with the `since` of the last answer), the bench writes CHANGES changes as
 //!   the runner settles a task (a pending item's generation succeeded: the task's row and its
-//!   two outputs' in one transaction, stamped then), 1.37 s apart so that they fall anywhere
-//!   between two polls; each is timed from its commit to the poll answer that holds its item.
-//!   The median and the slowest. Goal: 2 s;
+//!   two outputs' in one transaction, stamped then), 1.37 s apart on a schedule of their own,
+//!   so that they fall anywhere between two polls; each is timed from its commit to the poll
+//!   answer that holds its item. The median and the slowest. Goal: 2 s;
 //! - the server's peak RSS (VmHWM) after all of them. Goal: 100 MB.
 //!
 //! `cargo bench --bench desk`; IMGPIPE_BENCH_STATE=postgres://ADMIN@HOST:PORT/DB keeps the
@@ -364,15 +364,21 @@ async fn change_shown(
     let mut conn = sqlx::AnyConnection::connect(&url_of(state))
         .await
         .expect("the state");
-    let mut shown = Vec::new();
-    for item in pending.iter().take(CHANGES) {
-        tokio::time::sleep(BETWEEN).await;
+    // Written on a schedule of their own (not after each is shown), so that they fall at
+    // every phase of the poll's second.
+    let start = tokio::time::Instant::now();
+    let mut written = Vec::new();
+    for (i, item) in pending.iter().take(CHANGES).enumerate() {
+        tokio::time::sleep_until(start + BETWEEN * (i as u32 + 1)).await;
         settle(&mut conn, item).await;
-        let written = Instant::now();
-        let limit = written + Duration::from_secs(30);
-        let at = loop {
-            if let Some(at) = seen.lock().expect("the poller's record").get(item) {
-                break *at;
+        written.push((item, Instant::now()));
+    }
+    let limit = Instant::now() + Duration::from_secs(30);
+    let mut shown = Vec::new();
+    for (item, at) in written {
+        let seen_at = loop {
+            if let Some(seen_at) = seen.lock().expect("the poller's record").get(item) {
+                break *seen_at;
             }
             assert!(
                 Instant::now() < limit,
@@ -380,7 +386,7 @@ async fn change_shown(
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         };
-        shown.push(at.saturating_duration_since(written).as_secs_f64());
+        shown.push(seen_at.saturating_duration_since(at).as_secs_f64());
     }
     poller.abort();
     let _ = conn.close().await;
