@@ -238,3 +238,23 @@ impl Review {
         Ok(scope)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Target;
+
+    #[test]
+    fn a_step_of_every_item_reads_back_as_written_and_nothing_else_takes_the_star() {
+        let every = "*/clean".parse::<Target>().unwrap();
+        assert_eq!(
+            every,
+            Target::EveryItem {
+                step: "clean".into()
+            }
+        );
+        assert_eq!(every.to_string(), "*/clean");
+        for bad in ["*", "*/", "*/clean/x", "mug*/clean", "*/cl*an", "*/clean[0]"] {
+            assert!(bad.parse::<Target>().is_err(), "{bad} was taken");
+        }
+    }
+}
