@@ -38,12 +38,19 @@ impl FromStr for Target {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Target, String> {
-        let plain = |p: &str| !p.is_empty() && !p.contains(['/', '[', ']']);
+        let plain = |p: &str| !p.is_empty() && !p.contains(['/', '[', ']', '*']);
+        let names_none = || {
+            format!(
+                "`{s}` names no task: write item, item/step, */step or item/step[index], e.g. mug/clean[0]"
+            )
+        };
         if s.ends_with(']') {
-            return s
-                .parse::<TaskKey>()
-                .map(Target::Task)
-                .map_err(|e| e.to_string());
+            let key = s.parse::<TaskKey>().map_err(|e| e.to_string())?;
+            // `*` is a step of every item, never one task's item.
+            if key.item.contains('*') || key.step.contains('*') {
+                return Err(names_none());
+            }
+            return Ok(Target::Task(key));
         }
         match s.split_once('/') {
             Some(("*", step)) if plain(step) => Ok(Target::EveryItem {
@@ -54,9 +61,7 @@ impl FromStr for Target {
                 step: step.to_owned(),
             }),
             None if plain(s) => Ok(Target::Item(s.to_owned())),
-            _ => Err(format!(
-                "`{s}` names no task: write item, item/step, */step or item/step[index], e.g. mug/clean[0]"
-            )),
+            _ => Err(names_none()),
         }
     }
 }
@@ -253,7 +258,14 @@ mod tests {
             }
         );
         assert_eq!(every.to_string(), "*/clean");
-        for bad in ["*", "*/", "*/clean/x", "mug*/clean", "*/cl*an", "*/clean[0]"] {
+        for bad in [
+            "*",
+            "*/",
+            "*/clean/x",
+            "mug*/clean",
+            "*/cl*an",
+            "*/clean[0]",
+        ] {
             assert!(bad.parse::<Target>().is_err(), "{bad} was taken");
         }
     }
