@@ -538,3 +538,56 @@ async fn in_chromium_a_whole_item_picked_by_keyboard_is_priced_as_the_cli_and_pa
     browser.close().await;
     desk.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn in_chromium_a_step_for_every_item_is_one_pick_priced_as_the_cli() {
+    let env = start_default().await;
+    let c = Catalogue::new(&env, None);
+    sample(&c).await;
+    let desk = serve(&c).await;
+    let Some(browser) = open(&desk).await else {
+        return;
+    };
+    let button = "#every-step button.pick-step[data-step=clean]";
+    let label = browser
+        .run(&format!(
+            "return document.querySelector('{button}').textContent"
+        ))
+        .await;
+    assert_eq!(label, "all 3 items' clean");
+    browser.click(button).await;
+    let picks = browser
+        .run("return JSON.parse(sessionStorage.getItem('desk-picks:s'))")
+        .await;
+    assert_eq!(
+        picks,
+        serde_json::json!({"*/clean": "pick"}),
+        "one pick names the step for every item, not its tasks"
+    );
+    let shown = browser
+        .wait_value(
+            "the step's price on its Confirm button",
+            SHOWN,
+            "const b = document.querySelector('#decide-reroll button.confirm'); \
+             return b ? [b.dataset.credits, \
+               [...document.querySelectorAll('#decide-reroll li[data-task]')].length] : null",
+        )
+        .await;
+    let cli = json_stdout(
+        &c.plain(&["reroll", "s", "*/clean", "--dry-run", "--json"])
+            .run()
+            .await,
+    );
+    let price = cli["credits"].as_u64().unwrap();
+    assert_eq!(price, ITEM - 8, "mug's clean and what is downstream: {cli}");
+    assert_eq!(shown[0], price.to_string(), "the page's price: {shown}");
+    assert_eq!(shown[1], cli["tasks"].as_array().unwrap().len(), "{shown}");
+    let marked = browser
+        .run(
+            "return [...document.querySelectorAll('.out[data-step=clean]')].every(o => o.classList.contains('picked'))",
+        )
+        .await;
+    assert_eq!(marked, true, "every clean output shown is marked picked");
+    browser.close().await;
+    desk.stop().await;
+}
