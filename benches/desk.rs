@@ -15,6 +15,12 @@
 //!   prompts), and a live poll (`/changes?since=`). Goal: 200 ms each. A text that only the
 //!   last items match is followed page by page (each looks at part of the run) to its match:
 //!   the slowest page against that goal, and the whole walk against the first page's;
+//! - a change in the state shown: while a poller asks `/changes?since=` as the run page does
+//!   (every second, with the `since` of the last answer), the bench writes CHANGES changes as
+//!   the runner settles a task (a pending item's generation succeeded: the task's row and its
+//!   two outputs' in one transaction, stamped then), 1.37 s apart on a schedule of their own,
+//!   so that they fall anywhere between two polls; each is timed from its commit to the poll
+//!   answer that holds its item. The median and the slowest. Goal: 2 s;
 //! - the server's peak RSS (VmHWM) after all of them. Goal: 100 MB.
 //!
 //! `cargo bench --bench desk`; IMGPIPE_BENCH_STATE=postgres://ADMIN@HOST:PORT/DB keeps the
@@ -23,10 +29,12 @@
 
 #![allow(clippy::print_stdout, clippy::print_stderr, unreachable_pub)]
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use sqlx::Connection;
 
@@ -57,6 +65,12 @@ const RUN_ID: &str = "bench";
 const GOAL_FIRST_S: f64 = 1.0;
 const GOAL_NEXT_S: f64 = 0.2;
 const GOAL_MIB: f64 = 100e6 / (1024.0 * 1024.0);
+const GOAL_SHOWN_S: f64 = 2.0;
+/// How often the run page asks what changed (`setInterval(poll, 1000)` in `desk.js`).
+const POLL: Duration = Duration::from_millis(1000);
+/// Changes written and timed; between two, a pause that is no multiple of the poll's.
+const CHANGES: usize = 9;
+const BETWEEN: Duration = Duration::from_millis(1370);
 
 fn main() {
     let items = env_usize("IMGPIPE_BENCH_ITEMS", 100_000);
@@ -72,7 +86,7 @@ fn main() {
         "  recorded and seeded in {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    let figures = measure(&state);
+    let figures = measure(&state, items);
     report(&figures);
     if std::env::var_os("IMGPIPE_BENCH_KEEP").is_some() {
         println!("  kept {}", dir.keep().display());
@@ -197,7 +211,7 @@ struct Figures {
 }
 
 /// Starts the desk and times its requests.
-fn measure(state: &str) -> Figures {
+fn measure(state: &str, items: usize) -> Figures {
     let mut desk = Command::new(binary())
         .args(["review", "--no-open", "--state", state])
         .stdin(Stdio::null())
@@ -302,6 +316,18 @@ fn measure(state: &str) -> Figures {
             total,
             GOAL_FIRST_S,
         ));
+        let pending = (items - 20..items).map(|n| format!("p{n:06}"));
+        let shown = change_shown(state, &base, &token, since, pending.collect()).await;
+        timed.push((
+            format!("a change shown by the poll, median of {CHANGES}"),
+            median(&shown),
+            GOAL_SHOWN_S,
+        ));
+        timed.push((
+            format!("a change shown by the poll, slowest of {CHANGES}"),
+            shown.iter().copied().fold(0.0, f64::max),
+            GOAL_SHOWN_S,
+        ));
         timed
     });
     let peak_mib = hwm_mib(desk.id()).unwrap_or(f64::NAN);
@@ -312,6 +338,125 @@ fn measure(state: &str) -> Figures {
         timed: figures,
         peak_mib,
     }
+}
+
+/// When each item was first in a poll's answer.
+type Seen = Arc<Mutex<HashMap<String, Instant>>>;
+
+/// Polls `/changes?since=` as the run page does (every [`POLL`], from the `since` of the last
+/// answer) while [`CHANGES`] changes are written to pending items of `pending` as the runner
+/// settles a task; gives, for each, the seconds from its commit to the answer that held it.
+async fn change_shown(
+    state: &str,
+    base: &str,
+    token: &str,
+    since: i64,
+    pending: Vec<String>,
+) -> Vec<f64> {
+    let seen: Seen = Arc::default();
+    let poller = tokio::spawn(poll(
+        format!("{base}/api/runs/{RUN_ID}/changes"),
+        token.to_owned(),
+        since,
+        Arc::clone(&seen),
+    ));
+    sqlx::any::install_default_drivers();
+    let mut conn = sqlx::AnyConnection::connect(&url_of(state))
+        .await
+        .expect("the state");
+    // Written on a schedule of their own (not after each is shown), so that they fall at
+    // every phase of the poll's second.
+    let start = tokio::time::Instant::now();
+    let mut written = Vec::new();
+    for (i, item) in pending.iter().take(CHANGES).enumerate() {
+        tokio::time::sleep_until(start + BETWEEN * (i as u32 + 1)).await;
+        settle(&mut conn, item).await;
+        written.push((item, Instant::now()));
+    }
+    let limit = Instant::now() + Duration::from_secs(30);
+    let mut shown = Vec::new();
+    for (item, at) in written {
+        let seen_at = loop {
+            if let Some(seen_at) = seen.lock().expect("the poller's record").get(item) {
+                break *seen_at;
+            }
+            assert!(
+                Instant::now() < limit,
+                "{item}'s change not shown within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        shown.push(seen_at.saturating_duration_since(at).as_secs_f64());
+    }
+    poller.abort();
+    let _ = conn.close().await;
+    shown
+}
+
+/// The run page's poll: every [`POLL`], what changed since the last answer's `since`.
+async fn poll(url: String, token: String, mut since: i64, seen: Seen) {
+    let http = reqwest::Client::new();
+    let mut every = tokio::time::interval(POLL);
+    loop {
+        every.tick().await;
+        let answer = http
+            .get(format!("{url}?since={since}"))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .expect("the desk answers");
+        let body: serde_json::Value = answer.json().await.expect("JSON");
+        let at = Instant::now();
+        since = body["since"].as_i64().expect("a since");
+        let mut seen = seen.lock().expect("the poller's record");
+        for item in body["items"].as_array().into_iter().flatten() {
+            let name = item["item"].as_str().expect("an item").to_owned();
+            seen.entry(name).or_insert(at);
+        }
+    }
+}
+
+/// Item `item`'s generation settled as the runner settles a success: the task's row and its
+/// two outputs' in one transaction, stamped now.
+async fn settle(conn: &mut sqlx::AnyConnection, item: &str) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as i64;
+    let mut tx = sqlx::Connection::begin(conn).await.expect("a transaction");
+    sqlx::query(
+        "UPDATE tasks SET status = 'succeeded', job_id = $1, error = NULL,
+             credits_billed = credits_billed + 8, updated_at = $2
+         WHERE run_id = $3 AND item = $4 AND step = 'shot'",
+    )
+    .bind(format!("job-bench-{item}"))
+    .bind(now)
+    .bind(RUN_ID)
+    .bind(item)
+    .execute(&mut *tx)
+    .await
+    .expect("settle the task");
+    sqlx::query(
+        "INSERT INTO outputs (task_id, run_id, k, job_id, url, url_issued_at)
+         SELECT id, run_id, 0, job_id, 'https://example.invalid/0.png', $1 FROM tasks
+             WHERE run_id = $2 AND item = $3 AND step = 'shot'
+         UNION ALL
+         SELECT id, run_id, 1, job_id, 'https://example.invalid/1.png', $1 FROM tasks
+             WHERE run_id = $2 AND item = $3 AND step = 'shot'",
+    )
+    .bind(now)
+    .bind(RUN_ID)
+    .bind(item)
+    .execute(&mut *tx)
+    .await
+    .expect("record its outputs");
+    tx.commit().await.expect("commit");
+}
+
+fn median(of: &[f64]) -> f64 {
+    let mut sorted = of.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 fn hwm_mib(pid: u32) -> Option<f64> {

@@ -17,8 +17,9 @@ use crate::runner::Runner;
 pub struct RerollArgs {
     /// The run (`imgpipe runs` lists them)
     pub run_id: RunId,
-    /// What to pay for again: an item (`mug`), one of its steps (`mug/clean`) or one task
-    /// (`mug/clean[0]`); what is downstream of it is paid for again too
+    /// What to pay for again: an item (`mug`), one of its steps (`mug/clean`), a step of every
+    /// item that ran it (`'*/clean'`) or one task (`mug/clean[0]`); what is downstream of it is
+    /// paid for again too
     #[arg(required = true, value_name = "TASK")]
     pub tasks: Vec<Target>,
     /// Show each task it would pay for again, and the total, without spending anything

@@ -310,7 +310,7 @@ fn start(desk: Arc<Desk>, id: RunId, work: Work, credits: u64) {
     let ran = through_runner(Arc::clone(&desk), id.clone(), work, false);
     let logged = id.clone();
     let ended = async move {
-        let ended = ran.await.ok().map(|(_, result)| result);
+        let ended = ran.await.ok().map(|(_, result)| result.or_else(part_done));
         match &ended {
             Some(Ok(())) => tracing::info!("the desk's {kind} of run {logged} is done"),
             Some(Err(e)) => tracing::warn!("the desk's {kind} of run {logged}: {e}"),
@@ -319,6 +319,15 @@ fn start(desk: Arc<Desk>, id: RunId, work: Work, credits: u64) {
         ended
     };
     desk.works.follow(id, kind, credits, ended);
+}
+
+/// A reroll of a stopped run (a sample, `--until`) ends "stopped" (exit 7) once what it was
+/// asked is done: for the desk that work is done, the rest is the gate's to price.
+fn part_done(e: Error) -> Result<(), Error> {
+    match e.exit_code() {
+        crate::error::exit::PART_DONE => Ok(()),
+        _ => Err(e),
+    }
 }
 
 /// `GET /api/runs/{run}/work`: the latest work the desk started on the run (`kind`,

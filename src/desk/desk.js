@@ -7,6 +7,9 @@
 // rejected); each change dispatches `desk:picks` with `{tasks: [...]}`. A `desk:set-picks`
 // event with `{tasks: [...]}` replaces them (after a reroll is confirmed, say). Picks are kept
 // in sessionStorage under the run's id: they survive paging, filtering and live refreshes.
+// A pick may also name a whole item (`mug`: `i`, or the item's button) or one step for every
+// item (`*/clean`: the step's button above the items), as `imgpipe reroll` takes them: the
+// page never lists the items such a pick covers, the reroll's dry run prices them.
 (function () {
   "use strict";
   var body = document.body;
@@ -121,6 +124,11 @@
     var billed = 0;
     item.tasks.forEach(function (t) { billed += t.credits_billed; });
     h.appendChild(el("span", "badge", billed + " cr"));
+    var whole = el("button", "pick-item", "pick the item");
+    whole.type = "button";
+    whole.setAttribute("data-item", item.item);
+    whole.addEventListener("click", function () { toggle_name(item.item, "pick"); });
+    h.appendChild(whole);
     sec.appendChild(h);
     var row = el("div", "outs");
     item.tasks.forEach(function (t) {
@@ -132,15 +140,40 @@
     return sec;
   }
 
+  // How an output is picked: itself, through its item, or through its step for every item.
+  function picked_as(fig) {
+    return picks[fig.getAttribute("data-task")] || picks[fig.getAttribute("data-item")] ||
+      picks["*/" + fig.getAttribute("data-step")];
+  }
+
   function mark(fig) {
-    var how = picks[fig.getAttribute("data-task")];
+    var how = picked_as(fig);
     fig.classList.toggle("picked", how === "pick");
     fig.classList.toggle("rejected", how === "reject");
     var m = fig.querySelector(".mark");
     if (m) { m.textContent = how === "reject" ? "rejected " : how === "pick" ? "picked " : ""; }
   }
 
-  function mark_all() { [].forEach.call(list.querySelectorAll(".out"), mark); }
+  function mark_item(sec) {
+    var whole = picks[sec.getAttribute("data-item")] === "pick";
+    sec.classList.toggle("picked", whole);
+    var b = sec.querySelector("button.pick-item");
+    if (b) { b.setAttribute("aria-pressed", String(whole)); }
+  }
+
+  function mark_all() {
+    [].forEach.call(list.querySelectorAll(".out"), mark);
+    [].forEach.call(list.querySelectorAll(".item"), mark_item);
+    [].forEach.call(document.querySelectorAll("button.pick-step"), function (b) {
+      b.setAttribute("aria-pressed", String(picks["*/" + b.getAttribute("data-step")] === "pick"));
+    });
+  }
+
+  // Picks (again: unpicks) `name`, an output's task, an item or `*/step`.
+  function toggle_name(name, how) {
+    if (picks[name] === how) { delete picks[name]; } else { picks[name] = how; }
+    picks_changed();
+  }
 
   function outs() { return list.querySelectorAll(".out"); }
 
@@ -187,6 +220,7 @@
       list.insertBefore(fresh, after);
     }
     [].forEach.call(fresh.querySelectorAll(".out"), mark);
+    mark_item(fresh);
   }
 
   function refocus() {
@@ -312,11 +346,19 @@
 
   function toggle(how) {
     var f = focused();
-    if (!f) { return; }
-    var t = f.getAttribute("data-task");
-    if (picks[t] === how) { delete picks[t]; } else { picks[t] = how; }
-    picks_changed();
+    if (f) { toggle_name(f.getAttribute("data-task"), how); }
   }
+
+  // The focused output's whole item.
+  function toggle_item() {
+    var f = focused();
+    if (f) { toggle_name(f.getAttribute("data-item"), "pick"); }
+  }
+
+  [].forEach.call(document.querySelectorAll("button.pick-step"), function (b) {
+    b.addEventListener("click", function () { toggle_name("*/" + b.getAttribute("data-step"), "pick"); });
+  });
+  mark_all();
 
   function close() {
     viewer.hidden = true;
@@ -384,6 +426,7 @@
       ArrowUp: function () { set_focus(focus - 1); },
       p: function () { toggle("pick"); },
       x: function () { toggle("reject"); },
+      i: toggle_item,
       o: open_full,
       c: compare,
       "?": function () { help.hidden = !help.hidden; },

@@ -177,8 +177,8 @@ fn ledger_table(ledger: &Ledger) -> Markup {
 /// run: a second or two at 100,000 items) come from [`head`] once the page is up; its items,
 /// a page at a time from the JSON API, are drawn and kept up to date by its script.
 pub(super) async fn run(State(desk): State<Arc<Desk>>, Path(run): Path<String>) -> Response {
-    let (id, steps) = match found(&desk, &run).await {
-        Ok(run) => (run.id.clone(), steps_of(&run)),
+    let (id, steps, items) = match found(&desk, &run).await {
+        Ok(run) => (run.id.clone(), steps_of(&run), items_of(&run)),
         Err(answer) => return answer,
     };
     let statuses = ["pending", "running", "succeeded", "failed", "blocked"];
@@ -220,6 +220,15 @@ pub(super) async fn run(State(desk): State<Arc<Desk>>, Path(run): Path<String>) 
                             label { input type="checkbox" name="rerolled" value="1"; " done again" }
                             label { "text " input type="search" name="q" placeholder="item id or prompt words"; }
                         }
+                        p #every-step {
+                            "Pick a step for every item: "
+                            @for s in &steps {
+                                button.pick-step type="button" data-step=(s) aria-pressed="false" {
+                                    "all " @if let Some(n) = items { (n) " " } "items' " (s)
+                                }
+                                " "
+                            }
+                        }
                         p #shown {}
                         div #list {}
                         p { button #more type="button" hidden { "next page" } }
@@ -234,6 +243,7 @@ pub(super) async fn run(State(desk): State<Arc<Desk>>, Path(run): Path<String>) 
                         dt { "k / ↑" } dd { "previous output" }
                         dt { "p" } dd { "pick the output for a reroll (again: unpick)" }
                         dt { "x" } dd { "reject it: picked for a reroll, marked rejected (again: undo)" }
+                        dt { "i" } dd { "pick its whole item for a reroll (again: unpick)" }
                         dt { "o" } dd { "open the image full size" }
                         dt { "c" } dd { "compare it with its earlier versions" }
                         dt { "?" } dd { "this help" }
@@ -268,7 +278,6 @@ pub(super) async fn asset(Path(name): Path<String>) -> Response {
     }
 }
 
-/// The run's steps, as its plan priced them (the step filter's choices).
 /// The run a page asks for, or the answer that it is not there (404) or cannot be read.
 async fn found(desk: &Desk, run: &str) -> Result<crate::store::Run, Response> {
     let id = crate::run_id::RunId::from(run);
@@ -283,6 +292,21 @@ async fn found(desk: &Desk, run: &str) -> Result<crate::store::Run, Response> {
     }
 }
 
+/// How many items the run's plan read (the "all N items' step" buttons), when it says.
+fn items_of(run: &crate::store::Run) -> Option<usize> {
+    #[derive(serde::Deserialize)]
+    struct Items {
+        count: usize,
+    }
+    #[derive(serde::Deserialize)]
+    struct Counted {
+        items: Items,
+    }
+    run.plan.read::<Counted>().map(|c| c.items.count)
+}
+
+/// The run's steps, as its plan priced them (the step filter's choices, and a step to pick
+/// for every item).
 fn steps_of(run: &crate::store::Run) -> Vec<String> {
     run.plan
         .read::<crate::plan::document::PlanFigures>()

@@ -155,7 +155,7 @@ async fn rerolled(
     review: &mut Review,
     targets: &[Target],
 ) -> Result<(Scope, String), ResumeError> {
-    let chosen = reroll::resolve(graph, targets).map_err(|message| Refusal::Targets {
+    let (chosen, loose) = reroll::resolve(graph, targets).map_err(|message| Refusal::Targets {
         run_id: run_id.clone(),
         message,
     })?;
@@ -168,7 +168,7 @@ async fn rerolled(
     }
     let ids = open.as_ref().map(|o| o.task_ids.as_slice());
     let scope = review
-        .reroll(graph, &chosen, ids, said.clone())
+        .reroll(graph, &chosen, &loose, ids, said.clone())
         .map_err(|message| Refusal::Reroll { message })?;
     Ok((scope, said))
 }

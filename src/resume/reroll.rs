@@ -19,13 +19,17 @@ use crate::task_key::TaskKey;
 
 use super::{Reason, Redo, Review};
 
-/// What a reroll names: a whole item, one of its steps, or one task.
+/// What a reroll names: a whole item, one of its steps, one step for every item, or one task.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
     /// `mug`: every task of the item.
     Item(String),
     /// `mug/clean`: every task of the step for the item.
     Step { item: String, step: String },
+    /// `*/clean`: every task of the step that ran, whatever its item. One word for a step
+    /// across the batch, so that asking for it costs the same at 10 items as at 100,000
+    /// (`*` is no item's id: ids are letters, digits, `.`, `_` and `-`).
+    EveryItem { step: String },
     /// `mug/clean[0]`.
     Task(TaskKey),
 }
@@ -34,22 +38,30 @@ impl FromStr for Target {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Target, String> {
-        let plain = |p: &str| !p.is_empty() && !p.contains(['/', '[', ']']);
+        let plain = |p: &str| !p.is_empty() && !p.contains(['/', '[', ']', '*']);
+        let names_none = || {
+            format!(
+                "`{s}` names no task: write item, item/step, */step or item/step[index], e.g. mug/clean[0]"
+            )
+        };
         if s.ends_with(']') {
-            return s
-                .parse::<TaskKey>()
-                .map(Target::Task)
-                .map_err(|e| e.to_string());
+            let key = s.parse::<TaskKey>().map_err(|e| e.to_string())?;
+            // `*` is a step of every item, never one task's item.
+            if key.item.contains('*') || key.step.contains('*') {
+                return Err(names_none());
+            }
+            return Ok(Target::Task(key));
         }
         match s.split_once('/') {
+            Some(("*", step)) if plain(step) => Ok(Target::EveryItem {
+                step: step.to_owned(),
+            }),
             Some((item, step)) if plain(item) && plain(step) => Ok(Target::Step {
                 item: item.to_owned(),
                 step: step.to_owned(),
             }),
             None if plain(s) => Ok(Target::Item(s.to_owned())),
-            _ => Err(format!(
-                "`{s}` names no task: write item, item/step or item/step[index], e.g. mug/clean[0]"
-            )),
+            _ => Err(names_none()),
         }
     }
 }
@@ -59,6 +71,7 @@ impl fmt::Display for Target {
         match self {
             Target::Item(item) => write!(f, "{item}"),
             Target::Step { item, step } => write!(f, "{item}/{step}"),
+            Target::EveryItem { step } => write!(f, "*/{step}"),
             Target::Task(key) => write!(f, "{key}"),
         }
     }
@@ -72,9 +85,13 @@ pub(super) fn said(targets: &[Target]) -> String {
     words.join(" ")
 }
 
-/// The graph's tasks that `targets` name; an item, step or index the run does not have is an
-/// error naming it.
-pub(super) fn resolve(graph: &Graph, targets: &[Target]) -> Result<Vec<usize>, String> {
+/// The graph's tasks that `targets` name, and of them those named only through a step of
+/// every item (`*/clean`): those are paid for again only if they ran, as a task downstream
+/// is. An item, step or index the run does not have is an error naming it.
+pub(super) fn resolve(
+    graph: &Graph,
+    targets: &[Target],
+) -> Result<(Vec<usize>, HashSet<usize>), String> {
     let index = graph.index();
     let instance = |item: &str| -> Result<Instance, String> {
         if item == BATCH {
@@ -97,8 +114,17 @@ pub(super) fn resolve(graph: &Graph, targets: &[Target]) -> Result<Vec<usize>, S
             })
     };
     let mut chosen = Vec::new();
+    let mut loose = HashSet::new();
     for target in targets {
         let found: Vec<usize> = match target {
+            Target::EveryItem { step } => {
+                let s = step_of(step)?;
+                let every: Vec<usize> = (0..graph.len())
+                    .filter(|t| graph.task(*t).step.0 == s)
+                    .collect();
+                loose.extend(every.iter().copied());
+                every
+            }
             Target::Item(item) => graph.instance_tasks(instance(item)?).collect(),
             Target::Step { item, step } => {
                 let s = step_of(step)?;
@@ -123,7 +149,7 @@ pub(super) fn resolve(graph: &Graph, targets: &[Target]) -> Result<Vec<usize>, S
     }
     chosen.sort_unstable();
     chosen.dedup();
-    Ok(chosen)
+    Ok((chosen, loose))
 }
 
 impl Review {
@@ -132,6 +158,8 @@ impl Review {
     /// ran stay as they are. Gives the scope to run; the row ids to reset are recorded with
     /// the reroll ([`Review::reroll`] field) when the review is applied.
     ///
+    /// `loose` are those of `chosen` named through a step of every item: like the tasks
+    /// downstream, they are paid for again only if they ran.
     /// `said` is what the reroll names ([`said`]), as it is recorded.
     /// `continuing` holds the row ids an unfinished reroll of the same targets reset: then
     /// nothing is reset again, and only those of them not done yet are paid for.
@@ -139,10 +167,15 @@ impl Review {
         &mut self,
         graph: &Graph,
         chosen: &[usize],
+        loose: &HashSet<usize>,
         continuing: Option<&[i64]>,
         said: String,
     ) -> Result<Scope, String> {
-        let named: HashSet<usize> = chosen.iter().copied().collect();
+        let named: HashSet<usize> = chosen
+            .iter()
+            .copied()
+            .filter(|t| !loose.contains(t))
+            .collect();
         let mut set: Vec<usize> = chosen.to_vec();
         for t in chosen {
             set.extend(graph.descendants(*t));
@@ -192,6 +225,9 @@ impl Review {
                     scope.push(t);
                     reset.push(id);
                 }
+                if reset.is_empty() {
+                    return Err(format!("nothing of {said} ran: there is nothing to reroll"));
+                }
                 let rerolled: HashSet<i64> = reset.iter().copied().collect();
                 self.kept.retain(|id| !rerolled.contains(id));
                 self.reroll = Some(crate::store::NewReroll {
@@ -205,5 +241,32 @@ impl Review {
         let scope = Scope::tasks(scope, format!("reroll {said}"));
         self.narrow(graph, &scope);
         Ok(scope)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Target;
+
+    #[test]
+    fn a_step_of_every_item_reads_back_as_written_and_nothing_else_takes_the_star() {
+        let every = "*/clean".parse::<Target>().unwrap();
+        assert_eq!(
+            every,
+            Target::EveryItem {
+                step: "clean".into()
+            }
+        );
+        assert_eq!(every.to_string(), "*/clean");
+        for bad in [
+            "*",
+            "*/",
+            "*/clean/x",
+            "mug*/clean",
+            "*/cl*an",
+            "*/clean[0]",
+        ] {
+            assert!(bad.parse::<Target>().is_err(), "{bad} was taken");
+        }
     }
 }

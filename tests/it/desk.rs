@@ -465,6 +465,27 @@ impl Served {
     }
 
     /// Waits until the run's record is no longer `running` and its status is `status`.
+    /// Waits until the work the desk started on `run` has ended, and gives how
+    /// (`GET /api/runs/{run}/work`).
+    async fn work_ended(&self, run: &str) -> serde_json::Value {
+        let get = || async {
+            http()
+                .get(format!("{}/api/runs/{run}/work", self.base))
+                .header("authorization", format!("Bearer {}", self.token))
+                .send()
+                .await
+                .unwrap()
+                .json::<serde_json::Value>()
+                .await
+                .unwrap()
+        };
+        wait_until_async(&format!("the desk's work on run {run} ended"), || async {
+            get().await["state"] != "going"
+        })
+        .await;
+        get().await
+    }
+
     async fn wait_status(&self, run: &str, status: &str) {
         let what = format!("run {run} {status} as the desk says");
         wait_until_async(&what, || async {
@@ -774,4 +795,86 @@ async fn work_started_at_the_desk_is_followed_to_its_end_with_the_clis_error_and
     );
     assert_eq!(env.sandbox.ledger().len(), calls, "nothing billed");
     desk.stop().await;
+}
+
+/// A step for every item (`*/clean`) on a sample of two items of three: the desk prices it as
+/// `imgpipe reroll s '*/clean' --dry-run --json` does (the clean of the two items that ran and
+/// what is downstream of them; the third item, which never ran, is left alone), and a
+/// confirm at that price bills exactly it.
+async fn a_step_for_every_item(pg: Option<String>) {
+    let env = start_default().await;
+    let c = Catalogue::new(&env, pg);
+    let sample = c
+        .imgpipe(&["run", "shots.yaml", "--items", "mug,lamp", "--run-id", "s"])
+        .run()
+        .await;
+    assert_exit(&sample, 7);
+    let desk = serve_with(&c, &["--retry-base-ms", "1"]).await;
+    let reroll = "/api/runs/s/reroll";
+    let tasks = serde_json::json!(["*/clean"]);
+    let calls = env.sandbox.ledger().len();
+
+    let (status, priced) = desk
+        .post(reroll, serde_json::json!({"tasks": tasks, "dry_run": true}))
+        .await;
+    assert_eq!(status, 200, "{priced}");
+    let cli = c
+        .plain(&["reroll", "s", "*/clean", "--dry-run", "--json"])
+        .run()
+        .await;
+    assert_exit(&cli, 0);
+    let cli = json_stdout(&cli);
+    assert_eq!(priced["credits"], cli["credits"], "{priced}\n{cli}");
+    assert_eq!(priced["tasks"], cli["tasks"]);
+    // Both indexes of clean for the two items that ran, and their chains downstream.
+    let price = 2 * 2 * CLEAN0;
+    assert_eq!(priced["credits"], price, "{priced}");
+    let items: std::collections::BTreeSet<&str> = priced["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["item"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        items,
+        ["lamp", "mug"].into(),
+        "the item that never ran is left alone: {priced}"
+    );
+    assert_eq!(
+        env.sandbox.ledger().len(),
+        calls,
+        "a dry run spends nothing"
+    );
+
+    let before = billed(&env);
+    let (status, started) = desk
+        .post(
+            reroll,
+            serde_json::json!({"tasks": tasks, "credits": price}),
+        )
+        .await;
+    assert_eq!(status, 202, "{started}");
+    let work = desk.work_ended("s").await;
+    assert_eq!(work["state"], "done", "{work}");
+    assert_eq!(
+        billed(&env) - before,
+        price,
+        "billed exactly the price confirmed"
+    );
+    assert_eq!(env.sandbox.ledger().len(), calls + 2 * 8);
+    desk.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_desk_prices_a_step_for_every_item_as_the_cli_and_pays_exactly_it() {
+    a_step_for_every_item(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_postgres_the_desk_prices_a_step_for_every_item_as_the_cli_and_pays_exactly_it() {
+    let Some(pg) = postgres_database("desk_every").await else {
+        return;
+    };
+    a_step_for_every_item(Some(pg.to_string())).await;
+    drop(pg);
 }

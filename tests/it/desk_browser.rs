@@ -410,3 +410,184 @@ async fn in_chromium_a_refusal_shows_its_error_and_hint_and_spends_nothing() {
     browser.close().await;
     desk.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn in_chromium_a_whole_item_picked_by_keyboard_is_priced_as_the_cli_and_paid_exactly() {
+    let env = start_default().await;
+    let c = Catalogue::new(&env, None);
+    sample(&c).await;
+    let desk = serve(&c).await;
+    let Some(browser) = open(&desk).await else {
+        return;
+    };
+
+    // Mug's last step focused with j (past chair's placeholders), its whole item picked with
+    // i: the item, not the focused task (which alone would cost 5).
+    let mut at = Value::Null;
+    for _ in 0..60 {
+        browser.keys("j").await;
+        at = browser
+            .run("const f = document.querySelector('.out.focus'); return f ? [f.dataset.item, f.dataset.step] : null")
+            .await;
+        if at == serde_json::json!(["mug", "cutout"]) {
+            break;
+        }
+    }
+    assert_eq!(
+        at,
+        serde_json::json!(["mug", "cutout"]),
+        "mug's cut-out within 60 presses of j"
+    );
+    browser.keys("i").await;
+    let marked = browser
+        .run(
+            "return [document.querySelector('.item[data-item=mug] button.pick-item').getAttribute('aria-pressed'), \
+             [...document.querySelectorAll('.item[data-item=mug] .out')].every(o => o.classList.contains('picked'))]",
+        )
+        .await;
+    assert_eq!(
+        marked,
+        serde_json::json!(["true", true]),
+        "the item and its outputs marked picked"
+    );
+
+    // The price and tasks shown are `reroll s mug --dry-run --json`'s.
+    let shown = browser
+        .wait_value(
+            "the item's price on its Confirm button",
+            SHOWN,
+            "const b = document.querySelector('#decide-reroll button.confirm'); \
+             return b ? [b.dataset.credits, b.textContent, b.disabled, \
+               [...document.querySelectorAll('#decide-reroll li[data-task]')].map(l => l.dataset.task)] : null",
+        )
+        .await;
+    let cli = json_stdout(
+        &c.plain(&["reroll", "s", "mug", "--dry-run", "--json"])
+            .run()
+            .await,
+    );
+    let price = cli["credits"].as_u64().unwrap();
+    assert_eq!(price, ITEM, "{cli}");
+    assert_eq!(shown[0], price.to_string(), "the page's price: {shown}");
+    assert_eq!(shown[1], format!("Confirm ({price} credits)"));
+    assert_eq!(shown[2], false, "it fits: the button is live");
+    let cli_tasks: Vec<String> = cli["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            format!(
+                "{}/{}[{}]",
+                t["item"].as_str().unwrap(),
+                t["step"].as_str().unwrap(),
+                t["index"]
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown[3],
+        serde_json::json!(cli_tasks),
+        "the tasks shown are the dry run's"
+    );
+
+    // Confirm: billed exactly the price, every earlier file of mug set aside.
+    let run_dir = c.dir.join("out/s");
+    let before_files = file_digests(&run_dir);
+    let mugs: Vec<(String, String)> = before_files
+        .iter()
+        .filter(|(p, _)| p.starts_with("mug/"))
+        .map(|(p, s)| (p.clone(), s.clone()))
+        .collect();
+    assert_eq!(mugs.len(), 10, "mug's ten images: {before_files:#?}");
+    let before = billed(&env);
+    browser.click("#decide-reroll button.confirm").await;
+    let said = browser
+        .wait_value(
+            "the item's reroll ended",
+            SHOWN,
+            "return document.querySelector('#decide-reroll .done, #decide-reroll .refused') \
+             ? document.querySelector('#decide-reroll').innerText : null",
+        )
+        .await;
+    let ended = browser
+        .run("return !!document.querySelector('#decide-reroll .done')")
+        .await;
+    assert_eq!(ended, true, "the reroll is done: {said}");
+    assert_eq!(
+        billed(&env) - before,
+        price,
+        "billed exactly the price shown"
+    );
+    let after_files = file_digests(&run_dir);
+    let superseded: Vec<&String> = after_files
+        .iter()
+        .filter(|(p, _)| p.starts_with("_superseded/mug/"))
+        .map(|(_, s)| s)
+        .collect();
+    for (path, sha) in &mugs {
+        assert!(
+            superseded.contains(&sha),
+            "mug's earlier {path} is under _superseded/: {after_files:#?}"
+        );
+    }
+    assert_eq!(
+        superseded.len(),
+        mugs.len(),
+        "each earlier image set aside once"
+    );
+    browser.close().await;
+    desk.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn in_chromium_a_step_for_every_item_is_one_pick_priced_as_the_cli() {
+    let env = start_default().await;
+    let c = Catalogue::new(&env, None);
+    sample(&c).await;
+    let desk = serve(&c).await;
+    let Some(browser) = open(&desk).await else {
+        return;
+    };
+    let button = "#every-step button.pick-step[data-step=clean]";
+    let label = browser
+        .run(&format!(
+            "return document.querySelector('{button}').textContent"
+        ))
+        .await;
+    assert_eq!(label, "all 3 items' clean");
+    browser.click(button).await;
+    let picks = browser
+        .run("return JSON.parse(sessionStorage.getItem('desk-picks:s'))")
+        .await;
+    assert_eq!(
+        picks,
+        serde_json::json!({"*/clean": "pick"}),
+        "one pick names the step for every item, not its tasks"
+    );
+    let shown = browser
+        .wait_value(
+            "the step's price on its Confirm button",
+            SHOWN,
+            "const b = document.querySelector('#decide-reroll button.confirm'); \
+             return b ? [b.dataset.credits, \
+               [...document.querySelectorAll('#decide-reroll li[data-task]')].length] : null",
+        )
+        .await;
+    let cli = json_stdout(
+        &c.plain(&["reroll", "s", "*/clean", "--dry-run", "--json"])
+            .run()
+            .await,
+    );
+    let price = cli["credits"].as_u64().unwrap();
+    assert_eq!(price, ITEM - 8, "mug's clean and what is downstream: {cli}");
+    assert_eq!(shown[0], price.to_string(), "the page's price: {shown}");
+    assert_eq!(shown[1], cli["tasks"].as_array().unwrap().len(), "{shown}");
+    let marked = browser
+        .run(
+            "return [...document.querySelectorAll('.out[data-step=clean]')].every(o => o.classList.contains('picked'))",
+        )
+        .await;
+    assert_eq!(marked, true, "every clean output shown is marked picked");
+    browser.close().await;
+    desk.stop().await;
+}
