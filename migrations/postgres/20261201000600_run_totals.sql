@@ -12,8 +12,11 @@
 -- contribution away and adds its new one, so the totals are always the sums they replace:
 --
 -- run_step_totals: the run's live tasks (`removed_at IS NULL`) of one step, as
---   `Runs::step_counts` counted them; `first_id` the smallest task id the step ever had (the
---   steps are listed in that order).
+--   `Runs::step_counts` counted them, in two parts summed when read: part 0 what the tasks
+--   were recorded with, part 1 what changed since. Recording a chunk of items (a transaction
+--   of its own, beside the hot path's writer) then never waits for, nor holds, the rows the
+--   writer's status changes update, so neither stalls the other nor deadlocks with it.
+--   `first_id`: the smallest task id the step ever had (the steps are listed in that order).
 -- run_totals: the run's attempts (credits billed; those without a complete answer, and their
 --   tasks' planned credits: what they may have cost) and outputs (all, downloaded, failed).
 -- Append-only, like every migration.
@@ -21,6 +24,8 @@
 CREATE TABLE run_step_totals (
     run_id           TEXT NOT NULL,
     step             TEXT NOT NULL,
+    -- 0: as recorded (the inserts); 1: changed since (updates and deletes).
+    part             SMALLINT NOT NULL,
     first_id         BIGINT NOT NULL,
     tasks            BIGINT NOT NULL DEFAULT 0,
     succeeded        BIGINT NOT NULL DEFAULT 0,
@@ -30,7 +35,7 @@ CREATE TABLE run_step_totals (
     pending          BIGINT NOT NULL DEFAULT 0,
     planned_credits  BIGINT NOT NULL DEFAULT 0,
     billed_credits   BIGINT NOT NULL DEFAULT 0,
-    PRIMARY KEY (run_id, step)
+    PRIMARY KEY (run_id, step, part)
 );
 
 CREATE TABLE run_totals (
@@ -44,9 +49,9 @@ CREATE TABLE run_totals (
 );
 
 -- The totals of what is recorded now.
-INSERT INTO run_step_totals (run_id, step, first_id, tasks, succeeded, failed, blocked, pending,
-                             planned_credits, billed_credits)
-SELECT run_id, step, MIN(id),
+INSERT INTO run_step_totals (run_id, step, part, first_id, tasks, succeeded, failed, blocked,
+                             pending, planned_credits, billed_credits)
+SELECT run_id, step, 0, MIN(id),
        COUNT(*) FILTER (WHERE removed_at IS NULL),
        COUNT(*) FILTER (WHERE removed_at IS NULL AND status = 'succeeded'),
        COUNT(*) FILTER (WHERE removed_at IS NULL AND status = 'failed'),
@@ -79,9 +84,9 @@ WHERE r.run_id = o.run_id;
 
 CREATE FUNCTION tasks_totals_insert() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO run_step_totals AS s (run_id, step, first_id, tasks, succeeded, failed,
+    INSERT INTO run_step_totals AS s (run_id, step, part, first_id, tasks, succeeded, failed,
                                       blocked, pending, planned_credits, billed_credits)
-    SELECT run_id, step, MIN(first_id), SUM(tasks), SUM(succeeded), SUM(failed), SUM(blocked),
+    SELECT run_id, step, 0, MIN(first_id), SUM(tasks), SUM(succeeded), SUM(failed), SUM(blocked),
            SUM(pending), SUM(planned_credits), SUM(billed_credits)
     FROM (SELECT n.run_id, n.step, n.id AS first_id,
                    CASE WHEN n.removed_at IS NULL THEN 1 ELSE 0 END AS tasks,
@@ -97,7 +102,7 @@ BEGIN
     HAVING SUM(tasks) <> 0 OR SUM(succeeded) <> 0 OR SUM(failed) <> 0 OR SUM(blocked) <> 0
         OR SUM(pending) <> 0 OR SUM(planned_credits) <> 0 OR SUM(billed_credits) <> 0
     ORDER BY run_id, step
-    ON CONFLICT (run_id, step) DO UPDATE SET
+    ON CONFLICT (run_id, step, part) DO UPDATE SET
         first_id = LEAST(s.first_id, excluded.first_id),
         tasks = s.tasks + excluded.tasks,
         succeeded = s.succeeded + excluded.succeeded,
@@ -115,9 +120,9 @@ CREATE TRIGGER tasks_totals_insert AFTER INSERT ON tasks
 
 CREATE FUNCTION tasks_totals_update() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO run_step_totals AS s (run_id, step, first_id, tasks, succeeded, failed,
+    INSERT INTO run_step_totals AS s (run_id, step, part, first_id, tasks, succeeded, failed,
                                       blocked, pending, planned_credits, billed_credits)
-    SELECT run_id, step, MIN(first_id), SUM(tasks), SUM(succeeded), SUM(failed), SUM(blocked),
+    SELECT run_id, step, 1, MIN(first_id), SUM(tasks), SUM(succeeded), SUM(failed), SUM(blocked),
            SUM(pending), SUM(planned_credits), SUM(billed_credits)
     FROM (SELECT n.run_id, n.step, n.id AS first_id,
                    CASE WHEN n.removed_at IS NULL THEN 1 ELSE 0 END AS tasks,
@@ -144,7 +149,7 @@ BEGIN
     HAVING SUM(tasks) <> 0 OR SUM(succeeded) <> 0 OR SUM(failed) <> 0 OR SUM(blocked) <> 0
         OR SUM(pending) <> 0 OR SUM(planned_credits) <> 0 OR SUM(billed_credits) <> 0
     ORDER BY run_id, step
-    ON CONFLICT (run_id, step) DO UPDATE SET
+    ON CONFLICT (run_id, step, part) DO UPDATE SET
         first_id = LEAST(s.first_id, excluded.first_id),
         tasks = s.tasks + excluded.tasks,
         succeeded = s.succeeded + excluded.succeeded,
@@ -153,14 +158,19 @@ BEGIN
         pending = s.pending + excluded.pending,
         planned_credits = s.planned_credits + excluded.planned_credits,
         billed_credits = s.billed_credits + excluded.billed_credits;
-    -- A task's planned credits are what its unanswered attempts may have cost.
-    UPDATE run_totals r SET possibly_billed_credits = r.possibly_billed_credits + d.delta
-    FROM (SELECT a.run_id, SUM(n.planned_credits - o.planned_credits) AS delta
-          FROM new_rows n JOIN old_rows o ON o.id = n.id
-          JOIN attempts a ON a.task_id = n.id AND (a.outcome IS NULL OR a.outcome = 'ambiguous')
-          WHERE n.planned_credits <> o.planned_credits
-          GROUP BY a.run_id) d
-    WHERE r.run_id = d.run_id AND d.delta <> 0;
+    -- A task's planned credits are what its unanswered attempts may have cost. Asked first
+    -- of the statement's own rows, so that the attempts are read only when a price changed.
+    IF EXISTS (SELECT 1 FROM new_rows n JOIN old_rows o ON o.id = n.id
+               WHERE n.planned_credits <> o.planned_credits) THEN
+        UPDATE run_totals r SET possibly_billed_credits = r.possibly_billed_credits + d.delta
+        FROM (SELECT a.run_id, SUM(n.planned_credits - o.planned_credits) AS delta
+              FROM new_rows n JOIN old_rows o ON o.id = n.id
+              JOIN attempts a ON a.task_id = n.id
+                  AND (a.outcome IS NULL OR a.outcome = 'ambiguous')
+              WHERE n.planned_credits <> o.planned_credits
+              GROUP BY a.run_id) d
+        WHERE r.run_id = d.run_id AND d.delta <> 0;
+    END IF;
     RETURN NULL;
 END
 $$;
@@ -170,9 +180,9 @@ CREATE TRIGGER tasks_totals_update AFTER UPDATE ON tasks
 
 CREATE FUNCTION tasks_totals_delete() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO run_step_totals AS s (run_id, step, first_id, tasks, succeeded, failed,
+    INSERT INTO run_step_totals AS s (run_id, step, part, first_id, tasks, succeeded, failed,
                                       blocked, pending, planned_credits, billed_credits)
-    SELECT run_id, step, MIN(first_id), SUM(tasks), SUM(succeeded), SUM(failed), SUM(blocked),
+    SELECT run_id, step, 1, MIN(first_id), SUM(tasks), SUM(succeeded), SUM(failed), SUM(blocked),
            SUM(pending), SUM(planned_credits), SUM(billed_credits)
     FROM (SELECT o.run_id, o.step, o.id AS first_id,
                    -CASE WHEN o.removed_at IS NULL THEN 1 ELSE 0 END AS tasks,
@@ -188,7 +198,7 @@ BEGIN
     HAVING SUM(tasks) <> 0 OR SUM(succeeded) <> 0 OR SUM(failed) <> 0 OR SUM(blocked) <> 0
         OR SUM(pending) <> 0 OR SUM(planned_credits) <> 0 OR SUM(billed_credits) <> 0
     ORDER BY run_id, step
-    ON CONFLICT (run_id, step) DO UPDATE SET
+    ON CONFLICT (run_id, step, part) DO UPDATE SET
         first_id = LEAST(s.first_id, excluded.first_id),
         tasks = s.tasks + excluded.tasks,
         succeeded = s.succeeded + excluded.succeeded,
@@ -212,9 +222,13 @@ BEGIN
                                  possibly_billed_credits)
     SELECT run_id, SUM(billed), SUM(ambiguous), SUM(possibly)
     FROM (SELECT a.run_id, a.credits_billed AS billed,
-                   CASE WHEN (a.outcome IS NULL OR a.outcome = 'ambiguous') THEN 1 ELSE 0 END AS ambiguous,
-                   CASE WHEN (a.outcome IS NULL OR a.outcome = 'ambiguous') THEN COALESCE(t.planned_credits, 0) ELSE 0 END AS possibly
-            FROM new_rows a LEFT JOIN tasks t ON t.id = a.task_id) d
+                   CASE WHEN (a.outcome IS NULL OR a.outcome = 'ambiguous')
+                        THEN 1 ELSE 0 END AS ambiguous,
+                   CASE WHEN (a.outcome IS NULL OR a.outcome = 'ambiguous') 
+                        THEN COALESCE((SELECT t.planned_credits FROM tasks t
+                                       WHERE t.id = a.task_id), 0)
+                        ELSE 0 END AS possibly
+            FROM new_rows a) d
     GROUP BY run_id
     HAVING SUM(billed) <> 0 OR SUM(ambiguous) <> 0 OR SUM(possibly) <> 0
     ORDER BY run_id
@@ -235,14 +249,22 @@ BEGIN
                                  possibly_billed_credits)
     SELECT run_id, SUM(billed), SUM(ambiguous), SUM(possibly)
     FROM (SELECT a.run_id, a.credits_billed AS billed,
-                   CASE WHEN (a.outcome IS NULL OR a.outcome = 'ambiguous') THEN 1 ELSE 0 END AS ambiguous,
-                   CASE WHEN (a.outcome IS NULL OR a.outcome = 'ambiguous') THEN COALESCE(t.planned_credits, 0) ELSE 0 END AS possibly
-            FROM new_rows a LEFT JOIN tasks t ON t.id = a.task_id
+                   CASE WHEN (a.outcome IS NULL OR a.outcome = 'ambiguous')
+                        THEN 1 ELSE 0 END AS ambiguous,
+                   CASE WHEN (a.outcome IS NULL OR a.outcome = 'ambiguous') 
+                        THEN COALESCE((SELECT t.planned_credits FROM tasks t
+                                       WHERE t.id = a.task_id), 0)
+                        ELSE 0 END AS possibly
+            FROM new_rows a
             UNION ALL
             SELECT a.run_id, -a.credits_billed AS billed,
-                   -CASE WHEN (a.outcome IS NULL OR a.outcome = 'ambiguous') THEN 1 ELSE 0 END AS ambiguous,
-                   -CASE WHEN (a.outcome IS NULL OR a.outcome = 'ambiguous') THEN COALESCE(t.planned_credits, 0) ELSE 0 END AS possibly
-            FROM old_rows a LEFT JOIN tasks t ON t.id = a.task_id) d
+                   -CASE WHEN (a.outcome IS NULL OR a.outcome = 'ambiguous')
+                        THEN 1 ELSE 0 END AS ambiguous,
+                   -CASE WHEN (a.outcome IS NULL OR a.outcome = 'ambiguous') 
+                        THEN COALESCE((SELECT t.planned_credits FROM tasks t
+                                       WHERE t.id = a.task_id), 0)
+                        ELSE 0 END AS possibly
+            FROM old_rows a) d
     GROUP BY run_id
     HAVING SUM(billed) <> 0 OR SUM(ambiguous) <> 0 OR SUM(possibly) <> 0
     ORDER BY run_id
@@ -263,9 +285,13 @@ BEGIN
                                  possibly_billed_credits)
     SELECT run_id, SUM(billed), SUM(ambiguous), SUM(possibly)
     FROM (SELECT a.run_id, -a.credits_billed AS billed,
-                   -CASE WHEN (a.outcome IS NULL OR a.outcome = 'ambiguous') THEN 1 ELSE 0 END AS ambiguous,
-                   -CASE WHEN (a.outcome IS NULL OR a.outcome = 'ambiguous') THEN COALESCE(t.planned_credits, 0) ELSE 0 END AS possibly
-            FROM old_rows a LEFT JOIN tasks t ON t.id = a.task_id) d
+                   -CASE WHEN (a.outcome IS NULL OR a.outcome = 'ambiguous')
+                        THEN 1 ELSE 0 END AS ambiguous,
+                   -CASE WHEN (a.outcome IS NULL OR a.outcome = 'ambiguous') 
+                        THEN COALESCE((SELECT t.planned_credits FROM tasks t
+                                       WHERE t.id = a.task_id), 0)
+                        ELSE 0 END AS possibly
+            FROM old_rows a) d
     GROUP BY run_id
     HAVING SUM(billed) <> 0 OR SUM(ambiguous) <> 0 OR SUM(possibly) <> 0
     ORDER BY run_id

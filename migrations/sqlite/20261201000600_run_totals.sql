@@ -9,8 +9,12 @@
 -- contribution away and adds its new one, so the totals are always the sums they replace:
 --
 -- run_step_totals: the run's live tasks (`removed_at IS NULL`) of one step, as
---   `Runs::step_counts` counted them; `first_id` the smallest task id the step ever had (the
---   steps are listed in that order).
+--   `Runs::step_counts` counted them, in two parts summed when read: part 0 what the tasks
+--   were recorded with, part 1 what changed since. Recording a chunk of items (a transaction
+--   of its own, beside the hot path's writer on PostgreSQL) then never waits for, nor holds,
+--   the rows the writer's status changes update, so neither stalls the other nor deadlocks
+--   with it. `first_id`: the smallest task id the step ever had (the steps are listed in that
+--   order).
 -- run_totals: the run's attempts (credits billed; those without a complete answer, and their
 --   tasks' planned credits: what they may have cost) and outputs (all, downloaded, failed).
 -- Append-only, like every migration.
@@ -18,6 +22,8 @@
 CREATE TABLE run_step_totals (
     run_id           TEXT NOT NULL,
     step             TEXT NOT NULL,
+    -- 0: as recorded (the inserts); 1: changed since (updates and deletes).
+    part             INTEGER NOT NULL,
     first_id         INTEGER NOT NULL,
     tasks            INTEGER NOT NULL DEFAULT 0,
     succeeded        INTEGER NOT NULL DEFAULT 0,
@@ -27,7 +33,7 @@ CREATE TABLE run_step_totals (
     pending          INTEGER NOT NULL DEFAULT 0,
     planned_credits  INTEGER NOT NULL DEFAULT 0,
     billed_credits   INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (run_id, step)
+    PRIMARY KEY (run_id, step, part)
 );
 
 CREATE TABLE run_totals (
@@ -41,9 +47,9 @@ CREATE TABLE run_totals (
 );
 
 -- The totals of what is recorded now.
-INSERT INTO run_step_totals (run_id, step, first_id, tasks, succeeded, failed, blocked, pending,
-                             planned_credits, billed_credits)
-SELECT run_id, step, MIN(id),
+INSERT INTO run_step_totals (run_id, step, part, first_id, tasks, succeeded, failed, blocked,
+                             pending, planned_credits, billed_credits)
+SELECT run_id, step, 0, MIN(id),
        SUM(removed_at IS NULL),
        SUM(removed_at IS NULL AND status = 'succeeded'),
        SUM(removed_at IS NULL AND status = 'failed'),
@@ -73,17 +79,17 @@ UPDATE run_totals SET
 -- Tasks: a row counts in its step's totals while it is live.
 CREATE TRIGGER tasks_totals_insert AFTER INSERT ON tasks
 BEGIN
-    INSERT INTO run_step_totals (run_id, step, first_id, tasks, succeeded, failed, blocked,
+    INSERT INTO run_step_totals (run_id, step, part, first_id, tasks, succeeded, failed, blocked,
                                  pending, planned_credits, billed_credits)
-    VALUES (new.run_id, new.step, new.id,
-            new.removed_at IS NULL,
-            new.removed_at IS NULL AND new.status = 'succeeded',
-            new.removed_at IS NULL AND new.status = 'failed',
-            new.removed_at IS NULL AND new.status = 'blocked',
-            new.removed_at IS NULL AND new.status IN ('pending', 'running'),
+    VALUES (new.run_id, new.step, 0, new.id,
+            (new.removed_at IS NULL),
+            (new.removed_at IS NULL AND new.status = 'succeeded'),
+            (new.removed_at IS NULL AND new.status = 'failed'),
+            (new.removed_at IS NULL AND new.status = 'blocked'),
+            (new.removed_at IS NULL AND new.status IN ('pending', 'running')),
             CASE WHEN new.removed_at IS NULL THEN new.planned_credits ELSE 0 END,
             CASE WHEN new.removed_at IS NULL THEN new.credits_billed ELSE 0 END)
-    ON CONFLICT (run_id, step) DO UPDATE SET
+    ON CONFLICT (run_id, step, part) DO UPDATE SET
         first_id = MIN(first_id, excluded.first_id),
         tasks = tasks + excluded.tasks,
         succeeded = succeeded + excluded.succeeded,
@@ -100,28 +106,36 @@ WHEN old.run_id IS NOT new.run_id OR old.step IS NOT new.step OR old.status IS N
     OR old.removed_at IS NOT new.removed_at OR old.planned_credits IS NOT new.planned_credits
     OR old.credits_billed IS NOT new.credits_billed
 BEGIN
-    UPDATE run_step_totals SET
-        tasks = tasks - (old.removed_at IS NULL),
-        succeeded = succeeded - (old.removed_at IS NULL AND old.status = 'succeeded'),
-        failed = failed - (old.removed_at IS NULL AND old.status = 'failed'),
-        blocked = blocked - (old.removed_at IS NULL AND old.status = 'blocked'),
-        pending = pending - (old.removed_at IS NULL AND old.status IN ('pending', 'running')),
-        planned_credits = planned_credits
-            - CASE WHEN old.removed_at IS NULL THEN old.planned_credits ELSE 0 END,
-        billed_credits = billed_credits
-            - CASE WHEN old.removed_at IS NULL THEN old.credits_billed ELSE 0 END
-    WHERE run_id = old.run_id AND step = old.step;
-    INSERT INTO run_step_totals (run_id, step, first_id, tasks, succeeded, failed, blocked,
+    INSERT INTO run_step_totals (run_id, step, part, first_id, tasks, succeeded, failed, blocked,
                                  pending, planned_credits, billed_credits)
-    VALUES (new.run_id, new.step, new.id,
-            new.removed_at IS NULL,
-            new.removed_at IS NULL AND new.status = 'succeeded',
-            new.removed_at IS NULL AND new.status = 'failed',
-            new.removed_at IS NULL AND new.status = 'blocked',
-            new.removed_at IS NULL AND new.status IN ('pending', 'running'),
+    VALUES (old.run_id, old.step, 1, old.id,
+            -(old.removed_at IS NULL),
+            -(old.removed_at IS NULL AND old.status = 'succeeded'),
+            -(old.removed_at IS NULL AND old.status = 'failed'),
+            -(old.removed_at IS NULL AND old.status = 'blocked'),
+            -(old.removed_at IS NULL AND old.status IN ('pending', 'running')),
+            -CASE WHEN old.removed_at IS NULL THEN old.planned_credits ELSE 0 END,
+            -CASE WHEN old.removed_at IS NULL THEN old.credits_billed ELSE 0 END)
+    ON CONFLICT (run_id, step, part) DO UPDATE SET
+        first_id = MIN(first_id, excluded.first_id),
+        tasks = tasks + excluded.tasks,
+        succeeded = succeeded + excluded.succeeded,
+        failed = failed + excluded.failed,
+        blocked = blocked + excluded.blocked,
+        pending = pending + excluded.pending,
+        planned_credits = planned_credits + excluded.planned_credits,
+        billed_credits = billed_credits + excluded.billed_credits;
+    INSERT INTO run_step_totals (run_id, step, part, first_id, tasks, succeeded, failed, blocked,
+                                 pending, planned_credits, billed_credits)
+    VALUES (new.run_id, new.step, 1, new.id,
+            (new.removed_at IS NULL),
+            (new.removed_at IS NULL AND new.status = 'succeeded'),
+            (new.removed_at IS NULL AND new.status = 'failed'),
+            (new.removed_at IS NULL AND new.status = 'blocked'),
+            (new.removed_at IS NULL AND new.status IN ('pending', 'running')),
             CASE WHEN new.removed_at IS NULL THEN new.planned_credits ELSE 0 END,
             CASE WHEN new.removed_at IS NULL THEN new.credits_billed ELSE 0 END)
-    ON CONFLICT (run_id, step) DO UPDATE SET
+    ON CONFLICT (run_id, step, part) DO UPDATE SET
         first_id = MIN(first_id, excluded.first_id),
         tasks = tasks + excluded.tasks,
         succeeded = succeeded + excluded.succeeded,
@@ -145,17 +159,25 @@ END;
 
 CREATE TRIGGER tasks_totals_delete AFTER DELETE ON tasks
 BEGIN
-    UPDATE run_step_totals SET
-        tasks = tasks - (old.removed_at IS NULL),
-        succeeded = succeeded - (old.removed_at IS NULL AND old.status = 'succeeded'),
-        failed = failed - (old.removed_at IS NULL AND old.status = 'failed'),
-        blocked = blocked - (old.removed_at IS NULL AND old.status = 'blocked'),
-        pending = pending - (old.removed_at IS NULL AND old.status IN ('pending', 'running')),
-        planned_credits = planned_credits
-            - CASE WHEN old.removed_at IS NULL THEN old.planned_credits ELSE 0 END,
-        billed_credits = billed_credits
-            - CASE WHEN old.removed_at IS NULL THEN old.credits_billed ELSE 0 END
-    WHERE run_id = old.run_id AND step = old.step;
+    INSERT INTO run_step_totals (run_id, step, part, first_id, tasks, succeeded, failed, blocked,
+                                 pending, planned_credits, billed_credits)
+    VALUES (old.run_id, old.step, 1, old.id,
+            -(old.removed_at IS NULL),
+            -(old.removed_at IS NULL AND old.status = 'succeeded'),
+            -(old.removed_at IS NULL AND old.status = 'failed'),
+            -(old.removed_at IS NULL AND old.status = 'blocked'),
+            -(old.removed_at IS NULL AND old.status IN ('pending', 'running')),
+            -CASE WHEN old.removed_at IS NULL THEN old.planned_credits ELSE 0 END,
+            -CASE WHEN old.removed_at IS NULL THEN old.credits_billed ELSE 0 END)
+    ON CONFLICT (run_id, step, part) DO UPDATE SET
+        first_id = MIN(first_id, excluded.first_id),
+        tasks = tasks + excluded.tasks,
+        succeeded = succeeded + excluded.succeeded,
+        failed = failed + excluded.failed,
+        blocked = blocked + excluded.blocked,
+        pending = pending + excluded.pending,
+        planned_credits = planned_credits + excluded.planned_credits,
+        billed_credits = billed_credits + excluded.billed_credits;
 END;
 
 -- Attempts: credits billed, and those that may have been billed without an answer.

@@ -68,13 +68,20 @@ pub struct AmbiguousAttempt {
 
 impl Runs<'_> {
     /// The run's tasks counted per step, in the order the steps first appear: the totals the
-    /// store keeps of each step (`run_step_totals`), a row a step, never a count of the tasks.
+    /// store keeps of each step (`run_step_totals`: as recorded, and changed since), two rows a
+    /// step, never a count of the tasks.
     pub async fn step_counts(&self, run_id: &RunId) -> Result<Vec<StepCounts>, StoreError> {
         let rows = sqlx::query(
-            "SELECT step, tasks, succeeded, failed, blocked, pending, planned_credits,
-                    billed_credits
-             FROM run_step_totals WHERE run_id = $1 AND tasks <> 0
-             ORDER BY first_id",
+            "SELECT step, CAST(SUM(tasks) AS BIGINT) AS tasks,
+                    CAST(SUM(succeeded) AS BIGINT) AS succeeded,
+                    CAST(SUM(failed) AS BIGINT) AS failed,
+                    CAST(SUM(blocked) AS BIGINT) AS blocked,
+                    CAST(SUM(pending) AS BIGINT) AS pending,
+                    CAST(SUM(planned_credits) AS BIGINT) AS planned_credits,
+                    CAST(SUM(billed_credits) AS BIGINT) AS billed_credits
+             FROM run_step_totals WHERE run_id = $1
+             GROUP BY step HAVING SUM(tasks) <> 0
+             ORDER BY MIN(first_id)",
         )
         .bind(run_id)
         .fetch_all(self.store.pool())

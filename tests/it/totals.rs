@@ -9,9 +9,12 @@ use crate::common::*;
 use crate::run::{CHAIN_CREDITS, config, edit_chain, write};
 
 /// The run's steps, as the store keeps them and as its tasks count now.
-const STEPS_KEPT: &str = "SELECT step, tasks, succeeded, failed, blocked, pending,
-        planned_credits AS planned, billed_credits AS billed
-    FROM run_step_totals WHERE run_id = $1 AND tasks <> 0 ORDER BY step";
+const STEPS_KEPT: &str = "SELECT step, CAST(SUM(tasks) AS BIGINT) AS tasks,
+        CAST(SUM(succeeded) AS BIGINT) AS succeeded, CAST(SUM(failed) AS BIGINT) AS failed,
+        CAST(SUM(blocked) AS BIGINT) AS blocked, CAST(SUM(pending) AS BIGINT) AS pending,
+        CAST(SUM(planned_credits) AS BIGINT) AS planned,
+        CAST(SUM(billed_credits) AS BIGINT) AS billed
+    FROM run_step_totals WHERE run_id = $1 GROUP BY step HAVING SUM(tasks) <> 0 ORDER BY step";
 const STEPS_COUNTED: &str = "SELECT step, COUNT(*) AS tasks,
         COUNT(*) FILTER (WHERE status = 'succeeded') AS succeeded,
         COUNT(*) FILTER (WHERE status = 'failed') AS failed,
