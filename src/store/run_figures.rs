@@ -208,3 +208,105 @@ impl Runs<'_> {
             .await?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::run_id::RunId;
+    use crate::store::runs::{NewRun, RecordedPlan};
+    use crate::store::{Location, NewTask, Store, TaskStatus};
+    use crate::task_key::TaskKey;
+
+    /// What a run may still spend and its steps' counts, as kept by the store, follow every
+    /// kind of write: an attempt left without an answer counts its task's planned price, and
+    /// that price changed afterwards (a discovered price) counts anew; a task failed or dropped
+    /// by a changed pipeline leaves its step's counts.
+    async fn totals_follow_their_rows(store: &Store) {
+        let run_id = RunId::from("r");
+        let plan = RecordedPlan::of(&serde_json::json!({})).unwrap();
+        let run = NewRun {
+            id: &run_id,
+            pipeline_name: "p",
+            pipeline_file: "p.yaml",
+            pipeline_text: "",
+            pipeline_sha256: "",
+            items_sha256: "",
+            plan: &plan,
+            output_dir: "out",
+            credits_planned: 6,
+            balance_before: None,
+        };
+        let task = |item: &str| NewTask {
+            key: TaskKey::new(item.to_owned(), "shot".to_owned(), 0),
+            operation: "generate",
+            inputs: "[]".to_owned(),
+            planned_credits: 3,
+            request: None,
+        };
+        store
+            .runs()
+            .create(&run, &[task("a"), task("b")])
+            .await
+            .unwrap();
+        let ids: Vec<i64> = store
+            .tasks()
+            .all(&run_id)
+            .await
+            .unwrap()
+            .iter()
+            .map(|t| t.id)
+            .collect();
+        assert_eq!(store.runs().spent(&run_id).await.unwrap(), 0);
+        store.attempts().begin(&run_id, ids[0], "x").await.unwrap();
+        assert_eq!(
+            store.runs().spent(&run_id).await.unwrap(),
+            3,
+            "unanswered: its price"
+        );
+        store.tasks().set_planned(&[(ids[0], 7)]).await.unwrap();
+        let totals = store.runs().totals(&run_id).await.unwrap();
+        assert_eq!(
+            (
+                totals.ambiguous_attempts,
+                totals.possibly_billed_credits,
+                totals.planned_credits
+            ),
+            (1, 7, 10),
+            "repriced: the unanswered attempt may have cost the new price"
+        );
+        assert_eq!(store.runs().spent(&run_id).await.unwrap(), 7);
+        store
+            .tasks()
+            .set_status(&ids[1..], TaskStatus::Failed, Some("no"))
+            .await
+            .unwrap();
+        let steps = store.runs().step_counts(&run_id).await.unwrap();
+        let counts = |s: &super::StepCounts| (s.tasks, s.pending, s.failed, s.planned_credits);
+        assert_eq!(
+            steps.iter().map(counts).collect::<Vec<_>>(),
+            [(2, 1, 1, 10)]
+        );
+        sqlx::query("UPDATE tasks SET removed_at = 1 WHERE id = $1")
+            .bind(ids[1])
+            .execute(store.pool())
+            .await
+            .unwrap();
+        let steps = store.runs().step_counts(&run_id).await.unwrap();
+        assert_eq!(steps.iter().map(counts).collect::<Vec<_>>(), [(1, 1, 0, 7)]);
+    }
+
+    #[tokio::test]
+    async fn the_totals_kept_follow_their_rows_on_sqlite_and_postgres() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("state.db")).await.unwrap();
+        totals_follow_their_rows(&store).await;
+        store.close().await;
+        let Some(url) = crate::store::test_postgres::database("totals").await else {
+            return;
+        };
+        let store = Store::open_at(&Location::Postgres((*url).clone()))
+            .await
+            .unwrap();
+        totals_follow_their_rows(&store).await;
+        store.close().await;
+    }
+}
