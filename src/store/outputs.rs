@@ -165,17 +165,22 @@ impl Outputs<'_> {
         mut f: impl FnMut(RecordedOutput) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
         use futures::TryStreamExt;
+        // The failed ones are found through their own index (`outputs_failed`), whose
+        // condition the statement must say as such, not behind a parameter.
+        let only = if failed_only {
+            "AND o.path IS NULL AND o.download_error IS NOT NULL"
+        } else {
+            ""
+        };
         let sql = format!(
             "SELECT {OUTPUT_COLUMNS}
              FROM outputs o JOIN tasks t ON t.id = o.task_id
-             WHERE o.run_id = $1
-               AND (NOT $2 OR (o.path IS NULL AND o.download_error IS NOT NULL))
+             WHERE o.run_id = $1 {only}
              ORDER BY t.id, o.k"
         );
         // A fixed text: no value is ever part of it.
         let mut rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(run_id)
-            .bind(failed_only)
             .fetch(self.store.pool());
         while let Some(r) = rows.try_next().await? {
             f(output_row(&r)?)?;

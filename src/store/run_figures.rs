@@ -10,15 +10,15 @@ use crate::store::tasks::key_of;
 use crate::store::to_u64;
 use crate::task_key::TaskKey;
 
-/// A run's attempts summed up: credits billed, and the attempts that may have been billed
-/// without an answer (never settled, or ambiguous) with their planned price.
-const ATTEMPT_TOTALS: &str = "SELECT CAST(COALESCE(SUM(a.credits_billed), 0) AS BIGINT) AS billed,
-        COUNT(*) FILTER (WHERE a.outcome = 'ambiguous' OR a.outcome IS NULL) AS ambiguous,
-        CAST(COALESCE(SUM(CASE WHEN a.outcome = 'ambiguous' OR a.outcome IS NULL
-                     THEN t.planned_credits ELSE 0 END), 0) AS BIGINT) AS possibly
-    FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE a.run_id = $1";
+/// A run's attempts and outputs summed up, as the store keeps them while they are written
+/// (`run_totals`, kept by the triggers of migration `20261201000600_run_totals`): one row,
+/// however long the night. A run with nothing recorded has none.
+const RUN_TOTALS: &str = "SELECT billed_credits, ambiguous_attempts, possibly_billed_credits,
+        outputs, downloaded, download_failures
+    FROM run_totals WHERE run_id = $1";
 
-/// What a run has done and paid, from its attempts.
+/// What a run has done and paid, from the totals the store keeps of its tasks, attempts and
+/// outputs.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Totals {
     pub tasks: u64,
@@ -67,24 +67,27 @@ pub struct AmbiguousAttempt {
 }
 
 impl Runs<'_> {
-    /// The run's tasks counted per step, in the order the steps first appear.
+    /// The run's tasks counted per step, in the order the steps first appear: the totals the
+    /// store keeps of each step (`run_step_totals`: as recorded, and changed since), two rows a
+    /// step, never a count of the tasks.
     pub async fn step_counts(&self, run_id: &RunId) -> Result<Vec<StepCounts>, StoreError> {
         let rows = sqlx::query(
-            "SELECT step, COUNT(*) AS tasks,
-                    COUNT(*) FILTER (WHERE status = 'succeeded') AS succeeded,
-                    COUNT(*) FILTER (WHERE status = 'failed') AS failed,
-                    COUNT(*) FILTER (WHERE status = 'blocked') AS blocked,
-                    COUNT(*) FILTER (WHERE status IN ('pending', 'running')) AS pending,
-                    CAST(SUM(planned_credits) AS BIGINT) AS planned,
-                    CAST(SUM(credits_billed) AS BIGINT) AS billed
-             FROM tasks WHERE run_id = $1 AND removed_at IS NULL
-             GROUP BY step ORDER BY MIN(id)",
+            "SELECT step, CAST(SUM(tasks) AS BIGINT) AS tasks,
+                    CAST(SUM(succeeded) AS BIGINT) AS succeeded,
+                    CAST(SUM(failed) AS BIGINT) AS failed,
+                    CAST(SUM(blocked) AS BIGINT) AS blocked,
+                    CAST(SUM(pending) AS BIGINT) AS pending,
+                    CAST(SUM(planned_credits) AS BIGINT) AS planned_credits,
+                    CAST(SUM(billed_credits) AS BIGINT) AS billed_credits
+             FROM run_step_totals WHERE run_id = $1
+             GROUP BY step HAVING SUM(tasks) <> 0
+             ORDER BY MIN(first_id)",
         )
         .bind(run_id)
         .fetch_all(self.store.pool())
         .await?;
         let n = |r: &sqlx::any::AnyRow, c: &str| -> Result<u64, StoreError> {
-            Ok(r.try_get::<Option<i64>, _>(c)?.unwrap_or(0).max(0) as u64)
+            Ok(to_u64(r.try_get::<i64, _>(c)?))
         };
         rows.iter()
             .map(|r| {
@@ -95,8 +98,8 @@ impl Runs<'_> {
                     failed: n(r, "failed")?,
                     blocked: n(r, "blocked")?,
                     pending: n(r, "pending")?,
-                    planned_credits: n(r, "planned")?,
-                    billed_credits: n(r, "billed")?,
+                    planned_credits: n(r, "planned_credits")?,
+                    billed_credits: n(r, "billed_credits")?,
                 })
             })
             .collect()
@@ -165,60 +168,145 @@ impl Runs<'_> {
 
     /// What run `run_id` was billed or may have been: [`Totals::billed_credits`] and
     /// [`Totals::possibly_billed_credits`], read alone. What a run may still spend is decided
-    /// on it before its first paid call; [`Runs::totals`] also counts every task and output,
-    /// statements that at a night's 900,000 tasks took seconds and decide nothing.
+    /// on it before its first paid call: one row of the totals the store keeps, not a sum over
+    /// the night's attempts (at 900,000 tasks, seconds).
     pub async fn spent(&self, run_id: &RunId) -> Result<u64, StoreError> {
-        let a = sqlx::query(ATTEMPT_TOTALS)
-            .bind(run_id)
-            .fetch_one(self.store.pool())
-            .await?;
+        let Some(a) = self.run_totals(run_id).await? else {
+            return Ok(0);
+        };
         let n = |c: &str| -> Result<u64, StoreError> { Ok(to_u64(a.try_get::<i64, _>(c)?)) };
-        Ok(n("billed")?.saturating_add(n("possibly")?))
+        Ok(n("billed_credits")?.saturating_add(n("possibly_billed_credits")?))
     }
 
+    /// The run's totals: its steps' summed (a few rows), its attempts' and outputs' read.
     pub async fn totals(&self, run_id: &RunId) -> Result<Totals, StoreError> {
-        let t = sqlx::query(
-            "SELECT COUNT(*) AS tasks,
-                    COUNT(*) FILTER (WHERE status = 'succeeded') AS succeeded,
-                    COUNT(*) FILTER (WHERE status = 'failed') AS failed,
-                    COUNT(*) FILTER (WHERE status = 'blocked') AS blocked,
-                    COUNT(*) FILTER (WHERE status IN ('pending', 'running')) AS pending,
-                    CAST(COALESCE(SUM(planned_credits), 0) AS BIGINT) AS planned
-             FROM tasks WHERE run_id = $1 AND removed_at IS NULL",
-        )
-        .bind(run_id)
-        .fetch_one(self.store.pool())
-        .await?;
-        let a = sqlx::query(ATTEMPT_TOTALS)
+        let mut totals = Totals::default();
+        for s in self.step_counts(run_id).await? {
+            totals.tasks += s.tasks;
+            totals.succeeded += s.succeeded;
+            totals.failed += s.failed;
+            totals.blocked += s.blocked;
+            totals.pending += s.pending;
+            totals.planned_credits += s.planned_credits;
+        }
+        if let Some(a) = self.run_totals(run_id).await? {
+            let n = |c: &str| -> Result<u64, StoreError> { Ok(to_u64(a.try_get::<i64, _>(c)?)) };
+            totals.billed_credits = n("billed_credits")?;
+            totals.ambiguous_attempts = n("ambiguous_attempts")?;
+            totals.possibly_billed_credits = n("possibly_billed_credits")?;
+            totals.outputs = n("outputs")?;
+            totals.downloaded = n("downloaded")?;
+            totals.download_failures = n("download_failures")?;
+        }
+        Ok(totals)
+    }
+
+    async fn run_totals(&self, run_id: &RunId) -> Result<Option<sqlx::any::AnyRow>, StoreError> {
+        Ok(sqlx::query(RUN_TOTALS)
             .bind(run_id)
-            .fetch_one(self.store.pool())
-            .await?;
-        let o = sqlx::query(
-            "SELECT COUNT(*) AS outputs,
-                    COUNT(*) FILTER (WHERE path IS NOT NULL) AS downloaded,
-                    COUNT(*) FILTER (WHERE path IS NULL AND download_error IS NOT NULL)
-                        AS failures
-             FROM outputs WHERE run_id = $1",
-        )
-        .bind(run_id)
-        .fetch_one(self.store.pool())
-        .await?;
-        let n = |row: &sqlx::any::AnyRow, c: &str| -> Result<u64, StoreError> {
-            Ok(to_u64(row.try_get::<i64, _>(c)?))
+            .fetch_optional(self.store.pool())
+            .await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::run_id::RunId;
+    use crate::store::runs::{NewRun, RecordedPlan};
+    use crate::store::{Location, NewTask, Store, TaskStatus};
+    use crate::task_key::TaskKey;
+
+    /// What a run may still spend and its steps' counts, as kept by the store, follow every
+    /// kind of write: an attempt left without an answer counts its task's planned price, and
+    /// that price changed afterwards (a discovered price) counts anew; a task failed or dropped
+    /// by a changed pipeline leaves its step's counts.
+    async fn totals_follow_their_rows(store: &Store) {
+        let run_id = RunId::from("r");
+        let plan = RecordedPlan::of(&serde_json::json!({})).unwrap();
+        let run = NewRun {
+            id: &run_id,
+            pipeline_name: "p",
+            pipeline_file: "p.yaml",
+            pipeline_text: "",
+            pipeline_sha256: "",
+            items_sha256: "",
+            plan: &plan,
+            output_dir: "out",
+            credits_planned: 6,
+            balance_before: None,
         };
-        Ok(Totals {
-            tasks: n(&t, "tasks")?,
-            succeeded: n(&t, "succeeded")?,
-            failed: n(&t, "failed")?,
-            blocked: n(&t, "blocked")?,
-            pending: n(&t, "pending")?,
-            planned_credits: n(&t, "planned")?,
-            billed_credits: n(&a, "billed")?,
-            ambiguous_attempts: n(&a, "ambiguous")?,
-            possibly_billed_credits: n(&a, "possibly")?,
-            outputs: n(&o, "outputs")?,
-            downloaded: n(&o, "downloaded")?,
-            download_failures: n(&o, "failures")?,
-        })
+        let task = |item: &str| NewTask {
+            key: TaskKey::new(item.to_owned(), "shot".to_owned(), 0),
+            operation: "generate",
+            inputs: "[]".to_owned(),
+            planned_credits: 3,
+            request: None,
+        };
+        store
+            .runs()
+            .create(&run, &[task("a"), task("b")])
+            .await
+            .unwrap();
+        let ids: Vec<i64> = store
+            .tasks()
+            .all(&run_id)
+            .await
+            .unwrap()
+            .iter()
+            .map(|t| t.id)
+            .collect();
+        assert_eq!(store.runs().spent(&run_id).await.unwrap(), 0);
+        store.attempts().begin(&run_id, ids[0], "x").await.unwrap();
+        assert_eq!(
+            store.runs().spent(&run_id).await.unwrap(),
+            3,
+            "unanswered: its price"
+        );
+        store.tasks().set_planned(&[(ids[0], 7)]).await.unwrap();
+        let totals = store.runs().totals(&run_id).await.unwrap();
+        assert_eq!(
+            (
+                totals.ambiguous_attempts,
+                totals.possibly_billed_credits,
+                totals.planned_credits
+            ),
+            (1, 7, 10),
+            "repriced: the unanswered attempt may have cost the new price"
+        );
+        assert_eq!(store.runs().spent(&run_id).await.unwrap(), 7);
+        store
+            .tasks()
+            .set_status(&ids[1..], TaskStatus::Failed, Some("no"))
+            .await
+            .unwrap();
+        let steps = store.runs().step_counts(&run_id).await.unwrap();
+        let counts = |s: &super::StepCounts| (s.tasks, s.pending, s.failed, s.planned_credits);
+        assert_eq!(
+            steps.iter().map(counts).collect::<Vec<_>>(),
+            [(2, 1, 1, 10)]
+        );
+        sqlx::query("UPDATE tasks SET removed_at = 1 WHERE id = $1")
+            .bind(ids[1])
+            .execute(store.pool())
+            .await
+            .unwrap();
+        let steps = store.runs().step_counts(&run_id).await.unwrap();
+        assert_eq!(steps.iter().map(counts).collect::<Vec<_>>(), [(1, 1, 0, 7)]);
+    }
+
+    #[tokio::test]
+    async fn the_totals_kept_follow_their_rows_on_sqlite_and_postgres() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("state.db")).await.unwrap();
+        totals_follow_their_rows(&store).await;
+        store.close().await;
+        let Some(url) = crate::store::test_postgres::database("totals").await else {
+            return;
+        };
+        let store = Store::open_at(&Location::Postgres((*url).clone()))
+            .await
+            .unwrap();
+        totals_follow_their_rows(&store).await;
+        store.close().await;
     }
 }

@@ -42,4 +42,5 @@ mod scale;
 mod shared_rate;
 mod signals;
 mod spend;
+mod totals;
 mod validate;
