@@ -13,6 +13,14 @@ use crate::store::{PgUrl, Store, StoreError};
 /// polls; it is cancelled by dropping it (its connection goes with it).
 const POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
+/// How long a refused host waits for the holder to write who it is, so that the refusal names
+/// it: the lock is taken first and its holder's details written right after, and a host
+/// started at the same instant would otherwise say only that the lock says nothing more yet.
+const NAMED_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How often the refused host looks again meanwhile.
+const NAMED_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// The advisory lock key of `pipeline`: 64 bits of a hash of its name, so any name is a key
 /// and another application's keys are unlikely to meet imgpipe's.
 pub fn key(pipeline: &str) -> i64 {
@@ -57,6 +65,7 @@ pub async fn acquire(
         .map_err(failed)?;
     let key = key(pipeline);
     let mut told = false;
+    let refused_at = std::time::Instant::now();
     loop {
         let (taken,): (bool,) = sqlx::query_as("SELECT pg_try_advisory_lock($1)")
             .bind(key)
@@ -67,6 +76,11 @@ pub async fn acquire(
             break;
         }
         let holder = holder(&mut conn, key).await.map_err(failed)?;
+        if !wait && holder.is_none() && refused_at.elapsed() < NAMED_WITHIN {
+            // Taken an instant ago: its holder writes who it is right after taking it.
+            tokio::time::sleep(NAMED_POLL).await;
+            continue;
+        }
         if !wait {
             let _ = conn.close().await;
             return Err(LockError::Held {
@@ -272,6 +286,46 @@ mod tests {
         };
         assert_eq!(holder.run_id, "second", "run_locks names the new holder");
         drop(second);
+        store.pool().close().await;
+    }
+
+    /// A host refused in the instant between the holder taking the lock and writing who it is
+    /// waits for that line, so its refusal names the holder (two CronJobs started together).
+    #[tokio::test]
+    async fn a_host_refused_as_the_lock_is_being_taken_still_names_its_holder() {
+        let Some((url, store)) = state("named").await else {
+            return;
+        };
+        // The holder's first half: the lock taken, its details not written yet.
+        let mut holder = connect(&url).await;
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(key("nightly"))
+            .execute(&mut holder)
+            .await
+            .unwrap();
+        let refused = tokio::spawn({
+            let url = PgUrl::clone(&url);
+            async move { take(&url, RunId::from("second"), false).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        sqlx::query(
+            "INSERT INTO run_locks (lock_key, pipeline, run_id, host, pid, since)
+             VALUES ($1, 'nightly', 'first', 'elsewhere', 4242, '2026-11-27T15:00:00Z')",
+        )
+        .bind(key("nightly"))
+        .execute(&mut holder)
+        .await
+        .unwrap();
+        let refused = tokio::time::timeout(CEILING, refused)
+            .await
+            .expect("the refused host answers within the ceiling")
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            refused.to_string().contains("run first by pid 4242"),
+            "{refused}"
+        );
+        drop(holder);
         store.pool().close().await;
     }
 
