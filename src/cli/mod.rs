@@ -184,14 +184,16 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
             | Command::Man(_) => Ok(()),
         }
     };
-    if matches!(
-        command,
-        Command::Run(_)
-            | Command::Resume(_)
-            | Command::Reroll(_)
-            | Command::Sandbox(_)
-            | Command::Review(_)
-    ) {
+    let grace = match &command {
+        Command::Run(args) => Some(args.opts.grace),
+        Command::Resume(args) => Some(args.opts.grace),
+        Command::Reroll(args) => Some(args.opts.grace),
+        _ => None,
+    };
+    if let Some(grace) = grace {
+        return bounded_after_shutdown(work, &shutdown, grace).await;
+    }
+    if matches!(command, Command::Sandbox(_) | Command::Review(_)) {
         return work.await;
     }
     tokio::select! {
@@ -201,6 +203,38 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
                 "a call in flight may have been billed; a job id logged above can be fetched without paying: imgpipe job <id> --out DIR"
                     .into(),
             ),
+        }),
+    }
+}
+
+/// How long a run, resume or reroll has to record its end once the grace for its calls in
+/// flight is over.
+const RECORD_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Runs a command that records what it does (the runner handles the signal itself) to its
+/// end, or, once stopped (a signal, or the PostgreSQL run lock's session lost), until its
+/// `grace` for the calls in flight and [`RECORD_WITHIN`] more have passed: a state database
+/// that does not answer must not hold the process for ever. What it could not record stays
+/// as the database last had it (calls recorded as sent are possibly billed), which is what a
+/// resume reads.
+async fn bounded_after_shutdown(
+    work: impl std::future::Future<Output = Result<(), Error>>,
+    shutdown: &CancellationToken,
+    grace: f64,
+) -> Result<(), Error> {
+    let grace = std::time::Duration::try_from_secs_f64(grace).unwrap_or_default();
+    let overdue = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(grace + RECORD_WITHIN).await;
+    };
+    tokio::select! {
+        result = work => result,
+        () = overdue => Err(Error::Interrupted {
+            detail: Some(format!(
+                "the state database did not take the run's records within {}s after the {}s grace: calls it had as sent stay possibly billed; resume the run once it answers",
+                RECORD_WITHIN.as_secs(),
+                grace.as_secs_f64()
+            )),
         }),
     }
 }

@@ -29,6 +29,10 @@ const FIRST_RETRY: Duration = Duration::from_millis(250);
 /// How long one try may take. Longer than [`DELIVERY_BOUND`] on purpose: a webhook slow to
 /// answer is still given its chance during the run, and only the exit is bounded.
 const TRY_TIMEOUT: Duration = Duration::from_secs(10);
+/// A test-only setting: the milliseconds one try may take, in place of [`TRY_TIMEOUT`], so a
+/// test sees a receiver that never answers given up on after its four tries without waiting
+/// out four times 10 s.
+pub const TEST_TRY_TIMEOUT_ENV: &str = "IMGPIPE_TEST_NOTIFY_TRY_TIMEOUT_MS";
 /// Events waiting for the sender. A run sends a handful (three budget marks, a price above
 /// plan that stops it, its end); a full queue drops the event with a warning, never blocks.
 const QUEUE: usize = 64;
@@ -102,7 +106,7 @@ impl Notifier {
         let client = reqwest::Client::builder()
             // A redirect could lead a signed body to plain http elsewhere.
             .redirect(reqwest::redirect::Policy::none())
-            .timeout(TRY_TIMEOUT)
+            .timeout(try_timeout())
             .build()?;
         let (tx, rx) = mpsc::channel(QUEUE);
         let closing = CancellationToken::new();
@@ -131,6 +135,14 @@ impl Notifier {
             );
         }
     }
+}
+
+/// [`TRY_TIMEOUT`], or the test's (see [`TEST_TRY_TIMEOUT_ENV`]).
+fn try_timeout() -> Duration {
+    std::env::var(TEST_TRY_TIMEOUT_ENV)
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .map_or(TRY_TIMEOUT, Duration::from_millis)
 }
 
 /// Posts every event received, each in a task of its own, until told to close; then posts

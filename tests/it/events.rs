@@ -1111,18 +1111,36 @@ async fn the_metrics_file_is_rewritten_every_10_s_of_the_run_and_every_sample_na
     }
 }
 
-/// A receiver that takes the first try of each `budget.crossed` event and holds it at a gate
-/// the test opens, answering every other request 204 at once.
+/// A receiver that takes the first try of each `budget.crossed` event (with `every`, each try
+/// of one) and holds it at a gate until the test opens it, answering every other request 204
+/// at once.
 struct Gated {
     url: String,
     tries: Arc<Mutex<Vec<Held>>>,
-    gate: Arc<tokio::sync::Notify>,
+    open: tokio::sync::watch::Sender<bool>,
     server: tokio::task::JoinHandle<()>,
+}
+
+impl Gated {
+    /// Answers the tries held and those to come.
+    fn open(&self) {
+        self.open.send_replace(true);
+    }
+
+    /// The tries of `budget.crossed` events so far.
+    fn marks(&self) -> Vec<Held> {
+        let tries = self.tries.lock().unwrap();
+        tries
+            .iter()
+            .filter(|t| t.event.as_deref() == Some("budget.crossed"))
+            .cloned()
+            .collect()
+    }
 }
 
 impl Drop for Gated {
     fn drop(&mut self) {
-        self.gate.notify_waiters();
+        self.open();
         self.server.abort();
     }
 }
@@ -1135,11 +1153,15 @@ struct Held {
     at: std::time::Instant,
 }
 
-type GateState = (Arc<Mutex<Vec<Held>>>, Arc<tokio::sync::Notify>);
+type GateState = (
+    Arc<Mutex<Vec<Held>>>,
+    tokio::sync::watch::Receiver<bool>,
+    bool,
+);
 
-async fn gated() -> Gated {
+async fn gated(every: bool) -> Gated {
     async fn answer(
-        State((tries, gate)): State<GateState>,
+        State((tries, mut open, every)): State<GateState>,
         headers: HeaderMap,
         body: Bytes,
     ) -> StatusCode {
@@ -1147,35 +1169,36 @@ async fn gated() -> Gated {
             .get("x-imgpipe-event")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let first = {
+        let held = {
             let mut tries = tries.lock().unwrap();
-            let first = event.as_deref() == Some("budget.crossed")
-                && !tries.iter().any(|t| t.event == event);
+            let held = event.as_deref() == Some("budget.crossed")
+                && (every || !tries.iter().any(|t| t.event == event));
             tries.push(Held {
                 body: serde_json::from_slice(&body).unwrap_or_default(),
                 event,
                 at: std::time::Instant::now(),
             });
-            first
+            held
         };
-        if first {
-            gate.notified().await;
+        if held {
+            let _ = open.wait_for(|o| *o).await;
         }
         StatusCode::NO_CONTENT
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/hook", listener.local_addr().unwrap());
-    let (tries, gate) = (Arc::default(), Arc::new(tokio::sync::Notify::new()));
+    let tries = Arc::default();
+    let (open, opened) = tokio::sync::watch::channel(false);
     let app = axum::Router::new()
         .route("/hook", post(answer))
-        .with_state((Arc::clone(&tries), Arc::clone(&gate)));
+        .with_state((Arc::clone(&tries), opened, every));
     let server = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
     Gated {
         url,
         tries,
-        gate,
+        open,
         server,
     }
 }
@@ -1188,7 +1211,7 @@ async fn an_event_whose_try_times_out_is_tried_again_and_delivered() {
     let env = start(config()).await;
     let dir = env.dir.path();
     write(dir, "chain.yaml", &edit_chain(2, Some(18)));
-    let hook = gated().await;
+    let hook = gated(false).await;
     let hold = env.sandbox.hold();
     // The first item's chain (9 credits, half of 18) through the sandbox's gate, the next held.
     env.sandbox.let_through(3);
@@ -1201,14 +1224,7 @@ async fn an_event_whose_try_times_out_is_tried_again_and_delivered() {
         &hook.url,
     ];
     let mut run = Imgpipe::on(&env, &args).sqlite_in(dir).watched();
-    let marks = || {
-        let tries = hook.tries.lock().unwrap();
-        tries
-            .iter()
-            .filter(|t| t.event.as_deref() == Some("budget.crossed"))
-            .cloned()
-            .collect::<Vec<_>>()
-    };
+    let marks = || hook.marks();
     let limit = Duration::from_secs(40);
     let deadline = std::time::Instant::now() + limit;
     while marks().len() < 2 {
@@ -1249,4 +1265,61 @@ async fn an_event_whose_try_times_out_is_tried_again_and_delivered() {
         "{}",
         stderr(&o)
     );
+}
+
+/// A receiver that takes every try of an event and never answers gets four tries and no
+/// fifth, each given up on at its timeout (2 s here through `IMGPIPE_TEST_NOTIFY_TRY_TIMEOUT_MS`,
+/// a test-only setting, for the documented 10 s); then the event is given up on and said so,
+/// while the run, held at the sandbox's gate all along, goes on and ends 0. The count is read
+/// when the run says it gave up, after its last try: a fifth could only come before.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_event_whose_every_try_times_out_is_tried_4_times_and_the_run_goes_on() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "chain.yaml", &edit_chain(2, Some(18)));
+    let hook = gated(true).await;
+    let hold = env.sandbox.hold();
+    // The first item's chain (9 credits, half of 18) through the sandbox's gate, the next held.
+    env.sandbox.let_through(3);
+    let args = [
+        "run",
+        "chain.yaml",
+        "--concurrency",
+        "1",
+        "--notify",
+        &hook.url,
+    ];
+    let mut run = Imgpipe::on(&env, &args)
+        .sqlite_in(dir)
+        .env("IMGPIPE_TEST_NOTIFY_TRY_TIMEOUT_MS", "2000")
+        .watched();
+    let said = run
+        .wait_for_line_within(
+            "notify: budget.crossed not delivered",
+            Duration::from_secs(60),
+        )
+        .await;
+    let marks = hook.marks();
+    assert_eq!(marks.len(), 4, "four tries, no fifth: {marks:?}\n{said}");
+    assert!(
+        marks
+            .iter()
+            .all(|t| t.body == marks[0].body && t.body["percent"] == 50),
+        "the 50% mark each time: {marks:?}"
+    );
+    assert!(said.contains("timed out"), "{said}");
+    wait_while_running(&mut run, "still held at the sandbox's gate", || {
+        env.sandbox.held_calls() >= 1
+    })
+    .await;
+    hook.open();
+    drop(hold);
+    let o = run.finish().await;
+    assert_exit_without_panic(&o, 0);
+    let fifty = hook
+        .marks()
+        .into_iter()
+        .filter(|t| t.body["percent"] == 50)
+        .count();
+    assert_eq!(fifty, 4, "not tried again after it was given up on");
 }

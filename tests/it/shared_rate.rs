@@ -14,6 +14,11 @@ use std::path::Path;
 
 use imgpipe::sandbox::{self, LedgerEntry};
 
+// The benches' proxy that turns into a black hole (`benches/shared_rate.rs` cuts the database
+// with it too): one proxy, whose "cut" the bench's figures and this suite's tests both mean.
+#[path = "../../benches/support/black_hole.rs"]
+mod black_hole;
+
 use crate::binary::Imgpipe;
 use crate::common::*;
 use crate::run::{config, edit_chain, write};
@@ -394,4 +399,75 @@ async fn when_the_database_answers_again_each_process_draws_from_the_shared_limi
     assert_eq!(env.sandbox.ledger().len(), 2 * CALLS_EACH);
     assert_no_request_billed_twice(&env);
     proxy.close().await;
+}
+
+/// The whole state database gone silent mid-run (a proxy that stops forwarding and closes
+/// nothing: a database that does not answer, not one that refuses): the run does not wait on
+/// it for ever. Its run lock's session answers no ping within 10 s, so it stops as if
+/// interrupted (exit 130), and once its grace (`--grace 1`) and the bound on its records are
+/// over, it ends saying what stays unrecorded. The resume, once the database answers, pays
+/// for every task left and pays again nothing recorded before the cut (the calls held at the
+/// sandbox's gate across it, billed while nothing could be recorded, are possibly billed).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_whose_database_stops_answering_ends_in_bounded_time_and_resumes() {
+    let Some(url) = postgres_database("rate_silent").await else {
+        return;
+    };
+    let env = start(bucket()).await;
+    pipelines(env.dir.path());
+    let mut proxied = url::Url::parse(&url).unwrap();
+    let target = std::net::SocketAddr::from((
+        std::net::Ipv4Addr::LOCALHOST,
+        proxied.port().unwrap_or(5432),
+    ));
+    let proxy = black_hole::BlackHole::start(target);
+    proxied.set_port(Some(proxy.port)).unwrap();
+    env.sandbox.hold_calls();
+    env.sandbox.let_through(6);
+    let mut north = run_of(&env, proxied.as_str(), "north")
+        .args(&["--grace", "1"])
+        .watched();
+    wait_until("six calls paid and a seventh held", || {
+        env.sandbox.ledger().len() >= 6 && env.sandbox.held_calls() >= 1
+    })
+    .await;
+    proxy.cut();
+    env.sandbox.release_calls();
+    north
+        .wait_for_line_within("no answer within 10s", std::time::Duration::from_secs(60))
+        .await;
+    let north = north.finish().await;
+    assert_exit_without_panic(&north, 130);
+    assert!(
+        stderr(&north).contains("the state database did not take the run's records within 30s"),
+        "{}",
+        stderr(&north)
+    );
+    let paid_while_cut = env.sandbox.ledger().len();
+    assert!(
+        paid_while_cut >= 7,
+        "the held call was billed: {paid_while_cut}"
+    );
+    // The proxy's connections close with it: the server ends their sessions and the run lock.
+    drop(proxy);
+    let resumed = Imgpipe::on(&env, &["resume", "north"])
+        .state(&url)
+        .run()
+        .await;
+    assert_exit_without_panic(&resumed, 0);
+    // Every task paid for; paid again only what was billed while the database could record
+    // nothing (those calls stay possibly billed, and `--on-ambiguous retry` calls again).
+    let ledger = env.sandbox.ledger();
+    let silent: std::collections::HashSet<&str> = ledger[6..paid_while_cut]
+        .iter()
+        .map(|e| e.request.as_str())
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    for e in &ledger {
+        assert!(
+            seen.insert(e.request.as_str()) || silent.contains(e.request.as_str()),
+            "paid twice, though recorded before the cut: {e:?}"
+        );
+    }
+    assert_eq!(seen.len(), CALLS_EACH, "every task paid: {ledger:?}");
 }

@@ -24,6 +24,11 @@ pub fn key(pipeline: &str) -> i64 {
 /// How often a held lock's session is asked whether it is still there.
 const WATCH: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// How long the session has to answer: a server that does not answer at all (a network that
+/// drops every packet, a host frozen) is as lost as one that closed the connection, and
+/// without a bound the run would wait on it for ever.
+pub const ANSWER_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Takes the lock of `pipeline` in the database at `url`, or fails at once naming its holder;
 /// with `wait`, asks again until the holder is done.
 ///
@@ -94,14 +99,16 @@ pub async fn acquire(
     let watch = tokio::spawn(async move {
         loop {
             tokio::time::sleep(WATCH).await;
-            if let Err(e) = conn.ping().await {
-                tracing::error!(
-                    "lost the run lock's session with PostgreSQL ({}): stopping, so that no other host pays for the same tasks; resume the run once the database is back",
-                    crate::store::postgres::describe(&e)
-                );
-                lost.cancel();
-                return;
-            }
+            let why = match tokio::time::timeout(ANSWER_WITHIN, conn.ping()).await {
+                Ok(Ok(())) => continue,
+                Ok(Err(e)) => crate::store::postgres::describe(&e),
+                Err(_) => format!("no answer within {}s", ANSWER_WITHIN.as_secs()),
+            };
+            tracing::error!(
+                "lost the run lock's session with PostgreSQL ({why}): stopping, so that no other host pays for the same tasks; resume the run once the database is back"
+            );
+            lost.cancel();
+            return;
         }
     });
     Ok(RunLock::postgres(watch))
