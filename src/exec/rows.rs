@@ -23,6 +23,23 @@ use crate::task_key::TaskKey;
 /// Items recorded in one transaction: a few hundred milliseconds' work at most.
 const CHUNK_ITEMS: usize = 1024;
 
+/// A test-only setting: items recorded in one transaction in place of [`CHUNK_ITEMS`], so
+/// that a test can see a run of a few dozen items recorded chunk by chunk (killed between two
+/// chunks) without running a thousand items to the end.
+const TEST_CHUNK_ITEMS_ENV: &str = "IMGPIPE_TEST_CHUNK_ITEMS";
+
+/// [`CHUNK_ITEMS`], or the positive number [`TEST_CHUNK_ITEMS_ENV`] sets; read once.
+fn chunk_items() -> usize {
+    static CHUNK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CHUNK.get_or_init(|| {
+        std::env::var(TEST_CHUNK_ITEMS_ENV)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| *n > 0)
+            .unwrap_or(CHUNK_ITEMS)
+    })
+}
+
 /// How task `t` of `graph` is recorded: its key, operation, inputs, price, and its request
 /// as the executor will send it (rendered by the same code, its URLs left out).
 pub fn new_task(graph: &Graph, t: usize) -> NewTask {
@@ -219,7 +236,7 @@ impl Rows {
         let want = from.saturating_add(ahead).min(items);
         while self.recorded_items < want {
             let start = self.recorded_items;
-            let end = start.saturating_add(CHUNK_ITEMS.max(ahead)).min(items);
+            let end = start.saturating_add(chunk_items().max(ahead)).min(items);
             let first = graph.instance_tasks(Instance::Item(start)).start;
             let last = graph.instance_tasks(Instance::Item(end - 1)).end;
             let missing: Vec<usize> = (first..last).filter(|t| !self.ids.has(*t)).collect();

@@ -1,7 +1,7 @@
 //! The one way the tests start the real `imgpipe` binary: [`Imgpipe`], a builder in the manner
 //! of just's `Test` and uv's `TestContext`. Every process it starts has
 //!
-//! - a clean environment: no `IMGPIPE_*` of the caller's, stdin closed;
+//! - a clean environment: no `IMGPIPE_*` of the caller's, stdin closed, SIGINT at its default;
 //! - its own `HOME` and `XDG_{STATE,CONFIG,CACHE,DATA}_HOME`, shared by the commands a test
 //!   runs in the same directory and by no other test, so that a developer's real
 //!   `~/.local/state/imgpipe/` never changes what a test sees, and a test never writes there;
@@ -227,6 +227,7 @@ impl<'e> Imgpipe<'e> {
             }
         };
         cmd.args(&self.args).stdin(Stdio::null());
+        default_sigint(&mut cmd);
         for name in CLEARED {
             cmd.env_remove(name);
         }
@@ -261,6 +262,25 @@ impl<'e> Imgpipe<'e> {
             ledger: self.sandbox.map(|env| env.sandbox.ledger()),
             state: self.state,
         }
+    }
+}
+
+/// SIGINT at its default in the child, however the suite was started: a shell without job
+/// control starts a background command (`cargo test … &`) with SIGINT ignored, and a child
+/// that inherits that lets a SIGINT sent before it installs its own handler go unseen, where a
+/// user's would end it (crash.rs sends some a few milliseconds after the start). Nothing else
+/// of the caller's dispositions is changed.
+fn default_sigint(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: `signal` is async-signal-safe, and the closure touches nothing else between
+    // fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::signal(libc::SIGINT, libc::SIG_DFL) == libc::SIG_ERR {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }
 

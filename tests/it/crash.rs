@@ -227,6 +227,8 @@ struct Runner<'a> {
     sandbox: &'a External,
     run_id: &'static str,
     extra: Vec<&'static str>,
+    /// Environment variables of its runs (test-only settings).
+    vars: Vec<(&'static str, &'static str)>,
     round: usize,
     /// `--state`: `state/state.db` in `dir`, or a PostgreSQL URL.
     state: String,
@@ -292,6 +294,7 @@ impl Runner<'_> {
         let file = std::fs::File::create(&log).unwrap();
         cmd.env("IMGPIPE_BASE_URL", &self.sandbox.base)
             .env("IMGPIPE_API_KEY", KEY)
+            .envs(self.vars.iter().copied())
             .stdout(Stdio::from(file.try_clone().unwrap()))
             .stderr(Stdio::from(file));
         (cmd.spawn().expect("imgpipe run starts"), log)
@@ -1057,6 +1060,7 @@ async fn killed_24_times(state: Option<String>) {
         sandbox: &sandbox,
         run_id: "crash1",
         extra: vec![],
+        vars: Vec::new(),
         round: 0,
         state: state.unwrap_or_else(|| file_state(dir)),
         // 24 rounds of 8 calls, 192, fewer than the 200 tasks: every round is killed.
@@ -1119,13 +1123,16 @@ async fn killed_24_times(state: Option<String>) {
     p.assert_none("after 24 kills");
 }
 
-/// A run records its items' tasks lazily, a chunk of 1,024 items at a time, as the scheduler
-/// comes near them. 1,100 items (5,500 tasks) killed as soon as the first chunk is recorded
-/// leave the others unrecorded: the continued run records the rest, pays for each task once,
-/// and the books, files and database agree.
+/// A run records its items' tasks lazily, a chunk of items at a time (1,024; 16 here, by the
+/// test-only `IMGPIPE_TEST_CHUNK_ITEMS`), as the scheduler comes near them. 40 items (200
+/// tasks, three chunks) killed once the first chunk is recorded, its calls held at the
+/// sandbox's gate so that the run cannot record a second before the signal, leave the others
+/// unrecorded: the continued run records the rest, pays for each task once, and the books,
+/// files and database agree.
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_as_the_run_is_being_recorded_it_is_continued() {
-    const ITEMS: usize = 1100;
+    const CHUNK: usize = 16;
+    const ITEMS: usize = 40;
     const TASKS: usize = ITEMS * 5;
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
@@ -1135,30 +1142,38 @@ async fn killed_as_the_run_is_being_recorded_it_is_continued() {
         dir,
         sandbox: &sandbox,
         run_id: "early",
-        extra: vec!["--rate", "2000/s", "--concurrency", "16"],
+        extra: vec!["--rate", "2000/s"],
+        vars: vec![("IMGPIPE_TEST_CHUNK_ITEMS", "16")],
         round: 0,
         state: file_state(dir),
-        share: None,
+        // Every call held: the scheduler records the next chunk only as calls come back.
+        share: Some(0),
     };
     let (mut child, _) = runner.start().await;
     let state = runner.state().to_owned();
     let started = Instant::now();
-    // Kill as soon as the first chunk of tasks is committed.
+    // Kill once the first chunk of tasks is committed and the run's first calls wait at the
+    // gate.
     loop {
-        if crate::common::rows_in(Path::new(&state), "tasks").await > 0 {
+        if crate::common::rows_in(Path::new(&state), "tasks").await > 0 && sandbox.stalled().await {
             break;
         }
         assert!(child.try_wait().unwrap().is_none(), "the run ended first");
-        assert!(started.elapsed() < ROUND_LIMIT, "no task was recorded");
-        tokio::time::sleep(Duration::from_micros(200)).await;
+        assert!(
+            started.elapsed() < ROUND_LIMIT,
+            "no task recorded and call held within {ROUND_LIMIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     crate::common::kill_child(&mut child, "the recording run").await;
+    runner.open().await;
     let first = read_db(&state).await;
     let recorded = first.tasks.len();
     eprintln!("crash (recording): killed with {recorded} of {TASKS} tasks recorded");
-    assert!(
-        recorded > 0 && recorded <= 1024 * 5,
-        "{recorded} tasks recorded at first: not one chunk of items"
+    assert_eq!(
+        recorded,
+        CHUNK * 5,
+        "tasks recorded at first: not one chunk of items"
     );
     assert!(
         first.attempts.len() < TASKS,
@@ -1276,6 +1291,7 @@ async fn interrupted_20_times_each_run_stops_at_once_and_records_everything() {
         sandbox: &sandbox,
         run_id: "int1",
         extra: vec!["--grace", "10"],
+        vars: Vec::new(),
         round: 0,
         state: file_state(dir),
         // 20 rounds of 9 calls, 180, fewer than the 200 tasks: every round is interrupted.
@@ -1457,6 +1473,7 @@ async fn continued_after_its_urls_expired_the_run_pays_nothing_twice() {
         sandbox: &sandbox,
         run_id: "ttl",
         extra: vec!["--url-ttl", "2", "--url-margin", "0.5"],
+        vars: Vec::new(),
         round: 0,
         state: file_state(dir),
         // One call let through the gate, the next held: the SIGINT lands while the first
