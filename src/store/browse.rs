@@ -464,14 +464,15 @@ impl Report<'_> {
             .collect()
     }
 
-    /// How many of the run's outputs have a file or object.
+    /// How many of the run's outputs have a file or object: the count the store keeps
+    /// (`run_totals.downloaded`), one row, never a count of the outputs.
     pub async fn images(&self, run_id: &RunId) -> Result<u64, StoreError> {
-        let (n,): (i64,) =
-            sqlx::query_as("SELECT COUNT(*) FROM outputs WHERE run_id = $1 AND path IS NOT NULL")
+        let n: Option<(i64,)> =
+            sqlx::query_as("SELECT downloaded FROM run_totals WHERE run_id = $1")
                 .bind(run_id)
-                .fetch_one(self.store.pool())
+                .fetch_optional(self.store.pool())
                 .await?;
-        Ok(to_u64(n))
+        Ok(n.map_or(0, |(n,)| to_u64(n)))
     }
 }
 

@@ -127,6 +127,28 @@ const REPORT_ROWS_POSTGRES: &str = "SELECT t.id, t.item, t.step, t.idx, t.operat
      WHERE t.removed_at IS NULL
      ORDER BY t.item <> '_batch', t.first, t.step, t.idx, o.k";
 
+/// One line of [`Report::step_totals`] as summed by the database, with the smallest task id
+/// it counts (the lines are listed in that order); its reused tasks and calls at risk apart.
+fn step_line(r: &sqlx::any::AnyRow, removed: bool) -> Result<(i64, StepTotals), StoreError> {
+    let n = |c: &str| -> Result<u64, StoreError> {
+        Ok(to_u64(r.try_get::<Option<i64>, _>(c)?.unwrap_or(0)))
+    };
+    let line = StepTotals {
+        step: r.try_get("step")?,
+        removed,
+        tasks: n("tasks")?,
+        succeeded: n("succeeded")?,
+        failed: n("failed")?,
+        blocked: n("blocked")?,
+        pending: n("pending")?,
+        reused: 0,
+        planned: n("planned")?,
+        billed: n("billed")?,
+        at_risk: 0,
+    };
+    Ok((r.try_get("first")?, line))
+}
+
 /// One row of [`Report::rows`]: a task, and one of its outputs when it has any.
 #[derive(Clone, Debug)]
 pub struct ReportEntry {
@@ -236,64 +258,113 @@ impl<'a> Report<'a> {
     /// Each step's tasks summed, in the order the steps were first recorded, removed tasks on
     /// lines of their own. Calls without an answer count at risk only with `unanswered`: while
     /// the run goes on they are in flight, not (yet) possibly billed.
+    ///
+    /// Read from the totals the store keeps of each step's live tasks (`run_step_totals`, a
+    /// few rows), and from the few rows summing cannot keep apart: the tasks removed from the
+    /// pipeline and those reused from an earlier run (each read alone through an index of its
+    /// own, `20261201000800_report_totals`: none in most runs) and the calls without an
+    /// answer. Never a count of the run's every task (seconds at 100,000 items).
     pub async fn step_totals(
         &self,
         run_id: &RunId,
         unanswered: bool,
     ) -> Result<Vec<StepTotals>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT step, CASE WHEN removed_at IS NULL THEN 0 ELSE 1 END AS removed,
-                    MIN(id) AS first, COUNT(*) AS tasks,
-                    COUNT(*) FILTER (WHERE status = 'succeeded') AS succeeded,
-                    COUNT(*) FILTER (WHERE status = 'failed') AS failed,
-                    COUNT(*) FILTER (WHERE status = 'blocked') AS blocked,
-                    COUNT(*) FILTER (WHERE status IN ('pending', 'running')) AS pending,
-                    COUNT(*) FILTER (WHERE reused_from IS NOT NULL) AS reused,
-                    CAST(SUM(planned_credits) AS BIGINT) AS planned,
-                    CAST(SUM(credits_billed) AS BIGINT) AS billed
-             FROM tasks WHERE run_id = $1 GROUP BY 1, 2 ORDER BY first",
+        let mut lines = self.live_steps(run_id).await?;
+        let removed = self.removed_steps(run_id).await?;
+        for (first, line) in &mut lines {
+            // The totals keep the smallest id the step ever had: a step whose first tasks were
+            // removed is listed where its first live task is.
+            if removed.iter().any(|(_, r)| r.step == line.step) {
+                *first = self.first_live(run_id, &line.step).await?;
+            }
+        }
+        lines.extend(removed);
+        lines.sort_by_key(|(first, _)| *first);
+        let reused: Vec<(String, i64, i64)> = sqlx::query_as(
+            "SELECT step, CASE WHEN removed_at IS NULL THEN 0 ELSE 1 END, COUNT(*)
+             FROM tasks WHERE run_id = $1 AND reused_from IS NOT NULL GROUP BY 1, 2",
         )
         .bind(run_id)
         .fetch_all(self.store.pool())
         .await?;
+        // The predicate of the index of unanswered attempts, as it is written there.
         let risk: Vec<(String, i64, i64)> = sqlx::query_as(
             "SELECT t.step, CASE WHEN t.removed_at IS NULL THEN 0 ELSE 1 END,
                     CAST(SUM(t.planned_credits) AS BIGINT)
              FROM attempts a JOIN tasks t ON t.id = a.task_id
-             WHERE a.run_id = $1 AND (a.outcome = 'ambiguous' OR (a.outcome IS NULL AND $2))
+             WHERE a.run_id = $1 AND (a.outcome IS NULL OR a.outcome = 'ambiguous')
+               AND (a.outcome IS NOT NULL OR $2)
              GROUP BY 1, 2",
         )
         .bind(run_id)
         .bind(unanswered)
         .fetch_all(self.store.pool())
         .await?;
-        let n = |r: &sqlx::any::AnyRow, c: &str| -> Result<u64, StoreError> {
-            Ok(to_u64(r.try_get::<Option<i64>, _>(c)?.unwrap_or(0)))
+        let of = |rows: &[(String, i64, i64)], line: &StepTotals| -> u64 {
+            rows.iter()
+                .filter(|(s, rm, _)| *s == line.step && (*rm != 0) == line.removed)
+                .map(|(_, _, n)| to_u64(*n))
+                .sum()
         };
-        rows.iter()
-            .map(|r| {
-                let step: String = r.try_get("step")?;
-                let removed = r.try_get::<i64, _>("removed")? != 0;
-                let at_risk = risk
-                    .iter()
-                    .filter(|(s, rm, _)| *s == step && (*rm != 0) == removed)
-                    .map(|(_, _, c)| to_u64(*c))
-                    .sum();
-                Ok(StepTotals {
-                    tasks: n(r, "tasks")?,
-                    succeeded: n(r, "succeeded")?,
-                    failed: n(r, "failed")?,
-                    blocked: n(r, "blocked")?,
-                    pending: n(r, "pending")?,
-                    reused: n(r, "reused")?,
-                    planned: n(r, "planned")?,
-                    billed: n(r, "billed")?,
-                    at_risk,
-                    step,
-                    removed,
-                })
+        Ok(lines
+            .into_iter()
+            .map(|(_, mut line)| {
+                line.reused = of(&reused, &line);
+                line.at_risk = of(&risk, &line);
+                line
             })
-            .collect()
+            .collect())
+    }
+
+    /// The run's steps with live tasks, from the totals kept, each with the smallest task id
+    /// it ever had.
+    async fn live_steps(&self, run_id: &RunId) -> Result<Vec<(i64, StepTotals)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT step, MIN(first_id) AS first, CAST(SUM(tasks) AS BIGINT) AS tasks,
+                    CAST(SUM(succeeded) AS BIGINT) AS succeeded,
+                    CAST(SUM(failed) AS BIGINT) AS failed,
+                    CAST(SUM(blocked) AS BIGINT) AS blocked,
+                    CAST(SUM(pending) AS BIGINT) AS pending,
+                    CAST(SUM(planned_credits) AS BIGINT) AS planned,
+                    CAST(SUM(billed_credits) AS BIGINT) AS billed
+             FROM run_step_totals WHERE run_id = $1
+             GROUP BY step HAVING SUM(tasks) <> 0",
+        )
+        .bind(run_id)
+        .fetch_all(self.store.pool())
+        .await?;
+        rows.iter().map(|r| step_line(r, false)).collect()
+    }
+
+    /// The run's tasks removed from the pipeline, summed per step: read through their own
+    /// index, so a run with none (most) costs nothing.
+    async fn removed_steps(&self, run_id: &RunId) -> Result<Vec<(i64, StepTotals)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT step, MIN(id) AS first, COUNT(*) AS tasks,
+                    COUNT(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+                    COUNT(*) FILTER (WHERE status = 'failed') AS failed,
+                    COUNT(*) FILTER (WHERE status = 'blocked') AS blocked,
+                    COUNT(*) FILTER (WHERE status IN ('pending', 'running')) AS pending,
+                    CAST(SUM(planned_credits) AS BIGINT) AS planned,
+                    CAST(SUM(credits_billed) AS BIGINT) AS billed
+             FROM tasks WHERE run_id = $1 AND removed_at IS NOT NULL GROUP BY step",
+        )
+        .bind(run_id)
+        .fetch_all(self.store.pool())
+        .await?;
+        rows.iter().map(|r| step_line(r, true)).collect()
+    }
+
+    /// The smallest id of a step's live tasks.
+    async fn first_live(&self, run_id: &RunId, step: &str) -> Result<i64, StoreError> {
+        let (first,): (Option<i64>,) = sqlx::query_as(
+            "SELECT MIN(id) FROM tasks WHERE run_id = $1 AND step = $2 AND removed_at IS NULL",
+        )
+        .bind(run_id)
+        .bind(step)
+        .fetch_one(self.store.pool())
+        .await?;
+        Ok(first.unwrap_or(i64::MAX))
     }
 
     /// The run's billed calls in the order the answers arrived, those answered within the same
