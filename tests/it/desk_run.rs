@@ -659,3 +659,131 @@ async fn in_chromium_a_run_in_another_process_shows_its_new_images_without_reloa
     .await;
     b.close().await;
 }
+
+/// One line of the costs table as `Shared::costs` must draw it: the cells after the step's
+/// name, from Tasks to Possibly billed.
+type Line = [u64; 9];
+
+/// The cells of the costs table's line `data-step="{step}"` in `html`.
+fn cost_line(html: &str, step: &str) -> Option<Line> {
+    let at = html.find(&format!("data-step=\"{step}\""))?;
+    let row = &html[at..at + html[at..].find("</tr>").unwrap()];
+    let cells: Vec<u64> = row
+        .split("<td")
+        .skip(2)
+        .map(|c| {
+            let text = &c[c.find('>').unwrap() + 1..c.find("</td>").unwrap()];
+            text.parse().unwrap_or_else(|_| panic!("{step}: {text}"))
+        })
+        .collect();
+    Some(cells.try_into().unwrap_or_else(|c| panic!("{step}: {c:?}")))
+}
+
+/// What the record says a line of the costs table is: the tasks of `of`, and the planned price
+/// of those with a call that may have been billed.
+fn expected_line<'t>(db: &Db, of: impl Iterator<Item = &'t TaskRow>) -> Line {
+    let mut line = [0; 9];
+    for t in of {
+        let status = ["succeeded", "failed", "blocked"]
+            .iter()
+            .position(|s| *s == t.status);
+        line[0] += 1;
+        line[1 + status.unwrap_or(3)] += 1;
+        line[5] += u64::from(t.reused_from.is_some());
+        line[6] += t.planned;
+        line[7] += t.billed;
+        line[8] += t.planned * db.ambiguous().iter().filter(|a| a.task_id == t.id).count() as u64;
+    }
+    line
+}
+
+/// The `<table class="costs">` of a page.
+fn costs_table(html: &str) -> &str {
+    let at = html.find("<table class=\"costs\">").expect("a costs table");
+    &html[at..at + html[at..].find("</table>").unwrap()]
+}
+
+/// The desk's header of a run with a reroll, calls that may have been billed, and tasks
+/// removed from the pipeline (an item dropped, a step dropped for half the items: lines of
+/// their own, beside live tasks of the same steps) shows the costs the static report shows,
+/// and both are what the record says, line by line: read from the totals the store keeps
+/// and the few rows they cannot sum, never counted over the run.
+async fn head_costs_as_the_report(pg: Option<String>) {
+    let env = start_default().await;
+    let c = Catalogue::new(&env, pg);
+    varied(&c).await;
+    // A second call without an answer, on a task then removed with its item.
+    let mut conn = writable(&c.state).await;
+    for sql in [
+        "INSERT INTO attempts (task_id, run_id, endpoint, started_at, outcome)
+         SELECT id, 'r', '/v1/images/edits', 2, 'ambiguous' FROM tasks
+         WHERE run_id = 'r' AND item = 'a6' AND step = 'clean'",
+        "UPDATE tasks SET removed_at = 3 WHERE run_id = 'r'
+         AND (item = 'a6' OR (step = 'clean' AND item IN ('a0', 'a1', 'a2', 'a3')))",
+    ] {
+        sqlx::query(sql).execute(&mut conn).await.unwrap();
+    }
+    let db = Db::read(&c.state).await;
+    let removed: Vec<&TaskRow> = db.tasks.iter().filter(|t| t.removed).collect();
+    assert_eq!(removed.len(), 6);
+    assert!(!db.superseded.is_empty(), "a reroll");
+    let desk = serve(&c).await;
+    let r = desk.get("/runs/r/head").await;
+    assert_eq!(r.status(), 200);
+    let head = r.text().await.unwrap();
+    let mut total = [0; 9];
+    for step in ["shot", "clean"] {
+        let mut want = expected_line(&db, db.live().filter(|t| t.step == step));
+        // The plan still has every item's task: those without a live one are pending at its
+        // price.
+        let price = db.tasks.iter().find(|t| t.step == step).unwrap().planned;
+        let unrecorded = 9 - want[0];
+        want[0] += unrecorded;
+        want[4] += unrecorded;
+        want[6] += unrecorded * price;
+        assert_eq!(cost_line(&head, step), Some(want), "{step}: {head}");
+        for (sum, n) in total.iter_mut().zip(want) {
+            *sum += n;
+        }
+    }
+    let gone = expected_line(&db, removed.into_iter());
+    assert!(
+        gone[7] > 0 && gone[8] > 0,
+        "removed tasks billed and at risk: {gone:?}"
+    );
+    assert_eq!(
+        cost_line(&head, "removed from the pipeline"),
+        Some(gone),
+        "{head}"
+    );
+    total[7] += gone[7];
+    total[8] += gone[8];
+    assert_eq!(cost_line(&head, "total"), Some(total), "{head}");
+
+    let ran = Imgpipe::on(c.env, &["report", "r"])
+        .cwd(&c.dir)
+        .state(&c.state)
+        .run()
+        .await;
+    assert_exit(&ran, 0);
+    let page = std::fs::read_to_string(c.dir.join("out/r/report.html")).unwrap();
+    assert_eq!(
+        costs_table(&head),
+        costs_table(&page),
+        "the desk's and the report's costs"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_desks_header_shows_the_costs_of_the_record_as_the_report_does() {
+    head_costs_as_the_report(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_postgres_the_desks_header_shows_the_costs_of_the_record_as_the_report_does() {
+    let Some(pg) = postgres_database("desk_head").await else {
+        return;
+    };
+    head_costs_as_the_report(Some(pg.to_string())).await;
+    drop(pg);
+}
