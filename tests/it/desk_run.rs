@@ -731,6 +731,8 @@ async fn head_costs_as_the_report(pg: Option<String>) {
     let r = desk.get("/runs/r/head").await;
     assert_eq!(r.status(), 200);
     let head = r.text().await.unwrap();
+    let images = format!("<dt>Images on disk</dt><dd>{}</dd>", db.downloaded().len());
+    assert!(head.contains(&images), "{images}: {head}");
     let mut total = [0; 9];
     for step in ["shot", "clean"] {
         let mut want = expected_line(&db, db.live().filter(|t| t.step == step));
