@@ -41,6 +41,7 @@ pub(super) fn router(state: Arc<State>) -> Router {
         .route("/_sandbox/release", post(release))
         .route("/_sandbox/let-through", post(let_through))
         .route("/_sandbox/expire-urls", post(expire_urls))
+        .route("/_sandbox/rate-limit-reads", post(rate_limit_reads))
         .fallback(|| async { Reply::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .with_state(state)
@@ -65,6 +66,9 @@ async fn authenticate(Shared(state): App, request: Request, next: Next) -> Respo
             };
             return Reply::new(StatusCode::UNAUTHORIZED, "unauthorized", why).into_response();
         }
+        if let Some(reply) = armed_read_limit(&state, &request) {
+            return reply.into_response();
+        }
         let paid = request.method() == axum::http::Method::POST;
         let scoped = api && (paid || state.config.rate_scope == RateScope::All);
         if scoped && let Err(reply) = check_rate(&state) {
@@ -72,6 +76,22 @@ async fn authenticate(Shared(state): App, request: Request, next: Next) -> Respo
         }
     }
     next.run(request).await
+}
+
+/// A 429 for a read of the account or the models list when the test armed one
+/// (`Sandbox::rate_limit_reads`), before the rate limit is consulted: the reads a run starts
+/// with meet it whatever the clock says.
+fn armed_read_limit(state: &State, request: &Request) -> Option<Reply> {
+    if request.method() != axum::http::Method::GET {
+        return None;
+    }
+    let account = match request.uri().path() {
+        "/v1/account" => true,
+        "/v1/models" => false,
+        _ => return None,
+    };
+    let wait = state.take_armed_read_limit(account)?;
+    Some(limited(state, "rate limited (armed by the test)", wait))
 }
 
 fn limited(state: &State, message: &str, wait: Duration) -> Reply {
@@ -468,6 +488,24 @@ struct Passes {
 async fn expire_urls(Shared(state): App) -> StatusCode {
     state.expire_urls();
     StatusCode::NO_CONTENT
+}
+
+/// Answers the next `reads` reads of the account, and as many of the models list, 429 with a `Retry-After`
+/// of `retry_after` seconds (see `Sandbox::rate_limit_reads`).
+async fn rate_limit_reads(
+    Shared(state): App,
+    axum::extract::Query(armed): axum::extract::Query<ArmedReads>,
+) -> StatusCode {
+    state.rate_limit_reads(armed.reads, Duration::from_secs(armed.retry_after));
+    StatusCode::NO_CONTENT
+}
+
+#[derive(serde::Deserialize)]
+struct ArmedReads {
+    reads: usize,
+    /// Seconds; the 429 says at least 1, as every 429 of the sandbox does.
+    #[serde(default)]
+    retry_after: u64,
 }
 
 /// Releases one hold; 409 when none was taken.

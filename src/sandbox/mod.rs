@@ -195,6 +195,16 @@ impl Sandbox {
         self.state.refuse_next(calls);
     }
 
+    /// The next `reads` reads of the account (`GET /v1/account`: the read a run starts with,
+    /// and the balance it ends with), and the next `reads` of the models list
+    /// (`GET /v1/models`), are each answered 429 with this `Retry-After` (whole seconds, at least 1), whatever the rate
+    /// limit says: a test of how those free reads are waited out that counts its 429s instead
+    /// of racing the rate limit's window. Counted in [`Stats`] as `reads_rate_limited`.
+    /// Standalone: `POST /_sandbox/rate-limit-reads?reads=N&retry_after=S`.
+    pub fn rate_limit_reads(&self, reads: usize, retry_after: Duration) {
+        self.state.rate_limit_reads(reads, retry_after);
+    }
+
     /// When each 429 was answered, in microseconds on the clock of the ledger's `received_us`,
     /// so a test can order the calls that arrived against it.
     pub fn rate_limits(&self) -> Vec<u64> {

@@ -59,6 +59,14 @@ pub struct Stats {
     pub insufficient_credits: u64,
     pub not_found: u64,
     pub rate_limited: u64,
+    /// `GET /v1/account` requests received (with the right key), 429s included: the read a
+    /// run starts with, and the balance it ends with.
+    pub account_reads: u64,
+    /// `GET /v1/models` requests received (with the right key), 429s included.
+    pub models_reads: u64,
+    /// Account and models reads answered 429 as armed by [`State::rate_limit_reads`] (also
+    /// counted in `rate_limited`).
+    pub reads_rate_limited: u64,
     pub server_errors: u64,
     pub dropped_after_billing: u64,
     /// Billed calls answered 504 by the gateway fault.
@@ -117,6 +125,17 @@ struct Books {
     armed_rate_limit: Option<Duration>,
     /// Paid calls still to be answered 400 ([`State::refuse_next`]).
     armed_refusals: usize,
+    /// Reads of the account, and of the models list, still to be answered 429, and with which
+    /// `Retry-After` ([`State::rate_limit_reads`]).
+    armed_read_limits: ArmedReads,
+}
+
+/// 429s armed for the reads a run starts with ([`State::rate_limit_reads`]).
+#[derive(Default)]
+struct ArmedReads {
+    account: usize,
+    models: usize,
+    retry_after: Duration,
 }
 
 pub struct State {
@@ -159,6 +178,7 @@ impl State {
                 rate_limited_us: Vec::new(),
                 armed_rate_limit: None,
                 armed_refusals: 0,
+                armed_read_limits: ArmedReads::default(),
             }),
             signer: Signer::new(secret),
             id_salt: u64::from_le_bytes([
@@ -239,6 +259,40 @@ impl State {
         let armed = books.armed_refusals > 0;
         books.armed_refusals = books.armed_refusals.saturating_sub(1);
         armed
+    }
+
+    /// The next `reads` reads of the account, and the next `reads` of the models list, are
+    /// answered 429 with `retry_after`, whatever the rate limit says: counted, not timed.
+    pub fn rate_limit_reads(&self, reads: usize, retry_after: Duration) {
+        self.books().armed_read_limits = ArmedReads {
+            account: reads,
+            models: reads,
+            retry_after,
+        };
+    }
+
+    /// Counts a read of the account (or else of the models list) and, when one is still armed
+    /// for it ([`State::rate_limit_reads`]), takes its 429's `Retry-After`.
+    pub fn take_armed_read_limit(&self, account: bool) -> Option<Duration> {
+        let books = &mut *self.books();
+        let (reads, left) = if account {
+            (
+                &mut books.stats.account_reads,
+                &mut books.armed_read_limits.account,
+            )
+        } else {
+            (
+                &mut books.stats.models_reads,
+                &mut books.armed_read_limits.models,
+            )
+        };
+        *reads += 1;
+        if *left == 0 {
+            return None;
+        }
+        *left -= 1;
+        books.stats.reads_rate_limited += 1;
+        Some(books.armed_read_limits.retry_after)
     }
 
     /// The armed 429's `Retry-After`, once: the call asking gets it.

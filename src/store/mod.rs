@@ -199,6 +199,11 @@ pub enum Backend {
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: AnyPool,
+    /// Where a long read streams its rows from: on SQLite a read-only connection of its own,
+    /// since a stream holds its connection until it ends and the pool's one connection is
+    /// needed meanwhile (a report asks for each page's earlier versions while its rows are
+    /// still streaming); on PostgreSQL the pool itself.
+    streams: AnyPool,
     backend: Backend,
     location: Location,
     writer: group::Writer,
@@ -223,9 +228,19 @@ impl Store {
     }
 
     fn new(pool: AnyPool, backend: Backend, location: Location) -> Store {
+        Store::with_streams(pool.clone(), pool, backend, location)
+    }
+
+    fn with_streams(
+        pool: AnyPool,
+        streams: AnyPool,
+        backend: Backend,
+        location: Location,
+    ) -> Store {
         Store {
             writer: group::Writer::start(pool.clone()),
             pool,
+            streams,
             backend,
             location,
         }
@@ -294,10 +309,23 @@ impl Store {
                     .map(drop)
                 })
             })
-            .connect_with(options)
+            .connect_with(options.clone())
             .await
             .map_err(open_err)?;
-        let store = Store::new(pool, Backend::Sqlite, Location::File(path.to_path_buf()));
+        // Made when first used: in WAL mode a reader neither waits on the writer nor holds it.
+        let streams = AnyPoolOptions::new()
+            .max_connections(1)
+            .test_before_acquire(false)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    conn.execute("PRAGMA query_only = ON; PRAGMA busy_timeout = 30000;")
+                        .await
+                        .map(drop)
+                })
+            })
+            .connect_lazy_with(options);
+        let location = Location::File(path.to_path_buf());
+        let store = Store::with_streams(pool, streams, Backend::Sqlite, location);
         if unmarked {
             store.mark().await?;
         }
@@ -354,6 +382,11 @@ impl Store {
         &self.pool
     }
 
+    /// The pool a long read streams its rows from ([`Store::streams`]'s field says why).
+    pub(crate) fn streams(&self) -> &AnyPool {
+        &self.streams
+    }
+
     /// The runs: their records, their plans and what they have done and paid.
     pub fn runs(&self) -> Runs<'_> {
         Runs { store: self }
@@ -385,6 +418,7 @@ impl Store {
     }
 
     pub async fn close(&self) {
+        self.streams.close().await;
         self.pool.close().await;
     }
 }

@@ -222,7 +222,7 @@ impl<'a> Report<'a> {
         };
         sqlx::query(sql)
             .bind(run_id)
-            .fetch(self.store.pool())
+            .fetch(self.store.streams())
             .map_err(StoreError::from)
             .and_then(|r| async move {
                 let output = match r.try_get::<Option<i64>, _>("k")? {

@@ -1863,4 +1863,21 @@ async fn a_run_of_more_items_than_a_page_writes_linked_pages_each_holding_its_it
     // The costs and problems are the whole run's, on the first page only.
     assert_eq!(pages[0].number("total-tasks"), db.live().count() as u64);
     assert!(pages[1].by_id("section", "costs").is_none());
+
+    // An item of the last page rerolled: made again, that page shows its earlier versions
+    // beside the new ones (read while the rows of the pages before were still streaming).
+    let (_, last) = items_seen.iter().rfind(|(p, _)| *p == 2).unwrap();
+    assert_exit_without_panic(&ip(Some(&env), dir, &["reroll", "r", last]).await, 0);
+    let again = ip(Some(&env), dir, &["report", "r", "--json"]).await;
+    assert_exit_without_panic(&again, 0);
+    let third = Page::read(&run_dir.join("report-3.html"));
+    let section = third.must("section", &format!("item-{last}"));
+    let earlier: Vec<String> = third
+        .tags("a")
+        .iter()
+        .filter(|a| third.range(section.at).contains(&a.at))
+        .map(|a| a.attr("href").to_owned())
+        .filter(|href| href.starts_with(&format!("_superseded/{last}/")))
+        .collect();
+    assert!(!earlier.is_empty(), "{last}'s earlier versions on page 3");
 }

@@ -940,7 +940,21 @@ async fn a_service_rate_limit_below_imgpipes_slows_it_down_without_losing_anythi
     let stats = env.sandbox.stats();
     assert!(stats.rate_limited > 0, "the limit was met: {stats:?}");
     assert!(stats.rate_limited < 10, "imgpipe slowed down: {stats:?}");
-    assert_eq!(env.sandbox.ledger().len(), 3 * items);
+    // It paused for the first 429's Retry-After (1 s): within that second only the calls
+    // already past its limiter when the 429 came back (at most the other 7 of the
+    // concurrency) reached the sandbox. Counted on the sandbox's clock; a slow machine only
+    // sends fewer.
+    let first_429 = env.sandbox.rate_limits()[0];
+    let ledger = env.sandbox.ledger();
+    let during_pause = ledger
+        .iter()
+        .filter(|e| e.received_us > first_429 && e.received_us < first_429 + 1_000_000)
+        .count();
+    assert!(
+        during_pause <= 7,
+        "{during_pause} calls reached the sandbox within the second after the first 429"
+    );
+    assert_eq!(ledger.len(), 3 * items);
     let db = Db::read_file(&state_path(dir)).await;
     assert_ledger_agrees(&env, &db, START_BALANCE);
     let lines = assert_outputs_agree(dir, &dir.join("out").join("r"), &db);
@@ -2091,38 +2105,66 @@ async fn four_at_once(env: &Env, dir: &Path, args: &[&str]) {
     assert_exit_without_panic(&o, 0);
 }
 
-/// The reads a run starts with (account, models) bill nothing: a 429 on them is waited out
+/// The reads a run starts with (account, models) bill nothing: a 429 on each is waited out
 /// (its Retry-After honoured) instead of ending the run with exit 1 before anything is spent.
+/// The sandbox answers exactly the first read of each 429 (counted, not timed), so the run
+/// must read each again to go on.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_429_on_the_reads_a_run_starts_with_is_waited_out() {
-    let items = 2;
+    // The price is the service's word alone: a models read not waited out leaves it unknown.
     let env = start(sandbox::Config {
-        rate_limit: Some(1.0),
+        advertise_price: true,
         ..config()
     })
     .await;
     let dir = env.dir.path();
-    write(dir, "p.yaml", &edit_chain(items, None));
-    // Takes the sandbox's one request of this second: the run's first read meets a 429.
-    client_for(&env.sandbox, env.sandbox.key())
-        .account()
-        .await
-        .unwrap();
+    write(dir, "p.yaml", SHOT_THEN_UPSCALE);
+    env.sandbox.rate_limit_reads(1, Duration::from_secs(1));
     let o = Imgpipe::on(&env, &["run", "p.yaml", "--json", "--run-id", "r"])
         .sqlite_in(dir)
         .run()
         .await;
     assert_exit_without_panic(&o, 0);
     let stats = env.sandbox.stats();
-    assert!(stats.rate_limited > 0, "a read met the limit: {stats:?}");
     assert_eq!(
-        env.sandbox.ledger().len(),
-        3 * items,
-        "each call billed once"
+        (stats.reads_rate_limited, stats.rate_limited),
+        (2, 2),
+        "the first account read and the first models read met a 429, and nothing else: {stats:?}"
+    );
+    assert!(
+        stats.account_reads >= 2 && stats.models_reads >= 2,
+        "each of the two reads was tried again after its 429: {stats:?}"
+    );
+    let operations: Vec<String> = env
+        .sandbox
+        .ledger()
+        .into_iter()
+        .map(|e| e.operation)
+        .collect();
+    assert_eq!(
+        (
+            operations.len(),
+            operations.iter().filter(|o| *o == "generate").count()
+        ),
+        (4, 2),
+        "each call billed once, as planned: {operations:?}"
     );
     let db = Db::read_file(&state_path(dir)).await;
     assert_ledger_agrees(&env, &db, START_BALANCE);
 }
+
+/// Two items, each generated (at the price the service states) then upscaled: four bills.
+const SHOT_THEN_UPSCALE: &str = r#"
+version: 1
+name: shots
+output_dir: out
+items: [{ id: a }, { id: b }]
+steps:
+  - id: shot
+    generate: { prompt: "a {{ item.id }}" }
+  - id: big
+    upscale: { from: shot, desired_increase: 2 }
+"#;
 
 /// A second process given the same run id with `--wait` waits for the first; when the first is
 /// interrupted with work left, the waiting one takes the run over and finishes it, paying for

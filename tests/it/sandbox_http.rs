@@ -671,3 +671,53 @@ async fn a_held_sandbox_keeps_paid_calls_unbilled_until_released() {
     assert_eq!(env.sandbox.ledger().len(), 1);
     assert_eq!(env.sandbox.held_calls(), 0);
 }
+
+/// `POST /_sandbox/rate-limit-reads?reads=N&retry_after=S` answers the next N reads of the
+/// account, and the next N of the models list, 429 with that `Retry-After`, whatever the rate
+/// limit says; then they are answered again. The stats count every read and the armed 429s.
+/// Other calls are untouched.
+#[tokio::test]
+async fn reads_armed_to_meet_a_429_are_refused_that_many_times_then_answered() {
+    let env = start_default().await;
+    let key = Some(env.sandbox.key());
+    let (status, body) = raw_post(
+        &env,
+        "_sandbox/rate-limit-reads?reads=2&retry_after=3",
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    for path in ["v1/account", "v1/models"] {
+        for _ in 0..2 {
+            let response = http()
+                .get(env.sandbox.base_url().join(path).unwrap())
+                .header("X-API-Key", env.sandbox.key())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status().as_u16(), 429, "{path}");
+            assert_eq!(response.headers()[RETRY_AFTER], "3", "{path}");
+            let body: Value = response.json().await.unwrap();
+            error_of(&body, "rate_limited");
+        }
+        let (status, body) = raw_get(&env, path, key).await;
+        assert_eq!(
+            status, 200,
+            "{path} answered once its 429s are spent: {body}"
+        );
+    }
+    let (status, body) = raw_post(&env, GENERATIONS, &json!({"prompt": "a mug"})).await;
+    assert_eq!(status, 200, "a paid call is not a read: {body}");
+    let (_, stats) = raw_get(&env, "_sandbox/stats", key).await;
+    let counted = |name: &str| stats["stats"][name].as_u64().unwrap();
+    assert_eq!(
+        [
+            counted("account_reads"),
+            counted("models_reads"),
+            counted("reads_rate_limited"),
+            counted("rate_limited"),
+        ],
+        [3, 3, 4, 4],
+        "{stats}"
+    );
+}
