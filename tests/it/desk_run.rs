@@ -638,6 +638,14 @@ async fn in_chromium_a_run_in_another_process_shows_its_new_images_without_reloa
         Duration::from_secs(20),
     )
     .await;
+    b.wait_for(
+        "the header saying the page follows the run, not how to make it again",
+        "var p = document.getElementById('run-process'); \
+             return !!p && p.textContent.includes('this page follows the run as it goes') \
+             && !p.textContent.includes('imgpipe report');",
+        Duration::from_secs(20),
+    )
+    .await;
     b.run("window.__same_page = true; return true;").await;
     step_until(&env, &mut run, |e| e.sandbox.ledger().len() >= 2).await;
     b.wait_for(

@@ -41,6 +41,9 @@ pub(super) struct Page<'a> {
     pub(super) page: usize,
     /// Thumbnails still to be given a plain `src`.
     pub(super) eager: usize,
+    /// Served by the desk, which follows the run: a running run's banner says so, where a
+    /// written page says when it was made and how to make it again.
+    pub(super) live: bool,
     out: String,
 }
 
@@ -60,6 +63,7 @@ impl<'a> Page<'a> {
             dir,
             page,
             eager: EAGER,
+            live: false,
             out: String::with_capacity(64 * 1024),
         }
     }
@@ -203,10 +207,16 @@ impl<'a> Page<'a> {
                 @if let Some(why) = &run.stop_reason { " " span.why { (why) } }
                 @if m.in_progress() {
                     p.banner #run-process {
-                        "This run was still going when this page was made, at " (time(m.generated_at))
-                        @if let Some(holder) = process.and_then(Process::holder) { ", by " (holder) }
-                        ". Pending tasks show where they are; "
-                        code { "imgpipe report " (run.id) } " makes the page again."
+                        @if self.live {
+                            "This run is going on (seen at " (time(m.generated_at))
+                            @if let Some(holder) = process.and_then(Process::holder) { ", by " (holder) }
+                            "). Pending tasks show where they are; this page follows the run as it goes."
+                        } @else {
+                            "This run was still going when this page was made, at " (time(m.generated_at))
+                            @if let Some(holder) = process.and_then(Process::holder) { ", by " (holder) }
+                            ". Pending tasks show where they are; "
+                            code { "imgpipe report " (run.id) } " makes the page again."
+                        }
                     }
                 } @else if process.is_some_and(|p| !p.alive) {
                     p.gone #run-process {

@@ -251,6 +251,7 @@ pub async fn head(
     let images = store.report().images(&shared.run.id).await?;
     let items = usize::try_from(shared.items).unwrap_or(usize::MAX);
     let mut page = html::Page::new(&shared, Path::new("/"), 1);
+    page.live = true;
     page.header(
         &total,
         failed + unanswered,
