@@ -288,8 +288,10 @@ async fn a_dead_runs_lease_is_reclaimed_by_the_next_run_after_60_s_of_silence() 
             .caps_clock_offset(offset)
             .run()
     };
-    // 59 s: still alive as far as anyone can tell: its block counts whole.
-    assert_exit_without_panic(&other("o59", 59).await, 0);
+    // 45 s on: still alive as far as anyone can tell: its block counts whole. (Not 59 s: the
+    // real seconds between its last beat and this run's lease add to the offset, and a loaded
+    // machine took more than one; 15 s of margin is a ceiling any machine meets.)
+    assert_exit_without_panic(&other("o45", 45).await, 0);
     assert_eq!(spent(&env, "wide").await, 20 + CHAIN_CREDITS);
     // 61 s: dead. Its lease is closed with the 2 credits of its call without an answer; the
     // rest of its block returns to the window.
