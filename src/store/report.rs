@@ -319,20 +319,10 @@ impl<'a> Report<'a> {
     /// The run's steps with live tasks, from the totals kept, each with the smallest task id
     /// it ever had.
     async fn live_steps(&self, run_id: &RunId) -> Result<Vec<(i64, StepTotals)>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT step, MIN(first_id) AS first, CAST(SUM(tasks) AS BIGINT) AS tasks,
-                    CAST(SUM(succeeded) AS BIGINT) AS succeeded,
-                    CAST(SUM(failed) AS BIGINT) AS failed,
-                    CAST(SUM(blocked) AS BIGINT) AS blocked,
-                    CAST(SUM(pending) AS BIGINT) AS pending,
-                    CAST(SUM(planned_credits) AS BIGINT) AS planned,
-                    CAST(SUM(billed_credits) AS BIGINT) AS billed
-             FROM run_step_totals WHERE run_id = $1
-             GROUP BY step HAVING SUM(tasks) <> 0",
-        )
-        .bind(run_id)
-        .fetch_all(self.store.pool())
-        .await?;
+        let rows = sqlx::query(super::run_figures::KEPT_STEPS)
+            .bind(run_id)
+            .fetch_all(self.store.pool())
+            .await?;
         rows.iter().map(|r| step_line(r, false)).collect()
     }
 

@@ -66,26 +66,30 @@ pub struct AmbiguousAttempt {
     pub in_flight: bool,
 }
 
+/// Each step of a run with live tasks, summed from the totals kept (`run_step_totals`: as
+/// recorded, and changed since: two rows a step), with the smallest task id it ever had, in
+/// that order; never a count of the tasks. Read by the progress and by the report's costs.
+pub(super) const KEPT_STEPS: &str = "SELECT step, MIN(first_id) AS first,
+        CAST(SUM(tasks) AS BIGINT) AS tasks,
+        CAST(SUM(succeeded) AS BIGINT) AS succeeded,
+        CAST(SUM(failed) AS BIGINT) AS failed,
+        CAST(SUM(blocked) AS BIGINT) AS blocked,
+        CAST(SUM(pending) AS BIGINT) AS pending,
+        CAST(SUM(planned_credits) AS BIGINT) AS planned,
+        CAST(SUM(billed_credits) AS BIGINT) AS billed
+     FROM run_step_totals WHERE run_id = $1
+     GROUP BY step HAVING SUM(tasks) <> 0
+     ORDER BY MIN(first_id)";
+
 impl Runs<'_> {
     /// The run's tasks counted per step, in the order the steps first appear: the totals the
     /// store keeps of each step (`run_step_totals`: as recorded, and changed since), two rows a
     /// step, never a count of the tasks.
     pub async fn step_counts(&self, run_id: &RunId) -> Result<Vec<StepCounts>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT step, CAST(SUM(tasks) AS BIGINT) AS tasks,
-                    CAST(SUM(succeeded) AS BIGINT) AS succeeded,
-                    CAST(SUM(failed) AS BIGINT) AS failed,
-                    CAST(SUM(blocked) AS BIGINT) AS blocked,
-                    CAST(SUM(pending) AS BIGINT) AS pending,
-                    CAST(SUM(planned_credits) AS BIGINT) AS planned_credits,
-                    CAST(SUM(billed_credits) AS BIGINT) AS billed_credits
-             FROM run_step_totals WHERE run_id = $1
-             GROUP BY step HAVING SUM(tasks) <> 0
-             ORDER BY MIN(first_id)",
-        )
-        .bind(run_id)
-        .fetch_all(self.store.pool())
-        .await?;
+        let rows = sqlx::query(KEPT_STEPS)
+            .bind(run_id)
+            .fetch_all(self.store.pool())
+            .await?;
         let n = |r: &sqlx::any::AnyRow, c: &str| -> Result<u64, StoreError> {
             Ok(to_u64(r.try_get::<i64, _>(c)?))
         };
@@ -98,8 +102,8 @@ impl Runs<'_> {
                     failed: n(r, "failed")?,
                     blocked: n(r, "blocked")?,
                     pending: n(r, "pending")?,
-                    planned_credits: n(r, "planned_credits")?,
-                    billed_credits: n(r, "billed_credits")?,
+                    planned_credits: n(r, "planned")?,
+                    billed_credits: n(r, "billed")?,
                 })
             })
             .collect()
