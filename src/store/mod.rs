@@ -58,7 +58,7 @@ pub use browse::{ItemFilter, ItemPage, PageItem, PageTask};
 pub use caps::{CapSetting, CapWindow, Caps, Lessee};
 pub use gauges::{Gauges, RunGauges};
 pub use location::{Location, PgUrl};
-pub use outline::ItemOutline;
+pub use outline::{ItemOutline, TaskBlock};
 pub use rates::{Drawer, Drawn, NewDrawer, Rates};
 
 pub use identities::{Identities, Reusable, ReusableOutput};
@@ -702,18 +702,46 @@ impl Store {
         &self,
         query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
     ) -> Result<Vec<sqlx::any::AnyRow>, StoreError> {
-        Ok(match self.backend() {
-            Backend::Sqlite => query.fetch_all(self.pool()).await?,
+        let mut rows = Vec::new();
+        self.each_unsorted(query, |r| {
+            rows.push(r);
+            Ok(())
+        })
+        .await?;
+        Ok(rows)
+    }
+
+    /// [`Store::fetch_unsorted`], each row handed to `f` as it comes: a statement that walks
+    /// an index in order answers its first rows at once, and they are taken while the
+    /// database reads the rest.
+    pub(crate) async fn each_unsorted<'q>(
+        &self,
+        query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+        mut f: impl FnMut(sqlx::any::AnyRow) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        use futures::TryStreamExt;
+        match self.backend() {
+            Backend::Sqlite => {
+                let mut rows = query.fetch(self.pool());
+                while let Some(r) = rows.try_next().await? {
+                    f(r)?;
+                }
+            }
             Backend::Postgres => {
                 let mut tx = self.pool().begin().await?;
                 sqlx::query("SET LOCAL enable_sort = off")
                     .execute(&mut *tx)
                     .await?;
-                let rows = query.fetch_all(&mut *tx).await?;
+                {
+                    let mut rows = query.fetch(&mut *tx);
+                    while let Some(r) = rows.try_next().await? {
+                        f(r)?;
+                    }
+                }
                 tx.commit().await?;
-                rows
             }
-        })
+        }
+        Ok(())
     }
 }
 
