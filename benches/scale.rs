@@ -881,6 +881,7 @@ fn seed_outputs(state: &str, run_id: &str, outputs: usize) -> u64 {
                 .await
                 .expect("seed the state");
         }
+        note_blocks(&mut conn, run_id, first, last).await;
         // A night written over hours is analysed by autovacuum many times over, but a takeover
         // may come before: left unanalysed by default (the worst case), analysed as autovacuum
         // would have with IMGPIPE_BENCH_SEED_ANALYZE=1.
@@ -899,6 +900,56 @@ fn seed_outputs(state: &str, run_id: &str, outputs: usize) -> u64 {
         started.elapsed().as_secs_f64()
     );
     stored
+}
+
+/// Notes the seeded items' tasks as the executor notes each chunk of 1,024 items it records
+/// whole (`task_blocks`), after checking that their ids are what a block says: each item's
+/// nine consecutive ids, items one after the other from the first seeded one.
+async fn note_blocks(conn: &mut sqlx::PgConnection, run_id: &str, first: usize, last: usize) {
+    const CHUNK: usize = 1024;
+    const TASKS: usize = 9;
+    let (base,): (i64,) =
+        sqlx::query_as("SELECT MIN(id) FROM tasks WHERE run_id = $1 AND item = $2")
+            .bind(run_id)
+            .bind(format!("p{first:06}"))
+            .fetch_one(&mut *conn)
+            .await
+            .expect("the first seeded item's tasks");
+    let (wrong,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM (
+             SELECT item, MIN(id) AS low, MAX(id) AS high, COUNT(*) AS n FROM tasks
+             WHERE run_id = $1
+               AND item BETWEEN 'p' || lpad($2::text, 6, '0') AND 'p' || lpad($3::text, 6, '0')
+             GROUP BY item) s
+         WHERE low <> $4 + 9 * (substr(item, 2)::bigint - $2) OR high <> low + 8 OR n <> 9",
+    )
+    .bind(run_id)
+    .bind(first as i64)
+    .bind(last as i64)
+    .bind(base)
+    .fetch_one(&mut *conn)
+    .await
+    .expect("check the seeded ids");
+    assert_eq!(wrong, 0, "seeded items whose ids are not a block's");
+    // Item pNNNNNN is the items file's line NNNNNN: the graph's item NNNNNN - 1.
+    let mut item = first;
+    while item <= last {
+        let items = CHUNK.min(last + 1 - item);
+        sqlx::query(
+            "INSERT INTO task_blocks (run_id, first_item, items, first_id, tasks,
+                 pipeline_sha256, items_sha256)
+             SELECT id, $2, $3, $4, $5, pipeline_sha256, items_sha256 FROM runs WHERE id = $1",
+        )
+        .bind(run_id)
+        .bind((item - 1) as i64)
+        .bind(items as i64)
+        .bind(base + ((item - first) * TASKS) as i64)
+        .bind((items * TASKS) as i64)
+        .execute(&mut *conn)
+        .await
+        .expect("note a block");
+        item += items;
+    }
 }
 
 /// Hard-links the first item's objects (and s3s-fs's two sidecar files of each) under the keys
