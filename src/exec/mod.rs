@@ -53,6 +53,10 @@ pub struct Handoff {
     /// of the run (its application recorded none): the executor then reads only the rows
     /// not succeeded, for their state now. `None`: it reads them all again.
     pub rows: Option<crate::plan::rows::RowIds>,
+    /// Told once the run's place is proven writable (an earlier output fetched again and kept,
+    /// or none to fetch), or dropped with the executor: the kept outputs' check waits for it,
+    /// so its listings never queue ahead of the write that lets the first paid call go.
+    pub place_proven: tokio::sync::oneshot::Sender<()>,
 }
 
 /// What to do with a call that was sent and got no complete answer.

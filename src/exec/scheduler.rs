@@ -91,6 +91,8 @@ struct Scheduler {
     /// resume sends no call before its run directory has kept one of them, so a disk still
     /// full (or a bucket still refusing) costs nothing.
     unproven: Option<usize>,
+    /// Told when `unproven` is cleared (see [`Handoff::place_proven`]).
+    place_proven: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// Runs every unfinished task of the run recorded in `store` until done, stopped or
@@ -116,7 +118,10 @@ pub async fn run(
     if let Some(rate) = &config.account_rate {
         rate.tell(Arc::clone(&observer));
     }
-    let (refetch, read) = handoff.map_or((None, None), |h| (Some(h.refetch), h.rows));
+    let (refetch, read, proven) = match handoff {
+        Some(h) => (Some(h.refetch), h.rows, Some(h.place_proven)),
+        None => (None, None, None),
+    };
     let (rows, state) = Rows::load(&store, &graph, &config, read).await?;
     tracing::debug!("tasks' state read in {:.2?}", started.elapsed());
     let shared = Arc::new(Shared::new(
@@ -128,6 +133,7 @@ pub async fn run(
     ));
     let mut s = Scheduler::new(shared, graph, config, observer, rows, state, shutdown);
     s.refetch = refetch;
+    s.place_proven = proven;
     s.restore_outputs().await?;
     tracing::debug!("earlier outputs restored after {:.2?}", started.elapsed());
     s.main_loop().await;
@@ -186,6 +192,7 @@ impl Scheduler {
                 .as_ref()
                 .map_or(0, crate::caps::Leash::spent_so_far),
             unproven: None,
+            place_proven: None,
             shared,
             graph,
             config,
@@ -346,6 +353,11 @@ impl Scheduler {
         let shutdown = self.shutdown.clone();
         let mut deadline: Option<Instant> = None;
         loop {
+            if self.unproven.is_none()
+                && let Some(proven) = self.place_proven.take()
+            {
+                let _ = proven.send(());
+            }
             if deadline.is_none() && self.halt.is_none() {
                 self.check_lease().await;
             }

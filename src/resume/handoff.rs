@@ -71,10 +71,15 @@ impl Prepared {
             tally.recovered,
             tally.reused,
         );
-        let (refetch, checking) = check_beside(store, &row, run_dir, &mut review);
+        let (place_proven, proven) = tokio::sync::oneshot::channel();
+        let (refetch, checking) = check_beside(store, &row, run_dir, &mut review, proven);
         // The review's row ids are every row of the run unless the application recorded some.
         let rows = review.rows.take().filter(|_| tally.new_rows == 0);
-        let handoff = crate::exec::Handoff { refetch, rows };
+        let handoff = crate::exec::Handoff {
+            refetch,
+            rows,
+            place_proven,
+        };
         let before = recorded_plan(&row).and_then(|d| d.scope);
         match rewrite(changed, before.as_ref(), doc.scope.as_ref()) {
             Rewrite::Nothing => {}
@@ -113,15 +118,16 @@ impl After {
 }
 
 /// Starts the kept outputs' check beside the run ([`super::beside`]), handing it the review's
-/// kept tasks.
+/// kept tasks; its listings wait for `proven`.
 fn check_beside(
     store: &Store,
     row: &Run,
     run_dir: RunDir,
     review: &mut Review,
+    proven: tokio::sync::oneshot::Receiver<()>,
 ) -> (crate::exec::Refetch, Beside) {
     let kept = std::mem::take(&mut review.kept);
-    super::beside(store.clone(), row.id.clone(), run_dir, kept)
+    super::beside(store.clone(), row.id.clone(), run_dir, kept, proven)
 }
 
 /// Records the changed pipeline as the run's own (`--allow-changes`): its text (the run's

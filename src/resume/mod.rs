@@ -293,7 +293,9 @@ impl Drop for Beside {
 /// Starts the check of the kept outputs (row ids `kept`, sorted) beside the run: what is missing
 /// or modified is set aside ([`apply::refetch`]) and handed to the executor to fetch again from
 /// its job. First, the temporary files a killed process left are removed (not the executor's
-/// own).
+/// own); then the check waits for `proven` (the executor's place proven writable, or the
+/// executor gone), so that its listings, many at once, never hold back the write the first
+/// paid call waits for (at 900,000 outputs, 3.3 s behind them on a one-thread S3 server).
 ///
 /// The run pays meanwhile, from its first call, because no paid call depends on what the check
 /// finds: a call never reads a kept file or object. Its inputs are the service's URLs of the
@@ -308,12 +310,15 @@ pub fn beside(
     run_id: RunId,
     run_dir: RunDir,
     kept: Vec<i64>,
+    proven: tokio::sync::oneshot::Receiver<()>,
 ) -> (crate::exec::Refetch, Beside) {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let task = tokio::spawn(async move {
         let started = std::time::Instant::now();
         let dir = run_dir.clone();
         let _ = tokio::task::spawn_blocking(move || dir.remove_leftovers()).await;
+        // Told, or the executor gone: either way the check goes on.
+        let _ = proven.await;
         let found = async {
             let refetch = check::outputs(&store, &run_id, &kept).await?;
             if !refetch.is_empty() {

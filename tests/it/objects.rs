@@ -1832,3 +1832,51 @@ async fn a_takeover_killed_during_its_check_is_taken_over_again_and_pays_nothing
     assert_exit_without_panic(&o, 0);
     assert_taken_over(&env, &s3, &lost, 2).await;
 }
+
+/// A takeover that must first fetch again an output its killed run paid for and could not
+/// keep sends no call before that output is stored (the proof that the place takes writes):
+/// the check of the kept outputs, many listings at once, waits for that proof too, so the
+/// write the first paid call waits for never queues behind them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_takeover_stores_what_its_killed_run_left_unstored_before_its_check_lists_anything() {
+    let env = start(config()).await;
+    let s3 = S3::start().await;
+    let dir = env.dir.path();
+    let lost = lost_with_two_objects_changed(&env, &s3).await;
+    // A third output as a kill in the middle of its download leaves it: paid, not stored.
+    let unstored = outputs(dir)
+        .await
+        .into_iter()
+        .find(|o| o.item != lost.deleted.item && o.item != lost.modified.item)
+        .expect("a third output recorded");
+    if let Some(path) = &unstored.path {
+        s3.store().delete(&key_of(path)).await.unwrap();
+    }
+    let item = &unstored.item;
+    alter_state(
+        dir,
+        &format!(
+            "UPDATE outputs SET path = NULL, sha256 = NULL, bytes = NULL, etag = NULL
+             WHERE task_id IN (SELECT id FROM tasks WHERE run_id = 'r' AND item = '{item}')"
+        ),
+    )
+    .await;
+    s3.take_requests();
+
+    let o = on_s3(&env, &s3, &["resume", "r"]).output().await.unwrap();
+    assert_exit_without_panic(&o, 0);
+    let log = s3.take_requests();
+    let first_list = log
+        .iter()
+        .position(|r| r.kind() == "LIST")
+        .expect("the check listed the prefix");
+    let put = log
+        .iter()
+        .position(|r| r.kind() == "PUT" && r.key().contains(&format!("/{item}/")))
+        .unwrap_or_else(|| panic!("no PUT of {item}'s output: {log:#?}"));
+    assert!(
+        put < first_list,
+        "the check listed (request {first_list}) before the unstored output was stored (request {put}): {log:#?}"
+    );
+    assert_taken_over(&env, &s3, &lost, 1).await;
+}
