@@ -798,8 +798,9 @@ async fn product_shots_report_links_every_output_and_its_costs_are_the_records_a
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     copy_sample(dir, "product-shots.yaml");
-    let o = ip(
+    let mut run = cmd(
         None,
+        dir,
         dir,
         &[
             "run",
@@ -812,8 +813,11 @@ async fn product_shots_report_links_every_output_and_its_costs_are_the_records_a
             "--rate",
             "100/s",
         ],
-    )
-    .await;
+    );
+    // The embedded sandbox's images 64 pixels a side at 2K (a test-only setting): the links,
+    // thumbnails and costs checked here name no size.
+    run.env("IMGPIPE_TEST_SANDBOX_IMAGE_SIDE", "64");
+    let o = finish(run).await;
     assert_exit_without_panic(&o, 0);
     let summary = json_stdout(&o);
     let run_dir = dir.join("out").join("full");

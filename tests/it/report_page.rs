@@ -44,20 +44,21 @@ async fn the_sample_chain_report_loads_in_chromium_without_a_broken_image() {
     let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/product-shots.yaml");
     std::fs::copy(&sample, dir.path().join("product-shots.yaml")).unwrap();
     let state = state_path(dir.path()).to_string_lossy().into_owned();
-    let o = imgpipe(
-        None,
-        &[
-            "run",
-            "--sandbox",
-            "--report",
-            "product-shots.yaml",
-            "--state",
-            &state,
-            "--retry-base-ms",
-            "20",
-        ],
-        dir.path(),
-    )
+    // The embedded sandbox's images 64 pixels a side at 2K (a test-only setting): a broken
+    // image is broken at any size.
+    let o = Imgpipe::new(&[
+        "run",
+        "--sandbox",
+        "--report",
+        "product-shots.yaml",
+        "--state",
+        &state,
+        "--retry-base-ms",
+        "20",
+    ])
+    .cwd(dir.path())
+    .env("IMGPIPE_TEST_SANDBOX_IMAGE_SIDE", "64")
+    .run()
     .await;
     assert_exit(&o, 0);
     let report = report_in(dir.path());
