@@ -24,7 +24,7 @@ use tokio::sync::oneshot;
 use crate::api::rules::{self, InvalidField};
 use crate::api::types::ToolName;
 use crate::sandbox::reply::{App, Reply};
-use crate::sandbox::state::{InFlight, Job, JobKind, MODEL_ID, Source, State};
+use crate::sandbox::state::{InFlight, Job, JobKind, MODEL_ID, Read, Source, State};
 use crate::sandbox::{RateScope, edit, files};
 
 pub(super) fn router(state: Arc<State>) -> Router {
@@ -42,6 +42,7 @@ pub(super) fn router(state: Arc<State>) -> Router {
         .route("/_sandbox/let-through", post(let_through))
         .route("/_sandbox/expire-urls", post(expire_urls))
         .route("/_sandbox/rate-limit-reads", post(rate_limit_reads))
+        .route("/_sandbox/rate-limit-job-reads", post(rate_limit_job_reads))
         .fallback(|| async { Reply::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .with_state(state)
@@ -78,19 +79,20 @@ async fn authenticate(Shared(state): App, request: Request, next: Next) -> Respo
     next.run(request).await
 }
 
-/// A 429 for a read of the account or the models list when the test armed one
-/// (`Sandbox::rate_limit_reads`), before the rate limit is consulted: the reads a run starts
-/// with meet it whatever the clock says.
+/// A 429 for a read of the account, the models list or a job when the test armed one
+/// (`Sandbox::rate_limit_reads`, `Sandbox::rate_limit_job_reads`), before the rate limit is
+/// consulted: the read meets it whatever the clock says.
 fn armed_read_limit(state: &State, request: &Request) -> Option<Reply> {
     if request.method() != axum::http::Method::GET {
         return None;
     }
-    let account = match request.uri().path() {
-        "/v1/account" => true,
-        "/v1/models" => false,
+    let read = match request.uri().path() {
+        "/v1/account" => Read::Account,
+        "/v1/models" => Read::Models,
+        path if path.starts_with("/v1/jobs/") => Read::Job,
         _ => return None,
     };
-    let wait = state.take_armed_read_limit(account)?;
+    let wait = state.take_armed_read_limit(read)?;
     Some(limited(state, "rate limited (armed by the test)", wait))
 }
 
@@ -497,6 +499,16 @@ async fn rate_limit_reads(
     axum::extract::Query(armed): axum::extract::Query<ArmedReads>,
 ) -> StatusCode {
     state.rate_limit_reads(armed.reads, Duration::from_secs(armed.retry_after));
+    StatusCode::NO_CONTENT
+}
+
+/// Answers the next `reads` reads of a job (`GET /v1/jobs/{id}`), 429 with a `Retry-After` of
+/// `retry_after` seconds (see `Sandbox::rate_limit_job_reads`).
+async fn rate_limit_job_reads(
+    Shared(state): App,
+    axum::extract::Query(armed): axum::extract::Query<ArmedReads>,
+) -> StatusCode {
+    state.rate_limit_job_reads(armed.reads, Duration::from_secs(armed.retry_after));
     StatusCode::NO_CONTENT
 }
 

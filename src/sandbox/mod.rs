@@ -205,6 +205,17 @@ impl Sandbox {
         self.state.rate_limit_reads(reads, retry_after);
     }
 
+    /// The next `reads` reads of a job (`GET /v1/jobs/{id}`, whichever job: the read that
+    /// recovers an answer lost after it named its job) are each answered 429 with this
+    /// `Retry-After` (whole seconds, at least 1), whatever the rate limit says: a client stays
+    /// waiting to read a job back for as long as a test needs, by count rather than by racing
+    /// the rate limit's window. Counted in [`Stats`] as `job_reads` and
+    /// `job_reads_rate_limited`. Standalone:
+    /// `POST /_sandbox/rate-limit-job-reads?reads=N&retry_after=S`.
+    pub fn rate_limit_job_reads(&self, reads: usize, retry_after: Duration) {
+        self.state.rate_limit_job_reads(reads, retry_after);
+    }
+
     /// When each 429 was answered, in microseconds on the clock of the ledger's `received_us`,
     /// so a test can order the calls that arrived against it.
     pub fn rate_limits(&self) -> Vec<u64> {

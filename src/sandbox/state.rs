@@ -67,6 +67,12 @@ pub struct Stats {
     /// Account and models reads answered 429 as armed by [`State::rate_limit_reads`] (also
     /// counted in `rate_limited`).
     pub reads_rate_limited: u64,
+    /// `GET /v1/jobs/{id}` requests received (with the right key), 429s included: the read
+    /// that recovers a lost answer by its job.
+    pub job_reads: u64,
+    /// Job reads answered 429 as armed by [`State::rate_limit_job_reads`] (also counted in
+    /// `rate_limited`).
+    pub job_reads_rate_limited: u64,
     pub server_errors: u64,
     pub dropped_after_billing: u64,
     /// Billed calls answered 504 by the gateway fault.
@@ -128,14 +134,41 @@ struct Books {
     /// Reads of the account, and of the models list, still to be answered 429, and with which
     /// `Retry-After` ([`State::rate_limit_reads`]).
     armed_read_limits: ArmedReads,
+    /// Reads of a job still to be answered 429 ([`State::rate_limit_job_reads`]).
+    armed_job_read_limits: Armed,
 }
 
 /// 429s armed for the reads a run starts with ([`State::rate_limit_reads`]).
 #[derive(Default)]
 struct ArmedReads {
-    account: usize,
-    models: usize,
+    account: Armed,
+    models: Armed,
+}
+
+/// 429s armed for the next calls of one kind: how many are left, and their `Retry-After`.
+#[derive(Clone, Copy, Default)]
+struct Armed {
+    left: usize,
     retry_after: Duration,
+}
+
+impl Armed {
+    /// The `Retry-After` of the next armed 429, spending it; `None` once they are spent.
+    fn take(&mut self) -> Option<Duration> {
+        self.left = self.left.checked_sub(1)?;
+        Some(self.retry_after)
+    }
+}
+
+/// A free read that a test may arm 429s for, counted in [`Stats`] whether it meets one or not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Read {
+    /// `GET /v1/account`.
+    Account,
+    /// `GET /v1/models`.
+    Models,
+    /// `GET /v1/jobs/{id}`.
+    Job,
 }
 
 pub struct State {
@@ -179,6 +212,7 @@ impl State {
                 armed_rate_limit: None,
                 armed_refusals: 0,
                 armed_read_limits: ArmedReads::default(),
+                armed_job_read_limits: Armed::default(),
             }),
             signer: Signer::new(secret),
             id_salt: u64::from_le_bytes([
@@ -264,35 +298,52 @@ impl State {
     /// The next `reads` reads of the account, and the next `reads` of the models list, are
     /// answered 429 with `retry_after`, whatever the rate limit says: counted, not timed.
     pub fn rate_limit_reads(&self, reads: usize, retry_after: Duration) {
+        let armed = Armed {
+            left: reads,
+            retry_after,
+        };
         self.books().armed_read_limits = ArmedReads {
-            account: reads,
-            models: reads,
+            account: armed,
+            models: armed,
+        };
+    }
+
+    /// The next `reads` reads of a job (`GET /v1/jobs/{id}`, whichever job) are answered 429
+    /// with `retry_after`, whatever the rate limit says: counted, not timed.
+    pub fn rate_limit_job_reads(&self, reads: usize, retry_after: Duration) {
+        self.books().armed_job_read_limits = Armed {
+            left: reads,
             retry_after,
         };
     }
 
-    /// Counts a read of the account (or else of the models list) and, when one is still armed
-    /// for it ([`State::rate_limit_reads`]), takes its 429's `Retry-After`.
-    pub fn take_armed_read_limit(&self, account: bool) -> Option<Duration> {
+    /// Counts a free read of kind `read` and, when a 429 is still armed for it
+    /// ([`State::rate_limit_reads`], [`State::rate_limit_job_reads`]), takes its
+    /// `Retry-After`.
+    pub fn take_armed_read_limit(&self, read: Read) -> Option<Duration> {
         let books = &mut *self.books();
-        let (reads, left) = if account {
-            (
-                &mut books.stats.account_reads,
+        let stats = &mut books.stats;
+        let (reads, limited, armed) = match read {
+            Read::Account => (
+                &mut stats.account_reads,
+                &mut stats.reads_rate_limited,
                 &mut books.armed_read_limits.account,
-            )
-        } else {
-            (
-                &mut books.stats.models_reads,
+            ),
+            Read::Models => (
+                &mut stats.models_reads,
+                &mut stats.reads_rate_limited,
                 &mut books.armed_read_limits.models,
-            )
+            ),
+            Read::Job => (
+                &mut stats.job_reads,
+                &mut stats.job_reads_rate_limited,
+                &mut books.armed_job_read_limits,
+            ),
         };
         *reads += 1;
-        if *left == 0 {
-            return None;
-        }
-        *left -= 1;
-        books.stats.reads_rate_limited += 1;
-        Some(books.armed_read_limits.retry_after)
+        let wait = armed.take()?;
+        *limited += 1;
+        Some(wait)
     }
 
     /// The armed 429's `Retry-After`, once: the call asking gets it.
@@ -568,5 +619,63 @@ pub struct InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> State {
+        let base = Url::parse("http://127.0.0.1:1/").unwrap();
+        State::new(Config::default(), "sbx_test".into(), base, [7; 32])
+    }
+
+    /// Armed job reads are refused as many times as armed, with their `Retry-After`, then
+    /// answered; every read is counted, and the reads of the account and models are left alone.
+    #[test]
+    fn job_reads_meet_their_armed_429s_that_many_times_and_no_other_read_does() {
+        let state = state();
+        state.rate_limit_job_reads(2, Duration::from_secs(9));
+        assert_eq!(state.take_armed_read_limit(Read::Account), None);
+        assert_eq!(state.take_armed_read_limit(Read::Models), None);
+        let job_reads: Vec<_> = (0..3)
+            .map(|_| state.take_armed_read_limit(Read::Job))
+            .collect();
+        let nine = Some(Duration::from_secs(9));
+        assert_eq!(job_reads, [nine, nine, None]);
+        let stats = state.stats();
+        assert_eq!(
+            (stats.job_reads, stats.job_reads_rate_limited),
+            (3, 2),
+            "{stats:?}"
+        );
+        assert_eq!(
+            (
+                stats.account_reads,
+                stats.models_reads,
+                stats.reads_rate_limited
+            ),
+            (1, 1, 0),
+            "{stats:?}"
+        );
+    }
+
+    /// Reads armed for the account and models list leave the job reads alone, and the other
+    /// way round: each kind keeps its own count.
+    #[test]
+    fn reads_armed_for_the_account_and_models_leave_job_reads_alone() {
+        let state = state();
+        state.rate_limit_reads(1, Duration::from_secs(3));
+        assert_eq!(state.take_armed_read_limit(Read::Job), None);
+        let three = Some(Duration::from_secs(3));
+        assert_eq!(state.take_armed_read_limit(Read::Account), three);
+        assert_eq!(state.take_armed_read_limit(Read::Models), three);
+        assert_eq!(state.take_armed_read_limit(Read::Account), None);
+        let stats = state.stats();
+        assert_eq!(
+            (stats.reads_rate_limited, stats.job_reads_rate_limited),
+            (2, 0)
+        );
     }
 }

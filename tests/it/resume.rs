@@ -15,7 +15,6 @@ use imgpipe::sandbox::{self, LedgerEntry};
 use serde_json::Value;
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions, Connection};
-use tokio::time::Instant;
 
 use crate::common::*;
 use crate::run::{CHAIN_CREDITS, both, config, edit_chain, manifest, state_path, write};
@@ -951,13 +950,14 @@ async fn named_lost_calls(dir: &Path) -> Vec<(String, String)> {
 }
 
 /// Every answer is cut after naming its job, and the process is killed (SIGKILL) while it reads
-/// back the upscale's job: the sandbox takes one call a second, so the read right after the
-/// paid call is refused with a 429 and waits. The attempt is on record with its job id, and
-/// `resume` reads the job back for free instead of calling again, keeping its lineage.
+/// back the upscale's job: the sandbox holds the upscale at its gate until the erase has been
+/// read back, then answers every job read 429 with a `Retry-After` of an hour, so the run waits
+/// to read the upscale back for as long as the test needs, whatever the machine's speed. The
+/// attempt is on record with its job id, and `resume` reads the job back for free instead of
+/// calling again, keeping its lineage.
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_while_reading_back_a_cut_answer_the_resume_reads_it_back_for_free() {
     let env = start(sandbox::Config {
-        rate_limit: Some(1.0),
         faults: sandbox::Faults {
             partial_answer: 1.0,
             ..sandbox::Faults::default()
@@ -967,45 +967,47 @@ async fn killed_while_reading_back_a_cut_answer_the_resume_reads_it_back_for_fre
     .await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(1, None));
-    let mut child = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "k"])
+    let hold = env.sandbox.hold();
+    let mut run = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "k"])
         .sqlite_in(dir)
         .retry_base_ms(20)
-        .command()
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let lost = loop {
-        let lost = named_lost_calls(dir).await;
-        if lost.iter().any(|(step, _)| step == "big") {
-            break lost;
-        }
-        assert!(child.try_wait().unwrap().is_none(), "the run ended first");
-        assert!(Instant::now() < deadline, "no cut upscale was recorded");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
-    kill_child(&mut child, "the run").await;
+        .watched();
+    // The erase billed, cut and read back (the upscale is made from its image): the upscale
+    // waits at the gate.
+    step_until(&env, &mut run, |env| env.sandbox.ledger().len() == 1).await;
+    env.sandbox
+        .rate_limit_job_reads(usize::MAX, Duration::from_secs(3600));
+    env.sandbox.let_through(1);
+    wait_while_running(
+        &mut run,
+        "the upscale's read-back answered 429 (the run waiting to read it back)",
+        || env.sandbox.stats().job_reads_rate_limited >= 1,
+    )
+    .await;
+    send_signal(run.id(), libc::SIGKILL);
+    run.finish().await;
+    drop(hold);
+    env.sandbox.rate_limit_job_reads(0, Duration::ZERO);
+    let stats = env.sandbox.stats();
     assert_eq!(
-        lost.len(),
-        1,
-        "the erase was read back by the run: {lost:?}"
+        (stats.job_reads, stats.job_reads_rate_limited),
+        (2, 1),
+        "the erase read back, the upscale's read-back refused: {stats:?}"
+    );
+    let lost = named_lost_calls(dir).await;
+    assert_eq!(
+        lost.iter()
+            .map(|(step, _)| step.as_str())
+            .collect::<Vec<_>>(),
+        ["big"],
+        "the upscale on record as possibly billed, the erase read back by the run: {lost:?}"
     );
     let job = lost[0].1.clone();
-    assert_eq!(
-        named_lost_calls(dir).await,
-        lost,
-        "killed before the read-back"
-    );
     let ledger = env.sandbox.ledger();
     assert_eq!(ledger.len(), 2, "{ledger:#?}");
     assert!(ledger.iter().all(|e| e.partial), "{ledger:#?}");
     assert_eq!(ledger[1].job_id, job, "{ledger:#?}");
 
-    // Each command reads the account once as it starts, without waiting out a 429: let the
-    // sandbox's second pass first.
-    let turn = Duration::from_millis(1100);
-    tokio::time::sleep(turn).await;
     let o = Imgpipe::on(&env, &["resume", "k", "--dry-run", "--json"])
         .sqlite_in(dir)
         .retry_base_ms(20)
@@ -1015,7 +1017,6 @@ async fn killed_while_reading_back_a_cut_answer_the_resume_reads_it_back_for_fre
     let doc = json_stdout(&o);
     assert_eq!(doc["recover_by_job_id"], 1, "{doc:#}");
 
-    tokio::time::sleep(turn).await;
     let o = Imgpipe::on(&env, &["resume", "k", "--json"])
         .sqlite_in(dir)
         .retry_base_ms(20)
@@ -1035,12 +1036,8 @@ async fn killed_while_reading_back_a_cut_answer_the_resume_reads_it_back_for_fre
     let db = Db::read_file(&state_path(dir)).await;
     let big = task_in(&db, "k", "i00", "big");
     assert_eq!(big.job_id.as_deref(), Some(job.as_str()));
-    // Calls the sandbox refused with a 429 billed nothing; one call was sent and billed.
-    let attempts: Vec<_> = db
-        .attempts_of(big.id)
-        .into_iter()
-        .filter(|a| a.outcome.as_deref() != Some("answered_error"))
-        .collect();
+    // One call was sent and billed, and read back on resume.
+    let attempts = db.attempts_of(big.id);
     assert_eq!(attempts.len(), 1, "{attempts:#?}");
     assert_eq!(attempts[0].outcome.as_deref(), Some("succeeded"));
     let note = attempts[0].error.as_deref().unwrap_or_default();

@@ -582,10 +582,13 @@ async fn seeded_faults_replay_the_same_outcomes() {
     assert_ne!(runs[0], runs[2], "the seed makes no difference");
 }
 
+/// The rate limit's 429, at one call an hour so that the second call lands in the first one's
+/// window however slow the machine: `Retry-After` is what is left of the hour, the body the
+/// JSON error, nothing billed; the injected 429 has the same shape.
 #[tokio::test]
 async fn a_429_carries_retry_after_and_the_json_error() {
     let env = start(Config {
-        rate_limit: Some(1.0),
+        rate_limit: Some(1.0 / 3600.0),
         ..Config::default()
     })
     .await;
@@ -605,10 +608,14 @@ async fn a_429_carries_retry_after_and_the_json_error() {
         .unwrap()
         .parse()
         .unwrap();
-    assert!(retry >= 1, "{retry}");
+    assert!(
+        (3000..=3600).contains(&retry),
+        "Retry-After is the rest of the hour: {retry}"
+    );
     let body: Value = limited.json().await.unwrap();
     error_of(&body, "rate_limited");
     assert_eq!(env.sandbox.ledger().len(), 1);
+    assert_eq!(env.sandbox.stats().rate_limited, 1);
 
     // The injected 429 has the same shape.
     let env = start_with_faults(Faults {
@@ -718,6 +725,61 @@ async fn reads_armed_to_meet_a_429_are_refused_that_many_times_then_answered() {
             counted("rate_limited"),
         ],
         [3, 3, 4, 4],
+        "{stats}"
+    );
+}
+
+/// `POST /_sandbox/rate-limit-job-reads?reads=N&retry_after=S` answers the next N reads of a
+/// job (`GET /v1/jobs/{id}`, whichever job, a known one or not) 429 with that `Retry-After`,
+/// whatever the rate limit says; then the job is answered again. The stats count every job
+/// read and the armed 429s. The reads of the account and models, and paid calls, are
+/// untouched.
+#[tokio::test]
+async fn job_reads_armed_to_meet_a_429_are_refused_that_many_times_then_answered() {
+    let env = start_default().await;
+    let key = Some(env.sandbox.key());
+    let job = generate_raw(&env).await["id"].as_str().unwrap().to_owned();
+    let (status, body) = raw_post(
+        &env,
+        "_sandbox/rate-limit-job-reads?reads=2&retry_after=7",
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    for path in ["v1/account", "v1/models"] {
+        let (status, body) = raw_get(&env, path, key).await;
+        assert_eq!(status, 200, "{path} is not a job read: {body}");
+    }
+    for path in [format!("v1/jobs/{job}"), "v1/jobs/job_unknown".to_owned()] {
+        let response = http()
+            .get(env.sandbox.base_url().join(&path).unwrap())
+            .header("X-API-Key", env.sandbox.key())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 429, "{path}");
+        assert_eq!(response.headers()[RETRY_AFTER], "7", "{path}");
+        let body: Value = response.json().await.unwrap();
+        error_of(&body, "rate_limited");
+    }
+    let (status, body) = raw_get(&env, &format!("v1/jobs/{job}"), key).await;
+    assert_eq!(
+        status, 200,
+        "the job answered once its 429s are spent: {body}"
+    );
+    assert_eq!(body["id"], job.as_str(), "{body}");
+    generate_raw(&env).await;
+    let (_, stats) = raw_get(&env, "_sandbox/stats", key).await;
+    let counted = |name: &str| stats["stats"][name].as_u64().unwrap();
+    assert_eq!(
+        [
+            counted("job_reads"),
+            counted("job_reads_rate_limited"),
+            counted("reads_rate_limited"),
+            counted("rate_limited"),
+            counted("billed"),
+        ],
+        [3, 2, 0, 2, 2],
         "{stats}"
     );
 }
