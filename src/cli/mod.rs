@@ -211,6 +211,19 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
 /// flight is over.
 const RECORD_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// A test-only setting: seconds in place of [`RECORD_WITHIN`], so that a test of a state
+/// database gone silent sees the bound reached without waiting out its 30 s.
+const TEST_RECORD_WITHIN_ENV: &str = "IMGPIPE_TEST_RECORD_WITHIN_SECS";
+
+/// [`RECORD_WITHIN`], or the positive seconds [`TEST_RECORD_WITHIN_ENV`] sets.
+fn record_within() -> std::time::Duration {
+    std::env::var(TEST_RECORD_WITHIN_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|secs| *secs > 0)
+        .map_or(RECORD_WITHIN, std::time::Duration::from_secs)
+}
+
 /// Runs a command that records what it does (the runner handles the signal itself) to its
 /// end, or, once stopped (a signal, or the PostgreSQL run lock's session lost), until its
 /// `grace` for the calls in flight and [`RECORD_WITHIN`] more have passed: a state database
@@ -223,16 +236,17 @@ async fn bounded_after_shutdown(
     grace: f64,
 ) -> Result<(), Error> {
     let grace = std::time::Duration::try_from_secs_f64(grace).unwrap_or_default();
+    let within = record_within();
     let overdue = async {
         shutdown.cancelled().await;
-        tokio::time::sleep(grace + RECORD_WITHIN).await;
+        tokio::time::sleep(grace + within).await;
     };
     tokio::select! {
         result = work => result,
         () = overdue => Err(Error::Interrupted {
             detail: Some(format!(
                 "the state database did not take the run's records within {}s after the {}s grace: calls it had as sent stay possibly billed; resume the run once it answers",
-                RECORD_WITHIN.as_secs(),
+                within.as_secs(),
                 grace.as_secs_f64()
             )),
         }),

@@ -52,14 +52,31 @@ pub struct Connection {
     _sandbox: Option<Sandbox>,
 }
 
+/// A test-only setting: the embedded sandbox's side of a 2K image, in pixels (1 to 2,048), in
+/// place of its default (256), so that a test of the sample pipeline on `--sandbox`, which
+/// expands and upscales each image 4x, need not draw and thumbnail 1,820x1,024-pixel images.
+const TEST_SANDBOX_SIDE_ENV: &str = "IMGPIPE_TEST_SANDBOX_IMAGE_SIDE";
+
+/// The embedded sandbox's settings: its defaults, but for [`TEST_SANDBOX_SIDE_ENV`].
+fn embedded_config() -> sandbox::Config {
+    let default = sandbox::Config::default();
+    let image_side = std::env::var(TEST_SANDBOX_SIDE_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|side| (1..=2048).contains(side))
+        .unwrap_or(default.image_side);
+    sandbox::Config {
+        image_side,
+        ..default
+    }
+}
+
 impl Connection {
     pub async fn open(settings: &ServiceSettings) -> Result<Self, Error> {
         let (base_url, key, sandbox) = if settings.sandbox {
-            let sandbox = Sandbox::start(sandbox::Config::default())
-                .await
-                .map_err(|e| {
-                    Error::Other(anyhow::anyhow!("cannot start the embedded sandbox: {e}"))
-                })?;
+            let sandbox = Sandbox::start(embedded_config()).await.map_err(|e| {
+                Error::Other(anyhow::anyhow!("cannot start the embedded sandbox: {e}"))
+            })?;
             tracing::info!(
                 "using the embedded sandbox at {} (credits are not real)",
                 sandbox.base_url()

@@ -51,6 +51,23 @@ pub async fn start_default() -> Env {
     start(sandbox::Config::default()).await
 }
 
+/// A sandbox with the default configuration but images of [`SAMPLE_SIDE`] pixels a side at
+/// 2K, for the tests of the sample pipeline (`pipelines/product-shots.yaml`): at the default
+/// 256, its chains expand to 16:9 and upscale 4×, 1,820×1,024 pixels an image that the
+/// sandbox encodes, and imgpipe downloads, hashes and draws thumbnails of, each several times
+/// in a test. What those tests check (the bill, the files kept and set aside, the pages) is
+/// the same at 455×256.
+pub async fn start_sample_sized() -> Env {
+    start(sandbox::Config {
+        image_side: SAMPLE_SIDE,
+        ..sandbox::Config::default()
+    })
+    .await
+}
+
+/// The side of a 2K image in [`start_sample_sized`]'s sandbox.
+pub const SAMPLE_SIDE: u32 = 64;
+
 /// A sandbox with the default configuration but for the given injected faults.
 pub async fn start_with_faults(faults: Faults) -> Env {
     start(sandbox::Config {

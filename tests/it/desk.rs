@@ -134,7 +134,7 @@ async fn reroll_pays_and_sets_aside(c: &Catalogue<'_>) {
 }
 
 async fn a_reroll_the_service_refuses_changes_nothing(pg: Option<String>) {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let c = Catalogue::new(&env, pg);
     c.done().await;
     let before = c.had().await;
@@ -171,7 +171,7 @@ async fn on_postgres_a_reroll_refused_changes_nothing() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_reroll_refused_for_the_balance_changes_nothing_and_says_why() {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let c = Catalogue::new(&env, None);
     c.done().await;
     let before = c.had().await;
@@ -284,7 +284,7 @@ type Post<'a> = (&'a str, Option<&'a str>, Option<&'a str>, &'a str, u16);
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_desk_answers_only_its_token_its_host_and_its_own_page() {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let c = Catalogue::new(&env, None);
     c.done().await;
     let calls = env.sandbox.ledger().len();
@@ -497,7 +497,7 @@ impl Served {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_desk_prices_as_the_cli_and_pays_exactly_the_price_confirmed() {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let c = Catalogue::new(&env, None);
     c.done().await;
     let desk = serve_with(&c, &["--retry-base-ms", "1"]).await;
@@ -588,7 +588,7 @@ async fn the_desk_prices_as_the_cli_and_pays_exactly_the_price_confirmed() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_desk_continues_a_stopped_run_for_exactly_the_rest() {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let c = Catalogue::new(&env, None);
     let sample = c
         .imgpipe(&["run", "shots.yaml", "--items", "mug", "--run-id", "s"])
@@ -628,7 +628,7 @@ fn cell<'p>(page: &'p str, row: &str, class: &str) -> &'p str {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_home_shows_the_runs_the_caps_and_the_ledger_as_the_cli_computes_them() {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let c = Catalogue::new(&env, None);
     let set = c
         .plain(&["cap", "set", "daily", "--credits", "1000", "--per", "day"])
@@ -684,7 +684,7 @@ async fn the_home_shows_the_runs_the_caps_and_the_ledger_as_the_cli_computes_the
 
 #[tokio::test(flavor = "multi_thread")]
 async fn on_sigterm_the_desk_stops_accepting_lets_its_reroll_reach_its_safe_point_and_exits_0() {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let c = Catalogue::new(&env, None);
     c.done().await;
     let desk = serve_with(&c, &["--retry-base-ms", "1"]).await;
@@ -741,7 +741,7 @@ async fn on_sigterm_the_desk_stops_accepting_lets_its_reroll_reach_its_safe_poin
 
 #[tokio::test(flavor = "multi_thread")]
 async fn work_started_at_the_desk_is_followed_to_its_end_with_the_clis_error_and_hint() {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let c = Catalogue::new(&env, None);
     c.done().await;
     let desk = serve_with(&c, &["--retry-base-ms", "1"]).await;
@@ -802,7 +802,7 @@ async fn work_started_at_the_desk_is_followed_to_its_end_with_the_clis_error_and
 /// what is downstream of them; the third item, which never ran, is left alone), and a
 /// confirm at that price bills exactly it.
 async fn a_step_for_every_item(pg: Option<String>) {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let c = Catalogue::new(&env, pg);
     let sample = c
         .imgpipe(&["run", "shots.yaml", "--items", "mug,lamp", "--run-id", "s"])

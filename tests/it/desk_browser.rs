@@ -108,7 +108,7 @@ fn screenshot(name: &str) -> std::path::PathBuf {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn in_chromium_two_outputs_picked_by_keyboard_are_priced_as_the_cli_and_paid_exactly() {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let c = Catalogue::new(&env, None);
     let cap = c
         .plain(&["cap", "set", "daily", "--credits", "1000", "--per", "day"])
@@ -256,7 +256,7 @@ async fn in_chromium_two_outputs_picked_by_keyboard_are_priced_as_the_cli_and_pa
 
 #[tokio::test(flavor = "multi_thread")]
 async fn in_chromium_a_stopped_samples_continue_bills_exactly_the_rest() {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let c = Catalogue::new(&env, None);
     sample(&c).await;
     let desk = serve(&c).await;
@@ -296,7 +296,7 @@ async fn in_chromium_a_stopped_samples_continue_bills_exactly_the_rest() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn in_chromium_a_price_that_changed_is_shown_again_and_only_the_new_one_is_paid() {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let c = Catalogue::new(&env, None);
     sample(&c).await;
     let desk = serve(&c).await;
@@ -352,7 +352,7 @@ async fn in_chromium_a_price_that_changed_is_shown_again_and_only_the_new_one_is
 
 #[tokio::test(flavor = "multi_thread")]
 async fn in_chromium_a_refusal_shows_its_error_and_hint_and_spends_nothing() {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let c = Catalogue::new(&env, None);
     sample(&c).await;
     let desk = serve(&c).await;
@@ -413,7 +413,7 @@ async fn in_chromium_a_refusal_shows_its_error_and_hint_and_spends_nothing() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn in_chromium_a_whole_item_picked_by_keyboard_is_priced_as_the_cli_and_paid_exactly() {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let c = Catalogue::new(&env, None);
     sample(&c).await;
     let desk = serve(&c).await;
@@ -541,7 +541,7 @@ async fn in_chromium_a_whole_item_picked_by_keyboard_is_priced_as_the_cli_and_pa
 
 #[tokio::test(flavor = "multi_thread")]
 async fn in_chromium_a_step_for_every_item_is_one_pick_priced_as_the_cli() {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let c = Catalogue::new(&env, None);
     sample(&c).await;
     let desk = serve(&c).await;

@@ -224,7 +224,7 @@ fn items_where(db: &Db, pred: impl Fn(&TaskRow) -> bool) -> Vec<String> {
 }
 
 async fn paged_and_filtered(pg: Option<String>) {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let c = Catalogue::new(&env, pg);
     let db = varied(&c).await;
     let desk = serve(&c).await;
@@ -349,7 +349,7 @@ async fn far_down(c: &Catalogue<'_>) {
 }
 
 async fn filtered_far_down(pg: Option<String>) {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let c = Catalogue::new(&env, pg);
     let ran = c
         .imgpipe(&["run", "desk.yaml", "--run-id", "r"])
@@ -399,7 +399,7 @@ async fn on_postgres_a_filter_finds_matches_far_down_a_long_run_page_by_bounded_
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_desk_serves_a_runs_images_and_nothing_outside_its_directory() {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let c = Catalogue::new(&env, None);
     let ran = c
         .imgpipe(&["run", "desk.yaml", "--run-id", "r"])
@@ -448,7 +448,7 @@ async fn the_desk_serves_a_runs_images_and_nothing_outside_its_directory() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_desk_serves_the_images_of_a_run_in_a_bucket_and_nothing_outside_it() {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let s3 = crate::objects::S3::start().await;
     let c = Catalogue::new(&env, None);
     let ran = c
@@ -507,7 +507,7 @@ async fn page(desk: &Served, run: &str) -> Option<Browser> {
 #[tokio::test(flavor = "multi_thread")]
 async fn in_chromium_the_keyboard_picks_and_rejects_through_filters_and_a_hostile_prompt_stays_text()
  {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let c = Catalogue::new(&env, None);
     let ran = c
         .imgpipe(&["run", "desk.yaml", "--run-id", "r"])
@@ -615,7 +615,7 @@ async fn in_chromium_the_keyboard_picks_and_rejects_through_filters_and_a_hostil
 
 #[tokio::test(flavor = "multi_thread")]
 async fn in_chromium_a_run_in_another_process_shows_its_new_images_without_reloading() {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let c = Catalogue::new(&env, None);
     env.sandbox.hold_calls();
     let mut run = c
@@ -717,7 +717,7 @@ fn costs_table(html: &str) -> &str {
 /// and both are what the record says, line by line: read from the totals the store keeps
 /// and the few rows they cannot sum, never counted over the run.
 async fn head_costs_as_the_report(pg: Option<String>) {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let c = Catalogue::new(&env, pg);
     varied(&c).await;
     // A second call without an answer, on a task then removed with its item.

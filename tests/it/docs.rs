@@ -297,7 +297,7 @@ async fn run_page(page: &str) {
     let text = std::fs::read_to_string(root().join(page)).unwrap();
     let steps = transcript(&text);
     assert!(!steps.is_empty(), "{page} shows no console block");
-    let env = common::start_default().await;
+    let env = common::start_sample_sized().await;
     let dir = env.dir.path();
     copy_dir(&root().join("pipelines"), &dir.join("pipelines"));
     let mut failures = Vec::new();

@@ -730,8 +730,10 @@ const TAKEOVER_STATEMENTS: usize = 150;
 /// The takeover at the scale of a test: 20,000 items (40,000 tasks) on PostgreSQL,
 /// killed with thousands of tasks recorded and the tables never analysed, then reviewed and
 /// taken over at once. What is held is the number of statements sent, not the time: a
-/// statement per task would show as thousands, and a plan gone wrong on tables without
-/// statistics is what the scale bench measures.
+/// statement per item would show as 20,000, one per task recorded or done (or per output) as
+/// a thousand or more, against bounds of 50 and 150; and a plan gone wrong on
+/// tables without statistics is what the scale bench measures. (The run was killed after
+/// 2,500 outputs before: 1,000 tell a statement per task as well, for 3,000 fewer calls.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_run_of_20000_items_killed_on_postgres_is_reviewed_and_taken_over_in_few_statements() {
     let Some(url) = postgres_database("statements").await else {
@@ -767,8 +769,8 @@ steps:
     let mut first = on(&env, dir.path(), &url, &args).spawn().unwrap();
     wait_for(
         &url,
-        "SELECT COUNT(*) FROM outputs WHERE path IS NOT NULL HAVING COUNT(*) >= 2500",
-        "2,500 outputs stored",
+        "SELECT COUNT(*) FROM outputs WHERE path IS NOT NULL HAVING COUNT(*) >= 1000",
+        "1,000 outputs stored",
     )
     .await;
     kill_child(&mut first, "the run of 20,000 items").await;
@@ -779,7 +781,7 @@ steps:
     )
     .await;
     assert!(
-        recorded >= 4_000 && done >= 1_000,
+        recorded >= 2_000 && done >= 1_000,
         "the run recorded {recorded} tasks, {done} done: too few to tell a statement per task"
     );
 

@@ -798,8 +798,9 @@ async fn product_shots_report_links_every_output_and_its_costs_are_the_records_a
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     copy_sample(dir, "product-shots.yaml");
-    let o = ip(
+    let mut run = cmd(
         None,
+        dir,
         dir,
         &[
             "run",
@@ -812,8 +813,11 @@ async fn product_shots_report_links_every_output_and_its_costs_are_the_records_a
             "--rate",
             "100/s",
         ],
-    )
-    .await;
+    );
+    // The embedded sandbox's images 64 pixels a side at 2K (a test-only setting): the links,
+    // thumbnails and costs checked here name no size.
+    run.env("IMGPIPE_TEST_SANDBOX_IMAGE_SIDE", "64");
+    let o = finish(run).await;
     assert_exit_without_panic(&o, 0);
     let summary = json_stdout(&o);
     let run_dir = dir.join("out").join("full");
@@ -1764,14 +1768,28 @@ async fn a_mistyped_state_path_is_reported_and_not_created() {
     assert!(!dir.join("sate").exists(), "runs created it");
 }
 
+/// Items on a report's page in the paged report's test (`IMGPIPE_TEST_REPORT_PAGE_ITEMS`, a
+/// test-only setting, in place of 100): the pages, their links and each item on one page are
+/// the same at 10 as at 100, for a tenth of the items paid and drawn.
+const PAGE_ITEMS: usize = 10;
+
+/// `imgpipe report r --json` in `env`'s directory, `PAGE_ITEMS` items a page.
+async fn report_paged(env: &Env) -> Output {
+    let dir = env.dir.path();
+    let mut c = cmd(Some(env), dir, dir, &["report", "r", "--json"]);
+    c.env("IMGPIPE_TEST_REPORT_PAGE_ITEMS", PAGE_ITEMS.to_string());
+    finish(c).await
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_run_of_more_items_than_a_page_writes_linked_pages_each_holding_its_items_images() {
+    // Two full pages and a part (the last page's count is its own).
     let env = start_with_chain(
         sandbox::Config {
             balance: 10_000,
             ..config()
         },
-        210,
+        2 * PAGE_ITEMS + 5,
     )
     .await;
     assert_exit_without_panic(&run_chain(&env, "r", &["--concurrency", "16"]).await, 0);
@@ -1783,7 +1801,7 @@ async fn a_run_of_more_items_than_a_page_writes_linked_pages_each_holding_its_it
     let stale = run_dir.join("report-4.html");
     std::fs::write(&stale, "<!DOCTYPE html>\n<!-- imgpipe run report -->\nold").unwrap();
     std::fs::write(run_dir.join("report-5.html"), "my notes").unwrap();
-    let o = ip(Some(&env), dir, &["report", "r", "--json"]).await;
+    let o = report_paged(&env).await;
     assert_exit_without_panic(&o, 0);
     let written = json_stdout(&o);
     assert_eq!(written["pages"], 3, "{written:#}");
@@ -1805,7 +1823,7 @@ async fn a_run_of_more_items_than_a_page_writes_linked_pages_each_holding_its_it
             names[i]
         );
         let sections = page.html.matches("<section class=\"item\"").count();
-        assert_eq!(sections, [100, 100, 10][i], "items on {}", names[i]);
+        assert_eq!(sections, [10, 10, 5][i], "items on {}", names[i]);
         let links: Vec<String> = page
             .tags("a")
             .iter()
@@ -1854,7 +1872,7 @@ async fn a_run_of_more_items_than_a_page_writes_linked_pages_each_holding_its_it
     let per_page: Vec<usize> = (0..3)
         .map(|i| items_seen.iter().filter(|(p, _)| *p == i).count())
         .collect();
-    assert_eq!(per_page, [100, 100, 10]);
+    assert_eq!(per_page, [10, 10, 5]);
     let figures: usize = pages
         .iter()
         .map(|p| p.html.matches("<figure id=\"o").count())
@@ -1868,7 +1886,7 @@ async fn a_run_of_more_items_than_a_page_writes_linked_pages_each_holding_its_it
     // beside the new ones (read while the rows of the pages before were still streaming).
     let (_, last) = items_seen.iter().rfind(|(p, _)| *p == 2).unwrap();
     assert_exit_without_panic(&ip(Some(&env), dir, &["reroll", "r", last]).await, 0);
-    let again = ip(Some(&env), dir, &["report", "r", "--json"]).await;
+    let again = report_paged(&env).await;
     assert_exit_without_panic(&again, 0);
     let third = Page::read(&run_dir.join("report-3.html"));
     let section = third.must("section", &format!("item-{last}"));

@@ -44,20 +44,21 @@ async fn the_sample_chain_report_loads_in_chromium_without_a_broken_image() {
     let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/product-shots.yaml");
     std::fs::copy(&sample, dir.path().join("product-shots.yaml")).unwrap();
     let state = state_path(dir.path()).to_string_lossy().into_owned();
-    let o = imgpipe(
-        None,
-        &[
-            "run",
-            "--sandbox",
-            "--report",
-            "product-shots.yaml",
-            "--state",
-            &state,
-            "--retry-base-ms",
-            "20",
-        ],
-        dir.path(),
-    )
+    // The embedded sandbox's images 64 pixels a side at 2K (a test-only setting): a broken
+    // image is broken at any size.
+    let o = Imgpipe::new(&[
+        "run",
+        "--sandbox",
+        "--report",
+        "product-shots.yaml",
+        "--state",
+        &state,
+        "--retry-base-ms",
+        "20",
+    ])
+    .cwd(dir.path())
+    .env("IMGPIPE_TEST_SANDBOX_IMAGE_SIDE", "64")
+    .run()
     .await;
     assert_exit(&o, 0);
     let report = report_in(dir.path());
@@ -99,7 +100,10 @@ async fn a_run_of_many_items_is_paged_and_still_loads_every_image() {
     })
     .await;
     let dir = env.dir.path();
-    write(dir, "chain.yaml", &edit_chain(130, None));
+    // Pages of 40 items (`IMGPIPE_TEST_REPORT_PAGE_ITEMS`, a test-only setting, in place of
+    // 100): a page still holds more thumbnails than load with it, the last far below the
+    // screen, for 50 items paid and drawn rather than 130.
+    write(dir, "chain.yaml", &edit_chain(50, None));
     let state = state_path(dir).to_string_lossy().into_owned();
     let mut cmd = Imgpipe::new(&[
         "run",
@@ -115,12 +119,13 @@ async fn a_run_of_many_items_is_paged_and_still_loads_every_image() {
     .cwd(dir)
     .command();
     cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
-        .env("IMGPIPE_API_KEY", env.sandbox.key());
+        .env("IMGPIPE_API_KEY", env.sandbox.key())
+        .env("IMGPIPE_TEST_REPORT_PAGE_ITEMS", "40");
     let o = finish(cmd).await;
     assert_exit(&o, 0);
     let report = report_in(dir);
     let images = downloaded(dir).await;
-    assert_eq!(images, 390);
+    assert_eq!(images, 150);
     let Some(browser) = Browser::start().await else {
         return;
     };
@@ -129,10 +134,10 @@ async fn a_run_of_many_items_is_paged_and_still_loads_every_image() {
     let arrival = page.probes[0].as_array().unwrap();
     assert_eq!(
         arrival[..3],
-        serde_json::json!([100, ["1–100", "101–130", "next ›"], 300])
+        serde_json::json!([40, ["1–40", "41–50", "next ›"], 120])
             .as_array()
             .unwrap()[..],
-        "100 items on the first page, the others on the second"
+        "40 items on the first page, the others on the second"
     );
     assert_eq!(
         arrival[3..],
@@ -157,10 +162,10 @@ async fn a_run_of_many_items_is_paged_and_still_loads_every_image() {
     browser.close().await;
     assert_eq!(
         next.probes[0].as_array().unwrap()[..3],
-        serde_json::json!([30, ["‹ previous", "1–100", "101–130"], 90])
+        serde_json::json!([10, ["‹ previous", "1–40", "41–50"], 30])
             .as_array()
             .unwrap()[..],
-        "the second page holds the last 30 items"
+        "the second page holds the last 10 items"
     );
     assert_eq!(page.images + next.images, images);
     assert!(next.broken.is_empty(), "broken images: {:?}", next.broken);

@@ -86,7 +86,7 @@ pub(crate) fn items_with_outputs(run_dir: &Path) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sample_bills_its_plan_and_the_whole_run_after_it_bills_only_the_rest() {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let dir = pipeline_dir(&env);
 
     let plan = Imgpipe::on(
@@ -174,7 +174,7 @@ async fn a_sample_bills_its_plan_and_the_whole_run_after_it_bills_only_the_rest(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sample_picks_the_same_items_again_from_its_printed_seed() {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let dir = pipeline_dir(&env);
     let first = Imgpipe::on(&env, &["plan", "shots.yaml", "--items", "sample:2"])
         .cwd(&dir)
@@ -238,7 +238,7 @@ async fn a_sample_picks_the_same_items_again_from_its_printed_seed() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn until_a_step_bills_only_it_and_continuing_bills_only_the_rest() {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let dir = pipeline_dir(&env);
     let shots = Imgpipe::on(
         &env,
@@ -292,7 +292,7 @@ async fn until_a_step_bills_only_it_and_continuing_bills_only_the_rest() {
 /// rest, once.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_reroll_after_until_bills_exactly_its_price_and_leaves_the_rest_pending() {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let dir = pipeline_dir(&env);
     let shots = Imgpipe::on(
         &env,
@@ -358,7 +358,7 @@ async fn a_reroll_after_until_bills_exactly_its_price_and_leaves_the_rest_pendin
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_reroll_bills_its_chain_once_and_sets_the_old_files_aside() {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let dir = pipeline_dir(&env);
     assert_exit(
         &Imgpipe::on(&env, &["run", "shots.yaml", "--run-id", "r"])
@@ -468,7 +468,7 @@ async fn a_reroll_bills_its_chain_once_and_sets_the_old_files_aside() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_reroll_killed_half_way_and_given_again_pays_nothing_twice() {
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let dir = pipeline_dir(&env);
     assert_exit(
         &Imgpipe::on(&env, &["run", "shots.yaml", "--run-id", "r"])
@@ -534,7 +534,7 @@ async fn on_postgres_a_sample_then_a_reroll_pay_each_task_once() {
     let Some(state) = postgres_database("review_loop").await else {
         return;
     };
-    let env = start_default().await;
+    let env = start_sample_sized().await;
     let dir = pipeline_dir(&env);
     let run = |args: &[&str]| {
         Imgpipe::on(&env, &["run", "shots.yaml"])

@@ -14,7 +14,7 @@ use maud::{DOCTYPE, Markup, PreEscaped, html};
 use crate::report::live::{GONE, Process};
 use crate::report::page::links::href;
 use crate::report::page::model::{Shared, StepCost};
-use crate::report::page::pages::PER_PAGE;
+use crate::report::page::pages::per_page;
 use crate::store::{ReportTask, RunStatus};
 use crate::task_key::TaskKey;
 use crate::time::rfc3339_ms as time;
@@ -276,7 +276,7 @@ impl<'a> Page<'a> {
 
     /// The 1-based numbers of the first and last items of page `page`.
     fn item_range(&self, page: usize) -> (u64, u64) {
-        let per = PER_PAGE as u64;
+        let per = per_page() as u64;
         let page = page as u64;
         ((page - 1) * per + 1, (page * per).min(self.shared.items))
     }

@@ -1,5 +1,5 @@
 //! The run's HTML page (`imgpipe report`): one page per run (split into numbered siblings past
-//! [`PER_PAGE`] items) that shows each item's images from step to step and where every credit
+//! [`PER_PAGE`](pages::PER_PAGE) items) that shows each item's images from step to step and where every credit
 //! went. It reads only the state database and the run's files, so it can be made for any run,
 //! finished or still going, without the network.
 //!
@@ -35,7 +35,7 @@ use crate::report::live::Observed;
 use crate::report::page::book::Book;
 use crate::report::page::costs::Problems;
 use crate::report::page::model::Shared;
-use crate::report::page::pages::PER_PAGE;
+use crate::report::page::pages::per_page;
 use crate::run_id::RunId;
 use crate::store::{ReportEntry, Run, Store};
 
@@ -61,7 +61,7 @@ pub struct Written {
 }
 
 /// Writes the report of `run` to `out` (default: `report.html` in the run directory) and, past
-/// [`PER_PAGE`] items, to its numbered siblings, making the thumbnails it lacks. A file that
+/// [`PER_PAGE`](pages::PER_PAGE) items, to its numbered siblings, making the thumbnails it lacks. A file that
 /// is not an imgpipe report is never replaced.
 ///
 /// The run is read item by item from the database and each later page written as soon as its
@@ -143,7 +143,7 @@ async fn write_local(
             remote.rebase(o);
         }
         if item.as_deref() != Some(row.task.item.as_str()) {
-            if items == PER_PAGE {
+            if items == per_page() {
                 book.page(store, page, std::mem::take(&mut on_page)).await?;
                 page += 1;
                 items = 0;

@@ -7,6 +7,23 @@ use std::path::{Path, PathBuf};
 /// Items per page file: a page stays light in the browser and in memory while it is made.
 pub(super) const PER_PAGE: usize = 100;
 
+/// A test-only setting: items per page file in place of [`PER_PAGE`], so that a test can see a
+/// report paged (its pager, its links, each item on one page) with a few dozen items rather
+/// than paying for hundreds.
+const TEST_PER_PAGE_ENV: &str = "IMGPIPE_TEST_REPORT_PAGE_ITEMS";
+
+/// [`PER_PAGE`], or the positive number [`TEST_PER_PAGE_ENV`] sets; read once.
+pub(super) fn per_page() -> usize {
+    static PER: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PER.get_or_init(|| {
+        std::env::var(TEST_PER_PAGE_ENV)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| *n > 0)
+            .unwrap_or(PER_PAGE)
+    })
+}
+
 /// The pages of one report.
 #[derive(Clone, Debug)]
 pub(super) struct Pages {
@@ -20,7 +37,7 @@ impl Pages {
         let items = usize::try_from(items).unwrap_or(usize::MAX);
         Pages {
             first: first.to_owned(),
-            count: items.div_ceil(PER_PAGE).max(1),
+            count: items.div_ceil(per_page()).max(1),
         }
     }
 
