@@ -85,7 +85,9 @@ pub async fn read_rows(
 ///
 /// `None` when the blocks cannot be trusted to tell the whole story: none noted, a block that
 /// does not fit the graph, a row that contradicts a block, or the blocks and the rows read not
-/// accounting for every live task the run's totals count. The caller then reads item by item.
+/// accounting for every live task the run's totals count. Every row outside the blocks is
+/// read, so the count is exact: it fails when a block holds a row dropped or missing. The
+/// caller then reads item by item.
 async fn read_by_blocks(
     store: &Store,
     graph: &Graph,
@@ -108,10 +110,13 @@ async fn read_by_blocks(
     let mut open: Vec<(Option<usize>, RecordedTask)> = Vec::new();
     let mut counted: u64 = blocks.iter().map(|b| b.tasks).sum();
     let mut contradicted = false;
-    // The batch's rows (recorded with the run, before any block), then the rows between and
-    // after the blocks: each is a task no block holds.
-    let mut stray = |row: RecordedTask, batch: bool| {
-        if in_block(row.id) || (!batch && row.key.item == BATCH) {
+    // Every row of the run outside the blocks, from its first id on (the batch's, recorded
+    // with the run; a chunk recorded in part; a stray row): each is a task no block holds.
+    let Some(first_id) = tasks.first_id(run_id).await? else {
+        return Ok(None);
+    };
+    let mut stray = |row: RecordedTask| {
+        if in_block(row.id) {
             return;
         }
         counted += 1;
@@ -124,13 +129,8 @@ async fn read_by_blocks(
             open.push((t, row));
         }
     };
-    tasks
-        .each_of_items(run_id, &[BATCH.to_owned()], |row| stray(row, true))
-        .await?;
-    for gap in gaps(&spans) {
-        tasks
-            .each_in_ids(run_id, gap.0, gap.1, |row| stray(row, false))
-            .await?;
+    for (from, to) in gaps(first_id, &spans) {
+        tasks.each_in_ids(run_id, from, to, &mut stray).await?;
     }
     // The open rows the blocks hold: each must be the task its block says.
     tasks
@@ -180,17 +180,18 @@ fn block_ids(graph: &Graph, blocks: &[TaskBlock]) -> Option<(RowIds, Vec<(i64, i
     Some((ids, spans))
 }
 
-/// The ranges of ids between and after `spans` (sorted): (from, to), `to` `None` for the last.
-fn gaps(spans: &[(i64, i64)]) -> Vec<(i64, Option<i64>)> {
+/// The ranges of ids from `first` to the first of `spans` (sorted), between them and after
+/// the last: (from, to), `to` `None` for the last.
+fn gaps(first: i64, spans: &[(i64, i64)]) -> Vec<(i64, Option<i64>)> {
     let mut gaps = Vec::new();
-    for pair in spans.windows(2) {
-        if pair[0].1 < pair[1].0 {
-            gaps.push((pair[0].1, Some(pair[1].0)));
+    let mut from = first;
+    for (start, end) in spans {
+        if from < *start {
+            gaps.push((from, Some(*start)));
         }
+        from = from.max(*end);
     }
-    if let Some(last) = spans.last() {
-        gaps.push((last.1, None));
-    }
+    gaps.push((from, None));
     gaps
 }
 
@@ -622,8 +623,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn blocks_give_the_rows_items_give_and_are_left_unread_when_they_do_not_account_for_every_row()
-     {
+    async fn blocks_give_the_rows_items_give_and_are_left_unread_when_they_hold_a_row_not_live() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("state.db")).await.unwrap();
         by_blocks(&store).await;
@@ -664,8 +664,9 @@ mod tests {
 
     /// A run recorded as the executor records it: the batch, then chunks of items each noted
     /// as a block, the last chunk cut before its block was noted (a kill), an item never
-    /// recorded, a row the graph does not have; read by blocks and by items alike. Then blocks
-    /// that cannot tell the whole story (one lost, the pipeline changed) are not read.
+    /// recorded, a row the graph does not have; read by blocks and by items alike, and so with
+    /// a block lost. Then blocks that cannot tell the whole story (one holding a task dropped,
+    /// the pipeline changed) are not read.
     async fn by_blocks(store: &Store) {
         let g = Graph::of_text(
             "version: 1\nname: t\nitems: [{ id: a }, { id: b }, { id: c }, { id: d }, { id: e }, { id: f }, { id: g }]\nsteps:\n  - id: logo\n    once: true\n    generate: { prompt: p }\n  - id: shot\n    generate: { prompt: p, n: 2 }\n  - id: big\n    upscale: { from: shot, desired_increase: 2 }\n",
@@ -732,13 +733,25 @@ mod tests {
         );
         assert_eq!(store.tasks().blocks(&r).await.unwrap().len(), 2);
 
-        // The first block lost: its items' rows are in no block and not read, and the rows
-        // read no longer account for the run's every task.
+        // The first block lost: its items' rows are read whole like any row outside a block.
         sqlx::query("DELETE FROM task_blocks WHERE first_item = 0")
             .execute(store.pool())
             .await
             .unwrap();
-        assert_eq!(both_ways(store, &g).await.0, None, "a block lost");
+        let (blocks, items) = both_ways(store, &g).await;
+        assert_eq!(blocks, Some(items), "a block lost: its rows read whole");
+        rows.note_block(store, &r, (0, 2), span(0, 2))
+            .await
+            .unwrap();
+        // A task of a block dropped (`--allow-changes`): the block holds a row no longer live,
+        // so the blocks no longer account for the run's live tasks.
+        let dropped = "UPDATE tasks SET removed_at = 1 WHERE item = 'b' AND step = 'big'";
+        sqlx::query(dropped).execute(store.pool()).await.unwrap();
+        assert_eq!(both_ways(store, &g).await.0, None, "a block's task dropped");
+        sqlx::query("UPDATE tasks SET removed_at = NULL")
+            .execute(store.pool())
+            .await
+            .unwrap();
         // Another pipeline: no block of the run is read.
         rows.note_block(store, &r, (0, 2), span(0, 2))
             .await

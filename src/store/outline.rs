@@ -106,6 +106,17 @@ impl Tasks<'_> {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
+    /// The smallest id any task of the run ever had (from the totals kept as its rows are
+    /// written); `None` when it has none.
+    pub async fn first_id(&self, run_id: &RunId) -> Result<Option<i64>, StoreError> {
+        let (id,): (Option<i64>,) =
+            sqlx::query_as("SELECT MIN(first_id) FROM run_step_totals WHERE run_id = $1")
+                .bind(run_id)
+                .fetch_one(self.store.pool())
+                .await?;
+        Ok(id)
+    }
+
     /// Every live task row of the run whose id is at least `from` and below `to` (no bound:
     /// `None`), whole, by id. On PostgreSQL read with sorts disabled, so the primary key's
     /// range is walked rather than every task of the run through an index of the run.
