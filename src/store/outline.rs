@@ -50,6 +50,23 @@ const TASK_COLUMNS: &str = "t.id, t.item, t.step, t.idx, t.status, t.planned_cre
 /// Items bound in one statement reading rows whole.
 const ITEMS_PER_STATEMENT: usize = 500;
 
+/// A test-only setting: items a statement reads whole in place of [`ITEMS_PER_STATEMENT`], so
+/// that a test can cross a statement's boundary with a few dozen items, not hundreds.
+const TEST_ITEMS_PER_STATEMENT_ENV: &str = "IMGPIPE_TEST_ITEMS_PER_STATEMENT";
+
+/// [`ITEMS_PER_STATEMENT`], or the positive number [`TEST_ITEMS_PER_STATEMENT_ENV`] sets; read
+/// once.
+fn items_per_statement() -> usize {
+    static ITEMS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ITEMS.get_or_init(|| {
+        std::env::var(TEST_ITEMS_PER_STATEMENT_ENV)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| *n > 0)
+            .unwrap_or(ITEMS_PER_STATEMENT)
+    })
+}
+
 impl Tasks<'_> {
     /// Notes a block of tasks recorded whole (see [`TaskBlock`]), stamped with the run's
     /// pipeline and items as they are now. A block already noted is left as it is.
@@ -245,7 +262,7 @@ impl Tasks<'_> {
         items: &[String],
         mut f: impl FnMut(RecordedTask),
     ) -> Result<(), StoreError> {
-        for chunk in items.chunks(ITEMS_PER_STATEMENT) {
+        for chunk in items.chunks(items_per_statement()) {
             let (Some(first), Some(last)) = (chunk.first(), chunk.last()) else {
                 continue;
             };

@@ -1241,12 +1241,19 @@ async fn on_sqlite_items_read_whole_in_ranges_are_each_resumed_once() {
     resumed_with_every_item_irregular(&file.to_string_lossy()).await;
 }
 
+/// [`run_on`] with a statement reading 50 items whole (`IMGPIPE_TEST_ITEMS_PER_STATEMENT`).
+async fn in_ranges(env: &Env, dir: &Path, url: &str, args: &[&str]) -> Output {
+    let mut cmd = on(env, dir, url, args);
+    cmd.env("IMGPIPE_TEST_ITEMS_PER_STATEMENT", "50");
+    finish(cmd).await
+}
+
 async fn resumed_with_every_item_irregular(state: &str) {
-    // More than the 500 items one statement reads whole (`ITEMS_PER_STATEMENT` in
-    // src/store/outline.rs): two ranges, the boundary between them inside the interleaved
-    // `a`/`A` ids. (1,100 items before: three ranges proved nothing two do not, at twice the
-    // time.)
-    const ITEMS: usize = 600;
+    // More than the items one statement reads whole (500, `ITEMS_PER_STATEMENT` in
+    // src/store/outline.rs, set to 50 here by `IMGPIPE_TEST_ITEMS_PER_STATEMENT`): two ranges,
+    // the boundary between them inside the interleaved `a`/`A` ids. (600 items at 500 a
+    // statement before: the same two ranges, ten times the calls.)
+    const ITEMS: usize = 60;
     let env = start(sandbox::Config {
         balance: 100_000_000,
         image_side: 16,
@@ -1283,7 +1290,7 @@ async fn resumed_with_every_item_irregular(state: &str) {
         "--concurrency",
         "16",
     ];
-    let first = run_on(&env, dir.path(), state, &args).await;
+    let first = in_ranges(&env, dir.path(), state, &args).await;
     assert_exit_without_panic(&first, 7);
     let paid_first = env.sandbox.ledger().len();
     assert_eq!(paid_first, 2 * ITEMS, "the first run: {}", stderr(&first));
@@ -1294,7 +1301,7 @@ async fn resumed_with_every_item_irregular(state: &str) {
     // `tag` dropped: every item's ids now break the chain (shot, big, cut).
     write(dir.path(), "p.yaml", &pipeline(&format!("{big}{cut}")));
     let args = ["resume", "night", "--allow-changes", "--until", "big"];
-    let resumed = run_on(&env, dir.path(), state, &args).await;
+    let resumed = in_ranges(&env, dir.path(), state, &args).await;
     assert_exit_without_panic(&resumed, 7);
     let paid = |from: usize, operation: &str| {
         let ledger = env.sandbox.ledger();
@@ -1310,7 +1317,7 @@ async fn resumed_with_every_item_irregular(state: &str) {
     // A plain resume: the dropped rows are no change to allow (were they read as the
     // pipeline's, the review would find `tag` dropped again and refuse).
     let paid_second = env.sandbox.ledger().len();
-    let last = run_on(&env, dir.path(), state, &["resume", "night"]).await;
+    let last = in_ranges(&env, dir.path(), state, &["resume", "night"]).await;
     assert_exit_without_panic(&last, 0);
     assert_eq!(
         paid(paid_second, "remove_background"),
