@@ -66,7 +66,7 @@ pub struct Caps<'a> {
 impl Caps<'_> {
     /// Sets a cap, replacing one of the same name; returns whether one was replaced.
     pub async fn set(&self, cap: &CapSetting) -> Result<bool, StoreError> {
-        let mut tx = self.store.pool().begin().await?;
+        let mut tx = self.store.begin_write().await?;
         let replaced = sqlx::query("DELETE FROM caps WHERE name = $1")
             .bind(&cap.name)
             .execute(&mut *tx)
@@ -128,7 +128,7 @@ impl Caps<'_> {
         least: u64,
         (stale_before, beat_at): (i64, i64),
     ) -> Result<(u64, Vec<u64>), StoreError> {
-        let mut tx = self.store.pool().begin().await?;
+        let mut tx = self.store.begin_write().await?;
         hold_caps(&mut tx, self.store, caps).await?;
         for stale in stale_holders(&mut tx, self.store, caps, stale_before).await? {
             close_dead(&mut tx, &stale.0, &stale.1).await?;
@@ -181,7 +181,7 @@ impl Caps<'_> {
     /// Closes the holder's leases, having spent `spent` credits: each cap's leases, oldest
     /// first, are used up to their credits, and what is left of them returns to their windows.
     pub async fn close(&self, holder: &str, spent: u64) -> Result<(), StoreError> {
-        let mut tx = self.store.pool().begin().await?;
+        let mut tx = self.store.begin_write().await?;
         close_with(&mut tx, holder, spent).await?;
         tx.commit().await?;
         Ok(())
@@ -191,7 +191,7 @@ impl Caps<'_> {
     /// run's lock, so whoever held them is gone. Each is used by what its run was billed, or
     /// possibly billed, since it opened.
     pub async fn close_of(&self, run_id: &RunId, holder: &str) -> Result<(), StoreError> {
-        let mut tx = self.store.pool().begin().await?;
+        let mut tx = self.store.begin_write().await?;
         let holders: Vec<(String,)> = sqlx::query_as(
             "SELECT DISTINCT holder FROM cap_leases WHERE run_id = $1 AND open = 1 AND holder <> $2",
         )

@@ -711,6 +711,20 @@ impl Store {
         Ok(rows)
     }
 
+    /// A transaction that reads before it writes: on SQLite begun `IMMEDIATE`, taking the
+    /// write lock first (waiting for it as for any write). Begun deferred, its first write
+    /// would upgrade a read of a snapshot another connection has written past since, which
+    /// SQLite refuses at once ("database is locked") rather than wait: seen as a cap lease
+    /// closed by one run while another's connection wrote.
+    pub(crate) async fn begin_write(
+        &self,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Any>, StoreError> {
+        Ok(match self.backend() {
+            Backend::Sqlite => self.pool().begin_with("BEGIN IMMEDIATE").await?,
+            Backend::Postgres => self.pool().begin().await?,
+        })
+    }
+
     /// [`Store::fetch_unsorted`], each row handed to `f` as it comes: a statement that walks
     /// an index in order answers its first rows at once, and they are taken while the
     /// database reads the rest.
