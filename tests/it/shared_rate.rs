@@ -434,6 +434,20 @@ async fn a_run_whose_database_stops_answering_ends_in_bounded_time_and_resumes()
         env.sandbox.ledger().len() >= 6 && env.sandbox.held_calls() >= 1
     })
     .await;
+    // Billed is not yet recorded: the cut comes once the six answers are in the database
+    // (read past the proxy), so that "recorded before the cut" is what the end checks.
+    wait_until_async("the six paid calls recorded", || async {
+        use sqlx::Connection;
+        let mut conn = state_connection(&url).await;
+        let (n,): (i64,) =
+            sqlx::query_as("SELECT COUNT(*) FROM attempts WHERE outcome = 'succeeded'")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+        conn.close().await.unwrap();
+        n >= 6
+    })
+    .await;
     proxy.cut();
     env.sandbox.release_calls();
     north
