@@ -647,12 +647,11 @@ async fn a_run_killed_while_writing_the_metrics_leaves_the_last_whole_file() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_run_killed_with_sigkill_mid_run_leaves_a_whole_metrics_file() {
-    // Slow calls, one at a time: the run is still paying when it is killed.
-    let env = start(imgpipe::sandbox::Config {
-        latency: Duration::from_millis(300),
-        ..config()
-    })
-    .await;
+    // One call let through and the next held at the sandbox's gate: the run is still paying
+    // when it is killed, however fast or slow the machine.
+    let env = start(config()).await;
+    let hold = env.sandbox.hold();
+    env.sandbox.let_through(1);
     let dir = env.dir.path();
     write(dir, "chain.yaml", &edit_chain(ITEMS, None));
     let file = dir.join("imgpipe.prom");
@@ -673,10 +672,10 @@ async fn a_run_killed_with_sigkill_mid_run_leaves_a_whole_metrics_file() {
     .command();
     let mut child = cmd.stderr(std::process::Stdio::null()).spawn().unwrap();
     let deadline = tokio::time::Instant::now() + EVENT_WAIT;
-    while !file.exists() || env.sandbox.ledger().is_empty() {
+    while !file.exists() || env.sandbox.ledger().is_empty() || env.sandbox.held_calls() == 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "no metrics file and first bill within {EVENT_WAIT:?}"
+            "no metrics file, first bill and second call held within {EVENT_WAIT:?}"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -688,6 +687,7 @@ async fn a_run_killed_with_sigkill_mid_run_leaves_a_whole_metrics_file() {
         .expect("the killed process is reaped")
         .unwrap();
     assert_eq!(status.code(), None, "killed mid-run: {status:?}");
+    release_after_kill(&env, hold).await;
     assert!(ledger_total(&env) < PLANNED, "killed before the run's end");
     let text = std::fs::read_to_string(&file).unwrap();
     parse_metrics(&text);
