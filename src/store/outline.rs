@@ -135,8 +135,9 @@ impl Tasks<'_> {
     }
 
     /// Every live task row of the run whose id is at least `from` and below `to` (no bound:
-    /// `None`), whole, by id. On PostgreSQL read with sorts disabled, so the primary key's
-    /// range is walked rather than every task of the run through an index of the run.
+    /// `None`), whole, by id: a range of the (run, id) index (`tasks_by_run_id`), only the
+    /// run's own rows. On PostgreSQL read with sorts disabled, so that on tables not analysed
+    /// an index in id order is walked, not every task of the run sorted.
     pub async fn each_in_ids(
         &self,
         run_id: &RunId,
