@@ -675,11 +675,10 @@ async fn api_key_file_is_read_and_a_missing_one_is_a_usage_error() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigint_or_sigterm_during_a_call_exits_130() {
-    let env = start(sandbox::Config {
-        latency: Duration::from_secs(20),
-        ..Default::default()
-    })
-    .await;
+    let env = start(sandbox::Config::default()).await;
+    // Every call held at the sandbox's gate: the signal comes during the call, however slow
+    // the machine (it was 20 s of latency).
+    let hold = env.sandbox.hold();
     for (i, signal) in ["INT", "TERM"].into_iter().enumerate() {
         let mut cmd =
             Imgpipe::on(&env, &["generate", "--prompt", "slow", "--out", "out"]).command();
@@ -705,6 +704,7 @@ async fn sigint_or_sigterm_during_a_call_exits_130() {
         );
         assert!(stdout(&o).is_empty(), "{}", stdout(&o));
     }
+    release_after_kill(&env, hold).await;
 }
 
 /// A download cut short after billing: exit 1, the user is told what happened and how to get
