@@ -1108,6 +1108,14 @@ async fn urls_expired_between_the_erases(
         || env.sandbox.held_calls() == 1 && env.sandbox.ledger().len() == 1,
     )
     .await;
+    // The shot's two images stored too: a download refused for an expired URL would make
+    // imgpipe fetch fresh URLs from the job, and the second erase would never send an expired
+    // one (seen once on a loaded machine).
+    wait_until_async("the shot's two images stored", || async {
+        let db = Db::read_file(&state_path(dir)).await;
+        db.outputs.iter().filter(|o| o.path.is_some()).count() == 2
+    })
+    .await;
     meanwhile.await;
     env.sandbox.expire_urls();
     env.sandbox.release_calls();
