@@ -176,6 +176,11 @@ async fn judge(
     }
 }
 
+/// How long a success's record may wait before its job is named in the log: past it the state
+/// database is slow or silent, and should the run end before the record, the job id is the
+/// user's way to the images paid for without paying again.
+const RECORD_NAMED_AFTER: Duration = Duration::from_secs(5);
+
 /// Records the success (the task settled, its outputs' URLs) and gives its outputs.
 async fn settle(
     shared: &Shared,
@@ -183,7 +188,7 @@ async fn settle(
     answered: Answered,
     parent: Option<String>,
 ) -> Result<Success, Failure> {
-    let ids = record(
+    let recording = record(
         shared,
         at,
         AttemptOutcome::Succeeded(Settled {
@@ -194,8 +199,8 @@ async fn settle(
             parent_job_id: parent.as_deref(),
             note: answered.note.as_deref(),
         }),
-    )
-    .await?;
+    );
+    let ids = named_if_slow(recording, &answered.job_id, answered.credits).await?;
     let issued_ms = now_ms();
     let Answered {
         job_id,
@@ -220,6 +225,32 @@ async fn settle(
         credits_remaining,
         outputs,
     })
+}
+
+/// Awaits a success's record, naming its job in the log when the record fails or is still not
+/// made after [`RECORD_NAMED_AFTER`].
+async fn named_if_slow<T>(
+    recording: impl std::future::Future<Output = Result<T, Failure>>,
+    job_id: &str,
+    credits: u64,
+) -> Result<T, Failure> {
+    let name = || {
+        tracing::warn!(
+            "job {job_id} ({credits} credits) was answered but the state database has not recorded it; if this run ends first, `imgpipe job {job_id} --out DIR` fetches its images without paying again"
+        );
+    };
+    tokio::pin!(recording);
+    let recorded = tokio::select! {
+        recorded = &mut recording => recorded,
+        () = tokio::time::sleep(RECORD_NAMED_AFTER) => {
+            name();
+            return recording.await;
+        }
+    };
+    if recorded.is_err() {
+        name();
+    }
+    recorded
 }
 
 /// The task's input URLs, each output of another task's refreshed when it is near its expiry

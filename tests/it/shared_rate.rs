@@ -465,6 +465,12 @@ async fn a_run_whose_database_stops_answering_ends_in_bounded_time_and_resumes()
         paid_while_cut >= 7,
         "the held call was billed: {paid_while_cut}"
     );
+    // Each call billed while nothing could be recorded is named, with the command that fetches
+    // its images without paying again.
+    for e in &env.sandbox.ledger()[6..paid_while_cut] {
+        let named = format!("`imgpipe job {} --out DIR`", e.job_id);
+        assert!(stderr(&north).contains(&named), "{named} in {}", stderr(&north));
+    }
     // The proxy's connections close with it: the server ends their sessions and the run lock.
     drop(proxy);
     let resumed = Imgpipe::on(&env, &["resume", "north"])
