@@ -469,7 +469,11 @@ async fn a_run_whose_database_stops_answering_ends_in_bounded_time_and_resumes()
     // its images without paying again.
     for e in &env.sandbox.ledger()[6..paid_while_cut] {
         let named = format!("`imgpipe job {} --out DIR`", e.job_id);
-        assert!(stderr(&north).contains(&named), "{named} in {}", stderr(&north));
+        assert!(
+            stderr(&north).contains(&named),
+            "{named} in {}",
+            stderr(&north)
+        );
     }
     // The proxy's connections close with it: the server ends their sessions and the run lock.
     drop(proxy);
