@@ -536,18 +536,32 @@ mod tests {
         }
     }
 
+    /// A fresh SQLite store (in `dir`), and a fresh PostgreSQL one named `name` when the tests
+    /// have a server (its database dropped with the guard returned, once the test passed).
+    async fn stores(
+        dir: &tempfile::TempDir,
+        name: &str,
+    ) -> (
+        Vec<Store>,
+        Option<crate::store::test_postgres::TestDatabase>,
+    ) {
+        let mut stores = vec![Store::open(&dir.path().join("state.db")).await.unwrap()];
+        let database = crate::store::test_postgres::database(name).await;
+        if let Some(url) = &database {
+            let location = crate::store::Location::Postgres((**url).clone());
+            stores.push(Store::open_at(&location).await.unwrap());
+        }
+        (stores, database)
+    }
+
     #[tokio::test]
     async fn rows_are_read_an_item_at_a_time_where_the_ids_follow_the_chain_and_whole_elsewhere() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("state.db")).await.unwrap();
-        read_back(&store).await;
-        let Some(url) = crate::store::test_postgres::database("rows").await else {
-            return;
-        };
-        let location = crate::store::Location::Postgres((*url).clone());
-        let store = Store::open_at(&location).await.unwrap();
-        read_back(&store).await;
-        store.close().await;
+        let (stores, _database) = stores(&dir, "rows").await;
+        for store in stores {
+            read_back(&store).await;
+            store.close().await;
+        }
     }
 
     /// The rows of a run recorded in every way `read_rows` meets, read back: in order, out of
@@ -625,15 +639,11 @@ mod tests {
     #[tokio::test]
     async fn blocks_give_the_rows_items_give_and_are_left_unread_when_they_hold_a_row_not_live() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("state.db")).await.unwrap();
-        by_blocks(&store).await;
-        let Some(url) = crate::store::test_postgres::database("blocks").await else {
-            return;
-        };
-        let location = crate::store::Location::Postgres((*url).clone());
-        let store = Store::open_at(&location).await.unwrap();
-        by_blocks(&store).await;
-        store.close().await;
+        let (stores, _database) = stores(&dir, "blocks").await;
+        for store in stores {
+            by_blocks(&store).await;
+            store.close().await;
+        }
     }
 
     /// Every task's id and the rows read whole, by blocks (`None`: not trusted) and by items.
