@@ -58,6 +58,11 @@ pub enum Error {
         hint: Option<String>,
     },
 
+    /// A confirmed price no longer holds once the run's lock is held and the work planned
+    /// again (exit 3): nothing was spent, and the new price is in it.
+    #[error("{0}\nhint: {hint}", hint = .0.hint())]
+    Stale(#[from] crate::money::Stale),
+
     /// Another run of the pipeline holds the lock.
     #[error("{message}\nhint: {hint}")]
     Locked { message: String, hint: String },
@@ -145,7 +150,7 @@ impl Error {
             },
             Error::Usage { .. } | Error::Graph(_) => exit::INVALID,
             Error::Stopped { .. } | Error::StorageFailed { .. } => exit::FAILURE,
-            Error::Refused { .. } => exit::CREDITS,
+            Error::Refused { .. } | Error::Stale(_) => exit::CREDITS,
             Error::Interrupted { .. } => exit::INTERRUPTED,
             Error::TasksFailed { .. } => exit::TASKS_FAILED,
             Error::Locked { .. } => exit::LOCKED,

@@ -1,8 +1,9 @@
 //! imgpipe runs batches of image work against a paid image API without wasting a credit.
 //!
-//! Money has three words: a **budget** is one run's limit (`--max-credits`); a **cap** is a
-//! limit over calendar windows, shared by the runs that share a state database; the **ledger**
-//! is what was billed (`imgpipe spend`).
+//! Money's words, each with one meaning: a run's **budget** (`--max-credits`); the account's
+//! **balance**; the **caps**, limits over calendar windows shared by the runs of a state
+//! database; the **limit**, the least of them now; **reservations** and **leases** of credits;
+//! the **ledger**, what was billed (`imgpipe spend`). Every rule about them is in [`money`].
 //!
 //! # Layout
 //! A run's data flows from the command line through the runner: the pipeline file is read and
@@ -32,6 +33,8 @@
 //! - [`plan`]: every task priced (the one place), totals against budget and balance, the graph,
 //!   and the part of a run asked for now (`--items`, `--until`, a reroll's tasks).
 //! - [`pipeline`]: pipeline files: YAML with positions, typed and checked, items, templates.
+//! - [`money`]: every rule about money in one home, in the words above: the gate a spend
+//!   passes, under the run's lock, against what was priced and confirmed.
 //! - [`store`]: the state database, SQLite or PostgreSQL (migrations in `migrations/`), and the
 //!   run lock.
 //! - [`task_key`]: a task's name, `item/step[index]`, written and read back in one place.
@@ -61,6 +64,7 @@ pub mod events;
 pub mod exec;
 pub mod failpoint;
 pub mod ledger;
+pub mod money;
 pub mod pipeline;
 pub mod place;
 pub mod plan;
