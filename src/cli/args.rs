@@ -199,6 +199,14 @@ pub struct RunOptions {
     /// Most credits the run may spend; the smaller of this and budget.max_credits applies
     #[arg(long, value_name = "CREDITS", help_heading = "Budget")]
     pub max_credits: Option<u64>,
+    /// Pay only this price, the one a dry run showed: once the run's lock is held and the
+    /// work planned again, any other price is exit 3 with the new one, and nothing is spent
+    #[arg(long, value_name = "CREDITS", help_heading = "Budget")]
+    pub expect_credits: Option<u64>,
+    /// Pay only for what the dry run with this revision priced (`--dry-run --json` prints
+    /// it): a run changed since, or a change already made, is exit 3, nothing spent
+    #[arg(long, value_name = "REVISION", help_heading = "Budget")]
+    pub expect_revision: Option<crate::money::Revision>,
     /// Paid calls in flight at once [default: pipeline, else the account's limit, else 4]
     #[arg(long, value_name = "N", help_heading = "Pace")]
     pub concurrency: Option<usize>,
@@ -320,6 +328,10 @@ impl RunOptions {
             report: self.report,
             retry_base: Duration::from_millis(self.retry_base_ms),
             events: self.events()?,
+            expect: crate::money::Expected {
+                credits: self.expect_credits,
+                revision: self.expect_revision.clone(),
+            },
         };
         Ok((settings, self.service.settings(fields)?))
     }

@@ -13,10 +13,10 @@ use serde_json::json;
 use super::Desk;
 use super::view::Kept;
 use crate::error::Error;
+use crate::money::{Expected, Priced, Revision};
 use crate::resume::Target;
 use crate::run_id::RunId;
 use crate::runner::Runner;
-use crate::store::lock::Probe;
 
 /// An error as the API answers it: a status and `{"error": …, "hint": …}`.
 struct Failed(StatusCode, String);
@@ -72,7 +72,7 @@ async fn status(desk: &Desk, run_id: &RunId) -> Result<crate::report::summary::S
     Ok(status)
 }
 
-/// What a `POST` asks: the tasks of a reroll, a dry run or the price confirmed.
+/// What a `POST` asks: the tasks of a reroll, a dry run, or the price and revision confirmed.
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Asked {
@@ -81,6 +81,7 @@ struct Asked {
     #[serde(default)]
     dry_run: bool,
     credits: Option<u64>,
+    revision: Option<String>,
 }
 
 /// What a `POST` pays for: chosen tasks again, or the rest of a stopped run.
@@ -150,55 +151,95 @@ fn bad(message: &str) -> Failed {
     Failed(StatusCode::BAD_REQUEST, message.to_owned())
 }
 
-/// The price now, then: a dry run's answer, or the work started when the price confirmed is
-/// the price now and no other process holds the run.
+/// A dry run's answer, or a confirm passed to the gate: the work starts (202) only once it
+/// holds the run's lock and, planned again under it, costs the credits and has the revision
+/// confirmed; otherwise the answer says why at once (409 with the holder, or with the price
+/// and revision now; 402 when it does not fit), and nothing is spent.
 async fn decide(
     desk: &Arc<Desk>,
     id: RunId,
     work: Work,
     asked: &Asked,
 ) -> Result<Response, Failed> {
-    let priced = price(desk, &id, &work).await?;
     if asked.dry_run {
-        return Ok(Json(priced).into_response());
+        return Ok(Json(price(desk, &id, &work).await?).into_response());
     }
-    let Some(confirmed) = asked.credits else {
+    let expect = confirmed(asked)?;
+    let (tell, admitted) = tokio::sync::oneshot::channel();
+    let ran = through_runner(
+        Arc::clone(desk),
+        id.clone(),
+        work.clone(),
+        Run::Confirmed(expect, tell),
+    );
+    match admitted.await {
+        Ok(priced) => {
+            follow(Arc::clone(desk), id, &work, priced.credits, ran);
+            let body =
+                json!({ "started": true, "credits": priced.credits, "revision": priced.revision });
+            Ok((StatusCode::ACCEPTED, Json(body)).into_response())
+        }
+        // The runner ended without passing the gate: its error says why.
+        Err(_) => match ran.await {
+            Ok((_, Ok(()))) => Ok(Json(json!({ "started": false, "credits": 0 })).into_response()),
+            Ok((_, Err(e))) => Ok(refused(&id, e)),
+            Err(_) => Err(Failed(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the confirm was lost: nothing was spent".into(),
+            )),
+        },
+    }
+}
+
+/// The price and revision a confirm carries: both, as the dry run answered them.
+fn confirmed(asked: &Asked) -> Result<Expected, Failed> {
+    let Some(credits) = asked.credits else {
         return Err(bad(
             "credits: give the price you confirm (the dry run's `credits`), or `\"dry_run\": true`",
         ));
     };
-    let now = priced["credits"].as_u64().unwrap_or(0);
-    if now != confirmed {
-        let body = json!({
-            "error": format!("the price is now {now} credits, not {confirmed}: nothing was spent"),
-            "hint": "look at the new price, and confirm it if it is right",
-            "credits": now,
-        });
-        return Ok((StatusCode::CONFLICT, Json(body)).into_response());
-    }
-    if let Some(refused) = priced["refused"].as_str() {
-        return Err(Failed(StatusCode::PAYMENT_REQUIRED, refused.to_owned()));
-    }
-    if let Some(holder) = holder(desk, &id).await? {
-        return Err(Failed(
-            StatusCode::CONFLICT,
-            format!(
-                "run {id} is held by another process ({holder}): nothing was spent\nhint: wait for it to end, then confirm again"
-            ),
+    let Some(revision) = &asked.revision else {
+        return Err(bad(
+            "revision: give the dry run's `revision` with its credits: a confirm pays for what was priced, once",
         ));
+    };
+    let revision = revision
+        .parse::<Revision>()
+        .map_err(|e| bad(&format!("revision: {e}")))?;
+    Ok(Expected {
+        credits: Some(credits),
+        revision: Some(revision),
+    })
+}
+
+/// Why the gate refused a confirm, as the API answers it: nothing was spent.
+fn refused(id: &RunId, e: Error) -> Response {
+    match e {
+        Error::Stale(stale) => {
+            let body = json!({
+                "error": stale.to_string(),
+                "hint": "look at what it pays for now, and confirm that if it is right",
+                "credits": stale.now.credits,
+                "revision": stale.now.revision,
+            });
+            (StatusCode::CONFLICT, Json(body)).into_response()
+        }
+        Error::Locked { message, .. } => Failed(
+            StatusCode::CONFLICT,
+            format!("run {id}: {message}: nothing was spent\nhint: wait for it to end, then price and confirm again"),
+        )
+        .into_response(),
+        e if e.exit_code() == crate::error::exit::CREDITS => {
+            Failed(StatusCode::PAYMENT_REQUIRED, e.to_string()).into_response()
+        }
+        e => Failed::from(e).into_response(),
     }
-    start(Arc::clone(desk), id, work, now);
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(json!({ "started": true, "credits": now })),
-    )
-        .into_response())
 }
 
 /// The review a dry run makes, through the same runner as the command line's `--dry-run`,
 /// with `fits` and, when it does not, why (`refused`).
 async fn price(desk: &Arc<Desk>, id: &RunId, work: &Work) -> Result<serde_json::Value, Failed> {
-    let ran = through_runner(Arc::clone(desk), id.clone(), work.clone(), true);
+    let ran = through_runner(Arc::clone(desk), id.clone(), work.clone(), Run::Dry);
     let (review, result) = ran.await.map_err(|_| {
         Failed(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -240,14 +281,21 @@ async fn caps_of(desk: &Desk, id: &RunId) -> Result<Vec<crate::caps::Standing>, 
 /// What a runner did: the review it showed, and how it ended.
 type Ran = (Option<serde_json::Value>, Result<(), Error>);
 
-/// Runs `work` through the runner as the command line does (the same engine, lock and
+/// How the desk runs a work: a dry run, or a confirm with what it expects, told when the
+/// gate lets it through.
+enum Run {
+    Dry,
+    Confirmed(Expected, tokio::sync::oneshot::Sender<Priced>),
+}
+
+/// Runs `work` through the runner as the command line does (the same engine, lock, gate and
 /// record), on a thread and runtime of its own: the runner's futures are not `Send`, and a
 /// run started here goes on beside the server. It opens the state database itself.
 fn through_runner(
     desk: Arc<Desk>,
     id: RunId,
     work: Work,
-    dry_run: bool,
+    run: Run,
 ) -> tokio::sync::oneshot::Receiver<Ran> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let spawned = std::thread::Builder::new()
@@ -258,7 +306,7 @@ fn through_runner(
                 .enable_all()
                 .build();
             let ran = match runtime {
-                Ok(runtime) => runtime.block_on(run_work(&desk, &id, &work, dry_run)),
+                Ok(runtime) => runtime.block_on(run_work(&desk, &id, &work, run)),
                 Err(e) => (None, Err(Error::Other(e.into()))),
             };
             let _ = tx.send(ran);
@@ -269,10 +317,20 @@ fn through_runner(
     rx
 }
 
-async fn run_work(desk: &Desk, id: &RunId, work: &Work, dry_run: bool) -> Ran {
-    let view = Kept::default();
+/// A confirm never waits for the lock (`--wait` or not): work that cannot hold it now is
+/// refused at once, naming the holder, never queued behind it.
+async fn run_work(desk: &Desk, id: &RunId, work: &Work, run: Run) -> Ran {
+    let mut settings = desk.settings.clone();
+    let (dry_run, view) = match run {
+        Run::Dry => (true, Kept::default()),
+        Run::Confirmed(expect, admitted) => {
+            settings.wait = false;
+            settings.expect = expect;
+            (false, Kept::admitting(admitted))
+        }
+    };
     let runner = Runner {
-        settings: &desk.settings,
+        settings: &settings,
         service: &desk.service,
         view: &view,
         shutdown: desk.shutdown.child_token(),
@@ -284,30 +342,19 @@ async fn run_work(desk: &Desk, id: &RunId, work: &Work, dry_run: bool) -> Ran {
     (view.review(), result)
 }
 
-/// The process holding run `id`'s lock, described, when one does.
-async fn holder(desk: &Desk, id: &RunId) -> Result<Option<String>, Failed> {
-    let Some(run) = desk.store.runs().get(id).await.map_err(Error::from)? else {
-        return Err(crate::runner::state::no_such_run(&desk.store, id).into());
-    };
-    let probe = crate::store::lock::probe_store(&desk.store, &run.pipeline_name).await;
-    Ok(match probe {
-        Ok(Probe::Held(Some(h))) => Some(format!(
-            "pid {} on {} since {}, running {}",
-            h.pid, h.host, h.since, h.run_id
-        )),
-        Ok(Probe::Held(None)) => Some("a process that holds the run lock".to_owned()),
-        Ok(Probe::Free) | Err(_) => None,
-    })
-}
-
-/// Starts `work` beside the server, followed by the desk's [`Works`](super::work::Works):
-/// its end is logged and kept for the page.
-fn start(desk: Arc<Desk>, id: RunId, work: Work, credits: u64) {
+/// Follows work the gate let through, beside the server, with the desk's
+/// [`Works`](super::work::Works): its end is logged and kept for the page.
+fn follow(
+    desk: Arc<Desk>,
+    id: RunId,
+    work: &Work,
+    credits: u64,
+    ran: tokio::sync::oneshot::Receiver<Ran>,
+) {
     let kind = match work {
         Work::Reroll(_) => "reroll",
         Work::Continue => "continue",
     };
-    let ran = through_runner(Arc::clone(&desk), id.clone(), work, false);
     let logged = id.clone();
     let ended = async move {
         let ended = ran.await.ok().map(|(_, result)| result.or_else(part_done));

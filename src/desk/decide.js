@@ -102,7 +102,7 @@
     const button = el('button', { type: 'button', class: 'confirm', 'data-credits': String(credits) },
       label + ' (' + credits + ' credits)');
     if (priced.fits === false || tasks.length === 0) button.disabled = true;
-    button.addEventListener('click', () => confirm(part, path, body, label, what, credits));
+    button.addEventListener('click', () => confirm(part, path, body, label, what, credits, priced.revision));
     show(part,
       said,
       el('h2', {}, what),
@@ -118,9 +118,11 @@
     return { error, hint };
   };
 
-  const confirm = async (part, path, body, label, what, credits) => {
+  // A confirm carries the price and the revision it was shown: the desk pays for that, once,
+  // or answers 409 with what it would pay now.
+  const confirm = async (part, path, body, label, what, credits, revision) => {
     for (const b of part.querySelectorAll('button')) b.disabled = true;
-    const answer = await post(path, Object.assign({ credits }, body));
+    const answer = await post(path, Object.assign({ credits, revision }, body));
     if (answer.status === 202) {
       // What was picked is being paid for: the picks start again from none.
       if (path === '/reroll') document.dispatchEvent(new CustomEvent('desk:set-picks', { detail: { tasks: [] } }));

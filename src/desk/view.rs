@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::Error;
 use crate::exec::Observer;
+use crate::money::Priced;
 use crate::pipeline::Report;
 use crate::plan::document::PlanDocument;
 use crate::report::summary::Summary;
@@ -13,13 +14,23 @@ use crate::run_id::RunId;
 use crate::runner::{Reviewed, View};
 use crate::store::StepCounts;
 
-/// A [`View`] that keeps the review and shows nothing.
+/// A [`View`] that keeps the review and shows nothing; told when the gate admits a confirm.
 #[derive(Default)]
 pub(super) struct Kept {
     review: Mutex<Option<serde_json::Value>>,
+    admitted: Mutex<Option<tokio::sync::oneshot::Sender<Priced>>>,
 }
 
 impl Kept {
+    /// A view that tells `admitted` what the gate let through; dropped without it (the run
+    /// ended first), the receiver learns that nothing was admitted.
+    pub(super) fn admitting(admitted: tokio::sync::oneshot::Sender<Priced>) -> Kept {
+        Kept {
+            review: Mutex::default(),
+            admitted: Mutex::new(Some(admitted)),
+        }
+    }
+
     /// The review the runner showed, as JSON.
     pub(super) fn review(&self) -> Option<serde_json::Value> {
         self.review.lock().unwrap_or_else(|e| e.into_inner()).take()
@@ -46,6 +57,17 @@ impl View for Kept {
         json["balance"] = serde_json::json!(reviewed.balance);
         *self.review.lock().unwrap_or_else(|e| e.into_inner()) = Some(json);
         Ok(())
+    }
+
+    fn admitted(&self, priced: &Priced) {
+        let tell = self
+            .admitted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(tell) = tell {
+            let _ = tell.send(priced.clone());
+        }
     }
 
     fn finished(&self, _: &RunId) -> Result<(), Error> {

@@ -152,7 +152,10 @@ impl Stale {
 /// given. A confirm that holds no expectation passes.
 pub fn check(expected: &Expected, now: &Priced) -> Result<(), Stale> {
     let credits_hold = expected.credits.is_none_or(|c| c == now.credits);
-    let revision_holds = expected.revision.as_ref().is_none_or(|r| *r == now.revision);
+    let revision_holds = expected
+        .revision
+        .as_ref()
+        .is_none_or(|r| *r == now.revision);
     if credits_hold && revision_holds {
         Ok(())
     } else {

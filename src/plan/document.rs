@@ -9,6 +9,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::money::Revision;
 use crate::pipeline::Pipeline;
 use crate::place::temp;
 use crate::plan::{Balance, Budget, Costs, GenerationPrice, Verdict, tool_prices};
@@ -160,6 +161,30 @@ impl PlanDocument {
             caps: Vec::new(),
             scope: None,
         }
+    }
+
+    /// What a fresh run of this plan pays (after what reuse saves); `None` while a price is
+    /// unknown.
+    pub fn credits_to_pay(&self) -> Option<u64> {
+        match &self.reuse {
+            Some(reuse) => reuse.credits_to_pay,
+            None => self.costs.total_credits,
+        }
+    }
+
+    /// The revision of what this plan prices (see [`crate::money::gate`]): the pipeline file,
+    /// the items, the prices, the part asked for, and the credits to pay. A saved plan's is
+    /// the one `run --plan` confirms.
+    pub fn revision(&self) -> Revision {
+        let asked = self.scope.as_ref().map_or("", |s| s.asked.as_str());
+        Revision::builder()
+            .part(&self.pipeline.sha256)
+            .part(&self.items.sha256)
+            .part(&self.prices.sha256)
+            .part(asked)
+            .number(self.costs.tasks)
+            .number(self.credits_to_pay().unwrap_or(u64::MAX))
+            .finish()
     }
 
     /// Writes the plan to `path` through a temporary file, replacing only an earlier plan.

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use crate::exec::OnAmbiguous;
+use crate::money::{Priced, Revision};
 use crate::pipeline::Pipeline;
 use crate::plan::document::{PlanDocument, ScopePlan};
 use crate::plan::graph::Graph;
@@ -136,6 +137,40 @@ impl Prepared {
         };
         let review = &self.review;
         refusal::over_cap(&self.row.id, review.to_pay(), review.credits(), cap)
+    }
+
+    /// What this continuation would pay now, and its revision: the run's id, status and
+    /// recorded spending, what a reroll names, and each task to pay for with its reason and
+    /// credits (see [`crate::money::gate`]). A confirm made against another state of the run
+    /// carries another revision.
+    pub async fn priced(&self, store: &Store) -> Result<Priced, ResumeError> {
+        let totals = store.runs().totals(&self.row.id).await?;
+        let mut digest = Revision::builder()
+            .part(self.row.id.as_ref())
+            .part(self.row.status.as_str())
+            .part(self.reroll.as_deref().unwrap_or_default());
+        for n in [
+            totals.tasks,
+            totals.succeeded,
+            totals.failed,
+            totals.blocked,
+            totals.billed_credits,
+            totals.ambiguous_attempts,
+            totals.possibly_billed_credits,
+            totals.outputs,
+        ] {
+            digest = digest.number(n);
+        }
+        for r in self.review.each_redo(&self.graph) {
+            digest = digest
+                .part(self.graph.key(r.task).to_string())
+                .part(r.reason.as_str())
+                .number(r.credits);
+        }
+        Ok(Priced {
+            credits: self.review.credits(),
+            revision: digest.finish(),
+        })
     }
 
     /// For a dry run to show: the kept outputs whose file or object is missing or modified

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use crate::error::Error;
+use crate::money::{Expected, Priced};
 use crate::plan::document::{FORMAT, KIND, PlanDocument, ReuseEstimate};
 use crate::plan::graph::Graph;
 use crate::plan::{self, Balance};
@@ -76,6 +77,55 @@ pub fn same_as_saved(saved: &PlanDocument, now: &PlanDocument) -> Result<(), Err
         ),
         hint: Some("plan again with `imgpipe plan FILE --save PLAN.json` and review it".into()),
     })
+}
+
+/// What a fresh run confirms: the command line's `--expect-credits`, and a saved plan's
+/// revision (`run --plan`), which is the same confirm made earlier and kept in a file.
+pub fn expected(flags: &Expected, saved: Option<&PlanDocument>) -> Result<Expected, Error> {
+    let Some(saved) = saved else {
+        return Ok(flags.clone());
+    };
+    if flags.revision.is_some() {
+        return Err(Error::usage(
+            "--expect-revision and --plan both name what is confirmed",
+            Some("give one: the saved plan carries its own revision"),
+        ));
+    }
+    Ok(Expected {
+        credits: flags.credits,
+        revision: Some(saved.revision()),
+    })
+}
+
+/// The gate of a fresh run, passed once its lock is held (and before, for a saved plan):
+/// what was confirmed must be what the plan pays for now. A saved plan that no longer holds
+/// says what changed in it.
+pub fn gate(
+    doc: &PlanDocument,
+    expect: &Expected,
+    saved: Option<&PlanDocument>,
+) -> Result<(), Error> {
+    if !expect.is_bound() {
+        return Ok(());
+    }
+    let Some(credits) = doc
+        .credits_to_pay()
+        .or(expect.credits.is_none().then_some(0))
+    else {
+        return Err(Error::Refused {
+            message: "the run's price is not known, so no price can be confirmed: nothing was spent".into(),
+            hint: Some("set the price of a 2K generated image in the pipeline file (`pricing: { generation: N }`)".into()),
+        });
+    };
+    let now = Priced {
+        credits,
+        revision: doc.revision(),
+    };
+    match (crate::money::gate::check(expect, &now), saved) {
+        (Ok(()), _) => Ok(()),
+        (Err(_), Some(saved)) if same_as_saved(saved, doc).is_err() => same_as_saved(saved, doc),
+        (Err(stale), _) => Err(stale.into()),
+    }
 }
 
 /// Whether to discover the generation price: only when it alone stops the run.

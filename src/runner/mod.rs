@@ -76,6 +76,9 @@ pub struct Settings {
     pub retry_base: Duration,
     /// Alerts and metrics (`--notify`, `--metrics-file`).
     pub events: crate::events::Config,
+    /// The price a confirm agreed to (`--expect-credits`, `--expect-revision`, a saved plan,
+    /// the desk's confirm): the gate refuses any other, under the run's lock.
+    pub expect: crate::money::Expected,
 }
 
 /// What `imgpipe run` was asked.
@@ -100,6 +103,8 @@ pub struct Reviewed<'a> {
     /// What the budget has left, and the balance, of which `cap` is the tighter.
     pub budget_left: Option<u64>,
     pub balance: Option<u64>,
+    /// What it would pay, and the revision a confirm carries back.
+    pub priced: &'a crate::money::Priced,
 }
 
 /// What the command line renders; the runner decides when.
@@ -112,6 +117,9 @@ pub trait View: Send + Sync {
     fn review(&self, reviewed: &Reviewed<'_>) -> Result<(), Error>;
     /// A dry run of a run that is finished: nothing to pay for.
     fn finished(&self, run_id: &RunId) -> Result<(), Error>;
+    /// The gate let a spend through: the run's lock is held, the price confirmed (if one was)
+    /// is the price now, and it fits. What follows is paid for.
+    fn admitted(&self, _priced: &crate::money::Priced) {}
     /// The run's summary when it ends, or when it was already finished.
     fn summary(&self, summary: &Summary) -> Result<(), Error>;
     /// Live progress of the execution: each step's name and task count, in pipeline order,
@@ -174,8 +182,10 @@ impl Runner<'_> {
         let max_credits = crate::plan::tighter(self.settings.max_credits, saved_budget);
         let doc = crate::plan::make(&pipeline, generation, balance, max_credits);
         let mut doc = crate::plan::narrow(doc, &pipeline, &scope);
-        if let Some(saved) = &saved {
-            admit::same_as_saved(saved, &doc)?;
+        let expect = admit::expected(&self.settings.expect, saved.as_ref())?;
+        if saved.is_some() {
+            // A saved plan that no longer holds is said before anything else, dry run or not.
+            admit::gate(&doc, &expect, saved.as_ref())?;
         }
         doc.caps = cap_fits(&self.settings.state, &pipeline, &doc).await;
         let reuse = self.settings.reuse || pipeline.reuse;
@@ -191,6 +201,8 @@ impl Runner<'_> {
             pipeline: &pipeline,
             reuse,
             scope,
+            expect,
+            saved: saved.as_ref(),
         };
         let result = self.fresh(fresh, doc).await;
         state::close(store, result).await
@@ -341,6 +353,9 @@ struct Fresh<'a> {
     pipeline: &'a Pipeline,
     reuse: bool,
     scope: Scope,
+    /// What the command line or a saved plan confirmed.
+    expect: crate::money::Expected,
+    saved: Option<&'a PlanDocument>,
 }
 
 impl Runner<'_> {
@@ -385,6 +400,7 @@ impl Runner<'_> {
                 .await;
         }
         let _lock = held;
+        admit::gate(&doc, &f.expect, f.saved)?;
         let discover = admit::needs_discovery(&doc, f.request.discover_price)?;
         if !discover && let Err(refused) = admit::refusal_after_reuse(&doc) {
             self.view.plan(&doc)?;

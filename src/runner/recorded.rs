@@ -29,7 +29,7 @@ impl Runner<'_> {
     ) -> Result<(), Error> {
         let rerolling = reroll.is_some();
         if resume::finished(row.status, rerolling) {
-            return self.finished(store, &row.id, dry_run).await;
+            return self.finished_at_gate(store, &row.id, dry_run).await;
         }
         let pipeline = match pipeline {
             Some(p) => p,
@@ -53,7 +53,7 @@ impl Runner<'_> {
         // While this process waited for the lock, the holder may have finished the run.
         let row = store.runs().get(&row.id).await?.unwrap_or(row);
         if resume::finished(row.status, rerolling) {
-            return self.finished(store, &row.id, dry_run).await;
+            return self.finished_at_gate(store, &row.id, dry_run).await;
         }
         let given = self.plan_again(row, pipeline, scope).await?;
         self.continue_locked(store, given, dry_run, reroll).await
@@ -106,6 +106,7 @@ impl Runner<'_> {
         );
         let spent = admit::spent(store, &prepared.row.id).await?;
         let cap = admit::cap_of(&prepared.doc, spent);
+        let priced = prepared.priced(store).await?;
         if dry_run {
             prepared.check_kept(store).await?;
             self.view.review(&Reviewed {
@@ -115,10 +116,15 @@ impl Runner<'_> {
                 cap,
                 budget_left: admit::budget_left(&prepared.doc, spent),
                 balance: admit::balance_of(&prepared.doc),
+                priced: &priced,
             })?;
             return Ok(prepared.admit(cap)?);
         }
+        // The gate: the lock is held and the work planned again; what a confirm agreed to
+        // must be what this pays for now, and it must fit.
+        crate::money::gate::check(&self.settings.expect, &priced)?;
         prepared.admit(cap)?;
+        self.view.admitted(&priced);
         let run = record::reopen(store, &prepared.row, spent).await?;
         let reroll = prepared.reroll.clone();
         let applied = prepared.apply(store, &conn.client, run.dir.clone()).await?;
@@ -143,6 +149,27 @@ impl Runner<'_> {
         let done = matches!(result, Ok(()) | Err(Error::PartDone { .. }));
         after.finish(store, done).await?;
         result
+    }
+
+    /// A finished run: nothing to pay for, which a confirm of a price must have seen (a
+    /// reroll confirmed at N credits, say, once the run it named finished otherwise).
+    async fn finished_at_gate(
+        &self,
+        store: &Store,
+        id: &crate::run_id::RunId,
+        dry_run: bool,
+    ) -> Result<(), Error> {
+        if !dry_run {
+            let now = crate::money::Priced {
+                credits: 0,
+                revision: crate::money::Revision::builder()
+                    .part(id.as_ref())
+                    .part("finished")
+                    .finish(),
+            };
+            crate::money::gate::check(&self.settings.expect, &now)?;
+        }
+        self.finished(store, id, dry_run).await
     }
 
     /// What the settings ask of a continuation.

@@ -50,6 +50,7 @@ impl Reviewed<'_> {
             "status": row.status.as_str(),
             "tasks": tasks,
             "credits": review.credits(),
+            "revision": self.priced.revision,
             "by_reason": by_reason.iter().map(|(k, (n, c))| (k.to_string(), json!({"tasks": n, "credits": c}))).collect::<serde_json::Map<_, _>>(),
             "cap": cap,
             "kept": review.kept.len(),

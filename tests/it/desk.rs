@@ -89,6 +89,26 @@ impl<'e> Catalogue<'e> {
     }
 }
 
+/// `body` with `key` set to `value`.
+pub(crate) fn with(
+    body: &serde_json::Value,
+    key: &str,
+    value: serde_json::Value,
+) -> serde_json::Value {
+    let mut body = body.clone();
+    body[key] = value;
+    body
+}
+
+/// `body` confirmed at what the dry run `priced` answered: its credits and revision.
+pub(crate) fn confirmed_at(
+    body: &serde_json::Value,
+    priced: &serde_json::Value,
+) -> serde_json::Value {
+    let body = with(body, "credits", priced["credits"].clone());
+    with(&body, "revision", priced["revision"].clone())
+}
+
 pub(crate) fn billed(env: &Env) -> u64 {
     env.sandbox.ledger().iter().map(|e| e.credits).sum()
 }
@@ -452,6 +472,18 @@ impl Served {
         (status, r.json().await.unwrap_or(serde_json::Value::Null))
     }
 
+    /// `body` priced by a dry run of `path`, then confirmed at the credits and revision the dry
+    /// run answered (as the page's button does): the confirm's status and answer.
+    pub(crate) async fn confirm(
+        &self,
+        path: &str,
+        body: serde_json::Value,
+    ) -> (u16, serde_json::Value) {
+        let (status, priced) = self.post(path, with(&body, "dry_run", true.into())).await;
+        assert_eq!(status, 200, "the dry run of {path}: {priced}");
+        self.post(path, confirmed_at(&body, &priced)).await
+    }
+
     async fn status_of(&self, run: &str) -> serde_json::Value {
         http()
             .get(format!("{}/api/runs/{run}", self.base))
@@ -520,21 +552,36 @@ async fn the_desk_prices_as_the_cli_and_pays_exactly_the_price_confirmed() {
     assert_eq!(priced["credits"], CLEAN0);
     assert_eq!(priced["tasks"], cli["tasks"]);
     assert_eq!(
+        priced["revision"], cli["revision"],
+        "one state, one revision"
+    );
+    assert_eq!(
         env.sandbox.ledger().len(),
         calls,
         "a dry run spends nothing"
     );
 
     // A price that is not the price now: 409, nothing spent.
-    let (status, stale) = desk
-        .post(
-            reroll,
-            serde_json::json!({"tasks": tasks, "credits": CLEAN0 - 1}),
-        )
-        .await;
+    let body = serde_json::json!({"tasks": tasks});
+    let cheaper = with(
+        &confirmed_at(&body, &priced),
+        "credits",
+        (CLEAN0 - 1).into(),
+    );
+    let (status, stale) = desk.post(reroll, cheaper).await;
     assert_eq!(status, 409, "{stale}");
     assert_eq!(stale["credits"], CLEAN0, "the answer gives the price now");
+    assert_eq!(stale["revision"], priced["revision"]);
     assert_eq!(env.sandbox.ledger().len(), calls, "nothing spent");
+
+    // A confirm without the revision it was priced at is refused: it could pay twice.
+    let (status, bare) = desk
+        .post(
+            reroll,
+            serde_json::json!({"tasks": tasks, "credits": CLEAN0}),
+        )
+        .await;
+    assert_eq!(status, 400, "{bare}");
 
     // Another process holds the run: refused naming it, nothing spent.
     env.sandbox.hold_calls();
@@ -546,12 +593,7 @@ async fn the_desk_prices_as_the_cli_and_pays_exactly_the_price_confirmed() {
         env.sandbox.held_calls() == 1
     })
     .await;
-    let (status, held) = desk
-        .post(
-            reroll,
-            serde_json::json!({"tasks": tasks, "credits": CLEAN0}),
-        )
-        .await;
+    let (status, held) = desk.post(reroll, confirmed_at(&body, &priced)).await;
     assert_eq!(status, 409, "{held}");
     let said = held["error"].as_str().unwrap_or_default();
     assert!(
@@ -564,13 +606,16 @@ async fn the_desk_prices_as_the_cli_and_pays_exactly_the_price_confirmed() {
     let calls = env.sandbox.ledger().len();
     let billed_before = billed(&env);
 
-    // Confirmed at its price: started (202), and billed exactly that.
-    let (status, started) = desk
-        .post(
-            reroll,
-            serde_json::json!({"tasks": tasks, "credits": CLEAN0}),
-        )
-        .await;
+    // The other process changed the run since the dry run: its revision no longer holds,
+    // though the price is the same. Refused, with the revision now; nothing spent.
+    let (status, moved) = desk.post(reroll, confirmed_at(&body, &priced)).await;
+    assert_eq!(status, 409, "{moved}");
+    assert_eq!(moved["credits"], CLEAN0, "{moved}");
+    assert_ne!(moved["revision"], priced["revision"], "{moved}");
+    assert_eq!(env.sandbox.ledger().len(), calls, "nothing spent");
+
+    // Confirmed at its price now: started (202), and billed exactly that.
+    let (status, started) = desk.confirm(reroll, body.clone()).await;
     assert_eq!(status, 202, "{started}");
     wait_until("the desk's reroll billed", || {
         env.sandbox.ledger().len() >= calls + 4
@@ -605,7 +650,7 @@ async fn the_desk_continues_a_stopped_run_for_exactly_the_rest() {
     assert_eq!(priced["credits"], 2 * ITEM, "{priced}");
     let before = billed(&env);
     let (status, started) = desk
-        .post(path, serde_json::json!({"credits": 2 * ITEM}))
+        .post(path, confirmed_at(&serde_json::json!({}), &priced))
         .await;
     assert_eq!(status, 202, "{started}");
     desk.wait_status("s", "succeeded").await;
@@ -693,12 +738,13 @@ async fn on_sigterm_the_desk_stops_accepting_lets_its_reroll_reach_its_safe_poin
     // The desk's reroll is held at the sandbox's gate, its first call in flight.
     env.sandbox.hold_calls();
     let (status, started) = desk
-        .post(
+        .confirm(
             "/api/runs/r/reroll",
-            serde_json::json!({"tasks": ["mug/clean[0]"], "credits": CLEAN0}),
+            serde_json::json!({"tasks": ["mug/clean[0]"]}),
         )
         .await;
     assert_eq!(status, 202, "{started}");
+    assert_eq!(started["credits"], CLEAN0, "{started}");
     wait_until("the desk's reroll call held", || {
         env.sandbox.held_calls() == 1
     })
@@ -765,9 +811,9 @@ async fn work_started_at_the_desk_is_followed_to_its_end_with_the_clis_error_and
     // Every call refused as invalid: the reroll cannot be done, and says why as the CLI does.
     env.sandbox.refuse_next(usize::MAX);
     let (status, started) = desk
-        .post(
+        .confirm(
             "/api/runs/r/reroll",
-            serde_json::json!({"tasks": ["mug/clean[0]"], "credits": CLEAN0}),
+            serde_json::json!({"tasks": ["mug/clean[0]"]}),
         )
         .await;
     assert_eq!(status, 202, "{started}");
@@ -850,7 +896,7 @@ async fn a_step_for_every_item(pg: Option<String>) {
     let (status, started) = desk
         .post(
             reroll,
-            serde_json::json!({"tasks": tasks, "credits": price}),
+            confirmed_at(&serde_json::json!({"tasks": tasks}), &priced),
         )
         .await;
     assert_eq!(status, 202, "{started}");

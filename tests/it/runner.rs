@@ -239,6 +239,7 @@ fn settings(dir: &Path) -> Settings {
         report: false,
         retry_base: Duration::from_millis(1),
         events: Default::default(),
+        expect: Default::default(),
     }
 }
 
