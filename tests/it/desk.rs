@@ -13,7 +13,7 @@ pub(crate) const PIPELINE: &str = include_str!("../../pipelines/product-shots.ya
 /// What an item's chain costs (see `review_loop.rs`).
 pub(crate) const ITEM: u64 = 8 + 2 * (2 + 5 + 4 + 5);
 /// `mug/clean[0]` and what is downstream of it: erase, expand, upscale, cut-out.
-const CLEAN0: u64 = 2 + 5 + 4 + 5;
+pub(crate) const CLEAN0: u64 = 2 + 5 + 4 + 5;
 
 /// The sample pipeline in `env`'s directory, and the state it uses (SQLite there, or `pg`).
 pub(crate) struct Catalogue<'e> {
@@ -44,7 +44,7 @@ impl<'e> Catalogue<'e> {
     }
 
     /// The whole catalogue, run to its end as run `r`.
-    async fn done(&self) {
+    pub(crate) async fn done(&self) {
         let ran = self
             .imgpipe(&["run", "shots.yaml", "--run-id", "r"])
             .run()
@@ -459,7 +459,11 @@ async fn the_desk_answers_only_its_token_its_host_and_its_own_page() {
 
 impl Served {
     /// A POST as the desk's own page sends it.
-    async fn post(&self, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+    pub(crate) async fn post(
+        &self,
+        path: &str,
+        body: serde_json::Value,
+    ) -> (u16, serde_json::Value) {
         let r = http()
             .post(format!("{}{path}", self.base))
             .header("authorization", format!("Bearer {}", self.token))
@@ -499,7 +503,7 @@ impl Served {
     /// Waits until the run's record is no longer `running` and its status is `status`.
     /// Waits until the work the desk started on `run` has ended, and gives how
     /// (`GET /api/runs/{run}/work`).
-    async fn work_ended(&self, run: &str) -> serde_json::Value {
+    pub(crate) async fn work_ended(&self, run: &str) -> serde_json::Value {
         let get = || async {
             http()
                 .get(format!("{}/api/runs/{run}/work", self.base))
@@ -518,7 +522,7 @@ impl Served {
         get().await
     }
 
-    async fn wait_status(&self, run: &str, status: &str) {
+    pub(crate) async fn wait_status(&self, run: &str, status: &str) {
         let what = format!("run {run} {status} as the desk says");
         wait_until_async(&what, || async {
             self.status_of(run).await["status"] == status

@@ -27,6 +27,7 @@ mod objects;
 mod places;
 mod plan;
 mod postgres;
+mod price_kept;
 mod promises;
 mod readme_promises;
 mod report;
