@@ -35,6 +35,12 @@ pub(super) async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     let (settings, service) = args.opts.settings(&PartArgs::default())?;
+    if settings.expect.is_bound() {
+        return Err(Error::usage(
+            "--expect-credits and --expect-revision confirm one spend; the desk confirms each with the price and revision its page shows",
+            None,
+        ));
+    }
     let store = settings.state.open_existing().await?;
     if let Some(id) = &args.run_id
         && store.runs().get(id).await?.is_none()
