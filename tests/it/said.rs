@@ -37,6 +37,11 @@ fn filters(dir: &Path) -> Vec<(String, &'static str)> {
         (r"\b\d{4}-\d{2}\b".to_owned(), "YYYY-MM"),
         (r"127\.0\.0\.1:\d+".to_owned(), "127.0.0.1:[PORT]"),
         (r"pid \d+ on \S+".to_owned(), "pid [PID] on [HOST]"),
+        // A revision digests the run's id and state, which differ from run to run.
+        (
+            r#""revision": "[0-9a-f]{16}""#.to_owned(),
+            r#""revision": "[REVISION]""#,
+        ),
         (
             r"\b\d+(\.\d+)?(ms|s) elapsed".to_owned(),
             "[DURATION] elapsed",
