@@ -48,6 +48,8 @@
 //! - [`webhook`]: a webhook's URL, checked the one way the pipeline file, the command line and
 //!   the alerts take it.
 //! - [`shell`]: words of the commands imgpipe prints for pasting, quoted as a shell reads them.
+//! - [`pixels`]: images read a row at a time, in memory that grows with their width and not
+//!   their area: thumbnails, and what a check reads of an image.
 //! - [`time`]: times as RFC 3339, the same in plans, locks, logs and reports.
 //! - [`failpoint`]: test-only faults: crash points that kill a process at a chosen step, and a
 //!   disk that fills.
@@ -66,6 +68,7 @@ pub mod failpoint;
 pub mod ledger;
 pub mod money;
 pub mod pipeline;
+pub mod pixels;
 pub mod place;
 pub mod plan;
 pub mod report;

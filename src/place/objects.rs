@@ -376,6 +376,74 @@ impl Objects {
             .map_err(|e| self.error("cannot read", key, &e))
     }
 
+    /// The object at `key` handed to `sink` a chunk at a time as it arrives, never whole (an
+    /// output may weigh 100 MB); its size, or `None` when there is none. An error of `sink`
+    /// stops the read.
+    pub async fn read_each(
+        &self,
+        key: &Key,
+        mut sink: impl FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> Result<Option<u64>, ObjectError> {
+        use futures::StreamExt;
+        let found = match self.store.get(key).await {
+            Ok(found) => found,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(self.error("cannot read", key, &e)),
+        };
+        let mut chunks = found.into_stream();
+        let mut size = 0u64;
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk.map_err(|e| self.error("cannot read", key, &e))?;
+            sink(&chunk).map_err(|e| ObjectError::Request {
+                what: "cannot keep what was read of",
+                url: self.key_url(key),
+                reason: e.to_string(),
+                store_failed: false,
+            })?;
+            size += chunk.len() as u64;
+        }
+        Ok(Some(size))
+    }
+
+    /// The sha256 of the object at `key` and its size, read as a stream; `None` when there is
+    /// none.
+    pub async fn sha256(&self, key: &Key) -> Result<Option<(String, u64)>, ObjectError> {
+        let mut hasher = Sha256::new();
+        let size = self
+            .read_each(key, |chunk| {
+                hasher.update(chunk);
+                Ok(())
+            })
+            .await?;
+        Ok(size.map(|size| (hex::encode(hasher.finalize()), size)))
+    }
+
+    /// The object at `key` written to `file` as it arrives (created or truncated); its sha256
+    /// and size, or `None` when there is none.
+    pub async fn read_to_file(
+        &self,
+        key: &Key,
+        file: &FsPath,
+    ) -> Result<Option<(String, u64)>, ObjectError> {
+        use std::io::Write;
+        let io = |e: std::io::Error| ObjectError::Request {
+            what: "cannot write a copy of",
+            url: self.key_url(key),
+            reason: e.to_string(),
+            store_failed: false,
+        };
+        let mut out = std::io::BufWriter::new(std::fs::File::create(file).map_err(io)?);
+        let mut hasher = Sha256::new();
+        let size = self
+            .read_each(key, |chunk| {
+                hasher.update(chunk);
+                out.write_all(chunk)
+            })
+            .await?;
+        out.flush().map_err(io)?;
+        Ok(size.map(|size| (hex::encode(hasher.finalize()), size)))
+    }
+
     /// The first `len` bytes of the object at `key` (all of it when it is shorter); `None` when
     /// there is none.
     pub async fn read_head(&self, key: &Key, len: u64) -> Result<Option<Bytes>, ObjectError> {

@@ -20,7 +20,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 
 use futures::StreamExt;
-use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 
 use super::check::Differs;
@@ -58,10 +57,9 @@ async fn check(url: &ObjectUrl, sha256: &str, bytes: Option<u64>) -> Checked {
             return Ok(Checked::Same);
         }
         // Metadata can be copied along with other bytes, or lost: the bytes decide.
-        Ok(match objects.read(&key).await? {
+        Ok(match objects.sha256(&key).await? {
             None => Checked::Missing,
-            Some(body) => {
-                let actual = hex::encode(Sha256::digest(&body));
+            Some((actual, _)) => {
                 if actual == sha256 {
                     Checked::Same
                 } else {
@@ -178,17 +176,21 @@ impl Record for Recorded {
 
 /// Copies the object at `from` to `to` (create-only) and removes it from `from`; returns the
 /// size moved, `None` when there was nothing at `from` or it could not be kept (then it is
-/// left where it is, and said).
+/// left where it is, and said). The bytes pass through a temporary file, never held whole.
 pub(super) async fn set_aside(from: &ObjectUrl, to: &ObjectUrl) -> Option<u64> {
     let moved = async {
         let (objects, key) = Objects::at(from)?;
         let (_, to_key) = Objects::at(to)?;
-        let Some(body) = objects.read(&key).await? else {
+        let copy = tempfile::NamedTempFile::new().map_err(|e| ObjectError::Request {
+            what: "cannot make a temporary copy of",
+            url: objects.key_url(&key),
+            reason: e.to_string(),
+            store_failed: false,
+        })?;
+        let Some((sha, size)) = objects.read_to_file(&key, copy.path()).await? else {
             return Ok(None);
         };
-        let sha = hex::encode(Sha256::digest(&body));
-        let size = body.len() as u64;
-        objects.put_new(&to_key, body.into(), &sha).await?;
+        objects.put_new_file(&to_key, copy.path(), &sha).await?;
         objects.delete(&key).await?;
         Ok(Some(size))
     };

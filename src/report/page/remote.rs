@@ -343,11 +343,9 @@ impl Pages {
         let read: Vec<Result<Option<PathBuf>, Error>> = futures::stream::iter(objects)
             .map(|(path, url)| async move {
                 let (bucket, key) = Objects::at(&url).map_err(failed)?;
-                let Some(bytes) = bucket.read(&key).await.map_err(failed)? else {
-                    return Ok(None);
-                };
-                stage_file(&path, &bytes).map_err(failed)?;
-                Ok(Some(path))
+                stage_dir(&path).map_err(failed)?;
+                let read = bucket.read_to_file(&key, &path).await.map_err(failed)?;
+                Ok(read.map(|_| path))
             })
             .buffer_unordered(READS_IN_FLIGHT)
             .collect()
@@ -422,11 +420,12 @@ fn thumbs_dated() -> std::time::SystemTime {
 }
 
 /// Writes a staged file, its directory made.
-fn stage_file(to: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    if let Some(dir) = to.parent() {
-        std::fs::create_dir_all(dir)?;
+/// The directory a staged file goes in, made.
+fn stage_dir(to: &Path) -> std::io::Result<()> {
+    match to.parent() {
+        Some(dir) => std::fs::create_dir_all(dir),
+        None => Ok(()),
     }
-    std::fs::write(to, bytes)
 }
 
 fn names_in(dir: &Path) -> Vec<String> {

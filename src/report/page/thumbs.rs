@@ -223,8 +223,8 @@ fn from_bytes(
     size: impl Fn() -> Option<(u32, u32)>,
     known: &Known,
 ) -> Preview {
-    let bytes = match read(path) {
-        Ok(bytes) => bytes,
+    let actual = match sha256_of(path) {
+        Ok(sha) => sha,
         Err(e) => {
             return Preview {
                 note: Some(format!("not on disk: {e}")),
@@ -232,7 +232,6 @@ fn from_bytes(
             };
         }
     };
-    let actual = hex::encode(Sha256::digest(&bytes));
     let changed = recorded.is_some_and(|r| !r.eq_ignore_ascii_case(&actual));
     let note = changed.then(|| "the file changed on disk since it was downloaded".to_owned());
     let known_missing = missing.is_some_and(|m| m.eq_ignore_ascii_case(&actual));
@@ -243,7 +242,7 @@ fn from_bytes(
             ..p
         };
     }
-    match make(dir, &actual, &bytes) {
+    match make(dir, &actual, path) {
         Ok(p) => Preview {
             note,
             made: true,
@@ -309,12 +308,33 @@ fn ready(
     })
 }
 
-/// Decodes the image, scales it into [`EDGE`], and writes it next to the others under a
+/// The sha256 of a file's bytes, read a block at a time (an output may weigh 100 MB).
+fn sha256_of(path: &Path) -> std::io::Result<String> {
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut block = vec![0u8; 64 * 1024];
+    loop {
+        match file.read(&mut block)? {
+            0 => break,
+            n => hasher.update(&block[..n]),
+        }
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// Reads the image a row at a time, scaling it into [`EDGE`] as it goes (memory by its width,
+/// not its area: see [`crate::pixels`]), and writes the thumbnail next to the others under a
 /// temporary name first, so two reports made at once never see half a file.
-fn make(dir: &Path, sha: &str, bytes: &[u8]) -> Result<Preview, String> {
-    let image = image::load_from_memory(bytes).map_err(|e| e.to_string())?;
-    let size = (image.width(), image.height());
-    let alpha = translucent(&image);
+fn make(dir: &Path, sha: &str, path: &Path) -> Result<Preview, String> {
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut reader = std::io::BufReader::new(file);
+    let head = std::io::BufRead::fill_buf(&mut reader).map_err(|e| e.to_string())?;
+    if !crate::pixels::is_png(head) {
+        return Err("not a PNG: only PNG images are read".to_owned());
+    }
+    let thumb = crate::pixels::thumbnail(reader, EDGE).map_err(|e| e.to_string())?;
+    let size = thumb.size;
+    let alpha = thumb.translucent;
     let fits = size.0 <= EDGE && size.1 <= EDGE;
     // An image that already fits is only encoded again, and the default deflater's set-up
     // (hundreds of KiB of state allocated and zeroed for every image) cost more than the rest
@@ -325,15 +345,12 @@ fn make(dir: &Path, sha: &str, bytes: &[u8]) -> Result<Preview, String> {
     } else {
         CompressionType::Default
     };
-    let small = if fits {
-        image
-    } else {
-        image.thumbnail(EDGE, EDGE)
-    };
+    let rgba = image::RgbaImage::from_raw(thumb.width, thumb.height, thumb.rgba)
+        .ok_or("the thumbnail's pixels do not fill it")?;
     let small = if alpha {
-        DynamicImage::ImageRgba8(small.to_rgba8())
+        DynamicImage::ImageRgba8(rgba)
     } else {
-        DynamicImage::ImageRgb8(small.to_rgb8())
+        DynamicImage::ImageRgb8(DynamicImage::ImageRgba8(rgba).to_rgb8())
     };
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let path = thumb_path(dir, sha);
@@ -417,19 +434,6 @@ fn crc32(bytes: &[u8]) -> u32 {
         }
     }
     !crc
-}
-
-/// Whether some pixel is not fully opaque, read in place: a copy of an 8192-pixel image
-/// would cost 256 MiB.
-fn translucent(image: &DynamicImage) -> bool {
-    match image {
-        DynamicImage::ImageRgba8(b) => b.pixels().any(|p| p.0[3] < u8::MAX),
-        DynamicImage::ImageLumaA8(b) => b.pixels().any(|p| p.0[1] < u8::MAX),
-        DynamicImage::ImageRgba16(b) => b.pixels().any(|p| p.0[3] < u16::MAX),
-        DynamicImage::ImageLumaA16(b) => b.pixels().any(|p| p.0[1] < u16::MAX),
-        DynamicImage::ImageRgba32F(b) => b.pixels().any(|p| p.0[3] < 1.0),
-        _ => false,
-    }
 }
 
 fn read(path: &Path) -> std::io::Result<Vec<u8>> {
