@@ -7,9 +7,10 @@
 //!
 //! The scheduler orchestrates parts that each keep their own state: the [`Purse`] (money),
 //! the [`Readiness`] of tasks, the [`Calls`] in flight and the [`Downloads`]. What an
-//! attempt's answer means is in `settle`, the purse's leases in `spend`, earlier outputs and
-//! downloads' ends in `outputs`.
+//! attempt's answer means is in `settle`, what is sent next in `dispatch`, the purse's leases
+//! in `spend`, earlier outputs and downloads' ends in `outputs`.
 
+mod dispatch;
 mod outputs;
 mod settle;
 mod spend;
@@ -312,91 +313,6 @@ impl Scheduler {
             }
         }
         self.drain_downloads(deadline).await;
-    }
-
-    fn dispatch(&mut self) {
-        if let Some(error) = self.shared.storage_failure() {
-            let error = error.to_owned();
-            self.storage_failed(error);
-        }
-        while self.halt.is_none()
-            && !self.downloads.proving()
-            && self.calls.len() < self.config.concurrency
-            && !self.downloads.backlogged()
-        {
-            let next = if self.in_tail() {
-                self.longest_ready()
-            } else {
-                self.ready.admitted().find(|t| self.may_send(*t))
-            };
-            // A chain is admitted once its tasks are recorded (see `record_ahead`).
-            let fresh = self.ready.first_new().filter(|t| {
-                self.closed.is_none()
-                    && !self.purse.waiting()
-                    && self.may_send(*t)
-                    && self.rows.is_recorded(self.graph.task(*t).instance)
-            });
-            // Near the end a new chain goes first when it is longer than any under way:
-            // otherwise the last chains to start would end the run alone, slots idle.
-            let longer = |new: usize, old: usize| self.graph.reach(new) > self.graph.reach(old);
-            let t = match (next, fresh) {
-                (Some(old), Some(new)) if self.in_tail() && longer(new, old) => {
-                    self.admit(self.graph.task(new).instance);
-                    continue;
-                }
-                (Some(t), _) => t,
-                (None, Some(new)) => {
-                    self.admit(self.graph.task(new).instance);
-                    continue;
-                }
-                (None, None) => return,
-            };
-            let (planned, step) = (self.graph.task(t).planned, self.graph.task(t).step.0);
-            if !self.purse.reserve(planned) {
-                if self.calls.is_empty() {
-                    self.halt = Some(Stop::Budget {
-                        needed: planned,
-                        left: self.purse.left(),
-                    });
-                }
-                return;
-            }
-            self.ready.sent(t);
-            self.state[t] = State::Running;
-            // Admitted, so recorded: an item's tasks are recorded before any is admitted.
-            let Some(row) = self.rows.ids.get(t) else {
-                let name = self.name(t);
-                let missing = StoreError::Inconsistent(format!("task {name} is not recorded"));
-                self.fatal(Fatal::Store(Arc::new(missing)));
-                return;
-            };
-            self.calls.send(&self.shared, t, step, row);
-        }
-    }
-
-    /// Whether the work left is within a few rounds of the slots: from then on, the
-    /// longest chain left goes first (critical path), so none ends the run alone. Before, a
-    /// chain under way goes first (depth-first), so each item finishes while its URLs are
-    /// fresh; that order costs no time while there is more work than slots.
-    fn in_tail(&self) -> bool {
-        self.unfinished <= self.config.concurrency.saturating_mul(self.depth as usize)
-    }
-
-    /// The ready task of an admitted chain with the longest chain still ahead of it; the
-    /// depth-first order breaks ties.
-    fn longest_ready(&self) -> Option<usize> {
-        let mut best: Option<usize> = None;
-        for t in self.ready.admitted().filter(|t| self.may_send(*t)) {
-            if best.is_none_or(|b| self.graph.reach(t) > self.graph.reach(b)) {
-                best = Some(t);
-            }
-        }
-        best
-    }
-
-    /// Until a bill has confirmed a step's price, one call of that step at a time.
-    fn may_send(&self, t: usize) -> bool {
-        self.calls.may_send(self.graph.task(t).step.0)
     }
 
     fn name(&self, t: usize) -> String {
