@@ -144,8 +144,8 @@ pub enum Fatal {
 /// Why a run stopped before its work was done, short of an interruption.
 #[derive(Clone, Debug)]
 pub enum Stop {
-    /// The next chain does not fit what the limit leaves.
-    Budget { needed: u64, left: u64 },
+    /// The next chain does not fit what the limit (the budget left, the balance) leaves.
+    Limit { needed: u64, left: u64 },
     /// A call was billed more than the plan priced it at.
     PriceAbovePlan {
         task: String,
@@ -169,7 +169,7 @@ pub enum Stop {
 impl Stop {
     pub fn describe(&self) -> String {
         match self {
-            Stop::Budget { needed, left } => format!(
+            Stop::Limit { needed, left } => format!(
                 "the next item needs {needed} credits and the budget or balance leaves {left}; the rest is left pending"
             ),
             Stop::PriceAbovePlan {

@@ -51,7 +51,7 @@ impl Scheduler {
             let (planned, step) = (self.graph.task(t).planned, self.graph.task(t).step.0);
             if !self.purse.reserve(planned) {
                 if self.calls.is_empty() {
-                    self.halt = Some(Stop::Budget {
+                    self.halt = Some(Stop::Limit {
                         needed: planned,
                         left: self.purse.left(),
                     });

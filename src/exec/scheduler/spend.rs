@@ -32,7 +32,7 @@ impl Scheduler {
             }
             Admission::Waiting => {}
             Admission::Over { left } => {
-                self.closed = Some(Stop::Budget { needed: cost, left });
+                self.closed = Some(Stop::Limit { needed: cost, left });
             }
         }
     }
