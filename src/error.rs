@@ -3,8 +3,8 @@
 
 use crate::api::download::DownloadError;
 use crate::api::error::{ApiError, ErrorKind};
-use crate::caps::CapError;
 use crate::exec::Fatal;
+use crate::money::caps::CapError;
 use crate::plan::graph::GraphError;
 use crate::store::StoreError;
 
@@ -167,6 +167,15 @@ impl Error {
 
 /// A continuation refused says why with the exit code of its kind: 2 for what was asked
 /// wrongly, 3 for what it would cost.
+impl From<crate::money::admit::Refused> for Error {
+    fn from(r: crate::money::admit::Refused) -> Error {
+        Error::Refused {
+            message: r.message,
+            hint: Some(r.hint),
+        }
+    }
+}
+
 impl From<crate::resume::ResumeError> for Error {
     fn from(e: crate::resume::ResumeError) -> Self {
         use crate::resume::ResumeError;

@@ -2,8 +2,10 @@
 //!
 //! Money's words, each with one meaning: a run's **budget** (`--max-credits`); the account's
 //! **balance**; the **caps**, limits over calendar windows shared by the runs of a state
-//! database; the **limit**, the least of them now; **reservations** and **leases** of credits;
-//! the **ledger**, what was billed (`imgpipe spend`). Every rule about them is in [`money`].
+//! database; the **limit**, the most a run may spend now, the least of its budget left and the
+//! balance (the caps lend within theirs by leases); **reservations** of credits for calls in
+//! flight and **leases** from the caps; the **ledger**, what was billed (`imgpipe spend`). A
+//! "cap" is only ever a calendar cap. Every rule about them is in [`money`].
 //!
 //! # Layout
 //! A run's data flows from the command line through the runner: the pipeline file is read and
@@ -16,8 +18,6 @@
 //! - [`desk`]: the review desk (`imgpipe review`): the runs served live on loopback behind a
 //!   token, with the JSON API its page and scripts use.
 //! - [`runner`]: a run's lifecycle: state, lock, fresh or continued, admission, execution.
-//! - [`ledger`]: what was billed across runs (`imgpipe spend`), per day, week, month,
-//!   pipeline, step or run, read from the store's ledger part.
 //! - [`report`]: what the record says of a run: its summary and status, and its HTML page
 //!   ([`report::page`]: templates, thumbnails, object-storage staging).
 //! - [`error`]: the top-level error and the stable exit codes; the lower modules' own errors
@@ -27,14 +27,16 @@
 //! - [`resume`]: resuming a run, in one place: the review (a pure core: records in, what is
 //!   kept, read back, fetched again and paid again out) and its crash-safe application; a
 //!   reroll is a review that pays again for chosen tasks.
-//! - [`exec`]: the executor: scheduler, budget, rate limiter, attempts, downloads, manifest.
-//! - [`caps`]: spending caps over calendar windows, leased in blocks from the state database so
-//!   runs on every host that shares it never spend past them together.
+//! - [`exec`]: the executor: the scheduler orchestrating readiness, the calls in flight, the
+//!   downloads and the run's purse; rate limiter, attempts, manifest.
 //! - [`plan`]: every task priced (the one place), totals against budget and balance, the graph,
 //!   and the part of a run asked for now (`--items`, `--until`, a reroll's tasks).
 //! - [`pipeline`]: pipeline files: YAML with positions, typed and checked, items, templates.
-//! - [`money`]: every rule about money in one home, in the words above: the gate a spend
-//!   passes, under the run's lock, against what was priced and confirmed.
+//! - [`money`]: every rule about money in one home, in the words above: the budget, the balance
+//!   and the limit; whether a plan may start; the purse a run spends from (reservations,
+//!   commitments, the caps' leases); the caps, leased in blocks from the state database so runs
+//!   on every host that shares it never spend past them together; the ledger (`imgpipe
+//!   spend`); and the gate a spend passes, under the run's lock, against what was confirmed.
 //! - [`store`]: the state database, SQLite or PostgreSQL (migrations in `migrations/`), and the
 //!   run lock.
 //! - [`task_key`]: a task's name, `item/step[index]`, written and read back in one place.
@@ -58,14 +60,12 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
-pub mod caps;
 pub mod cli;
 pub mod desk;
 pub mod error;
 pub mod events;
 pub mod exec;
 pub mod failpoint;
-pub mod ledger;
 pub mod money;
 pub mod pipeline;
 pub mod pixels;

@@ -1,15 +1,15 @@
 //! `imgpipe cap set|list|remove`: spending caps over calendar windows, kept in the state
-//! database so that every run of every host that shares it obeys them (see [`crate::caps`]).
+//! database so that every run of every host that shares it obeys them (see [`crate::money::caps`]).
 
 use clap::{Args, Subcommand};
 
-use crate::caps::{Cap, Standing};
 use crate::cli::GlobalArgs;
 use crate::cli::args::StateArgs;
 use crate::cli::stdio;
 use crate::cli::values::Per;
 use crate::cli::view::print_json;
 use crate::error::Error;
+use crate::money::caps::{Cap, Standing};
 use crate::runner::state::close;
 
 #[derive(Debug, Args)]
@@ -91,7 +91,8 @@ pub(super) async fn run(args: &CapArgs, global: &GlobalArgs) -> Result<(), Error
                 return show(&[], global);
             }
             let store = location.open_existing().await?;
-            let listed = async { standing(&store, &crate::caps::recorded(&store).await?).await };
+            let listed =
+                async { standing(&store, &crate::money::caps::recorded(&store).await?).await };
             let standing = close(store.clone(), listed.await).await?;
             show(&standing, global)
         }
@@ -119,7 +120,7 @@ pub(super) async fn run(args: &CapArgs, global: &GlobalArgs) -> Result<(), Error
 
 /// Where each cap stands now.
 async fn standing(store: &crate::store::Store, caps: &[Cap]) -> Result<Vec<Standing>, Error> {
-    Ok(crate::caps::standings(store, caps).await?)
+    Ok(crate::money::caps::standings(store, caps).await?)
 }
 
 fn show(standing: &[Standing], global: &GlobalArgs) -> Result<(), Error> {

@@ -9,10 +9,11 @@ use crate::cli::GlobalArgs;
 use crate::cli::args::{BalanceFieldArg, ServiceArgs, StateArgs};
 use crate::cli::view::Terminal;
 use crate::error::Error;
+use crate::money::limit::Balance;
 use crate::pipeline;
 use crate::plan::scope::{ItemSelector, Scope};
-use crate::plan::{Balance, GenerationPrice, ModelsAnswer};
-use crate::runner::{self, AccountFields, Connection, View, admit};
+use crate::plan::{GenerationPrice, ModelsAnswer};
+use crate::runner::{self, AccountFields, Connection, View};
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
@@ -77,7 +78,7 @@ pub(super) async fn run(args: &PlanArgs, global: &GlobalArgs) -> Result<(), Erro
         doc.save(path).map_err(|e| Error::usage(e, None))?;
         tracing::info!("plan saved to {}", path.display());
     }
-    admit::refusal_after_reuse(&doc)
+    Ok(crate::money::admit::refusal_after_reuse(&doc.claim())?)
 }
 
 fn offline_hint(e: Error) -> Error {

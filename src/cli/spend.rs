@@ -1,5 +1,5 @@
 //! `imgpipe spend`: what the runs of the state database cost, per day, week, month, pipeline,
-//! step or run, without any network call. The ledger is folded in [`crate::ledger`].
+//! step or run, without any network call. The ledger is folded in [`crate::money::ledger`].
 
 use chrono::{DateTime, NaiveDate};
 use clap::{Args, ValueEnum};
@@ -9,9 +9,9 @@ use crate::cli::args::StateArgs;
 use crate::cli::stdio;
 use crate::cli::view::print_json;
 use crate::error::Error;
-use crate::ledger::{By, Figures, Ledger, Line, ledger};
+use crate::money::ledger::Window;
+use crate::money::ledger::{By, Figures, Ledger, Line, ledger};
 use crate::runner::state::{NO_DATABASE_HINT, close};
-use crate::store::ledger::Window;
 
 #[derive(Debug, Args)]
 pub struct SpendArgs {
@@ -107,7 +107,7 @@ pub(super) async fn run(args: &SpendArgs, global: &GlobalArgs) -> Result<(), Err
         } else {
             return stdio::line(format_args!("{msg}\nhint: {NO_DATABASE_HINT}"));
         }
-        let empty = crate::ledger::empty(args.by.into(), window);
+        let empty = crate::money::ledger::empty(args.by.into(), window);
         return render(&empty, global.json, args.csv);
     }
     let store = location.open_existing().await?;

@@ -31,7 +31,7 @@ pub enum Per {
     Month,
 }
 
-impl From<Per> for crate::caps::Per {
+impl From<Per> for crate::money::caps::Per {
     fn from(v: Per) -> Self {
         match v {
             Per::Day => Self::Day,
@@ -74,7 +74,7 @@ mod tests {
         }
         for v in Per::value_variants() {
             let name = v.to_possible_value().unwrap().get_name().to_owned();
-            assert_eq!(crate::caps::Per::from(*v).as_str(), name);
+            assert_eq!(crate::money::caps::Per::from(*v).as_str(), name);
         }
         for v in RateScope::value_variants() {
             let name = v.to_possible_value().unwrap().get_name().to_owned();

@@ -196,7 +196,7 @@ fn print_to_pay(
         row,
         graph,
         review,
-        cap,
+        limit,
         ..
     } = shown;
     let name = |t: usize| graph.key(t).to_string();
@@ -206,7 +206,8 @@ fn print_to_pay(
         row.status.as_str(),
         review.to_pay(),
         review.credits(),
-        cap.map(|c| format!(" (at most {c} may be spent)"))
+        limit
+            .map(|c| format!(" (at most {c} may be spent)"))
             .unwrap_or_default()
     ))?;
     for r in review.each_redo(graph).take(SHOWN_TASKS) {

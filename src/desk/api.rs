@@ -263,17 +263,17 @@ async fn price(desk: &Arc<Desk>, id: &RunId, work: &Work) -> Result<serde_json::
 
 /// Where the caps that bind run `id` stand (those of its pipeline and those of all), as
 /// `imgpipe cap list` computes them.
-async fn caps_of(desk: &Desk, id: &RunId) -> Result<Vec<crate::caps::Standing>, Failed> {
+async fn caps_of(desk: &Desk, id: &RunId) -> Result<Vec<crate::money::caps::Standing>, Failed> {
     let Some(run) = desk.store.runs().get(id).await.map_err(Error::from)? else {
         return Err(crate::runner::state::no_such_run(&desk.store, id).into());
     };
-    let caps = crate::caps::recorded(&desk.store)
+    let caps = crate::money::caps::recorded(&desk.store)
         .await
         .map_err(Error::from)?
         .into_iter()
         .filter(|c| c.pipeline.as_ref().is_none_or(|p| *p == run.pipeline_name))
         .collect::<Vec<_>>();
-    Ok(crate::caps::standings(&desk.store, &caps)
+    Ok(crate::money::caps::standings(&desk.store, &caps)
         .await
         .map_err(Error::from)?)
 }

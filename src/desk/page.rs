@@ -8,11 +8,11 @@ use axum::response::{Html, IntoResponse, Response};
 use maud::{DOCTYPE, Markup, html};
 
 use super::Desk;
-use crate::caps::Standing;
 use crate::error::Error;
-use crate::ledger::{By, Ledger};
+use crate::money::caps::Standing;
+use crate::money::ledger::Window;
+use crate::money::ledger::{By, Ledger};
 use crate::report::runs::RunLine;
-use crate::store::ledger::Window;
 
 /// How many UTC days of the spend ledger the home shows: today and the six before.
 const LEDGER_DAYS: i64 = 7;
@@ -60,8 +60,8 @@ pub(super) async fn home(State(desk): State<Arc<Desk>>) -> Response {
 async fn read_home(desk: &Desk) -> Result<Home, Error> {
     let store = &desk.store;
     let runs = crate::report::runs::lines(store, |id| (desk.resume)(id)).await?;
-    let caps = crate::caps::recorded(store).await?;
-    let caps = crate::caps::standings(store, &caps).await?;
+    let caps = crate::money::caps::recorded(store).await?;
+    let caps = crate::money::caps::standings(store, &caps).await?;
     let today = chrono::Utc::now().date_naive();
     let first = today - chrono::Days::new(LEDGER_DAYS as u64 - 1);
     let since = first.and_hms_opt(0, 0, 0).unwrap_or_default().and_utc();
@@ -69,7 +69,7 @@ async fn read_home(desk: &Desk) -> Result<Home, Error> {
         since: Some(since.timestamp_millis()),
         until: None,
     };
-    let ledger = crate::ledger::ledger(store, By::Day, window).await?;
+    let ledger = crate::money::ledger::ledger(store, By::Day, window).await?;
     Ok(Home { runs, caps, ledger })
 }
 
@@ -309,7 +309,7 @@ fn items_of(run: &crate::store::Run) -> Option<usize> {
 /// for every item).
 fn steps_of(run: &crate::store::Run) -> Vec<String> {
     run.plan
-        .read::<crate::plan::document::PlanFigures>()
+        .read::<crate::money::planned::PlanFigures>()
         .map(|p| p.steps().iter().map(|s| s.step.clone()).collect())
         .unwrap_or_default()
 }

@@ -223,12 +223,12 @@ async fn snapshot(store: &Store, run_id: &RunId, pipeline: &str) -> Result<Snaps
 /// The credits each spending cap covering `pipeline` has left in its window; none when they
 /// cannot be read (the metrics go on without them).
 async fn cap_room(store: &Store, pipeline: &str) -> Vec<(String, u64)> {
-    let Ok(caps) = crate::caps::recorded(store).await else {
+    let Ok(caps) = crate::money::caps::recorded(store).await else {
         return Vec::new();
     };
     let mut room = Vec::new();
     for cap in caps.iter().filter(|c| c.covers(pipeline)) {
-        if let Ok(standing) = crate::caps::Standing::of(store, cap).await {
+        if let Ok(standing) = crate::money::caps::Standing::of(store, cap).await {
             room.push((standing.name, standing.left));
         }
     }

@@ -257,7 +257,7 @@ impl Observer for Watch {
         }));
     }
 
-    fn cap_crossed(&self, c: &crate::caps::Crossing) {
+    fn cap_crossed(&self, c: &crate::money::caps::Crossing) {
         self.inner.cap_crossed(c);
         self.sender.send(Event::CapCrossed(CapCrossed {
             run_id: self.run_id.clone(),

@@ -3,12 +3,163 @@
 //! of the run directory itself (a full disk, a store refusing writes) stops the run's calls at
 //! once, and the downloads not started yet: they are left for the next resume.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
+use tokio::sync::oneshot::error::RecvError;
+use tokio::task::{JoinError, JoinSet};
+
 use crate::api::fetch::{FetchError, Retrying, fetch_with_refresh};
+use crate::exec::Refetch;
 use crate::exec::shared::Shared;
 use crate::place::Address;
-use crate::store::StoreError;
+use crate::store::{RecordedOutput, StoreError};
+
+/// Downloads waiting or under way, per download slot, past which no new call is sent.
+const DOWNLOADS_WAITING_PER_SLOT: usize = 4;
+
+/// What a resume's check of the kept files found to fetch again, when it ended.
+pub(super) type Checked = Result<Result<Vec<RecordedOutput>, Arc<StoreError>>, RecvError>;
+
+/// The downloads of a run: those under way, the earlier outputs a resume's check of the kept
+/// files will bring, and whether the run directory has proven it keeps what is paid for.
+pub(super) struct Downloads {
+    set: JoinSet<Fetched>,
+    /// Downloads in flight, by task: its URLs are kept until they end.
+    by_task: HashMap<usize, u32>,
+    /// How many may wait or go at once before calls are held back.
+    backlog: usize,
+    /// Earlier outputs to fetch again, once a resume's check of the kept files ends.
+    refetch: Option<Refetch>,
+    /// Earlier outputs without a file still being fetched, while none has been kept yet: a
+    /// resume sends no call before its run directory has kept one of them, so a disk still
+    /// full (or a bucket still refusing) costs nothing.
+    unproven: Option<usize>,
+    /// Told when `unproven` is cleared (see [`crate::exec::Handoff::place_proven`]).
+    place_proven: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// News of the downloads.
+pub(super) enum News {
+    Fetched(Result<Fetched, JoinError>),
+    Checked(Checked),
+}
+
+impl Downloads {
+    pub(super) fn new(
+        download_concurrency: usize,
+        refetch: Option<Refetch>,
+        place_proven: Option<tokio::sync::oneshot::Sender<()>>,
+    ) -> Downloads {
+        Downloads {
+            set: JoinSet::new(),
+            by_task: HashMap::new(),
+            backlog: download_concurrency.max(1) * DOWNLOADS_WAITING_PER_SLOT,
+            refetch,
+            unproven: None,
+            place_proven,
+        }
+    }
+
+    pub(super) fn spawn(&mut self, shared: &Arc<Shared>, t: usize, k: u32) {
+        *self.by_task.entry(t).or_default() += 1;
+        self.set.spawn(download(Arc::clone(shared), t, k));
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.set.is_empty()
+    }
+
+    /// Whether task `t` has downloads under way.
+    pub(super) fn downloading(&self, t: usize) -> bool {
+        self.by_task.contains_key(&t)
+    }
+
+    /// Whether enough outputs wait for their download that no new call should be sent: calls
+    /// that outpace downloads would pile up outputs whose URLs age, and memory, without end.
+    pub(super) fn backlogged(&self) -> bool {
+        self.set.len() >= self.backlog
+    }
+
+    /// Every download so far fetches an output a run paid for and could not keep: until one
+    /// is kept, the run directory is not proven.
+    pub(super) fn prove_place(&mut self) {
+        self.unproven = (!self.set.is_empty()).then_some(self.set.len());
+    }
+
+    /// Whether the run directory is still to prove it keeps outputs.
+    pub(super) fn proving(&self) -> bool {
+        self.unproven.is_some()
+    }
+
+    /// Tells a resume's check of the kept files, once, that the run directory is proven.
+    pub(super) fn tell_proven(&mut self) {
+        if self.unproven.is_none()
+            && let Some(proven) = self.place_proven.take()
+        {
+            let _ = proven.send(());
+        }
+    }
+
+    /// Whether a check of the kept files is still under way.
+    pub(super) fn checking(&self) -> bool {
+        self.refetch.is_some()
+    }
+
+    /// The next download to end, or the end of the check of the kept files; never, with
+    /// neither under way.
+    pub(super) async fn next(&mut self) -> News {
+        tokio::select! {
+            Some(joined) = self.set.join_next(), if !self.set.is_empty() => News::Fetched(joined),
+            found = checked(&mut self.refetch), if self.refetch.is_some() => {
+                self.refetch = None;
+                News::Checked(found)
+            }
+            else => std::future::pending().await,
+        }
+    }
+
+    /// The next download to end.
+    pub(super) async fn join_next(&mut self) -> Option<Result<Fetched, JoinError>> {
+        self.set.join_next().await
+    }
+
+    /// Cuts off every download, and waits until they are gone.
+    pub(super) async fn abort(&mut self) {
+        self.set.abort_all();
+        while self.set.join_next().await.is_some() {}
+    }
+
+    /// A download of task `t` ended, its output `kept` or not: `true` when it was the task's
+    /// last, and its URLs may be forgotten.
+    pub(super) fn ended(&mut self, t: usize, kept: bool) -> bool {
+        if kept {
+            self.unproven = None;
+        }
+        if let Some(n) = &mut self.unproven {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.unproven = None;
+            }
+        }
+        if let Some(n) = self.by_task.get_mut(&t) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.by_task.remove(&t);
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// The outputs a resume's check found to fetch again, once it ends; never, without one.
+async fn checked(refetch: &mut Option<Refetch>) -> Checked {
+    match refetch {
+        Some(rx) => rx.await,
+        None => std::future::pending().await,
+    }
+}
 
 pub(super) struct Fetched {
     pub task: usize,

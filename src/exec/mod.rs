@@ -7,7 +7,7 @@
 
 pub mod account_rate;
 mod attempt;
-pub mod budget;
+mod calls;
 mod download;
 pub mod identity;
 pub mod limiter;
@@ -91,8 +91,8 @@ pub struct Config {
     pub max_retries: u32,
     /// How long calls in flight may take to finish after SIGINT/SIGTERM.
     pub grace: Duration,
-    /// The most the run may spend: the smaller of the budget and the balance.
-    pub cap: Option<u64>,
+    /// The most the run may spend: the limit, the least of the budget left and the balance.
+    pub limit: Option<u64>,
     /// Run this task alone (a generation that discovers the price), nothing else.
     pub only: Option<usize>,
     /// The tasks to pay for now (`--items`, `--until`, a reroll's); the others are left
@@ -103,7 +103,7 @@ pub struct Config {
     pub known_prices: Vec<bool>,
     /// The run's hold on the spending caps that cover it: chains are committed only from what
     /// it leased.
-    pub leash: Option<crate::caps::Leash>,
+    pub leash: Option<crate::money::caps::Leash>,
     /// The account's rate limit, shared with every process that spends on it through the
     /// state database; `None` without a known rate (or a database that cannot say).
     pub account_rate: Option<account_rate::AccountRate>,
@@ -117,7 +117,7 @@ pub trait Observer: Send + Sync {
     /// the plan priced it at `planned`, before its outputs are checked.
     fn call_billed(&self, _step: usize, _task: &str, _planned: u64, _billed: u64) {}
     /// A lease of this run took a spending cap's window past 50, 80 or 100%.
-    fn cap_crossed(&self, _crossing: &crate::caps::Crossing) {}
+    fn cap_crossed(&self, _crossing: &crate::money::caps::Crossing) {}
     /// The state database did not answer a draw from the account's shared rate: this process
     /// keeps to `share` calls a second (the account's `limit` over the `drawers` it last saw)
     /// until it answers again.
@@ -144,8 +144,8 @@ pub enum Fatal {
 /// Why a run stopped before its work was done, short of an interruption.
 #[derive(Clone, Debug)]
 pub enum Stop {
-    /// The next chain does not fit what the cap leaves.
-    Budget { needed: u64, left: u64 },
+    /// The next chain does not fit what the limit (the budget left, the balance) leaves.
+    Limit { needed: u64, left: u64 },
     /// A call was billed more than the plan priced it at.
     PriceAbovePlan {
         task: String,
@@ -153,7 +153,7 @@ pub enum Stop {
         billed: u64,
     },
     /// A spending cap's window has too little left for the next chain.
-    Cap(crate::caps::Spent),
+    Cap(crate::money::caps::Spent),
     /// Another run took this one for dead and closed its cap leases.
     LeaseLost,
     /// The service answered 402.
@@ -169,7 +169,7 @@ pub enum Stop {
 impl Stop {
     pub fn describe(&self) -> String {
         match self {
-            Stop::Budget { needed, left } => format!(
+            Stop::Limit { needed, left } => format!(
                 "the next item needs {needed} credits and the budget or balance leaves {left}; the rest is left pending"
             ),
             Stop::PriceAbovePlan {

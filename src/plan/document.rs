@@ -10,9 +10,11 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::money::Revision;
+use crate::money::admit::{Claim, Verdict};
+use crate::money::limit::{Balance, Budget, Limit};
 use crate::pipeline::Pipeline;
 use crate::place::temp;
-use crate::plan::{Balance, Budget, Costs, GenerationPrice, Verdict, tool_prices};
+use crate::plan::{Costs, GenerationPrice, tool_prices};
 use crate::time::rfc3339;
 
 /// Marks a file as a saved plan, so `--save` never overwrites anything else.
@@ -187,6 +189,23 @@ impl PlanDocument {
             .finish()
     }
 
+    /// What admission reads of the plan ([`crate::money::admit`]).
+    pub fn claim(&self) -> Claim<'_> {
+        Claim {
+            verdict: &self.verdict,
+            total: self.costs.total_credits,
+            saved_by_reuse: self.reuse.as_ref().map_or(0, |r| r.credits_saved),
+            budget: self.budget.as_ref(),
+            balance: &self.balance,
+        }
+    }
+
+    /// The run's limit once it has spent `spent`: the least of its budget left and the
+    /// balance the plan saw.
+    pub fn limit(&self, spent: u64) -> Limit<'_> {
+        Limit::of(self.budget.as_ref(), &self.balance, spent)
+    }
+
     /// Writes the plan to `path` through a temporary file, replacing only an earlier plan.
     pub fn save(&self, path: &Path) -> Result<(), String> {
         match std::fs::read(path) {
@@ -223,50 +242,5 @@ impl PlanDocument {
             Ok(())
         };
         write().map_err(|e| format!("cannot write {}: {e}", path.display()))
-    }
-}
-
-/// What the report and the spend ledger read of a run's recorded plan: its budget, and each
-/// step's planned tasks and price. Every field may be missing, so the plan of a run recorded by
-/// any imgpipe reads, whatever else its document held then.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-pub struct PlanFigures {
-    #[serde(default)]
-    budget: Option<BudgetFigure>,
-    #[serde(default)]
-    costs: CostFigures,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-struct BudgetFigure {
-    #[serde(default)]
-    max_credits: Option<u64>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-struct CostFigures {
-    #[serde(default)]
-    steps: Vec<StepFigure>,
-}
-
-/// A step as the plan priced it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-pub struct StepFigure {
-    pub step: String,
-    pub tasks: u64,
-    /// `None` when the price was unknown.
-    #[serde(default)]
-    pub credits_per_task: Option<u64>,
-}
-
-impl PlanFigures {
-    /// The budget the run was planned under.
-    pub fn max_credits(&self) -> Option<u64> {
-        self.budget.as_ref().and_then(|b| b.max_credits)
-    }
-
-    /// Each step the plan priced, in the plan's order.
-    pub fn steps(&self) -> &[StepFigure] {
-        &self.costs.steps
     }
 }

@@ -15,6 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::records::Models;
 use crate::api::types::{Increase, ToolName, tool_price};
+use crate::money::admit::Verdict;
+use crate::money::limit::{Balance, Budget};
 use crate::pipeline::{Operation, Pipeline, StepRef};
 
 /// Where a price came from.
@@ -275,7 +277,12 @@ pub fn narrow(
     }
     let narrowed = Costs::scoped(pipeline, &doc.prices.generation, scope);
     let whole = std::mem::replace(&mut doc.costs, narrowed);
-    doc.verdict = Verdict::judge(&doc.costs, doc.budget.as_ref(), &doc.balance);
+    doc.verdict = Verdict::judge(
+        doc.costs.known_credits,
+        &doc.costs.unpriced_steps,
+        doc.budget.as_ref(),
+        &doc.balance,
+    );
     doc.scope = Some(document::ScopePlan {
         asked: scope.said.clone(),
         items: scope.items_chosen().unwrap_or(pipeline.items.len()),
@@ -284,111 +291,6 @@ pub fn narrow(
         whole_credits: whole.total_credits,
     });
     doc
-}
-
-/// The tighter of two optional limits; either alone when the other is absent.
-pub fn tighter(a: Option<u64>, b: Option<u64>) -> Option<u64> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
-
-/// The most a run may spend, and who said so.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Budget {
-    pub max_credits: u64,
-    /// `budget.max_credits` or `--max-credits`.
-    pub source: String,
-}
-
-impl Budget {
-    /// The smaller of the pipeline's budget and the command line's.
-    pub fn pick(pipeline: Option<u64>, flag: Option<u64>) -> Option<Budget> {
-        let from_file = pipeline.map(|c| Budget {
-            max_credits: c,
-            source: "budget.max_credits".into(),
-        });
-        let from_flag = flag.map(|c| Budget {
-            max_credits: c,
-            source: "--max-credits".into(),
-        });
-        match (from_file, from_flag) {
-            (Some(a), Some(b)) => Some(if b.max_credits < a.max_credits { b } else { a }),
-            (a, b) => a.or(b),
-        }
-    }
-}
-
-/// The account's balance as the plan saw it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Balance {
-    Known {
-        credits: i64,
-        field: String,
-    },
-    /// The account was read but the balance could not be found in it.
-    Unknown {
-        reason: String,
-    },
-    /// `--offline`: the account was not asked.
-    NotChecked,
-}
-
-/// Whether the run may start, and if not, every reason.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Verdict {
-    pub fits: bool,
-    pub reasons: Vec<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub warnings: Vec<String>,
-}
-
-impl Verdict {
-    pub fn judge(costs: &Costs, budget: Option<&Budget>, balance: &Balance) -> Verdict {
-        let mut reasons = Vec::new();
-        let mut warnings = Vec::new();
-        let total = costs.known_credits;
-        let at_least = if costs.total_credits.is_some() {
-            ""
-        } else {
-            "at least "
-        };
-        if !costs.unpriced_steps.is_empty() {
-            reasons.push(format!(
-                "the generation price is unknown, so the total is not known (steps: {})",
-                costs.unpriced_steps.join(", ")
-            ));
-        }
-        if let Some(b) = budget
-            && total > b.max_credits
-        {
-            reasons.push(format!(
-                "the plan costs {at_least}{total} credits, over the budget of {} ({})",
-                b.max_credits, b.source
-            ));
-        }
-        match balance {
-            Balance::Known { credits, .. } if i128::from(total) > i128::from(*credits) => {
-                reasons.push(format!(
-                    "the plan costs {at_least}{total} credits, more than the balance of {credits}"
-                ));
-            }
-            Balance::Known { .. } => {}
-            Balance::Unknown { reason } => {
-                warnings.push(format!("the balance was not checked: {reason}"));
-            }
-            Balance::NotChecked => {
-                warnings.push("the balance was not checked (--offline)".into());
-            }
-        }
-        Verdict {
-            fits: reasons.is_empty(),
-            reasons,
-            warnings,
-        }
-    }
 }
 
 /// The plan of `pipeline` at the service's word: every step priced, the total held against
@@ -401,7 +303,12 @@ pub fn make(
 ) -> document::PlanDocument {
     let costs = Costs::of(pipeline, &generation);
     let budget = Budget::pick(pipeline.max_credits, max_credits);
-    let verdict = Verdict::judge(&costs, budget.as_ref(), &balance);
+    let verdict = Verdict::judge(
+        costs.known_credits,
+        &costs.unpriced_steps,
+        budget.as_ref(),
+        &balance,
+    );
     document::PlanDocument::new(
         pipeline,
         document::Prices::new(generation),

@@ -2,8 +2,9 @@
 
 use std::fmt::Write;
 
+use crate::money::limit::Balance;
+use crate::plan::PriceSource;
 use crate::plan::document::PlanDocument;
-use crate::plan::{Balance, PriceSource};
 
 /// The plan as people read it: a heading, a table of the steps, then one line per figure
 /// (total, balance, budget, caps) and the verdict.

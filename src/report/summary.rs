@@ -4,12 +4,10 @@
 use serde::Serialize;
 
 use crate::error::Error;
-use crate::plan::document::PlanFigures;
+use crate::money::planned::unrecorded;
 use crate::report::live::Process;
 use crate::run_id::RunId;
-use crate::store::{
-    AmbiguousAttempt, RecordedPlan, Run, RunStatus, StepCounts, Store, TaskStatus, Totals,
-};
+use crate::store::{AmbiguousAttempt, Run, RunStatus, StepCounts, Store, TaskStatus, Totals};
 
 /// How a run stands: its tasks, credits, balance and failures.
 #[derive(Serialize)]
@@ -175,30 +173,4 @@ pub async fn sharing_with(
         .into_iter()
         .filter(|d| accounts.contains(&d.account))
         .collect())
-}
-
-/// The tasks the run has not recorded yet, per step: a run records an item's tasks only as
-/// it comes near the item, so those of items it has not reached are counted from its plan.
-/// They are all pending. `recorded(step)`: the step's tasks the run has recorded.
-pub(crate) fn unrecorded(plan: &RecordedPlan, recorded: impl Fn(&str) -> u64) -> Vec<StepCounts> {
-    let Some(plan) = plan.read::<PlanFigures>() else {
-        return Vec::new();
-    };
-    plan.steps()
-        .iter()
-        .filter_map(|s| {
-            let missing = s.tasks.checked_sub(recorded(&s.step)).filter(|m| *m > 0)?;
-            let price = s.credits_per_task.unwrap_or(0);
-            Some(StepCounts {
-                step: s.step.clone(),
-                tasks: missing,
-                succeeded: 0,
-                failed: 0,
-                blocked: 0,
-                pending: missing,
-                planned_credits: missing * price,
-                billed_credits: 0,
-            })
-        })
-        .collect()
 }

@@ -14,7 +14,7 @@ use crate::plan::{Costs, GenerationPrice};
 use crate::run_id::RunId;
 use crate::store::{Run, RunStatus, Store};
 
-use super::refusal::{self, Cap, Refusal};
+use super::refusal::{self, Refusal};
 use super::{ResumeError, Review, Target, changes, reroll};
 
 /// What the runner gives a continuation once it holds the run's lock: the run as recorded
@@ -127,16 +127,12 @@ pub async fn prepare(
 }
 
 impl Prepared {
-    /// Refuses what is left when it costs more than may be spent (`cap`: the budget less what
-    /// the run spent, and the balance).
-    pub fn admit(&self, cap: Option<u64>) -> Result<(), Refusal> {
-        let cap = Cap {
-            credits: cap,
-            budget: self.doc.budget.as_ref().map(|b| b.max_credits),
-            balance: &self.doc.balance,
-        };
+    /// Refuses what is left when it costs more than may be spent: the limit of a run that
+    /// spent `spent` (its budget less that, and the balance).
+    pub fn admit(&self, spent: u64) -> Result<(), Refusal> {
+        let limit = self.doc.limit(spent);
         let review = &self.review;
-        refusal::over_cap(&self.row.id, review.to_pay(), review.credits(), cap)
+        refusal::over_limit(&self.row.id, review.to_pay(), review.credits(), limit)
     }
 
     /// What this continuation would pay now, and its revision: the run's id, status and

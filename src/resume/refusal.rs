@@ -3,7 +3,7 @@
 //! runner turns a refusal into its exit code (2 for what was asked wrongly, 3 for what it
 //! would cost).
 
-use crate::plan::Balance;
+use crate::money::limit::{Limit, Limiting};
 use crate::run_id::RunId;
 
 /// A continuation refused before anything was paid for.
@@ -21,12 +21,14 @@ pub enum Refusal {
     Reroll { message: String },
     /// The pipeline changed and `--allow-changes` was not given; `changes` says what changed.
     Changed { run_id: RunId, changes: String },
-    /// What is left costs more than may be spent.
-    OverCap {
+    /// What is left costs more than the limit: `limit` credits may be spent, which
+    /// `limiting` sets; `limits` names the budget and the balance.
+    OverLimit {
         run_id: RunId,
         tasks: usize,
         needed: u64,
-        cap: u64,
+        limit: u64,
+        limiting: Limiting,
         limits: String,
     },
 }
@@ -34,7 +36,7 @@ pub enum Refusal {
 impl Refusal {
     /// Whether it is the command that is wrong (exit 2) rather than what it would cost (exit 3).
     pub fn is_usage(&self) -> bool {
-        !matches!(self, Refusal::Changed { .. } | Refusal::OverCap { .. })
+        !matches!(self, Refusal::Changed { .. } | Refusal::OverLimit { .. })
     }
 
     pub fn message(&self) -> String {
@@ -50,14 +52,15 @@ impl Refusal {
             Refusal::Changed { run_id, changes } => {
                 format!("the pipeline changed since run {run_id} started: {changes}")
             }
-            Refusal::OverCap {
+            Refusal::OverLimit {
                 run_id,
                 tasks,
                 needed,
-                cap,
+                limit,
                 limits,
+                ..
             } => format!(
-                "resuming run {run_id} would pay for {tasks} task(s), {needed} credits, but only {cap} may be spent ({limits})"
+                "resuming run {run_id} would pay for {tasks} task(s), {needed} credits, but only {limit} may be spent ({limits})"
             ),
         }
     }
@@ -77,8 +80,8 @@ impl Refusal {
             Refusal::Changed { .. } => {
                 "resume with --allow-changes to keep the unchanged tasks' results and run the rest again, or give the new work another --run-id"
             }
-            Refusal::OverCap { .. } => {
-                "raise the budget (--max-credits or budget.max_credits) or top up the account, then resume"
+            Refusal::OverLimit { limiting, .. } => {
+                return Some(format!("{}, then resume", limiting.remedy()));
             }
         };
         Some(hint.to_owned())
@@ -126,43 +129,31 @@ pub fn changes(
     })
 }
 
-/// What may be spent, and what it comes from.
-#[derive(Clone, Copy, Debug)]
-pub struct Cap<'a> {
-    /// The budget left and the balance, the tighter; `None`: no limit.
-    pub credits: Option<u64>,
-    pub budget: Option<u64>,
-    pub balance: &'a Balance,
-}
-
-/// Refuses what remains of a run (`tasks` tasks, `needed` credits) when it does not fit the
-/// budget left or the balance.
-pub fn over_cap(run_id: &RunId, tasks: usize, needed: u64, cap: Cap<'_>) -> Result<(), Refusal> {
-    match cap.credits {
-        Some(credits) if needed > credits => Err(Refusal::OverCap {
+/// Refuses what remains of a run (`tasks` tasks, `needed` credits) when it does not fit its
+/// limit: the budget left or the balance.
+pub fn over_limit(
+    run_id: &RunId,
+    tasks: usize,
+    needed: u64,
+    limit: Limit<'_>,
+) -> Result<(), Refusal> {
+    match (limit.credits(), limit.limiting()) {
+        (Some(credits), Some(limiting)) if needed > credits => Err(Refusal::OverLimit {
             run_id: run_id.clone(),
             tasks,
             needed,
-            cap: credits,
-            limits: limits(cap.budget, cap.balance),
+            limit: credits,
+            limiting,
+            limits: limit.describe(),
         }),
         _ => Ok(()),
     }
 }
 
-/// The limits a cap comes from, as the refusal names them.
-fn limits(budget: Option<u64>, balance: &Balance) -> String {
-    let budget = budget.map_or_else(|| "no budget".to_owned(), |b| format!("budget {b}"));
-    let balance = match balance {
-        Balance::Known { credits, .. } => format!("balance {credits}"),
-        _ => "balance unknown".to_owned(),
-    };
-    format!("{budget} less what the run spent, {balance}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::money::limit::{Balance, Budget};
 
     static R1: std::sync::LazyLock<RunId> = std::sync::LazyLock::new(|| RunId::from("r1"));
 
@@ -218,35 +209,54 @@ mod tests {
     }
 
     #[test]
-    fn what_is_left_is_refused_only_past_the_cap() {
+    fn what_is_left_is_refused_only_past_the_limit_with_a_hint_at_what_sets_it() {
         let unknown = Balance::NotChecked;
-        let cap = |credits| Cap {
-            credits,
-            budget: None,
-            balance: &unknown,
+        let budget = |max_credits| Budget {
+            max_credits,
+            source: "--max-credits".into(),
         };
-        assert_eq!(over_cap(&R1, 3, 30, cap(None)), Ok(()));
-        assert_eq!(over_cap(&R1, 3, 30, cap(Some(30))), Ok(()));
-        let refused = over_cap(&R1, 3, 31, cap(Some(30))).unwrap_err();
+        assert_eq!(over_limit(&R1, 3, 30, Limit::of(None, &unknown, 0)), Ok(()));
+        let b40 = budget(40);
+        let spent_10 = Limit::of(Some(&b40), &unknown, 10);
+        assert_eq!(over_limit(&R1, 3, 30, spent_10), Ok(()));
+        let refused = over_limit(&R1, 3, 31, spent_10).unwrap_err();
         assert_eq!(
             refused.message(),
-            "resuming run r1 would pay for 3 task(s), 31 credits, but only 30 may be spent (no budget less what the run spent, balance unknown)"
+            "resuming run r1 would pay for 3 task(s), 31 credits, but only 30 may be spent (budget 40 less what the run spent, balance unknown)"
+        );
+        assert_eq!(
+            refused.hint().as_deref(),
+            Some("raise the budget (--max-credits or budget.max_credits), then resume")
         );
         assert!(!refused.is_usage());
         let known = Balance::Known {
             credits: 25,
             field: "balance".into(),
         };
-        let cap = Cap {
-            credits: Some(20),
-            budget: Some(20),
-            balance: &known,
-        };
-        let refused = over_cap(&R1, 1, 21, cap).unwrap_err();
+        let refused = over_limit(&R1, 3, 31, Limit::of(None, &known, 10)).unwrap_err();
+        assert!(
+            refused
+                .message()
+                .ends_with("(no budget less what the run spent, balance 25)")
+        );
+        assert_eq!(
+            refused.hint().as_deref(),
+            Some("top up the account, then resume")
+        );
+        let b20 = budget(20);
+        let refused = over_limit(&R1, 1, 21, Limit::of(Some(&b20), &known, 0)).unwrap_err();
         assert!(
             refused
                 .message()
                 .ends_with("(budget 20 less what the run spent, balance 25)")
+        );
+        let b35 = budget(35);
+        let both = over_limit(&R1, 1, 26, Limit::of(Some(&b35), &known, 10)).unwrap_err();
+        assert_eq!(
+            both.hint().as_deref(),
+            Some(
+                "raise the budget (--max-credits or budget.max_credits) and top up the account, then resume"
+            )
         );
     }
 }

@@ -1,5 +1,5 @@
-//! Admission: whether a run may start (or go on) within the budget and the balance, and the
-//! checks of a saved plan. Nothing here spends; every "no" is exit 3 with the figures.
+//! The checks of a saved plan, what reuse saves of a plan, and what a run spent so far.
+//! Whether a run may start within the budget and the balance is [`crate::money::admit`]'s.
 
 use std::path::Path;
 
@@ -7,7 +7,6 @@ use crate::error::Error;
 use crate::money::{Expected, Priced};
 use crate::plan::document::{FORMAT, KIND, PlanDocument, ReuseEstimate};
 use crate::plan::graph::Graph;
-use crate::plan::{self, Balance};
 use crate::resume::Review;
 use crate::run_id::RunId;
 use crate::store::Store;
@@ -128,54 +127,6 @@ pub fn gate(
     }
 }
 
-/// Whether to discover the generation price: only when it alone stops the run.
-pub fn needs_discovery(doc: &PlanDocument, flag: bool) -> Result<bool, Error> {
-    let unknown = doc.costs.total_credits.is_none();
-    if unknown && !flag {
-        return Err(Error::Refused {
-            message: format!("the run does not fit: {}", doc.verdict.reasons.join("; ")),
-            hint: Some(
-                "set the price of a 2K generated image in the pipeline file (`pricing: { generation: N }`), or pass --discover-price to learn it from one generation"
-                    .into(),
-            ),
-        });
-    }
-    Ok(unknown && doc.verdict.reasons.len() == 1)
-}
-
-/// The plan's verdict as an error when it does not fit.
-pub fn refusal(doc: &PlanDocument) -> Result<(), Error> {
-    if doc.verdict.fits {
-        return Ok(());
-    }
-    let hint = if doc.costs.total_credits.is_none() {
-        "set the price of a 2K generated image in the pipeline file: `pricing: { generation: N }`"
-    } else {
-        "raise budget.max_credits or --max-credits, top up the account, or plan fewer items"
-    };
-    Err(Error::Refused {
-        message: format!("the run does not fit: {}", doc.verdict.reasons.join("; ")),
-        hint: Some(hint.into()),
-    })
-}
-
-/// The plan's verdict, except that credits saved by reuse count: a run whose reused tasks
-/// bring it within the budget and the balance may start.
-pub fn refusal_after_reuse(doc: &PlanDocument) -> Result<(), Error> {
-    let saved = doc.reuse.as_ref().map_or(0, |r| r.credits_saved);
-    if doc.verdict.fits || saved == 0 {
-        return refusal(doc);
-    }
-    let Some(total) = doc.costs.total_credits else {
-        return refusal(doc);
-    };
-    let needed = total.saturating_sub(saved);
-    match cap_of(doc, 0) {
-        Some(cap) if needed > cap => refusal(doc),
-        _ => Ok(()),
-    }
-}
-
 /// What reusing earlier runs' results saves of the plan.
 pub fn estimate(doc: &PlanDocument, review: &Review, graph: &Graph) -> ReuseEstimate {
     let saved = review.saved_by_reuse(graph);
@@ -183,26 +134,6 @@ pub fn estimate(doc: &PlanDocument, review: &Review, graph: &Graph) -> ReuseEsti
         tasks: review.reuse.len(),
         credits_saved: saved,
         credits_to_pay: doc.costs.total_credits.map(|t| t.saturating_sub(saved)),
-    }
-}
-
-/// The most the run may still spend: the budget less what it was billed, and the balance.
-pub fn cap_of(doc: &PlanDocument, billed: u64) -> Option<u64> {
-    plan::tighter(budget_left(doc, billed), balance_of(doc))
-}
-
-/// What the run's budget (`--max-credits`) has left once `billed` is spent; `None` without one.
-pub fn budget_left(doc: &PlanDocument, billed: u64) -> Option<u64> {
-    doc.budget
-        .as_ref()
-        .map(|b| b.max_credits.saturating_sub(billed))
-}
-
-/// The account's balance as the plan knew it; `None` when it was not known.
-pub fn balance_of(doc: &PlanDocument) -> Option<u64> {
-    match &doc.balance {
-        Balance::Known { credits, .. } => Some(u64::try_from(*credits).unwrap_or(0)),
-        _ => None,
     }
 }
 

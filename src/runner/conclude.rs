@@ -149,12 +149,10 @@ pub(super) fn undone(said: &str, run_id: &RunId, undone: &Undone, outcome: &Outc
             message,
             hint: Some(hint),
         },
-        (_, Some(402), _) | (_, _, Some(Stop::Balance(_) | Stop::Budget { .. })) => {
-            Error::Refused {
-                message,
-                hint: Some(hint),
-            }
-        }
+        (_, Some(402), _) | (_, _, Some(Stop::Balance(_) | Stop::Limit { .. })) => Error::Refused {
+            message,
+            hint: Some(hint),
+        },
         (_, _, Some(Stop::Cap(_) | Stop::LeaseLost)) => Error::CapSpent { message, hint },
         _ => Error::Other(anyhow::anyhow!("{message}\nhint: {hint}")),
     }
@@ -311,7 +309,7 @@ mod tests {
                 .to_string()
                 .contains("hint: 2 paid output(s) are not stored")
         );
-        let budget = Stop::Budget { needed: 9, left: 2 };
+        let budget = Stop::Limit { needed: 9, left: 2 };
         let budget = err(Exit::Stopped, Some(budget));
         assert_eq!(budget.exit_code(), crate::error::exit::CREDITS);
         assert!(budget.to_string().ends_with(

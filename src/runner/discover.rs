@@ -8,9 +8,10 @@ use tokio_util::sync::CancellationToken;
 use crate::api::types::Size;
 use crate::error::Error;
 use crate::exec::{self, Observer};
+use crate::money::limit::Balance;
 use crate::plan::graph::{Graph, Work};
 use crate::plan::scope::Scope;
-use crate::plan::{Balance, GenerationPrice, PriceSource};
+use crate::plan::{GenerationPrice, PriceSource};
 use crate::run_id::RunId;
 use crate::runner::Connection;
 use crate::store::{Store, TaskStatus};
@@ -95,10 +96,7 @@ fn discovering_task(graph: &Graph, scope: &Scope) -> Option<(usize, u8, Size)> {
 fn alone(config: &exec::Config, t: usize, balance: &Balance) -> exec::Config {
     let mut alone = config.clone();
     alone.only = Some(t);
-    alone.cap = match balance {
-        Balance::Known { credits, .. } => Some(u64::try_from(*credits).unwrap_or(0)),
-        _ => None,
-    };
+    alone.limit = balance.credits();
     alone.on_ambiguous = exec::OnAmbiguous::Fail;
     alone
 }

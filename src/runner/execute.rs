@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::error::{Error, exit};
 use crate::events::{self, Ending, Session};
 use crate::exec::{self, Outcome, Stop, manifest};
+use crate::money;
 use crate::pipeline::Pipeline;
 use crate::plan::PriceSource;
 use crate::plan::document::PlanDocument;
@@ -222,16 +223,16 @@ impl Runner<'_> {
                 .set_status(&run_id, RunStatus::Stopped, why, None)
                 .await?;
             // A plan that does not fit is always refused.
-            admit::refusal(&doc)?;
+            money::admit::refusal(&doc.claim())?;
         }
         // The plan was judged against the balance before the discovering call; what may be
         // spent now is bounded by the balance after it.
-        let budget_cap = admit::cap_of(&doc, admit::spent(store, &run_id).await?);
+        let limit = doc.limit(admit::spent(store, &run_id).await?).credits();
         let fresh = conn
             .balance_now()
             .await
             .map(|b| u64::try_from(b).unwrap_or(0));
-        config.cap = crate::plan::tighter(budget_cap, fresh);
+        config.limit = money::limit::least(limit, fresh);
         Ok((graph, doc))
     }
 
@@ -266,7 +267,7 @@ impl Runner<'_> {
                 .map_or(DEFAULT_CONCURRENCY, |f| f.value.min(256) as usize)
         });
         config.rate = told_rate.or_else(|| accounts_rate.as_ref().map(|f| f.value));
-        config.cap = admit::cap_of(doc, run.billed);
+        config.limit = doc.limit(run.billed).credits();
         // Said once, so that a run's pace is never a guess: where each figure came from.
         let whose = |flag: bool, file: bool, account: bool| match (flag, file, account) {
             (true, ..) => "the command line",
@@ -400,9 +401,9 @@ async fn leash(
     store: &Store,
     pipeline: &Pipeline,
     run_id: &RunId,
-) -> Result<Option<crate::caps::Leash>, Error> {
-    let caps = crate::caps::recorded(store).await?;
-    Ok(crate::caps::Leash::open(store, caps, &pipeline.name, run_id).await?)
+) -> Result<Option<crate::money::caps::Leash>, Error> {
+    let caps = crate::money::caps::recorded(store).await?;
+    Ok(crate::money::caps::Leash::open(store, caps, &pipeline.name, run_id).await?)
 }
 
 /// The run's hold on its account's rate limit, shared with every process that spends on the

@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
 use crate::exec::{self, Observer, OnAmbiguous};
+use crate::money;
 use crate::pipeline::{self, Loaded, Pipeline, Report};
 use crate::plan::document::{PlanDocument, ReuseEstimate};
 use crate::plan::graph::Graph;
@@ -98,9 +99,9 @@ pub struct Reviewed<'a> {
     pub row: &'a Run,
     pub graph: &'a Graph,
     pub review: &'a Review,
-    /// The most that may be spent now.
-    pub cap: Option<u64>,
-    /// What the budget has left, and the balance, of which `cap` is the tighter.
+    /// The most that may be spent now: the limit.
+    pub limit: Option<u64>,
+    /// What the budget has left, and the balance, of which `limit` is the least.
     pub budget_left: Option<u64>,
     pub balance: Option<u64>,
     /// What it would pay, and the revision a confirm carries back.
@@ -179,7 +180,7 @@ impl Runner<'_> {
             .as_ref()
             .and_then(|d| d.budget.as_ref())
             .map(|b| b.max_credits);
-        let max_credits = crate::plan::tighter(self.settings.max_credits, saved_budget);
+        let max_credits = crate::money::limit::least(self.settings.max_credits, saved_budget);
         let doc = crate::plan::make(&pipeline, generation, balance, max_credits);
         let mut doc = crate::plan::narrow(doc, &pipeline, &scope);
         let expect = admit::expected(&self.settings.expect, saved.as_ref())?;
@@ -191,7 +192,7 @@ impl Runner<'_> {
         let reuse = self.settings.reuse || pipeline.reuse;
         if request.dry_run && !reuse {
             self.view.plan(&doc)?;
-            return admit::refusal(&doc);
+            return Ok(money::admit::refusal(&doc.claim())?);
         }
         let store = self.settings.state.open().await?;
         let fresh = Fresh {
@@ -300,11 +301,11 @@ async fn read_cap_fits(
     let store = state.open_existing().await?;
     let fits = async {
         let mut fits = Vec::new();
-        for cap in crate::caps::recorded(&store).await? {
+        for cap in crate::money::caps::recorded(&store).await? {
             if !cap.covers(&pipeline.name) {
                 continue;
             }
-            let s = crate::caps::Standing::of(&store, &cap).await?;
+            let s = crate::money::caps::Standing::of(&store, &cap).await?;
             fits.push(crate::plan::document::CapFit {
                 fits: doc.costs.total_credits.is_some_and(|t| t <= s.left),
                 name: s.name,
@@ -387,7 +388,7 @@ impl Runner<'_> {
         }
         if f.request.dry_run {
             self.view.plan(&doc)?;
-            return admit::refusal_after_reuse(&doc);
+            return Ok(money::admit::refusal_after_reuse(&doc.claim())?);
         }
         let wait = self.settings.wait;
         let held = state::lock(f.store, &f.pipeline.name, &run_id, wait, &self.shutdown).await?;
@@ -401,10 +402,10 @@ impl Runner<'_> {
         }
         let _lock = held;
         admit::gate(&doc, &f.expect, f.saved)?;
-        let discover = admit::needs_discovery(&doc, f.request.discover_price)?;
-        if !discover && let Err(refused) = admit::refusal_after_reuse(&doc) {
+        let discover = money::admit::needs_discovery(&doc.claim(), f.request.discover_price)?;
+        if !discover && let Err(refused) = money::admit::refusal_after_reuse(&doc.claim()) {
             self.view.plan(&doc)?;
-            return Err(refused);
+            return Err(refused.into());
         }
         let out_dir = f
             .request
@@ -460,7 +461,7 @@ impl Runner<'_> {
             retry_base: s.retry_base,
             max_retries: MAX_RETRIES,
             grace: s.grace,
-            cap: None,
+            limit: None,
             only: None,
             scope: Scope::all(),
             known_prices: Vec::new(),

@@ -5,10 +5,10 @@
 use crate::api::download::DownloadError;
 use crate::error::Error;
 use crate::exec;
+use crate::money::limit::Balance;
 use crate::pipeline::Pipeline;
 use crate::pipeline::items::check_id;
 use crate::place::{Address, ObjectError, Place, RunDir};
-use crate::plan::Balance;
 use crate::plan::document::PlanDocument;
 use crate::plan::graph::{Graph, Instance};
 use crate::run_id::RunId;

@@ -105,25 +105,25 @@ impl Runner<'_> {
             started.elapsed()
         );
         let spent = admit::spent(store, &prepared.row.id).await?;
-        let cap = admit::cap_of(&prepared.doc, spent);
         let priced = prepared.priced(store).await?;
         if dry_run {
             prepared.check_kept(store).await?;
+            let limit = prepared.doc.limit(spent);
             self.view.review(&Reviewed {
                 row: &prepared.row,
                 graph: &prepared.graph,
                 review: &prepared.review,
-                cap,
-                budget_left: admit::budget_left(&prepared.doc, spent),
-                balance: admit::balance_of(&prepared.doc),
+                limit: limit.credits(),
+                budget_left: limit.budget_left(),
+                balance: limit.balance.credits(),
                 priced: &priced,
             })?;
-            return Ok(prepared.admit(cap)?);
+            return Ok(prepared.admit(spent)?);
         }
         // The gate: the lock is held and the work planned again; what a confirm agreed to
         // must be what this pays for now, and it must fit.
         crate::money::gate::check(&self.settings.expect, &priced)?;
-        prepared.admit(cap)?;
+        prepared.admit(spent)?;
         self.view.admitted(&priced);
         let run = record::reopen(store, &prepared.row, spent).await?;
         let reroll = prepared.reroll.clone();

@@ -28,7 +28,7 @@ impl Reviewed<'_> {
             row,
             graph,
             review,
-            cap,
+            limit,
             ..
         } = self;
         let name = |t: usize| graph.key(t).to_string();
@@ -52,7 +52,7 @@ impl Reviewed<'_> {
             "credits": review.credits(),
             "revision": self.priced.revision,
             "by_reason": by_reason.iter().map(|(k, (n, c))| (k.to_string(), json!({"tasks": n, "credits": c}))).collect::<serde_json::Map<_, _>>(),
-            "cap": cap,
+            "limit": limit,
             "kept": review.kept.len(),
             "recover_by_job_id": review.recover.len(),
             "refetch": review.refetch.iter().map(|r| json!({"path": r.output.path, "modified": r.modified.is_some()})).collect::<Vec<_>>(),

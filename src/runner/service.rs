@@ -9,8 +9,9 @@ use crate::api::download::DEFAULT_MAX_BYTES;
 use crate::api::retry::{RetryPolicy, free_call};
 use crate::api::{Account, ApiKey, Client, ClientConfig, Downloader};
 use crate::error::Error;
+use crate::money::limit::Balance;
 use crate::pipeline::Pipeline;
-use crate::plan::{Balance, GenerationPrice, ModelsAnswer};
+use crate::plan::{GenerationPrice, ModelsAnswer};
 use crate::sandbox::{self, Sandbox};
 
 /// Tries at the reads a run starts with (account, models) and the balance it ends with: they

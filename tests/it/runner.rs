@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use imgpipe::Error;
 use imgpipe::exec::{Observer, OnAmbiguous};
+use imgpipe::money::limit::Balance;
 use imgpipe::pipeline::Report;
-use imgpipe::plan::Balance;
 use imgpipe::plan::document::PlanDocument;
 use imgpipe::report::summary::Summary;
 use imgpipe::resume::Reason;
@@ -46,7 +46,7 @@ struct SeenReview {
     /// (item, step, reason, credits) of each task resuming would pay for.
     redo: Vec<(String, String, Reason, u64)>,
     kept: usize,
-    cap: Option<u64>,
+    limit: Option<u64>,
 }
 
 /// What `View::progress` was given: the steps with their task counts, the tasks earlier
@@ -139,7 +139,7 @@ impl View for Recorder {
             run_id: reviewed.row.id.to_string(),
             redo,
             kept: reviewed.review.kept.len(),
-            cap: reviewed.cap,
+            limit: reviewed.limit,
         });
         Ok(())
     }
@@ -760,7 +760,7 @@ async fn a_dry_run_resume_reviews_the_remaining_tasks_and_changes_nothing() {
     );
     assert_eq!(review.kept, TASKS - remaining.len());
     assert_eq!(
-        review.cap,
+        review.limit,
         Some(u64::try_from(env.sandbox.balance()).unwrap())
     );
     assert!(seen.summaries.is_empty() && seen.progress.is_empty() && seen.plans.is_empty());

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use crate::plan::document::PlanFigures;
+use crate::money::planned::PlanFigures;
 use crate::report::live::Observed;
 use crate::report::page::commands::Commands;
 use crate::report::page::lineage::Lineage;
@@ -170,7 +170,7 @@ impl Shared {
         }
         // Items the run has not reached have no rows yet: their tasks are pending, per the plan.
         let recorded = |step: &str| steps.iter().find(|s| s.step == step).map_or(0, |s| s.tasks);
-        let extras = crate::report::summary::unrecorded(&self.run.plan, recorded);
+        let extras = crate::money::planned::unrecorded(&self.run.plan, recorded);
         for extra in extras {
             if let Some(line) = steps.iter_mut().find(|s| s.step == extra.step) {
                 line.tasks += extra.tasks;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use crate::caps::{Cap, now_ms, shown};
+use crate::money::caps::{Cap, now_ms, shown};
 use crate::run_id::RunId;
 use crate::store::{CapWindow, Lessee, Store, StoreError};
 

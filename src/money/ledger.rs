@@ -13,8 +13,9 @@ use std::collections::{BTreeMap, HashMap};
 use chrono::{DateTime, Datelike, Utc};
 use serde::Serialize;
 
-use crate::report::summary::unrecorded;
-use crate::store::ledger::{Calls, RunPlanned, Window};
+use crate::money::planned::unrecorded;
+pub use crate::store::ledger::Window;
+use crate::store::ledger::{Calls, RunPlanned};
 use crate::store::{Store, StoreError};
 
 /// What a ledger's lines are.
