@@ -7,6 +7,7 @@
 //! - [`api`]: the JSON API, the same documents the command line prints
 //!   (`docs/reference/review-api.md`);
 //! - [`token`]: the secret in the printed URL;
+//! - `server`: the connections, each bounded in time and in number;
 //! - [`work`]: the work started from the desk, followed for the page and waited for at the end;
 //! - the run page (`page`, its script `desk.js` and style): the report's header and costs,
 //!   then the items a page at a time from [`items`] (paged and filtered by the database,
@@ -21,6 +22,7 @@ pub mod files;
 pub mod guard;
 pub mod items;
 mod page;
+mod server;
 pub mod token;
 mod view;
 pub mod work;
@@ -126,17 +128,16 @@ pub fn router(desk: Arc<Desk>) -> Router {
         .with_state(desk)
 }
 
-/// Serves `desk` on `listener` until `shutdown`: then it accepts nothing more, and waits for
-/// the work it started to reach the runner's safe point (the calls in flight answered and
-/// recorded, as `imgpipe reroll` does on SIGTERM) before it returns.
+/// Serves `desk` on `listener` until `shutdown`: then it accepts nothing more, drops the
+/// connections still open after [`server::CLOSE_WITHIN`] (whatever the clients do), and
+/// waits for the work it started to reach the runner's safe point (the calls in flight
+/// answered and recorded, as `imgpipe reroll` does on SIGTERM) before it returns.
 pub async fn serve(
     listener: TcpListener,
     desk: Arc<Desk>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let served = axum::serve(listener, router(Arc::clone(&desk)))
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await;
+    server::serve(listener, router(Arc::clone(&desk)), shutdown).await;
     desk.works.wait().await;
-    served
+    Ok(())
 }
