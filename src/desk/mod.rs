@@ -7,6 +7,7 @@
 //! - [`api`]: the JSON API, the same documents the command line prints
 //!   (`docs/reference/review-api.md`);
 //! - [`token`]: the secret in the printed URL;
+//! - [`session`]: the page's cookie, a secret of its own that the token's URL opens;
 //! - `server`: the connections, each bounded in time and in number;
 //! - [`work`]: the work started from the desk, followed for the page and waited for at the end;
 //! - the run page (`page`, its script `desk.js` and style): the report's header and costs,
@@ -23,6 +24,7 @@ pub mod guard;
 pub mod items;
 mod page;
 mod server;
+pub mod session;
 pub mod token;
 mod view;
 pub mod work;
@@ -44,6 +46,8 @@ pub use token::Token;
 pub struct Desk {
     pub store: Store,
     pub token: Token,
+    /// The page's sessions, opened by the token's URL.
+    pub sessions: session::Sessions,
     /// The port it is bound to on 127.0.0.1.
     pub port: u16,
     /// The command that continues a run, as `status` and `runs` say it (with the flags that
