@@ -290,14 +290,26 @@ async fn holder(desk: &Desk, id: &RunId) -> Result<Option<String>, Failed> {
         return Err(crate::runner::state::no_such_run(&desk.store, id).into());
     };
     let probe = crate::store::lock::probe_store(&desk.store, &run.pipeline_name).await;
-    Ok(match probe {
-        Ok(Probe::Held(Some(h))) => Some(format!(
+    held_by(id, probe)
+}
+
+/// What the lock's probe says of run `id`'s holder. A lock that cannot be read is not free:
+/// the confirm is refused (503), nothing spent.
+fn held_by(id: &RunId, probe: Result<Probe, String>) -> Result<Option<String>, Failed> {
+    match probe {
+        Ok(Probe::Held(Some(h))) => Ok(Some(format!(
             "pid {} on {} since {}, running {}",
             h.pid, h.host, h.since, h.run_id
+        ))),
+        Ok(Probe::Held(None)) => Ok(Some("a process that holds the run lock".to_owned())),
+        Ok(Probe::Free) => Ok(None),
+        Err(e) => Err(Failed(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the run lock of run {id} could not be read ({e}): nothing was spent\nhint: whether another process holds the run is unknown; confirm again once the state database's lock can be read"
+            ),
         )),
-        Ok(Probe::Held(None)) => Some("a process that holds the run lock".to_owned()),
-        Ok(Probe::Free) | Err(_) => None,
-    })
+    }
 }
 
 /// Starts `work` beside the server, followed by the desk's [`Works`](super::work::Works):
@@ -342,4 +354,74 @@ pub async fn work(State(desk): State<Arc<Desk>>, Path(run): Path<String>) -> Res
 
 pub async fn not_found() -> Response {
     Failed(StatusCode::NOT_FOUND, "no such page of the desk".to_owned()).into_response()
+}
+
+/// A path the desk has, asked with a method it does not take there.
+pub async fn method_not_allowed(method: axum::http::Method) -> Response {
+    Failed(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("refused: this address of the desk does not take {method}\nhint: a change is a POST to /api/runs/RUN/reroll or /api/runs/RUN/continue; everything else is a GET"),
+    )
+    .into_response()
+}
+
+/// Before every route that names a run: 404 when the state database does not have it (the
+/// handler is not run), 500 when it cannot be read.
+pub async fn known_run(
+    State(desk): State<Arc<Desk>>,
+    Path(params): Path<std::collections::HashMap<String, String>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(run) = params.get("run") else {
+        return next.run(request).await;
+    };
+    let id = RunId::from(run.as_str());
+    match desk.store.runs().get(&id).await {
+        Ok(Some(_)) => next.run(request).await,
+        Ok(None) => {
+            let e = crate::runner::state::no_such_run(&desk.store, &id);
+            Failed(StatusCode::NOT_FOUND, e.to_string()).into_response()
+        }
+        Err(e) => Failed::from(Error::from(e)).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::lock::Holder;
+
+    async fn answer(probe: Result<Probe, String>) -> (StatusCode, serde_json::Value) {
+        let failed = held_by(&RunId::from("r"), probe).expect_err("refused");
+        let response = failed.into_response();
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16).await;
+        (status, serde_json::from_slice(&body.unwrap()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_run_lock_that_cannot_be_read_refuses_the_confirm_never_free() {
+        let (status, body) = answer(Err("Permission denied (os error 13)".into())).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        let error = body["error"].as_str().unwrap();
+        assert!(error.contains("could not be read"), "{body}");
+        assert!(error.contains("Permission denied"), "{body}");
+        assert!(error.contains("nothing was spent"), "{body}");
+        assert!(body["hint"].as_str().is_some(), "{body}");
+
+        assert_eq!(held_by(&RunId::from("r"), Ok(Probe::Free)).ok(), Some(None));
+        let holder = Holder {
+            pid: 7,
+            host: "h".into(),
+            since: "2026-01-01T00:00:00Z".into(),
+            run_id: RunId::from("r"),
+        };
+        let held = held_by(&RunId::from("r"), Ok(Probe::Held(Some(holder))));
+        assert!(
+            held.ok()
+                .flatten()
+                .is_some_and(|h| h.contains("pid 7 on h"))
+        );
+    }
 }

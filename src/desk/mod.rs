@@ -33,7 +33,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use axum::Router;
-use axum::routing::get;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -104,27 +105,37 @@ pub async fn bind(port: Option<u16>) -> std::io::Result<TcpListener> {
     TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port.unwrap_or(0)))).await
 }
 
-/// The desk's routes, every one behind [`guard::guard`].
+/// The most a request's body may hold: a `POST` names its tasks (a step for every item is one
+/// name, `*/clean`), never files.
+pub const MOST_BODY: usize = 2 * 1024 * 1024;
+
+/// The desk's routes, every one behind [`guard::guard`]; those that name a run answer 404
+/// when the state database does not have it, before their handler.
 pub fn router(desk: Arc<Desk>) -> Router {
+    let of_a_run = Router::new()
+        .route("/runs/{run}", get(page::run))
+        .route("/runs/{run}/head", get(page::head))
+        .route("/runs/{run}/files/{*path}", get(files::file))
+        .route("/api/runs/{run}", get(api::run))
+        .route("/api/runs/{run}/work", get(api::work))
+        .route("/api/runs/{run}/items", get(items::items))
+        .route("/api/runs/{run}/changes", get(items::changes))
+        .route("/api/runs/{run}/reroll", post(api::reroll))
+        .route("/api/runs/{run}/continue", post(api::continue_run))
+        .route_layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&desk),
+            api::known_run,
+        ));
     Router::new()
         .route("/", get(page::home))
         .route("/assets/decide.js", get(page::decide_js))
         .route("/assets/decide.css", get(page::decide_css))
         .route("/api/runs", get(api::runs))
-        .route("/runs/{run}", get(page::run))
-        .route("/runs/{run}/head", get(page::head))
-        .route("/runs/{run}/files/{*path}", get(files::file))
         .route("/assets/{name}", get(page::asset))
-        .route("/api/runs/{run}", get(api::run))
-        .route("/api/runs/{run}/work", get(api::work))
-        .route("/api/runs/{run}/items", get(items::items))
-        .route("/api/runs/{run}/changes", get(items::changes))
-        .route("/api/runs/{run}/reroll", axum::routing::post(api::reroll))
-        .route(
-            "/api/runs/{run}/continue",
-            axum::routing::post(api::continue_run),
-        )
+        .merge(of_a_run)
+        .method_not_allowed_fallback(api::method_not_allowed)
         .fallback(api::not_found)
+        .layer(DefaultBodyLimit::max(MOST_BODY))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&desk),
             guard::guard,
