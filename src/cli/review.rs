@@ -61,6 +61,7 @@ pub(super) async fn run(
     let desk = Arc::new(Desk {
         store,
         token: Token::new().map_err(|e| Error::Other(e.into()))?,
+        sessions: desk::session::Sessions::default(),
         port,
         resume: Box::new(move |id| state.resume_command(id, sandbox)),
         settings,

@@ -390,3 +390,34 @@ pub async fn work(State(desk): State<Arc<Desk>>, Path(run): Path<String>) -> Res
 pub async fn not_found() -> Response {
     Failed(StatusCode::NOT_FOUND, "no such page of the desk".to_owned()).into_response()
 }
+
+/// A path the desk has, asked with a method it does not take there.
+pub async fn method_not_allowed(method: axum::http::Method) -> Response {
+    Failed(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("refused: this address of the desk does not take {method}\nhint: a change is a POST to /api/runs/RUN/reroll or /api/runs/RUN/continue; everything else is a GET"),
+    )
+    .into_response()
+}
+
+/// Before every route that names a run: 404 when the state database does not have it (the
+/// handler is not run), 500 when it cannot be read.
+pub async fn known_run(
+    State(desk): State<Arc<Desk>>,
+    Path(params): Path<std::collections::HashMap<String, String>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(run) = params.get("run") else {
+        return next.run(request).await;
+    };
+    let id = RunId::from(run.as_str());
+    match desk.store.runs().get(&id).await {
+        Ok(Some(_)) => next.run(request).await,
+        Ok(None) => {
+            let e = crate::runner::state::no_such_run(&desk.store, &id);
+            Failed(StatusCode::NOT_FOUND, e.to_string()).into_response()
+        }
+        Err(e) => Failed::from(Error::from(e)).into_response(),
+    }
+}

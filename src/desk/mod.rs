@@ -7,6 +7,8 @@
 //! - [`api`]: the JSON API, the same documents the command line prints
 //!   (`docs/reference/review-api.md`);
 //! - [`token`]: the secret in the printed URL;
+//! - [`session`]: the page's cookie, a secret of its own that the token's URL opens;
+//! - `server`: the connections, each bounded in time and in number;
 //! - [`work`]: the work started from the desk, followed for the page and waited for at the end;
 //! - the run page (`page`, its script `desk.js` and style): the report's header and costs,
 //!   then the items a page at a time from [`items`] (paged and filtered by the database,
@@ -21,6 +23,8 @@ pub mod files;
 pub mod guard;
 pub mod items;
 mod page;
+mod server;
+pub mod session;
 pub mod token;
 mod view;
 pub mod work;
@@ -29,7 +33,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use axum::Router;
-use axum::routing::get;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -42,6 +47,8 @@ pub use token::Token;
 pub struct Desk {
     pub store: Store,
     pub token: Token,
+    /// The page's sessions, opened by the token's URL.
+    pub sessions: session::Sessions,
     /// The port it is bound to on 127.0.0.1.
     pub port: u16,
     /// The command that continues a run, as `status` and `runs` say it (with the flags that
@@ -98,27 +105,37 @@ pub async fn bind(port: Option<u16>) -> std::io::Result<TcpListener> {
     TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port.unwrap_or(0)))).await
 }
 
-/// The desk's routes, every one behind [`guard::guard`].
+/// The most a request's body may hold: a `POST` names its tasks (a step for every item is one
+/// name, `*/clean`), never files.
+pub const MOST_BODY: usize = 2 * 1024 * 1024;
+
+/// The desk's routes, every one behind [`guard::guard`]; those that name a run answer 404
+/// when the state database does not have it, before their handler.
 pub fn router(desk: Arc<Desk>) -> Router {
+    let of_a_run = Router::new()
+        .route("/runs/{run}", get(page::run))
+        .route("/runs/{run}/head", get(page::head))
+        .route("/runs/{run}/files/{*path}", get(files::file))
+        .route("/api/runs/{run}", get(api::run))
+        .route("/api/runs/{run}/work", get(api::work))
+        .route("/api/runs/{run}/items", get(items::items))
+        .route("/api/runs/{run}/changes", get(items::changes))
+        .route("/api/runs/{run}/reroll", post(api::reroll))
+        .route("/api/runs/{run}/continue", post(api::continue_run))
+        .route_layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&desk),
+            api::known_run,
+        ));
     Router::new()
         .route("/", get(page::home))
         .route("/assets/decide.js", get(page::decide_js))
         .route("/assets/decide.css", get(page::decide_css))
         .route("/api/runs", get(api::runs))
-        .route("/runs/{run}", get(page::run))
-        .route("/runs/{run}/head", get(page::head))
-        .route("/runs/{run}/files/{*path}", get(files::file))
         .route("/assets/{name}", get(page::asset))
-        .route("/api/runs/{run}", get(api::run))
-        .route("/api/runs/{run}/work", get(api::work))
-        .route("/api/runs/{run}/items", get(items::items))
-        .route("/api/runs/{run}/changes", get(items::changes))
-        .route("/api/runs/{run}/reroll", axum::routing::post(api::reroll))
-        .route(
-            "/api/runs/{run}/continue",
-            axum::routing::post(api::continue_run),
-        )
+        .merge(of_a_run)
+        .method_not_allowed_fallback(api::method_not_allowed)
         .fallback(api::not_found)
+        .layer(DefaultBodyLimit::max(MOST_BODY))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&desk),
             guard::guard,
@@ -126,17 +143,16 @@ pub fn router(desk: Arc<Desk>) -> Router {
         .with_state(desk)
 }
 
-/// Serves `desk` on `listener` until `shutdown`: then it accepts nothing more, and waits for
-/// the work it started to reach the runner's safe point (the calls in flight answered and
-/// recorded, as `imgpipe reroll` does on SIGTERM) before it returns.
+/// Serves `desk` on `listener` until `shutdown`: then it accepts nothing more, drops the
+/// connections still open after [`server::CLOSE_WITHIN`] (whatever the clients do), and
+/// waits for the work it started to reach the runner's safe point (the calls in flight
+/// answered and recorded, as `imgpipe reroll` does on SIGTERM) before it returns.
 pub async fn serve(
     listener: TcpListener,
     desk: Arc<Desk>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let served = axum::serve(listener, router(Arc::clone(&desk)))
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await;
+    server::serve(listener, router(Arc::clone(&desk)), shutdown).await;
     desk.works.wait().await;
-    served
+    Ok(())
 }

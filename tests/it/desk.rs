@@ -229,12 +229,12 @@ async fn a_reroll_refused_for_the_balance_changes_nothing_and_says_why() {
 /// `imgpipe review --no-open` started on the catalogue's state: the child, its URL (stdout's
 /// first line) and its token.
 pub(crate) struct Served {
-    child: tokio::process::Child,
+    pub(crate) child: tokio::process::Child,
     /// The URL stdout's first line gives.
     pub(crate) url: String,
     pub(crate) base: String,
     pub(crate) token: String,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 async fn serve(c: &Catalogue<'_>) -> Served {
@@ -282,7 +282,7 @@ impl Served {
     }
 
     /// What it wrote on stderr once ended, which must be exit 0.
-    async fn ended(mut self) -> String {
+    pub(crate) async fn ended(mut self) -> String {
         let stderr = self.child.stderr.take().unwrap();
         let status = wait_child(&mut self.child, RUN_LIMIT, "the desk stopping on SIGTERM").await;
         let mut err = String::new();
@@ -366,13 +366,14 @@ async fn the_desk_answers_only_its_token_its_host_and_its_own_page() {
         "GET /api/runs/r is `status r --json`"
     );
 
-    // The URL's token sets a cookie the page's requests carry.
+    // The URL's token opens a session whose cookie the page's requests carry (the session's
+    // own secret: `desk_guard.rs`).
     let r = http
         .get(format!("{base}/?token={token}"))
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(r.status(), 303);
     let cookie = r.headers()["set-cookie"].to_str().unwrap().to_owned();
     assert!(has_phrase(&cookie, "HttpOnly; SameSite=Strict"), "{cookie}");
     let cookie = cookie.split(';').next().unwrap().to_owned();

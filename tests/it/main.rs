@@ -17,6 +17,7 @@ mod common;
 mod crash;
 mod desk;
 mod desk_browser;
+mod desk_guard;
 mod desk_run;
 mod docs;
 mod events;
