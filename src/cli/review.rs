@@ -68,6 +68,7 @@ pub(super) async fn run(
         service,
         shutdown: shutdown.clone(),
         works: desk::work::Works::default(),
+        thumbs: desk::thumbs::Thumbs::new().map_err(|e| Error::Other(e.into()))?,
     });
     let url = match &args.run_id {
         Some(id) => desk.run_url(id),

@@ -84,7 +84,8 @@
       var img = el("img");
       img.loading = "lazy";
       img.decoding = "async";
-      img.src = o.src;
+      // The grid shows the thumbnail; the full image opens on click or in the compare view.
+      img.src = o.thumb || o.src;
       img.alt = task.item + "/" + task.step + "[" + o.index + "]";
       pic.appendChild(img);
       fig.setAttribute("data-src", o.src);

@@ -9,9 +9,12 @@
 
 use std::sync::Arc;
 
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+
+use tokio_util::io::ReaderStream;
 
 use super::Desk;
 use crate::place::{Address, Place};
@@ -26,7 +29,7 @@ const TYPES: [(&str, &str); 5] = [
     ("gif", "image/gif"),
 ];
 
-fn refused(status: StatusCode, why: &str) -> Response {
+pub(super) fn refused(status: StatusCode, why: &str) -> Response {
     (
         status,
         axum::Json(serde_json::json!({ "error": why, "hint": null })),
@@ -54,7 +57,8 @@ pub fn check(rel: &str) -> Result<&'static str, &'static str> {
         .ok_or("refused: the desk serves a run's images only")
 }
 
-/// `GET /runs/{run}/files/{*path}`.
+/// `GET /runs/{run}/files/{*path}`: the image, its bytes passed on as they are read (an
+/// output may weigh 100 MB: none is held whole).
 pub async fn file(
     State(desk): State<Arc<Desk>>,
     Path((run, rel)): Path<(String, String)>,
@@ -63,49 +67,61 @@ pub async fn file(
         Ok(kind) => kind,
         Err(why) => return refused(StatusCode::BAD_REQUEST, why),
     };
-    let run = match desk.store.runs().get(&RunId::from(run.as_str())).await {
-        Ok(Some(run)) => run,
-        Ok(None) => return refused(StatusCode::NOT_FOUND, "no such run"),
-        Err(e) => return refused(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    let root = match run_root(&desk, &run).await {
+        Ok(root) => root,
+        Err(answer) => return answer,
     };
-    let read = match run.dir().root() {
+    let read = match &root {
         Address::Local(root) => local(root, &rel).await,
         address @ Address::Object(_) => object(address, &rel).await,
     };
     match read {
-        Ok(Some(bytes)) => ([(header::CONTENT_TYPE, kind)], bytes).into_response(),
+        Ok(Some(body)) => ([(header::CONTENT_TYPE, kind)], body).into_response(),
         Ok(None) => refused(StatusCode::NOT_FOUND, "no such file in the run's directory"),
         Err(e) => refused(StatusCode::INTERNAL_SERVER_ERROR, &e),
     }
 }
 
+/// The run's directory (its place), or the answer that it has none.
+pub(super) async fn run_root(desk: &Desk, run: &str) -> Result<Address, Response> {
+    match desk.store.runs().get(&RunId::from(run)).await {
+        Ok(Some(run)) => Ok(run.dir().root().clone()),
+        Ok(None) => Err(refused(StatusCode::NOT_FOUND, "no such run")),
+        Err(e) => Err(refused(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())),
+    }
+}
+
 /// The file `rel` under `root`, when its real path is under `root`'s.
-async fn local(root: &std::path::Path, rel: &str) -> Result<Option<Vec<u8>>, String> {
-    let (Ok(root), Ok(path)) = (
-        tokio::fs::canonicalize(root).await,
-        tokio::fs::canonicalize(root.join(rel)).await,
-    ) else {
+async fn local(root: &std::path::Path, rel: &str) -> Result<Option<Body>, String> {
+    let Some(path) = inside(root, rel).await else {
         return Ok(None);
     };
-    if !path.starts_with(&root) {
-        return Ok(None);
-    }
-    match tokio::fs::read(&path).await {
-        Ok(bytes) => Ok(Some(bytes)),
+    match tokio::fs::File::open(&path).await {
+        Ok(file) => Ok(Some(Body::from_stream(ReaderStream::new(file)))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(format!("cannot read {rel}: {e}")),
     }
 }
 
+/// `root`/`rel`, links followed, when it is still under `root`'s real path.
+pub(super) async fn inside(root: &std::path::Path, rel: &str) -> Option<std::path::PathBuf> {
+    let (Ok(root), Ok(path)) = (
+        tokio::fs::canonicalize(root).await,
+        tokio::fs::canonicalize(root.join(rel)).await,
+    ) else {
+        return None;
+    };
+    path.starts_with(&root).then_some(path)
+}
+
 /// The object `rel` under the run's prefix, read through the store's usual credentials.
-async fn object(root: &Address, rel: &str) -> Result<Option<Vec<u8>>, String> {
+pub(super) async fn object(root: &Address, rel: &str) -> Result<Option<Body>, String> {
     let Ok(Place::Objects(objects)) = Place::open(root) else {
         return Err("the run's store cannot be opened here".to_owned());
     };
-    objects
-        .read(&objects.key(rel))
-        .await
-        .map(|b| b.map(|b| b.to_vec()))
+    let stream = objects.stream(&objects.key(rel)).await;
+    stream
+        .map(|s| s.map(Body::from_stream))
         .map_err(|e| e.to_string())
 }
 

@@ -25,6 +25,7 @@ pub mod items;
 mod page;
 mod server;
 pub mod session;
+pub mod thumbs;
 pub mod token;
 mod view;
 pub mod work;
@@ -62,6 +63,8 @@ pub struct Desk {
     pub shutdown: CancellationToken,
     /// The work started here, followed for the page and waited for at the end.
     pub works: work::Works,
+    /// The thumbnails the page shows, made on demand a few at a time (see [`thumbs`]).
+    pub thumbs: thumbs::Thumbs,
 }
 
 impl Desk {
@@ -116,6 +119,7 @@ pub fn router(desk: Arc<Desk>) -> Router {
         .route("/runs/{run}", get(page::run))
         .route("/runs/{run}/head", get(page::head))
         .route("/runs/{run}/files/{*path}", get(files::file))
+        .route("/runs/{run}/thumbs/{*path}", get(thumbs::thumb))
         .route("/api/runs/{run}", get(api::run))
         .route("/api/runs/{run}/work", get(api::work))
         .route("/api/runs/{run}/items", get(items::items))

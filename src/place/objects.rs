@@ -405,6 +405,26 @@ impl Objects {
         Ok(Some(size))
     }
 
+    /// The object at `key` as a stream of its bytes, for a server to pass on as they come;
+    /// `None` when there is none.
+    pub async fn stream(
+        &self,
+        key: &Key,
+    ) -> Result<Option<futures::stream::BoxStream<'static, std::io::Result<Bytes>>>, ObjectError>
+    {
+        use futures::StreamExt;
+        match self.store.get(key).await {
+            Ok(found) => Ok(Some(
+                found
+                    .into_stream()
+                    .map(|chunk| chunk.map_err(std::io::Error::other))
+                    .boxed(),
+            )),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.error("cannot read", key, &e)),
+        }
+    }
+
     /// The sha256 of the object at `key` and its size, read as a stream; `None` when there is
     /// none.
     pub async fn sha256(&self, key: &Key) -> Result<Option<(String, u64)>, ObjectError> {

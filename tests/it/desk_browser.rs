@@ -72,7 +72,7 @@ async fn pick_next(browser: &Browser, taken: &BTreeSet<String>) -> String {
     panic!("no output of another task within 80 presses of j");
 }
 
-/// The sha256 of the bytes each image of `task` shows, fetched by the page itself.
+/// The sha256 of the full image behind each picture of `task`, fetched by the page itself.
 async fn shown_digests(browser: &Browser, task: &str) -> Value {
     let script = format!(
         r#"return (async () => {{
@@ -81,7 +81,9 @@ async fn shown_digests(browser: &Browser, task: &str) -> Value {
           if (imgs.length === 0 || imgs.some(i => !i.complete || i.naturalWidth === 0)) return null;
           const out = [];
           for (const i of imgs) {{
-            const bytes = await (await fetch(i.currentSrc || i.src, {{credentials: 'same-origin'}})).arrayBuffer();
+            // The grid shows a thumbnail; its card names the full image it stands for.
+            const full = i.closest('figure').getAttribute('data-src');
+            const bytes = await (await fetch(full, {{credentials: 'same-origin'}})).arrayBuffer();
             out.push(hex(await crypto.subtle.digest('SHA-256', bytes)));
           }}
           return out.sort();

@@ -19,6 +19,7 @@ mod desk;
 mod desk_browser;
 mod desk_guard;
 mod desk_run;
+mod desk_thumbs;
 mod docs;
 mod events;
 mod full_disk;
