@@ -226,7 +226,7 @@ fn refused(id: &RunId, e: Error) -> Response {
         }
         Error::Locked { message, .. } => Failed(
             StatusCode::CONFLICT,
-            format!("run {id}: {message}: nothing was spent\nhint: wait for it to end, then price and confirm again"),
+            format!("run {id}: {message}: nothing was spent\nhint: wait for it to end, then confirm again"),
         )
         .into_response(),
         e if e.exit_code() == crate::error::exit::CREDITS => {

@@ -128,7 +128,7 @@ impl Stale {
         let Stale { expected, now } = self;
         match expected.credits {
             Some(c) if c != now.credits => format!(
-                "the price is now {} credits, not the {c} confirmed: nothing was spent",
+                "the price is now {} credits, not {c}: nothing was spent",
                 now.credits
             ),
             _ => format!(
@@ -193,7 +193,7 @@ mod tests {
         let e = check(&cheaper, &now).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "the price is now 40 credits, not the 8 confirmed: nothing was spent"
+            "the price is now 40 credits, not 8: nothing was spent"
         );
         let moved = Expected {
             credits: Some(40),

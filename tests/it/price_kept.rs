@@ -156,9 +156,7 @@ async fn a_cli_reroll_waiting_behind_a_desk_continuation_pays_nothing_it_did_not
     assert!(
         has_phrase(
             &err,
-            &format!(
-                "the price is now {ITEM} credits, not the {SHOT} confirmed: nothing was spent"
-            )
+            &format!("the price is now {ITEM} credits, not {SHOT}: nothing was spent")
         ),
         "{err}"
     );
@@ -255,7 +253,7 @@ async fn a_confirm_after_another_process_changed_the_run_is_refused() {
     assert!(
         has_phrase(
             &cheaper.stderr(),
-            &format!("the price is now {CLEAN0} credits, not the 1 confirmed")
+            &format!("the price is now {CLEAN0} credits, not 1: nothing was spent")
         ),
         "{}",
         cheaper.stderr()
@@ -285,7 +283,7 @@ async fn a_fresh_run_pays_only_the_price_it_expects() {
     assert!(
         has_phrase(
             &low.stderr(),
-            &format!("the price is now {whole} credits, not the 1 confirmed")
+            &format!("the price is now {whole} credits, not 1: nothing was spent")
         ),
         "{}",
         low.stderr()
