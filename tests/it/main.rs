@@ -23,6 +23,7 @@ mod events;
 mod full_disk;
 mod fuzz;
 mod hostile;
+mod nemesis;
 mod objects;
 mod places;
 mod plan;
