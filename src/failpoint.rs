@@ -55,3 +55,34 @@ fn no_space() -> std::io::Error {
     // 28 is ENOSPC on Linux, macOS and the BSDs.
     std::io::Error::from_raw_os_error(28)
 }
+
+/// The environment variable naming a guarantee to break on purpose (tests only): the fault
+/// campaign (`cargo bench --bench nemesis -- --mutate NAME`) proves that its invariants catch
+/// each of [`MUTATIONS`].
+pub const MUTATE_ENV: &str = "IMGPIPE_TEST_MUTATE";
+
+/// The run's lock is taken under a name of this process's own, so it never excludes anyone.
+pub const RUN_LOCK_SKIPPED: &str = "run-lock-skipped";
+/// An attempt's intent is recorded after its call is answered, not before it is sent.
+pub const INTENT_AFTER_CALL: &str = "intent-after-call";
+/// A confirm's revision is not compared with the run's: only its credits are.
+pub const REVISION_IGNORED: &str = "revision-ignored";
+/// Every spend fits the budget: the cap a run may spend is never held against it.
+pub const BUDGET_IGNORED: &str = "budget-ignored";
+
+/// The guarantees `IMGPIPE_TEST_MUTATE` can break, one at a time.
+pub const MUTATIONS: &[&str] = &[
+    RUN_LOCK_SKIPPED,
+    INTENT_AFTER_CALL,
+    REVISION_IGNORED,
+    BUDGET_IGNORED,
+];
+
+/// Whether `IMGPIPE_TEST_MUTATE` breaks the guarantee `name` in this process.
+pub fn mutated(name: &str) -> bool {
+    static MUTATE: std::sync::OnceLock<Option<std::ffi::OsString>> = std::sync::OnceLock::new();
+    MUTATE
+        .get_or_init(|| std::env::var_os(MUTATE_ENV))
+        .as_ref()
+        .is_some_and(|v| v == name)
+}

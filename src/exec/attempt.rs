@@ -67,6 +67,11 @@ async fn run(
 ) -> Result<Success, Failure> {
     // `task_id` is the task's row: the scheduler admits no task without one.
     let (call, parent) = prepare(shared, task, force_refresh).await?;
+    let early = if crate::failpoint::mutated(crate::failpoint::INTENT_AFTER_CALL) {
+        Some(call.send(shared).await)
+    } else {
+        None
+    };
     let attempt_id = shared
         .store
         .attempts()
@@ -77,7 +82,10 @@ async fn run(
         task_id,
         attempt_id,
     };
-    let answer = send(shared, task, recorded, &call).await?;
+    let answer = match early {
+        Some(answer) => answer,
+        None => send(shared, task, recorded, &call).await?,
+    };
     let answered = judge(shared, recorded, answer).await?;
     settle(shared, recorded, answered, parent).await
 }

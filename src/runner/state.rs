@@ -99,6 +99,13 @@ pub async fn lock(
     wait: bool,
     shutdown: &CancellationToken,
 ) -> Result<RunLock, Error> {
+    let own;
+    let pipeline = if crate::failpoint::mutated(crate::failpoint::RUN_LOCK_SKIPPED) {
+        own = format!("{pipeline}-{}", std::process::id());
+        own.as_str()
+    } else {
+        pipeline
+    };
     let taking = async {
         match store.location() {
             Location::File(db) => {

@@ -37,12 +37,15 @@ impl Faults {
 /// SplitMix64: tiny, fast and reproducible, which is all fault injection needs.
 pub struct Dice {
     state: Mutex<u64>,
+    /// Set by [`Dice::quiet`]: no fault strikes from then on.
+    quiet: std::sync::atomic::AtomicBool,
 }
 
 impl Dice {
     pub fn new(seed: u64) -> Self {
         Dice {
             state: Mutex::new(seed),
+            quiet: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -57,7 +60,14 @@ impl Dice {
 
     /// True with probability `p`.
     pub fn chance(&self, p: f64) -> bool {
-        p > 0.0 && (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
+        p > 0.0
+            && !self.quiet.load(std::sync::atomic::Ordering::Relaxed)
+            && (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+
+    /// No chance comes true from now on: the faults stop (a campaign's last, quiet resume).
+    pub fn quiet(&self) {
+        self.quiet.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// A duration drawn uniformly from `0..=max`.

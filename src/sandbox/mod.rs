@@ -139,6 +139,16 @@ impl Sandbox {
         self.state.balance()
     }
 
+    /// The bytes of a result image (`files/{id}.png`), as its downloads serve them whole.
+    pub fn stored_image(&self, id: &str) -> Option<bytes::Bytes> {
+        self.state.stored_image(id)
+    }
+
+    /// Stops every injected fault from now on (the rate limit and latency stay).
+    pub fn quiet_faults(&self) {
+        self.state.dice.quiet();
+    }
+
     pub fn set_balance(&self, balance: i64) {
         self.state.set_balance(balance);
     }
