@@ -148,6 +148,56 @@ impl Stale {
     }
 }
 
+/// What a fresh run confirms: the command line's `--expect-credits`, and a saved plan's
+/// revision (`run --plan`): the same confirm, made earlier and kept in a file. `Err` when both
+/// name a revision.
+pub fn with_saved(flags: &Expected, saved: Option<Revision>) -> Result<Expected, Twice> {
+    let Some(saved) = saved else {
+        return Ok(flags.clone());
+    };
+    if flags.revision.is_some() {
+        return Err(Twice);
+    }
+    Ok(Expected {
+        credits: flags.credits,
+        revision: Some(saved),
+    })
+}
+
+/// `--expect-revision` given with a saved plan, which carries its own.
+#[derive(Debug, thiserror::Error)]
+#[error("--expect-revision and --plan both name what is confirmed")]
+pub struct Twice;
+
+/// Why a fresh run's plan does not pass the gate.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error(transparent)]
+    Stale(#[from] Stale),
+    /// A price confirmed while the plan's is unknown: nothing can be held to it.
+    #[error("the run's price is not known, so no price can be confirmed: nothing was spent")]
+    Unpriced,
+}
+
+/// The gate of a fresh run: its plan's credits to pay (`None` while a price is unknown) and
+/// revision, against what was confirmed.
+pub fn check_plan(
+    expect: &Expected,
+    credits: Option<u64>,
+    revision: Revision,
+) -> Result<(), Refusal> {
+    if !expect.is_bound() {
+        return Ok(());
+    }
+    let credits = match (credits, expect.credits) {
+        (Some(c), _) => c,
+        // Only the revision binds: it digests the unknown price too.
+        (None, None) => 0,
+        (None, Some(_)) => return Err(Refusal::Unpriced),
+    };
+    Ok(check(expect, &Priced { credits, revision })?)
+}
+
 /// Whether the price now is the one expected: the credits, and the revision when one was
 /// given. A confirm that holds no expectation passes.
 pub fn check(expected: &Expected, now: &Priced) -> Result<(), Stale> {
@@ -201,6 +251,32 @@ mod tests {
             revision: Some(priced(40, "b").revision),
         };
         assert!(check(&moved, &now).is_err(), "same price, another state");
+    }
+
+    #[test]
+    fn a_fresh_runs_plan_is_held_to_what_was_confirmed_even_unpriced() {
+        let rev = Revision::builder().part("plan").finish();
+        let credits = Expected {
+            credits: Some(40),
+            revision: None,
+        };
+        assert!(matches!(
+            check_plan(&credits, None, rev.clone()),
+            Err(Refusal::Unpriced)
+        ));
+        assert!(check_plan(&credits, Some(40), rev.clone()).is_ok());
+        let saved = with_saved(&Expected::default(), Some(rev.clone())).unwrap();
+        assert!(
+            check_plan(&saved, None, rev.clone()).is_ok(),
+            "the revision alone binds"
+        );
+        let other = Revision::builder().part("changed").finish();
+        assert!(matches!(
+            check_plan(&saved, None, other),
+            Err(Refusal::Stale(_))
+        ));
+        assert!(with_saved(&saved, Some(rev)).is_err(), "two revisions");
+        assert!(check_plan(&Expected::default(), None, Revision::builder().finish()).is_ok());
     }
 
     #[test]

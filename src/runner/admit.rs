@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use crate::error::Error;
-use crate::money::{Expected, Priced};
+use crate::money::{self, Expected};
 use crate::plan::document::{FORMAT, KIND, PlanDocument, ReuseEstimate};
 use crate::plan::graph::Graph;
 use crate::resume::Review;
@@ -78,52 +78,35 @@ pub fn same_as_saved(saved: &PlanDocument, now: &PlanDocument) -> Result<(), Err
     })
 }
 
-/// What a fresh run confirms: the command line's `--expect-credits`, and a saved plan's
-/// revision (`run --plan`), which is the same confirm made earlier and kept in a file.
+/// What a fresh run confirms ([`money::gate::with_saved`]).
 pub fn expected(flags: &Expected, saved: Option<&PlanDocument>) -> Result<Expected, Error> {
-    let Some(saved) = saved else {
-        return Ok(flags.clone());
-    };
-    if flags.revision.is_some() {
-        return Err(Error::usage(
-            "--expect-revision and --plan both name what is confirmed",
+    money::gate::with_saved(flags, saved.map(PlanDocument::revision)).map_err(|e| {
+        Error::usage(
+            e.to_string(),
             Some("give one: the saved plan carries its own revision"),
-        ));
-    }
-    Ok(Expected {
-        credits: flags.credits,
-        revision: Some(saved.revision()),
+        )
     })
 }
 
-/// The gate of a fresh run, passed once its lock is held (and before, for a saved plan):
-/// what was confirmed must be what the plan pays for now. A saved plan that no longer holds
-/// says what changed in it.
+/// The gate of a fresh run ([`money::gate::check_plan`]), passed once its lock is held (and
+/// before, for a saved plan); a saved plan that no longer holds says what changed in it.
 pub fn gate(
     doc: &PlanDocument,
     expect: &Expected,
     saved: Option<&PlanDocument>,
 ) -> Result<(), Error> {
-    if !expect.is_bound() {
-        return Ok(());
-    }
-    let Some(credits) = doc
-        .credits_to_pay()
-        .or(expect.credits.is_none().then_some(0))
-    else {
-        return Err(Error::Refused {
-            message: "the run's price is not known, so no price can be confirmed: nothing was spent".into(),
-            hint: Some("set the price of a 2K generated image in the pipeline file (`pricing: { generation: N }`)".into()),
-        });
-    };
-    let now = Priced {
-        credits,
-        revision: doc.revision(),
-    };
-    match (crate::money::gate::check(expect, &now), saved) {
+    let checked = money::gate::check_plan(expect, doc.credits_to_pay(), doc.revision());
+    match (checked, saved) {
         (Ok(()), _) => Ok(()),
         (Err(_), Some(saved)) if same_as_saved(saved, doc).is_err() => same_as_saved(saved, doc),
-        (Err(stale), _) => Err(stale.into()),
+        (Err(money::gate::Refusal::Stale(stale)), _) => Err(stale.into()),
+        (Err(unpriced), _) => Err(Error::Refused {
+            message: unpriced.to_string(),
+            hint: Some(
+                "set the price of a 2K generated image in the pipeline file (`pricing: { generation: N }`)"
+                    .into(),
+            ),
+        }),
     }
 }
 
