@@ -284,7 +284,12 @@ async fn wait_for_signal() {
 }
 
 fn report(e: &Error) -> ExitCode {
-    let mut text = format!("error: {e}");
+    // A part of a run done as asked (exit 7) is no error: it is said without the word.
+    let lead = match e.exit_code() {
+        crate::error::exit::PART_DONE => "",
+        _ => "error: ",
+    };
+    let mut text = format!("{lead}{e}");
     let mut source = std::error::Error::source(e);
     while let Some(cause) = source {
         let cause_text = cause.to_string();

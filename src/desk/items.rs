@@ -302,8 +302,21 @@ fn encode_path(rel: &str) -> String {
     rel.split('/').map(encode).collect::<Vec<_>>().join("/")
 }
 
+/// The desk's URL of the thumbnail of an output kept in the run's place (`file`, served at
+/// `src`), named by its recorded sha256.
+fn thumb_of(run: &Run, file: Option<&str>, src: Option<&str>, sha: Option<&str>) -> Option<String> {
+    let (rel, _, sha) = (file?, src?, sha?);
+    Some(format!(
+        "/runs/{}/thumbs/{}?sha={}",
+        encode(run.id.as_ref()),
+        encode_path(rel),
+        encode(sha)
+    ))
+}
+
 fn output_json(run: &Run, idx: u32, task: &str, o: &ReportOutput) -> Value {
     let (file, src) = file(run, o.place.as_ref());
+    let thumb = thumb_of(run, file.as_deref(), src.as_deref(), o.sha256.as_deref());
     json!({
         "task": task,
         "k": o.k,
@@ -311,6 +324,7 @@ fn output_json(run: &Run, idx: u32, task: &str, o: &ReportOutput) -> Value {
         "job_id": o.job_id,
         "file": file,
         "src": src,
+        "thumb": thumb,
         "sha256": o.sha256,
         "download_error": o.download_error,
     })

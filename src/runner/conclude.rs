@@ -108,7 +108,7 @@ impl Exit {
             }),
             (Exit::Stopped, Some(stop)) => Err(stopped(stop, w)),
             (Exit::PartDone, _) => Err(Error::PartDone {
-                message: format!("the run stopped: {}", done_as_asked(w.said, w.held)),
+                message: done_as_asked(w.said, w.held),
                 hint: format!(
                     "look at the report ({}), then pay for the rest with: {}",
                     w.report.unwrap_or("`imgpipe report RUN_ID` writes it"),
@@ -295,7 +295,7 @@ mod tests {
         assert_eq!(part.exit_code(), crate::error::exit::PART_DONE);
         assert_eq!(
             part.to_string(),
-            "the run stopped: --items a is done as asked; 4 task(s) left pending\nhint: look at the report (`imgpipe report RUN_ID` writes it), then pay for the rest with: imgpipe resume r1 --all"
+            "--items a is done as asked; 4 task(s) left pending\nhint: look at the report (`imgpipe report RUN_ID` writes it), then pay for the rest with: imgpipe resume r1 --all"
         );
         let interrupted = err(Exit::Interrupted, None);
         assert_eq!(interrupted.exit_code(), crate::error::exit::INTERRUPTED);
