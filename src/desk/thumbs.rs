@@ -134,8 +134,28 @@ async fn in_objects(desk: &Desk, root: &Address, rel: &str, sha: &str) -> Result
     if read.map_err(|e| e.to_string())?.is_none() {
         return Ok(Made::Missing);
     }
-    let image = copy.path().to_owned();
-    let (sha, dir) = (sha.to_owned(), cache.clone());
+    make(copy.path().to_owned(), cache, sha).await
+}
+
+/// The thumbnail of `image` in `dir`, made there when missing, a few at a time.
+async fn made(desk: &Desk, dir: PathBuf, image: PathBuf, sha: &str) -> Result<Made, String> {
+    let ready = thumb_path(&dir, sha);
+    if ready.is_file() {
+        return serve(&ready).await;
+    }
+    let _turn = desk
+        .thumbs
+        .making
+        .acquire()
+        .await
+        .map_err(|e| e.to_string())?;
+    make(image, dir, sha).await
+}
+
+/// Makes the thumbnail of `image` in `dir` (off the server's threads) and serves it; the
+/// caller holds its turn.
+async fn make(image: PathBuf, dir: PathBuf, sha: &str) -> Result<Made, String> {
+    let sha = sha.to_owned();
     let shown =
         tokio::task::spawn_blocking(move || preview(&dir, &image, Some(&sha), &Known::default()));
     let shown = shown.await.map_err(|e| e.to_string())?;
@@ -143,29 +163,6 @@ async fn in_objects(desk: &Desk, root: &Address, rel: &str, sha: &str) -> Result
         Some(thumb) => serve(&thumb).await,
         None => Ok(Made::None),
     }
-}
-
-/// The thumbnail of `image` in `dir`, made there when missing, a few at a time.
-async fn made(desk: &Desk, dir: PathBuf, image: PathBuf, sha: &str) -> Result<Made, String> {
-    let ready = thumb_path(&dir, sha);
-    if !ready.is_file() {
-        let _turn = desk
-            .thumbs
-            .making
-            .acquire()
-            .await
-            .map_err(|e| e.to_string())?;
-        let sha = sha.to_owned();
-        let shown = tokio::task::spawn_blocking(move || {
-            preview(&dir, &image, Some(&sha), &Known::default())
-        });
-        let shown = shown.await.map_err(|e| e.to_string())?;
-        return match shown.thumb {
-            Some(thumb) => serve(&thumb).await,
-            None => Ok(Made::None),
-        };
-    }
-    serve(&ready).await
 }
 
 async fn serve(thumb: &FsPath) -> Result<Made, String> {
