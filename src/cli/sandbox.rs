@@ -55,7 +55,9 @@ pub struct SandboxArgs {
     /// Paid requests in flight before 429
     #[arg(long, value_name = "N")]
     pub max_in_flight: Option<usize>,
-    /// Side in pixels of a 2K image (4K doubles it)
+    /// Side in pixels of a 2K image (4K doubles it), at most 2048 (the service's). No image
+    /// the sandbox makes is larger than 8192 pixels a side: an edit that would be is refused
+    /// as invalid (at 2048, an upscale of 4 after an expand to 16:9)
     #[arg(long, default_value_t = 256)]
     pub image_side: u32,
     /// Probability of a 500/503 per paid call (nothing billed)
