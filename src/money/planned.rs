@@ -15,6 +15,15 @@ pub struct PlanFigures {
     budget: Option<BudgetFigure>,
     #[serde(default)]
     costs: CostFigures,
+    /// `--items` / `--until`: the part the costs are of, and what the whole file costs.
+    #[serde(default)]
+    scope: Option<ScopeFigure>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+struct ScopeFigure {
+    #[serde(default)]
+    whole_credits: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -43,6 +52,12 @@ impl PlanFigures {
     /// The budget the run was planned under.
     pub fn max_credits(&self) -> Option<u64> {
         self.budget.as_ref().and_then(|b| b.max_credits)
+    }
+
+    /// What the whole pipeline file cost when only a part of it was asked for (`--items`,
+    /// `--until`); `None` when the plan priced it all, or a price was unknown.
+    pub fn whole_credits(&self) -> Option<u64> {
+        self.scope.as_ref().and_then(|s| s.whole_credits)
     }
 
     /// Each step the plan priced, in the plan's order.

@@ -1449,6 +1449,30 @@ async fn a_file_changed_after_an_earlier_report_does_not_show_the_old_picture() 
     );
 }
 
+/// A run asked for a part (`--items`) records the part's price; its plan what the whole file
+/// costs. The page's header holds the whole against the plan now, and says nothing changed
+/// when nothing did (issue 45: it said "the plan changed since" of every sample).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_part_asked_for_is_not_said_to_have_changed_the_plan() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(2, None));
+    let args = [
+        "run", "p.yaml", "--run-id", "c", "--items", "first:1", "--report",
+    ];
+    assert_exit_without_panic(&ip(Some(&env), dir, &args).await, 7);
+    let (db, page) = record_and_page(dir, "c").await;
+    assert!(
+        page.number("total-planned") > db.the_run().credits_planned,
+        "the page counts the whole file, the run recorded the part"
+    );
+    assert!(
+        !page.html.contains("the plan changed since"),
+        "{}",
+        page.html
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_step_dropped_by_allow_changes_keeps_its_cost_on_a_line_of_its_own() {
     let env = start(config()).await;

@@ -57,9 +57,9 @@ impl Page<'_> {
                          their planned credits no longer do."
                     }
                 }
-                @if run.credits_planned != total.planned {
+                @if planned_at_start(run) != total.planned {
                     p {
-                        "Planned when the run started: " (run.credits_planned) " credits; the plan \
+                        "Planned when the run started: " (planned_at_start(run)) " credits; the plan \
                          changed since (a resume with " code { "--allow-changes" } ", or a price discovered)."
                     }
                 }
@@ -283,4 +283,13 @@ impl Problems {
         let unanswered = m.ambiguous.iter().filter(|a| !m.in_flight(a)).count();
         self.failed.rows + unanswered + self.downloads.rows
     }
+}
+
+/// What the run's plan priced when it started, for the whole file: a run asked for a part
+/// (`--items`, `--until`) records the part's price, and its plan what the whole costs.
+fn planned_at_start(run: &crate::store::Run) -> u64 {
+    run.plan
+        .read::<crate::money::planned::PlanFigures>()
+        .and_then(|p| p.whole_credits())
+        .unwrap_or(run.credits_planned)
 }
