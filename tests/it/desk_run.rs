@@ -559,9 +559,11 @@ async fn in_chromium_the_keyboard_picks_and_rejects_through_filters_and_a_hostil
          q.dispatchEvent(new Event('input', { bubbles: true })); return true;",
     )
     .await;
+    // The page draws the items, then marks them: wait for both, not only the first.
     b.wait_for(
-        "the filter cleared",
-        "return document.querySelectorAll('#list .item').length === 9;",
+        "the filter cleared and the rejected output marked again",
+        "return document.querySelectorAll('#list .item').length === 9 \
+                && !!document.querySelector('.out.rejected .mark');",
         Duration::from_secs(20),
     )
     .await;
