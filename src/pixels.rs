@@ -187,19 +187,17 @@ pub struct Thumbnail {
 /// Memory is the output's sums and one row of the input, whatever the image's area.
 pub fn thumbnail<R: BufRead + Seek>(reader: R, edge: u32) -> Result<Thumbnail, PixelError> {
     let mut fold: Option<Fold> = None;
-    let mut translucent = false;
     let header = rows(reader, |header, row| {
-        let fold = fold.get_or_insert_with(|| Fold::new(header, edge));
-        translucent |= row.rgba.chunks_exact(4).any(|p| p[3] < u8::MAX);
-        fold.add(&row);
+        fold.get_or_insert_with(|| Fold::new(header, edge))
+            .add(&row);
     })?;
     let fold = fold.ok_or_else(|| PixelError("the image has no rows".into()))?;
     Ok(Thumbnail {
         width: fold.out.0,
         height: fold.out.1,
+        translucent: fold.translucent,
         rgba: fold.finish(),
         size: (header.width, header.height),
-        translucent,
     })
 }
 
@@ -222,19 +220,28 @@ pub fn fitted(w: u32, h: u32, edge: u32) -> (u32, u32) {
 /// The sums of a box filter: for each output pixel, its colours weighted by alpha, its alpha,
 /// and how many input pixels fell in it.
 struct Fold {
-    /// The input's size, and the output's.
-    size: (u32, u32),
+    /// The input's height, and the output's size.
+    height: u32,
     out: (u32, u32),
+    /// The output column of each input column, worked out once: a division a pixel saved.
+    columns: Vec<u32>,
     sums: Vec<[u64; 5]>,
+    /// Some pixel read so far is not fully opaque.
+    translucent: bool,
 }
 
 impl Fold {
     fn new(header: &Header, edge: u32) -> Fold {
         let out = fitted(header.width, header.height, edge);
+        let columns = (0..header.width)
+            .map(|x| Fold::cell(x, header.width, out.0).min(out.0 as usize - 1) as u32)
+            .collect();
         Fold {
-            size: (header.width, header.height),
+            height: header.height,
             out,
+            columns,
             sums: vec![[0; 5]; out.0 as usize * out.1 as usize],
+            translucent: false,
         }
     }
 
@@ -244,20 +251,23 @@ impl Fold {
     }
 
     fn add(&mut self, row: &Row<'_>) {
-        let ((w, h), (tw, th)) = (self.size, self.out);
-        let oy = Fold::cell(row.y, h, th).min(th as usize - 1);
+        let (tw, th) = self.out;
+        let oy = Fold::cell(row.y, self.height, th).min(th as usize - 1);
         let line = &mut self.sums[oy * tw as usize..(oy + 1) * tw as usize];
-        let mut x = row.x0;
-        for p in row.rgba.chunks_exact(4) {
-            let ox = Fold::cell(x, w, tw).min(tw as usize - 1);
+        let columns = self
+            .columns
+            .iter()
+            .skip(row.x0 as usize)
+            .step_by(row.dx as usize);
+        for (p, &ox) in row.rgba.chunks_exact(4).zip(columns) {
+            self.translucent |= p[3] < u8::MAX;
             let a = u64::from(p[3]);
-            let cell = &mut line[ox];
+            let cell = &mut line[ox as usize];
             cell[0] += u64::from(p[0]) * a;
             cell[1] += u64::from(p[1]) * a;
             cell[2] += u64::from(p[2]) * a;
             cell[3] += a;
             cell[4] += 1;
-            x += row.dx;
         }
     }
 

@@ -42,6 +42,11 @@ impl Thumbs {
             cache: tempfile::Builder::new().prefix("imgpipe-desk-").tempdir()?,
         })
     }
+
+    /// A turn to make a thumbnail, waited for.
+    async fn turn(&self) -> Result<tokio::sync::SemaphorePermit<'_>, String> {
+        self.making.acquire().await.map_err(|e| e.to_string())
+    }
 }
 
 /// What a thumbnail's URL says of the image: its recorded sha256, which names it.
@@ -123,12 +128,7 @@ async fn in_objects(desk: &Desk, root: &Address, rel: &str, sha: &str) -> Result
     if cached.is_file() {
         return serve(&cached).await;
     }
-    let _turn = desk
-        .thumbs
-        .making
-        .acquire()
-        .await
-        .map_err(|e| e.to_string())?;
+    let _turn = desk.thumbs.turn().await?;
     let copy = tempfile::NamedTempFile::new_in(&cache).map_err(|e| e.to_string())?;
     let read = objects.read_to_file(&objects.key(rel), copy.path()).await;
     if read.map_err(|e| e.to_string())?.is_none() {
@@ -143,12 +143,7 @@ async fn made(desk: &Desk, dir: PathBuf, image: PathBuf, sha: &str) -> Result<Ma
     if ready.is_file() {
         return serve(&ready).await;
     }
-    let _turn = desk
-        .thumbs
-        .making
-        .acquire()
-        .await
-        .map_err(|e| e.to_string())?;
+    let _turn = desk.thumbs.turn().await?;
     make(image, dir, sha).await
 }
 

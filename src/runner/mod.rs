@@ -118,8 +118,8 @@ pub trait View: Send + Sync {
     fn review(&self, reviewed: &Reviewed<'_>) -> Result<(), Error>;
     /// A dry run of a run that is finished: nothing to pay for.
     fn finished(&self, run_id: &RunId) -> Result<(), Error>;
-    /// The gate let a spend through: the run's lock is held, the price confirmed (if one was)
-    /// is the price now, and it fits. What follows is paid for.
+    /// The gate let a confirmed spend through: the run's lock is held, the price and revision
+    /// confirmed are those now, and it fits. What follows is paid for.
     fn admitted(&self, _priced: &crate::money::Priced) {}
     /// The run's summary when it ends, or when it was already finished.
     fn summary(&self, summary: &Summary) -> Result<(), Error>;
