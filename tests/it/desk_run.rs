@@ -568,11 +568,14 @@ async fn in_chromium_the_keyboard_picks_and_rejects_through_filters_and_a_hostil
     )
     .await;
     let kept = b
-        .run(
-            "return { event: window.__picks, \
+        .wait_value(
+            "the picks and the rejection read back",
+            Duration::from_secs(20),
+            "const mark = document.querySelector('.out.rejected .mark'); \
+             return mark && { event: window.__picks, \
                       picked: [...document.querySelectorAll('.out.picked')].map(o => o.dataset.task), \
                       rejected: [...document.querySelectorAll('.out.rejected')].map(o => o.dataset.task), \
-                      said: document.querySelector('.out.rejected .mark').textContent };",
+                      said: mark.textContent };",
         )
         .await;
     assert_eq!(
@@ -593,9 +596,11 @@ async fn in_chromium_the_keyboard_picks_and_rejects_through_filters_and_a_hostil
 
     // The hostile prompt is text: the page holds it escaped, and made no element of it.
     let hostile = b
-        .run(
+        .wait_value(
+            "the hostile item drawn",
+            Duration::from_secs(20),
             "const it = document.querySelector('.item[data-item=\"x-hostile\"]'); \
-             return { text: it.textContent, html: it.innerHTML, \
+             return it && { text: it.textContent, html: it.innerHTML, \
                       injected: document.querySelectorAll('img[src=\"x\"], #list script').length };",
         )
         .await;
