@@ -139,7 +139,8 @@ pub fn failed(status: libc::c_int, stderr: &Path) -> ! {
     let log = std::fs::read_to_string(stderr).unwrap_or_default();
     let tail: Vec<&str> = log.lines().rev().take(20).collect();
     panic!(
-        "imgpipe failed with status {status}; its last log lines:\n{}",
+        "the child logging to {} failed with status {status}; its last log lines:\n{}",
+        stderr.display(),
         tail.into_iter().rev().collect::<Vec<_>>().join("\n")
     );
 }

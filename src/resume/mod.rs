@@ -175,6 +175,31 @@ impl Review {
         self.redo.len() + self.unrecorded.tasks
     }
 
+    /// Feeds `digest` what this review pays for, for the revision a confirm is bound to.
+    /// The caller has fed it the plan's revision (pipeline, items, prices, part asked), which
+    /// fixes the graph: a task is then its number, and an item never recorded its index
+    /// (its tasks are the graph's). A night's takeover prices 900,000 unrecorded tasks: their
+    /// items are 100,000 numbers, not 900,000 keys formatted.
+    pub fn digest(&self, mut digest: crate::money::gate::Builder) -> crate::money::gate::Builder {
+        digest = digest.number(self.redo.len() as u64);
+        for r in &self.redo {
+            digest = digest
+                .number(r.task as u64)
+                .part(r.reason.as_str())
+                .number(r.credits);
+        }
+        digest = digest.number(self.unrecorded.instances.len() as u64);
+        for i in &self.unrecorded.instances {
+            digest = digest.number(match i {
+                Instance::Batch => u64::MAX,
+                Instance::Item(i) => *i as u64,
+            });
+        }
+        digest
+            .number(self.unrecorded.tasks as u64)
+            .number(self.unrecorded.credits)
+    }
+
     pub fn credits(&self) -> u64 {
         self.redo.iter().map(|r| r.credits).sum::<u64>() + self.unrecorded.credits
     }

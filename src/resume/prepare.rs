@@ -157,12 +157,9 @@ impl Prepared {
         ] {
             digest = digest.number(n);
         }
-        for r in self.review.each_redo(&self.graph) {
-            digest = digest
-                .part(self.graph.key(r.task).to_string())
-                .part(r.reason.as_str())
-                .number(r.credits);
-        }
+        let digest = self
+            .review
+            .digest(digest.part(self.doc.revision().as_str()));
         Ok(Priced {
             credits: self.review.credits(),
             revision: digest.finish(),
