@@ -45,5 +45,6 @@ mod scale;
 mod shared_rate;
 mod signals;
 mod spend;
+mod toolchain;
 mod totals;
 mod validate;
