@@ -166,6 +166,42 @@ fn anchors_follow_githubs_rules() {
     assert_eq!(got, want);
 }
 
+/// The exit codes `src/error.rs` defines, from its `pub const NAME: u8 = N;` lines.
+fn exit_codes() -> BTreeSet<u8> {
+    let text = std::fs::read_to_string(root().join("src/error.rs")).unwrap();
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("pub const ")?.split_once(": u8 = "))
+        .map(|(_, n)| n.trim_end_matches(';').parse().unwrap())
+        .collect()
+}
+
+/// Every exit code has a row in README's table and in the reference's, and an answer in the
+/// FAQ that a link can reach (`faq.md#exit-N`).
+#[test]
+fn every_exit_code_is_in_the_tables_and_the_faq() {
+    let codes = exit_codes();
+    assert!(
+        codes.contains(&130),
+        "read no codes from src/error.rs: {codes:?}"
+    );
+    let faq = anchors(&std::fs::read_to_string(root().join("docs/reference/faq.md")).unwrap());
+    let mut missing = Vec::new();
+    for code in &codes {
+        for table in ["README.md", "docs/reference/exit-codes.md"] {
+            let text = std::fs::read_to_string(root().join(table)).unwrap();
+            if !text.lines().any(|l| l.starts_with(&format!("| {code} |"))) {
+                missing.push(format!("{table} has no row for exit {code}"));
+            }
+        }
+        if !faq.contains(&format!("exit-{code}")) {
+            missing.push(format!(
+                "docs/reference/faq.md has no heading \"Exit {code}\""
+            ));
+        }
+    }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
+
 /// One command of a transcript: the files written before it (name, text), its words, its
 /// exit code and its expected stdout.
 #[derive(Debug)]
