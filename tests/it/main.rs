@@ -15,6 +15,7 @@ mod client;
 mod cluster;
 mod common;
 mod crash;
+mod deploy;
 mod desk;
 mod desk_browser;
 mod desk_guard;
