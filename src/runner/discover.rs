@@ -129,9 +129,8 @@ fn priced(billed: u64, images: u64, job_id: String) -> GenerationPrice {
     let mut notes = Vec::new();
     if !billed.is_multiple_of(images) {
         notes.push(format!(
-            "job billed {} for {images} 2K-image equivalents; priced at {} each (rounded up)",
-            crate::money::credits(billed),
-            crate::money::credits(credits)
+            "job billed {} for {images} 2K-image equivalents; priced at {credits} each (rounded up)",
+            crate::money::credits(billed)
         ));
     }
     GenerationPrice {
