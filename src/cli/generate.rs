@@ -67,10 +67,10 @@ pub(super) async fn run(
         .map(|r| format!(", {r} remaining"))
         .unwrap_or_default();
     let summary = format!(
-        "job {}: {} image(s), {} credits billed{remaining}",
+        "job {}: {} image(s), {} billed{remaining}",
         shown_id(&job.id),
         job.images.len(),
-        job.credits_used
+        crate::money::credits(job.credits_used)
     );
     let billed = Billed {
         response: serde_json::to_value(&job).map_err(|e| Error::Other(e.into()))?,

@@ -32,8 +32,9 @@ pub(super) async fn run(args: &ModelsArgs, global: &GlobalArgs) -> Result<(), Er
     stdio::line(format_args!("tools    {}", list(models.tool_names())))?;
     match models.generation_price() {
         Some(p) => stdio::line(format_args!(
-            "generation price  {} credits per 2K image  (from {})",
-            p.value, p.pointer
+            "generation price  {} per 2K image  (from {})",
+            crate::money::credits(p.value),
+            p.pointer
         ))?,
         None => stdio::line(format_args!("generation price  not stated by the service"))?,
     }

@@ -101,10 +101,10 @@ pub(super) async fn run(
         urls: vec![job.data.url.clone()],
         indexed: false,
         summary: format!(
-            "job {}: {} done, {} credits billed",
+            "job {}: {} done, {} billed",
             shown_id(&job.id),
             job.tool.escape_debug(),
-            job.credits_used
+            crate::money::credits(job.credits_used)
         ),
         problem: (job.status != STATUS_SUCCEEDED).then(|| {
             format!(

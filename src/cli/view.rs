@@ -178,7 +178,7 @@ pub(super) fn render_summary(s: &Summary) -> String {
 
 /// `resume --dry-run`: each task to pay for with its reason and credits, then the totals.
 fn print_review(shown: &Reviewed<'_>, json: bool) -> Result<(), Error> {
-    let by_reason = shown.by_reason();
+    let by_reason = shown.by_reason(crate::resume::Reason::as_str);
     if json {
         return print_json(&shown.to_json());
     }
@@ -193,22 +193,16 @@ fn print_to_pay(
     by_reason: &BTreeMap<&str, (usize, u64)>,
 ) -> Result<(), Error> {
     let Reviewed {
-        row,
-        graph,
-        review,
-        limit,
-        ..
+        row, graph, review, ..
     } = shown;
     let name = |t: usize| graph.key(t).to_string();
     stdio::line(format_args!(
-        "run {} ({}): {} task(s) to pay for, {} credits{}",
+        "run {} ({}): {} task(s) to pay for, {}{}",
         row.id,
         row.status.as_str(),
         review.to_pay(),
-        review.credits(),
-        limit
-            .map(|c| format!(" (at most {c} may be spent)"))
-            .unwrap_or_default()
+        crate::money::credits(review.credits()),
+        at_most(shown)
     ))?;
     for r in review.each_redo(graph).take(SHOWN_TASKS) {
         let detail = r
@@ -217,10 +211,10 @@ fn print_to_pay(
             .map(|d| format!("  {d}"))
             .unwrap_or_default();
         stdio::line(format_args!(
-            "  {:<40} {:<14} {:>6} credits{detail}",
+            "  {:<40} {:<14} {:>14}{detail}",
             name(r.task),
             r.reason.as_str(),
-            r.credits
+            crate::money::credits(r.credits)
         ))?;
     }
     if review.to_pay() > SHOWN_TASKS {
@@ -230,9 +224,26 @@ fn print_to_pay(
         ))?;
     }
     for (reason, (n, c)) in by_reason {
-        stdio::line(format_args!("  {reason}: {n} task(s), {c} credits"))?;
+        stdio::line(format_args!(
+            "  {reason}: {n} task(s), {}",
+            crate::money::credits(*c)
+        ))?;
     }
     Ok(())
+}
+
+/// The most that may be spent now, said after the price: the limit (the budget left and the
+/// balance), or a cap covering the run when it has less left in its window.
+fn at_most(shown: &Reviewed<'_>) -> String {
+    let tightest = shown.caps.iter().min_by_key(|c| c.left);
+    match (shown.limit, tightest) {
+        (limit, Some(cap)) if limit.is_none_or(|l| cap.left < l) => format!(
+            " (at most {} may be spent: cap {} has {} left until {})",
+            cap.left, cap.name, cap.left, cap.window_end
+        ),
+        (Some(limit), _) => format!(" (at most {limit} may be spent)"),
+        (None, _) => String::new(),
+    }
 }
 
 /// What is kept, what comes free, and what is not paid for again.
@@ -263,9 +274,9 @@ fn print_free(shown: &Reviewed<'_>) -> Result<(), Error> {
     }
     for r in &review.left_failed {
         stdio::line(format_args!(
-            "not paid again (--on-ambiguous fail): {} ({} credits)",
+            "not paid again (--on-ambiguous fail): {} ({})",
             name(r.task),
-            r.credits
+            crate::money::credits(r.credits)
         ))?;
     }
     Ok(())

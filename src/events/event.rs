@@ -166,8 +166,12 @@ impl Event {
                 b.run_id, b.pipeline, b.percent, b.credits_billed, b.max_credits
             ),
             Event::CallBilledAbovePlan(c) => format!(
-                "imgpipe: run {} of {}: {} was billed {} credits where the plan said {}",
-                c.run_id, c.pipeline, c.task, c.billed, c.planned
+                "imgpipe: run {} of {}: {} was billed {} where the plan said {}",
+                c.run_id,
+                c.pipeline,
+                c.task,
+                crate::money::credits(c.billed),
+                c.planned
             ),
             Event::CapCrossed(c) => format!(
                 "imgpipe: cap {} is {}% spent ({} of {} credits, until {}), run {} of {}",

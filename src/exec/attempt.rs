@@ -244,7 +244,8 @@ async fn named_if_slow<T>(
 ) -> Result<T, Failure> {
     let name = || {
         tracing::warn!(
-            "job {job_id} ({credits} credits) was answered but the state database has not recorded it; if this run ends first, `imgpipe job {job_id} --out DIR` fetches its images without paying again"
+            "job {job_id} ({}) was answered but the state database has not recorded it; if this run ends first, `imgpipe job {job_id} --out DIR` fetches its images without paying again",
+            crate::money::credits(credits)
         );
     };
     tokio::pin!(recording);

@@ -170,18 +170,21 @@ impl Stop {
     pub fn describe(&self) -> String {
         match self {
             Stop::Limit { needed, left } => format!(
-                "the next item needs {needed} credits and the budget or balance leaves {left}; the rest is left pending"
+                "the next item needs {} and the budget or balance leaves {left}; the rest is left pending",
+                crate::money::credits(*needed)
             ),
             Stop::PriceAbovePlan {
                 task,
                 planned,
                 billed,
             } => format!(
-                "{task} was billed {billed} credits where the plan said {planned}; no call was sent after that bill"
+                "{task} was billed {} where the plan said {planned}; no call was sent after that bill",
+                crate::money::credits(*billed)
             ),
             Stop::Cap(s) => format!(
-                "cap {} ({} credits a {}) has {} left in this window and the next item needs {}; the rest is left pending until the window reopens at {}",
-                s.cap, s.credits, s.per, s.left, s.needed, s.reopens
+                "cap {} ({} a {}) has {} left in this window and the next item needs {}; the rest is left pending until the window reopens at {}",
+                s.cap,
+                crate::money::credits(s.credits), s.per, s.left, s.needed, s.reopens
             ),
             Stop::LeaseLost => "another run took this one for dead and closed its cap leases; the rest is left pending".to_owned(),
             Stop::Balance(e) => format!("the service refused a call for lack of credits: {e}"),

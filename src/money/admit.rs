@@ -41,14 +41,17 @@ impl Verdict {
             && total > b.max_credits
         {
             reasons.push(format!(
-                "the plan costs {at_least}{total} credits, over the budget of {} ({})",
-                b.max_credits, b.source
+                "the plan costs {at_least}{}, over the budget of {} ({})",
+                super::credits(total),
+                b.max_credits,
+                b.source
             ));
         }
         match balance {
             Balance::Known { credits, .. } if i128::from(total) > i128::from(*credits) => {
                 reasons.push(format!(
-                    "the plan costs {at_least}{total} credits, more than the balance of {credits}"
+                    "the plan costs {at_least}{}, more than the balance of {credits}",
+                    super::credits(total)
                 ));
             }
             Balance::Known { .. } => {}

@@ -128,8 +128,8 @@ impl Stale {
         let Stale { expected, now } = self;
         match expected.credits {
             Some(c) if c != now.credits => format!(
-                "the price is now {} credits, not {c}: nothing was spent",
-                now.credits
+                "the price is now {}, not {c}: nothing was spent",
+                super::credits(now.credits)
             ),
             _ => format!(
                 "the run changed since it was priced (revision {} now, {} confirmed): nothing was spent",

@@ -12,9 +12,11 @@
 //! a plan may start within them; [`purse`], a run's credits while it executes (reservations,
 //! commitments, the caps' leases); [`caps`], the calendar caps and their [`caps::Leash`];
 //! [`ledger`], what was billed across runs, the only reader of the store's ledger outside the
-//! store; [`planned`], what they read of a recorded plan; [`gate`], a confirmed price checked.
+//! store; [`planned`], what they read of a recorded plan; [`gate`], a confirmed price checked;
+//! [`amount`], an amount of credits as messages write it.
 
 pub mod admit;
+pub mod amount;
 pub mod caps;
 pub mod gate;
 pub mod ledger;
@@ -22,4 +24,5 @@ pub mod limit;
 pub mod planned;
 pub mod purse;
 
+pub use amount::credits;
 pub use gate::{Expected, Priced, Revision, Stale};

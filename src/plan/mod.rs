@@ -87,7 +87,8 @@ impl GenerationPrice {
         if let Some(credits) = pipeline.generation_price {
             if let Some(found) = advertised.filter(|f| f.value != credits) {
                 notes.push(format!(
-                    "the pipeline prices a generated image at {credits} credits but GET /v1/models says {} (at {}); the plan uses the pipeline's",
+                    "the pipeline prices a generated image at {} but GET /v1/models says {} (at {}); the plan uses the pipeline's",
+                    crate::money::credits(credits),
                     found.value, found.pointer
                 ));
             }

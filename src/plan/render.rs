@@ -81,18 +81,19 @@ fn steps_table(out: &mut String, doc: &PlanDocument) {
 /// The total, the part asked for now, the balance and the budget.
 fn totals(out: &mut String, doc: &PlanDocument) {
     let total = match doc.costs.total_credits {
-        Some(t) => format!("{t} credits"),
+        Some(t) => crate::money::credits(t).to_string(),
         None => format!(
-            "unknown: at least {} credits; no price for {}",
-            doc.costs.known_credits,
+            "unknown: at least {}; no price for {}",
+            crate::money::credits(doc.costs.known_credits),
             doc.costs.unpriced_steps.join(", ")
         ),
     };
     let _ = writeln!(out, "total    {total}");
     if let Some(scope) = &doc.scope {
-        let whole = scope
-            .whole_credits
-            .map_or_else(|| "credits unknown".to_owned(), |c| format!("{c} credits"));
+        let whole = scope.whole_credits.map_or_else(
+            || "credits unknown".to_owned(),
+            |c| crate::money::credits(c).to_string(),
+        );
         let _ = writeln!(
             out,
             "asked    {}: {} of {} items; the whole file is {} tasks, {whole}",
@@ -100,13 +101,18 @@ fn totals(out: &mut String, doc: &PlanDocument) {
         );
     }
     let balance = match &doc.balance {
-        Balance::Known { credits, field } => format!("{credits} credits (GET /v1/account {field})"),
+        Balance::Known { credits, field } => {
+            format!(
+                "{} (GET /v1/account {field})",
+                crate::money::credits(*credits)
+            )
+        }
         Balance::Unknown { reason } => format!("unknown: {reason}"),
         Balance::NotChecked => "not checked (--offline)".into(),
     };
     let _ = writeln!(out, "balance  {balance}");
     let budget = doc.budget.as_ref().map_or("none set".into(), |b| {
-        format!("{} credits ({})", b.max_credits, b.source)
+        format!("{} ({})", crate::money::credits(b.max_credits), b.source)
     });
     let _ = writeln!(out, "budget   {budget}");
 }
@@ -131,11 +137,11 @@ fn reuse(out: &mut String, doc: &PlanDocument) {
     if let Some(r) = &doc.reuse {
         let _ = writeln!(
             out,
-            "\nreuse: {} task(s) from earlier runs, saving {} credits{}",
+            "\nreuse: {} task(s) from earlier runs, saving {}{}",
             r.tasks,
-            r.credits_saved,
+            crate::money::credits(r.credits_saved),
             r.credits_to_pay
-                .map(|c| format!("; {c} credits to pay"))
+                .map(|c| format!("; {} to pay", crate::money::credits(c)))
                 .unwrap_or_default()
         );
     }
@@ -154,8 +160,12 @@ fn caps(out: &mut String, doc: &PlanDocument) {
         };
         let _ = writeln!(
             out,
-            "cap      {}: {} credits a {}, {} spent, {} left in this window; {fits}",
-            cap.name, cap.credits, cap.per, cap.spent, cap.left
+            "cap      {}: {} a {}, {} spent, {} left in this window; {fits}",
+            cap.name,
+            crate::money::credits(cap.credits),
+            cap.per,
+            cap.spent,
+            cap.left
         );
     }
 }

@@ -54,10 +54,10 @@ pub(super) fn describe_changes(
         parts.push("the file's text differs, but no task changed".into());
     }
     format!(
-        "{}; {} task(s) would run again for {} credits, {} keep their results, {} recorded task(s) would be dropped",
+        "{}; {} task(s) would run again for {}, {} keep their results, {} recorded task(s) would be dropped",
         parts.join("; "),
         review.to_pay(),
-        review.credits(),
+        crate::money::credits(review.credits()),
         review.kept.len(),
         review.removed.len()
     )

@@ -63,10 +63,10 @@ impl Prepared {
         let tally = super::apply(store, client, &row.id, &run_dir, &graph, &review, describe);
         let tally = tally.await?;
         tracing::info!(
-            "resuming run {}: {} task(s) to pay for ({} credits), {} kept (their files checked beside the run), {} recovered by job id, {} reused",
+            "resuming run {}: {} task(s) to pay for ({}), {} kept (their files checked beside the run), {} recovered by job id, {} reused",
             row.id,
             review.to_pay(),
-            review.credits(),
+            crate::money::credits(review.credits()),
             review.kept.len(),
             tally.recovered,
             tally.reused,

@@ -94,6 +94,26 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason, for the tests that hold [`Reason::key`] to serde's names.
+    #[cfg(test)]
+    pub const ALL: [Reason; 6] = [
+        Reason::Failed,
+        Reason::Changed,
+        Reason::Ambiguous,
+        Reason::NeverStarted,
+        Reason::Blocked,
+        Reason::Rerolled,
+    ];
+
+    /// The reason as JSON names it, the same in a task's `reason` and as a key of `by_reason`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Reason::NeverStarted => "never_started",
+            other => other.as_str(),
+        }
+    }
+
+    /// The reason as a sentence says it.
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::Failed => "failed",
@@ -375,4 +395,17 @@ pub fn beside(
         }
     });
     (rx, Beside(task))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Reason;
+
+    #[test]
+    fn a_reasons_json_key_is_the_name_serde_gives_it() {
+        for reason in Reason::ALL {
+            let serde = serde_json::to_value(reason).unwrap();
+            assert_eq!(serde.as_str(), Some(reason.key()), "{reason:?}");
+        }
+    }
 }

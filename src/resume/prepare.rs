@@ -132,7 +132,8 @@ impl Prepared {
     pub fn admit(&self, spent: u64) -> Result<(), Refusal> {
         let limit = self.doc.limit(spent);
         let review = &self.review;
-        refusal::over_limit(&self.row.id, review.to_pay(), review.credits(), limit)
+        let (id, reroll) = (&self.row.id, self.reroll.as_deref());
+        refusal::over_limit(id, reroll, review.to_pay(), review.credits(), limit)
     }
 
     /// What this continuation would pay now, and its revision: the run's id, status and

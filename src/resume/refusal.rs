@@ -21,10 +21,12 @@ pub enum Refusal {
     Reroll { message: String },
     /// The pipeline changed and `--allow-changes` was not given; `changes` says what changed.
     Changed { run_id: RunId, changes: String },
-    /// What is left costs more than the limit: `limit` credits may be spent, which
-    /// `limiting` sets; `limits` names the budget and the balance.
+    /// What is left, or what a reroll would pay again (`reroll`, what it names), costs more
+    /// than the limit: `limit` credits may be spent, which `limiting` sets; `limits` names the
+    /// budget and the balance.
     OverLimit {
         run_id: RunId,
+        reroll: Option<String>,
         tasks: usize,
         needed: u64,
         limit: u64,
@@ -54,14 +56,22 @@ impl Refusal {
             }
             Refusal::OverLimit {
                 run_id,
+                reroll,
                 tasks,
                 needed,
                 limit,
                 limits,
                 ..
-            } => format!(
-                "resuming run {run_id} would pay for {tasks} task(s), {needed} credits, but only {limit} may be spent ({limits})"
-            ),
+            } => {
+                let doing = match reroll {
+                    Some(named) => format!("rerolling {named} in run {run_id}"),
+                    None => format!("resuming run {run_id}"),
+                };
+                format!(
+                    "{doing} would pay for {tasks} task(s), {}, but only {limit} may be spent ({limits})",
+                    crate::money::credits(*needed)
+                )
+            }
         }
     }
 
@@ -80,8 +90,15 @@ impl Refusal {
             Refusal::Changed { .. } => {
                 "resume with --allow-changes to keep the unchanged tasks' results and run the rest again, or give the new work another --run-id"
             }
-            Refusal::OverLimit { limiting, .. } => {
-                return Some(format!("{}, then resume", limiting.remedy()));
+            // A reroll refused changed nothing: resuming would not pay for it, repeating it does.
+            Refusal::OverLimit {
+                limiting, reroll, ..
+            } => {
+                let then = match reroll {
+                    Some(_) => "then run the same reroll again",
+                    None => "then resume",
+                };
+                return Some(format!("{}, {then}", limiting.remedy()));
             }
         };
         Some(hint.to_owned())
@@ -133,6 +150,7 @@ pub fn changes(
 /// limit: the budget left or the balance.
 pub fn over_limit(
     run_id: &RunId,
+    reroll: Option<&str>,
     tasks: usize,
     needed: u64,
     limit: Limit<'_>,
@@ -140,6 +158,7 @@ pub fn over_limit(
     match (limit.credits(), limit.limiting()) {
         (Some(credits), Some(limiting)) if needed > credits => Err(Refusal::OverLimit {
             run_id: run_id.clone(),
+            reroll: reroll.map(str::to_owned),
             tasks,
             needed,
             limit: credits,
@@ -215,11 +234,14 @@ mod tests {
             max_credits,
             source: "--max-credits".into(),
         };
-        assert_eq!(over_limit(&R1, 3, 30, Limit::of(None, &unknown, 0)), Ok(()));
+        assert_eq!(
+            over_limit(&R1, None, 3, 30, Limit::of(None, &unknown, 0)),
+            Ok(())
+        );
         let b40 = budget(40);
         let spent_10 = Limit::of(Some(&b40), &unknown, 10);
-        assert_eq!(over_limit(&R1, 3, 30, spent_10), Ok(()));
-        let refused = over_limit(&R1, 3, 31, spent_10).unwrap_err();
+        assert_eq!(over_limit(&R1, None, 3, 30, spent_10), Ok(()));
+        let refused = over_limit(&R1, None, 3, 31, spent_10).unwrap_err();
         assert_eq!(
             refused.message(),
             "resuming run r1 would pay for 3 task(s), 31 credits, but only 30 may be spent (budget 40 less what the run spent, balance unknown)"
@@ -233,7 +255,7 @@ mod tests {
             credits: 25,
             field: "balance".into(),
         };
-        let refused = over_limit(&R1, 3, 31, Limit::of(None, &known, 10)).unwrap_err();
+        let refused = over_limit(&R1, None, 3, 31, Limit::of(None, &known, 10)).unwrap_err();
         assert!(
             refused
                 .message()
@@ -244,14 +266,24 @@ mod tests {
             Some("top up the account, then resume")
         );
         let b20 = budget(20);
-        let refused = over_limit(&R1, 1, 21, Limit::of(Some(&b20), &known, 0)).unwrap_err();
+        let refused = over_limit(&R1, None, 1, 21, Limit::of(Some(&b20), &known, 0)).unwrap_err();
         assert!(
             refused
                 .message()
                 .ends_with("(budget 20 less what the run spent, balance 25)")
         );
+        let rerolling = over_limit(&R1, Some("lamp/shot"), 3, 31, Limit::of(None, &known, 10));
+        let rerolling = rerolling.unwrap_err();
+        assert_eq!(
+            rerolling.message(),
+            "rerolling lamp/shot in run r1 would pay for 3 task(s), 31 credits, but only 25 may be spent (no budget less what the run spent, balance 25)"
+        );
+        assert_eq!(
+            rerolling.hint().as_deref(),
+            Some("top up the account, then run the same reroll again")
+        );
         let b35 = budget(35);
-        let both = over_limit(&R1, 1, 26, Limit::of(Some(&b35), &known, 10)).unwrap_err();
+        let both = over_limit(&R1, None, 1, 26, Limit::of(Some(&b35), &known, 10)).unwrap_err();
         assert_eq!(
             both.hint().as_deref(),
             Some(

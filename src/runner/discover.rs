@@ -73,8 +73,8 @@ pub(super) async fn price(
     let images = u64::from(n) * size.price_multiplier();
     let price = priced(credits_billed, images, job_id.clone().unwrap_or_default());
     tracing::info!(
-        "a 2K generated image costs {} credits (billed by job {})",
-        price.credits.unwrap_or_default(),
+        "a 2K generated image costs {} (billed by job {})",
+        crate::money::credits(price.credits.unwrap_or_default()),
         job_id.as_deref().unwrap_or("?")
     );
     Ok(price)
@@ -129,7 +129,8 @@ fn priced(billed: u64, images: u64, job_id: String) -> GenerationPrice {
     let mut notes = Vec::new();
     if !billed.is_multiple_of(images) {
         notes.push(format!(
-            "job billed {billed} credits for {images} 2K-image equivalents; priced at {credits} each (rounded up)"
+            "job billed {} for {images} 2K-image equivalents; priced at {credits} each (rounded up)",
+            crate::money::credits(billed)
         ));
     }
     GenerationPrice {

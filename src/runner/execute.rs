@@ -167,10 +167,10 @@ impl Runner<'_> {
             doc.costs.total_credits.unwrap_or(doc.costs.known_credits),
         );
         tracing::info!(
-            "run {} started: {} tasks, {} credits planned, output in {}",
+            "run {} started: {} tasks, {} planned, output in {}",
             run.id,
             doc.costs.tasks,
-            doc.costs.known_credits,
+            crate::money::credits(doc.costs.known_credits),
             config.run_dir.root()
         );
         let Told { session, concluded } = told;

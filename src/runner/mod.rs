@@ -106,6 +106,8 @@ pub struct Reviewed<'a> {
     pub balance: Option<u64>,
     /// What it would pay, and the revision a confirm carries back.
     pub priced: &'a crate::money::Priced,
+    /// Where each cap covering the run's pipeline stands: it may leave less than `limit`.
+    pub caps: &'a [crate::money::caps::Standing],
 }
 
 /// What the command line renders; the runner decides when.
@@ -301,11 +303,7 @@ async fn read_cap_fits(
     let store = state.open_existing().await?;
     let fits = async {
         let mut fits = Vec::new();
-        for cap in crate::money::caps::recorded(&store).await? {
-            if !cap.covers(&pipeline.name) {
-                continue;
-            }
-            let s = crate::money::caps::Standing::of(&store, &cap).await?;
+        for s in crate::money::caps::covering(&store, &pipeline.name).await? {
             fits.push(crate::plan::document::CapFit {
                 fits: doc.costs.total_credits.is_some_and(|t| t <= s.left),
                 name: s.name,
@@ -426,9 +424,9 @@ impl Runner<'_> {
             .await?;
             if applied.reused > 0 {
                 tracing::info!(
-                    "{} task(s) reused from earlier runs, saving {} credits",
+                    "{} task(s) reused from earlier runs, saving {}",
                     applied.reused,
-                    review.saved_by_reuse(&graph)
+                    crate::money::credits(review.saved_by_reuse(&graph))
                 );
             }
         }

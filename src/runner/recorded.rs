@@ -109,6 +109,7 @@ impl Runner<'_> {
             let priced = prepared.priced(store).await?;
             prepared.check_kept(store).await?;
             let limit = prepared.doc.limit(spent);
+            let caps = crate::money::caps::covering(store, &prepared.pipeline.name).await?;
             self.view.review(&Reviewed {
                 row: &prepared.row,
                 graph: &prepared.graph,
@@ -117,6 +118,7 @@ impl Runner<'_> {
                 budget_left: limit.budget_left(),
                 balance: limit.balance.credits(),
                 priced: &priced,
+                caps: &caps,
             })?;
             return Ok(prepared.admit(spent)?);
         }

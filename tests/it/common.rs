@@ -673,6 +673,13 @@ pub fn ci() -> Option<String> {
     flag_in(|name| std::env::var(name).ok(), "CI")
 }
 
+/// Whether a program of that name is on `PATH`: a tool CI installs (promtool,
+/// kubernetes-validate, systemd-analyze).
+pub fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+}
+
 /// Says that the running test skips, and why, in a line that names it as libtest's result line
 /// does: `test NAME ... skipped: WHY`. libtest captures what `print!` writes and shows it only
 /// for failing tests (or with `--nocapture` / `--show-output`), so the line is written to the

@@ -7,9 +7,11 @@
 //! A `console` block is a transcript, in trycmd's syntax: `$ imgpipe ARGS` runs the binary,
 //! an optional `? CODE` line right after it gives the exit code (0 otherwise), and the lines
 //! up to the next `$` are its stdout. In an expected line `[..]` stands for any text (a path,
-//! a time), and a line `...` for any lines. Each page runs in a directory of its own holding a
-//! copy of `pipelines/`, with its own state database and its own sandbox (`IMGPIPE_BASE_URL`),
-//! the blocks of a page one after another, as a reader would type them.
+//! a time), and a line `...` for any lines. A block opened with ```` ```yaml file=NAME ```` is a
+//! file the reader writes: its text is written to NAME before the next command runs. Each page
+//! runs in a directory of its own holding a copy of `pipelines/`, with its own state database
+//! and its own sandbox (`IMGPIPE_BASE_URL`, its key `demo` as the tutorial starts it), the
+//! blocks of a page one after another, as a reader would type them.
 //! (trycmd itself runs each block in a fresh process and compares stdout and stderr together,
 //! where imgpipe's stderr carries log lines with times: a small runner here is simpler.)
 
@@ -164,25 +166,87 @@ fn anchors_follow_githubs_rules() {
     assert_eq!(got, want);
 }
 
-/// One command of a transcript: its words, its exit code and its expected stdout.
+/// The exit codes `src/error.rs` defines, from its `pub const NAME: u8 = N;` lines.
+fn exit_codes() -> BTreeSet<u8> {
+    let text = std::fs::read_to_string(root().join("src/error.rs")).unwrap();
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("pub const ")?.split_once(": u8 = "))
+        .map(|(_, n)| n.trim_end_matches(';').parse().unwrap())
+        .collect()
+}
+
+/// Every exit code has a row in README's table and in the reference's, and an answer in the
+/// FAQ that a link can reach (`faq.md#exit-N`).
+#[test]
+fn every_exit_code_is_in_the_tables_and_the_faq() {
+    let codes = exit_codes();
+    assert!(
+        codes.contains(&130),
+        "read no codes from src/error.rs: {codes:?}"
+    );
+    let faq = anchors(&std::fs::read_to_string(root().join("docs/reference/faq.md")).unwrap());
+    let mut missing = Vec::new();
+    for code in &codes {
+        for table in ["README.md", "docs/reference/exit-codes.md"] {
+            let text = std::fs::read_to_string(root().join(table)).unwrap();
+            if !text.lines().any(|l| l.starts_with(&format!("| {code} |"))) {
+                missing.push(format!("{table} has no row for exit {code}"));
+            }
+        }
+        if !faq.contains(&format!("exit-{code}")) {
+            missing.push(format!(
+                "docs/reference/faq.md has no heading \"Exit {code}\""
+            ));
+        }
+    }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
+
+/// One command of a transcript: the files written before it (name, text), its words, its
+/// exit code and its expected stdout.
 #[derive(Debug)]
 struct Step {
     line: usize,
+    files: Vec<(String, String)>,
     args: Vec<String>,
     code: i32,
     expected: Vec<String>,
 }
 
-/// The commands of the `console` blocks of a page.
+/// What the fenced block being read is.
+enum Block {
+    Outside,
+    Console,
+    File(String, String),
+    Other,
+}
+
+/// The commands of the `console` blocks of a page, each with the `file=` blocks before it.
 fn transcript(text: &str) -> Vec<Step> {
     let mut steps: Vec<Step> = Vec::new();
-    let mut in_console = false;
+    let mut files = Vec::new();
+    let mut block = Block::Outside;
     for (n, line) in text.lines().enumerate() {
         if line.starts_with("```") {
-            in_console = !in_console && line.trim() == "```console";
+            block = match std::mem::replace(&mut block, Block::Outside) {
+                Block::File(name, text) => {
+                    files.push((name, text));
+                    Block::Outside
+                }
+                Block::Console | Block::Other => Block::Outside,
+                Block::Outside if line.trim() == "```console" => Block::Console,
+                Block::Outside => match line.split_once(" file=") {
+                    Some((_, name)) => Block::File(name.trim().to_owned(), String::new()),
+                    None => Block::Other,
+                },
+            };
             continue;
         }
-        if !in_console {
+        if let Block::File(_, text) = &mut block {
+            *text += line;
+            text.push('\n');
+        }
+        if !matches!(block, Block::Console) {
             continue;
         }
         if let Some(command) = line.strip_prefix("$ ") {
@@ -195,6 +259,7 @@ fn transcript(text: &str) -> Vec<Step> {
             );
             steps.push(Step {
                 line: n + 1,
+                files: std::mem::take(&mut files),
                 args: words[1..].to_vec(),
                 code: 0,
                 expected: Vec::new(),
@@ -206,6 +271,10 @@ fn transcript(text: &str) -> Vec<Step> {
             }
         }
     }
+    assert!(
+        files.is_empty(),
+        "a file block after the last command is never used"
+    );
     steps
 }
 
@@ -297,11 +366,19 @@ async fn run_page(page: &str) {
     let text = std::fs::read_to_string(root().join(page)).unwrap();
     let steps = transcript(&text);
     assert!(!steps.is_empty(), "{page} shows no console block");
-    let env = common::start_sample_sized().await;
+    let env = common::start(imgpipe::sandbox::Config {
+        image_side: common::SAMPLE_SIDE,
+        key: Some("demo".into()),
+        ..imgpipe::sandbox::Config::default()
+    })
+    .await;
     let dir = env.dir.path();
     copy_dir(&root().join("pipelines"), &dir.join("pipelines"));
     let mut failures = Vec::new();
     for step in &steps {
+        for (name, text) in &step.files {
+            std::fs::write(dir.join(name), text).unwrap();
+        }
         let args: Vec<&str> = step.args.iter().map(String::as_str).collect();
         let mut cmd = common::Imgpipe::new(&args).cwd(dir).command();
         cmd.env("IMGPIPE_BASE_URL", env.sandbox.base_url().as_str())
@@ -342,6 +419,11 @@ async fn review_loop_guide_prints_what_it_shows() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn first_pipeline_tutorial_prints_what_it_shows() {
+    run_page("docs/tutorial/first-pipeline.md").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn caps_and_spend_guide_prints_what_it_shows() {
     run_page("docs/guides/spending-caps.md").await;
 }
@@ -355,9 +437,13 @@ async fn command_reference_is_the_binarys_help() {
 #[test]
 fn transcript_syntax() {
     let steps = transcript(
-        "```console\n$ imgpipe run 'a b' --x\n? 7\nrun [..]: stopped\n...\n```\n```sh\n$ imgpipe no\n```\n",
+        "```yaml file=p.yaml\nname: p\n```\n```console\n$ imgpipe run 'a b' --x\n? 7\nrun [..]: stopped\n...\n```\n```sh\n$ imgpipe no\n```\n",
     );
     assert_eq!(steps.len(), 1);
+    assert_eq!(
+        steps[0].files,
+        [("p.yaml".to_owned(), "name: p\n".to_owned())]
+    );
     assert_eq!(steps[0].args, ["run", "a b", "--x"]);
     assert_eq!(steps[0].code, 7);
     assert!(lines_match(

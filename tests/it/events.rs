@@ -509,9 +509,7 @@ fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
 
 /// `promtool check metrics` on the file when promtool is on PATH; under CI it must be.
 fn promtool_accepts(text: &str) {
-    let on_path = std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("promtool").is_file()));
-    if !on_path {
+    if !crate::common::on_path("promtool") {
         crate::common::skip_unless_ci(
             "promtool",
             "promtool is not on PATH",

@@ -396,7 +396,7 @@ async fn an_interrupted_run_resumes_paying_only_for_the_rest_and_fetches_lost_fi
     assert_eq!(doc["credits"], remaining, "{doc:#}");
     assert_eq!(doc["tasks"].as_array().unwrap().len(), pending, "{doc:#}");
     assert_eq!(
-        doc["by_reason"]["never started"]["tasks"], pending,
+        doc["by_reason"]["never_started"]["tasks"], pending,
         "{doc:#}"
     );
     assert_eq!(doc["by_reason"].as_object().unwrap().len(), 1, "{doc:#}");
@@ -821,7 +821,7 @@ async fn calls_in_flight_when_the_process_was_killed_are_ambiguous_and_called_ag
     let doc = json_stdout(&o);
     assert_eq!(doc["by_reason"]["ambiguous"]["tasks"], 2, "{doc:#}");
     assert_eq!(doc["by_reason"]["ambiguous"]["credits"], 4, "{doc:#}");
-    assert_eq!(doc["by_reason"]["never started"]["tasks"], 6, "{doc:#}");
+    assert_eq!(doc["by_reason"]["never_started"]["tasks"], 6, "{doc:#}");
     assert_eq!(doc["credits"], 3 * CHAIN_CREDITS - 2, "{doc:#}");
     assert_eq!(doc["kept"], 1, "{doc:#}");
     let o = Imgpipe::on(&env, &["resume", "k", "--dry-run"])

@@ -267,6 +267,14 @@ pub async fn standings(store: &Store, caps: &[Cap]) -> Result<Vec<Standing>, Cap
     Ok(standing)
 }
 
+/// Where each cap that covers the pipeline named `pipeline` stands now: what a plan and a dry
+/// run hold the work against beside the limit.
+pub async fn covering(store: &Store, pipeline: &str) -> Result<Vec<Standing>, CapError> {
+    let caps: Vec<Cap> = recorded(store).await?;
+    let caps: Vec<Cap> = caps.into_iter().filter(|c| c.covers(pipeline)).collect();
+    standings(store, &caps).await
+}
+
 /// When a window of `cap` ends, as people read it: RFC 3339 in the cap's zone.
 pub fn shown(cap: &Cap, at: i64) -> String {
     Timestamp::from_millisecond(at).map_or_else(
