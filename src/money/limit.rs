@@ -118,13 +118,13 @@ impl<'a> Limit<'a> {
     pub fn describe(&self) -> String {
         let budget = self.budget.map_or_else(
             || "no budget".to_owned(),
-            |b| format!("budget {}", b.max_credits),
+            |b| format!("budget {} less what the run spent", b.max_credits),
         );
         let balance = match self.balance {
             Balance::Known { credits, .. } => format!("balance {credits}"),
             _ => "balance unknown".to_owned(),
         };
-        format!("{budget} less what the run spent, {balance}")
+        format!("{budget}, {balance}")
     }
 }
 

@@ -256,11 +256,7 @@ mod tests {
             field: "balance".into(),
         };
         let refused = over_limit(&R1, None, 3, 31, Limit::of(None, &known, 10)).unwrap_err();
-        assert!(
-            refused
-                .message()
-                .ends_with("(no budget less what the run spent, balance 25)")
-        );
+        assert!(refused.message().ends_with("(no budget, balance 25)"));
         assert_eq!(
             refused.hint().as_deref(),
             Some("top up the account, then resume")
@@ -276,7 +272,7 @@ mod tests {
         let rerolling = rerolling.unwrap_err();
         assert_eq!(
             rerolling.message(),
-            "rerolling lamp/shot in run r1 would pay for 3 task(s), 31 credits, but only 25 may be spent (no budget less what the run spent, balance 25)"
+            "rerolling lamp/shot in run r1 would pay for 3 task(s), 31 credits, but only 25 may be spent (no budget, balance 25)"
         );
         assert_eq!(
             rerolling.hint().as_deref(),
