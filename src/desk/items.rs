@@ -85,7 +85,7 @@ fn asked(query: Option<&str>) -> Result<Asked, String> {
             }
             "status" if v.is_empty() => {}
             "status" => {
-                a.filter.status = Some(status(v).ok_or_else(|| {
+                a.filter.status = Some(TaskStatus::parse(v).ok_or_else(|| {
                     format!(
                         "status: `{v}` is not a task status (pending, running, succeeded, failed, blocked)"
                     )
@@ -104,18 +104,6 @@ fn asked(query: Option<&str>) -> Result<Asked, String> {
         }
     }
     Ok(a)
-}
-
-fn status(s: &str) -> Option<TaskStatus> {
-    [
-        TaskStatus::Pending,
-        TaskStatus::Running,
-        TaskStatus::Succeeded,
-        TaskStatus::Failed,
-        TaskStatus::Blocked,
-    ]
-    .into_iter()
-    .find(|t| t.as_str() == s)
 }
 
 /// The run asked for, or the answer saying there is none.

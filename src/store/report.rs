@@ -452,7 +452,7 @@ pub(super) fn report_task(r: &sqlx::any::AnyRow) -> Result<ReportTask, StoreErro
         idx: u32::try_from(r.try_get::<i64, _>("idx")?).unwrap_or(0),
         operation: r.try_get("operation")?,
         inputs: serde_json::from_str(&inputs).unwrap_or_default(),
-        status: TaskStatus::parse(r.try_get("status")?),
+        status: TaskStatus::recorded(r.try_get("status")?)?,
         planned_credits: to_u64(r.try_get("planned_credits")?),
         credits_billed: to_u64(r.try_get("credits_billed")?),
         job_id: r.try_get("job_id")?,

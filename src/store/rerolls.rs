@@ -175,8 +175,7 @@ async fn undoable(
         return Ok(None);
     };
     let status: String = row.try_get("status_before")?;
-    let status = RunStatus::parse(&status)
-        .ok_or_else(|| StoreError::Inconsistent(format!("a reroll's status `{status}`")))?;
+    let status = RunStatus::recorded(&status)?;
     let before = RunBefore {
         status,
         stop_reason: row.try_get("stop_reason_before")?,

@@ -39,6 +39,16 @@ impl RunStatus {
         !matches!(self, RunStatus::Succeeded | RunStatus::Running)
     }
 
+    /// A run row's status. A word this build does not know is an error, never read as
+    /// another status.
+    pub(crate) fn recorded(s: &str) -> Result<RunStatus, StoreError> {
+        RunStatus::parse(s).ok_or_else(|| {
+            StoreError::Inconsistent(format!(
+                "a run's status is `{s}`, which this imgpipe does not know (a database written by a newer imgpipe, or edited by hand)"
+            ))
+        })
+    }
+
     pub fn parse(s: &str) -> Option<RunStatus> {
         Some(match s {
             "running" => RunStatus::Running,
@@ -302,7 +312,7 @@ fn run_row(row: &sqlx::any::AnyRow) -> Result<Run, StoreError> {
         items_sha256: row.try_get("items_sha256")?,
         plan: RecordedPlan::from_record(row.try_get("plan_json")?),
         output_dir: Address::recorded(&row.try_get::<String, _>("output_dir")?),
-        status: RunStatus::parse(&status).unwrap_or(RunStatus::Running),
+        status: RunStatus::recorded(&status)?,
         credits_planned: row.try_get::<i64, _>("credits_planned")?.max(0) as u64,
         balance_before: row.try_get("balance_before")?,
         balance_after: row.try_get("balance_after")?,

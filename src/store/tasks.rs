@@ -33,14 +33,26 @@ impl TaskStatus {
         }
     }
 
-    pub(crate) fn parse(s: &str) -> TaskStatus {
-        match s {
+    /// The status a word names; `None` for any other word (the desk's filter, say).
+    pub fn parse(s: &str) -> Option<TaskStatus> {
+        Some(match s {
+            "pending" => TaskStatus::Pending,
             "running" => TaskStatus::Running,
             "succeeded" => TaskStatus::Succeeded,
             "failed" => TaskStatus::Failed,
             "blocked" => TaskStatus::Blocked,
-            _ => TaskStatus::Pending,
-        }
+            _ => return None,
+        })
+    }
+
+    /// A task row's status. A word this build does not know is an error, never read as
+    /// pending: a pending task is paid for by the next resume.
+    pub(crate) fn recorded(s: &str) -> Result<TaskStatus, StoreError> {
+        TaskStatus::parse(s).ok_or_else(|| {
+            StoreError::Inconsistent(format!(
+                "a task's status is `{s}`, which this imgpipe does not know (a database written by a newer imgpipe, or edited by hand)"
+            ))
+        })
     }
 }
 
@@ -218,7 +230,7 @@ pub(super) fn task_row(r: &sqlx::any::AnyRow) -> Result<RecordedTask, StoreError
     Ok(RecordedTask {
         id: r.try_get("id")?,
         key: key_of(r)?,
-        status: TaskStatus::parse(r.try_get("status")?),
+        status: TaskStatus::recorded(r.try_get("status")?)?,
         planned_credits: to_u64(r.try_get("planned_credits")?),
         credits_billed: to_u64(r.try_get("credits_billed")?),
         job_id: r.try_get("job_id")?,

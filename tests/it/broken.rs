@@ -1499,3 +1499,48 @@ async fn a_new_state_database_is_marked_and_one_from_before_the_mark_is_marked_o
     assert_eq!(&application_id(&std::fs::read(&old).unwrap()), b"imgp");
     assert_eq!(run_ids(&old).await, ["r"]);
 }
+
+/// A task's or a run's status this build does not know (a database written by a newer
+/// imgpipe, or edited by hand with its checks off) is refused by name, never read as another
+/// (a task as pending, which a resume pays for; a run as running): exit 1, nothing billed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_status_this_imgpipe_does_not_know_is_refused_by_name() {
+    let env = small_sandbox(Faults::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.yaml"), one_step("mug", "big")).unwrap();
+    let state = dir.path().join("state.db");
+    let o = run_with_state(&env, dir.path(), &state, &["p.yaml", "--run-id", "r"]).await;
+    assert_exit_without_panic(&o, 0);
+    let billed = env.sandbox.ledger().len();
+    let edit = |sql: &'static str| {
+        let state = state.clone();
+        async move {
+            let mut conn = SqliteConnectOptions::new()
+                .filename(&state)
+                .connect()
+                .await
+                .unwrap();
+            // The tables hold their statuses to the words they know: only a hand that
+            // turns the checks off (or a newer schema's) writes another.
+            sqlx::query("PRAGMA ignore_check_constraints = ON")
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            sqlx::query(sql).execute(&mut conn).await.unwrap();
+            conn.close().await.unwrap();
+        }
+    };
+    let state_arg = state.to_string_lossy().into_owned();
+    edit("UPDATE tasks SET status = 'paused' WHERE run_id = 'r'").await;
+    let o = bin(&env, dir.path(), &["report", "r", "--state", &state_arg]).await;
+    assert_exit_without_panic(&o, 1);
+    let err = stderr(&o);
+    assert!(err.contains("a task's status is `paused`"), "{err}");
+
+    edit("UPDATE runs SET status = 'halted' WHERE id = 'r'").await;
+    let o = bin(&env, dir.path(), &["status", "r", "--state", &state_arg]).await;
+    assert_exit_without_panic(&o, 1);
+    let err = stderr(&o);
+    assert!(err.contains("a run's status is `halted`"), "{err}");
+    assert_eq!(env.sandbox.ledger().len(), billed, "nothing billed");
+}
