@@ -287,13 +287,16 @@ impl Review {
 /// results per level of the chain, whatever the number of items.
 pub async fn review(
     store: &Store,
-    run_id: &RunId,
+    run_id: Option<&RunId>,
     graph: &Graph,
     previous: Option<&Graph>,
     on_ambiguous: OnAmbiguous,
     reuse: bool,
 ) -> Result<Review, StoreError> {
-    let records = records::load(store, run_id, graph, previous, reuse).await?;
+    let records = match run_id {
+        Some(id) => records::load(store, id, graph, previous, reuse).await?,
+        None => decide::Records::empty(graph),
+    };
     let opts = Options {
         on_ambiguous,
         reuse,

@@ -87,8 +87,15 @@ pub async fn prepare(
         .transpose()?;
     let reuse = choices.reuse || pipeline.reuse;
     let (id, on_ambiguous) = (&row.id, choices.on_ambiguous);
-    let mut review =
-        super::review(store, id, &graph, previous.as_ref(), on_ambiguous, reuse).await?;
+    let mut review = super::review(
+        store,
+        Some(id),
+        &graph,
+        previous.as_ref(),
+        on_ambiguous,
+        reuse,
+    )
+    .await?;
     refusal::changes(id, recorded.is_some(), choices.allow_changes, || {
         let old = recorded
             .as_ref()

@@ -260,16 +260,8 @@ pub async fn reuse_estimate(
     }
     let store = state.open().await?;
     let graph = Graph::build(pipeline, &doc.costs)?;
-    // A run id no run has: every task looks new, and any earlier run may supply it.
-    let review = crate::resume::review(
-        &store,
-        &RunId::from(""),
-        &graph,
-        None,
-        OnAmbiguous::Retry,
-        true,
-    )
-    .await;
+    // No run of its own: every task looks new, and any earlier run may supply it.
+    let review = crate::resume::review(&store, None, &graph, None, OnAmbiguous::Retry, true).await;
     let mut review = state::close(store, review.map_err(Error::from)).await?;
     review.narrow(&graph, scope);
     Ok(admit::estimate(doc, &review, &graph))
@@ -373,7 +365,10 @@ impl Runner<'_> {
         let graph = Arc::new(Graph::build(f.pipeline, &doc.costs)?);
         let on_ambiguous = self.settings.on_ambiguous;
         let review = if f.reuse {
-            Some(crate::resume::review(f.store, &run_id, &graph, None, on_ambiguous, true).await?)
+            Some(
+                crate::resume::review(f.store, Some(&run_id), &graph, None, on_ambiguous, true)
+                    .await?,
+            )
         } else {
             None
         };

@@ -76,12 +76,12 @@ impl Identities<'_> {
     }
 
     /// For each of these identities that has one, the latest succeeded task, of any run but
-    /// `not_run`, with every output downloaded: one query a chunk of identities, not one a
+    /// `not_run` (of any run at all when `None`: a plan's estimate), with every output downloaded: one query a chunk of identities, not one a
     /// task.
     pub async fn reusable(
         &self,
         identities: &[String],
-        not_run: &RunId,
+        not_run: Option<&RunId>,
     ) -> Result<HashMap<String, Reusable>, StoreError> {
         let mut found: HashMap<String, Reusable> = HashMap::new();
         for chunk in identities.chunks(500) {
@@ -91,11 +91,15 @@ impl Identities<'_> {
                 Backend::Sqlite => "?".to_owned(),
                 Backend::Postgres => format!("${}", chunk.len() + 1),
             };
+            let not_run_clause = match not_run {
+                Some(_) => format!("AND t.run_id != {not_run_mark}"),
+                None => String::new(),
+            };
             let sql = format!(
                 "SELECT t.id, t.run_id, t.job_id, t.identity,
                         o.k, o.url, o.url_issued_at, o.path, o.sha256, o.bytes, o.parent_job_id
                  FROM tasks t JOIN outputs o ON o.task_id = t.id
-                 WHERE t.identity IN ({marks}) AND t.run_id != {not_run_mark}
+                 WHERE t.identity IN ({marks}) {not_run_clause}
                    AND t.status = 'succeeded' AND t.removed_at IS NULL
                    AND t.job_id IS NOT NULL
                    AND NOT EXISTS (SELECT 1 FROM outputs x
@@ -107,7 +111,10 @@ impl Identities<'_> {
             for id in chunk {
                 query = query.bind(id);
             }
-            let rows = query.bind(not_run).fetch_all(self.store.pool()).await?;
+            if let Some(run) = not_run {
+                query = query.bind(run);
+            }
+            let rows = query.fetch_all(self.store.pool()).await?;
             for r in &rows {
                 let identity: String = r.try_get("identity")?;
                 let task_id: i64 = r.try_get("id")?;
