@@ -155,6 +155,7 @@ pub fn trial(
             overdue: Vec::new(),
             log: Vec::new(),
             planned_before_confirms: None,
+            told: Err("not asked: the trial did not reach its end".into()),
         },
     };
     t.play();
