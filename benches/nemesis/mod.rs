@@ -204,8 +204,10 @@ pub fn main(binary: &str, args: &[String]) -> i32 {
         .ok()
         .or_else(|| std::env::var("IMGPIPE_TEST_POSTGRES").ok())
         .filter(|v| !v.is_empty());
+    // Under CI the PostgreSQL trials are never left out for want of a server.
+    let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
     let backends = if a.backends.is_empty() {
-        if postgres.is_some() {
+        if postgres.is_some() || ci {
             vec![Backend::Sqlite, Backend::Postgres]
         } else {
             vec![Backend::Sqlite]
@@ -223,6 +225,7 @@ pub fn main(binary: &str, args: &[String]) -> i32 {
     let mut failed = Vec::new();
     let mut by_invariant: BTreeMap<&str, u64> = check::INVARIANTS.iter().map(|i| (*i, 0)).collect();
     let mut by_backend: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let (mut trials_run, mut first_violation) = (0, None);
     // A single trial replays its seed itself; a campaign's trials each draw theirs from it.
     for i in 0..a.trials {
         let seed = if a.trials == 1 {
@@ -238,6 +241,7 @@ pub fn main(binary: &str, args: &[String]) -> i32 {
             postgres.as_deref(),
             a.keep,
         );
+        trials_run = i + 1;
         let slot = by_backend
             .entry(format!("{:?}", r.scenario.backend))
             .or_default();
@@ -306,12 +310,22 @@ pub fn main(binary: &str, args: &[String]) -> i32 {
             }
             eprintln!("  kept: {}", r.dir.display());
             failed.push(seed);
+            first_violation.get_or_insert(i + 1);
+            // A mutation is proven caught by its first violation: the trials to it are the
+            // figure, the rest would only repeat it.
+            if a.mutate.is_some() {
+                eprintln!(
+                    "nemesis: mutation {} caught at trial {}",
+                    a.mutate.as_deref().unwrap_or_default(),
+                    i + 1
+                );
+                break;
+            }
         }
     }
     let violations = failed.len() as u64;
     eprintln!(
-        "nemesis: {} trial(s), {violations} with a violation, {:.0}s{}",
-        a.trials,
+        "nemesis: {trials_run} trial(s), {violations} with a violation, {:.0}s{}",
         started.elapsed().as_secs_f64(),
         a.mutate
             .as_deref()
@@ -320,8 +334,9 @@ pub fn main(binary: &str, args: &[String]) -> i32 {
     );
     if a.json {
         let doc = serde_json::json!({
-            "trials": a.trials,
+            "trials": trials_run,
             "violations": violations,
+            "first_violation": first_violation,
             "failed_seeds": failed,
             "by_invariant": by_invariant,
             "by_backend": by_backend.iter().map(|(k, (n, v))| (k.to_lowercase(), serde_json::json!({"trials": n, "violations": v}))).collect::<serde_json::Map<_, _>>(),
