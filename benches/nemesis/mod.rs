@@ -30,6 +30,8 @@ pub struct Args {
     pub list: bool,
     pub backends: Vec<Backend>,
     pub keep: bool,
+    /// `--max-items N`: no trial draws more items (a short campaign, as CI runs).
+    pub max_items: Option<u64>,
 }
 
 pub fn parse(args: &[String]) -> Result<Args, String> {
@@ -60,6 +62,13 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
             "--mutate" => a.mutate = Some(value("--mutate")?),
             "--list-mutations" => a.list = true,
             "--keep" => a.keep = true,
+            "--max-items" => {
+                a.max_items = Some(
+                    value("--max-items")?
+                        .parse()
+                        .map_err(|e| format!("--max-items: {e}"))?,
+                )
+            }
             "--backend" => {
                 a.backends = match value("--backend")?.as_str() {
                     "sqlite" => vec![Backend::Sqlite],
@@ -91,17 +100,16 @@ pub struct Report {
     pub dir: std::path::PathBuf,
 }
 
-/// Runs one trial of `seed` and checks it.
+/// Runs the trial of scenario `s` and checks it.
 pub fn trial(
     binary: &str,
-    seed: u64,
-    backends: &[Backend],
+    s: Scenario,
     mutate: Option<&str>,
     postgres: Option<&str>,
     keep: bool,
 ) -> Report {
     let started = Instant::now();
-    let s = Scenario::draw(seed, backends);
+    let seed = s.seed;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -235,8 +243,7 @@ pub fn main(binary: &str, args: &[String]) -> i32 {
         };
         let r = trial(
             binary,
-            seed,
-            &backends,
+            Scenario::draw(seed, &backends, a.max_items),
             a.mutate.as_deref(),
             postgres.as_deref(),
             a.keep,
@@ -289,6 +296,9 @@ pub fn main(binary: &str, args: &[String]) -> i32 {
                     .as_deref()
                     .map(|m| format!(" --mutate {m}"))
                     .unwrap_or_default()
+                    + &a.max_items
+                        .map(|n| format!(" --max-items {n}"))
+                        .unwrap_or_default()
             );
             eprintln!(
                 "  scenario: {}",

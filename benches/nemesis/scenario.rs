@@ -112,11 +112,13 @@ const TOOLS: &[(&str, u64)] = &[
 ];
 
 impl Scenario {
-    pub fn draw(seed: u64, backends: &[Backend]) -> Scenario {
+    /// The scenario of `seed`; `max_items` caps its items (a short campaign), the rest of the
+    /// draw unchanged.
+    pub fn draw(seed: u64, backends: &[Backend], max_items: Option<u64>) -> Scenario {
         let mut r = Rng::new(seed);
         let backend = r.pick(backends);
         let u = (r.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-        let items = 5 + (195.0 * u * u * u) as u64;
+        let items = (5 + (195.0 * u * u * u) as u64).min(max_items.unwrap_or(u64::MAX).max(5));
         let n_steps = r.between(2, 5);
         let mut steps: Vec<Step> = Vec::new();
         let join = r.chance(0.25);
