@@ -165,17 +165,30 @@ pub fn all(
     }
 
     // confirmed_price: what the run spent is its plan, the changes confirmed (each revision
-    // once, whatever the number of confirms of it) and the calls that may have been billed.
+    // once, whatever the number of confirms of it) and the calls billed without a success (lost
+    // answers, a billed failure), as the ledger has them: no slack from a call recorded as
+    // possibly billed that the sandbox never billed.
     if let Some(before) = out.planned_before_confirms {
         let mut distinct: BTreeMap<&str, u64> = BTreeMap::new();
         for (rev, credits) in &out.accepted {
             distinct.insert(rev, *credits);
         }
         let confirmed: u64 = distinct.values().sum();
-        let bound = before + confirmed + possibly_credits;
+        let won: HashSet<&str> = db
+            .attempts
+            .iter()
+            .filter(|a| a.outcome.as_deref() == Some("succeeded"))
+            .filter_map(|a| a.job_id.as_deref())
+            .collect();
+        let wasted: u64 = ledger
+            .iter()
+            .filter(|e| !won.contains(e.job_id.as_str()))
+            .map(|e| e.credits)
+            .sum();
+        let bound = before + confirmed + wasted;
         f.check("confirmed_price", total <= bound, || {
             format!(
-                "billed {total} credits: more than the plan ({before}), the changes confirmed ({confirmed}, {} confirm(s) accepted of {} revision(s)) and the possibly billed ({possibly_credits})",
+                "billed {total} credits: more than the plan ({before}), the changes confirmed ({confirmed}, {} confirm(s) accepted of {} revision(s)) and the calls billed without a success ({wasted})",
                 out.accepted.len(),
                 distinct.len()
             )

@@ -168,6 +168,8 @@ pub fn trial(
     };
     t.play();
     let out = t.out;
+    // What each process did and when, beside its logs, for a trial kept (`--keep`) or failed.
+    let _ = std::fs::write(dir.path().join("trial.log"), out.log.join("\n") + "\n");
     let violations = match rt.block_on(db::read(&state)) {
         Ok(db) => check::all(&s, &out, &db, &sandbox, &sandbox.ledger(), &sandbox.stats()),
         Err(e) => vec![check::Violation {

@@ -209,6 +209,13 @@ impl Scenario {
                 kill_desk_at: r.chance(0.25).then(|| r.between(1, 3)),
             }
         });
+        // A confirmed reroll pays for a chain again: the budget leaves room for a few, so that
+        // a confirm taken twice (a stale revision let through) is not hidden by the budget
+        // refusing the second.
+        let budget = match (budget, &confirms) {
+            (Some(b), Some(_)) => Some(b + 3 * (planned / items + 8)),
+            (b, _) => b,
+        };
         Scenario {
             seed,
             backend,
