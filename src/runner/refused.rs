@@ -84,6 +84,9 @@ impl Runner<'_> {
             "refused over its limit, run {id} kept {stored} of {before} output(s) already paid for; nothing was spent"
         );
         if outcome.interrupted {
+            let runs = store.runs();
+            runs.set_status(id, RunStatus::Interrupted, None, None)
+                .await?;
             return Err(Error::Interrupted { detail: None });
         }
         Ok(Some(stored))
