@@ -160,8 +160,8 @@ impl Scenario {
         }
         let (tasks, planned) = totals(&steps, items);
         let budget = match r.between(0, 9) {
-            0..=2 => None,
-            3..=5 => Some(planned),
+            0..=1 => None,
+            2..=6 => Some(planned),
             _ => Some(planned + r.between(0, planned / 10 + 1)),
         };
         let maybe = |r: &mut Rng, p: f64, most: f64| {
@@ -171,10 +171,17 @@ impl Scenario {
                 0.0
             }
         };
+        // A budget of the plan exactly is held against the spending the plan does not foresee:
+        // calls billed and their answers lost, paid again.
+        let exact = budget == Some(planned);
         let faults = Faults {
             server_error: maybe(&mut r, 0.5, 0.05),
             rate_limit: maybe(&mut r, 0.3, 0.03),
-            drop: maybe(&mut r, 0.5, 0.04),
+            drop: maybe(&mut r, if exact { 1.0 } else { 0.5 }, 0.04).max(if exact {
+                0.01
+            } else {
+                0.0
+            }),
             gateway: maybe(&mut r, 0.3, 0.02),
             partial: maybe(&mut r, 0.4, 0.04),
             truncate: maybe(&mut r, 0.4, 0.04),
