@@ -169,7 +169,9 @@ pub fn trial(
     t.play();
     let out = t.out;
     // What each process did and when, beside its logs, for a trial kept (`--keep`) or failed.
-    let _ = std::fs::write(dir.path().join("trial.log"), out.log.join("\n") + "\n");
+    let scenario = serde_json::to_string(&s).unwrap_or_default();
+    let told = format!("scenario: {scenario}\n{}\n", out.log.join("\n"));
+    let _ = std::fs::write(dir.path().join("trial.log"), told);
     let violations = match rt.block_on(db::read(&state)) {
         Ok(db) => check::all(&s, &out, &db, &sandbox, &sandbox.ledger(), &sandbox.stats()),
         Err(e) => vec![check::Violation {
