@@ -222,11 +222,11 @@ impl Scenario {
                 kill_desk_at: r.chance(0.25).then(|| r.between(1, 3)),
             }
         });
-        // A confirmed reroll pays for a chain again: a budget above the plan leaves room for a
-        // few, so that a confirm taken twice (a stale revision let through) is not hidden by
-        // the budget refusing the second. A budget of the plan exactly stays so.
+        // A confirmed reroll pays for a chain again: the budget leaves room for a few, so that
+        // a confirm taken twice (a stale revision let through) is not hidden by the budget
+        // refusing the second.
         let budget = match (budget, &confirms) {
-            (Some(b), Some(_)) if !exact => Some(b + 3 * (planned / items + 8)),
+            (Some(b), Some(_)) => Some(b + 3 * (planned / items + 8)),
             (b, _) => b,
         };
         Scenario {

@@ -19,7 +19,8 @@ impl Runner<'_> {
     /// The refusal of a continuation over its limit, once it kept what was paid for: `answers`
     /// lost answers read back, and the outputs without a file fetched and stored. The run
     /// records the refusal as why it is stopped when the record changed, or said `running`
-    /// (its process gone); a finished run (a reroll refused) is left as it is.
+    /// (its process gone) or `interrupted`; a finished run (a reroll refused) is left as it
+    /// is, and so is a run that already says why it stopped or failed.
     pub(super) async fn refused(
         &self,
         conn: &Connection,
@@ -38,7 +39,10 @@ impl Runner<'_> {
             outputs: fetched.unwrap_or(0),
         };
         let refusal = refusal.keeping(kept);
-        let touched = fetched.is_some() || kept.any() || row.status == RunStatus::Running;
+        // `running` (its process gone) and `interrupted` name a resume as what comes next: the
+        // refusal is why it cannot come.
+        let waiting = matches!(row.status, RunStatus::Running | RunStatus::Interrupted);
+        let touched = fetched.is_some() || kept.any() || waiting;
         if touched {
             let why = refusal.message();
             let runs = store.runs();

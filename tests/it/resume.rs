@@ -1132,6 +1132,33 @@ async fn a_resume_over_its_budget_keeps_what_was_paid_for_and_records_why_it_sto
     finishes_paying_for_the_cutout_alone(&env).await;
 }
 
+/// A run stopped by SIGINT whose resume is refused for its budget is recorded stopped, with the
+/// refusal as its reason: not left `interrupted`, which names a resume that cannot go.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_interrupted_run_refused_over_its_budget_is_recorded_stopped_with_why() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(2, None));
+    interrupt_run_r(&env, 2).await;
+    assert_eq!(status_json(&env, "r").await["status"], "interrupted");
+    let ledger = env.sandbox.ledger();
+    let o = Imgpipe::on(&env, &["resume", "r", "--max-credits", "1"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
+    assert_exit_without_panic(&o, 3);
+    assert_eq!(env.sandbox.ledger(), ledger, "nothing paid for");
+    let status = status_json(&env, "r").await;
+    assert_eq!(status["status"], "stopped", "{status:#}");
+    let why = status["stopped"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("but only 0 may be spent (budget 1 less what the run spent")
+            && why.ends_with("; nothing was spent"),
+        "{status:#}"
+    );
+}
+
 /// Over its budget only while a lost answer counts as to pay for: read back for free, the rest
 /// fits, and the resume goes on to finish, paying for the cut-out alone.
 #[tokio::test(flavor = "multi_thread")]
