@@ -165,17 +165,30 @@ pub fn all(
     }
 
     // confirmed_price: what the run spent is its plan, the changes confirmed (each revision
-    // once, whatever the number of confirms of it) and the calls that may have been billed.
+    // once, whatever the number of confirms of it) and the calls billed without a success (lost
+    // answers, a billed failure), as the ledger has them: no slack from a call recorded as
+    // possibly billed that the sandbox never billed.
     if let Some(before) = out.planned_before_confirms {
         let mut distinct: BTreeMap<&str, u64> = BTreeMap::new();
         for (rev, credits) in &out.accepted {
             distinct.insert(rev, *credits);
         }
         let confirmed: u64 = distinct.values().sum();
-        let bound = before + confirmed + possibly_credits;
+        let won: HashSet<&str> = db
+            .attempts
+            .iter()
+            .filter(|a| a.outcome.as_deref() == Some("succeeded"))
+            .filter_map(|a| a.job_id.as_deref())
+            .collect();
+        let wasted: u64 = ledger
+            .iter()
+            .filter(|e| !won.contains(e.job_id.as_str()))
+            .map(|e| e.credits)
+            .sum();
+        let bound = before + confirmed + wasted;
         f.check("confirmed_price", total <= bound, || {
             format!(
-                "billed {total} credits: more than the plan ({before}), the changes confirmed ({confirmed}, {} confirm(s) accepted of {} revision(s)) and the possibly billed ({possibly_credits})",
+                "billed {total} credits: more than the plan ({before}), the changes confirmed ({confirmed}, {} confirm(s) accepted of {} revision(s)) and the calls billed without a success ({wasted})",
                 out.accepted.len(),
                 distinct.len()
             )
@@ -203,10 +216,10 @@ pub fn all(
     }
 
     // outputs_stored
-    let Some(run) = db.runs.first() else {
+    if db.runs.is_empty() {
         f.check("run_end", false, || "no run was recorded".into());
         return f.0;
-    };
+    }
     let final_files = out.snapshots.last().cloned().unwrap_or_default();
     let mut outputs_of: HashMap<i64, Vec<&super::db::Output>> = HashMap::new();
     for o in &db.outputs {
@@ -264,21 +277,41 @@ pub fn all(
         }
     }
 
-    // run_end
-    let ended = run.status == "succeeded"
-        || (run.status != "running" && run.stop_reason.as_deref().is_some_and(|r| !r.is_empty()));
-    f.check("run_end", ended, || {
-        format!(
-            "the run ended {} (reason {:?})",
-            run.status, run.stop_reason
-        )
-    });
+    // run_end: what `imgpipe status` tells, as a user reads it.
+    f.check(
+        "run_end",
+        out.told.as_ref().is_ok_and(documented_end),
+        || match &out.told {
+            Ok(told) => format!(
+                "imgpipe status tells the run {} (stopped: {}, failures: {}, process: {})",
+                told["status"], told["stopped"], told["failures"], told["process"]
+            ),
+            Err(e) => e.clone(),
+        },
+    );
 
     // process_bound
     for o in &out.overdue {
         f.check("process_bound", false, || o.clone());
     }
     f.0
+}
+
+/// Whether a run's status, as `imgpipe status --json` tells it, is an end the docs describe
+/// (docs/guides/resuming-and-cron.md): `succeeded`; `stopped` with the reason imgpipe recorded;
+/// `failed` with each failure named and its reason. A run told `running` or `interrupted` (its
+/// process gone) did not end, whatever its record says.
+fn documented_end(told: &serde_json::Value) -> bool {
+    let said = |v: &serde_json::Value| v.as_str().is_some_and(|s| !s.trim().is_empty());
+    let failures = told["failures"].as_array();
+    match told["status"].as_str() {
+        Some("succeeded") => true,
+        Some("stopped") => said(&told["stopped"]),
+        Some("failed") => {
+            failures.is_some_and(|f| !f.is_empty() && f.iter().all(|f| said(&f["reason"])))
+        }
+        _ => false,
+    }
 }
 
 fn ids(attempts: &[&super::db::Attempt]) -> Vec<i64> {

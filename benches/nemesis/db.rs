@@ -5,8 +5,6 @@ use sqlx::{Connection, Row};
 #[derive(Clone, Debug)]
 pub struct Run {
     pub id: String,
-    pub status: String,
-    pub stop_reason: Option<String>,
     pub credits_planned: u64,
     pub output_dir: String,
 }
@@ -113,11 +111,9 @@ pub async fn read(state: &str) -> Result<Db, String> {
         };
     }
     let runs = rows!(
-        "SELECT id, status, stop_reason, credits_planned, output_dir FROM runs ORDER BY id",
+        "SELECT id, credits_planned, output_dir FROM runs ORDER BY id",
         |r| Run {
             id: r.get("id"),
-            status: r.get("status"),
-            stop_reason: r.get("stop_reason"),
             credits_planned: unsigned(r.get("credits_planned")),
             output_dir: r.get("output_dir"),
         }

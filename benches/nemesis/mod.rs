@@ -30,6 +30,8 @@ pub struct Args {
     pub list: bool,
     pub backends: Vec<Backend>,
     pub keep: bool,
+    /// `--max-items N`: no trial draws more items (a short campaign, as CI runs).
+    pub max_items: Option<u64>,
 }
 
 pub fn parse(args: &[String]) -> Result<Args, String> {
@@ -60,6 +62,13 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
             "--mutate" => a.mutate = Some(value("--mutate")?),
             "--list-mutations" => a.list = true,
             "--keep" => a.keep = true,
+            "--max-items" => {
+                a.max_items = Some(
+                    value("--max-items")?
+                        .parse()
+                        .map_err(|e| format!("--max-items: {e}"))?,
+                )
+            }
             "--backend" => {
                 a.backends = match value("--backend")?.as_str() {
                     "sqlite" => vec![Backend::Sqlite],
@@ -91,17 +100,16 @@ pub struct Report {
     pub dir: std::path::PathBuf,
 }
 
-/// Runs one trial of `seed` and checks it.
+/// Runs the trial of scenario `s` and checks it.
 pub fn trial(
     binary: &str,
-    seed: u64,
-    backends: &[Backend],
+    s: Scenario,
     mutate: Option<&str>,
     postgres: Option<&str>,
     keep: bool,
 ) -> Report {
     let started = Instant::now();
-    let s = Scenario::draw(seed, backends);
+    let seed = s.seed;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -155,10 +163,15 @@ pub fn trial(
             overdue: Vec::new(),
             log: Vec::new(),
             planned_before_confirms: None,
+            told: Err("not asked: the trial did not reach its end".into()),
         },
     };
     t.play();
     let out = t.out;
+    // What each process did and when, beside its logs, for a trial kept (`--keep`) or failed.
+    let scenario = serde_json::to_string(&s).unwrap_or_default();
+    let told = format!("scenario: {scenario}\n{}\n", out.log.join("\n"));
+    let _ = std::fs::write(dir.path().join("trial.log"), told);
     let violations = match rt.block_on(db::read(&state)) {
         Ok(db) => check::all(&s, &out, &db, &sandbox, &sandbox.ledger(), &sandbox.stats()),
         Err(e) => vec![check::Violation {
@@ -203,8 +216,10 @@ pub fn main(binary: &str, args: &[String]) -> i32 {
         .ok()
         .or_else(|| std::env::var("IMGPIPE_TEST_POSTGRES").ok())
         .filter(|v| !v.is_empty());
+    // Under CI the PostgreSQL trials are never left out for want of a server.
+    let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
     let backends = if a.backends.is_empty() {
-        if postgres.is_some() {
+        if postgres.is_some() || ci {
             vec![Backend::Sqlite, Backend::Postgres]
         } else {
             vec![Backend::Sqlite]
@@ -222,6 +237,7 @@ pub fn main(binary: &str, args: &[String]) -> i32 {
     let mut failed = Vec::new();
     let mut by_invariant: BTreeMap<&str, u64> = check::INVARIANTS.iter().map(|i| (*i, 0)).collect();
     let mut by_backend: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let (mut trials_run, mut first_violation) = (0, None);
     // A single trial replays its seed itself; a campaign's trials each draw theirs from it.
     for i in 0..a.trials {
         let seed = if a.trials == 1 {
@@ -231,12 +247,12 @@ pub fn main(binary: &str, args: &[String]) -> i32 {
         };
         let r = trial(
             binary,
-            seed,
-            &backends,
+            Scenario::draw(seed, &backends, a.max_items),
             a.mutate.as_deref(),
             postgres.as_deref(),
             a.keep,
         );
+        trials_run = i + 1;
         let slot = by_backend
             .entry(format!("{:?}", r.scenario.backend))
             .or_default();
@@ -284,6 +300,9 @@ pub fn main(binary: &str, args: &[String]) -> i32 {
                     .as_deref()
                     .map(|m| format!(" --mutate {m}"))
                     .unwrap_or_default()
+                    + &a.max_items
+                        .map(|n| format!(" --max-items {n}"))
+                        .unwrap_or_default()
             );
             eprintln!(
                 "  scenario: {}",
@@ -305,12 +324,22 @@ pub fn main(binary: &str, args: &[String]) -> i32 {
             }
             eprintln!("  kept: {}", r.dir.display());
             failed.push(seed);
+            first_violation.get_or_insert(i + 1);
+            // A mutation is proven caught by its first violation: the trials to it are the
+            // figure, the rest would only repeat it.
+            if a.mutate.is_some() {
+                eprintln!(
+                    "nemesis: mutation {} caught at trial {}",
+                    a.mutate.as_deref().unwrap_or_default(),
+                    i + 1
+                );
+                break;
+            }
         }
     }
     let violations = failed.len() as u64;
     eprintln!(
-        "nemesis: {} trial(s), {violations} with a violation, {:.0}s{}",
-        a.trials,
+        "nemesis: {trials_run} trial(s), {violations} with a violation, {:.0}s{}",
         started.elapsed().as_secs_f64(),
         a.mutate
             .as_deref()
@@ -319,8 +348,9 @@ pub fn main(binary: &str, args: &[String]) -> i32 {
     );
     if a.json {
         let doc = serde_json::json!({
-            "trials": a.trials,
+            "trials": trials_run,
             "violations": violations,
+            "first_violation": first_violation,
             "failed_seeds": failed,
             "by_invariant": by_invariant,
             "by_backend": by_backend.iter().map(|(k, (n, v))| (k.to_lowercase(), serde_json::json!({"trials": n, "violations": v}))).collect::<serde_json::Map<_, _>>(),

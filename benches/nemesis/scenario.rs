@@ -112,11 +112,13 @@ const TOOLS: &[(&str, u64)] = &[
 ];
 
 impl Scenario {
-    pub fn draw(seed: u64, backends: &[Backend]) -> Scenario {
+    /// The scenario of `seed`; `max_items` caps its items (a short campaign), the rest of the
+    /// draw unchanged.
+    pub fn draw(seed: u64, backends: &[Backend], max_items: Option<u64>) -> Scenario {
         let mut r = Rng::new(seed);
         let backend = r.pick(backends);
         let u = (r.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-        let items = 5 + (195.0 * u * u * u) as u64;
+        let items = (5 + (195.0 * u * u * u) as u64).min(max_items.unwrap_or(u64::MAX).max(5));
         let n_steps = r.between(2, 5);
         let mut steps: Vec<Step> = Vec::new();
         let join = r.chance(0.25);
@@ -158,8 +160,8 @@ impl Scenario {
         }
         let (tasks, planned) = totals(&steps, items);
         let budget = match r.between(0, 9) {
-            0..=2 => None,
-            3..=5 => Some(planned),
+            0..=1 => None,
+            2..=6 => Some(planned),
             _ => Some(planned + r.between(0, planned / 10 + 1)),
         };
         let maybe = |r: &mut Rng, p: f64, most: f64| {
@@ -169,10 +171,17 @@ impl Scenario {
                 0.0
             }
         };
+        // A budget of the plan exactly is held against the spending the plan does not foresee:
+        // calls billed and their answers lost, paid again.
+        let exact = budget == Some(planned);
         let faults = Faults {
             server_error: maybe(&mut r, 0.5, 0.05),
             rate_limit: maybe(&mut r, 0.3, 0.03),
-            drop: maybe(&mut r, 0.5, 0.04),
+            drop: maybe(&mut r, if exact { 1.0 } else { 0.5 }, 0.04).max(if exact {
+                0.01
+            } else {
+                0.0
+            }),
             gateway: maybe(&mut r, 0.3, 0.02),
             partial: maybe(&mut r, 0.4, 0.04),
             truncate: maybe(&mut r, 0.4, 0.04),
@@ -181,10 +190,16 @@ impl Scenario {
             account_rate: r.chance(0.3).then(|| r.between(40, 120)),
             expire_urls_at: r.chance(0.2).then(|| r.between(1, tasks)),
         };
+        // Under a budget of the plan exactly, a kill's possibly billed calls leave no room for
+        // any resume: only a run that goes to its end meets the spending the plan did not foresee.
+        let first = match exact && r.chance(0.5) {
+            true => Fate::Ends,
+            false => fate(&mut r, tasks, backend),
+        };
         let mut hosts = vec![Host {
             command: Command::Run,
             start_at_billed: 0,
-            fate: fate(&mut r, tasks, backend),
+            fate: first,
         }];
         for _ in 0..r.between(0, 2) {
             hosts.push(Host {
@@ -207,6 +222,13 @@ impl Scenario {
                 kill_desk_at: r.chance(0.25).then(|| r.between(1, 3)),
             }
         });
+        // A confirmed reroll pays for a chain again: the budget leaves room for a few, so that
+        // a confirm taken twice (a stale revision let through) is not hidden by the budget
+        // refusing the second.
+        let budget = match (budget, &confirms) {
+            (Some(b), Some(_)) => Some(b + 3 * (planned / items + 8)),
+            (b, _) => b,
+        };
         Scenario {
             seed,
             backend,

@@ -29,6 +29,9 @@ pub struct Outcome {
     pub log: Vec<String>,
     /// What the run had planned before any change was confirmed.
     pub planned_before_confirms: Option<u64>,
+    /// What `imgpipe status RUN --json` told after the last resume (what a user reads: a
+    /// run whose process is gone is told `interrupted`), or why it could not be read.
+    pub told: Result<serde_json::Value, String>,
 }
 
 pub struct Env<'a> {
@@ -286,6 +289,22 @@ impl Trial<'_> {
         self.out.log.push("faults quieted".into());
         self.run_one("final", &resume);
         self.snapshot();
+        self.out.told = self.told();
+    }
+
+    /// `imgpipe status RUN --json`, as a user would ask it once the last resume ended.
+    fn told(&self) -> Result<serde_json::Value, String> {
+        let out = self
+            .command(&["status", RUN_ID, "--json"])
+            .output()
+            .map_err(|e| format!("cannot run imgpipe status: {e}"))?;
+        serde_json::from_slice(&out.stdout).map_err(|e| {
+            format!(
+                "imgpipe status exited {:?} without a JSON status ({e}): {}",
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
+        })
     }
 
     fn planned(&self) -> u64 {

@@ -28,7 +28,7 @@ use crate::store::{
 };
 use crate::task_key::TaskKey;
 
-use super::{Reason, Refetch, Review, objects, records, recover::recover};
+use super::{Reason, Refetch, Review, objects, records, recover::read_back_all};
 
 /// What [`apply`] did.
 #[derive(Debug, Default)]
@@ -67,12 +67,7 @@ pub async fn apply(
             &read
         }
     };
-    let mut recovered = HashSet::new();
-    for r in &review.recover {
-        if recover(store, client, run_id, graph, r, rows).await? {
-            recovered.extend(rows.get(r.task));
-        }
-    }
+    let recovered = read_back_all(store, client, run_id, graph, &review.recover, rows).await?;
     let at = Applying {
         graph,
         review,

@@ -56,7 +56,7 @@ impl Prepared {
             graph,
             mut review,
             scope,
-            changed,
+            recorded,
             reroll,
         } = self;
         let describe = |t| crate::exec::new_task(&graph, t);
@@ -81,7 +81,7 @@ impl Prepared {
             place_proven,
         };
         let before = recorded_plan(&row).and_then(|d| d.scope);
-        match rewrite(changed, before.as_ref(), doc.scope.as_ref()) {
+        match rewrite(recorded.is_some(), before.as_ref(), doc.scope.as_ref()) {
             Rewrite::Nothing => {}
             Rewrite::Plan => {
                 store

@@ -7,7 +7,9 @@
 //! run's lock and has made a plan now:
 //! 1. [`prepare()`] → [`Prepared`]: the graph priced, the review, a changed pipeline refused
 //!    unless allowed, a reroll's targets chosen; [`Prepared::admit`] refuses what costs more
-//!    than may be spent. Nothing is written: a dry run stops here, and shows it.
+//!    than may be spent. Nothing is written: a dry run stops here, and shows it. A resume
+//!    over its limit first reads lost answers back ([`Prepared::read_back`], free) and is
+//!    prepared again: a task read back is no longer to pay for, and the rest may then fit.
 //! 2. [`Prepared::apply`] → [`Applied`]: the review applied, the kept outputs' check started
 //!    beside the run, the run's record of its source and plan brought up to date.
 //! 3. the hand-off: [`Applied`] is what the executor is given; [`After::finish`] records a

@@ -47,8 +47,8 @@ pub struct Prepared {
     pub review: Review,
     /// The tasks to pay for now: the part asked for, or what a reroll names.
     pub scope: Scope,
-    /// Whether the pipeline changed since the run recorded it (`--allow-changes`).
-    pub changed: bool,
+    /// The pipeline as the run recorded it, when it changed since (`--allow-changes`).
+    pub recorded: Option<Pipeline>,
     /// What a reroll names, as it is recorded; `None` for a resume.
     pub reroll: Option<String>,
 }
@@ -122,7 +122,7 @@ pub async fn prepare(
         }
     };
     Ok(Prepared {
-        changed: recorded.is_some(),
+        recorded,
         row,
         pipeline,
         doc,
@@ -134,6 +134,22 @@ pub async fn prepare(
 }
 
 impl Prepared {
+    /// What was given, to prepare again once the record changed under the lock (lost answers
+    /// read back). A reroll is never given a part ([`refusal::before_lock`]): its scope was all.
+    pub fn into_given(self) -> Given {
+        let scope = match self.reroll {
+            Some(_) => Scope::all(),
+            None => self.scope,
+        };
+        Given {
+            row: self.row,
+            pipeline: self.pipeline,
+            recorded: self.recorded,
+            doc: self.doc,
+            scope,
+        }
+    }
+
     /// Refuses what is left when it costs more than may be spent: the limit of a run that
     /// spent `spent` (its budget less that, and the balance).
     pub fn admit(&self, spent: u64) -> Result<(), Refusal> {

@@ -1,6 +1,7 @@
 //! Lost answers read back: a call whose answer was cut after it named its job is read back by
 //! that job's id, for free, before anything is paid again.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::api::types::STATUS_SUCCEEDED;
@@ -10,7 +11,7 @@ use crate::plan::rows::RowIds;
 use crate::run_id::RunId;
 use crate::store::{AttemptOutcome, Settled, Store, StoreError};
 
-use super::Recover;
+use super::{Prepared, Recover, records};
 
 /// Tries at reading back a lost answer's job. The job is paid for and the alternative is to pay
 /// again, so a passing failure (a 429, a server error, a lost connection) is waited out.
@@ -20,10 +21,51 @@ async fn read_back(client: &Client, job_id: &str) -> Result<JobRecord, ApiError>
     crate::api::retry::free_call(READ_BACK, || client.job(job_id)).await
 }
 
+impl Prepared {
+    /// The first free part of a continuation refused for money: every lost answer whose job
+    /// is known read back, as [`Prepared::apply`] would before paying. Gives how many were;
+    /// each is a task no longer to pay for, so the run, reviewed again, may then fit.
+    pub async fn read_back(&self, store: &Store, client: &Client) -> Result<usize, StoreError> {
+        if self.review.recover.is_empty() {
+            return Ok(0);
+        }
+        store.attempts().settle_orphaned(&self.row.id).await?;
+        let read;
+        let rows = match &self.review.rows {
+            Some(rows) => rows,
+            None => {
+                read = records::row_ids(store, &self.row.id, &self.graph).await?;
+                &read
+            }
+        };
+        let (id, graph) = (&self.row.id, &self.graph);
+        let found = read_back_all(store, client, id, graph, &self.review.recover, rows).await?;
+        Ok(found.len())
+    }
+}
+
+/// Reads back each of `lost`; gives the row ids of the tasks found succeeded.
+pub(super) async fn read_back_all(
+    store: &Store,
+    client: &Client,
+    run_id: &RunId,
+    graph: &Graph,
+    lost: &[Recover],
+    rows: &RowIds,
+) -> Result<HashSet<i64>, StoreError> {
+    let mut recovered = HashSet::new();
+    for r in lost {
+        if recover(store, client, run_id, graph, r, rows).await? {
+            recovered.extend(rows.get(r.task));
+        }
+    }
+    Ok(recovered)
+}
+
 /// Reads back a lost call's job; records it as the attempt's answer when it succeeded. Each
 /// answer is recorded on its own, as the executor records a call's: a fact that holds
 /// whatever happens next (a resume killed after it finds the task succeeded).
-pub(super) async fn recover(
+async fn recover(
     store: &Store,
     client: &Client,
     run_id: &RunId,

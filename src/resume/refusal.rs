@@ -32,7 +32,40 @@ pub enum Refusal {
         limit: u64,
         limiting: Limiting,
         limits: String,
+        /// What the continuation did for free before it was refused; `None` when it did
+        /// nothing (a dry run).
+        kept: Option<Kept>,
     },
+}
+
+/// What a continuation refused for money does first, free: lost answers read back by their
+/// job ids, and outputs already paid for fetched and stored. Result URLs expire within the
+/// hour: a refusal that waited for more money to keep them would lose what was paid for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Kept {
+    /// Lost answers read back.
+    pub answers: usize,
+    /// Outputs paid for and stored now.
+    pub outputs: usize,
+}
+
+impl Kept {
+    /// Whether anything was kept: the run's record changed.
+    pub fn any(self) -> bool {
+        self.answers > 0 || self.outputs > 0
+    }
+
+    fn describe(self) -> String {
+        let mut said = Vec::new();
+        if self.answers > 0 {
+            said.push(format!("read back {} lost answer(s)", self.answers));
+        }
+        if self.outputs > 0 {
+            said.push(format!("kept {} output(s) already paid for", self.outputs));
+        }
+        said.push("nothing was spent".to_owned());
+        said.join("; ")
+    }
 }
 
 impl Refusal {
@@ -61,18 +94,33 @@ impl Refusal {
                 needed,
                 limit,
                 limits,
+                kept,
                 ..
             } => {
                 let doing = match reroll {
                     Some(named) => format!("rerolling {named} in run {run_id}"),
                     None => format!("resuming run {run_id}"),
                 };
-                format!(
+                let said = format!(
                     "{doing} would pay for {tasks} task(s), {}, but only {limit} may be spent ({limits})",
                     crate::money::credits(*needed)
-                )
+                );
+                match kept {
+                    Some(kept) => format!("{said}; {}", kept.describe()),
+                    None => said,
+                }
             }
         }
+    }
+
+    /// The refusal as said once the continuation kept `kept` for free; other refusals are
+    /// unchanged.
+    #[must_use]
+    pub fn keeping(mut self, done: Kept) -> Refusal {
+        if let Refusal::OverLimit { kept, .. } = &mut self {
+            *kept = Some(done);
+        }
+        self
     }
 
     pub fn hint(&self) -> Option<String> {
@@ -164,6 +212,7 @@ pub fn over_limit(
             limit: credits,
             limiting,
             limits: limit.describe(),
+            kept: None,
         }),
         _ => Ok(()),
     }
@@ -227,13 +276,17 @@ mod tests {
         assert!(!refused.is_usage(), "exit 3");
     }
 
+    fn budget_of(max_credits: u64) -> Budget {
+        Budget {
+            max_credits,
+            source: "--max-credits".into(),
+        }
+    }
+
     #[test]
     fn what_is_left_is_refused_only_past_the_limit_with_a_hint_at_what_sets_it() {
         let unknown = Balance::NotChecked;
-        let budget = |max_credits| Budget {
-            max_credits,
-            source: "--max-credits".into(),
-        };
+        let budget = budget_of;
         assert_eq!(
             over_limit(&R1, None, 3, 30, Limit::of(None, &unknown, 0)),
             Ok(())
@@ -286,5 +339,33 @@ mod tests {
                 "raise the budget (--max-credits or budget.max_credits) and top up the account, then resume"
             )
         );
+    }
+
+    #[test]
+    fn a_refusal_over_the_limit_says_what_it_kept_for_free() {
+        let b40 = budget_of(40);
+        let unknown = Balance::NotChecked;
+        let refused =
+            over_limit(&R1, None, 3, 31, Limit::of(Some(&b40), &unknown, 10)).unwrap_err();
+        let said = "resuming run r1 would pay for 3 task(s), 31 credits, but only 30 may be spent (budget 40 less what the run spent, balance unknown)";
+        let table = [
+            ((0, 0), "nothing was spent"),
+            (
+                (0, 2),
+                "kept 2 output(s) already paid for; nothing was spent",
+            ),
+            (
+                (1, 1),
+                "read back 1 lost answer(s); kept 1 output(s) already paid for; nothing was spent",
+            ),
+        ];
+        for ((answers, outputs), kept) in table {
+            let k = Kept { answers, outputs };
+            assert_eq!(k.any(), answers + outputs > 0);
+            let message = refused.clone().keeping(k).message();
+            assert_eq!(message, format!("{said}; {kept}"));
+        }
+        let other = Refusal::RerollScoped;
+        assert_eq!(other.clone().keeping(Kept::default()), other);
     }
 }

@@ -16,8 +16,9 @@ use crate::run_id::RunId;
 use crate::runner::Connection;
 use crate::store::{Store, TaskStatus};
 
-/// The discovering call is shown by its own log lines, not by progress bars.
-struct Quiet;
+/// The discovering call is shown by its own log lines, not by progress bars (and so are the
+/// downloads of a refused continuation, [`super::refused`]).
+pub(super) struct Quiet;
 
 impl Observer for Quiet {
     fn task_succeeded(&self, _: usize, _: u64) {}

@@ -7,7 +7,8 @@
 //! 5. **record** a fresh run ([`record`]), or continue a recorded one ([`recorded`]: locked,
 //!    read again and planned again here, then the stages of [`crate::resume`]: prepare, the
 //!    review and its refusals, and apply, which hands the executor its work);
-//! 6. **admit** what is to be paid for against the budget and the balance ([`admit`]);
+//! 6. **admit** what is to be paid for against the budget and the balance ([`admit`]); a
+//!    continuation refused for money keeps what was already paid for first ([`refused`]);
 //! 7. **discover** the generation price by one call, when asked ([`discover`]);
 //! 8. **execute** the tasks and **conclude**: status, manifest, summary, report ([`execute`]).
 //!
@@ -20,6 +21,7 @@ mod discover;
 mod execute;
 pub mod record;
 mod recorded;
+mod refused;
 mod reviewed;
 pub mod service;
 pub mod state;

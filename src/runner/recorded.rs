@@ -104,7 +104,7 @@ impl Runner<'_> {
             prepared.row.id,
             started.elapsed()
         );
-        let spent = admit::spent(store, &prepared.row.id).await?;
+        let mut spent = admit::spent(store, &prepared.row.id).await?;
         if dry_run {
             let priced = prepared.priced(store).await?;
             prepared.check_kept(store).await?;
@@ -122,6 +122,17 @@ impl Runner<'_> {
             })?;
             return Ok(prepared.admit(spent)?);
         }
+        // Over its limit, the continuation first reads lost answers back, free: each is a task
+        // no longer to pay for, so the run is reviewed again, and may now fit.
+        let mut answers = 0;
+        if prepared.admit(spent).is_err() && !resume::finished(prepared.row.status, false) {
+            answers = prepared.read_back(store, &conn.client).await?;
+            if answers > 0 {
+                let given = prepared.into_given();
+                prepared = resume::prepare(store, given, self.choices(), reroll).await?;
+                spent = admit::spent(store, &prepared.row.id).await?;
+            }
+        }
         // The gate: the lock is held and the work planned again; what a confirm agreed to
         // must be what this pays for now, and it must fit. The revision digests every task to
         // pay (900,000 on a night's takeover): only a confirm has one to compare.
@@ -132,7 +143,11 @@ impl Runner<'_> {
         if let Some(priced) = &confirmed {
             crate::money::gate::check(&self.settings.expect, priced)?;
         }
-        prepared.admit(spent)?;
+        if let Err(refusal) = prepared.admit(spent) {
+            return self
+                .refused(&conn, store, &prepared, refusal, answers)
+                .await;
+        }
         if let Some(priced) = &confirmed {
             self.view.admitted(priced);
         }

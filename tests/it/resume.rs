@@ -337,12 +337,7 @@ async fn an_interrupted_run_resumes_paying_only_for_the_rest_and_fetches_lost_fi
     std::fs::write(run_dir.join("i00/big.png"), &junk).unwrap();
 
     // `status` reads the record alone.
-    let o = Imgpipe::on(&env, &["status", "r", "--json"])
-        .sqlite_in(dir)
-        .run()
-        .await;
-    assert_exit_without_panic(&o, 0);
-    let status = json_stdout(&o);
+    let status = status_json(&env, "r").await;
     assert_eq!(status["status"], "interrupted", "{status:#}");
     assert_eq!(status["succeeded"], done.len(), "{status:#}");
     assert_eq!(status["pending"], pending, "{status:#}");
@@ -769,12 +764,7 @@ async fn calls_in_flight_when_the_process_was_killed_are_ambiguous_and_called_ag
     killed_with_two_calls_in_flight(&env).await;
 
     // status and runs show the two calls as possibly billed.
-    let o = Imgpipe::on(&env, &["status", "k", "--json"])
-        .sqlite_in(dir)
-        .run()
-        .await;
-    assert_exit_without_panic(&o, 0);
-    let status = json_stdout(&o);
+    let status = status_json(&env, "k").await;
     assert_eq!(status["status"], "interrupted", "{status:#}");
     let ambiguous: BTreeSet<(&str, &str)> = status["ambiguous"]
         .as_array()
@@ -949,32 +939,22 @@ async fn named_lost_calls(dir: &Path) -> Vec<(String, String)> {
     rows
 }
 
-/// Every answer is cut after naming its job, and the process is killed (SIGKILL) while it reads
+/// Run `k` of one item, every answer cut after naming its job, killed (SIGKILL) while it reads
 /// back the upscale's job: the sandbox holds the upscale at its gate until the erase has been
 /// read back, then answers every job read 429 with a `Retry-After` of an hour, so the run waits
-/// to read the upscale back for as long as the test needs, whatever the machine's speed. The
-/// attempt is on record with its job id, and `resume` reads the job back for free instead of
-/// calling again, keeping its lineage.
-#[tokio::test(flavor = "multi_thread")]
-async fn killed_while_reading_back_a_cut_answer_the_resume_reads_it_back_for_free() {
-    let env = start(sandbox::Config {
-        faults: sandbox::Faults {
-            partial_answer: 1.0,
-            ..sandbox::Faults::default()
-        },
-        ..config()
-    })
-    .await;
+/// to read the upscale back for as long as the test needs, whatever the machine's speed. Gives
+/// the upscale's job, on record as possibly billed: the erase succeeded, the cut-out never ran.
+async fn killed_reading_back_the_upscale(env: &Env) -> String {
     let dir = env.dir.path();
     write(dir, "p.yaml", &edit_chain(1, None));
     let hold = env.sandbox.hold();
-    let mut run = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "k"])
+    let mut run = Imgpipe::on(env, &["run", "p.yaml", "--run-id", "k"])
         .sqlite_in(dir)
         .retry_base_ms(20)
         .watched();
     // The erase billed, cut and read back (the upscale is made from its image): the upscale
     // waits at the gate.
-    step_until(&env, &mut run, |env| env.sandbox.ledger().len() == 1).await;
+    step_until(env, &mut run, |env| env.sandbox.ledger().len() == 1).await;
     env.sandbox
         .rate_limit_job_reads(usize::MAX, Duration::from_secs(3600));
     env.sandbox.let_through(1);
@@ -1007,6 +987,29 @@ async fn killed_while_reading_back_a_cut_answer_the_resume_reads_it_back_for_fre
     assert_eq!(ledger.len(), 2, "{ledger:#?}");
     assert!(ledger.iter().all(|e| e.partial), "{ledger:#?}");
     assert_eq!(ledger[1].job_id, job, "{ledger:#?}");
+    job
+}
+
+/// A sandbox whose every answer is cut after naming its job.
+async fn start_cutting_every_answer() -> Env {
+    start(sandbox::Config {
+        faults: sandbox::Faults {
+            partial_answer: 1.0,
+            ..sandbox::Faults::default()
+        },
+        ..config()
+    })
+    .await
+}
+
+/// Every answer is cut after naming its job, and the process is killed while it reads back the
+/// upscale's job ([`killed_reading_back_the_upscale`]). The attempt is on record with its job
+/// id, and `resume` reads the job back for free instead of calling again, keeping its lineage.
+#[tokio::test(flavor = "multi_thread")]
+async fn killed_while_reading_back_a_cut_answer_the_resume_reads_it_back_for_free() {
+    let env = start_cutting_every_answer().await;
+    let dir = env.dir.path();
+    let job = killed_reading_back_the_upscale(&env).await;
 
     let o = Imgpipe::on(&env, &["resume", "k", "--dry-run", "--json"])
         .sqlite_in(dir)
@@ -1056,6 +1059,137 @@ async fn killed_while_reading_back_a_cut_answer_the_resume_reads_it_back_for_fre
     assert_eq!(line["parent_job_id"], clean.as_str(), "{line}");
 }
 
+/// What `imgpipe status RUN --json` prints of run `run` in the test's directory.
+async fn status_json(env: &Env, run: &str) -> Value {
+    let o = Imgpipe::on(env, &["status", run, "--json"])
+        .sqlite_in(env.dir.path())
+        .run()
+        .await;
+    assert_exit_without_panic(&o, 0);
+    json_stdout(&o)
+}
+
+/// The outputs of run `k` recorded without a file.
+fn unstored(db: &Db) -> usize {
+    let outputs = db.outputs.iter().filter(|o| o.run_id == "k");
+    outputs.filter(|o| o.path.is_none()).count()
+}
+
+/// A resume over its budget still does the free part first: the upscale's lost answer read
+/// back by its job id, the outputs paid for and without a file (the upscale's, known once read
+/// back) fetched and stored; nothing is paid for, the refusal says what it kept, and the run
+/// is recorded stopped with that as its reason, not left `running`. The dry run does none of
+/// it. Given the credits, the next resume pays only for the cut-out.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resume_over_its_budget_keeps_what_was_paid_for_and_records_why_it_stopped() {
+    let env = start_cutting_every_answer().await;
+    let dir = env.dir.path();
+    let job = killed_reading_back_the_upscale(&env).await;
+    let spent: u64 = env.sandbox.ledger().iter().map(|e| e.credits).sum();
+    let cutout = CHAIN_CREDITS - spent;
+    // One credit short of the cut-out, the only task left to pay once the upscale is read back.
+    let cap = (CHAIN_CREDITS - 1).to_string();
+    let resume = |more: &[&str]| {
+        Imgpipe::on(&env, &["resume", "k", "--max-credits", &cap])
+            .args(more)
+            .sqlite_in(dir)
+            .retry_base_ms(20)
+    };
+    let before = still(&env, dir).await;
+    assert_exit_without_panic(&resume(&["--dry-run"]).run().await, 3);
+    assert_still(&env, dir, &before, "a dry run over --max-credits").await;
+    // The erase's output is stored, unless the kill came first.
+    let unstored_before = unstored(&Db::read_file(&state_path(dir)).await);
+
+    let o = resume(&[]).run().await;
+    assert_exit_without_panic(&o, 3);
+    let err = stderr(&o);
+    let said = format!(
+        "would pay for 1 task(s), {cutout} credits, but only {} may be spent",
+        cutout - 1
+    );
+    assert!(err.contains(&said), "{err}");
+    let kept = format!(
+        "read back 1 lost answer(s); kept {} output(s) already paid for; nothing was spent",
+        unstored_before + 1
+    );
+    assert!(err.contains(&kept), "{err}");
+    assert_eq!(env.sandbox.ledger().len(), 2, "nothing paid for");
+    assert_eq!(env.sandbox.stats().paid_requests, before.paid_requests);
+    let db = Db::read_file(&state_path(dir)).await;
+    let big = task_in(&db, "k", "i00", "big");
+    assert_eq!(big.status, "succeeded", "{big:?}");
+    assert_eq!(big.job_id.as_deref(), Some(job.as_str()));
+    assert_eq!(unstored(&db), 0, "{:#?}", db.outputs);
+    assert_ledger_agrees(&env, &db);
+    assert_files_agree(dir, &db, "k");
+    // What a user reads: stopped, and why.
+    let status = status_json(&env, "k").await;
+    assert_eq!(status["status"], "stopped", "{status:#}");
+    let why = status["stopped"].as_str().unwrap_or_default();
+    assert!(why.contains(&said) && why.contains(&kept), "{status:#}");
+
+    finishes_paying_for_the_cutout_alone(&env).await;
+}
+
+/// A run stopped by SIGINT whose resume is refused for its budget is recorded stopped, with the
+/// refusal as its reason: not left `interrupted`, which names a resume that cannot go.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_interrupted_run_refused_over_its_budget_is_recorded_stopped_with_why() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &edit_chain(2, None));
+    interrupt_run_r(&env, 2).await;
+    assert_eq!(status_json(&env, "r").await["status"], "interrupted");
+    let ledger = env.sandbox.ledger();
+    let o = Imgpipe::on(&env, &["resume", "r", "--max-credits", "1"])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
+    assert_exit_without_panic(&o, 3);
+    assert_eq!(env.sandbox.ledger(), ledger, "nothing paid for");
+    let status = status_json(&env, "r").await;
+    assert_eq!(status["status"], "stopped", "{status:#}");
+    let why = status["stopped"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("but only 0 may be spent (budget 1 less what the run spent")
+            && why.ends_with("; nothing was spent"),
+        "{status:#}"
+    );
+}
+
+/// Over its budget only while a lost answer counts as to pay for: read back for free, the rest
+/// fits, and the resume goes on to finish, paying for the cut-out alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resume_that_fits_once_its_lost_answer_is_read_back_finishes() {
+    let env = start_cutting_every_answer().await;
+    killed_reading_back_the_upscale(&env).await;
+    finishes_paying_for_the_cutout_alone(&env).await;
+}
+
+/// `resume k` with a budget of the whole chain finishes run `k` of
+/// [`killed_reading_back_the_upscale`], its upscale read back: the cut-out alone is paid for,
+/// each task billed once.
+async fn finishes_paying_for_the_cutout_alone(env: &Env) {
+    let dir = env.dir.path();
+    let o = Imgpipe::on(env, &["resume", "k", "--json"])
+        .args(&["--max-credits", &CHAIN_CREDITS.to_string()])
+        .sqlite_in(dir)
+        .retry_base_ms(20)
+        .run()
+        .await;
+    assert_exit_without_panic(&o, 0);
+    let summary = json_stdout(&o);
+    assert_eq!(summary["billed_credits"], CHAIN_CREDITS, "{summary:#}");
+    assert_eq!(env.sandbox.ledger().len(), 3, "one bill per task");
+    assert_eq!(billed_for(env, "upscale"), 1);
+    let db = Db::read_file(&state_path(dir)).await;
+    assert_eq!(db.run_status("k"), "succeeded");
+    assert_ledger_agrees(env, &db);
+    assert_files_agree(dir, &db, "k");
+}
+
 /// A killed run records nothing: its record still says `running`. `status`, `runs` and the
 /// report ask the run lock, find that no process holds it, and say `interrupted` (text and
 /// JSON), that the process is gone and which command continues the run; the record itself
@@ -1067,12 +1201,7 @@ async fn a_killed_run_reads_interrupted_in_status_runs_and_report_with_the_comma
     killed_with_two_calls_in_flight(&env).await;
     let resume_with = format!("imgpipe resume k --state {}", state_path(dir).display());
 
-    let o = Imgpipe::on(&env, &["status", "k", "--json"])
-        .sqlite_in(dir)
-        .run()
-        .await;
-    assert_exit_without_panic(&o, 0);
-    let status = json_stdout(&o);
+    let status = status_json(&env, "k").await;
     assert_eq!(status["status"], "interrupted", "{status:#}");
     assert_eq!(status["process"]["alive"], false, "{status:#}");
     assert_eq!(status["continue_with"], resume_with.as_str(), "{status:#}");
@@ -1187,12 +1316,7 @@ async fn a_run_whose_process_is_alive_reads_running_with_its_pid_even_while_stop
     .await;
     send_signal(pid, libc::SIGSTOP);
 
-    let o = Imgpipe::on(&env, &["status", "g", "--json"])
-        .sqlite_in(dir)
-        .run()
-        .await;
-    assert_exit_without_panic(&o, 0);
-    let status = json_stdout(&o);
+    let status = status_json(&env, "g").await;
     assert_eq!(status["status"], "running", "{status:#}");
     assert_eq!(status["process"]["alive"], true, "{status:#}");
     assert_eq!(status["process"]["pid"], pid, "{status:#}");
@@ -1287,12 +1411,7 @@ async fn with_on_ambiguous_fail_calls_in_flight_at_a_kill_fail_their_task_and_bl
     assert_files_agree(dir, &db, "k");
 
     // status names the failures and their reasons.
-    let o = Imgpipe::on(&env, &["status", "k", "--json"])
-        .sqlite_in(dir)
-        .run()
-        .await;
-    assert_exit_without_panic(&o, 0);
-    let status = json_stdout(&o);
+    let status = status_json(&env, "k").await;
     let failures = status["failures"].as_array().unwrap();
     assert_eq!(failures.len(), 2, "{status:#}");
     assert!(
