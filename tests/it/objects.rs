@@ -36,7 +36,7 @@ steps:
 
 /// A request the server answered.
 #[derive(Clone, Debug)]
-struct Request {
+pub(crate) struct Request {
     method: http::Method,
     /// The path, `/<bucket>/<key>` (path-style addressing).
     path: String,
@@ -382,7 +382,7 @@ impl S3 {
     }
 
     /// The requests answered since the last call, and the log emptied.
-    fn take_requests(&self) -> Vec<Request> {
+    pub(crate) fn take_requests(&self) -> Vec<Request> {
         std::mem::take(&mut *self.requests.lock().unwrap())
     }
 
@@ -1380,7 +1380,7 @@ async fn alter_state(dir: &Path, sql: &str) {
 }
 
 /// The requests of `log` of this kind (LIST, GET, HEAD, …), and the keys they were about.
-fn of_kind<'a>(log: &'a [Request], kind: &str) -> Vec<&'a str> {
+pub(crate) fn of_kind<'a>(log: &'a [Request], kind: &str) -> Vec<&'a str> {
     log.iter()
         .filter(|r| r.kind() == kind)
         .map(Request::key)
