@@ -7,7 +7,7 @@
 //!   the limit); the desk's first page (`imgpipe review`: the run page, its first 50 items and
 //!   every thumbnail they show, made on demand: bytes sent and time, beside the full images'
 //!   bytes in view); `imgpipe report` cold (every image read, hashed, decoded and scaled) and
-//!   warm, wall time and peak RSS;
+//!   warm, wall time and peak RSS; the desk's first page again, with the report's thumbnails;
 //! - sample: the README's sample pipeline (`pipelines/product-shots.yaml`'s chain: generate,
 //!   erase, expand to 16:9, upscale 4×, cut out) on 4 items at concurrency 8: its last two steps
 //!   make 14,564 × 8,192 images of about 100 MB each. The run (its exit status, peak RSS, bytes
@@ -88,11 +88,12 @@ fn night(yaml: &str) {
     let stored = bench.stored();
     let copy = bench.copy();
     println!(
-        "night: run {} ({} files, {:.0} MB stored: {:.1} MB/s, {:.2} s CPU per GB); \
+        "night: run {} ({} files, {:.0} MB stored ({}): {:.1} MB/s, {:.2} s CPU per GB); \
          cp -r {} ({:.1} MB/s, {:.2} s CPU per GB): the run stores at {:.2} of the copy's rate",
         brief(&run),
         stored.files,
         stored.bytes / MB,
+        stored.weights(),
         stored.bytes / MB / run.wall,
         run.cpu / (stored.bytes / 1e9),
         brief(&copy),
@@ -100,8 +101,9 @@ fn night(yaml: &str) {
         copy.cpu / (stored.bytes / 1e9),
         copy.wall / run.wall,
     );
-    bench.desk();
+    bench.desk("cold");
     bench.reports();
+    bench.desk("warm");
 }
 
 fn sample() {
@@ -113,15 +115,18 @@ fn sample() {
     let stored = bench.stored();
     let copy = bench.copy();
     println!(
-        "sample: run exit 0, {} ({} files, {:.0} MB stored, the largest {:.0} MB: {:.1} MB/s); \
-         cp -r {} ({:.1} MB/s)",
+        "sample: run exit 0, {} ({} files, {:.0} MB stored ({}), the largest {:.0} MB: \
+         {:.1} MB/s, {:.2} s CPU per GB); cp -r {} ({:.1} MB/s, {:.2} s CPU per GB)",
         brief(&run),
         stored.files,
         stored.bytes / MB,
+        stored.weights(),
         stored.largest / MB,
         stored.bytes / MB / run.wall,
+        run.cpu / (stored.bytes / 1e9),
         brief(&copy),
         stored.bytes / MB / copy.wall,
+        copy.cpu / (stored.bytes / 1e9),
     );
     bench.reports();
 }
@@ -219,9 +224,12 @@ impl Bench {
     }
 
     /// The desk's first page as a browser loads it: the page, its first 50 items, and the
-    /// thumbnail of every output they show (none made before).
-    fn desk(&self) {
-        let _ = std::fs::remove_dir_all(self.run_dir().join("_thumbs"));
+    /// thumbnail of every output they show: `cold`, none made before (each made on demand);
+    /// `warm`, those the report made.
+    fn desk(&self, when: &str) {
+        if when == "cold" {
+            let _ = std::fs::remove_dir_all(self.run_dir().join("_thumbs"));
+        }
         let mut desk = self
             .imgpipe(&["review", "--no-open"])
             .stdin(Stdio::null())
@@ -243,8 +251,8 @@ impl Bench {
             .map(|m| m.len())
             .sum();
         println!(
-            "{}: desk first page {:.2} s, {:.2} MB sent ({thumbs} thumbnails), where its {} \
-             full images are {:.0} MB",
+            "{}: desk first page, {when}: {:.2} s, {:.2} MB sent ({thumbs} thumbnails), where \
+             its {} full images are {:.0} MB",
             self.name,
             seconds,
             sent as f64 / MB,
@@ -294,11 +302,13 @@ async fn first_page(base: &str, token: &str) -> (usize, f64, Vec<String>, usize)
     (sent, at.elapsed().as_secs_f64(), files, thumbs.len())
 }
 
-/// The images of a run's directory (not its thumbnails): how many, their bytes, the largest.
+/// The images of a run's directory (not its thumbnails): how many, their bytes, the largest,
+/// and the mean weight of each step's (a file's name up to its `-`).
 struct Stored {
     files: usize,
     bytes: f64,
     largest: f64,
+    steps: std::collections::BTreeMap<String, (usize, f64)>,
 }
 
 impl Stored {
@@ -307,6 +317,7 @@ impl Stored {
             files: 0,
             bytes: 0.0,
             largest: 0.0,
+            steps: std::collections::BTreeMap::new(),
         };
         let mut todo = vec![dir.to_path_buf()];
         while let Some(d) = todo.pop() {
@@ -321,10 +332,23 @@ impl Stored {
                     stored.files += 1;
                     stored.bytes += meta.len() as f64;
                     stored.largest = stored.largest.max(meta.len() as f64);
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    let step = name.split('-').next().unwrap_or_default().to_owned();
+                    let of_step = stored.steps.entry(step).or_default();
+                    *of_step = (of_step.0 + 1, of_step.1 + meta.len() as f64);
                 }
             }
         }
         stored
+    }
+
+    /// `step N × W MB` for each step.
+    fn weights(&self) -> String {
+        let each = self
+            .steps
+            .iter()
+            .map(|(step, (n, bytes))| format!("{step} {n} × {:.1} MB", bytes / *n as f64 / MB));
+        each.collect::<Vec<_>>().join(", ")
     }
 }
 
