@@ -904,10 +904,11 @@ async fn an_upload_finished_but_unrecorded_is_done_and_other_bytes_at_the_key_ar
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_upload_cut_in_the_middle_of_a_part_leaves_no_object_and_the_resume_uploads_it_unpaid() {
-    // Images of this side (about 350 KiB) are more than a download holds in memory (256 KiB):
-    // each goes up as a multipart upload.
+    // Photo-weight images of this side (about 330 KiB) are more than a download holds in
+    // memory (256 KiB): each goes up as a multipart upload.
     let env = start(imgpipe::sandbox::Config {
-        image_side: 4096,
+        image_side: 512,
+        weight: imgpipe::sandbox::Weight::Photo,
         ..config()
     })
     .await;
@@ -1164,11 +1165,11 @@ async fn other_schemes_exit_2_and_file_urls_are_paths() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn large_outputs_go_up_in_parts_and_their_completion_never_replaces_an_object() {
-    // Images of this side (about 350 KiB) are larger than what a download holds in memory
-    // (256 KiB), so
-    // they go up as multipart uploads.
+    // Photo-weight images of this side (about 330 KiB) are larger than what a download holds
+    // in memory (256 KiB), so they go up as multipart uploads.
     let env = start(imgpipe::sandbox::Config {
-        image_side: 4096,
+        image_side: 512,
+        weight: imgpipe::sandbox::Weight::Photo,
         ..config()
     })
     .await;
