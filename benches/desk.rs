@@ -222,13 +222,7 @@ fn measure(state: &str, items: usize) -> Figures {
     let mut lines = BufReader::new(desk.stdout.take().expect("its stdout"));
     let mut first = String::new();
     lines.read_line(&mut first).expect("the desk's URL");
-    let url = url::Url::parse(first.trim()).expect("a URL");
-    let token = url
-        .query_pairs()
-        .find(|(k, _)| k == "token")
-        .map(|(_, v)| v.into_owned())
-        .expect("the token");
-    let base = format!("http://127.0.0.1:{}", url.port().expect("a port"));
+    let (base, token) = support::desk_url(&first);
     let api = format!("/api/runs/{RUN_ID}");
     let figures = support::block_on(async {
         let http = reqwest::Client::new();

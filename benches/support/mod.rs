@@ -431,6 +431,18 @@ fn s3_server() -> u16 {
     rx.recv().expect("the S3 server starts")
 }
 
+/// The base URL and token of a desk from the first line `imgpipe review --no-open` prints.
+pub fn desk_url(first_line: &str) -> (String, String) {
+    let url = url::Url::parse(first_line.trim()).expect("the desk's URL");
+    let token = url
+        .query_pairs()
+        .find(|(k, _)| k == "token")
+        .map(|(_, v)| v.into_owned())
+        .expect("the token");
+    let base = format!("http://127.0.0.1:{}", url.port().expect("a port"));
+    (base, token)
+}
+
 pub fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()

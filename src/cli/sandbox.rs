@@ -12,7 +12,7 @@ use crate::cli::args::seconds;
 use crate::cli::stdio;
 use crate::cli::values::RateScope;
 use crate::error::Error;
-use crate::sandbox::{self, Faults, SAMPLE_HOST, SAMPLE_NAMES, Sandbox};
+use crate::sandbox::{self, Faults, SAMPLE_HOST, SAMPLE_NAMES, Sandbox, Weight};
 
 #[derive(Debug, clap::Args)]
 pub struct SandboxArgs {
@@ -56,10 +56,20 @@ pub struct SandboxArgs {
     #[arg(long, value_name = "N")]
     pub max_in_flight: Option<usize>,
     /// Side in pixels of a 2K image (4K doubles it), at most 2048 (the service's). No image
-    /// the sandbox makes is larger than 8192 pixels a side: an edit that would be is refused
-    /// as invalid (at 2048, an upscale of 4 after an expand to 16:9)
+    /// the sandbox makes is larger than 16384 pixels a side (a 4K image upscaled 4x): an edit
+    /// that would be is refused as invalid. Edits stream their rows, so a call takes a few rows
+    /// of memory (two bits a pixel more to remove a background), but every result is kept in
+    /// memory as its PNG: at 2048 px, the sample pipeline's 14564 x 8192 upscales weigh about
+    /// 0.5 MB each, or 130 MB with --photo-weight (its cut-outs 160 MB)
     #[arg(long, default_value_t = 256)]
     pub image_side: u32,
+    /// Draw images that weigh what photos weigh: a grain over every picture, and over the
+    /// pixels each edit makes, that does not compress (a 2048-px PNG of several MB, an 8192-px
+    /// one of tens of MB), still the same for the same request. Off by default: flat pictures
+    /// keep tests and the README's tour fast; benches of downloads, hashing, uploads and
+    /// thumbnails turn it on to see real volumes
+    #[arg(long)]
+    pub photo_weight: bool,
     /// Probability of a 500/503 per paid call (nothing billed)
     #[arg(long, default_value_t = 0.0, value_name = "P")]
     pub fault_server_error: f64,
@@ -131,6 +141,11 @@ impl SandboxArgs {
             rate_scope: self.rate_limit_scope.into(),
             max_in_flight: self.max_in_flight,
             image_side: self.image_side,
+            weight: if self.photo_weight {
+                Weight::Photo
+            } else {
+                Weight::Flat
+            },
             faults: Faults {
                 server_error: probability("--fault-server-error", self.fault_server_error)?,
                 rate_limit: probability("--fault-rate-limit", self.fault_rate_limit)?,

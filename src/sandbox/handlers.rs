@@ -214,8 +214,8 @@ async fn generate(Shared(state): App, body: Bytes) -> Result<Response, Reply> {
         .saturating_mul(u64::from(request.n) * request.size.price_multiplier());
     can_pay(&state, credits)?;
     let side = state.config.image_side * request.size.price_multiplier() as u32;
-    let (prompt, n) = (request.prompt.clone(), request.n);
-    let draw = move || Ok(edit::draw_all(&prompt, n, reference_seed, side));
+    let (prompt, n, weight) = (request.prompt.clone(), request.n, state.config.weight);
+    let draw = move || Ok(edit::draw_all(&prompt, n, reference_seed, side, weight));
     let job = finish(&state, slot, (JobKind::Generation, paid_for), credits, draw).await?;
     Ok(deliver(&state, &job))
 }
@@ -246,7 +246,8 @@ async fn tool(
     can_pay(&state, credits)?;
     let params = request.params.clone();
     let keep_alpha = request.preserve_alpha.unwrap_or(true);
-    let edit = move || Ok(vec![edit::apply(&input, &params, keep_alpha)?]);
+    let weight = state.config.weight;
+    let edit = move || Ok(vec![edit::apply(&input, &params, keep_alpha, weight)?]);
     let job = finish(&state, slot, (JobKind::Tool(tool), paid_for), credits, edit).await?;
     Ok(deliver(&state, &job))
 }

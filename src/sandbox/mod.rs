@@ -5,6 +5,7 @@
 //! injectable faults. Tests run against it in-process on port 0; `imgpipe sandbox` runs it
 //! standalone; `--sandbox` on any command starts one for that command.
 
+mod cutout;
 mod edit;
 pub mod faults;
 mod files;
@@ -12,8 +13,10 @@ mod handlers;
 mod hold;
 pub mod images;
 mod reply;
+mod rows;
 mod signing;
 mod state;
+mod tools;
 
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -25,6 +28,7 @@ use tokio::sync::oneshot;
 use url::Url;
 
 pub use faults::Faults;
+pub use images::Weight;
 pub use state::{LedgerEntry, SAMPLE_HOST, SAMPLE_NAMES, Stats};
 
 use state::State;
@@ -58,6 +62,8 @@ pub struct Config {
     pub max_in_flight: Option<usize>,
     /// Side in pixels of a 2K image (4K doubles it). Small by default to keep tests fast.
     pub image_side: u32,
+    /// Flat pictures (fast, tiny files) or a photo's weight (benches of real volumes).
+    pub weight: Weight,
     pub faults: Faults,
 }
 
@@ -78,6 +84,7 @@ impl Default for Config {
             rate_scope: RateScope::All,
             max_in_flight: None,
             image_side: 256,
+            weight: Weight::Flat,
             faults: Faults::default(),
         }
     }

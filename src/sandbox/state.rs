@@ -17,6 +17,7 @@ use crate::api::rules::{InvalidField, is_service_url};
 use crate::api::types::ToolName;
 use crate::sandbox::Config;
 use crate::sandbox::faults::Dice;
+use crate::sandbox::images;
 use crate::sandbox::signing::{Refusal, Signer, now_ms};
 
 /// The model the sandbox reports for every generation.
@@ -194,8 +195,8 @@ impl State {
         let samples = SAMPLE_NAMES
             .iter()
             .map(|name| {
-                let img = crate::sandbox::images::draw_sample(name, config.image_side);
-                (*name, Bytes::from(crate::sandbox::images::encode_png(&img)))
+                let png = images::sample_png(name, config.image_side, config.weight);
+                (*name, Bytes::from(png))
             })
             .collect();
         State {

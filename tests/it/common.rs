@@ -1334,7 +1334,7 @@ async fn record(
 
 /// A small real PNG, as the service would serve it.
 pub fn sample_png() -> Vec<u8> {
-    sandbox::images::encode_png(&sandbox::images::draw_sample("mug", 32))
+    sandbox::images::sample_png("mug", 32, sandbox::Weight::Flat)
 }
 
 /// A documented generation answer with one image at `url`.

@@ -242,8 +242,13 @@ async fn serve(c: &Catalogue<'_>) -> Served {
 }
 
 pub(crate) async fn serve_with(c: &Catalogue<'_>, more: &[&str]) -> Served {
+    serve_on(c.plain(&["review", "--no-open"]).args(more)).await
+}
+
+/// Starts `review`, the desk's command as built (its state, flags and environment).
+pub(crate) async fn serve_on(review: Imgpipe<'_>) -> Served {
     use tokio::io::AsyncBufReadExt;
-    let mut cmd = c.plain(&["review", "--no-open"]).args(more).command();
+    let mut cmd = review.command();
     cmd.stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .stdin(Stdio::null())

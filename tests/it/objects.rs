@@ -36,7 +36,7 @@ steps:
 
 /// A request the server answered.
 #[derive(Clone, Debug)]
-struct Request {
+pub(crate) struct Request {
     method: http::Method,
     /// The path, `/<bucket>/<key>` (path-style addressing).
     path: String,
@@ -382,7 +382,7 @@ impl S3 {
     }
 
     /// The requests answered since the last call, and the log emptied.
-    fn take_requests(&self) -> Vec<Request> {
+    pub(crate) fn take_requests(&self) -> Vec<Request> {
         std::mem::take(&mut *self.requests.lock().unwrap())
     }
 
@@ -904,10 +904,11 @@ async fn an_upload_finished_but_unrecorded_is_done_and_other_bytes_at_the_key_ar
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_upload_cut_in_the_middle_of_a_part_leaves_no_object_and_the_resume_uploads_it_unpaid() {
-    // Images of this side (about 350 KiB) are more than a download holds in memory (256 KiB):
-    // each goes up as a multipart upload.
+    // Photo-weight images of this side (about 330 KiB) are more than a download holds in
+    // memory (256 KiB): each goes up as a multipart upload.
     let env = start(imgpipe::sandbox::Config {
-        image_side: 4096,
+        image_side: 512,
+        weight: imgpipe::sandbox::Weight::Photo,
         ..config()
     })
     .await;
@@ -1164,11 +1165,11 @@ async fn other_schemes_exit_2_and_file_urls_are_paths() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn large_outputs_go_up_in_parts_and_their_completion_never_replaces_an_object() {
-    // Images of this side (about 350 KiB) are larger than what a download holds in memory
-    // (256 KiB), so
-    // they go up as multipart uploads.
+    // Photo-weight images of this side (about 330 KiB) are larger than what a download holds
+    // in memory (256 KiB), so they go up as multipart uploads.
     let env = start(imgpipe::sandbox::Config {
-        image_side: 4096,
+        image_side: 512,
+        weight: imgpipe::sandbox::Weight::Photo,
         ..config()
     })
     .await;
@@ -1380,7 +1381,7 @@ async fn alter_state(dir: &Path, sql: &str) {
 }
 
 /// The requests of `log` of this kind (LIST, GET, HEAD, …), and the keys they were about.
-fn of_kind<'a>(log: &'a [Request], kind: &str) -> Vec<&'a str> {
+pub(crate) fn of_kind<'a>(log: &'a [Request], kind: &str) -> Vec<&'a str> {
     log.iter()
         .filter(|r| r.kind() == kind)
         .map(Request::key)
