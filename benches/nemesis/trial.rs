@@ -11,9 +11,14 @@ use imgpipe::sandbox::{Config, Faults, RateScope, Sandbox};
 
 use super::scenario::{Backend, Command, Fate, Scenario};
 
-/// How long any process of a trial may live: past it the process is killed and the trial
-/// fails `process_bound`. The SIGTERM'd get `--grace` plus the time to record their end.
+/// How long any process of a trial may live, at the least: past its bound the process is
+/// killed and the trial fails `process_bound`. The SIGTERM'd get `--grace` plus the time to
+/// record their end.
 pub const PROCESS_BOUND: Duration = Duration::from_secs(120);
+/// What each task of the trial adds to the bound. A hang outlives any bound; a night of 1,269
+/// tasks with latency and faults, in the debug build at a load of 4 to 9, took 163 s: a fixed
+/// 120 s failed it for being large, not for hanging.
+const PROCESS_BOUND_PER_TASK: Duration = Duration::from_millis(100);
 const RUN_ID: &str = "r";
 
 /// What a trial leaves for the invariants.
@@ -87,6 +92,12 @@ pub struct Trial<'a> {
 }
 
 impl Trial<'_> {
+    /// How long a process of this trial may live: [`PROCESS_BOUND`] and a little per task.
+    fn bound(&self) -> Duration {
+        let tasks = u32::try_from(self.s.tasks).unwrap_or(u32::MAX);
+        PROCESS_BOUND + PROCESS_BOUND_PER_TASK.saturating_mul(tasks)
+    }
+
     fn command(&self, args: &[&str]) -> Process {
         let mut cmd = Process::new(self.env.binary);
         cmd.args(args)
@@ -202,12 +213,13 @@ impl Trial<'_> {
                     false
                 }
                 _ => {
-                    if p.started.elapsed() > PROCESS_BOUND {
+                    if p.started.elapsed() > self.bound() {
                         let _ = p.child.kill();
                         let _ = p.child.wait();
                         self.out.overdue.push(format!(
-                            "{} still running after {PROCESS_BOUND:?} (killed)",
-                            p.name
+                            "{} still running after {:?} (killed)",
+                            p.name,
+                            self.bound()
                         ));
                         false
                     } else {
@@ -428,7 +440,7 @@ impl Trial<'_> {
                 {
                     break;
                 }
-                if started.elapsed() > PROCESS_BOUND {
+                if started.elapsed() > self.bound() {
                     self.out
                         .overdue
                         .push("the desk's reroll still running".into());
@@ -442,7 +454,7 @@ impl Trial<'_> {
                     if let Ok(Some(st)) = p.child.try_wait() {
                         break Some(st);
                     }
-                    if cli_start.elapsed() > PROCESS_BOUND {
+                    if cli_start.elapsed() > self.bound() {
                         let _ = p.child.kill();
                         let _ = p.child.wait();
                         self.out.overdue.push("the command-line reroll".into());
@@ -457,7 +469,7 @@ impl Trial<'_> {
             }
             if c.late && !killed {
                 // Wait for the desk's run to end before the late confirm.
-                let until = Instant::now() + PROCESS_BOUND;
+                let until = Instant::now() + self.bound();
                 while self
                     .env
                     .rt
@@ -475,7 +487,7 @@ impl Trial<'_> {
                 if status == 202 {
                     self.out.accepted.push((revision.to_owned(), credits));
                 }
-                let until = Instant::now() + PROCESS_BOUND;
+                let until = Instant::now() + self.bound();
                 std::thread::sleep(Duration::from_millis(300));
                 while self
                     .env
