@@ -10,6 +10,7 @@ use crate::cli::stdio;
 use crate::cli::view::Terminal;
 use crate::error::Error;
 use crate::pipeline;
+use crate::plan::render::count;
 use crate::runner;
 
 #[derive(Debug, Args)]
@@ -38,10 +39,11 @@ pub(super) fn run(args: &ValidateArgs, global: &GlobalArgs) -> Result<(), Error>
     let pipeline = runner::checked(&Terminal::plain(false), &args.file, loaded)?;
     let tasks: u64 = pipeline.step_refs().map(|r| pipeline.tasks(r)).sum();
     stdio::line(format_args!(
-        "{} is valid: {} steps, {} items, {tasks} tasks",
+        "{} is valid: {}, {}, {}",
         args.file.display(),
-        pipeline.steps.len(),
-        pipeline.items.len()
+        count(pipeline.steps.len() as u64, "step"),
+        count(pipeline.items.len() as u64, "item"),
+        count(tasks, "task")
     ))?;
     Ok(())
 }

@@ -25,13 +25,21 @@ pub fn text(doc: &PlanDocument) -> String {
 fn heading(out: &mut String, doc: &PlanDocument) {
     let _ = writeln!(
         out,
-        "Plan for {} ({}): {} items, {} steps, {} tasks\n",
+        "Plan for {} ({}): {}, {}, {}\n",
         doc.pipeline.name,
         doc.pipeline.file,
-        doc.items.count,
-        doc.costs.steps.len(),
-        doc.costs.tasks
+        count(doc.items.count as u64, "item"),
+        count(doc.costs.steps.len() as u64, "step"),
+        count(doc.costs.tasks, "task")
     );
+}
+
+/// `n` of a thing as a sentence says it: `1 step`, `3 steps` (never "1 steps").
+pub fn count(n: u64, one: &str) -> String {
+    match n {
+        1 => format!("1 {one}"),
+        n => format!("{n} {one}s"),
+    }
 }
 
 /// One row per step, columns aligned; the numbers to the right.
@@ -179,5 +187,17 @@ fn verdict(out: &mut String, doc: &PlanDocument) {
         for reason in &doc.verdict.reasons {
             let _ = writeln!(out, "  - {reason}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::count;
+
+    #[test]
+    fn one_is_singular_and_every_other_count_plural() {
+        assert_eq!(count(1, "step"), "1 step");
+        assert_eq!(count(0, "item"), "0 items");
+        assert_eq!(count(900_000, "task"), "900000 tasks");
     }
 }
