@@ -98,6 +98,21 @@ impl Trial<'_> {
         PROCESS_BOUND + PROCESS_BOUND_PER_TASK.saturating_mul(tasks)
     }
 
+    /// Waits while the run's row says `running`, at most [`Trial::bound`].
+    fn wait_while_running(&self) {
+        let until = Instant::now() + self.bound();
+        while self
+            .env
+            .rt
+            .block_on(super::db::run_status(&self.state, RUN_ID))
+            .as_deref()
+            == Some("running")
+            && Instant::now() < until
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn command(&self, args: &[&str]) -> Process {
         let mut cmd = Process::new(self.env.binary);
         cmd.args(args)
@@ -469,17 +484,7 @@ impl Trial<'_> {
             }
             if c.late && !killed {
                 // Wait for the desk's run to end before the late confirm.
-                let until = Instant::now() + self.bound();
-                while self
-                    .env
-                    .rt
-                    .block_on(super::db::run_status(&self.state, RUN_ID))
-                    .as_deref()
-                    == Some("running")
-                    && Instant::now() < until
-                {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
+                self.wait_while_running();
                 let (status, answer) = self.env.rt.block_on(post(confirm.clone()));
                 self.out
                     .log
@@ -487,18 +492,8 @@ impl Trial<'_> {
                 if status == 202 {
                     self.out.accepted.push((revision.to_owned(), credits));
                 }
-                let until = Instant::now() + self.bound();
                 std::thread::sleep(Duration::from_millis(300));
-                while self
-                    .env
-                    .rt
-                    .block_on(super::db::run_status(&self.state, RUN_ID))
-                    .as_deref()
-                    == Some("running")
-                    && Instant::now() < until
-                {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
+                self.wait_while_running();
             }
         }
         // SAFETY: a plain kill(2) of our own child, not yet reaped.

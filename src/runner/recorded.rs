@@ -134,8 +134,9 @@ impl Runner<'_> {
             }
         }
         // The gate: the lock is held and the work planned again; what a confirm agreed to
-        // must be what this pays for now, and it must fit. The revision digests every task to
-        // pay (900,000 on a night's takeover): only a confirm has one to compare.
+        // must be what this pays for now, and it must fit. The revision digests every recorded
+        // task to pay and every item never recorded (100,000 on a night's takeover): only a
+        // confirm has one to compare.
         let confirmed = match self.settings.expect.is_bound() {
             true => Some(prepared.priced(store).await?),
             false => None,
