@@ -1,5 +1,5 @@
 //! `cargo bench --bench nemesis -- --trials N --seed S [--json] [--mutate NAME]
-//! [--list-mutations] [--backend sqlite|postgres|both] [--keep] [--max-items N]`: the fault
+//! [--list-mutations] [--backend sqlite|postgres|both] [--keep] [--max-items N] [--jobs J]`: the fault
 //! campaign of issue 43 (benches/nemesis/). Exit 0 when no trial violated an invariant, 1
 //! otherwise.
 

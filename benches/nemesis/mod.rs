@@ -32,12 +32,16 @@ pub struct Args {
     pub keep: bool,
     /// `--max-items N`: no trial draws more items (a short campaign, as CI runs).
     pub max_items: Option<u64>,
+    /// `--jobs J`: trials run J at a time, each with its own sandbox, state and processes (a
+    /// trial spends much of its time waiting on its processes, so a long run goes faster).
+    pub jobs: usize,
 }
 
 pub fn parse(args: &[String]) -> Result<Args, String> {
     let mut a = Args {
         trials: 10,
         seed: 1,
+        jobs: 1,
         ..Args::default()
     };
     let mut it = args.iter();
@@ -62,6 +66,14 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
             "--mutate" => a.mutate = Some(value("--mutate")?),
             "--list-mutations" => a.list = true,
             "--keep" => a.keep = true,
+            "--jobs" => {
+                a.jobs = value("--jobs")?
+                    .parse()
+                    .map_err(|e| format!("--jobs: {e}"))?;
+                if a.jobs == 0 {
+                    return Err("--jobs: at least 1".into());
+                }
+            }
             "--max-items" => {
                 a.max_items = Some(
                     value("--max-items")?
@@ -239,104 +251,130 @@ pub fn main(binary: &str, args: &[String]) -> i32 {
     let mut by_backend: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     let (mut trials_run, mut first_violation) = (0, None);
     // A single trial replays its seed itself; a campaign's trials each draw theirs from it.
-    for i in 0..a.trials {
-        let seed = if a.trials == 1 {
+    let seed_of = |i: u64| {
+        if a.trials == 1 {
             a.seed
         } else {
             rng::trial_seed(a.seed, i)
-        };
-        let r = trial(
-            binary,
-            Scenario::draw(seed, &backends, a.max_items),
-            a.mutate.as_deref(),
-            postgres.as_deref(),
-            a.keep,
-        );
-        trials_run = i + 1;
-        let slot = by_backend
-            .entry(format!("{:?}", r.scenario.backend))
-            .or_default();
-        slot.0 += 1;
-        eprintln!(
-            "trial {}/{} seed {seed}: {:?}, {} items, {} steps, {} tasks, {} host(s){}: {} in {:.1}s",
-            i + 1,
-            a.trials,
-            r.scenario.backend,
-            r.scenario.items,
-            r.scenario.steps.len(),
-            r.scenario.tasks,
-            r.scenario.hosts.len(),
-            if r.scenario.confirms.is_some() {
-                ", confirms"
-            } else {
-                ""
-            },
-            if r.violations.is_empty() {
-                "ok".to_owned()
-            } else {
-                format!("{} VIOLATION(S)", r.violations.len())
-            },
-            r.seconds
-        );
-        if !r.violations.is_empty() {
-            slot.1 += 1;
-            let mut seen = std::collections::BTreeSet::new();
-            for v in &r.violations {
-                if seen.insert(v.invariant) {
-                    *by_invariant.entry(v.invariant).or_default() += 1;
+        }
+    };
+    let next = std::sync::atomic::AtomicU64::new(0);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (tx, rx) = std::sync::mpsc::channel::<(u64, Report)>();
+    std::thread::scope(|scope| {
+        for _ in 0..a.jobs.min(a.trials.max(1) as usize) {
+            let tx = tx.clone();
+            let (next, stop, backends, postgres, a) = (&next, &stop, &backends, &postgres, &a);
+            scope.spawn(move || {
+                use std::sync::atomic::Ordering;
+                while !stop.load(Ordering::SeqCst) {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    if i >= a.trials {
+                        break;
+                    }
+                    let r = trial(
+                        binary,
+                        Scenario::draw(seed_of(i), backends, a.max_items),
+                        a.mutate.as_deref(),
+                        postgres.as_deref(),
+                        a.keep,
+                    );
+                    if tx.send((i, r)).is_err() {
+                        break;
+                    }
                 }
-            }
+            });
+        }
+        drop(tx);
+        for (i, r) in rx {
+            let seed = r.seed;
+            trials_run += 1;
+            let slot = by_backend
+                .entry(format!("{:?}", r.scenario.backend))
+                .or_default();
+            slot.0 += 1;
             eprintln!(
-                "  replay: cargo bench --bench nemesis -- --seed {seed} --trials 1{}{}",
-                if a.backends.len() == 1 {
-                    format!(
-                        " --backend {}",
-                        format!("{:?}", a.backends[0]).to_lowercase()
-                    )
+                "trial {}/{} seed {seed}: {:?}, {} items, {} steps, {} tasks, {} host(s){}: {} in {:.1}s",
+                i + 1,
+                a.trials,
+                r.scenario.backend,
+                r.scenario.items,
+                r.scenario.steps.len(),
+                r.scenario.tasks,
+                r.scenario.hosts.len(),
+                if r.scenario.confirms.is_some() {
+                    ", confirms"
                 } else {
-                    String::new()
+                    ""
                 },
-                a.mutate
-                    .as_deref()
-                    .map(|m| format!(" --mutate {m}"))
-                    .unwrap_or_default()
-                    + &a.max_items
-                        .map(|n| format!(" --max-items {n}"))
-                        .unwrap_or_default()
+                if r.violations.is_empty() {
+                    "ok".to_owned()
+                } else {
+                    format!("{} VIOLATION(S)", r.violations.len())
+                },
+                r.seconds
             );
-            eprintln!(
-                "  scenario: {}",
-                serde_json::to_string(&r.scenario).unwrap_or_default()
-            );
-            for l in &r.log {
-                eprintln!("  | {l}");
-            }
-            let mut told: BTreeMap<&str, usize> = BTreeMap::new();
-            for v in &r.violations {
-                let n = told.entry(v.invariant).or_default();
-                *n += 1;
-                if *n <= 5 {
-                    eprintln!("  VIOLATED {}: {}", v.invariant, v.evidence);
+            if !r.violations.is_empty() {
+                slot.1 += 1;
+                let mut seen = std::collections::BTreeSet::new();
+                for v in &r.violations {
+                    if seen.insert(v.invariant) {
+                        *by_invariant.entry(v.invariant).or_default() += 1;
+                    }
                 }
-            }
-            for (invariant, n) in told.iter().filter(|(_, n)| **n > 5) {
-                eprintln!("  VIOLATED {invariant}: {} more like these", n - 5);
-            }
-            eprintln!("  kept: {}", r.dir.display());
-            failed.push(seed);
-            first_violation.get_or_insert(i + 1);
-            // A mutation is proven caught by its first violation: the trials to it are the
-            // figure, the rest would only repeat it.
-            if a.mutate.is_some() {
                 eprintln!(
-                    "nemesis: mutation {} caught at trial {}",
-                    a.mutate.as_deref().unwrap_or_default(),
-                    i + 1
+                    "  replay: cargo bench --bench nemesis -- --seed {seed} --trials 1{}{}",
+                    if a.backends.len() == 1 {
+                        format!(
+                            " --backend {}",
+                            format!("{:?}", a.backends[0]).to_lowercase()
+                        )
+                    } else {
+                        String::new()
+                    },
+                    a.mutate
+                        .as_deref()
+                        .map(|m| format!(" --mutate {m}"))
+                        .unwrap_or_default()
+                        + &a.max_items
+                            .map(|n| format!(" --max-items {n}"))
+                            .unwrap_or_default()
                 );
-                break;
+                eprintln!(
+                    "  scenario: {}",
+                    serde_json::to_string(&r.scenario).unwrap_or_default()
+                );
+                for l in &r.log {
+                    eprintln!("  | {l}");
+                }
+                let mut told: BTreeMap<&str, usize> = BTreeMap::new();
+                for v in &r.violations {
+                    let n = told.entry(v.invariant).or_default();
+                    *n += 1;
+                    if *n <= 5 {
+                        eprintln!("  VIOLATED {}: {}", v.invariant, v.evidence);
+                    }
+                }
+                for (invariant, n) in told.iter().filter(|(_, n)| **n > 5) {
+                    eprintln!("  VIOLATED {invariant}: {} more like these", n - 5);
+                }
+                eprintln!("  kept: {}", r.dir.display());
+                failed.push(seed);
+                first_violation = Some(first_violation.map_or(i + 1, |f: u64| f.min(i + 1)));
+                // A mutation is proven caught by its first violation: the trials to it are the
+                // figure, the rest would only repeat it.
+                if a.mutate.is_some() {
+                    eprintln!(
+                        "nemesis: mutation {} caught at trial {}",
+                        a.mutate.as_deref().unwrap_or_default(),
+                        i + 1
+                    );
+                    // Trials already under way finish; no new one starts.
+                    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
             }
         }
-    }
+    });
     let violations = failed.len() as u64;
     eprintln!(
         "nemesis: {trials_run} trial(s), {violations} with a violation, {:.0}s{}",
