@@ -8,6 +8,9 @@
 //!   every thumbnail they show, made on demand: bytes sent and time, beside the full images'
 //!   bytes in view); `imgpipe report` cold (every image read, hashed, decoded and scaled) and
 //!   warm, wall time and peak RSS; the desk's first page again, with the report's thumbnails;
+//!   then the same night under another run id, every picture already drawn (the sandbox runs
+//!   with `--remember-drawings`), so that its bytes stored per second are imgpipe's own, beside
+//!   `cp -r`, and `cp -r` then `sync`;
 //! - sample: the README's sample pipeline (`pipelines/product-shots.yaml`'s chain: generate,
 //!   erase, expand to 16:9, upscale 4×, cut out) on 4 items at concurrency 8: its last two steps
 //!   make 14,564 × 8,192 images of about 100 MB each. The run (its exit status, peak RSS, bytes
@@ -15,8 +18,9 @@
 //!
 //! IMGPIPE_BENCH_OUT=s3 stores the outputs in the bench's S3-compatible server on 127.0.0.1
 //! (s3s-fs, its objects files on the same disk: `cp -r` of them is the limit);
-//! IMGPIPE_BENCH_ONLY=night or sample runs one. The sandbox keeps every image in memory: the
-//! night of 8 items holds about 1.3 GB, the sample about 2 GB. `cargo bench --bench bytes`.
+//! IMGPIPE_BENCH_ONLY=night or sample runs one. The sandbox keeps every image in memory, and
+//! every drawing once more: the night of 8 items holds about 2.6 GB, the sample about 4 GB.
+//! `cargo bench --bench bytes`.
 
 #![allow(clippy::print_stdout, clippy::print_stderr, unreachable_pub)]
 
@@ -104,6 +108,7 @@ fn night(yaml: &str) {
     bench.desk("cold");
     bench.reports();
     bench.desk("warm");
+    bench.again();
 }
 
 fn sample() {
@@ -148,7 +153,15 @@ impl Bench {
     fn new(name: &'static str, yaml: &str) -> Bench {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::write(dir.path().join("bytes.yaml"), yaml).expect("write the pipeline");
-        let sandbox = Sandbox::start(&["--image-side", "2048", "--photo-weight"].map(String::from));
+        let sandbox = Sandbox::start(
+            &[
+                "--image-side",
+                "2048",
+                "--photo-weight",
+                "--remember-drawings",
+            ]
+            .map(String::from),
+        );
         let state = support::state_for(dir.path());
         let out = support::out_for(dir.path(), &mut Command::new("true"));
         let out_dir = match out.strip_prefix("s3://") {
@@ -183,8 +196,12 @@ impl Bench {
     }
 
     fn run(&self) -> Usage {
-        let cmd = self.imgpipe(&["run", "bytes.yaml", "--run-id", RUN_ID, "--out", &self.out]);
-        let (stdout, stderr) = self.log("run");
+        self.run_as(RUN_ID)
+    }
+
+    fn run_as(&self, run_id: &str) -> Usage {
+        let cmd = self.imgpipe(&["run", "bytes.yaml", "--run-id", run_id, "--out", &self.out]);
+        let (stdout, stderr) = self.log(&format!("run-{run_id}"));
         measure(cmd, &stdout, &stderr)
     }
 
@@ -198,13 +215,48 @@ impl Bench {
 
     /// `cp -r` of the run's directory beside it, on the same disk, measured, then removed.
     fn copy(&self) -> Usage {
+        self.copy_with("cp -r \"$0\" \"$1\"", "cp")
+    }
+
+    /// `script` (`sh -c`, given the run's directory and a copy's path beside it on the same
+    /// disk), measured; the copy is then removed.
+    fn copy_with(&self, script: &str, what: &str) -> Usage {
         let copy = self.dir.path().join(format!("{}-copy", self.name));
-        let mut cp = Command::new("cp");
-        cp.arg("-r").arg(self.run_dir()).arg(&copy);
-        let (stdout, stderr) = self.log("cp");
+        let mut cp = Command::new("sh");
+        cp.arg("-c").arg(script).arg(self.run_dir()).arg(&copy);
+        let (stdout, stderr) = self.log(what);
         let usage = measure(cp, &stdout, &stderr);
         std::fs::remove_dir_all(&copy).expect("remove the copy");
         usage
+    }
+
+    /// The same night again under another run id, every picture already drawn (the sandbox
+    /// remembers its drawings): the run waits on its own downloads, hashing, writes and
+    /// fsyncs, not on the sandbox drawing photos on the same cores. Beside it, `cp -r` and
+    /// `cp -r` then `sync` (the run makes each file durable; `cp` alone leaves its bytes in the
+    /// page cache).
+    fn again(&self) {
+        let run = self.run_as("again");
+        let stored = Stored::of(&self.out_dir.join("again"));
+        let copy = self.copy();
+        let synced = self.copy_with("cp -r \"$0\" \"$1\" && sync -f \"$1\"", "cp-sync");
+        let rate = |u: &Usage| stored.bytes / MB / u.wall;
+        println!(
+            "{}: again, every picture drawn before: run {} ({:.0} MB stored: {:.1} MB/s, \
+             {:.2} s CPU per GB); cp -r {} ({:.1} MB/s); cp -r and sync {} ({:.1} MB/s): the run \
+             stores at {:.2} of cp -r's rate, {:.2} of cp -r and sync's",
+            self.name,
+            brief(&run),
+            stored.bytes / MB,
+            rate(&run),
+            run.cpu / (stored.bytes / 1e9),
+            brief(&copy),
+            rate(&copy),
+            brief(&synced),
+            rate(&synced),
+            copy.wall / run.wall,
+            synced.wall / run.wall,
+        );
     }
 
     /// `imgpipe report` with no thumbnail made (cold), then again (warm).

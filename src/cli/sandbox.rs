@@ -70,6 +70,13 @@ pub struct SandboxArgs {
     /// thumbnails turn it on to see real volumes
     #[arg(long)]
     pub photo_weight: bool,
+    /// Draw each distinct picture once: a request drawn before (the same prompt, references and
+    /// size; the same input image and parameters) is answered with the same PNG, only the
+    /// latency added. Nothing a client sees changes but the time. Every picture stays in
+    /// memory, so it is off by default; the bytes bench turns it on to measure a night's
+    /// storing rather than the sandbox's drawing
+    #[arg(long)]
+    pub remember_drawings: bool,
     /// Probability of a 500/503 per paid call (nothing billed)
     #[arg(long, default_value_t = 0.0, value_name = "P")]
     pub fault_server_error: f64,
@@ -146,6 +153,7 @@ impl SandboxArgs {
             } else {
                 Weight::Flat
             },
+            remember_drawings: self.remember_drawings,
             faults: Faults {
                 server_error: probability("--fault-server-error", self.fault_server_error)?,
                 rate_limit: probability("--fault-rate-limit", self.fault_rate_limit)?,

@@ -25,7 +25,7 @@ use crate::api::rules::{self, InvalidField};
 use crate::api::types::ToolName;
 use crate::sandbox::reply::{App, Reply};
 use crate::sandbox::state::{InFlight, Job, JobKind, MODEL_ID, Read, Source, State};
-use crate::sandbox::{RateScope, edit, files};
+use crate::sandbox::{RateScope, drawings, edit, files};
 
 pub(super) fn router(state: Arc<State>) -> Router {
     Router::new()
@@ -215,7 +215,13 @@ async fn generate(Shared(state): App, body: Bytes) -> Result<Response, Reply> {
     can_pay(&state, credits)?;
     let side = state.config.image_side * request.size.price_multiplier() as u32;
     let (prompt, n, weight) = (request.prompt.clone(), request.n, state.config.weight);
-    let draw = move || Ok(edit::draw_all(&prompt, n, reference_seed, side, weight));
+    let drawings = state.drawings.clone();
+    let draw = move || {
+        let asked = || drawings::asked(("generate", &prompt, n, reference_seed, side));
+        drawings::draw_once(drawings.as_deref(), asked, || {
+            Ok(edit::draw_all(&prompt, n, reference_seed, side, weight))
+        })
+    };
     let job = finish(&state, slot, (JobKind::Generation, paid_for), credits, draw).await?;
     Ok(deliver(&state, &job))
 }
@@ -246,8 +252,14 @@ async fn tool(
     can_pay(&state, credits)?;
     let params = request.params.clone();
     let keep_alpha = request.preserve_alpha.unwrap_or(true);
-    let weight = state.config.weight;
-    let edit = move || Ok(vec![edit::apply(&input, &params, keep_alpha, weight)?]);
+    let (weight, drawings) = (state.config.weight, state.drawings.clone());
+    let edit = move || {
+        let asked =
+            || drawings::asked((tool.as_str(), &input[..], format!("{params:?}"), keep_alpha));
+        drawings::draw_once(drawings.as_deref(), asked, || {
+            Ok(vec![edit::apply(&input, &params, keep_alpha, weight)?])
+        })
+    };
     let job = finish(&state, slot, (JobKind::Tool(tool), paid_for), credits, edit).await?;
     Ok(deliver(&state, &job))
 }

@@ -6,6 +6,7 @@
 //! standalone; `--sandbox` on any command starts one for that command.
 
 mod cutout;
+mod drawings;
 mod edit;
 pub mod faults;
 mod files;
@@ -64,6 +65,9 @@ pub struct Config {
     pub image_side: u32,
     /// Flat pictures (fast, tiny files) or a photo's weight (benches of real volumes).
     pub weight: Weight,
+    /// Each distinct picture drawn once and kept in memory, so that a second night of the same
+    /// requests waits on its downloads rather than on the drawing (the bytes bench).
+    pub remember_drawings: bool,
     pub faults: Faults,
 }
 
@@ -85,6 +89,7 @@ impl Default for Config {
             max_in_flight: None,
             image_side: 256,
             weight: Weight::Flat,
+            remember_drawings: false,
             faults: Faults::default(),
         }
     }

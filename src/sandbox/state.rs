@@ -89,6 +89,8 @@ pub struct Stats {
     /// The most result images billed and not yet downloaded at once: how far a client's
     /// downloads fell behind its calls.
     pub peak_undownloaded: usize,
+    /// Paid calls answered with a picture drawn before (`--remember-drawings`).
+    pub recalled_drawings: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -188,6 +190,8 @@ pub struct State {
     /// Paid requests per second, when the sandbox is told to limit them.
     pub limiter: Option<governor::DefaultDirectRateLimiter>,
     samples: HashMap<&'static str, Bytes>,
+    /// The pictures drawn so far, when the sandbox remembers them (`--remember-drawings`).
+    pub(super) drawings: Option<Arc<crate::sandbox::drawings::Drawings>>,
 }
 
 impl State {
@@ -227,6 +231,7 @@ impl State {
                 .rate_limit
                 .and_then(|rate| limiter(rate, config.rate_burst)),
             samples,
+            drawings: config.remember_drawings.then(Default::default),
             config,
             key,
             base,
@@ -244,7 +249,9 @@ impl State {
     }
 
     pub fn stats(&self) -> Stats {
-        self.books().stats.clone()
+        let mut stats = self.books().stats.clone();
+        stats.recalled_drawings = self.drawings.as_ref().map_or(0, |d| d.recalled());
+        stats
     }
 
     pub fn ledger(&self) -> Vec<LedgerEntry> {

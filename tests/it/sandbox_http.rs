@@ -783,3 +783,45 @@ async fn job_reads_armed_to_meet_a_429_are_refused_that_many_times_then_answered
         "{stats}"
     );
 }
+
+/// `--remember-drawings` changes only the time: each call is billed, and its pictures are the
+/// ones a sandbox that draws every time makes, for generations and edits alike.
+#[tokio::test]
+async fn a_sandbox_that_remembers_its_drawings_answers_the_same_pictures_and_bills_each_call() {
+    let remembering = start(Config {
+        remember_drawings: true,
+        ..Config::default()
+    })
+    .await;
+    let drawing = start_default().await;
+    let mut pictures = Vec::new();
+    for env in [&remembering, &remembering, &drawing] {
+        let mut seen = Vec::new();
+        for prompt in ["a mug", "a cup"] {
+            let (status, job) = raw_post(env, GENERATIONS, &json!({"prompt": prompt})).await;
+            assert_eq!(status, 200, "{job}");
+            let url = job["images"][0]["url"].as_str().unwrap().to_owned();
+            seen.push(digest(&fetch_raw(&url).await.2));
+            let body = json!({"image_url": url, "desired_increase": 2});
+            let (status, job) = raw_post(env, "v1/images/tools/upscale", &body).await;
+            assert_eq!(status, 200, "{job}");
+            seen.push(digest(
+                &fetch_raw(job["data"]["url"].as_str().unwrap()).await.2,
+            ));
+        }
+        pictures.push(seen);
+    }
+    assert_ne!(pictures[0][0], pictures[0][2], "two prompts, one picture");
+    assert_eq!(pictures[0], pictures[1], "the remembered pictures changed");
+    assert_eq!(pictures[0], pictures[2], "remembering changed the pictures");
+    assert_eq!(remembering.sandbox.stats().recalled_drawings, 4);
+    assert_eq!(drawing.sandbox.stats().recalled_drawings, 0);
+    let billed = |env: &Env| env.sandbox.ledger().iter().map(|e| e.credits).sum::<u64>();
+    assert_eq!(billed(&remembering), 2 * billed(&drawing));
+    assert_eq!(remembering.sandbox.ledger().len(), 8);
+}
+
+fn digest(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
