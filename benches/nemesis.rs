@@ -1,7 +1,7 @@
 //! `cargo bench --bench nemesis -- --trials N --seed S [--json] [--mutate NAME]
-//! [--list-mutations] [--backend sqlite|postgres|both] [--keep] [--max-items N] [--jobs J]`: the fault
-//! campaign of issue 43 (benches/nemesis/). Exit 0 when no trial violated an invariant, 1
-//! otherwise.
+//! [--list-mutations] [--backend sqlite|postgres|both] [--keep] [--max-items N] [--jobs J]
+//! [--from A --to B]`: the fault campaign of issue 43 (benches/nemesis/). Exit 0 when no trial
+//! violated an invariant, 1 otherwise.
 
 #[path = "nemesis/mod.rs"]
 mod nemesis;

@@ -35,6 +35,11 @@ pub struct Args {
     /// `--jobs J`: trials run J at a time, each with its own sandbox, state and processes (a
     /// trial spends much of its time waiting on its processes, so a long run goes faster).
     pub jobs: usize,
+    /// `--from A --to B`: only the campaign's trials A to B (from 1, as printed), so that a long
+    /// run of `--trials N` can be played in pieces, each trial drawing the seed it would draw
+    /// in the whole run.
+    pub from: u64,
+    pub to: Option<u64>,
 }
 
 pub fn parse(args: &[String]) -> Result<Args, String> {
@@ -42,6 +47,7 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
         trials: 10,
         seed: 1,
         jobs: 1,
+        from: 1,
         ..Args::default()
     };
     let mut it = args.iter();
@@ -66,6 +72,12 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
             "--mutate" => a.mutate = Some(value("--mutate")?),
             "--list-mutations" => a.list = true,
             "--keep" => a.keep = true,
+            "--from" => {
+                a.from = value("--from")?
+                    .parse()
+                    .map_err(|e| format!("--from: {e}"))?
+            }
+            "--to" => a.to = Some(value("--to")?.parse().map_err(|e| format!("--to: {e}"))?),
             "--jobs" => {
                 a.jobs = value("--jobs")?
                     .parse()
@@ -93,6 +105,13 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
             "--bench" => {}
             other => return Err(format!("unknown argument {other}")),
         }
+    }
+    let last = a.to.unwrap_or(a.trials);
+    if a.from == 0 || a.from > last || last > a.trials {
+        return Err(format!(
+            "--from {} --to {last}: trials are numbered 1 to {} (--trials)",
+            a.from, a.trials
+        ));
     }
     if let Some(m) = &a.mutate
         && !imgpipe::failpoint::MUTATIONS.contains(&m.as_str())
@@ -258,18 +277,19 @@ pub fn main(binary: &str, args: &[String]) -> i32 {
             rng::trial_seed(a.seed, i)
         }
     };
-    let next = std::sync::atomic::AtomicU64::new(0);
+    let (first, last) = (a.from - 1, a.to.unwrap_or(a.trials));
+    let next = std::sync::atomic::AtomicU64::new(first);
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (tx, rx) = std::sync::mpsc::channel::<(u64, Report)>();
     std::thread::scope(|scope| {
-        for _ in 0..a.jobs.min(a.trials.max(1) as usize) {
+        for _ in 0..a.jobs.min((last - first) as usize) {
             let tx = tx.clone();
             let (next, stop, backends, postgres, a) = (&next, &stop, &backends, &postgres, &a);
             scope.spawn(move || {
                 use std::sync::atomic::Ordering;
                 while !stop.load(Ordering::SeqCst) {
                     let i = next.fetch_add(1, Ordering::SeqCst);
-                    if i >= a.trials {
+                    if i >= last {
                         break;
                     }
                     let r = trial(
@@ -387,6 +407,7 @@ pub fn main(binary: &str, args: &[String]) -> i32 {
     if a.json {
         let doc = serde_json::json!({
             "trials": trials_run,
+            "of_campaign": {"trials": a.trials, "from": a.from, "to": a.to.unwrap_or(a.trials)},
             "violations": violations,
             "first_violation": first_violation,
             "failed_seeds": failed,
