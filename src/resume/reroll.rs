@@ -228,6 +228,7 @@ impl Review {
                 if reset.is_empty() {
                     return Err(format!("nothing of {said} ran: there is nothing to reroll"));
                 }
+                self.inputs_made(graph, &scope, &named, &open)?;
                 let rerolled: HashSet<i64> = reset.iter().copied().collect();
                 self.kept.retain(|id| !rerolled.contains(id));
                 self.reroll = Some(crate::store::NewReroll {
@@ -241,6 +242,41 @@ impl Review {
         let scope = Scope::tasks(scope, format!("reroll {said}"));
         self.narrow(graph, &scope);
         Ok(scope)
+    }
+
+    /// Refuses a reroll naming a task that never ran while one of its inputs is neither made
+    /// nor made again by the reroll: it would be confirmed, priced and then undone with nothing
+    /// paid, when what the task waits for is the run itself (`imgpipe resume`). Tasks only
+    /// downstream of those named are not held to it: they wait, as in any run.
+    fn inputs_made(
+        &self,
+        graph: &Graph,
+        scope: &[usize],
+        named: &HashSet<usize>,
+        open: &std::collections::HashMap<usize, Reason>,
+    ) -> Result<(), String> {
+        let in_scope: HashSet<usize> = scope.iter().copied().collect();
+        let made = |d: usize| {
+            in_scope.contains(&d)
+                || self
+                    .rows
+                    .as_ref()
+                    .and_then(|r| r.get(d))
+                    .is_some_and(|id| self.is_kept(id))
+        };
+        for &t in scope {
+            let never_ran = named.contains(&t)
+                && matches!(open.get(&t), Some(Reason::NeverStarted | Reason::Blocked));
+            if let Some(d) = graph.deps(t).into_iter().find(|d| never_ran && !made(*d)) {
+                return Err(format!(
+                    "{} never ran: it waits on {}, which has no output yet. There is nothing to \
+                     reroll; `imgpipe resume` makes it once its inputs are made",
+                    graph.key(t),
+                    graph.key(d)
+                ));
+            }
+        }
+        Ok(())
     }
 }
 

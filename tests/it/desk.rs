@@ -853,6 +853,50 @@ async fn work_started_at_the_desk_is_followed_to_its_end_with_the_clis_error_and
     desk.stop().await;
 }
 
+/// A task that never ran, named while its input is not made (a run stopped after its first
+/// step): the CLI's dry run says so and exits 2, the desk's dry run says the same, and a
+/// confirm is refused at once rather than accepted and undone. Nothing is billed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reroll_of_a_task_whose_input_is_not_made_is_refused_before_it_is_confirmed() {
+    let env = start_sample_sized().await;
+    let c = Catalogue::new(&env, None);
+    let until = c
+        .imgpipe(&["run", "shots.yaml", "--until", "shot", "--run-id", "u"])
+        .run()
+        .await;
+    assert_exit(&until, 7);
+    let calls = env.sandbox.ledger().len();
+    let why = "mug/wide[0] never ran: it waits on mug/clean[0], which has no output yet";
+
+    let cli = c
+        .plain(&["reroll", "u", "mug/wide", "--dry-run"])
+        .run()
+        .await;
+    assert_exit(&cli, 2);
+    assert!(has_phrase(&cli.stderr(), why), "{}", cli.stderr());
+
+    let desk = serve_with(&c, &["--retry-base-ms", "1"]).await;
+    let tasks = serde_json::json!(["mug/wide"]);
+    let (status, priced) = desk
+        .post(
+            "/api/runs/u/reroll",
+            serde_json::json!({"tasks": tasks, "dry_run": true}),
+        )
+        .await;
+    assert_eq!(status, 400, "{priced}");
+    assert!(has_phrase(&priced.to_string(), why), "{priced}");
+    let (status, refused) = desk
+        .post(
+            "/api/runs/u/reroll",
+            serde_json::json!({"tasks": tasks, "credits": 10, "revision": "0123456789abcdef"}),
+        )
+        .await;
+    assert_eq!(status, 400, "{refused}");
+    assert!(has_phrase(&refused.to_string(), why), "{refused}");
+    assert_eq!(env.sandbox.ledger().len(), calls, "nothing billed");
+    desk.stop().await;
+}
+
 /// A step for every item (`*/clean`) on a sample of two items of three: the desk prices it as
 /// `imgpipe reroll s '*/clean' --dry-run --json` does (the clean of the two items that ran and
 /// what is downstream of them; the third item, which never ran, is left alone), and a
