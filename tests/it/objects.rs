@@ -100,13 +100,15 @@ pub(crate) struct S3 {
     requests: RequestLog,
     /// See [`S3::hold_lists`].
     lists: Arc<ListGate>,
+    /// See [`S3::hold_parts`].
+    parts: Arc<ListGate>,
     /// See [`S3::deny_list_bucket`].
     unlisted: Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
-/// Holds LIST requests (a GET with `list-type`) until the test lets them through: a listing
-/// as slow as a test needs it, without racing the clock.
+/// Holds requests of one kind (LISTs, the parts of multipart uploads) until the test lets them
+/// through: a listing or an upload as slow as a test needs it, without racing the clock.
 struct ListGate {
     /// Whether LISTs pass.
     open: tokio::sync::watch::Sender<bool>,
@@ -147,6 +149,7 @@ struct Cutting {
     refuse: Refusal,
     requests: RequestLog,
     lists: Arc<ListGate>,
+    parts: Arc<ListGate>,
     unlisted: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -185,7 +188,11 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Cutting {
         let cut = req.method() == http::Method::PUT
             && cut.is_some_and(|c| req.uri().path().contains(c.as_str()));
         let (inner, requests) = (self.inner.clone(), Arc::clone(&self.requests));
-        let lists = (seen.kind() == "LIST").then(|| Arc::clone(&self.lists));
+        let gate = match seen.op() {
+            "LIST" => Some(Arc::clone(&self.lists)),
+            "UploadPart" => Some(Arc::clone(&self.parts)),
+            _ => None,
+        };
         // Credentials without s3:ListBucket: S3 refuses a listing, and answers 403 where the
         // key is missing rather than say it is (404).
         let unlisted = self.unlisted.load(std::sync::atomic::Ordering::SeqCst);
@@ -193,7 +200,7 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Cutting {
             refusal = Some(http::StatusCode::FORBIDDEN);
         }
         Box::pin(async move {
-            if let Some(gate) = lists {
+            if let Some(gate) = gate {
                 gate.pass().await;
             }
             let mut answer = match refusal {
@@ -317,10 +324,13 @@ impl S3 {
         let cut = Arc::new(Mutex::new(None));
         let refuse = Arc::new(Mutex::new(None));
         let requests = Arc::new(Mutex::new(Vec::new()));
-        let lists = Arc::new(ListGate {
-            open: tokio::sync::watch::Sender::new(true),
-            held: std::sync::atomic::AtomicUsize::new(0),
-        });
+        let gate = || {
+            Arc::new(ListGate {
+                open: tokio::sync::watch::Sender::new(true),
+                held: std::sync::atomic::AtomicUsize::new(0),
+            })
+        };
+        let (lists, parts) = (gate(), gate());
         let unlisted = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let service = Cutting {
             inner: builder.build(),
@@ -328,6 +338,7 @@ impl S3 {
             refuse: Arc::clone(&refuse),
             requests: Arc::clone(&requests),
             lists: Arc::clone(&lists),
+            parts: Arc::clone(&parts),
             unlisted: Arc::clone(&unlisted),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -354,6 +365,7 @@ impl S3 {
             refuse,
             requests,
             lists,
+            parts,
             unlisted,
             task,
         }
@@ -379,6 +391,26 @@ impl S3 {
     /// LISTs waiting at the gate now.
     fn lists_held(&self) -> usize {
         self.lists.held.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Holds every part of a multipart upload from now on until [`S3::let_parts_through`].
+    fn hold_parts(&self) {
+        self.parts.open.send_replace(false);
+    }
+
+    fn let_parts_through(&self) {
+        self.parts.open.send_replace(true);
+    }
+
+    /// Parts waiting at the gate now.
+    fn parts_held(&self) -> usize {
+        self.parts.held.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// How many requests of this operation ([`Request::op`]) were answered so far.
+    fn answered(&self, op: &str) -> usize {
+        let log = self.requests.lock().unwrap();
+        log.iter().filter(|r| r.op() == op).count()
     }
 
     /// The requests answered since the last call, and the log emptied.
@@ -900,6 +932,66 @@ async fn an_upload_finished_but_unrecorded_is_done_and_other_bytes_at_the_key_ar
             .all(|(_, condition, status)| *condition == Some("*") && *status == Some(412)),
         "{log:#?}"
     );
+}
+
+/// Large uploads go two at a time in a process, whatever the run's concurrency: each holds up
+/// to three 8 MiB parts in memory, and eight at once held 249 MiB in the bytes bench. With every
+/// part held at the bucket, a run of six large outputs at concurrency 6 downloads all six and
+/// starts two uploads; the others wait their turn, their files on disk. Let through, all six
+/// are stored, each uploaded once.
+#[tokio::test(flavor = "multi_thread")]
+async fn large_uploads_go_two_at_a_time_whatever_the_run_s_concurrency() {
+    // Photo-weight images of this side (about 330 KiB) go up as multipart uploads.
+    let env = start(imgpipe::sandbox::Config {
+        image_side: 512,
+        weight: imgpipe::sandbox::Weight::Photo,
+        ..config()
+    })
+    .await;
+    let s3 = S3::start().await;
+    let dir = env.dir.path();
+    let items: String = (0..6).map(|i| format!("  - {{ id: i{i} }}\n")).collect();
+    let yaml = PIPELINE
+        .replace("  - { id: a }\n  - { id: b }\n  - { id: c }\n", &items)
+        .replace("items:", "concurrency: 6\nitems:");
+    write(dir, "p.yaml", &yaml);
+    s3.hold_parts();
+    let run = Imgpipe::on(
+        &env,
+        &["run", "p.yaml", "--run-id", "r", "--out", "s3://shots/runs"],
+    )
+    .s3(&s3)
+    .sqlite_in(dir)
+    .retry_base_ms(20)
+    .run();
+    let watch = async {
+        wait_until("six images downloaded and two uploads at the gate", || {
+            env.sandbox.stats().downloads >= 6 && s3.parts_held() >= 2
+        })
+        .await;
+        // Were the limit gone, the four other uploads would start as soon as their downloads
+        // end, before this; with it, they start only once the gate opens, however long this.
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let started = s3.answered("CreateMultipartUpload");
+        s3.let_parts_through();
+        started
+    };
+    let (o, started_at_the_gate) = tokio::join!(run, watch);
+    assert_exit(&o, 0);
+    assert_eq!(
+        started_at_the_gate, 2,
+        "uploads started while two held their parts"
+    );
+    let log = s3.take_requests();
+    let images = |op: &str| {
+        let of = log
+            .iter()
+            .filter(|r| r.op() == op && r.key().ends_with(".png"));
+        of.count()
+    };
+    assert_eq!(images("CreateMultipartUpload"), 6, "each uploaded once");
+    assert_eq!(images("CompleteMultipartUpload"), 6);
+    assert_eq!(images("PutObject"), 0, "{log:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
