@@ -290,11 +290,18 @@ pub fn all(
         },
     );
 
-    // process_bound
-    for o in &out.overdue {
-        f.check("process_bound", false, || o.clone());
-    }
+    f.0.extend(overdue(out));
     f.0
+}
+
+/// `process_bound`: every process the trial had to kill, past its bound. Told whether or not
+/// the state can be read (a process that hangs may never have made one).
+pub fn overdue(out: &Outcome) -> Vec<Violation> {
+    let each = out.overdue.iter().map(|o| Violation {
+        invariant: "process_bound",
+        evidence: o.clone(),
+    });
+    each.collect()
 }
 
 /// Whether a run's status, as `imgpipe status --json` tells it, is an end the docs describe

@@ -205,10 +205,14 @@ pub fn trial(
     let _ = std::fs::write(dir.path().join("trial.log"), told);
     let violations = match rt.block_on(db::read(&state)) {
         Ok(db) => check::all(&s, &out, &db, &sandbox, &sandbox.ledger(), &sandbox.stats()),
-        Err(e) => vec![check::Violation {
-            invariant: "run_end",
-            evidence: format!("the state cannot be read: {e}"),
-        }],
+        Err(e) => {
+            let mut v = vec![check::Violation {
+                invariant: "run_end",
+                evidence: format!("the state cannot be read: {e}"),
+            }];
+            v.extend(check::overdue(&out));
+            v
+        }
     };
     drop(proxy);
     trial::drop_state(&env, &state);

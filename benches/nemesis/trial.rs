@@ -317,17 +317,38 @@ impl Trial<'_> {
         self.out.told = self.told();
     }
 
-    /// `imgpipe status RUN --json`, as a user would ask it once the last resume ended.
-    fn told(&self) -> Result<serde_json::Value, String> {
-        let out = self
+    /// `imgpipe status RUN --json`, as a user would ask it once the last resume ended, within
+    /// [`PROCESS_BOUND`]: a status that hangs is killed and told as overdue.
+    fn told(&mut self) -> Result<serde_json::Value, String> {
+        let (out, err) = (self.dir.join("status.json"), self.dir.join("status.log"));
+        let file = |p: &Path| std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()));
+        let mut child = self
             .command(&["status", RUN_ID, "--json"])
-            .output()
+            .stdout(file(&out)?)
+            .stderr(file(&err)?)
+            .spawn()
             .map_err(|e| format!("cannot run imgpipe status: {e}"))?;
-        serde_json::from_slice(&out.stdout).map_err(|e| {
+        let started = Instant::now();
+        let status = loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                break status;
+            }
+            if started.elapsed() > PROCESS_BOUND {
+                let _ = child.kill();
+                let _ = child.wait();
+                self.out.overdue.push(format!(
+                    "imgpipe status, still running after {PROCESS_BOUND:?} (killed)"
+                ));
+                return Err("imgpipe status did not answer".into());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let read = |p: &Path| std::fs::read(p).unwrap_or_default();
+        serde_json::from_slice(&read(&out)).map_err(|e| {
             format!(
                 "imgpipe status exited {:?} without a JSON status ({e}): {}",
-                out.status.code(),
-                String::from_utf8_lossy(&out.stderr).trim()
+                status.code(),
+                String::from_utf8_lossy(&read(&err)).trim()
             )
         })
     }
@@ -353,14 +374,24 @@ impl Trial<'_> {
         let mut desk = cmd.spawn().expect("spawn the desk");
         let started = Instant::now();
         self.out.log.push("started the desk".into());
+        // Its address, its first line, within the bound: a desk that hangs before it is killed.
         let mut lines = std::io::BufReader::new(desk.stdout.take().unwrap()).lines();
-        let Some(Ok(first)) = lines.next() else {
-            self.out.log.push("the desk said nothing".into());
+        let (tx, said) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(lines.next());
+            for _ in lines {}
+        });
+        let Ok(Some(Ok(first))) = said.recv_timeout(PROCESS_BOUND) else {
             let _ = desk.kill();
             let _ = desk.wait();
+            self.out.log.push("the desk said nothing".into());
+            if started.elapsed() >= PROCESS_BOUND {
+                self.out.overdue.push(format!(
+                    "the desk, no address after {PROCESS_BOUND:?} (killed)"
+                ));
+            }
             return;
         };
-        std::thread::spawn(move || for _ in lines {});
         let url = url::Url::parse(&first).expect("the desk's URL");
         let token = url
             .query_pairs()
