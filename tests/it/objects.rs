@@ -98,10 +98,10 @@ pub(crate) struct S3 {
     refuse: Refusal,
     /// Every request the server answered.
     requests: RequestLog,
-    /// See [`S3::hold_lists`].
-    lists: Arc<ListGate>,
-    /// See [`S3::hold_parts`].
-    parts: Arc<ListGate>,
+    /// LISTs, held while a test needs a slow listing.
+    lists: Arc<Gate>,
+    /// The parts of multipart uploads, held while a test needs slow uploads.
+    parts: Arc<Gate>,
     /// See [`S3::deny_list_bucket`].
     unlisted: Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::JoinHandle<()>,
@@ -109,14 +109,29 @@ pub(crate) struct S3 {
 
 /// Holds requests of one kind (LISTs, the parts of multipart uploads) until the test lets them
 /// through: a listing or an upload as slow as a test needs it, without racing the clock.
-struct ListGate {
+struct Gate {
     /// Whether LISTs pass.
     open: tokio::sync::watch::Sender<bool>,
     /// LISTs waiting at the gate now.
     held: std::sync::atomic::AtomicUsize,
 }
 
-impl ListGate {
+impl Gate {
+    /// Holds every request of its kind from now on, until [`Gate::let_through`].
+    fn hold(&self) {
+        self.open.send_replace(false);
+    }
+
+    /// Lets the requests held, and every later one, through.
+    fn let_through(&self) {
+        self.open.send_replace(true);
+    }
+
+    /// Requests waiting at the gate now.
+    fn held(&self) -> usize {
+        self.held.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Waits while the gate is closed, counted as held.
     async fn pass(&self) {
         use std::sync::atomic::Ordering::SeqCst;
@@ -148,8 +163,8 @@ struct Cutting {
     cut: Arc<Mutex<Option<String>>>,
     refuse: Refusal,
     requests: RequestLog,
-    lists: Arc<ListGate>,
-    parts: Arc<ListGate>,
+    lists: Arc<Gate>,
+    parts: Arc<Gate>,
     unlisted: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -325,7 +340,7 @@ impl S3 {
         let refuse = Arc::new(Mutex::new(None));
         let requests = Arc::new(Mutex::new(Vec::new()));
         let gate = || {
-            Arc::new(ListGate {
+            Arc::new(Gate {
                 open: tokio::sync::watch::Sender::new(true),
                 held: std::sync::atomic::AtomicUsize::new(0),
             })
@@ -376,35 +391,6 @@ impl S3 {
     fn deny_list_bucket(&self) {
         self.unlisted
             .store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Holds every LIST from now on until [`S3::let_lists_through`].
-    fn hold_lists(&self) {
-        self.lists.open.send_replace(false);
-    }
-
-    /// Lets the LISTs held, and every later one, through.
-    fn let_lists_through(&self) {
-        self.lists.open.send_replace(true);
-    }
-
-    /// LISTs waiting at the gate now.
-    fn lists_held(&self) -> usize {
-        self.lists.held.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    /// Holds every part of a multipart upload from now on until [`S3::let_parts_through`].
-    fn hold_parts(&self) {
-        self.parts.open.send_replace(false);
-    }
-
-    fn let_parts_through(&self) {
-        self.parts.open.send_replace(true);
-    }
-
-    /// Parts waiting at the gate now.
-    fn parts_held(&self) -> usize {
-        self.parts.held.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// How many requests of this operation ([`Request::op`]) were answered so far.
@@ -934,6 +920,18 @@ async fn an_upload_finished_but_unrecorded_is_done_and_other_bytes_at_the_key_ar
     );
 }
 
+/// A sandbox whose images go up as multipart uploads (photo weight at 512 px: about 330 KiB,
+/// more than a download holds in memory, 256 KiB), and a bucket.
+async fn large_outputs() -> (Env, S3) {
+    let env = start(imgpipe::sandbox::Config {
+        image_side: 512,
+        weight: imgpipe::sandbox::Weight::Photo,
+        ..config()
+    })
+    .await;
+    (env, S3::start().await)
+}
+
 /// Large uploads go two at a time in a process, whatever the run's concurrency: each holds up
 /// to three 8 MiB parts in memory, and eight at once held 249 MiB in the bytes bench. With every
 /// part held at the bucket, a run of six large outputs at concurrency 6 downloads all six and
@@ -941,21 +939,14 @@ async fn an_upload_finished_but_unrecorded_is_done_and_other_bytes_at_the_key_ar
 /// are stored, each uploaded once.
 #[tokio::test(flavor = "multi_thread")]
 async fn large_uploads_go_two_at_a_time_whatever_the_run_s_concurrency() {
-    // Photo-weight images of this side (about 330 KiB) go up as multipart uploads.
-    let env = start(imgpipe::sandbox::Config {
-        image_side: 512,
-        weight: imgpipe::sandbox::Weight::Photo,
-        ..config()
-    })
-    .await;
-    let s3 = S3::start().await;
+    let (env, s3) = large_outputs().await;
     let dir = env.dir.path();
     let items: String = (0..6).map(|i| format!("  - {{ id: i{i} }}\n")).collect();
     let yaml = PIPELINE
         .replace("  - { id: a }\n  - { id: b }\n  - { id: c }\n", &items)
         .replace("items:", "concurrency: 6\nitems:");
     write(dir, "p.yaml", &yaml);
-    s3.hold_parts();
+    s3.parts.hold();
     let run = Imgpipe::on(
         &env,
         &["run", "p.yaml", "--run-id", "r", "--out", "s3://shots/runs"],
@@ -966,14 +957,14 @@ async fn large_uploads_go_two_at_a_time_whatever_the_run_s_concurrency() {
     .run();
     let watch = async {
         wait_until("six images downloaded and two uploads at the gate", || {
-            env.sandbox.stats().downloads >= 6 && s3.parts_held() >= 2
+            env.sandbox.stats().downloads >= 6 && s3.parts.held() >= 2
         })
         .await;
         // Were the limit gone, the four other uploads would start as soon as their downloads
         // end, before this; with it, they start only once the gate opens, however long this.
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         let started = s3.answered("CreateMultipartUpload");
-        s3.let_parts_through();
+        s3.parts.let_through();
         started
     };
     let (o, started_at_the_gate) = tokio::join!(run, watch);
@@ -996,15 +987,7 @@ async fn large_uploads_go_two_at_a_time_whatever_the_run_s_concurrency() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_upload_cut_in_the_middle_of_a_part_leaves_no_object_and_the_resume_uploads_it_unpaid() {
-    // Photo-weight images of this side (about 330 KiB) are more than a download holds in
-    // memory (256 KiB): each goes up as a multipart upload.
-    let env = start(imgpipe::sandbox::Config {
-        image_side: 512,
-        weight: imgpipe::sandbox::Weight::Photo,
-        ..config()
-    })
-    .await;
-    let s3 = S3::start().await;
+    let (env, s3) = large_outputs().await;
     let dir = env.dir.path();
     write(dir, "p.yaml", PIPELINE);
     let key = "runs/r/c/shot.png";
@@ -1833,7 +1816,7 @@ async fn a_takeover_pays_while_its_listing_is_held_and_ends_only_once_its_check_
     let lost = lost_with_two_objects_changed(&env, &s3).await;
 
     // The check's listing is held: the takeover pays for every task left all the same.
-    s3.hold_lists();
+    s3.lists.hold();
     let mut child = on_s3(&env, &s3, &["resume", "r"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -1848,11 +1831,11 @@ async fn a_takeover_pays_while_its_listing_is_held_and_ends_only_once_its_check_
     };
     wait_until_async(
         "every task left paid for and stored while the listing is held",
-        || async { s3.lists_held() >= 1 && delivered(&env) == TAKEOVER_ITEMS && paid_for().await },
+        || async { s3.lists.held() >= 1 && delivered(&env) == TAKEOVER_ITEMS && paid_for().await },
     )
     .await;
     // Nothing left to pay for, and yet the run goes on: its check has not answered.
-    assert!(s3.lists_held() >= 1);
+    assert!(s3.lists.held() >= 1);
     assert!(
         child.try_wait().unwrap().is_none(),
         "the takeover ended before its check did"
@@ -1867,7 +1850,7 @@ async fn a_takeover_pays_while_its_listing_is_held_and_ends_only_once_its_check_
         Some(lost.users.clone())
     );
 
-    s3.let_lists_through();
+    s3.lists.let_through();
     let status = wait_child(&mut child, WAIT_LIMIT, "the takeover").await;
     let mut log = String::new();
     use tokio::io::AsyncReadExt;
@@ -1892,7 +1875,7 @@ async fn a_takeover_killed_during_its_check_is_taken_over_again_and_pays_nothing
 
     // The takeover pays for one more task, holds a second call in flight, and is killed while
     // its check waits for the listing.
-    s3.hold_lists();
+    s3.lists.hold();
     let hold = env.sandbox.hold();
     env.sandbox.let_through(1);
     let args = ["resume", "r", "--concurrency", "1"];
@@ -1903,12 +1886,12 @@ async fn a_takeover_killed_during_its_check_is_taken_over_again_and_pays_nothing
         .unwrap();
     wait_until(
         "a call paid and another held while the listing is held",
-        || s3.lists_held() >= 1 && delivered(&env) == 4 && env.sandbox.held_calls() == 1,
+        || s3.lists.held() >= 1 && delivered(&env) == 4 && env.sandbox.held_calls() == 1,
     )
     .await;
     kill_child(&mut child, "the takeover").await;
     release_after_kill(&env, hold).await;
-    s3.let_lists_through();
+    s3.lists.let_through();
     wait_until(
         "the service settled the calls in flight at the kill",
         || env.sandbox.in_flight() == 0,
