@@ -125,11 +125,15 @@ pub async fn lock(
             return Err(Error::Interrupted { detail: Some("nothing was started".into()) });
         }
     };
-    taken.map_err(|e| match e {
+    let lock = taken.map_err(|e| match e {
         store::lock::LockError::Held { .. } => Error::Locked {
             message: e.to_string(),
             hint: "wait for it with --wait; a lock left by a process that died never blocks".into(),
         },
         other => Error::Other(other.into()),
-    })
+    })?;
+    if let Some(fence) = lock.fence() {
+        store.fence(fence.clone());
+    }
+    Ok(lock)
 }

@@ -10,6 +10,8 @@
 //! the group is then written again one write per transaction, so that only the failing write
 //! fails. That is why a write may run more than once and is `Fn`, not `FnOnce`.
 
+use std::sync::{Arc, Mutex};
+
 use futures::future::BoxFuture;
 use sqlx::{Acquire, AnyConnection, AnyPool};
 use tokio::sync::{mpsc, oneshot};
@@ -39,17 +41,46 @@ struct Job {
     reply: oneshot::Sender<Result<Written, StoreError>>,
 }
 
+/// The holder of a run's lock, as `run_locks` names it on PostgreSQL: who may write a run's
+/// records. A host whose lock session is lost (a network cut, a server restart) may be told so
+/// only seconds after the server let another host take the lock; meanwhile its calls still
+/// answer. So every group first reads its holder's row `FOR SHARE`: a host taking the lock
+/// rewrites that row before it reads the state, so it waits for a group under way to commit,
+/// and every later group of the old holder finds the row changed and records nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fence {
+    pub lock_key: i64,
+    pub pid: i64,
+    pub host: String,
+    pub since: String,
+}
+
+/// What a fenced writer answers: the run is another host's now.
+pub(crate) const FENCED: &str = "this host no longer holds the run's lock (another host took it over): it records nothing more; the calls it sent are on record, and a resume reads their answers back";
+
 /// The handle the store's clones share; the writer ends when the last one is dropped.
 #[derive(Clone, Debug)]
 pub(crate) struct Writer {
     jobs: mpsc::UnboundedSender<Job>,
+    fence: Arc<Mutex<Option<Fence>>>,
 }
 
 impl Writer {
     pub(crate) fn start(pool: AnyPool) -> Writer {
         let (jobs, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(pool, rx));
-        Writer { jobs }
+        let fence = Arc::new(Mutex::new(None));
+        tokio::spawn(run(pool, rx, Arc::clone(&fence)));
+        Writer { jobs, fence }
+    }
+
+    /// From now on every group checks that `fence` still holds the run's lock.
+    pub(crate) fn fence(&self, fence: Fence) {
+        *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = Some(fence);
+    }
+
+    /// The fence every write of this store checks, if a lock set one.
+    pub(crate) fn fenced_by(&self) -> Option<Fence> {
+        self.fence.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Runs `write` in the next group and waits until it is committed.
@@ -64,7 +95,11 @@ impl Writer {
     }
 }
 
-async fn run(pool: AnyPool, mut rx: mpsc::UnboundedReceiver<Job>) {
+async fn run(
+    pool: AnyPool,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+    fence: Arc<Mutex<Option<Fence>>>,
+) {
     while let Some(first) = rx.recv().await {
         let mut jobs = vec![first];
         while jobs.len() < MOST_PER_COMMIT {
@@ -80,17 +115,18 @@ async fn run(pool: AnyPool, mut rx: mpsc::UnboundedReceiver<Job>) {
                 continue;
             }
         };
-        commit_group(&mut conn, jobs).await;
+        let fence = fence.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        commit_group(&mut conn, jobs, fence.as_ref()).await;
     }
 }
 
 /// One transaction for `jobs`; when one of them fails, one transaction for each.
-async fn commit_group(conn: &mut AnyConnection, mut jobs: Vec<Job>) {
+async fn commit_group(conn: &mut AnyConnection, mut jobs: Vec<Job>, fence: Option<&Fence>) {
     if jobs.len() == 1 {
         let job = jobs.remove(0);
-        return commit_alone(conn, job).await;
+        return commit_alone(conn, job, fence).await;
     }
-    match transaction(conn, &jobs).await {
+    match transaction(conn, &jobs, fence).await {
         Ok(answers) => {
             for (job, written) in jobs.into_iter().zip(answers) {
                 let _ = job.reply.send(Ok(written));
@@ -99,7 +135,7 @@ async fn commit_group(conn: &mut AnyConnection, mut jobs: Vec<Job>) {
         // Which write failed, and whether the others are sound, is found by writing each alone.
         Err(Failed::Write(_)) => {
             for job in jobs {
-                commit_alone(conn, job).await;
+                commit_alone(conn, job, fence).await;
             }
         }
         Err(Failed::Transaction(message)) => fail_all(jobs, &message),
@@ -107,8 +143,8 @@ async fn commit_group(conn: &mut AnyConnection, mut jobs: Vec<Job>) {
 }
 
 /// `job` in a transaction of its own, answered with its own result.
-async fn commit_alone(conn: &mut AnyConnection, job: Job) {
-    let answer = match transaction(conn, std::slice::from_ref(&job)).await {
+async fn commit_alone(conn: &mut AnyConnection, job: Job, fence: Option<&Fence>) {
+    let answer = match transaction(conn, std::slice::from_ref(&job), fence).await {
         Ok(mut answers) => Ok(answers.remove(0)),
         Err(Failed::Write(e)) => Err(StoreError::from(e)),
         Err(Failed::Transaction(message)) => Err(StoreError::Write(message)),
@@ -124,11 +160,21 @@ enum Failed {
 }
 
 /// Runs every job's write in one transaction: all committed, or none.
-async fn transaction(conn: &mut AnyConnection, jobs: &[Job]) -> Result<Vec<Written>, Failed> {
+async fn transaction(
+    conn: &mut AnyConnection,
+    jobs: &[Job],
+    fence: Option<&Fence>,
+) -> Result<Vec<Written>, Failed> {
     let mut tx = conn
         .begin()
         .await
         .map_err(|e| Failed::Transaction(e.to_string()))?;
+    if let Some(fence) = fence
+        && let Err(e) = check(&mut tx, fence).await
+    {
+        let _ = tx.rollback().await;
+        return Err(Failed::Transaction(e.to_string()));
+    }
     let mut answers = Vec::with_capacity(jobs.len());
     for job in jobs {
         match (job.write)(&mut tx).await {
@@ -143,6 +189,23 @@ async fn transaction(conn: &mut AnyConnection, jobs: &[Job]) -> Result<Vec<Writt
         .await
         .map_err(|e| Failed::Transaction(format!("the transaction was not committed: {e}")))?;
     Ok(answers)
+}
+
+/// Whether `fence` still holds the run's lock, its row kept `FOR SHARE` until the
+/// transaction ends (see [`Fence`]).
+pub(crate) async fn check(conn: &mut AnyConnection, fence: &Fence) -> Result<(), StoreError> {
+    let held: Option<(i64,)> = sqlx::query_as(
+        "SELECT pid FROM run_locks
+         WHERE lock_key = $1 AND pid = $2 AND host = $3 AND since = $4 FOR SHARE",
+    )
+    .bind(fence.lock_key)
+    .bind(fence.pid)
+    .bind(&fence.host)
+    .bind(&fence.since)
+    .fetch_optional(&mut *conn)
+    .await?;
+    held.map(|_| ())
+        .ok_or_else(|| StoreError::Write(FENCED.into()))
 }
 
 fn fail_all(jobs: Vec<Job>, message: &str) {

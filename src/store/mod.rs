@@ -24,7 +24,7 @@ mod attempts;
 mod browse;
 mod caps;
 mod gauges;
-mod group;
+pub mod group;
 mod identities;
 mod kept;
 pub mod ledger;
@@ -210,6 +210,17 @@ pub struct Store {
 }
 
 impl Store {
+    /// From now on every record of the run's work checks that `fence` still holds the run's
+    /// lock (PostgreSQL; see [`group::Fence`]). A later lock's fence replaces it.
+    pub fn fence(&self, fence: group::Fence) {
+        self.writer.fence(fence);
+    }
+
+    /// The fence a lock set, if any: writes outside the group writer check it too.
+    pub(crate) fn fenced_by(&self) -> Option<group::Fence> {
+        self.writer.fenced_by()
+    }
+
     /// Opens the state at `location`: a SQLite file is created when missing; a PostgreSQL
     /// database must exist, and gets imgpipe's tables when it has none of anyone's.
     pub async fn open_at(location: &Location) -> Result<Store, StoreError> {

@@ -269,6 +269,11 @@ impl Runs<'_> {
         balance_after: Option<i64>,
     ) -> Result<(), StoreError> {
         let finished = (status != RunStatus::Running).then(now_ms);
+        // A host that lost the run's lock must not tell the run's end over the new holder's.
+        let mut tx = self.store.pool().begin().await?;
+        if let Some(fence) = self.store.fenced_by() {
+            crate::store::group::check(&mut tx, &fence).await?;
+        }
         sqlx::query(
             "UPDATE runs SET status = $1, stop_reason = $2, finished_at = $3,
                  balance_after = COALESCE($4, balance_after)
@@ -279,8 +284,9 @@ impl Runs<'_> {
         .bind(finished)
         .bind(balance_after)
         .bind(id)
-        .execute(self.store.pool())
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(())
     }
 }

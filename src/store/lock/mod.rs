@@ -66,13 +66,22 @@ fn describe(holder: Option<&Holder>) -> String {
 #[derive(Debug)]
 pub struct RunLock {
     held: Held,
+    fence: Option<crate::store::group::Fence>,
 }
 
 impl RunLock {
-    fn postgres(watch: tokio::task::JoinHandle<()>) -> RunLock {
+    fn postgres(watch: tokio::task::JoinHandle<()>, fence: crate::store::group::Fence) -> RunLock {
         RunLock {
             held: Held::Postgres(watch),
+            fence: Some(fence),
         }
+    }
+
+    /// On PostgreSQL, who holds the lock as `run_locks` names it: what the run's records are
+    /// fenced by ([`crate::store::Store::fence`]). A file lock cannot be lost while its
+    /// process lives, so it needs none.
+    pub fn fence(&self) -> Option<&crate::store::group::Fence> {
+        self.fence.as_ref()
     }
 }
 
@@ -157,6 +166,7 @@ pub fn acquire(
         .map_err(io)?;
     Ok(RunLock {
         held: Held::File(file),
+        fence: None,
     })
 }
 

@@ -117,6 +117,12 @@ pub async fn acquire(
     .execute(&mut conn)
     .await
     .map_err(failed)?;
+    let fence = crate::store::group::Fence {
+        lock_key: key,
+        pid: i64::from(me.pid),
+        host: me.host,
+        since: me.since,
+    };
     let watch = tokio::spawn(async move {
         loop {
             tokio::time::sleep(WATCH).await;
@@ -132,7 +138,7 @@ pub async fn acquire(
             return;
         }
     });
-    Ok(RunLock::postgres(watch))
+    Ok(RunLock::postgres(watch, fence))
 }
 
 /// Whether a live session holds the lock of `pipeline`, read from the server's lock table
@@ -286,6 +292,48 @@ mod tests {
         };
         assert_eq!(holder.run_id, "second", "run_locks names the new holder");
         drop(second);
+        store.pool().close().await;
+    }
+
+    /// A host whose lock passed to another (its session cut, the server letting go before the
+    /// host could tell) records nothing more: the run's records (the group writer) and the
+    /// run's end (`Runs::set_status`) both check that `run_locks` still names this holder,
+    /// which a host taking the lock rewrites first.
+    #[tokio::test]
+    async fn a_host_whose_lock_passed_to_another_records_nothing_more() {
+        use crate::store::{RunStatus, TaskStatus};
+        let Some((url, store)) = state("fence").await else {
+            return;
+        };
+        let held = take(&url, RunId::from("first"), false).await.unwrap();
+        store.fence(held.fence().expect("a fence on PostgreSQL").clone());
+        let (run, status) = (RunId::from("first"), RunStatus::Interrupted);
+        store
+            .runs()
+            .set_status(&run, status, None, None)
+            .await
+            .unwrap();
+        let tasks = store.tasks();
+        tasks
+            .set_status(&[], TaskStatus::Pending, None)
+            .await
+            .unwrap();
+
+        // What a host taking the lock does to the row as it takes it.
+        sqlx::query("UPDATE run_locks SET pid = pid + 1, since = 'later'")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        let ended = store.runs().set_status(&run, status, None, None).await;
+        let recorded = tasks.set_status(&[], TaskStatus::Pending, None).await;
+        for refused in [ended, recorded] {
+            let e = refused.expect_err("a write of a host without the lock");
+            assert!(
+                e.to_string().contains("no longer holds the run's lock"),
+                "{e}"
+            );
+        }
+        drop(held);
         store.pool().close().await;
     }
 
