@@ -23,6 +23,7 @@ use tokio::sync::oneshot;
 
 use crate::api::rules::{self, InvalidField};
 use crate::api::types::ToolName;
+use crate::sandbox::bad::Spoil;
 use crate::sandbox::reply::{App, Reply};
 use crate::sandbox::state::{InFlight, Job, JobKind, MODEL_ID, Read, Source, State};
 use crate::sandbox::{RateScope, edit, files};
@@ -215,7 +216,11 @@ async fn generate(Shared(state): App, body: Bytes) -> Result<Response, Reply> {
     can_pay(&state, credits)?;
     let side = state.config.image_side * request.size.price_multiplier() as u32;
     let (prompt, n, weight) = (request.prompt.clone(), request.n, state.config.weight);
-    let draw = move || Ok(edit::draw_all(&prompt, n, reference_seed, side, weight));
+    let spoil = Spoil::generation(&state, n);
+    let draw = move || {
+        let images = edit::draw_all(&prompt, n, reference_seed, side, weight);
+        spoil.apply(images, weight).map_err(edit::unreadable)
+    };
     let job = finish(&state, slot, (JobKind::Generation, paid_for), credits, draw).await?;
     Ok(deliver(&state, &job))
 }
@@ -247,7 +252,15 @@ async fn tool(
     let params = request.params.clone();
     let keep_alpha = request.preserve_alpha.unwrap_or(true);
     let weight = state.config.weight;
-    let edit = move || Ok(vec![edit::apply(&input, &params, keep_alpha, weight)?]);
+    let spoil = Spoil::tool(&state, &params);
+    let edit = move || {
+        let image = if spoil.returns_input() {
+            input.to_vec()
+        } else {
+            edit::apply(&input, &params, keep_alpha, weight)?
+        };
+        spoil.apply(vec![image], weight).map_err(edit::unreadable)
+    };
     let job = finish(&state, slot, (JobKind::Tool(tool), paid_for), credits, edit).await?;
     Ok(deliver(&state, &job))
 }

@@ -5,6 +5,7 @@
 //! injectable faults. Tests run against it in-process on port 0; `imgpipe sandbox` runs it
 //! standalone; `--sandbox` on any command starts one for that command.
 
+pub mod bad;
 mod cutout;
 mod edit;
 pub mod faults;
@@ -27,6 +28,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use url::Url;
 
+pub use bad::BadImages;
 pub use faults::Faults;
 pub use images::Weight;
 pub use state::{LedgerEntry, SAMPLE_HOST, SAMPLE_NAMES, Stats};
@@ -65,6 +67,8 @@ pub struct Config {
     /// Flat pictures (fast, tiny files) or a photo's weight (benches of real volumes).
     pub weight: Weight,
     pub faults: Faults,
+    /// Bad images on request, drawn from the faults' seeded dice: for the checks to catch.
+    pub bad_images: BadImages,
 }
 
 impl Default for Config {
@@ -86,6 +90,7 @@ impl Default for Config {
             image_side: 256,
             weight: Weight::Flat,
             faults: Faults::default(),
+            bad_images: BadImages::default(),
         }
     }
 }
