@@ -10,36 +10,10 @@ pub mod image;
 use serde::Serialize;
 
 use crate::pipeline::checks::CheckName;
+pub use crate::store::Outcome;
 
 /// Longest reason kept from a check: a card line, not a log.
 pub const MAX_REASON_CHARS: usize = 300;
-
-/// What a check said of one output.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    Passed,
-    Failed,
-    /// The check could not judge (a command that crashed, timed out or gave no verdict, an
-    /// image that could not be read): not the image's fault, so nothing is paid again.
-    NotChecked,
-}
-
-impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Passed => "passed",
-            Outcome::Failed => "failed",
-            Outcome::NotChecked => "not_checked",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Outcome> {
-        [Outcome::Passed, Outcome::Failed, Outcome::NotChecked]
-            .into_iter()
-            .find(|o| o.as_str() == text)
-    }
-}
 
 /// One check's verdict on one output, with its score (when it measures one) and why.
 #[derive(Clone, Debug, PartialEq, Serialize)]
