@@ -6,6 +6,7 @@
 
 pub mod command;
 pub mod image;
+pub mod judge;
 
 use serde::Serialize;
 
