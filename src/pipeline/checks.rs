@@ -33,6 +33,16 @@ pub struct StepChecks {
     pub max_rerolls: u32,
 }
 
+impl StepChecks {
+    /// The step and its checks as written, for the state database: earlier runs' verdicts
+    /// count toward a plan's expected case only under the same key (changing a threshold
+    /// starts afresh).
+    pub fn key(&self, pipeline: &str, step: &str) -> String {
+        let checks: Vec<String> = self.checks.iter().map(Check::written).collect();
+        format!("{pipeline}/{step}: {}", checks.join(", "))
+    }
+}
+
 /// One check of a stored output.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Check {
@@ -101,6 +111,17 @@ impl std::fmt::Display for CheckName {
 }
 
 impl Check {
+    /// The check with its settings, one way for each (the defaults written out).
+    pub fn written(&self) -> String {
+        match self {
+            Check::NotBlank { min_stddev } => format!("not_blank(min_stddev={min_stddev})"),
+            Check::Size => "size".into(),
+            Check::Transparent { min, max } => format!("transparent(min={min}, max={max})"),
+            Check::Distinct { min_distance } => format!("distinct(min_distance={min_distance})"),
+            Check::Command(c) => format!("command({:?}, timeout={}s)", c.argv, c.timeout.as_secs()),
+        }
+    }
+
     pub fn name(&self) -> CheckName {
         match self {
             Check::NotBlank { .. } => CheckName::NotBlank,

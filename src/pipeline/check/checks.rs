@@ -310,6 +310,14 @@ mod tests {
         let big = checks(2);
         assert_eq!(big.checks[0], Check::Size);
         assert_eq!(big.on_fail, OnFail::Flag);
+        assert_eq!(
+            big.key(&p.name, "big"),
+            "checked/big: size, not_blank(min_stddev=4)"
+        );
+        assert_eq!(
+            shot.key(&p.name, "shot"),
+            "checked/shot: not_blank(min_stddev=2), distinct(min_distance=9)"
+        );
     }
 
     #[test]
