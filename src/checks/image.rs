@@ -158,7 +158,8 @@ pub fn transparent(stats: &Stats, min: f64, max: f64) -> Verdict {
 /// What an operation promises of its output's dimensions, as far as its input is known.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SizePromise {
-    /// An upscale: the input's sides times the factor.
+    /// An upscale: the input's sides times the factor (1 for an erase or a background removal,
+    /// which keep their input's size).
     Scaled { input: (u32, u32), factor: u32 },
     /// An expand: the ratio, on a canvas that holds the input (when its size is known).
     Ratio {

@@ -52,7 +52,8 @@ pub enum Check {
     Size,
     /// The share of pixels with alpha below 255 is within `min..=max`.
     Transparent { min: f64, max: f64 },
-    /// The images of one generation differ by at least `min_distance` perceptual-hash bits.
+    /// The images of one generation (or what a later step made of each) differ by at least
+    /// `min_distance` perceptual-hash bits.
     Distinct { min_distance: u32 },
     /// A program judges: exit 0 passes, 1 fails, anything else cannot judge.
     Command(CommandCheck),

@@ -14,8 +14,11 @@ impl Checker<'_> {
     /// Fills each draft's checks, and checks `rerolls:` against the steps that reroll.
     pub(super) fn step_checks(&mut self, spec: &PipelineSpec, drafts: &mut [Draft<'_>]) {
         let budgeted = spec.rerolls.is_some();
-        for (step, draft) in spec.steps.iter().zip(drafts.iter_mut()) {
-            draft.checks = self.checks_of(step, draft, budgeted);
+        let images: Vec<Option<u64>> = (0..drafts.len())
+            .map(|i| images_per_instance(drafts, i, drafts.len()))
+            .collect();
+        for ((step, draft), images) in spec.steps.iter().zip(drafts.iter_mut()).zip(images) {
+            draft.checks = self.checks_of(step, draft, budgeted, images);
         }
         if spec.rerolls.as_ref().is_some_and(|r| r.max_credits == 0) {
             let mark = self.at(&["rerolls", "max_credits"]);
@@ -31,6 +34,7 @@ impl Checker<'_> {
         step: &StepSpec,
         draft: &Draft<'_>,
         budgeted: bool,
+        images: Option<u64>,
     ) -> Option<StepChecks> {
         let node = draft.node;
         let Some(list) = &step.checks else {
@@ -67,7 +71,7 @@ impl Checker<'_> {
         let checks: Vec<Check> = list
             .iter()
             .zip(elements)
-            .filter_map(|(c, at)| self.check(c, at, draft.op.as_ref()))
+            .filter_map(|(c, at)| self.check(c, at, draft.op.as_ref(), images))
             .collect();
         let on_fail = step.on_fail.unwrap_or_default();
         let max_rerolls = self.max_rerolls(step, node, on_fail);
@@ -114,7 +118,14 @@ impl Checker<'_> {
     }
 
     /// One check, its settings in range and fitting `op` (when it could be built).
-    fn check(&mut self, spec: &CheckSpec, at: &Node, op: Option<&Operation>) -> Option<Check> {
+    /// `images` is what the step makes per item (or per batch), when known.
+    fn check(
+        &mut self,
+        spec: &CheckSpec,
+        at: &Node,
+        op: Option<&Operation>,
+        images: Option<u64>,
+    ) -> Option<Check> {
         let setting = |name: &str, key: &str| {
             at.get(name)
                 .and_then(|v| v.get(key))
@@ -168,7 +179,7 @@ impl Checker<'_> {
             }
         };
         if let Some(op) = op
-            && let Err(why) = fits(&check, op)
+            && let Err(why) = fits(&check, op, images)
         {
             self.error(at.mark, why);
             return None;
@@ -215,8 +226,25 @@ impl Checker<'_> {
     }
 }
 
-/// Whether a check can judge what `op` makes: `Err` says why not.
-fn fits(check: &Check, op: &Operation) -> Result<(), String> {
+/// Images step `i` makes per instance: a generation's `n`, carried down its chain by the
+/// tools that edit them; `None` when an operation (or a cycle, reported elsewhere) hides it.
+fn images_per_instance(drafts: &[Draft<'_>], i: usize, depth: usize) -> Option<u64> {
+    match drafts.get(i)?.op.as_ref()? {
+        Operation::Generate(g) => Some(u64::from(g.n)),
+        Operation::Tool(Tool {
+            input: Input::Url(_),
+            ..
+        }) => Some(1),
+        Operation::Tool(Tool {
+            input: Input::Step(r),
+            ..
+        }) => images_per_instance(drafts, r.0, depth.checked_sub(1)?),
+    }
+}
+
+/// Whether a check can judge what `op` makes (`images` of them per instance, when known):
+/// `Err` says why not.
+fn fits(check: &Check, op: &Operation, images: Option<u64>) -> Result<(), String> {
     let name = match op {
         Operation::Generate(_) => "generation",
         Operation::Tool(t) => t.params.tool().as_str(),
@@ -226,20 +254,21 @@ fn fits(check: &Check, op: &Operation) -> Result<(), String> {
         (Check::Transparent { .. }, _) => Err(format!(
             "`transparent` fits only a remove_background step: a {name} promises no transparent pixels"
         )),
-        (Check::Size, Operation::Tool(Tool { params: ToolOp::Upscale(_), .. })) => Ok(()),
-        (Check::Size, Operation::Tool(Tool { params: ToolOp::Expand { aspect_ratio: Some(_), .. }, .. })) => Ok(()),
-        (Check::Size, Operation::Tool(Tool { params: ToolOp::Expand { .. }, .. })) => Err(
+        // Upscale promises its factor, expand its ratio; erase and remove_background keep
+        // their input's size.
+        (Check::Size, Operation::Tool(Tool { params: ToolOp::Expand { aspect_ratio: None, .. }, .. })) => Err(
             "`size` needs dimensions the operation promises: an expand promises them only with an aspect_ratio".into(),
         ),
-        (Check::Size, _) => Err(format!(
-            "`size` needs dimensions the operation promises: an upscale (its factor) or an expand (its aspect_ratio), not a {name}"
-        )),
-        (Check::Distinct { .. }, Operation::Generate(g)) if g.n >= 2 => Ok(()),
+        (Check::Size, Operation::Generate(_)) => Err(
+            "`size` needs dimensions the operation promises, and a generation promises none: it fits upscale, expand with an aspect_ratio, erase and remove_background".into(),
+        ),
+        // A generation's images, or what the steps after it made of each of them.
+        (Check::Distinct { .. }, _) if images.is_none_or(|n| n >= 2) => Ok(()),
         (Check::Distinct { .. }, Operation::Generate(_)) => Err(
             "`distinct` compares the images of one generation, and this one makes a single image (n: 1)".into(),
         ),
         (Check::Distinct { .. }, _) => Err(format!(
-            "`distinct` compares the images of one generation; a {name} makes a single image"
+            "`distinct` compares the images of one generation, or what later steps made of each; this {name} makes a single image"
         )),
         _ => Ok(()),
     }
@@ -270,6 +299,7 @@ mod tests {
             "  - id: cutout\n",
             "    remove_background: { from: shot }\n",
             "    checks:\n",
+            "      - size\n",
             "      - transparent: { min: 0.05 }\n",
             "      - command: { argv: [python3, score.py, \"--image={file}\"], timeout: 5 }\n",
             "    on_fail: reroll\n",
@@ -296,6 +326,7 @@ mod tests {
         assert_eq!(
             cutout.checks,
             [
+                Check::Size,
                 Check::Transparent {
                     min: 0.05,
                     max: 0.99
@@ -354,6 +385,43 @@ mod tests {
             messages[1]
                 .contains("p.yaml:13:17: steps[1].checks[1].size.within: unknown key `within`"),
             "{messages:?}"
+        );
+    }
+}
+
+#[cfg(test)]
+mod the_issues_example {
+    use std::path::Path;
+
+    /// The step of issue 46, as the issue spells it: files and tests rely on it validating.
+    #[test]
+    fn validates_with_a_warning_that_checks_are_not_run_yet() {
+        let text = concat!(
+            "version: 1\nname: checked\n",
+            "rerolls: { max_credits: 60 }\n",
+            "items:\n  - { id: mug, subject: a mug }\n",
+            "steps:\n",
+            "  - id: shot\n    generate: { prompt: \"Photo of {{ item.subject }}\", n: 2 }\n",
+            "  - id: big\n    upscale: { from: shot, desired_increase: 2 }\n",
+            "  - id: cutout\n",
+            "    remove_background: { from: big }\n",
+            "    checks:\n",
+            "      - not_blank\n",
+            "      - size\n",
+            "      - transparent: { min: 0.05, max: 0.95 }\n",
+            "      - distinct: { min_distance: 6 }\n",
+            "      - command: [\"python3\", \"score.py\", \"{file}\"]\n",
+            "    on_fail: reroll\n",
+            "    max_rerolls: 2\n",
+        );
+        let loaded = crate::pipeline::load_str("p.yaml", Path::new("."), text);
+        let errors: Vec<String> = loaded.report.errors.iter().map(|e| e.to_string()).collect();
+        // `distinct` compares the cut-outs made of one generation's two images.
+        assert!(errors.is_empty(), "{errors:?}");
+        assert!(
+            loaded.report.warnings[0]
+                .message
+                .contains("does not run them yet")
         );
     }
 }
