@@ -31,6 +31,8 @@
 //!   downloads and the run's purse; rate limiter, attempts, manifest.
 //! - [`plan`]: every task priced (the one place), totals against budget and balance, the graph,
 //!   and the part of a run asked for now (`--items`, `--until`, a reroll's tasks).
+//! - [`checks`]: what judges a stored output: the built-in checks over its pixels, and a
+//!   command the user names, run without a shell; each gives a verdict.
 //! - [`pipeline`]: pipeline files: YAML with positions, typed and checked, items, templates.
 //! - [`money`]: every rule about money in one home, in the words above: the budget, the balance
 //!   and the limit; whether a plan may start; the purse a run spends from (reservations,
@@ -60,6 +62,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod checks;
 pub mod cli;
 pub mod desk;
 pub mod error;

@@ -33,6 +33,12 @@ pub struct Row<'a> {
 #[error("{0}")]
 pub struct PixelError(String);
 
+impl PixelError {
+    pub fn new(why: impl Into<String>) -> PixelError {
+        PixelError(why.into())
+    }
+}
+
 /// The most pixels per side read: past the service's 8192 × 2 (an expand of an upscale), a
 /// file is more likely damaged than an image, and a row stays a few hundred KiB.
 pub const MAX_SIDE: u32 = 32_768;
@@ -283,13 +289,11 @@ impl Fold {
     }
 }
 
+/// Images made to order for the tests of what reads pixels.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io::Cursor;
-
+pub(crate) mod testing {
     /// A PNG of `w × h`, RGBA or RGB, its pixels from `at(x, y)`.
-    fn png(w: u32, h: u32, alpha: bool, at: impl Fn(u32, u32) -> [u8; 4]) -> Vec<u8> {
+    pub(crate) fn png(w: u32, h: u32, alpha: bool, at: impl Fn(u32, u32) -> [u8; 4]) -> Vec<u8> {
         let mut out = Vec::new();
         let mut enc = png::Encoder::new(&mut out, w, h);
         enc.set_color(if alpha {
@@ -310,6 +314,13 @@ mod tests {
         writer.finish().unwrap();
         out
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::png;
+    use super::*;
+    use std::io::Cursor;
 
     #[test]
     fn a_thumbnail_is_the_mean_of_what_each_pixel_covers() {

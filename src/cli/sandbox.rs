@@ -12,7 +12,7 @@ use crate::cli::args::seconds;
 use crate::cli::stdio;
 use crate::cli::values::RateScope;
 use crate::error::Error;
-use crate::sandbox::{self, Faults, SAMPLE_HOST, SAMPLE_NAMES, Sandbox, Weight};
+use crate::sandbox::{self, BadImages, Faults, SAMPLE_HOST, SAMPLE_NAMES, Sandbox, Weight};
 
 #[derive(Debug, clap::Args)]
 pub struct SandboxArgs {
@@ -96,7 +96,19 @@ pub struct SandboxArgs {
     /// Probability that a download stops half way
     #[arg(long, default_value_t = 0.0, value_name = "P")]
     pub fault_truncate: f64,
-    /// Seed of the fault generator
+    /// Probability that an image comes back one flat colour (per image), for checks to catch
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    pub fault_blank: f64,
+    /// Probability that remove_background returns its input, nothing transparent
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    pub fault_opaque_cutout: f64,
+    /// Probability that upscale or expand returns its input, at the input's size
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    pub fault_wrong_size: f64,
+    /// Probability that a generation of several images returns the same image each time
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    pub fault_duplicate: f64,
+    /// Seed of the fault generator (bad images included)
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
 }
@@ -165,6 +177,12 @@ impl SandboxArgs {
                 partial_answer: probability("--fault-partial", self.fault_partial)?,
                 truncate_download: probability("--fault-truncate", self.fault_truncate)?,
                 seed: self.seed,
+            },
+            bad_images: BadImages {
+                blank: probability("--fault-blank", self.fault_blank)?,
+                opaque_cutout: probability("--fault-opaque-cutout", self.fault_opaque_cutout)?,
+                wrong_size: probability("--fault-wrong-size", self.fault_wrong_size)?,
+                duplicate: probability("--fault-duplicate", self.fault_duplicate)?,
             },
         })
     }

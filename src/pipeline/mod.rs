@@ -2,6 +2,7 @@
 //! [`Pipeline`], with every problem reported at its line ([`diag`]).
 
 pub mod check;
+pub mod checks;
 pub mod de;
 pub mod diag;
 pub mod items;

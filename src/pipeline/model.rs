@@ -5,6 +5,7 @@
 use std::num::NonZeroU32;
 
 use crate::api::types::{AspectRatio, Increase, Size, ToolName, tool_price};
+use crate::pipeline::checks::{Rerolls, StepChecks};
 use crate::pipeline::items::Items;
 use crate::pipeline::rate::Rate;
 use crate::pipeline::template::Template;
@@ -22,6 +23,8 @@ pub struct Pipeline {
     pub max_credits: Option<u64>,
     /// `pricing.generation`: credits per 2K image, when the file sets it.
     pub generation_price: Option<u64>,
+    /// `rerolls:`, what paying again for outputs that failed a check may spend.
+    pub rerolls: Option<Rerolls>,
     pub concurrency: Option<NonZeroU32>,
     pub rate_limit: Option<Rate>,
     /// `reuse: true`: earlier runs' results of the same tasks are taken, not paid for again.
@@ -46,6 +49,8 @@ pub struct Step {
     pub op: Operation,
     /// Line of the step in the pipeline file.
     pub line: usize,
+    /// What judges each stored output, and what a failure does; `None` when nothing does.
+    pub checks: Option<StepChecks>,
 }
 
 #[derive(Clone, Debug)]

@@ -10,6 +10,14 @@ use std::collections::BTreeMap;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer};
 
+use crate::pipeline::checks::OnFail;
+
+mod checks;
+
+pub use checks::{
+    CheckSpec, CommandFullSpec, CommandSpec, DistinctSpec, NotBlankSpec, TransparentSpec,
+};
+
 /// A batch of image work: steps forming a DAG, applied to every item.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -27,6 +35,10 @@ pub struct PipelineSpec {
     pub budget: Option<BudgetSpec>,
     #[serde(default)]
     pub pricing: Option<PricingSpec>,
+    /// What automatic rerolls of outputs that failed a check may spend, inside the budget.
+    /// Required when a step's checks reroll.
+    #[serde(default)]
+    pub rerolls: Option<RerollsSpec>,
     /// Paid calls in flight at once.
     #[serde(default)]
     #[schemars(range(min = 1, max = 256))]
@@ -64,6 +76,13 @@ pub struct BudgetSpec {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+pub struct RerollsSpec {
+    /// The most credits a run may spend paying again for outputs that failed a check.
+    pub max_credits: u64,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct PricingSpec {
     /// Credits per 2K generated image (4K bills twice). The service does not publish it.
     pub generation: u64,
@@ -95,6 +114,16 @@ pub struct StepSpec {
     pub upscale: Option<UpscaleSpec>,
     #[serde(default)]
     pub remove_background: Option<RemoveBackgroundSpec>,
+    /// Checks of each stored output, run before any later step uses it.
+    #[serde(default)]
+    pub checks: Option<Vec<CheckSpec>>,
+    /// What an output that fails a check does: `reroll` (the default), `flag` or `fail`.
+    #[serde(default)]
+    pub on_fail: Option<OnFail>,
+    /// Times a task may be paid again after its output failed a check. Default 1.
+    #[serde(default)]
+    #[schemars(range(min = 1, max = 10))]
+    pub max_rerolls: Option<u32>,
 }
 
 /// `POST /v1/images/generations`.

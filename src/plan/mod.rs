@@ -8,6 +8,7 @@
 pub mod document;
 pub mod graph;
 pub mod render;
+pub mod rerolls;
 pub mod rows;
 pub mod scope;
 

@@ -98,7 +98,7 @@ fn edit(
     Ok(png?)
 }
 
-fn unreadable(e: Unreadable) -> InvalidField {
+pub(super) fn unreadable(e: Unreadable) -> InvalidField {
     InvalidField::new(
         "image_url",
         format!("is not a PNG the sandbox can read ({e})"),

@@ -23,6 +23,7 @@ use tokio::sync::oneshot;
 
 use crate::api::rules::{self, InvalidField};
 use crate::api::types::ToolName;
+use crate::sandbox::bad::Spoil;
 use crate::sandbox::reply::{App, Reply};
 use crate::sandbox::state::{InFlight, Job, JobKind, MODEL_ID, Read, Source, State};
 use crate::sandbox::{RateScope, drawings, edit, files};
@@ -215,12 +216,13 @@ async fn generate(Shared(state): App, body: Bytes) -> Result<Response, Reply> {
     can_pay(&state, credits)?;
     let side = state.config.image_side * request.size.price_multiplier() as u32;
     let (prompt, n, weight) = (request.prompt.clone(), request.n, state.config.weight);
-    let drawings = state.drawings.clone();
+    let (drawings, spoil) = (state.drawings.clone(), Spoil::generation(&state, n));
     let draw = move || {
         let asked = || drawings::asked(("generate", &prompt, n, reference_seed, side));
-        drawings::draw_once(drawings.as_deref(), asked, || {
+        let images = drawings::draw_once(drawings.as_deref(), asked, || {
             Ok(edit::draw_all(&prompt, n, reference_seed, side, weight))
-        })
+        })?;
+        spoil.apply(images, weight).map_err(edit::unreadable)
     };
     let job = finish(&state, slot, (JobKind::Generation, paid_for), credits, draw).await?;
     Ok(deliver(&state, &job))
@@ -253,12 +255,18 @@ async fn tool(
     let params = request.params.clone();
     let keep_alpha = request.preserve_alpha.unwrap_or(true);
     let (weight, drawings) = (state.config.weight, state.drawings.clone());
+    let spoil = Spoil::tool(&state, &params);
     let edit = move || {
-        let asked =
-            || drawings::asked((tool.as_str(), &input[..], format!("{params:?}"), keep_alpha));
-        drawings::draw_once(drawings.as_deref(), asked, || {
-            Ok(vec![edit::apply(&input, &params, keep_alpha, weight)?])
-        })
+        let image = if spoil.returns_input() {
+            vec![input.to_vec()]
+        } else {
+            let asked =
+                || drawings::asked((tool.as_str(), &input[..], format!("{params:?}"), keep_alpha));
+            drawings::draw_once(drawings.as_deref(), asked, || {
+                Ok(vec![edit::apply(&input, &params, keep_alpha, weight)?])
+            })?
+        };
+        spoil.apply(image, weight).map_err(edit::unreadable)
     };
     let job = finish(&state, slot, (JobKind::Tool(tool), paid_for), credits, edit).await?;
     Ok(deliver(&state, &job))

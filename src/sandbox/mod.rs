@@ -5,6 +5,7 @@
 //! injectable faults. Tests run against it in-process on port 0; `imgpipe sandbox` runs it
 //! standalone; `--sandbox` on any command starts one for that command.
 
+pub mod bad;
 mod cutout;
 mod drawings;
 mod edit;
@@ -28,6 +29,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use url::Url;
 
+pub use bad::BadImages;
 pub use faults::Faults;
 pub use images::Weight;
 pub use state::{LedgerEntry, SAMPLE_HOST, SAMPLE_NAMES, Stats};
@@ -69,6 +71,8 @@ pub struct Config {
     /// requests waits on its downloads rather than on the drawing (the bytes bench).
     pub remember_drawings: bool,
     pub faults: Faults,
+    /// Bad images on request, drawn from the faults' seeded dice: for the checks to catch.
+    pub bad_images: BadImages,
 }
 
 impl Default for Config {
@@ -91,6 +95,7 @@ impl Default for Config {
             weight: Weight::Flat,
             remember_drawings: false,
             faults: Faults::default(),
+            bad_images: BadImages::default(),
         }
     }
 }

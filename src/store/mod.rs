@@ -43,6 +43,7 @@ pub(crate) mod tasks;
 #[cfg(test)]
 pub(crate) mod test_postgres;
 mod thumbnails;
+mod verdicts;
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -73,6 +74,7 @@ pub use run_figures::{AmbiguousAttempt, StepCounts, Totals};
 pub use runs::{NewRun, RecordedPlan, Run, RunStatus, Runs};
 pub use tasks::{LastAttempt, NewTask, RecordedTask, TaskStatus, Tasks};
 pub use thumbnails::{Thumbnail, Thumbnails};
+pub use verdicts::{Action, Outcome, PassRate, VerdictRow, Verdicts};
 
 /// The directory under the user's state directory that holds the default database.
 pub const APP_DIR: &str = "imgpipe";

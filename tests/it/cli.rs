@@ -1103,8 +1103,10 @@ async fn standalone_sandbox_serves_the_cli_and_stops_on_sigint() {
 #[tokio::test(flavor = "multi_thread")]
 async fn standalone_sandbox_refuses_invalid_flags() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 7] = [
         (&["sandbox", "--fault-drop", "2"], "--fault-drop"),
+        (&["sandbox", "--fault-blank", "1.5"], "--fault-blank"),
+        (&["sandbox", "--fault-duplicate=-1"], "--fault-duplicate"),
         (&["sandbox", "--fault-truncate=-0.1"], "--fault-truncate"),
         (
             &["sandbox", "--fault-server-error", "NaN"],

@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use image::GenericImageView;
 use imgpipe::api::download::DownloadError;
-use imgpipe::sandbox::{Config, Faults, SAMPLE_HOST};
+use imgpipe::checks::image::{SizePromise, Stats, not_blank, size, transparent};
+use imgpipe::checks::{self, Outcome, Verdict};
+use imgpipe::pipeline::checks::{DEFAULT_MIN_DISTANCE, DEFAULT_MIN_STDDEV};
+use imgpipe::sandbox::{BadImages, Config, Faults, SAMPLE_HOST};
 use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
 use serde_json::{Value, json};
 
@@ -824,4 +827,181 @@ async fn a_sandbox_that_remembers_its_drawings_answers_the_same_pictures_and_bil
 fn digest(bytes: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(bytes))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad images on request, caught by the checks
+// ---------------------------------------------------------------------------------------------
+
+/// The sandbox with only these bad images asked for.
+async fn start_with_bad_images(bad_images: BadImages) -> Env {
+    start(Config {
+        bad_images,
+        ..Config::default()
+    })
+    .await
+}
+
+/// One paid call's images, downloaded, with what a check's single pass reads of each.
+async fn images_of(env: &Env, path: &str, body: Value) -> Vec<(Vec<u8>, Stats)> {
+    let (status, job) = raw_post(env, path, &body).await;
+    assert_eq!(status, 200, "{job}");
+    // A generation lists its images; a tool's one image is its `data`.
+    let urls: Vec<&str> = match job["images"].as_array() {
+        Some(images) => images.iter().map(|i| i["url"].as_str().unwrap()).collect(),
+        None => vec![job["data"]["url"].as_str().expect("data.url")],
+    };
+    let mut out = Vec::new();
+    for url in urls {
+        out.push(downloaded(url).await);
+    }
+    out
+}
+
+async fn downloaded(url: &str) -> (Vec<u8>, Stats) {
+    let (status, _, bytes) = fetch_raw(url).await;
+    assert_eq!(status, 200, "{url}");
+    let stats = checks::image::read(std::io::Cursor::new(&bytes)).expect("a PNG");
+    (bytes, stats)
+}
+
+/// The size of the sample image the tools below edit.
+async fn mug_size(env: &Env) -> (u32, u32) {
+    let url = env.sandbox.base_url().join("assets/mug.png").unwrap();
+    let (_, stats) = downloaded(url.as_str()).await;
+    (stats.width, stats.height)
+}
+
+fn outcomes(verdicts: &[Verdict]) -> Vec<Outcome> {
+    verdicts.iter().map(|v| v.outcome).collect()
+}
+
+async fn generation(env: &Env, n: u8) -> Vec<(Vec<u8>, Stats)> {
+    images_of(env, GENERATIONS, json!({"prompt": "a mug", "n": n})).await
+}
+
+async fn tool(env: &Env, tool: &str, mut body: Value) -> Stats {
+    body["image_url"] = json!(format!("https://{SAMPLE_HOST}/assets/mug.png"));
+    let mut images = images_of(env, &format!("v1/images/tools/{tool}"), body).await;
+    assert_eq!(images.len(), 1);
+    images.remove(0).1
+}
+
+#[tokio::test]
+async fn without_bad_images_asked_for_every_check_passes() {
+    let env = start_default().await;
+    let images = generation(&env, 3).await;
+    let hashes: Vec<u64> = images.iter().map(|(_, s)| s.hash()).collect();
+    assert_eq!(
+        outcomes(&checks::image::distinct(&hashes, DEFAULT_MIN_DISTANCE)),
+        [Outcome::Passed; 3]
+    );
+    for (_, stats) in &images {
+        assert_eq!(
+            not_blank(stats, DEFAULT_MIN_STDDEV).outcome,
+            Outcome::Passed
+        );
+    }
+    let mug = mug_size(&env).await;
+    let cutout = tool(&env, "remove_background", json!({})).await;
+    assert_eq!(transparent(&cutout, 0.05, 0.95).outcome, Outcome::Passed);
+    let big = tool(&env, "upscale", json!({"desired_increase": 2})).await;
+    let promise = SizePromise::Scaled {
+        input: mug,
+        factor: 2,
+    };
+    assert_eq!(size(&big, promise).outcome, Outcome::Passed, "{mug:?}");
+}
+
+#[tokio::test]
+async fn blank_and_duplicate_generations_are_billed_and_fail_their_checks() {
+    let env = start_with_bad_images(BadImages {
+        blank: 1.0,
+        ..BadImages::default()
+    })
+    .await;
+    for (_, stats) in generation(&env, 2).await {
+        let v = not_blank(&stats, DEFAULT_MIN_STDDEV);
+        assert_eq!((v.outcome, v.score), (Outcome::Failed, Some(0.0)), "{v:?}");
+        assert_eq!(
+            (stats.width, stats.height),
+            (256, 256),
+            "a flat image at its right size"
+        );
+    }
+    let env = start_with_bad_images(BadImages {
+        duplicate: 1.0,
+        ..BadImages::default()
+    })
+    .await;
+    let images = generation(&env, 3).await;
+    assert!(images.iter().all(|(bytes, _)| *bytes == images[0].0));
+    let hashes: Vec<u64> = images.iter().map(|(_, s)| s.hash()).collect();
+    assert_eq!(
+        outcomes(&checks::image::distinct(&hashes, DEFAULT_MIN_DISTANCE)),
+        [Outcome::Passed, Outcome::Failed, Outcome::Failed]
+    );
+    assert_eq!(
+        env.sandbox.stats().billed,
+        1,
+        "a bad image is billed as the service's answer"
+    );
+}
+
+#[tokio::test]
+async fn an_uncut_cutout_and_edits_at_the_input_size_fail_their_checks() {
+    let env = start_with_bad_images(BadImages {
+        opaque_cutout: 1.0,
+        wrong_size: 1.0,
+        ..BadImages::default()
+    })
+    .await;
+    let input = mug_size(&env).await;
+    let cutout = tool(&env, "remove_background", json!({})).await;
+    let v = transparent(&cutout, 0.05, 0.95);
+    assert_eq!((v.outcome, v.score), (Outcome::Failed, Some(0.0)), "{v:?}");
+    let big = tool(&env, "upscale", json!({"desired_increase": 2})).await;
+    let v = size(&big, SizePromise::Scaled { input, factor: 2 });
+    assert_eq!(v.outcome, Outcome::Failed, "{v:?}");
+    let wide = tool(&env, "expand", json!({"aspect_ratio": "16:9"})).await;
+    let v = size(
+        &wide,
+        SizePromise::Ratio {
+            ratio: (16, 9),
+            input: Some(input),
+        },
+    );
+    assert_eq!(v.outcome, Outcome::Failed, "{v:?}");
+    let erased = tool(&env, "erase", json!({"object_name": "the handle"})).await;
+    assert_eq!((erased.width, erased.height), input, "erase is not spoilt");
+}
+
+#[tokio::test]
+async fn bad_images_replay_with_their_seed() {
+    let blanks = |seed| async move {
+        let env = start(Config {
+            bad_images: BadImages {
+                blank: 0.5,
+                ..BadImages::default()
+            },
+            faults: Faults {
+                seed,
+                ..Faults::default()
+            },
+            ..Config::default()
+        })
+        .await;
+        let mut flat = Vec::new();
+        for _ in 0..4 {
+            for (_, stats) in generation(&env, 4).await {
+                flat.push(not_blank(&stats, DEFAULT_MIN_STDDEV).outcome == Outcome::Failed);
+            }
+        }
+        flat
+    };
+    let first = blanks(7).await;
+    assert_eq!(first, blanks(7).await);
+    let count = first.iter().filter(|f| **f).count();
+    assert!((2..=14).contains(&count), "{count} of 16 blank at p = 0.5");
+    assert_ne!(first, blanks(8).await, "another seed draws other images");
 }

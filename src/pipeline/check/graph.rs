@@ -222,6 +222,7 @@ pub(super) fn reorder(drafts: Vec<Draft<'_>>, order: &[usize]) -> Vec<Step> {
                 once: d.once,
                 op,
                 line,
+                checks: d.checks,
             })
         })
         .collect();

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use crate::api::rules::{self, MAX_REFERENCE_IMAGES};
 use crate::api::types::{AspectRatio, Increase, Size};
+use crate::pipeline::checks::{Rerolls, StepChecks};
 use crate::pipeline::de::{Typed, closest};
 use crate::pipeline::diag::{Diagnostic, Report, shown};
 use crate::pipeline::items::{self, Items, RawItem};
@@ -18,6 +19,7 @@ use crate::pipeline::template::{self, Template};
 use crate::pipeline::yaml::{Mark, Node, Value};
 use crate::place::Address;
 
+mod checks;
 mod graph;
 mod steps;
 mod values;
@@ -65,7 +67,8 @@ pub fn check(
     };
     c.top_level(spec);
     let items = c.items(src, spec, &item_nodes);
-    let drafts = c.steps(&spec.steps, &step_nodes, &raw_step_ids);
+    let mut drafts = c.steps(&spec.steps, &step_nodes, &raw_step_ids);
+    c.step_checks(spec, &mut drafts);
     let order = c.graph(&drafts);
     c.templates(&drafts, &items);
     c.repeated_work(&drafts);
@@ -90,6 +93,9 @@ pub fn check(
         },
         max_credits: spec.budget.as_ref().map(|b| b.max_credits),
         generation_price: spec.pricing.as_ref().map(|p| p.generation),
+        rerolls: spec.rerolls.as_ref().map(|r| Rerolls {
+            max_credits: r.max_credits,
+        }),
         concurrency: spec.concurrency.and_then(NonZeroU32::new),
         rate_limit: spec.rate_limit.as_deref().and_then(|r| r.parse().ok()),
         reuse: spec.reuse.unwrap_or(false),
@@ -141,6 +147,8 @@ struct Draft<'n> {
     refs: Vec<(StepRef, &'n Node)>,
     /// Templates to check, with where they are written and the rule their values follow.
     texts: Vec<(Template, &'n Node, Rule)>,
+    /// `checks:` once checked; `None` when the step has none.
+    checks: Option<StepChecks>,
 }
 
 impl Checker<'_> {

@@ -89,6 +89,7 @@ impl Checker<'_> {
             op: None,
             refs: Vec::new(),
             texts: Vec::new(),
+            checks: None,
         };
         let Some((op_name, op_node)) = self.operation(spec, node) else {
             return draft;

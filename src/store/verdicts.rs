@@ -1,0 +1,311 @@
+//! Checks' verdicts on stored outputs: one row per check and output, written once, with what
+//! was done about it. A resume reads them and never checks an output again; `acted` tells it
+//! a failure was already paid for again (or flagged, or failed its task), so it never acts on
+//! one twice. The plan reads the pass rates of the same checks in earlier runs. A part of the
+//! store ([`Store::verdicts`]).
+
+use serde::Serialize;
+use sqlx::Row;
+
+use crate::run_id::RunId;
+use crate::store::{Store, StoreError, now_ms, rows, to_i64, to_u64};
+
+/// What a check said of one output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Passed,
+    Failed,
+    /// The check could not judge (a command that crashed, timed out or gave no verdict, an
+    /// image that could not be read): not the image's fault, so nothing is paid again.
+    NotChecked,
+}
+
+/// What was done about a failed (or unjudged) output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// Set aside and its task paid for again.
+    Rerolled,
+    /// Kept and marked for a person to look at.
+    Flagged,
+    /// Its task failed.
+    Failed,
+}
+
+macro_rules! column_words {
+    ($ty:ident { $($variant:ident => $word:literal,)* }) => {
+        impl $ty {
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $word,)*
+                }
+            }
+
+            pub fn parse(text: &str) -> Option<$ty> {
+                match text {
+                    $($word => Some($ty::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+column_words!(Outcome {
+    Passed => "passed",
+    Failed => "failed",
+    NotChecked => "not_checked",
+});
+
+column_words!(Action {
+    Rerolled => "rerolled",
+    Flagged => "flagged",
+    Failed => "failed",
+});
+
+/// One check's verdict on one output, as recorded.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct VerdictRow {
+    pub output_id: i64,
+    pub task_id: i64,
+    /// The check's place in its step's `checks:` list.
+    pub position: u32,
+    /// The step and its checks as written: what pass rates are read by.
+    pub checks_key: String,
+    /// The check's name as the pipeline file writes it.
+    pub check: String,
+    pub outcome: Outcome,
+    pub score: Option<f64>,
+    pub reason: String,
+    /// What was done about it; `None` before anything was, and for a pass.
+    pub acted: Option<Action>,
+}
+
+/// How often outputs passed the same checks before: outputs judged, and those failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PassRate {
+    pub judged: u64,
+    pub failed: u64,
+}
+
+const COLUMNS: &str =
+    "output_id, task_id, position, checks_key, check_name, verdict, score, reason, acted";
+
+/// Rows a statement writes (11 values a row: under SQLite's and PostgreSQL's limits).
+const PER_STATEMENT: usize = 200;
+
+impl Store {
+    /// Checks' verdicts on the run's outputs.
+    pub fn verdicts(&self) -> Verdicts<'_> {
+        Verdicts { store: self }
+    }
+}
+
+/// Checks' verdicts on stored outputs.
+#[derive(Clone, Copy, Debug)]
+pub struct Verdicts<'a> {
+    store: &'a Store,
+}
+
+fn verdict_row(r: &sqlx::any::AnyRow) -> Result<VerdictRow, StoreError> {
+    let word = |c: &str| -> Result<String, StoreError> { Ok(r.try_get::<String, _>(c)?) };
+    let verdict = word("verdict")?;
+    let outcome = Outcome::parse(&verdict)
+        .ok_or_else(|| StoreError::Inconsistent(format!("a check's verdict is {verdict:?}")))?;
+    let acted =
+        match r.try_get::<Option<String>, _>("acted")? {
+            None => None,
+            Some(a) => Some(Action::parse(&a).ok_or_else(|| {
+                StoreError::Inconsistent(format!("a verdict was acted on as {a:?}"))
+            })?),
+        };
+    Ok(VerdictRow {
+        output_id: r.try_get("output_id")?,
+        task_id: r.try_get("task_id")?,
+        position: u32::try_from(to_u64(r.try_get("position")?)).unwrap_or(u32::MAX),
+        checks_key: word("checks_key")?,
+        check: word("check_name")?,
+        outcome,
+        score: r.try_get("score")?,
+        reason: word("reason")?,
+        acted,
+    })
+}
+
+impl Verdicts<'_> {
+    /// Records verdicts; one already recorded for the same output and check is kept as it was
+    /// (a verdict is written once).
+    pub async fn record(&self, run_id: &RunId, verdicts: &[VerdictRow]) -> Result<(), StoreError> {
+        let mut tx = self.store.pool().begin().await?;
+        let now = now_ms();
+        for chunk in verdicts.chunks(PER_STATEMENT) {
+            let values = rows(self.store.backend(), chunk.len(), 11, |p| {
+                format!("({})", p.join(", "))
+            });
+            let sql = format!(
+                "INSERT INTO check_verdicts (run_id, checked_at, {COLUMNS}) VALUES {values}
+                 ON CONFLICT (output_id, position) DO NOTHING"
+            );
+            // Built from a fixed placeholder list: no value is ever part of the text.
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for v in chunk {
+                query = query
+                    .bind(run_id)
+                    .bind(now)
+                    .bind(v.output_id)
+                    .bind(v.task_id)
+                    .bind(to_i64(u64::from(v.position)))
+                    .bind(&v.checks_key)
+                    .bind(&v.check)
+                    .bind(v.outcome.as_str())
+                    .bind(v.score)
+                    .bind(&v.reason)
+                    .bind(v.acted.map(Action::as_str));
+            }
+            query.execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Says what was done about an output's verdicts that were not acted on yet.
+    pub async fn act(&self, output_id: i64, action: Action) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE check_verdicts SET acted = $1
+             WHERE output_id = $2 AND acted IS NULL AND verdict <> 'passed'",
+        )
+        .bind(action.as_str())
+        .bind(output_id)
+        .execute(self.store.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// The verdicts on the run's outputs, by task, output and place.
+    pub async fn of_run(&self, run_id: &RunId) -> Result<Vec<VerdictRow>, StoreError> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM check_verdicts WHERE run_id = $1
+             ORDER BY task_id, output_id, position"
+        );
+        // A fixed text: no value is ever part of it.
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(run_id)
+            .fetch_all(self.store.pool())
+            .await?
+            .iter()
+            .map(verdict_row)
+            .collect()
+    }
+
+    /// How often outputs judged by the checks named `checks_key` failed one, over every run;
+    /// `None` when no output was judged by them yet. An output that could not be judged is
+    /// left out: it says nothing of how often images pass.
+    pub async fn pass_rate(&self, checks_key: &str) -> Result<Option<PassRate>, StoreError> {
+        let row = sqlx::query(
+            "SELECT COUNT(*) AS judged,
+                    COALESCE(SUM(CASE WHEN failed > 0 THEN 1 ELSE 0 END), 0) AS failed
+             FROM (SELECT output_id,
+                          SUM(CASE WHEN verdict = 'failed' THEN 1 ELSE 0 END) AS failed,
+                          SUM(CASE WHEN verdict = 'not_checked' THEN 1 ELSE 0 END) AS unjudged
+                   FROM check_verdicts WHERE checks_key = $1
+                   GROUP BY output_id) AS outputs
+             WHERE failed > 0 OR unjudged = 0",
+        )
+        .bind(checks_key)
+        .fetch_one(self.store.pool())
+        .await?;
+        let judged = to_u64(row.try_get("judged")?);
+        let failed = to_u64(row.try_get("failed")?);
+        Ok((judged > 0).then_some(PassRate { judged, failed }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Location;
+
+    fn verdict(output_id: i64, position: u32, outcome: Outcome) -> VerdictRow {
+        VerdictRow {
+            output_id,
+            task_id: output_id * 10,
+            position,
+            checks_key: "shots/cutout:not_blank,transparent".into(),
+            check: if position == 0 {
+                "not_blank"
+            } else {
+                "transparent"
+            }
+            .into(),
+            outcome,
+            score: (outcome != Outcome::NotChecked).then_some(0.25),
+            reason: format!("{} said so", outcome.as_str()),
+            acted: None,
+        }
+    }
+
+    async fn verdicts_are_written_once_and_acted_on_once(store: &Store) {
+        let run: RunId = "run-a".into();
+        let v = store.verdicts();
+        let first = [
+            verdict(1, 0, Outcome::Passed),
+            verdict(1, 1, Outcome::Failed),
+            verdict(2, 0, Outcome::Passed),
+            verdict(2, 1, Outcome::Passed),
+            verdict(3, 0, Outcome::NotChecked),
+            verdict(3, 1, Outcome::Passed),
+        ];
+        v.record(&run, &first).await.unwrap();
+        // A resume that judged again would not change what was recorded.
+        v.record(&run, &[verdict(1, 1, Outcome::Passed)])
+            .await
+            .unwrap();
+        v.act(1, Action::Rerolled).await.unwrap();
+        v.act(1, Action::Flagged).await.unwrap();
+        let rows = v.of_run(&run).await.unwrap();
+        assert_eq!(rows.len(), 6);
+        assert_eq!(
+            (rows[1].outcome, rows[1].acted),
+            (Outcome::Failed, Some(Action::Rerolled))
+        );
+        assert_eq!(rows[1].score, Some(0.25));
+        assert_eq!(rows[1].reason, "failed said so");
+        assert_eq!(rows[0].acted, None, "a pass is not acted on");
+        assert_eq!(
+            (rows[4].outcome, rows[4].score),
+            (Outcome::NotChecked, None)
+        );
+        let rate = v
+            .pass_rate("shots/cutout:not_blank,transparent")
+            .await
+            .unwrap();
+        assert_eq!(
+            rate,
+            Some(PassRate {
+                judged: 2,
+                failed: 1
+            }),
+            "output 3 was not judged"
+        );
+        assert_eq!(v.pass_rate("other").await.unwrap(), None);
+        let other: RunId = "run-b".into();
+        assert!(v.of_run(&other).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn verdicts_are_written_once_and_acted_on_once_on_sqlite_and_postgres() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("state.db")).await.unwrap();
+        verdicts_are_written_once_and_acted_on_once(&store).await;
+        store.close().await;
+        let Some(url) = crate::store::test_postgres::database("verdicts").await else {
+            return;
+        };
+        let store = Store::open_at(&Location::Postgres((*url).clone()))
+            .await
+            .unwrap();
+        verdicts_are_written_once_and_acted_on_once(&store).await;
+        store.close().await;
+    }
+}
