@@ -8,7 +8,7 @@ use crate::api::types::{GenerationRequest, STATUS_SUCCEEDED, ToolRequest};
 use crate::api::{ApiError, JobRecord};
 use crate::exec::shared::{OutputUrl, Shared};
 use crate::plan::graph::{Source, Work};
-use crate::store::{AttemptOutcome, Settled, StoreError, now_ms};
+use crate::store::{AttemptId, AttemptOutcome, OutputId, Settled, StoreError, TaskId, now_ms};
 
 pub(super) struct Attempted {
     pub task: usize,
@@ -40,7 +40,7 @@ pub(super) enum Failure {
 pub(super) async fn attempt(
     shared: Arc<Shared>,
     task: usize,
-    row: i64,
+    row: TaskId,
     delay: Duration,
     force_refresh: bool,
 ) -> Attempted {
@@ -62,7 +62,7 @@ pub(super) async fn attempt(
 async fn run(
     shared: &Shared,
     task: usize,
-    task_id: i64,
+    task_id: TaskId,
     force_refresh: bool,
 ) -> Result<Success, Failure> {
     // `task_id` is the task's row: the scheduler admits no task without one.
@@ -93,8 +93,8 @@ async fn run(
 /// The rows an attempt's result is recorded in.
 #[derive(Clone, Copy)]
 struct Recorded {
-    task_id: i64,
-    attempt_id: i64,
+    task_id: TaskId,
+    attempt_id: AttemptId,
 }
 
 /// The call `task` makes with fresh input URLs, and the job of its first input (the lineage);
@@ -430,7 +430,7 @@ async fn record(
     shared: &Shared,
     at: Recorded,
     outcome: AttemptOutcome<'_>,
-) -> Result<Vec<i64>, Failure> {
+) -> Result<Vec<OutputId>, Failure> {
     shared
         .store
         .attempts()

@@ -12,6 +12,7 @@ use sha2::{Digest, Sha256};
 
 use crate::api::types::{GenerationRequest, ToolRequest};
 use crate::plan::graph::{Graph, Source, Work};
+use crate::store::TaskId;
 
 /// Bumped whenever the hashed form changes, so old identities stop matching rather than
 /// matching wrongly.
@@ -49,8 +50,8 @@ pub fn identity(
 pub fn from_record(
     graph: &Graph,
     t: usize,
-    row: impl Fn(usize) -> Option<i64>,
-    hashes: &HashMap<(i64, u32), String>,
+    row: impl Fn(usize) -> Option<TaskId>,
+    hashes: &HashMap<(TaskId, u32), String>,
 ) -> Option<String> {
     identity(graph, t, |u, k| hashes.get(&(row(u)?, k)).cloned())
 }

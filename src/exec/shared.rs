@@ -14,7 +14,7 @@ use crate::exec::limiter::PaidLimiter;
 use crate::place::Place;
 use crate::plan::graph::Graph;
 use crate::run_id::RunId;
-use crate::store::{Store, UrlIssued, now_ms};
+use crate::store::{OutputId, Store, UrlIssued, now_ms};
 
 /// Free reads (`GET /v1/jobs`) at once: enough to refresh URLs without crowding the paid calls.
 const FREE_CONCURRENCY: usize = 2;
@@ -24,7 +24,7 @@ const FREE_TRIES: u32 = 5;
 /// The current URL of one output.
 #[derive(Clone, Debug)]
 pub(super) struct OutputUrl {
-    pub output_id: i64,
+    pub output_id: OutputId,
     pub job_id: String,
     pub url: String,
     pub issued_ms: i64,

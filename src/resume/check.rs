@@ -18,7 +18,7 @@ use tokio::sync::Semaphore;
 
 use crate::place::{Address, file_sha256, stamp};
 use crate::run_id::RunId;
-use crate::store::{Store, StoreError, StoredOutput};
+use crate::store::{OutputId, Store, StoreError, StoredOutput, TaskId};
 
 use super::Refetch;
 use super::objects::{Checker, OBJECTS_PER_PAGE, Recorded};
@@ -46,14 +46,14 @@ pub(super) enum Found {
 /// An output whose file or object is missing or modified.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Differs {
-    pub id: i64,
+    pub id: OutputId,
     /// The sha256 of the bytes there, when there are other bytes.
     pub modified: Option<String>,
 }
 
 /// The output `id`, whose place holds `found`, against the recorded `sha256`: `None` when it
 /// is as recorded.
-pub(super) fn differs(id: i64, sha256: &str, found: Found) -> Option<Differs> {
+pub(super) fn differs(id: OutputId, sha256: &str, found: Found) -> Option<Differs> {
     match found {
         Found::Bytes(actual) if actual == sha256 => None,
         Found::Bytes(actual) => Some(Differs {
@@ -69,7 +69,7 @@ pub(super) fn differs(id: i64, sha256: &str, found: Found) -> Option<Differs> {
 pub(super) async fn outputs(
     store: &Store,
     run_id: &RunId,
-    kept: &[i64],
+    kept: &[TaskId],
 ) -> Result<Vec<Refetch>, StoreError> {
     let (hashing, objects) = (&Semaphore::new(HASHING_AT_ONCE), &Checker::new());
     let kept = store
@@ -93,8 +93,8 @@ pub(super) async fn outputs(
     // The whole records of those that differ, for the review: read once the stream is done
     // (on SQLite it held the only connection).
     differ.sort_unstable_by_key(|d| d.id);
-    let ids: Vec<i64> = differ.iter().map(|d| d.id).collect();
-    let mut modified: HashMap<i64, Option<String>> =
+    let ids: Vec<OutputId> = differ.iter().map(|d| d.id).collect();
+    let mut modified: HashMap<OutputId, Option<String>> =
         differ.into_iter().map(|d| (d.id, d.modified)).collect();
     let mut refetch: Vec<Refetch> = store
         .kept()
@@ -113,7 +113,7 @@ pub(super) async fn outputs(
 /// A stored file of a kept task.
 #[derive(Clone)]
 struct File {
-    id: i64,
+    id: OutputId,
     path: PathBuf,
     sha256: String,
     /// Its stamp when it was kept (see [`stamp`]), recorded where objects have their ETag.
@@ -254,7 +254,7 @@ mod tests {
         std::fs::write(&path, b"the picture").unwrap();
         // Recorded with a sha256 its bytes do not have: only a read would tell.
         let file = File {
-            id: 1,
+            id: OutputId::new(1).unwrap(),
             path: path.clone(),
             sha256: "recorded".into(),
             stamp: stamp(&path),

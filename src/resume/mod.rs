@@ -51,7 +51,7 @@ use crate::plan::graph::{Graph, Instance};
 use crate::plan::rows::RowIds;
 use crate::plan::scope::Scope;
 use crate::run_id::RunId;
-use crate::store::{RecordedOutput, RecordedTask, Reusable, Store, StoreError};
+use crate::store::{AttemptId, RecordedOutput, RecordedTask, Reusable, Store, StoreError, TaskId};
 
 pub use apply::{Tally, apply, undo_reroll};
 use decide::{Decision, Lookups, Options};
@@ -150,7 +150,7 @@ pub struct Refetch {
 #[derive(Clone, Debug)]
 pub struct Recover {
     pub task: usize,
-    pub attempt_id: i64,
+    pub attempt_id: AttemptId,
     pub job_id: String,
 }
 
@@ -173,7 +173,7 @@ pub struct Review {
     /// Whether the pipeline changed since the tasks were recorded (`--allow-changes`).
     pub changes: bool,
     /// Tasks kept as they are (succeeded), by row id, sorted.
-    pub kept: Vec<i64>,
+    pub kept: Vec<TaskId>,
     /// The row id of each task, as the review read them, for [`apply()`]; `None` when the run
     /// had no row yet (a new run, which records some before it applies the review).
     pub rows: Option<RowIds>,
@@ -271,7 +271,7 @@ impl Review {
         self.unrecorded = unrecorded;
     }
 
-    pub fn is_kept(&self, row_id: i64) -> bool {
+    pub fn is_kept(&self, row_id: TaskId) -> bool {
         self.kept.binary_search(&row_id).is_ok()
     }
 
@@ -359,7 +359,7 @@ pub fn beside(
     store: Store,
     run_id: RunId,
     run_dir: RunDir,
-    kept: Vec<i64>,
+    kept: Vec<TaskId>,
     proven: tokio::sync::oneshot::Receiver<()>,
 ) -> (crate::exec::Refetch, Beside) {
     let (tx, rx) = tokio::sync::oneshot::channel();

@@ -25,6 +25,7 @@ use tokio::sync::Semaphore;
 use super::check::Differs;
 use crate::place::listing::{self, Record, Seen};
 use crate::place::{ObjectError, ObjectUrl, Objects, Stat, same_etag};
+use crate::store::OutputId;
 
 pub(super) use crate::place::listing::OBJECTS_PER_PAGE;
 
@@ -84,7 +85,7 @@ const CHECKS_IN_FLIGHT: usize = 16;
 
 /// A recorded object of a kept task, as the check needs it.
 pub(super) struct Recorded {
-    pub id: i64,
+    pub id: OutputId,
     pub url: ObjectUrl,
     pub sha256: String,
     pub bytes: Option<u64>,

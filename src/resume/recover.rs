@@ -9,7 +9,7 @@ use crate::api::{ApiError, Client, JobRecord, RetryPolicy};
 use crate::plan::graph::{Graph, Source};
 use crate::plan::rows::RowIds;
 use crate::run_id::RunId;
-use crate::store::{AttemptOutcome, Settled, Store, StoreError};
+use crate::store::{AttemptOutcome, Settled, Store, StoreError, TaskId};
 
 use super::{Prepared, Recover, records};
 
@@ -52,7 +52,7 @@ pub(super) async fn read_back_all(
     graph: &Graph,
     lost: &[Recover],
     rows: &RowIds,
-) -> Result<HashSet<i64>, StoreError> {
+) -> Result<HashSet<TaskId>, StoreError> {
     let mut recovered = HashSet::new();
     for r in lost {
         if recover(store, client, run_id, graph, r, rows).await? {

@@ -5,7 +5,7 @@
 use crate::run_id::RunId;
 use crate::store::group::Written;
 use crate::store::to_i64;
-use crate::store::{Backend, Store, StoreError, now_ms};
+use crate::store::{AttemptId, Backend, OutputId, Store, StoreError, TaskId, now_ms};
 
 /// How a paid call ended, as its attempt records it (`attempts.outcome`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -186,14 +186,14 @@ impl AttemptResult {
 /// What a successful attempt settles beside itself: its task, and the outputs' URLs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Settlement {
-    task_id: i64,
+    task_id: TaskId,
     run_id: RunId,
     parent_job_id: Option<String>,
     urls: Vec<String>,
 }
 
 impl Settlement {
-    fn of(outcome: &AttemptOutcome<'_>, task_id: i64, run_id: &RunId) -> Option<Settlement> {
+    fn of(outcome: &AttemptOutcome<'_>, task_id: TaskId, run_id: &RunId) -> Option<Settlement> {
         match outcome {
             AttemptOutcome::Succeeded(s) => Some(Settlement {
                 task_id,
@@ -211,13 +211,13 @@ impl Settlement {
 async fn settle(
     conn: &mut sqlx::AnyConnection,
     backend: Backend,
-    attempt_id: i64,
+    attempt_id: AttemptId,
     result: AttemptResult,
     settled: Option<Settlement>,
-) -> Result<Vec<i64>, sqlx::Error> {
+) -> Result<Vec<OutputId>, sqlx::Error> {
     let outputs = settled.as_ref().map_or(0, |s| s.urls.len());
     let sql = sqlx::AssertSqlSafe(settle_sql(backend, settled.is_some(), outputs));
-    let mut query = sqlx::query_as::<_, (i64, i64)>(sql)
+    let mut query = sqlx::query_as::<_, (i64, OutputId)>(sql)
         .bind(now_ms())
         .bind(result.outcome.as_str())
         .bind(result.http_status)
@@ -268,9 +268,9 @@ impl Attempts<'_> {
     pub async fn begin(
         &self,
         run_id: &RunId,
-        task_id: i64,
+        task_id: TaskId,
         endpoint: &str,
-    ) -> Result<i64, StoreError> {
+    ) -> Result<AttemptId, StoreError> {
         let (run_id, endpoint) = (run_id.to_owned(), endpoint.to_owned());
         let backend = self.store.backend();
         let written = self
@@ -282,7 +282,7 @@ impl Attempts<'_> {
                     // One round trip: the attempt's row id is what the batch returns.
                     // Every row read: sqlx's `Any` driver takes SQLite's first answer for the
                     // one a single-row fetch waits for, and here that is the update's.
-                    let ids: Vec<i64> = sqlx::query_scalar(intent_sql(backend))
+                    let ids: Vec<AttemptId> = sqlx::query_scalar(intent_sql(backend))
                         .bind(now_ms())
                         .bind(task_id)
                         .bind(&run_id)
@@ -290,12 +290,12 @@ impl Attempts<'_> {
                         .fetch_all(&mut *conn)
                         .await?;
                     let id = ids.last().copied().ok_or(sqlx::Error::RowNotFound)?;
-                    Ok(Written::Id(id))
+                    Ok(Written::Attempt(id))
                 })
             }))
             .await?;
         match written {
-            Written::Id(id) => Ok(id),
+            Written::Attempt(id) => Ok(id),
             _ => Err(StoreError::Inconsistent(
                 "recording an attempt gave no attempt id".into(),
             )),
@@ -307,10 +307,10 @@ impl Attempts<'_> {
     pub async fn finish(
         &self,
         run_id: &RunId,
-        task_id: i64,
-        attempt_id: i64,
+        task_id: TaskId,
+        attempt_id: AttemptId,
         outcome: &AttemptOutcome<'_>,
-    ) -> Result<Vec<i64>, StoreError> {
+    ) -> Result<Vec<OutputId>, StoreError> {
         let result = AttemptResult::of(outcome);
         let settled = Settlement::of(outcome, task_id, run_id);
         let backend = self.store.backend();
@@ -321,12 +321,12 @@ impl Attempts<'_> {
                 let (result, settled) = (result.clone(), settled.clone());
                 Box::pin(async move {
                     let ids = settle(conn, backend, attempt_id, result, settled).await?;
-                    Ok(Written::Ids(ids))
+                    Ok(Written::Outputs(ids))
                 })
             }))
             .await?;
         match written {
-            Written::Ids(ids) => Ok(ids),
+            Written::Outputs(ids) => Ok(ids),
             _ => Err(StoreError::Inconsistent(
                 "recording a result gave no output ids".into(),
             )),
@@ -371,6 +371,7 @@ mod tests {
     #[test]
     fn a_result_records_what_its_outcome_says_of_billing() {
         let urls = ["u0".to_owned(), "u1".to_owned()];
+        let seven = TaskId::new(7).unwrap();
         let succeeded = AttemptOutcome::Succeeded(Settled {
             job_id: "job_1",
             credits_used: 4,
@@ -391,9 +392,9 @@ mod tests {
             }
         );
         assert_eq!(
-            Settlement::of(&succeeded, 7, &RunId::from("r")),
+            Settlement::of(&succeeded, seven, &RunId::from("r")),
             Some(Settlement {
-                task_id: 7,
+                task_id: seven,
                 run_id: "r".into(),
                 parent_job_id: Some("job_0".into()),
                 urls: urls.to_vec(),
@@ -414,7 +415,7 @@ mod tests {
                 Some("slow down".into())
             )
         );
-        assert_eq!(Settlement::of(&answered, 7, &RunId::from("r")), None);
+        assert_eq!(Settlement::of(&answered, seven, &RunId::from("r")), None);
         let ambiguous = AttemptOutcome::Ambiguous {
             error: "cut",
             job_id: Some("job_2"),

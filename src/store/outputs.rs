@@ -6,22 +6,22 @@ use sqlx::Row;
 use crate::place::Address;
 use crate::run_id::RunId;
 use crate::store::group::Written;
-use crate::store::{Store, StoreError, now_ms};
+use crate::store::{OutputId, Store, StoreError, TaskId, now_ms};
 use crate::store::{to_i64, to_u64};
 use crate::task_key::TaskKey;
 
 /// A freshly signed URL for an output.
 #[derive(Clone, Debug)]
 pub struct UrlIssued {
-    pub output_id: i64,
+    pub output_id: OutputId,
     pub url: String,
     pub issued_at: i64,
 }
 
 #[derive(Clone, Debug)]
 pub struct RecordedOutput {
-    pub id: i64,
-    pub task_id: i64,
+    pub id: OutputId,
+    pub task_id: TaskId,
     /// The key of the task that made it.
     pub task: TaskKey,
     /// Its number among the task's outputs.
@@ -67,7 +67,7 @@ impl Outputs<'_> {
     /// (`place::stamp`), which it compares with the file's.
     pub async fn record_download(
         &self,
-        output_id: i64,
+        output_id: OutputId,
         path: &str,
         sha256: &str,
         bytes: u64,
@@ -101,7 +101,7 @@ impl Outputs<'_> {
 
     pub async fn record_download_error(
         &self,
-        output_id: i64,
+        output_id: OutputId,
         error: &str,
     ) -> Result<(), StoreError> {
         let error = error.to_owned();

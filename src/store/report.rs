@@ -10,12 +10,12 @@ use sqlx::Row;
 use crate::place::Address;
 use crate::store::tasks::TaskStatus;
 use crate::store::to_u64;
-use crate::store::{Backend, Store, StoreError, rows};
+use crate::store::{Backend, OutputId, Store, StoreError, TaskId, rows};
 
 /// A task as the report shows it.
 #[derive(Clone, Debug)]
 pub struct ReportTask {
-    pub id: i64,
+    pub id: TaskId,
     pub item: String,
     pub step: String,
     pub idx: u32,
@@ -72,7 +72,7 @@ impl TaskRequest {
 /// One output as the report shows it.
 #[derive(Clone, Debug)]
 pub struct ReportOutput {
-    pub id: i64,
+    pub id: OutputId,
     pub k: u32,
     pub job_id: String,
     /// Where the output was kept, when it was: a file or an object.
@@ -178,7 +178,7 @@ pub struct StepTotals {
 /// task was done again (`reroll`), changed (`--allow-changes`), or its file found modified.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EarlierOutput {
-    pub task_id: i64,
+    pub task_id: TaskId,
     pub k: u32,
     pub job_id: String,
     /// Where the file was moved to; `None` when it was not kept.
@@ -393,7 +393,7 @@ impl<'a> Report<'a> {
     pub async fn earlier_outputs(
         &self,
         run_id: &RunId,
-        tasks: &[i64],
+        tasks: &[TaskId],
     ) -> Result<Vec<EarlierOutput>, StoreError> {
         let mut out = Vec::new();
         for chunk in tasks.chunks(500) {

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use super::*;
 use crate::resume::check::{Found, differs};
-use crate::store::{CallOutcome, LastAttempt, ReusableOutput};
+use crate::store::{AttemptId, CallOutcome, LastAttempt, OutputId, ReusableOutput};
 use crate::task_key::TaskKey;
 
 /// Two items, each generated once (n: 2) and each image upscaled: per item 1 + 2 tasks.
@@ -43,8 +43,8 @@ fn row(g: &Graph, t: usize, status: TaskStatus, attempt: Option<LastAttempt>) ->
     }
 }
 
-fn row_id(t: usize) -> i64 {
-    100 + t as i64
+fn row_id(t: usize) -> TaskId {
+    TaskId::new(100 + t as i64).unwrap()
 }
 
 /// Records of a run in which every task of `recorded` items has a row: succeeded unless
@@ -88,7 +88,7 @@ fn a_finished_item_is_kept_whole_and_an_unreached_one_counted_not_listed() {
     let g = graph();
     let rec = records(&g, &["a"], Vec::new());
     let r = done(decide(&g, &rec, RETRY, &Lookups::default()));
-    assert_eq!(r.kept, vec![100, 101, 102]);
+    assert_eq!(r.kept, [0, 1, 2].map(row_id));
     assert!(r.redo.is_empty());
     assert_eq!(r.unrecorded.instances, vec![Instance::Item(1)]);
     assert_eq!((r.unrecorded.tasks, r.to_pay()), (3, 3));
@@ -105,7 +105,7 @@ fn each_open_task_is_paid_again_for_its_own_reason() {
         task(&g, "a", "big", 1),
     );
     let answered = LastAttempt {
-        id: 7,
+        id: AttemptId::new(7).unwrap(),
         outcome: Some(CallOutcome::AnsweredError),
         job_id: None,
     };
@@ -133,7 +133,7 @@ fn a_lost_answer_naming_its_job_is_read_back_and_one_without_is_ambiguous() {
     let g = graph();
     let (named, unnamed) = (task(&g, "a", "shot", 0), task(&g, "b", "shot", 0));
     let lost = |id, job: Option<&str>| LastAttempt {
-        id,
+        id: AttemptId::new(id).unwrap(),
         outcome: None,
         job_id: job.map(str::to_owned),
     };
@@ -154,7 +154,7 @@ fn a_lost_answer_naming_its_job_is_read_back_and_one_without_is_ambiguous() {
             r.recover[0].attempt_id,
             r.recover[0].job_id.as_str()
         ),
-        (named, 1, "job_1")
+        (named, AttemptId::new(1).unwrap(), "job_1")
     );
 }
 
@@ -164,7 +164,7 @@ fn on_ambiguous_fail_leaves_the_task_failed_and_blocks_what_is_below_it() {
     let shot = task(&g, "a", "shot", 0);
     let (big0, big1) = (task(&g, "a", "big", 0), task(&g, "a", "big", 1));
     let lost = LastAttempt {
-        id: 3,
+        id: AttemptId::new(3).unwrap(),
         outcome: Some(CallOutcome::Ambiguous),
         job_id: None,
     };
@@ -244,7 +244,7 @@ fn reuse_asks_for_each_level_of_the_chain_in_one_batch_and_takes_what_it_finds()
     // Item a's shot was made by an earlier run; item b's never was.
     let shot_a = identity(&g, task(&g, "a", "shot", 0), |_, _| None).unwrap();
     let earlier = Reusable {
-        task_id: 9,
+        task_id: TaskId::new(9).unwrap(),
         run_id: "earlier".into(),
         job_id: "job_9".into(),
         outputs: (0..2)
@@ -289,12 +289,13 @@ fn recorded_tasks_the_pipeline_dropped_are_passed_on() {
 
 #[test]
 fn an_output_is_fetched_again_when_missing_and_set_aside_when_modified() {
-    assert!(differs(1, "abc", Found::Bytes("abc".into())).is_none());
-    let missing = differs(1, "abc", Found::Missing).expect("fetched again");
+    let one = OutputId::new(1).unwrap();
+    assert!(differs(one, "abc", Found::Bytes("abc".into())).is_none());
+    let missing = differs(one, "abc", Found::Missing).expect("fetched again");
     assert_eq!(missing.modified, None);
-    let modified = differs(1, "abc", Found::Bytes("def".into())).expect("set aside");
+    let modified = differs(one, "abc", Found::Bytes("def".into())).expect("set aside");
     assert_eq!(
         (modified.id, modified.modified.as_deref()),
-        (1, Some("def"))
+        (one, Some("def"))
     );
 }

@@ -1,10 +1,10 @@
 use super::*;
 use crate::place::Address;
-use crate::store::TaskStatus;
+use crate::store::{OutputId, TaskId, TaskStatus};
 
 fn task(id: i64, item: &str) -> ReportTask {
     ReportTask {
-        id,
+        id: TaskId::new(id).unwrap(),
         item: item.to_owned(),
         step: "s".to_owned(),
         idx: 0,
@@ -24,7 +24,7 @@ fn task(id: i64, item: &str) -> ReportTask {
 
 fn output(id: i64, k: u32, path: Option<&str>) -> ReportOutput {
     ReportOutput {
-        id,
+        id: OutputId::new(id).unwrap(),
         k,
         job_id: format!("j{id}"),
         place: path.map(Address::recorded),
@@ -42,7 +42,7 @@ fn row(task_id: i64, item: &str, out: Option<(u32, Option<&str>)>) -> ReportEntr
 
 fn earlier(task_id: i64, path: Option<&str>) -> EarlierOutput {
     EarlierOutput {
-        task_id,
+        task_id: TaskId::new(task_id).unwrap(),
         k: 0,
         job_id: "old".to_owned(),
         place: path.map(Address::recorded),
@@ -53,7 +53,7 @@ fn earlier(task_id: i64, path: Option<&str>) -> EarlierOutput {
 }
 
 fn ids(tasks: &[ReportTask]) -> Vec<i64> {
-    tasks.iter().map(|t| t.id).collect()
+    tasks.iter().map(|t| t.id.get()).collect()
 }
 
 #[test]
