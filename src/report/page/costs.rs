@@ -288,8 +288,7 @@ impl Problems {
 /// What the run's plan priced when it started, for the whole file: a run asked for a part
 /// (`--items`, `--until`) records the part's price, and its plan what the whole costs.
 fn planned_at_start(run: &crate::store::Run) -> u64 {
-    run.plan
-        .read::<crate::money::planned::PlanFigures>()
+    crate::money::planned::PlanFigures::of(&run.plan)
         .and_then(|p| p.whole_credits())
         .unwrap_or(run.credits_planned)
 }
