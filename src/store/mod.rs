@@ -72,7 +72,7 @@ pub use report::{
 pub use rerolls::{NewReroll, OpenReroll, RunBefore, Undone};
 pub use revisions::{Blocked, Changes, PendingMove, Reused, Revisions, SetAside, TaskRef};
 pub use run_figures::{AmbiguousAttempt, StepCounts, Totals};
-pub use runs::{NewRun, RecordedPlan, Run, RunStatus, Runs};
+pub use runs::{NewRun, RecordedPlan, Run, RunStatus, RunSummary, Runs};
 pub use tasks::{LastAttempt, NewTask, RecordedTask, TaskStatus, Tasks};
 pub use thumbnails::{Thumbnail, Thumbnails};
 
