@@ -17,6 +17,7 @@ use crate::place::layout::BATCH;
 use crate::plan::graph::{Graph, Instance, Work};
 use crate::plan::rows::RowIds;
 use crate::run_id::RunId;
+use crate::sha256::Sha256Sum;
 use crate::store::{NewTask, RecordedTask, Store, StoreError, TaskBlock, TaskId, TaskStatus};
 use crate::task_key::TaskKey;
 
@@ -459,7 +460,7 @@ pub(super) async fn record_identities(
             .collect();
         inputs.sort_unstable();
         inputs.dedup();
-        let hashes: HashMap<(TaskId, u32), String> =
+        let hashes: HashMap<(TaskId, u32), Sha256Sum> =
             store.identities().output_hashes_of(&inputs).await?;
         let found: Vec<(TaskId, String)> = chunk
             .iter()

@@ -18,6 +18,7 @@ use tokio::sync::Semaphore;
 
 use crate::place::{Address, file_sha256, stamp};
 use crate::run_id::RunId;
+use crate::sha256::Sha256Sum;
 use crate::store::{OutputId, Store, StoreError, StoredOutput, TaskId};
 
 use super::Refetch;
@@ -40,7 +41,7 @@ const PAGES_IN_FLIGHT: usize = 16;
 pub(super) enum Found {
     Missing,
     /// Bytes of this sha256.
-    Bytes(String),
+    Bytes(Sha256Sum),
 }
 
 /// An output whose file or object is missing or modified.
@@ -48,14 +49,14 @@ pub(super) enum Found {
 pub(super) struct Differs {
     pub id: OutputId,
     /// The sha256 of the bytes there, when there are other bytes.
-    pub modified: Option<String>,
+    pub modified: Option<Sha256Sum>,
 }
 
 /// The output `id`, whose place holds `found`, against the recorded `sha256`: `None` when it
 /// is as recorded.
-pub(super) fn differs(id: OutputId, sha256: &str, found: Found) -> Option<Differs> {
+pub(super) fn differs(id: OutputId, sha256: &Sha256Sum, found: Found) -> Option<Differs> {
     match found {
-        Found::Bytes(actual) if actual == sha256 => None,
+        Found::Bytes(actual) if actual == *sha256 => None,
         Found::Bytes(actual) => Some(Differs {
             id,
             modified: Some(actual),
@@ -94,7 +95,7 @@ pub(super) async fn outputs(
     // (on SQLite it held the only connection).
     differ.sort_unstable_by_key(|d| d.id);
     let ids: Vec<OutputId> = differ.iter().map(|d| d.id).collect();
-    let mut modified: HashMap<OutputId, Option<String>> =
+    let mut modified: HashMap<OutputId, Option<Sha256Sum>> =
         differ.into_iter().map(|d| (d.id, d.modified)).collect();
     let mut refetch: Vec<Refetch> = store
         .kept()
@@ -115,7 +116,7 @@ pub(super) async fn outputs(
 struct File {
     id: OutputId,
     path: PathBuf,
-    sha256: String,
+    sha256: Sha256Sum,
     /// Its stamp when it was kept (see [`stamp`]), recorded where objects have their ETag.
     stamp: Option<String>,
 }
@@ -256,10 +257,10 @@ mod tests {
         let file = File {
             id: OutputId::new(1).unwrap(),
             path: path.clone(),
-            sha256: "recorded".into(),
+            sha256: Sha256Sum::of_bytes(b"recorded"),
             stamp: stamp(&path),
         };
-        assert_eq!(file.found(), Found::Bytes("recorded".into()));
+        assert_eq!(file.found(), Found::Bytes(Sha256Sum::of_bytes(b"recorded")));
         let unstamped = File {
             stamp: None,
             ..file.clone()

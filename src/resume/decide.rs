@@ -14,6 +14,7 @@ use crate::exec::OnAmbiguous;
 use crate::exec::identity::identity;
 use crate::plan::graph::{Graph, Instance};
 use crate::plan::rows::RowIds;
+use crate::sha256::Sha256Sum;
 use crate::store::{RecordedTask, Reusable, TaskId, TaskStatus};
 
 use super::{Reason, Recover, Redo, Review};
@@ -31,7 +32,7 @@ pub struct Records {
     pub has_rows: Vec<bool>,
     /// The sha256 of each downloaded output, by row id and output index; read only when
     /// identities are computed (`--reuse`, or a changed pipeline).
-    pub hashes: HashMap<(TaskId, u32), String>,
+    pub hashes: HashMap<(TaskId, u32), Sha256Sum>,
     /// A changed pipeline (`--allow-changes`): the identity each recorded task had under the
     /// pipeline it was recorded from, by row id.
     pub previous: Option<HashMap<TaskId, Option<String>>>,
@@ -118,7 +119,7 @@ struct Pass<'a> {
     /// Identities to look up before deciding again.
     need: Vec<String>,
     /// The sha256 of each output known to be final by now, by (task, k).
-    known: HashMap<(usize, u32), String>,
+    known: HashMap<(usize, u32), Sha256Sum>,
 }
 
 impl Pass<'_> {

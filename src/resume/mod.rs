@@ -143,7 +143,7 @@ pub struct Redo {
 pub struct Refetch {
     pub output: RecordedOutput,
     /// The file's actual sha256 when it is there but differs from the record.
-    pub modified: Option<String>,
+    pub modified: Option<crate::sha256::Sha256Sum>,
 }
 
 /// The answer of a lost call whose job is known: read it back, free, before paying again.

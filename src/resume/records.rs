@@ -8,6 +8,7 @@ use crate::exec::read_rows;
 use crate::plan::graph::{Graph, Instance};
 use crate::plan::rows::RowIds;
 use crate::run_id::RunId;
+use crate::sha256::Sha256Sum;
 use crate::store::{RecordedTask, Store, StoreError, TaskId, TaskStatus};
 
 use super::decide::Records;
@@ -93,7 +94,7 @@ pub(super) async fn row_ids(
 fn identities_of(
     graph: &Graph,
     rows: &[RecordedTask],
-    hashes: &HashMap<(TaskId, u32), String>,
+    hashes: &HashMap<(TaskId, u32), Sha256Sum>,
 ) -> HashMap<TaskId, Option<String>> {
     let by_key: HashMap<(&str, &str, u32), usize> = rows
         .iter()

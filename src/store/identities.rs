@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use sqlx::Row;
 
 use crate::place::Address;
+use crate::sha256::Sha256Sum;
 use crate::store::to_u64;
 use crate::store::{Backend, Store, StoreError, TaskId, rows};
 
@@ -26,7 +27,7 @@ pub struct ReusableOutput {
     pub url: String,
     pub url_issued_at: i64,
     pub path: Option<String>,
-    pub sha256: Option<String>,
+    pub sha256: Option<Sha256Sum>,
     pub bytes: Option<u64>,
     pub parent_job_id: Option<String>,
 }
@@ -145,7 +146,7 @@ impl Identities<'_> {
     pub async fn output_hashes_of(
         &self,
         task_ids: &[TaskId],
-    ) -> Result<std::collections::HashMap<(TaskId, u32), String>, StoreError> {
+    ) -> Result<std::collections::HashMap<(TaskId, u32), Sha256Sum>, StoreError> {
         let mut out = std::collections::HashMap::new();
         for chunk in task_ids.chunks(500) {
             let marks = rows(self.store.backend(), chunk.len(), 1, |p| p[0].clone());
@@ -175,7 +176,7 @@ impl Identities<'_> {
     pub async fn output_hashes(
         &self,
         run_id: &RunId,
-    ) -> Result<std::collections::HashMap<(TaskId, u32), String>, StoreError> {
+    ) -> Result<std::collections::HashMap<(TaskId, u32), Sha256Sum>, StoreError> {
         let rows = sqlx::query(
             "SELECT task_id, k, sha256 FROM outputs WHERE run_id = $1 AND sha256 IS NOT NULL",
         )

@@ -113,6 +113,36 @@ impl TaskId {
     }
 }
 
+/// A sha256 is bound as the text the database keeps, and read back strictly: text that is not
+/// one is an error, never taken for a digest.
+impl sqlx::Type<sqlx::Any> for crate::sha256::Sha256Sum {
+    fn type_info() -> sqlx::any::AnyTypeInfo {
+        <String as sqlx::Type<sqlx::Any>>::type_info()
+    }
+
+    fn compatible(ty: &sqlx::any::AnyTypeInfo) -> bool {
+        <String as sqlx::Type<sqlx::Any>>::compatible(ty)
+    }
+}
+
+impl sqlx::Encode<'_, sqlx::Any> for crate::sha256::Sha256Sum {
+    fn encode_by_ref(
+        &self,
+        buf: &mut <sqlx::Any as sqlx::Database>::ArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        <String as sqlx::Encode<'_, sqlx::Any>>::encode(self.as_str().to_owned(), buf)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Any> for crate::sha256::Sha256Sum {
+    fn decode(
+        value: <sqlx::Any as sqlx::Database>::ValueRef<'r>,
+    ) -> Result<crate::sha256::Sha256Sum, sqlx::error::BoxDynError> {
+        let text = <String as sqlx::Decode<'r, sqlx::Any>>::decode(value)?;
+        Ok(crate::sha256::Sha256Sum::parse(&text)?)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

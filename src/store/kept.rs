@@ -5,6 +5,7 @@ use crate::run_id::RunId;
 use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 use sqlx::Row;
 
+use crate::sha256::Sha256Sum;
 use crate::store::tasks::{OUTPUT_COLUMNS, output_row};
 use crate::store::to_u64;
 use crate::store::{Backend, OutputId, RecordedOutput, Store, StoreError, TaskId, rows};
@@ -18,7 +19,7 @@ pub struct StoredOutput {
     pub task_id: TaskId,
     /// A file's path or an object's `s3://` URL, as recorded.
     pub path: String,
-    pub sha256: String,
+    pub sha256: Sha256Sum,
     pub bytes: Option<u64>,
     /// The object's ETag at upload, or the file's stamp, when one was kept.
     pub etag: Option<String>,

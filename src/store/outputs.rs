@@ -5,6 +5,7 @@ use sqlx::Row;
 
 use crate::place::Address;
 use crate::run_id::RunId;
+use crate::sha256::Sha256Sum;
 use crate::store::group::Written;
 use crate::store::{OutputId, Store, StoreError, TaskId, now_ms};
 use crate::store::{to_i64, to_u64};
@@ -32,7 +33,7 @@ pub struct RecordedOutput {
     pub url_issued_at: i64,
     /// Where the output was kept, when it was: a file or an object.
     pub path: Option<Address>,
-    pub sha256: Option<String>,
+    pub sha256: Option<Sha256Sum>,
     pub bytes: Option<u64>,
     /// The store's ETag of the output's object, as uploaded, or a local file's stamp
     /// (`place::stamp`); `None` for what an imgpipe from before they were kept recorded.
@@ -69,11 +70,11 @@ impl Outputs<'_> {
         &self,
         output_id: OutputId,
         path: &str,
-        sha256: &str,
+        sha256: &Sha256Sum,
         bytes: u64,
         etag: Option<&str>,
     ) -> Result<(), StoreError> {
-        let (path, sha256, etag) = (path.to_owned(), sha256.to_owned(), etag.map(str::to_owned));
+        let (path, sha256, etag) = (path.to_owned(), sha256.clone(), etag.map(str::to_owned));
         self.store
             .writer
             .write(Box::new(move |conn| {

@@ -8,6 +8,7 @@ use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 use sqlx::Row;
 
 use crate::place::Address;
+use crate::sha256::Sha256Sum;
 use crate::store::tasks::TaskStatus;
 use crate::store::to_u64;
 use crate::store::{Backend, OutputId, Store, StoreError, TaskId, rows};
@@ -77,7 +78,7 @@ pub struct ReportOutput {
     pub job_id: String,
     /// Where the output was kept, when it was: a file or an object.
     pub place: Option<Address>,
-    pub sha256: Option<String>,
+    pub sha256: Option<Sha256Sum>,
     pub download_error: Option<String>,
 }
 
@@ -183,7 +184,7 @@ pub struct EarlierOutput {
     pub job_id: String,
     /// Where the file was moved to; `None` when it was not kept.
     pub place: Option<Address>,
-    pub sha256: Option<String>,
+    pub sha256: Option<Sha256Sum>,
     pub reason: String,
     pub superseded_at: i64,
 }

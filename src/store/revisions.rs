@@ -5,6 +5,7 @@
 use crate::run_id::RunId;
 use sqlx::{AnyConnection, Row};
 
+use crate::sha256::Sha256Sum;
 use crate::store::identities::Reusable;
 use crate::store::tasks::{NewTask, insert_tasks};
 use crate::store::to_i64;
@@ -20,7 +21,7 @@ pub struct SetAside {
     pub from: Option<String>,
     pub to: Option<String>,
     /// The sha256 of the bytes there, when they differ from the recorded ones.
-    pub sha256: Option<String>,
+    pub sha256: Option<Sha256Sum>,
     pub reason: &'static str,
     /// Keep the output (its job is still the task's) and fetch its file again; else the
     /// output is dropped with its task's old job, before the task runs again.

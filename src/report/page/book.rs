@@ -15,6 +15,7 @@ use crate::report::page::links::file_of;
 use crate::report::page::model::{Earlier, Model, Shared, Shown};
 use crate::report::page::thumbs::{self, Preview};
 use crate::report::page::{cannot_write, persist, remote};
+use crate::sha256::Sha256Sum;
 use crate::store::{EarlierOutput, ReportEntry, ReportOutput, ReportTask, Store, TaskId};
 
 /// The report being written: what the first page gathers from the others.
@@ -97,8 +98,8 @@ pub(super) fn files_to_preview(
     outputs: &[(usize, ReportOutput)],
     earlier: &[(usize, EarlierOutput)],
     local: bool,
-) -> Vec<(PathBuf, Option<String>)> {
-    let mut files: Vec<(PathBuf, Option<String>)> = outputs
+) -> Vec<(PathBuf, Option<Sha256Sum>)> {
+    let mut files: Vec<(PathBuf, Option<Sha256Sum>)> = outputs
         .iter()
         .filter_map(|(_, o)| Some((file_of(o.place.as_ref()?), o.sha256.clone())))
         .collect();

@@ -139,7 +139,7 @@ fn remove_temporaries(dir: &Path) -> usize {
 /// cost more thread switches than a small image costs to preview.
 pub async fn previews(
     dir: &Path,
-    files: Vec<(PathBuf, Option<String>)>,
+    files: Vec<(PathBuf, Option<crate::sha256::Sha256Sum>)>,
     known: &std::sync::Arc<Known>,
 ) -> Vec<Preview> {
     const PER_TRIP: usize = 16;

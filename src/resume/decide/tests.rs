@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use super::*;
 use crate::resume::check::{Found, differs};
+use crate::sha256::Sha256Sum;
 use crate::store::{AttemptId, CallOutcome, LastAttempt, OutputId, ReusableOutput};
 use crate::task_key::TaskKey;
 
@@ -41,6 +42,11 @@ fn row(g: &Graph, t: usize, status: TaskStatus, attempt: Option<LastAttempt>) ->
         identity: None,
         reused_from: None,
     }
+}
+
+/// A sha256 made of `text`, for a test's outputs.
+fn sha(text: &str) -> Sha256Sum {
+    Sha256Sum::of_bytes(text.as_bytes())
 }
 
 fn row_id(t: usize) -> TaskId {
@@ -194,12 +200,12 @@ fn a_changed_pipeline_keeps_tasks_of_the_same_identity_and_pays_for_the_others()
     // The shots' bytes are known; the upscales of item a were recorded under another request.
     for item in ["a", "b"] {
         let id = row_id(task(&g, item, "shot", 0));
-        rec.hashes.insert((id, 0), format!("{item}0"));
-        rec.hashes.insert((id, 1), format!("{item}1"));
+        rec.hashes.insert((id, 0), sha(&format!("{item}0")));
+        rec.hashes.insert((id, 1), sha(&format!("{item}1")));
     }
-    let known = |t: usize, k: u32| -> Option<String> {
+    let known = |t: usize, k: u32| -> Option<Sha256Sum> {
         let item = g.key(t).item;
-        Some(format!("{item}{k}"))
+        Some(sha(&format!("{item}{k}")))
     };
     let mut previous = HashMap::new();
     for t in 0..g.len() {
@@ -253,7 +259,7 @@ fn reuse_asks_for_each_level_of_the_chain_in_one_batch_and_takes_what_it_finds()
                 url: format!("https://x/{k}"),
                 url_issued_at: 0,
                 path: None,
-                sha256: Some(format!("sha{k}")),
+                sha256: Some(sha(&format!("sha{k}"))),
                 bytes: None,
                 parent_job_id: None,
             })
@@ -289,13 +295,10 @@ fn recorded_tasks_the_pipeline_dropped_are_passed_on() {
 
 #[test]
 fn an_output_is_fetched_again_when_missing_and_set_aside_when_modified() {
-    let one = OutputId::new(1).unwrap();
-    assert!(differs(one, "abc", Found::Bytes("abc".into())).is_none());
-    let missing = differs(one, "abc", Found::Missing).expect("fetched again");
+    let (one, abc, def) = (OutputId::new(1).unwrap(), sha("abc"), sha("def"));
+    assert!(differs(one, &abc, Found::Bytes(abc.clone())).is_none());
+    let missing = differs(one, &abc, Found::Missing).expect("fetched again");
     assert_eq!(missing.modified, None);
-    let modified = differs(one, "abc", Found::Bytes("def".into())).expect("set aside");
-    assert_eq!(
-        (modified.id, modified.modified.as_deref()),
-        (one, Some("def"))
-    );
+    let modified = differs(one, &abc, Found::Bytes(def.clone())).expect("set aside");
+    assert_eq!((modified.id, modified.modified), (one, Some(def)));
 }

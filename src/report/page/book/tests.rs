@@ -28,7 +28,7 @@ fn output(id: i64, k: u32, path: Option<&str>) -> ReportOutput {
         k,
         job_id: format!("j{id}"),
         place: path.map(Address::recorded),
-        sha256: path.map(|p| format!("sha-{p}")),
+        sha256: path.map(|p| crate::sha256::Sha256Sum::of_bytes(p.as_bytes())),
         download_error: None,
     }
 }
