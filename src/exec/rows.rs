@@ -494,7 +494,7 @@ mod tests {
             pipeline_text: "",
             pipeline_sha256: "",
             items_sha256: "",
-            plan: &crate::store::RecordedPlan::default(),
+            plan: &crate::store::RecordedPlan::of(&serde_json::json!({})).unwrap(),
             output_dir: "out",
             credits_planned: 0,
             balance_before: None,

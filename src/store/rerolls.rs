@@ -34,8 +34,9 @@ pub struct RunBefore {
 pub struct Undone {
     /// Each set-aside file's place under `_superseded/`, and its place as an output again.
     pub moves: Vec<(String, String)>,
-    /// The first of its tasks that failed, and why, as the record said before the undo.
-    pub failed: Option<(TaskKey, String)>,
+    /// The first of its tasks that failed, and why when the record says, as it said before
+    /// the undo.
+    pub failed: Option<(TaskKey, Option<String>)>,
     /// The HTTP status of that task's last call, when it was answered.
     pub http_status: Option<i64>,
     /// The run's status, given back.
@@ -223,7 +224,7 @@ async fn did_something(
 async fn first_failure(
     conn: &mut AnyConnection,
     id: RerollId,
-) -> Result<(Option<(TaskKey, String)>, Option<i64>), StoreError> {
+) -> Result<(Option<(TaskKey, Option<String>)>, Option<i64>), StoreError> {
     let row = sqlx::query(
         "SELECT t.id, t.item, t.step, t.idx, t.error FROM tasks t
          JOIN reroll_tasks_before b ON b.task_id = t.id AND b.reroll_id = $1
@@ -251,7 +252,7 @@ async fn first_failure(
             .map(|r| r.try_get("http_status"))
             .transpose()?
             .flatten();
-    Ok((Some((key, error.unwrap_or_default())), status))
+    Ok((Some((key, error)), status))
 }
 
 /// Undoes the open reroll of run `run_id` that named `said` when it did nothing that must be

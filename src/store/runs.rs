@@ -78,7 +78,7 @@ impl serde::Serialize for RunStatus {
 /// store does not know (it sits below `plan`), read back as the type its caller knows it by.
 /// Written only by [`RecordedPlan::of`], so a plan that cannot be written is an error, never
 /// an empty record.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecordedPlan(String);
 
 impl RecordedPlan {
