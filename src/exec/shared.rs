@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 use crate::api::fetch::DOWNLOAD_TRIES;
+use crate::api::job_id::JobId;
 use crate::api::{ApiError, Client, Downloader, RetryPolicy};
 use crate::exec::Config;
 use crate::exec::limiter::PaidLimiter;
@@ -25,7 +26,7 @@ const FREE_TRIES: u32 = 5;
 #[derive(Clone, Debug)]
 pub(super) struct OutputUrl {
     pub output_id: OutputId,
-    pub job_id: String,
+    pub job_id: JobId,
     pub url: String,
     pub issued_ms: i64,
 }

@@ -45,6 +45,7 @@ mod recover;
 pub mod refusal;
 mod reroll;
 
+use crate::api::job_id::JobId;
 use crate::exec::OnAmbiguous;
 use crate::place::RunDir;
 use crate::plan::graph::{Graph, Instance};
@@ -151,7 +152,7 @@ pub struct Refetch {
 pub struct Recover {
     pub task: usize,
     pub attempt_id: AttemptId,
-    pub job_id: String,
+    pub job_id: JobId,
 }
 
 #[derive(Default)]

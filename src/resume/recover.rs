@@ -115,7 +115,7 @@ async fn recover(
                 credits_used: job.credits_used().unwrap_or(graph.task(r.task).planned),
                 credits_remaining: None,
                 urls: &urls,
-                parent_job_id: parent.as_deref(),
+                parent_job_id: parent.as_ref(),
                 note: Some(&note),
             }),
         )

@@ -2,6 +2,7 @@
 //! result right after, each in its own (group) commit. A part of the store
 //! ([`Store::attempts`]).
 
+use crate::api::job_id::JobId;
 use crate::run_id::RunId;
 use crate::store::group::Written;
 use crate::store::to_i64;
@@ -57,13 +58,13 @@ impl std::fmt::Display for CallOutcome {
 
 /// A paid call that came back with its job.
 pub struct Settled<'a> {
-    pub job_id: &'a str,
+    pub job_id: &'a JobId,
     pub credits_used: u64,
     pub credits_remaining: Option<i64>,
     /// The result URLs, in output order.
     pub urls: &'a [String],
     /// The job whose output was this call's input, for the lineage.
-    pub parent_job_id: Option<&'a str>,
+    pub parent_job_id: Option<&'a JobId>,
     /// A note kept with the attempt, e.g. that the answer was recovered by job id.
     pub note: Option<&'a str>,
 }
@@ -146,7 +147,7 @@ struct AttemptResult {
     http_status: Option<i64>,
     credits: i64,
     remaining: Option<i64>,
-    job_id: Option<String>,
+    job_id: Option<JobId>,
     error: Option<String>,
 }
 
@@ -167,7 +168,7 @@ impl AttemptResult {
                 http_status: None,
                 credits: to_i64(s.credits_used),
                 remaining: s.credits_remaining,
-                job_id: Some(s.job_id.to_owned()),
+                job_id: Some(s.job_id.clone()),
                 error: owned(s.note),
             },
             AttemptOutcome::Answered { status, error } => AttemptResult {
@@ -176,7 +177,7 @@ impl AttemptResult {
             },
             AttemptOutcome::NotSent { error } => failed(error),
             AttemptOutcome::Ambiguous { error, job_id } => AttemptResult {
-                job_id: owned(*job_id),
+                job_id: job_id.map(JobId::from),
                 ..failed(error)
             },
         }
@@ -188,7 +189,7 @@ impl AttemptResult {
 struct Settlement {
     task_id: TaskId,
     run_id: RunId,
-    parent_job_id: Option<String>,
+    parent_job_id: Option<JobId>,
     urls: Vec<String>,
 }
 
@@ -198,7 +199,7 @@ impl Settlement {
             AttemptOutcome::Succeeded(s) => Some(Settlement {
                 task_id,
                 run_id: run_id.to_owned(),
-                parent_job_id: s.parent_job_id.map(str::to_owned),
+                parent_job_id: s.parent_job_id.cloned(),
                 urls: s.urls.to_vec(),
             }),
             _ => None,
@@ -372,12 +373,13 @@ mod tests {
     fn a_result_records_what_its_outcome_says_of_billing() {
         let urls = ["u0".to_owned(), "u1".to_owned()];
         let seven = TaskId::new(7).unwrap();
+        let (job, parent) = (JobId::from("job_1"), JobId::from("job_0"));
         let succeeded = AttemptOutcome::Succeeded(Settled {
-            job_id: "job_1",
+            job_id: &job,
             credits_used: 4,
             credits_remaining: Some(96),
             urls: &urls,
-            parent_job_id: Some("job_0"),
+            parent_job_id: Some(&parent),
             note: Some("recovered"),
         });
         assert_eq!(

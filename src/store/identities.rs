@@ -2,6 +2,7 @@
 //! succeeded tasks of earlier runs found by identity: what `--reuse` and a changed pipeline
 //! compare.
 
+use crate::api::job_id::JobId;
 use crate::run_id::RunId;
 use std::collections::HashMap;
 
@@ -17,7 +18,7 @@ use crate::store::{Backend, Store, StoreError, TaskId, rows};
 pub struct Reusable {
     pub task_id: TaskId,
     pub run_id: RunId,
-    pub job_id: String,
+    pub job_id: JobId,
     pub outputs: Vec<ReusableOutput>,
 }
 
@@ -29,7 +30,7 @@ pub struct ReusableOutput {
     pub path: Option<String>,
     pub sha256: Option<Sha256Sum>,
     pub bytes: Option<u64>,
-    pub parent_job_id: Option<String>,
+    pub parent_job_id: Option<JobId>,
 }
 
 impl ReusableOutput {

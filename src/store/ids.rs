@@ -143,6 +143,37 @@ impl<'r> sqlx::Decode<'r, sqlx::Any> for crate::sha256::Sha256Sum {
     }
 }
 
+/// A job id is bound as the text the database keeps, and read back as it is.
+impl sqlx::Type<sqlx::Any> for crate::api::job_id::JobId {
+    fn type_info() -> sqlx::any::AnyTypeInfo {
+        <String as sqlx::Type<sqlx::Any>>::type_info()
+    }
+
+    fn compatible(ty: &sqlx::any::AnyTypeInfo) -> bool {
+        <String as sqlx::Type<sqlx::Any>>::compatible(ty)
+    }
+}
+
+impl sqlx::Encode<'_, sqlx::Any> for crate::api::job_id::JobId {
+    fn encode_by_ref(
+        &self,
+        buf: &mut <sqlx::Any as sqlx::Database>::ArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        <String as sqlx::Encode<'_, sqlx::Any>>::encode(self.as_str().to_owned(), buf)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Any> for crate::api::job_id::JobId {
+    fn decode(
+        value: <sqlx::Any as sqlx::Database>::ValueRef<'r>,
+    ) -> Result<crate::api::job_id::JobId, sqlx::error::BoxDynError> {
+        Ok(crate::api::job_id::JobId::new(<String as sqlx::Decode<
+            'r,
+            sqlx::Any,
+        >>::decode(value)?))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

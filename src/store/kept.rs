@@ -1,6 +1,7 @@
 //! The outputs a run keeps, read back for a resume: streamed in the order of their place to be
 //! checked, read whole by id or by task to be set aside, and a task's job for the lineage.
 
+use crate::api::job_id::JobId;
 use crate::run_id::RunId;
 use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 use sqlx::Row;
@@ -155,8 +156,8 @@ impl<'a> Kept<'a> {
 
     /// The job of a task's result, if it has one: the parent, in the lineage, of a call that
     /// read the task's output.
-    pub async fn job_of_task(&self, task_id: TaskId) -> Result<Option<String>, StoreError> {
-        let job: Option<(Option<String>,)> =
+    pub async fn job_of_task(&self, task_id: TaskId) -> Result<Option<JobId>, StoreError> {
+        let job: Option<(Option<JobId>,)> =
             sqlx::query_as("SELECT job_id FROM tasks WHERE id = $1")
                 .bind(task_id)
                 .fetch_optional(self.store.pool())

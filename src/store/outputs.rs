@@ -3,6 +3,7 @@
 
 use sqlx::Row;
 
+use crate::api::job_id::JobId;
 use crate::place::Address;
 use crate::run_id::RunId;
 use crate::sha256::Sha256Sum;
@@ -27,8 +28,8 @@ pub struct RecordedOutput {
     pub task: TaskKey,
     /// Its number among the task's outputs.
     pub k: u32,
-    pub job_id: String,
-    pub parent_job_id: Option<String>,
+    pub job_id: JobId,
+    pub parent_job_id: Option<JobId>,
     pub url: String,
     pub url_issued_at: i64,
     /// Where the output was kept, when it was: a file or an object.

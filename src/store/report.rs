@@ -3,6 +3,7 @@
 //! calls over time, both summed by the database: a report of a large run holds one page of
 //! rows at a time, never the run.
 
+use crate::api::job_id::JobId;
 use crate::run_id::RunId;
 use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 use sqlx::Row;
@@ -26,7 +27,7 @@ pub struct ReportTask {
     pub status: TaskStatus,
     pub planned_credits: u64,
     pub credits_billed: u64,
-    pub job_id: Option<String>,
+    pub job_id: Option<JobId>,
     pub error: Option<String>,
     /// Dropped from the pipeline by `--allow-changes`: only its cost is shown.
     pub removed: bool,
@@ -75,7 +76,7 @@ impl TaskRequest {
 pub struct ReportOutput {
     pub id: OutputId,
     pub k: u32,
-    pub job_id: String,
+    pub job_id: JobId,
     /// Where the output was kept, when it was: a file or an object.
     pub place: Option<Address>,
     pub sha256: Option<Sha256Sum>,
@@ -181,7 +182,7 @@ pub struct StepTotals {
 pub struct EarlierOutput {
     pub task_id: TaskId,
     pub k: u32,
-    pub job_id: String,
+    pub job_id: JobId,
     /// Where the file was moved to; `None` when it was not kept.
     pub place: Option<Address>,
     pub sha256: Option<Sha256Sum>,

@@ -3,6 +3,7 @@
 
 use sqlx::Row;
 
+use crate::api::job_id::JobId;
 use crate::run_id::RunId;
 use crate::store::runs::Runs;
 use crate::store::tasks::key_of;
@@ -58,7 +59,7 @@ pub struct AmbiguousAttempt {
     pub task: TaskKey,
     pub endpoint: String,
     pub started_at: i64,
-    pub job_id: Option<String>,
+    pub job_id: Option<JobId>,
     pub error: Option<String>,
     /// The task's planned price: what the call may have cost.
     pub credits_at_risk: u64,

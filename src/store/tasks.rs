@@ -3,6 +3,7 @@
 
 use sqlx::Row;
 
+use crate::api::job_id::JobId;
 use crate::run_id::RunId;
 use crate::store::attempts::CallOutcome;
 use crate::store::group::Written;
@@ -74,7 +75,7 @@ pub struct RecordedTask {
     pub status: TaskStatus,
     pub planned_credits: u64,
     pub credits_billed: u64,
-    pub job_id: Option<String>,
+    pub job_id: Option<JobId>,
     pub error: Option<String>,
     /// The task's latest attempt, if it made one.
     pub last_attempt: Option<LastAttempt>,
@@ -88,7 +89,7 @@ pub struct LastAttempt {
     pub id: AttemptId,
     /// `None` while in flight, or when the process died with the call in flight.
     pub outcome: Option<CallOutcome>,
-    pub job_id: Option<String>,
+    pub job_id: Option<JobId>,
 }
 
 impl LastAttempt {

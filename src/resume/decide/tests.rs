@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use super::*;
+use crate::api::job_id::JobId;
 use crate::resume::check::{Found, differs};
 use crate::sha256::Sha256Sum;
 use crate::store::{AttemptId, CallOutcome, LastAttempt, OutputId, ReusableOutput};
@@ -141,7 +142,7 @@ fn a_lost_answer_naming_its_job_is_read_back_and_one_without_is_ambiguous() {
     let lost = |id, job: Option<&str>| LastAttempt {
         id: AttemptId::new(id).unwrap(),
         outcome: None,
-        job_id: job.map(str::to_owned),
+        job_id: job.map(JobId::from),
     };
     let open = vec![
         row(&g, named, TaskStatus::Running, Some(lost(1, Some("job_1")))),

@@ -26,7 +26,7 @@ fn output(id: i64, k: u32, path: Option<&str>) -> ReportOutput {
     ReportOutput {
         id: OutputId::new(id).unwrap(),
         k,
-        job_id: format!("j{id}"),
+        job_id: format!("j{id}").into(),
         place: path.map(Address::recorded),
         sha256: path.map(|p| crate::sha256::Sha256Sum::of_bytes(p.as_bytes())),
         download_error: None,
@@ -44,7 +44,7 @@ fn earlier(task_id: i64, path: Option<&str>) -> EarlierOutput {
     EarlierOutput {
         task_id: TaskId::new(task_id).unwrap(),
         k: 0,
-        job_id: "old".to_owned(),
+        job_id: "old".into(),
         place: path.map(Address::recorded),
         sha256: None,
         reason: "rerolled".to_owned(),
