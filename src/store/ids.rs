@@ -189,4 +189,24 @@ mod tests {
         assert_eq!(next, [41, 42]);
         assert_eq!(id.to_string(), "41");
     }
+
+    /// A statement's 0 is no task, and text that is no digest is no sha256: both are errors
+    /// where they are read, never "none" nor a digest.
+    #[tokio::test]
+    async fn a_row_id_of_0_or_a_sha256_that_is_none_is_refused_where_it_is_read() {
+        use crate::sha256::Sha256Sum;
+        use sqlx::Row;
+        sqlx::any::install_default_drivers();
+        let pool = sqlx::AnyPool::connect("sqlite::memory:").await.unwrap();
+        let sha = Sha256Sum::of_bytes(b"x");
+        let row = sqlx::query("SELECT 0 AS zero, 7 AS seven, 'recorded' AS text, $1 AS sha")
+            .bind(&sha)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert!(row.try_get::<TaskId, _>("zero").is_err());
+        assert_eq!(row.try_get::<TaskId, _>("seven").unwrap().get(), 7);
+        assert!(row.try_get::<Sha256Sum, _>("text").is_err());
+        assert_eq!(row.try_get::<Sha256Sum, _>("sha").unwrap(), sha);
+    }
 }
