@@ -55,6 +55,7 @@
 //! - [`pixels`]: images read a row at a time, in memory that grows with their width and not
 //!   their area: thumbnails, and what a check reads of an image.
 //! - [`time`]: times as RFC 3339, the same in plans, locks, logs and reports.
+//! - [`sha256`]: a sha256 as a type, made by hashing or a strict parse where text comes in.
 //! - [`failpoint`]: test-only faults: crash points that kill a process at a chosen step, and a
 //!   disk that fills.
 
@@ -79,6 +80,7 @@ pub mod resume;
 pub mod run_id;
 pub mod runner;
 pub mod sandbox;
+pub mod sha256;
 pub mod shell;
 pub mod store;
 pub mod task_key;

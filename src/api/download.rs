@@ -20,6 +20,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::api::client::error_chain;
 use crate::api::error::excerpt;
+use crate::sha256::Sha256Sum;
 
 /// Larger than any image the service documents, small enough to stop a runaway body.
 pub const DEFAULT_MAX_BYTES: u64 = 256 * 1024 * 1024;
@@ -57,7 +58,7 @@ pub struct Checked {
     pub body: Body,
     /// The extension of the image's format, from its magic bytes.
     pub ext: &'static str,
-    pub sha256: String,
+    pub sha256: Sha256Sum,
     pub bytes: u64,
 }
 
@@ -337,7 +338,7 @@ struct Seen {
 
 impl Seen {
     /// The image's extension and sha256, once it has passed the checks of a whole image.
-    fn checked(self) -> Result<(&'static str, String), DownloadError> {
+    fn checked(self) -> Result<(&'static str, Sha256Sum), DownloadError> {
         let ext = image_extension(&self.head).ok_or_else(|| DownloadError::NotImage {
             start: String::from_utf8_lossy(&self.head).into_owned(),
         })?;
@@ -347,7 +348,7 @@ impl Seen {
                 format: ext,
             });
         }
-        Ok((ext, hex::encode(self.hasher.finalize())))
+        Ok((ext, Sha256Sum::of_digest(self.hasher.finalize())))
     }
 
     fn observe(&mut self, chunk: &[u8]) {

@@ -21,3 +21,61 @@ pub fn shown_id(job_id: &str) -> String {
         format!("{job_id:?}")
     }
 }
+
+/// A job's id as the service gave it and the record keeps it: taken as it is (a hostile one
+/// is recorded too, so that what was paid for is never lost), checked with [`is_job_id`]
+/// before it becomes a URL path or a file name, and [`JobId::shown`] safely. `Display` writes
+/// it as it was given.
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
+pub struct JobId(String);
+
+impl JobId {
+    pub fn new(id: impl Into<String>) -> JobId {
+        JobId(id.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The id as it may be shown on a terminal ([`shown_id`]).
+    pub fn shown(&self) -> String {
+        shown_id(&self.0)
+    }
+}
+
+impl std::fmt::Display for JobId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Read as text where text is wanted: a request's path, a message, a statement's parameter.
+impl std::ops::Deref for JobId {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for JobId {
+    fn from(id: &str) -> JobId {
+        JobId::new(id)
+    }
+}
+
+impl From<String> for JobId {
+    fn from(id: String) -> JobId {
+        JobId(id)
+    }
+}
+
+impl PartialEq<str> for JobId {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}

@@ -12,6 +12,7 @@ use crate::error::Error;
 use crate::money::caps::Standing;
 use crate::money::ledger::Window;
 use crate::money::ledger::{By, Ledger};
+use crate::money::planned::PlanFigures;
 use crate::report::runs::RunLine;
 
 /// How many UTC days of the spend ledger the home shows: today and the six before.
@@ -294,22 +295,13 @@ async fn found(desk: &Desk, run: &str) -> Result<crate::store::Run, Response> {
 
 /// How many items the run's plan read (the "all N items' step" buttons), when it says.
 fn items_of(run: &crate::store::Run) -> Option<usize> {
-    #[derive(serde::Deserialize)]
-    struct Items {
-        count: usize,
-    }
-    #[derive(serde::Deserialize)]
-    struct Counted {
-        items: Items,
-    }
-    run.plan.read::<Counted>().map(|c| c.items.count)
+    PlanFigures::of(&run.plan).and_then(|p| p.item_count())
 }
 
 /// The run's steps, as its plan priced them (the step filter's choices, and a step to pick
 /// for every item).
 fn steps_of(run: &crate::store::Run) -> Vec<String> {
-    run.plan
-        .read::<crate::money::planned::PlanFigures>()
+    PlanFigures::of(&run.plan)
         .map(|p| p.steps().iter().map(|s| s.step.clone()).collect())
         .unwrap_or_default()
 }

@@ -4,11 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::api::job_id::JobId;
 use crate::api::types::{GenerationRequest, STATUS_SUCCEEDED, ToolRequest};
 use crate::api::{ApiError, JobRecord};
 use crate::exec::shared::{OutputUrl, Shared};
 use crate::plan::graph::{Source, Work};
-use crate::store::{AttemptOutcome, Settled, StoreError, now_ms};
+use crate::store::{AttemptId, AttemptOutcome, OutputId, Settled, StoreError, TaskId, now_ms};
 
 pub(super) struct Attempted {
     pub task: usize,
@@ -16,7 +17,7 @@ pub(super) struct Attempted {
 }
 
 pub(super) struct Success {
-    pub job_id: String,
+    pub job_id: JobId,
     pub credits: u64,
     pub credits_remaining: Option<i64>,
     pub outputs: Vec<OutputUrl>,
@@ -40,7 +41,7 @@ pub(super) enum Failure {
 pub(super) async fn attempt(
     shared: Arc<Shared>,
     task: usize,
-    row: i64,
+    row: TaskId,
     delay: Duration,
     force_refresh: bool,
 ) -> Attempted {
@@ -62,7 +63,7 @@ pub(super) async fn attempt(
 async fn run(
     shared: &Shared,
     task: usize,
-    task_id: i64,
+    task_id: TaskId,
     force_refresh: bool,
 ) -> Result<Success, Failure> {
     // `task_id` is the task's row: the scheduler admits no task without one.
@@ -93,8 +94,8 @@ async fn run(
 /// The rows an attempt's result is recorded in.
 #[derive(Clone, Copy)]
 struct Recorded {
-    task_id: i64,
-    attempt_id: i64,
+    task_id: TaskId,
+    attempt_id: AttemptId,
 }
 
 /// The call `task` makes with fresh input URLs, and the job of its first input (the lineage);
@@ -103,7 +104,7 @@ async fn prepare(
     shared: &Shared,
     task: usize,
     force_refresh: bool,
-) -> Result<(Call, Option<String>), Failure> {
+) -> Result<(Call, Option<JobId>), Failure> {
     let work = shared
         .graph
         .work(task)
@@ -146,7 +147,7 @@ async fn send(
     record(shared, at, named).await?;
     Ok(match recover(shared, &id).await {
         Some(job) => Ok(Answered::recovered(
-            id,
+            JobId::from(id),
             &job,
             shared.graph.task(task).planned,
         )),
@@ -194,7 +195,7 @@ async fn settle(
     shared: &Shared,
     at: Recorded,
     answered: Answered,
-    parent: Option<String>,
+    parent: Option<JobId>,
 ) -> Result<Success, Failure> {
     let recording = record(
         shared,
@@ -204,7 +205,7 @@ async fn settle(
             credits_used: answered.credits,
             credits_remaining: answered.credits_remaining,
             urls: &answered.urls,
-            parent_job_id: parent.as_deref(),
+            parent_job_id: parent.as_ref(),
             note: answered.note.as_deref(),
         }),
     );
@@ -268,7 +269,7 @@ async fn inputs(
     shared: &Shared,
     work: &Work,
     force_refresh: bool,
-) -> Result<(Vec<String>, Option<String>), Failure> {
+) -> Result<(Vec<String>, Option<JobId>), Failure> {
     let mut parent = None;
     let mut urls = Vec::new();
     for source in work.sources() {
@@ -354,7 +355,7 @@ impl Call {
         match self {
             Call::Generate(req) => shared.client.generate(req).await.map(|j| Answered {
                 urls: j.images.into_iter().map(|i| i.url).collect(),
-                job_id: j.id,
+                job_id: JobId::from(j.id),
                 status: JobStatus::of(j.status),
                 credits: j.credits_used,
                 credits_remaining: j.credits_remaining,
@@ -362,7 +363,7 @@ impl Call {
             }),
             Call::Tool(req) => shared.client.tool(req).await.map(|j| Answered {
                 urls: vec![j.data.url],
-                job_id: j.id,
+                job_id: JobId::from(j.id),
                 status: JobStatus::of(j.status),
                 credits: j.credits_used,
                 credits_remaining: j.credits_remaining,
@@ -401,7 +402,7 @@ impl std::fmt::Display for JobStatus {
 
 /// A call's answer, whichever kind of call it was: its job, billing and result URLs.
 struct Answered {
-    job_id: String,
+    job_id: JobId,
     status: JobStatus,
     credits: u64,
     credits_remaining: Option<i64>,
@@ -412,7 +413,7 @@ struct Answered {
 
 impl Answered {
     /// A lost answer read back by its job id; billed as the job says, else as planned.
-    fn recovered(job_id: String, job: &JobRecord, planned: u64) -> Answered {
+    fn recovered(job_id: JobId, job: &JobRecord, planned: u64) -> Answered {
         Answered {
             note: Some(format!(
                 "the answer was lost; recovered from GET /v1/jobs/{job_id}"
@@ -430,7 +431,7 @@ async fn record(
     shared: &Shared,
     at: Recorded,
     outcome: AttemptOutcome<'_>,
-) -> Result<Vec<i64>, Failure> {
+) -> Result<Vec<OutputId>, Failure> {
     shared
         .store
         .attempts()

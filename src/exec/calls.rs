@@ -65,7 +65,13 @@ impl Calls {
     }
 
     /// Sends task `t` (recorded as `row`) of step `step`, after the delay its tries left.
-    pub(super) fn send(&mut self, shared: &Arc<Shared>, t: usize, step: usize, row: i64) {
+    pub(super) fn send(
+        &mut self,
+        shared: &Arc<Shared>,
+        t: usize,
+        step: usize,
+        row: crate::store::TaskId,
+    ) {
         let (delay, force) = self.tries.get_mut(&t).map_or((Duration::ZERO, false), |x| {
             let once = (x.delay, x.force_refresh);
             (x.delay, x.force_refresh) = (Duration::ZERO, false);

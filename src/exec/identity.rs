@@ -12,6 +12,8 @@ use sha2::{Digest, Sha256};
 
 use crate::api::types::{GenerationRequest, ToolRequest};
 use crate::plan::graph::{Graph, Source, Work};
+use crate::sha256::Sha256Sum;
+use crate::store::TaskId;
 
 /// Bumped whenever the hashed form changes, so old identities stop matching rather than
 /// matching wrongly.
@@ -22,7 +24,7 @@ const VERSION: &str = "imgpipe-task-identity/1";
 pub fn identity(
     graph: &Graph,
     t: usize,
-    input: impl Fn(usize, u32) -> Option<String>,
+    input: impl Fn(usize, u32) -> Option<Sha256Sum>,
 ) -> Option<String> {
     let work = graph.work(t).ok()?;
     let mut inputs = Vec::new();
@@ -49,8 +51,8 @@ pub fn identity(
 pub fn from_record(
     graph: &Graph,
     t: usize,
-    row: impl Fn(usize) -> Option<i64>,
-    hashes: &HashMap<(i64, u32), String>,
+    row: impl Fn(usize) -> Option<TaskId>,
+    hashes: &HashMap<(TaskId, u32), Sha256Sum>,
 ) -> Option<String> {
     identity(graph, t, |u, k| hashes.get(&(row(u)?, k)).cloned())
 }
@@ -110,7 +112,7 @@ steps:
     #[test]
     fn a_task_is_known_by_its_request_and_its_inputs_bytes() {
         let g = chain("a mug", 2);
-        let sha = |s: &'static str| move |_: usize, _: u32| Some(s.to_owned());
+        let sha = |s: &'static str| move |_: usize, _: u32| Some(Sha256Sum::of_bytes(s.as_bytes()));
         let first = identity(&g, 1, sha("aa")).unwrap();
         // The same request on the same bytes is the same work, whatever the pipeline file.
         assert_eq!(identity(&chain("a mug", 2), 1, sha("aa")).unwrap(), first);

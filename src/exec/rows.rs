@@ -17,7 +17,8 @@ use crate::place::layout::BATCH;
 use crate::plan::graph::{Graph, Instance, Work};
 use crate::plan::rows::RowIds;
 use crate::run_id::RunId;
-use crate::store::{NewTask, RecordedTask, Store, StoreError, TaskBlock, TaskStatus};
+use crate::sha256::Sha256Sum;
+use crate::store::{NewTask, RecordedTask, Store, StoreError, TaskBlock, TaskId, TaskStatus};
 use crate::task_key::TaskKey;
 
 /// Items recorded in one transaction: a few hundred milliseconds' work at most.
@@ -103,7 +104,7 @@ async fn read_by_blocks(
     };
     spans.sort_unstable();
     let index = graph.index();
-    let in_block = |id: i64| {
+    let in_block = |id: TaskId| {
         let k = spans.partition_point(|(first, _)| *first <= id);
         k > 0 && id < spans[k - 1].1
     };
@@ -153,7 +154,7 @@ async fn read_by_blocks(
 /// The row id of every task the blocks hold, and each block's span of ids (first, end);
 /// `None` when a block does not fit the graph (past its items, another number of tasks, or
 /// two blocks over the same items).
-fn block_ids(graph: &Graph, blocks: &[TaskBlock]) -> Option<(RowIds, Vec<(i64, i64)>)> {
+fn block_ids(graph: &Graph, blocks: &[TaskBlock]) -> Option<(RowIds, Vec<(TaskId, TaskId)>)> {
     let mut ids = RowIds::new(graph);
     let mut spans = Vec::with_capacity(blocks.len());
     let mut next_item = 0;
@@ -169,20 +170,17 @@ fn block_ids(graph: &Graph, blocks: &[TaskBlock]) -> Option<(RowIds, Vec<(i64, i
         if u64::try_from(to - from).ok()? != b.tasks {
             return None;
         }
-        for (t, id) in (from..to).zip(b.first_id..) {
+        for (t, id) in (from..to).zip(b.first_id.and_after()) {
             ids.set(t, id);
         }
-        spans.push((
-            b.first_id,
-            b.first_id.checked_add(i64::try_from(b.tasks).ok()?)?,
-        ));
+        spans.push((b.first_id, b.first_id.offset(i64::try_from(b.tasks).ok()?)?));
     }
     Some((ids, spans))
 }
 
 /// The ranges of ids from `first` to the first of `spans` (sorted), between them and after
 /// the last: (from, to), `to` `None` for the last.
-fn gaps(first: i64, spans: &[(i64, i64)]) -> Vec<(i64, Option<i64>)> {
+fn gaps(first: TaskId, spans: &[(TaskId, TaskId)]) -> Vec<(TaskId, Option<TaskId>)> {
     let mut gaps = Vec::new();
     let mut from = first;
     for (start, end) in spans {
@@ -220,7 +218,7 @@ async fn read_by_items(
             .each_item_outline(run_id, BATCH, &chain, |o| {
                 match (o.base, index.instance(&o.item)) {
                     (Some(base), Some(i)) => {
-                        for (t, id) in graph.instance_tasks(i).zip(base..) {
+                        for (t, id) in graph.instance_tasks(i).zip(base.and_after()) {
                             ids.set(t, id);
                         }
                     }
@@ -402,7 +400,7 @@ impl Rows {
         };
         if !tasks
             .clone()
-            .zip(first_id..)
+            .zip(first_id.and_after())
             .all(|(t, id)| self.ids.get(t) == Some(id))
         {
             return Ok(());
@@ -455,16 +453,16 @@ pub(super) async fn record_identities(
     succeeded: &[usize],
 ) -> Result<(), StoreError> {
     for chunk in succeeded.chunks(512) {
-        let mut inputs: Vec<i64> = chunk
+        let mut inputs: Vec<TaskId> = chunk
             .iter()
             .flat_map(|t| graph.deps(*t))
             .filter_map(|u| rows.get(u))
             .collect();
         inputs.sort_unstable();
         inputs.dedup();
-        let hashes: HashMap<(i64, u32), String> =
+        let hashes: HashMap<(TaskId, u32), Sha256Sum> =
             store.identities().output_hashes_of(&inputs).await?;
-        let found: Vec<(i64, String)> = chunk
+        let found: Vec<(TaskId, String)> = chunk
             .iter()
             .filter_map(|&t| {
                 let id = crate::exec::identity::from_record(graph, t, |u| rows.get(u), &hashes)?;
@@ -496,7 +494,7 @@ mod tests {
             pipeline_text: "",
             pipeline_sha256: "",
             items_sha256: "",
-            plan: &crate::store::RecordedPlan::default(),
+            plan: &crate::store::RecordedPlan::of(&serde_json::json!({})).unwrap(),
             output_dir: "out",
             credits_planned: 0,
             balance_before: None,
@@ -651,8 +649,8 @@ mod tests {
         store: &Store,
         g: &Graph,
     ) -> (
-        Option<(Vec<Option<i64>>, Vec<String>)>,
-        (Vec<Option<i64>>, Vec<String>),
+        Option<(Vec<Option<TaskId>>, Vec<String>)>,
+        (Vec<Option<TaskId>>, Vec<String>),
     ) {
         let r: RunId = "r".into();
         let seen = |ids: &RowIds, open: Vec<(Option<usize>, RecordedTask)>| {
@@ -786,14 +784,14 @@ mod tests {
         ids: RowIds,
         whole: &[(Option<usize>, String, String, TaskStatus)],
     ) {
-        let before: Vec<Option<i64>> = (0..g.len()).map(|t| ids.get(t)).collect();
+        let before: Vec<Option<TaskId>> = (0..g.len()).map(|t| ids.get(t)).collect();
         let mut open = Vec::new();
         let ids = open_rows(store, g, &"r".into(), ids, |t, row| {
             open.push((t, row.key.item, row.key.step, row.status));
         })
         .await
         .unwrap();
-        let after: Vec<Option<i64>> = (0..g.len()).map(|t| ids.get(t)).collect();
+        let after: Vec<Option<TaskId>> = (0..g.len()).map(|t| ids.get(t)).collect();
         assert_eq!(after, before, "the handed ids are the ids read again");
         let of_graph: Vec<_> = whole.iter().filter(|w| w.0.is_some()).cloned().collect();
         assert_eq!(

@@ -8,13 +8,14 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 use crate::api::fetch::DOWNLOAD_TRIES;
+use crate::api::job_id::JobId;
 use crate::api::{ApiError, Client, Downloader, RetryPolicy};
 use crate::exec::Config;
 use crate::exec::limiter::PaidLimiter;
 use crate::place::Place;
 use crate::plan::graph::Graph;
 use crate::run_id::RunId;
-use crate::store::{Store, UrlIssued, now_ms};
+use crate::store::{OutputId, Store, UrlIssued, now_ms};
 
 /// Free reads (`GET /v1/jobs`) at once: enough to refresh URLs without crowding the paid calls.
 const FREE_CONCURRENCY: usize = 2;
@@ -24,8 +25,8 @@ const FREE_TRIES: u32 = 5;
 /// The current URL of one output.
 #[derive(Clone, Debug)]
 pub(super) struct OutputUrl {
-    pub output_id: i64,
-    pub job_id: String,
+    pub output_id: OutputId,
+    pub job_id: JobId,
     pub url: String,
     pub issued_ms: i64,
 }

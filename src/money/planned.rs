@@ -6,13 +6,16 @@ use serde::Deserialize;
 
 use crate::store::{RecordedPlan, StepCounts};
 
-/// What the report and the spend ledger read of a run's recorded plan: its budget, and each
-/// step's planned tasks and price. Every field may be missing, so the plan of a run recorded by
-/// any imgpipe reads, whatever else its document held then.
+/// What the report, the desk and the spend ledger read of a run's recorded plan: its budget,
+/// its items, and each step's planned tasks and price. Every field may be missing, so the plan
+/// of a run recorded by any imgpipe reads, whatever else its document held then. Read from the
+/// record in one place, [`PlanFigures::of`].
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 pub struct PlanFigures {
     #[serde(default)]
     budget: Option<BudgetFigure>,
+    #[serde(default)]
+    items: Option<ItemsFigure>,
     #[serde(default)]
     costs: CostFigures,
     /// `--items` / `--until`: the part the costs are of, and what the whole file costs.
@@ -24,6 +27,11 @@ pub struct PlanFigures {
 struct ScopeFigure {
     #[serde(default)]
     whole_credits: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+struct ItemsFigure {
+    count: usize,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -49,6 +57,16 @@ pub struct StepFigure {
 }
 
 impl PlanFigures {
+    /// The figures of a run's recorded plan; `None` when the record does not read.
+    pub fn of(plan: &RecordedPlan) -> Option<PlanFigures> {
+        plan.read()
+    }
+
+    /// How many items the plan read.
+    pub fn item_count(&self) -> Option<usize> {
+        self.items.as_ref().map(|i| i.count)
+    }
+
     /// The budget the run was planned under.
     pub fn max_credits(&self) -> Option<u64> {
         self.budget.as_ref().and_then(|b| b.max_credits)
@@ -70,7 +88,7 @@ impl PlanFigures {
 /// it comes near the item, so those of items it has not reached are counted from its plan.
 /// They are all pending. `recorded(step)`: the step's tasks the run has recorded.
 pub fn unrecorded(plan: &RecordedPlan, recorded: impl Fn(&str) -> u64) -> Vec<StepCounts> {
-    let Some(plan) = plan.read::<PlanFigures>() else {
+    let Some(plan) = PlanFigures::of(plan) else {
         return Vec::new();
     };
     plan.steps()

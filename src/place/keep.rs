@@ -4,6 +4,7 @@
 use tempfile::NamedTempFile;
 
 use crate::api::download::{Body, Checked, Destination, DownloadError};
+use crate::sha256::Sha256Sum;
 
 use super::{Address, ObjectError, Objects, Place, local};
 
@@ -12,7 +13,7 @@ use super::{Address, ObjectError, Objects, Place, local};
 pub struct Downloaded {
     pub address: Address,
     pub bytes: u64,
-    pub sha256: String,
+    pub sha256: Sha256Sum,
     /// The ETag the store gave the object (`None` from a store that gives none), or a local
     /// file's [`local::stamp`]: what says, without reading it, that it is still the one kept.
     pub etag: Option<String>,

@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 use tempfile::NamedTempFile;
 
 use crate::api::download::{Body, Checked, Destination, DownloadError};
+use crate::sha256::Sha256Sum;
 
 use super::temp;
 
@@ -18,7 +19,7 @@ use super::temp;
 pub struct LocalFile {
     pub path: PathBuf,
     pub bytes: u64,
-    pub sha256: String,
+    pub sha256: Sha256Sum,
     /// The file's [`stamp`] once in place.
     pub stamp: Option<String>,
 }
@@ -174,14 +175,14 @@ fn exists(dest: &Path) -> DownloadError {
 }
 
 /// The sha256 of a file's bytes, read in chunks.
-pub fn file_sha256(path: &Path) -> io::Result<String> {
+pub fn file_sha256(path: &Path) -> io::Result<Sha256Sum> {
     use std::io::Read;
     let mut file = std::fs::File::open(path)?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         match file.read(&mut buf)? {
-            0 => return Ok(hex::encode(hasher.finalize())),
+            0 => return Ok(Sha256Sum::of_digest(hasher.finalize())),
             n => hasher.update(&buf[..n]),
         }
     }
@@ -189,7 +190,11 @@ pub fn file_sha256(path: &Path) -> io::Result<String> {
 
 /// Copies `from`, whose sha256 is known, to `dest` the way a download lands: through a
 /// temporary file, fsynced, never replacing a different file already at `dest`.
-pub fn copy_checked(from: &Path, dest: &Path, sha256: &str) -> Result<PathBuf, DownloadError> {
+pub fn copy_checked(
+    from: &Path,
+    dest: &Path,
+    sha256: &Sha256Sum,
+) -> Result<PathBuf, DownloadError> {
     let dir = dest.parent().unwrap_or(Path::new("."));
     let stem = dest
         .file_stem()
@@ -217,11 +222,11 @@ fn part_file(dir: &Path, stem: &str) -> Result<NamedTempFile, DownloadError> {
 /// Moves the temporary file to `dest` without ever replacing an existing file (`tempfile`
 /// links or renames with no-replace; a rename alone would silently overwrite). An existing
 /// file with the very same bytes is a download already done, not a conflict.
-fn persist(part: NamedTempFile, dest: &Path, sha256: &str) -> Result<PathBuf, DownloadError> {
+fn persist(part: NamedTempFile, dest: &Path, sha256: &Sha256Sum) -> Result<PathBuf, DownloadError> {
     match part.persist_noclobber(dest) {
         Ok(_) => {}
         Err(e) if e.error.kind() == io::ErrorKind::AlreadyExists => {
-            if file_sha256(dest).is_ok_and(|existing| existing == sha256) {
+            if file_sha256(dest).is_ok_and(|existing| existing == *sha256) {
                 return Ok(dest.to_path_buf());
             }
             return Err(exists(dest));

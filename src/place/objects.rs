@@ -22,6 +22,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
 
 use super::ObjectUrl;
+use crate::sha256::Sha256Sum;
 
 /// The metadata an output's sha256 is kept under (`x-amz-meta-sha256` on S3), so resuming
 /// checks an object with a HEAD rather than reading it whole.
@@ -243,7 +244,7 @@ impl Objects {
         &self,
         key: &Key,
         body: PutPayload,
-        sha256: &str,
+        sha256: &Sha256Sum,
     ) -> Result<Option<String>, ObjectError> {
         let opts = PutOptions {
             mode: PutMode::Create,
@@ -267,7 +268,7 @@ impl Objects {
         &self,
         key: &Key,
         file: &FsPath,
-        sha256: &str,
+        sha256: &Sha256Sum,
     ) -> Result<Option<String>, ObjectError> {
         let _turn = LARGE_UPLOADS
             .acquire()
@@ -329,7 +330,7 @@ impl Objects {
     async fn same_or_foreign(
         &self,
         key: &Key,
-        sha256: &str,
+        sha256: &Sha256Sum,
     ) -> Result<Option<String>, ObjectError> {
         let stat = self.stat(key).await?;
         let same = match &stat {
@@ -340,7 +341,7 @@ impl Objects {
             Some(_) => self
                 .read(key)
                 .await?
-                .is_some_and(|b| hex::encode(Sha256::digest(&b)) == sha256),
+                .is_some_and(|b| Sha256Sum::of_bytes(&b) == *sha256),
             None => false,
         };
         if same {
@@ -445,7 +446,7 @@ impl Objects {
 
     /// The sha256 of the object at `key` and its size, read as a stream; `None` when there is
     /// none.
-    pub async fn sha256(&self, key: &Key) -> Result<Option<(String, u64)>, ObjectError> {
+    pub async fn sha256(&self, key: &Key) -> Result<Option<(Sha256Sum, u64)>, ObjectError> {
         let mut hasher = Sha256::new();
         let size = self
             .read_each(key, |chunk| {
@@ -453,7 +454,7 @@ impl Objects {
                 Ok(())
             })
             .await?;
-        Ok(size.map(|size| (hex::encode(hasher.finalize()), size)))
+        Ok(size.map(|size| (Sha256Sum::of_digest(hasher.finalize()), size)))
     }
 
     /// The object at `key` written to `file` as it arrives (created or truncated); its sha256
@@ -462,7 +463,7 @@ impl Objects {
         &self,
         key: &Key,
         file: &FsPath,
-    ) -> Result<Option<(String, u64)>, ObjectError> {
+    ) -> Result<Option<(Sha256Sum, u64)>, ObjectError> {
         use std::io::Write;
         let io = |e: std::io::Error| ObjectError::Request {
             what: "cannot write a copy of",
@@ -479,7 +480,7 @@ impl Objects {
             })
             .await?;
         out.flush().map_err(io)?;
-        Ok(size.map(|size| (hex::encode(hasher.finalize()), size)))
+        Ok(size.map(|size| (Sha256Sum::of_digest(hasher.finalize()), size)))
     }
 
     /// The first `len` bytes of the object at `key` (all of it when it is shorter); `None` when
@@ -579,11 +580,11 @@ pub fn strong_etag(etag: &str) -> Option<&str> {
         .filter(|e| !e.is_empty())
 }
 
-fn sha_attributes(sha256: &str) -> Attributes {
+fn sha_attributes(sha256: &Sha256Sum) -> Attributes {
     let mut attributes = Attributes::new();
     attributes.insert(
         Attribute::Metadata(SHA256_META.into()),
-        sha256.to_owned().into(),
+        sha256.to_string().into(),
     );
     attributes
 }

@@ -14,6 +14,7 @@ pub mod scope;
 
 use serde::{Deserialize, Serialize};
 
+use crate::api::job_id::JobId;
 use crate::api::records::Models;
 use crate::api::types::{Increase, ToolName, tool_price};
 use crate::money::admit::Verdict;
@@ -31,7 +32,11 @@ pub enum PriceSource {
     /// A field of `GET /v1/models`, at this JSON pointer.
     Models { pointer: String },
     /// What a generation billed (`run --discover-price`).
-    Discovered { job_id: String },
+    Discovered {
+        /// `None` only for a task recorded succeeded without its job.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        job_id: Option<JobId>,
+    },
     /// Nowhere: the plan cannot total this step.
     Unknown { reason: String },
 }
@@ -42,7 +47,10 @@ impl PriceSource {
             PriceSource::Spec => "spec".into(),
             PriceSource::Pipeline => "pipeline pricing.generation".into(),
             PriceSource::Models { pointer } => format!("GET /v1/models {pointer}"),
-            PriceSource::Discovered { job_id } => format!("billed by job {job_id}"),
+            PriceSource::Discovered {
+                job_id: Some(job_id),
+            } => format!("billed by job {job_id}"),
+            PriceSource::Discovered { job_id: None } => "billed by a job".to_owned(),
             PriceSource::Unknown { .. } => "unknown".into(),
         }
     }

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use crate::plan::graph::{Graph, Instance};
+use crate::store::TaskId;
 
 /// Each task's row id, in a few bytes a task.
 ///
@@ -12,11 +13,13 @@ use crate::plan::graph::{Graph, Instance};
 /// consecutive: an item's ids are held as the id of its first task, plus a bit a task saying
 /// whether it is recorded. Ids that break the pattern (tasks a changed pipeline added later,
 /// or another run's rows interleaved on a shared PostgreSQL) are held one by one. At 1,000,000
-/// items × 9 tasks that is 5 MB where a `Vec<i64>` was 72 MB.
+/// items × 9 tasks that is 5 MB where a `Vec<i64>` was 72 MB. The arithmetic is on the numbers
+/// the ids are; what goes in and out is a [`TaskId`].
 pub struct RowIds {
     batch: usize,
     shape: usize,
-    /// The first group's base: the others' are held as their distance from it.
+    /// The first group's base (an id less its offset, so not always an id itself): the
+    /// others' are held as their distance from it.
     origin: Option<i64>,
     /// Per group (the batch, then each item): the id its first task has when its ids are
     /// consecutive, less `origin`; [`UNSET`] before any of its tasks is recorded (or when the
@@ -25,7 +28,7 @@ pub struct RowIds {
     /// One bit a task: recorded.
     recorded: Vec<u64>,
     /// Ids that are not their group's base plus their offset.
-    others: HashMap<usize, i64>,
+    others: HashMap<usize, TaskId>,
 }
 
 const UNSET: u32 = u32::MAX;
@@ -64,7 +67,7 @@ impl RowIds {
     }
 
     /// The row id of task `t`; `None` while it is not recorded.
-    pub fn get(&self, t: usize) -> Option<i64> {
+    pub fn get(&self, t: usize) -> Option<TaskId> {
         if self.recorded[t / 64] & (1 << (t % 64)) == 0 {
             return None;
         }
@@ -73,7 +76,7 @@ impl RowIds {
         }
         let (group, offset) = self.group(t);
         match (self.origin, self.base[group]) {
-            (Some(origin), base) if base != UNSET => Some(origin + i64::from(base) + offset),
+            (Some(origin), base) if base != UNSET => TaskId::new(origin + i64::from(base) + offset),
             _ => None,
         }
     }
@@ -83,7 +86,8 @@ impl RowIds {
         self.get(t).is_some()
     }
 
-    pub fn set(&mut self, t: usize, id: i64) {
+    pub fn set(&mut self, t: usize, task: TaskId) {
+        let id = task.get();
         self.recorded[t / 64] |= 1 << (t % 64);
         let (group, offset) = self.group(t);
         let origin = *self.origin.get_or_insert(id - offset);
@@ -91,7 +95,7 @@ impl RowIds {
             match u32::try_from(id - offset - origin) {
                 Ok(base) if base != UNSET => self.base[group] = base,
                 _ => {
-                    self.others.insert(t, id);
+                    self.others.insert(t, task);
                     return;
                 }
             }
@@ -99,7 +103,7 @@ impl RowIds {
         if origin + i64::from(self.base[group]) + offset == id {
             self.others.remove(&t);
         } else {
-            self.others.insert(t, id);
+            self.others.insert(t, task);
         }
     }
 }
@@ -107,6 +111,10 @@ impl RowIds {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn id(n: i64) -> TaskId {
+        TaskId::new(n).unwrap()
+    }
 
     #[test]
     fn row_ids_are_derived_where_consecutive_and_kept_where_not() {
@@ -119,12 +127,12 @@ mod tests {
         let b = g.instance_tasks(Instance::Item(1));
         // Item a recorded in one statement; item b's tasks interleaved with another run's.
         for (n, t) in a.clone().enumerate() {
-            ids.set(t, 10 + n as i64);
+            ids.set(t, id(10 + n as i64));
         }
         for (n, t) in b.clone().enumerate() {
-            ids.set(t, 50 + 2 * n as i64);
+            ids.set(t, id(50 + 2 * n as i64));
         }
-        let got: Vec<Option<i64>> = (0..g.len()).map(|t| ids.get(t)).collect();
+        let got: Vec<Option<i64>> = (0..g.len()).map(|t| ids.get(t).map(TaskId::get)).collect();
         let none = None;
         let want = [10, 11, 12, 50, 52, 54].map(Some);
         assert_eq!(got, [&want[..], &[none; 3]].concat());
@@ -134,14 +142,14 @@ mod tests {
             "only the ids off the pattern are kept one by one"
         );
         // Set again to the derived value: kept no more.
-        ids.set(b.start + 1, 51);
-        assert_eq!((ids.get(b.start + 1), ids.others.len()), (Some(51), 1));
+        ids.set(b.start + 1, id(51));
+        assert_eq!((ids.get(b.start + 1), ids.others.len()), (Some(id(51)), 1));
         // Item c's ids lie below the first item's: held one by one, still right.
         let c = g.instance_tasks(Instance::Item(2));
         for (n, t) in c.clone().enumerate() {
-            ids.set(t, 1 + n as i64);
+            ids.set(t, id(1 + n as i64));
         }
-        let got: Vec<Option<i64>> = c.map(|t| ids.get(t)).collect();
+        let got: Vec<Option<i64>> = c.map(|t| ids.get(t).map(TaskId::get)).collect();
         assert_eq!(got, [Some(1), Some(2), Some(3)]);
     }
 }

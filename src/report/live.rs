@@ -4,8 +4,9 @@
 
 use serde::Serialize;
 
+use crate::run_id::RunId;
 use crate::store::lock::{self, Probe};
-use crate::store::{Run, RunStatus, Store, StoreError};
+use crate::store::{Run, RunStatus, RunSummary, Store, StoreError};
 
 /// The process of a run recorded as `running`.
 #[derive(Clone, Debug, Serialize)]
@@ -49,22 +50,25 @@ impl Process {
 /// `run` as it stands now. A run recorded as `running` whose process no longer holds the run
 /// lock is returned as `interrupted`, with a [`Process`] saying it is gone; a live one stays
 /// `running`, with its process. Other runs are returned as recorded, without a process.
-pub async fn observe(store: &Store, run: Run) -> Result<(Run, Option<Process>), StoreError> {
-    if run.status != RunStatus::Running {
+pub async fn observe<R: Observable>(
+    store: &Store,
+    mut run: R,
+) -> Result<(R, Option<Process>), StoreError> {
+    if run.status() != RunStatus::Running {
         return Ok((run, None));
     }
-    let held = match lock::probe_store(store, &run.pipeline_name).await {
+    let held = match lock::probe_store(store, run.pipeline_name()).await {
         Ok(Probe::Held(holder)) => Some(holder),
         Ok(Probe::Free) => None,
         Err(e) => {
-            tracing::debug!("cannot ask the run lock of {}: {e}", run.id);
+            tracing::debug!("cannot ask the run lock of {}: {e}", run.id());
             return Ok((run, None));
         }
     };
     // Held by this run, or by a process that has not written its name yet: going. Held by
     // another run of the pipeline, or free: this run's process is gone.
     if let Some(holder) = held
-        && holder.as_ref().is_none_or(|h| run.id == *h.run_id)
+        && holder.as_ref().is_none_or(|h| *run.id() == *h.run_id)
     {
         let process = Process {
             alive: true,
@@ -75,21 +79,66 @@ pub async fn observe(store: &Store, run: Run) -> Result<(Run, Option<Process>), 
         return Ok((run, Some(process)));
     }
     // The run may have recorded its end (and let go of the lock) since it was read.
-    let Some(mut now) = store.runs().get(&run.id).await? else {
+    let Some(now) = R::read(store, run.id()).await? else {
         return Ok((run, None));
     };
-    if now.status != RunStatus::Running {
-        return Ok((now, None));
+    run = now;
+    if run.status() != RunStatus::Running {
+        return Ok((run, None));
     }
-    now.status = RunStatus::Interrupted;
+    run.interrupted();
     let gone = Process {
         alive: false,
         pid: None,
         host: None,
         since: None,
     };
-    Ok((now, Some(gone)))
+    Ok((run, Some(gone)))
 }
+
+/// A run's record as [`observe`] reads it: whole ([`Run`]) or summed up ([`RunSummary`]), read
+/// again as it was given when the run may have ended since.
+pub trait Observable: Sized {
+    fn id(&self) -> &RunId;
+    fn pipeline_name(&self) -> &str;
+    fn status(&self) -> RunStatus;
+    /// Shown as interrupted: recorded running, its process gone.
+    fn interrupted(&mut self);
+    fn read(
+        store: &Store,
+        id: &RunId,
+    ) -> impl Future<Output = Result<Option<Self>, StoreError>> + Send;
+}
+
+/// Both records hold the same fields for it; each is read again by its own statement.
+macro_rules! observable {
+    ($record:ty, $read:ident) => {
+        impl Observable for $record {
+            fn id(&self) -> &RunId {
+                &self.id
+            }
+
+            fn pipeline_name(&self) -> &str {
+                &self.pipeline_name
+            }
+
+            fn status(&self) -> RunStatus {
+                self.status
+            }
+
+            fn interrupted(&mut self) {
+                self.status = RunStatus::Interrupted;
+            }
+
+            async fn read(store: &Store, id: &RunId) -> Result<Option<$record>, StoreError> {
+                store.runs().$read(id).await
+            }
+        }
+    };
+}
+
+observable!(Run, get);
+observable!(RunSummary, summary);
 
 /// What a report says of a run beyond its record: its process, and how to continue it.
 #[derive(Clone, Debug, Default, Serialize)]

@@ -23,8 +23,8 @@ use crate::plan::graph::Graph;
 use crate::plan::rows::RowIds;
 use crate::run_id::RunId;
 use crate::store::{
-    Changes, NewTask, PendingMove, RecordedOutput, Reusable, Reused, SetAside, Store, StoreError,
-    TaskRef, Undone,
+    Blocked, Changes, NewTask, PendingMove, RecordedOutput, Reusable, Reused, SetAside, Store,
+    StoreError, TaskId, TaskRef, Undone,
 };
 use crate::task_key::TaskKey;
 
@@ -39,9 +39,6 @@ pub struct Tally {
     /// Task rows recorded (tasks gained or reused): the review's row ids are then not all.
     pub new_rows: usize,
 }
-
-/// Recorded tasks blocked below a failed one, and why.
-type Blocked = (Vec<i64>, String);
 
 /// Makes the record and the output directory agree with `review`: lost answers read back by
 /// job id, outputs of tasks to redo moved under [`crate::place::layout::SUPERSEDED`], changed
@@ -129,24 +126,24 @@ impl<D: Fn(usize) -> NewTask> Applying<'_, D> {
 
     /// The rows whose outputs make way for new ones: tasks that run again (not read back),
     /// and those the pipeline dropped; sorted.
-    fn leaving(&self, recovered: &HashSet<i64>) -> Vec<i64> {
+    fn leaving(&self, recovered: &HashSet<TaskId>) -> Vec<TaskId> {
         let again = self
             .review
             .redo
             .iter()
             .filter_map(|r| self.rows.get(r.task));
-        let leaving: HashSet<i64> = again
+        let leaving: HashSet<TaskId> = again
             .filter(|id| !recovered.contains(id))
             .chain(self.review.removed.iter().map(|r| r.id))
             .collect();
-        let mut leaving: Vec<i64> = leaving.into_iter().collect();
+        let mut leaving: Vec<TaskId> = leaving.into_iter().collect();
         leaving.sort_unstable();
         leaving
     }
 
     /// The leaving tasks' outputs, set aside under `_superseded/`.
     fn set_aside(&self, outputs: &[RecordedOutput], run_dir: &RunDir) -> Vec<SetAside> {
-        let rerolled: HashSet<i64> = self
+        let rerolled: HashSet<TaskId> = self
             .review
             .redo
             .iter()
@@ -170,7 +167,7 @@ impl<D: Fn(usize) -> NewTask> Applying<'_, D> {
 
     /// Recorded tasks done again from the start, as the pipeline now says: under a changed
     /// pipeline every task to do, else the changed and the rerolled ones.
-    fn reset(&self) -> Vec<(i64, NewTask)> {
+    fn reset(&self) -> Vec<(TaskId, NewTask)> {
         let review = self.review;
         let again = review
             .redo
@@ -183,7 +180,7 @@ impl<D: Fn(usize) -> NewTask> Applying<'_, D> {
 
     /// Tasks left failed (`--on-ambiguous fail`), with why, and the recorded tasks below
     /// each, blocked.
-    fn left_failed(&self) -> (Vec<(i64, String)>, Vec<Blocked>) {
+    fn left_failed(&self) -> (Vec<(TaskId, String)>, Vec<Blocked>) {
         let (mut failed, mut blocked) = (Vec::new(), Vec::new());
         for f in &self.review.left_failed {
             let why = format!(
@@ -195,9 +192,12 @@ impl<D: Fn(usize) -> NewTask> Applying<'_, D> {
             );
             failed.extend(self.rows.get(f.task).map(|id| (id, why)));
             let below = self.graph.descendants(f.task).into_iter();
-            let below: Vec<i64> = below.filter_map(|t| self.rows.get(t)).collect();
+            let tasks: Vec<TaskId> = below.filter_map(|t| self.rows.get(t)).collect();
             let TaskKey { item, step, .. } = self.graph.key(f.task);
-            blocked.push((below, format!("its input {item}/{step} failed")));
+            blocked.push(Blocked {
+                tasks,
+                why: format!("its input {item}/{step} failed"),
+            });
         }
         (failed, blocked)
     }

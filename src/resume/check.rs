@@ -18,7 +18,8 @@ use tokio::sync::Semaphore;
 
 use crate::place::{Address, file_sha256, stamp};
 use crate::run_id::RunId;
-use crate::store::{Store, StoreError, StoredOutput};
+use crate::sha256::Sha256Sum;
+use crate::store::{OutputId, Store, StoreError, StoredOutput, TaskId};
 
 use super::Refetch;
 use super::objects::{Checker, OBJECTS_PER_PAGE, Recorded};
@@ -40,22 +41,22 @@ const PAGES_IN_FLIGHT: usize = 16;
 pub(super) enum Found {
     Missing,
     /// Bytes of this sha256.
-    Bytes(String),
+    Bytes(Sha256Sum),
 }
 
 /// An output whose file or object is missing or modified.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Differs {
-    pub id: i64,
+    pub id: OutputId,
     /// The sha256 of the bytes there, when there are other bytes.
-    pub modified: Option<String>,
+    pub modified: Option<Sha256Sum>,
 }
 
 /// The output `id`, whose place holds `found`, against the recorded `sha256`: `None` when it
 /// is as recorded.
-pub(super) fn differs(id: i64, sha256: &str, found: Found) -> Option<Differs> {
+pub(super) fn differs(id: OutputId, sha256: &Sha256Sum, found: Found) -> Option<Differs> {
     match found {
-        Found::Bytes(actual) if actual == sha256 => None,
+        Found::Bytes(actual) if actual == *sha256 => None,
         Found::Bytes(actual) => Some(Differs {
             id,
             modified: Some(actual),
@@ -69,7 +70,7 @@ pub(super) fn differs(id: i64, sha256: &str, found: Found) -> Option<Differs> {
 pub(super) async fn outputs(
     store: &Store,
     run_id: &RunId,
-    kept: &[i64],
+    kept: &[TaskId],
 ) -> Result<Vec<Refetch>, StoreError> {
     let (hashing, objects) = (&Semaphore::new(HASHING_AT_ONCE), &Checker::new());
     let kept = store
@@ -93,8 +94,8 @@ pub(super) async fn outputs(
     // The whole records of those that differ, for the review: read once the stream is done
     // (on SQLite it held the only connection).
     differ.sort_unstable_by_key(|d| d.id);
-    let ids: Vec<i64> = differ.iter().map(|d| d.id).collect();
-    let mut modified: HashMap<i64, Option<String>> =
+    let ids: Vec<OutputId> = differ.iter().map(|d| d.id).collect();
+    let mut modified: HashMap<OutputId, Option<Sha256Sum>> =
         differ.into_iter().map(|d| (d.id, d.modified)).collect();
     let mut refetch: Vec<Refetch> = store
         .kept()
@@ -113,9 +114,9 @@ pub(super) async fn outputs(
 /// A stored file of a kept task.
 #[derive(Clone)]
 struct File {
-    id: i64,
+    id: OutputId,
     path: PathBuf,
-    sha256: String,
+    sha256: Sha256Sum,
     /// Its stamp when it was kept (see [`stamp`]), recorded where objects have their ETag.
     stamp: Option<String>,
 }
@@ -254,12 +255,12 @@ mod tests {
         std::fs::write(&path, b"the picture").unwrap();
         // Recorded with a sha256 its bytes do not have: only a read would tell.
         let file = File {
-            id: 1,
+            id: OutputId::new(1).unwrap(),
             path: path.clone(),
-            sha256: "recorded".into(),
+            sha256: Sha256Sum::of_bytes(b"recorded"),
             stamp: stamp(&path),
         };
-        assert_eq!(file.found(), Found::Bytes("recorded".into()));
+        assert_eq!(file.found(), Found::Bytes(Sha256Sum::of_bytes(b"recorded")));
         let unstamped = File {
             stamp: None,
             ..file.clone()

@@ -14,7 +14,8 @@ use crate::exec::OnAmbiguous;
 use crate::exec::identity::identity;
 use crate::plan::graph::{Graph, Instance};
 use crate::plan::rows::RowIds;
-use crate::store::{RecordedTask, Reusable, TaskStatus};
+use crate::sha256::Sha256Sum;
+use crate::store::{RecordedTask, Reusable, TaskId, TaskStatus};
 
 use super::{Reason, Recover, Redo, Review};
 
@@ -31,10 +32,10 @@ pub struct Records {
     pub has_rows: Vec<bool>,
     /// The sha256 of each downloaded output, by row id and output index; read only when
     /// identities are computed (`--reuse`, or a changed pipeline).
-    pub hashes: HashMap<(i64, u32), String>,
+    pub hashes: HashMap<(TaskId, u32), Sha256Sum>,
     /// A changed pipeline (`--allow-changes`): the identity each recorded task had under the
     /// pipeline it was recorded from, by row id.
-    pub previous: Option<HashMap<i64, Option<String>>>,
+    pub previous: Option<HashMap<TaskId, Option<String>>>,
 }
 
 impl Records {
@@ -118,7 +119,7 @@ struct Pass<'a> {
     /// Identities to look up before deciding again.
     need: Vec<String>,
     /// The sha256 of each output known to be final by now, by (task, k).
-    known: HashMap<(usize, u32), String>,
+    known: HashMap<(usize, u32), Sha256Sum>,
 }
 
 impl Pass<'_> {
@@ -165,14 +166,14 @@ impl Pass<'_> {
 
     /// Whether a task that succeeded (row `id`) is kept: always, unless the pipeline changed
     /// and asks something else of it now (its identity `mine` differs from the recorded one).
-    fn keeps(&self, id: i64, mine: Option<&String>) -> bool {
+    fn keeps(&self, id: TaskId, mine: Option<&String>) -> bool {
         match &self.rec.previous {
             None => true,
             Some(ids) => mine.is_some() && ids.get(&id).and_then(Option::as_ref) == mine,
         }
     }
 
-    fn keep(&mut self, graph: &Graph, t: usize, id: i64) {
+    fn keep(&mut self, graph: &Graph, t: usize, id: TaskId) {
         self.review.kept.push(id);
         if self.identities {
             for k in 0..graph.outputs(t) {

@@ -45,13 +45,14 @@ mod recover;
 pub mod refusal;
 mod reroll;
 
+use crate::api::job_id::JobId;
 use crate::exec::OnAmbiguous;
 use crate::place::RunDir;
 use crate::plan::graph::{Graph, Instance};
 use crate::plan::rows::RowIds;
 use crate::plan::scope::Scope;
 use crate::run_id::RunId;
-use crate::store::{RecordedOutput, RecordedTask, Reusable, Store, StoreError};
+use crate::store::{AttemptId, RecordedOutput, RecordedTask, Reusable, Store, StoreError, TaskId};
 
 pub use apply::{Tally, apply, undo_reroll};
 use decide::{Decision, Lookups, Options};
@@ -143,15 +144,15 @@ pub struct Redo {
 pub struct Refetch {
     pub output: RecordedOutput,
     /// The file's actual sha256 when it is there but differs from the record.
-    pub modified: Option<String>,
+    pub modified: Option<crate::sha256::Sha256Sum>,
 }
 
 /// The answer of a lost call whose job is known: read it back, free, before paying again.
 #[derive(Clone, Debug)]
 pub struct Recover {
     pub task: usize,
-    pub attempt_id: i64,
-    pub job_id: String,
+    pub attempt_id: AttemptId,
+    pub job_id: JobId,
 }
 
 #[derive(Default)]
@@ -173,7 +174,7 @@ pub struct Review {
     /// Whether the pipeline changed since the tasks were recorded (`--allow-changes`).
     pub changes: bool,
     /// Tasks kept as they are (succeeded), by row id, sorted.
-    pub kept: Vec<i64>,
+    pub kept: Vec<TaskId>,
     /// The row id of each task, as the review read them, for [`apply()`]; `None` when the run
     /// had no row yet (a new run, which records some before it applies the review).
     pub rows: Option<RowIds>,
@@ -271,7 +272,7 @@ impl Review {
         self.unrecorded = unrecorded;
     }
 
-    pub fn is_kept(&self, row_id: i64) -> bool {
+    pub fn is_kept(&self, row_id: TaskId) -> bool {
         self.kept.binary_search(&row_id).is_ok()
     }
 
@@ -359,7 +360,7 @@ pub fn beside(
     store: Store,
     run_id: RunId,
     run_dir: RunDir,
-    kept: Vec<i64>,
+    kept: Vec<TaskId>,
     proven: tokio::sync::oneshot::Receiver<()>,
 ) -> (crate::exec::Refetch, Beside) {
     let (tx, rx) = tokio::sync::oneshot::channel();

@@ -25,6 +25,8 @@ use tokio::sync::Semaphore;
 use super::check::Differs;
 use crate::place::listing::{self, Record, Seen};
 use crate::place::{ObjectError, ObjectUrl, Objects, Stat, same_etag};
+use crate::sha256::Sha256Sum;
+use crate::store::OutputId;
 
 pub(super) use crate::place::listing::OBJECTS_PER_PAGE;
 
@@ -34,13 +36,13 @@ enum Checked {
     Same,
     Missing,
     /// Other bytes, of this sha256.
-    Modified(String),
+    Modified(Sha256Sum),
 }
 
 /// Compares the object at `url` with the recorded sha256 and size. A store that cannot be
 /// reached says nothing for sure: the output is then fetched again, which is free and, the
 /// object being create-only, harmless.
-async fn check(url: &ObjectUrl, sha256: &str, bytes: Option<u64>) -> Checked {
+async fn check(url: &ObjectUrl, sha256: &Sha256Sum, bytes: Option<u64>) -> Checked {
     let found = async {
         let (objects, key) = Objects::at(url)?;
         let stat = objects.stat(&key).await?;
@@ -60,7 +62,7 @@ async fn check(url: &ObjectUrl, sha256: &str, bytes: Option<u64>) -> Checked {
         Ok(match objects.sha256(&key).await? {
             None => Checked::Missing,
             Some((actual, _)) => {
-                if actual == sha256 {
+                if actual == *sha256 {
                     Checked::Same
                 } else {
                     Checked::Modified(actual)
@@ -84,9 +86,9 @@ const CHECKS_IN_FLIGHT: usize = 16;
 
 /// A recorded object of a kept task, as the check needs it.
 pub(super) struct Recorded {
-    pub id: i64,
+    pub id: OutputId,
     pub url: ObjectUrl,
-    pub sha256: String,
+    pub sha256: Sha256Sum,
     pub bytes: Option<u64>,
     /// The ETag the store gave it at upload, when one was kept.
     pub etag: Option<String>,

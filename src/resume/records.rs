@@ -8,7 +8,8 @@ use crate::exec::read_rows;
 use crate::plan::graph::{Graph, Instance};
 use crate::plan::rows::RowIds;
 use crate::run_id::RunId;
-use crate::store::{RecordedTask, Store, StoreError, TaskStatus};
+use crate::sha256::Sha256Sum;
+use crate::store::{RecordedTask, Store, StoreError, TaskId, TaskStatus};
 
 use super::decide::Records;
 
@@ -93,8 +94,8 @@ pub(super) async fn row_ids(
 fn identities_of(
     graph: &Graph,
     rows: &[RecordedTask],
-    hashes: &HashMap<(i64, u32), String>,
-) -> HashMap<i64, Option<String>> {
+    hashes: &HashMap<(TaskId, u32), Sha256Sum>,
+) -> HashMap<TaskId, Option<String>> {
     let by_key: HashMap<(&str, &str, u32), usize> = rows
         .iter()
         .enumerate()

@@ -9,7 +9,7 @@ use crate::api::{ApiError, Client, JobRecord, RetryPolicy};
 use crate::plan::graph::{Graph, Source};
 use crate::plan::rows::RowIds;
 use crate::run_id::RunId;
-use crate::store::{AttemptOutcome, Settled, Store, StoreError};
+use crate::store::{AttemptOutcome, Settled, Store, StoreError, TaskId};
 
 use super::{Prepared, Recover, records};
 
@@ -52,7 +52,7 @@ pub(super) async fn read_back_all(
     graph: &Graph,
     lost: &[Recover],
     rows: &RowIds,
-) -> Result<HashSet<i64>, StoreError> {
+) -> Result<HashSet<TaskId>, StoreError> {
     let mut recovered = HashSet::new();
     for r in lost {
         if recover(store, client, run_id, graph, r, rows).await? {
@@ -115,7 +115,7 @@ async fn recover(
                 credits_used: job.credits_used().unwrap_or(graph.task(r.task).planned),
                 credits_remaining: None,
                 urls: &urls,
-                parent_job_id: parent.as_deref(),
+                parent_job_id: parent.as_ref(),
                 note: Some(&note),
             }),
         )

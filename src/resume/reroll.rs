@@ -15,6 +15,7 @@ use std::str::FromStr;
 use crate::place::layout::BATCH;
 use crate::plan::graph::{Graph, Instance};
 use crate::plan::scope::Scope;
+use crate::store::TaskId;
 use crate::task_key::TaskKey;
 
 use super::{Reason, Redo, Review};
@@ -168,7 +169,7 @@ impl Review {
         graph: &Graph,
         chosen: &[usize],
         loose: &HashSet<usize>,
-        continuing: Option<&[i64]>,
+        continuing: Option<&[TaskId]>,
         said: String,
     ) -> Result<Scope, String> {
         let named: HashSet<usize> = chosen
@@ -189,7 +190,7 @@ impl Review {
         let mut reset = Vec::new();
         match continuing {
             Some(ids) => {
-                let ids: HashSet<i64> = ids.iter().copied().collect();
+                let ids: HashSet<TaskId> = ids.iter().copied().collect();
                 scope.extend(
                     set.iter().copied().filter(|t| {
                         row(*t).is_some_and(|id| ids.contains(&id) && !self.is_kept(id))
@@ -229,7 +230,7 @@ impl Review {
                     return Err(format!("nothing of {said} ran: there is nothing to reroll"));
                 }
                 self.inputs_made(graph, &scope, &named, &open)?;
-                let rerolled: HashSet<i64> = reset.iter().copied().collect();
+                let rerolled: HashSet<TaskId> = reset.iter().copied().collect();
                 self.kept.retain(|id| !rerolled.contains(id));
                 self.reroll = Some(crate::store::NewReroll {
                     said: said.clone(),

@@ -131,7 +131,7 @@ impl Exit {
 pub(super) fn undone(said: &str, run_id: &RunId, undone: &Undone, outcome: &Outcome) -> Error {
     let stop = outcome.stop.as_ref();
     let why = match (&undone.failed, stop) {
-        (Some((key, error)), _) => format!("{key}: {error}"),
+        (Some((key, error)), _) => format!("{key}: {}", error.as_deref().unwrap_or_default()),
         (None, Some(stop)) => stop.describe(),
         (None, None) if outcome.interrupted => "interrupted before any call was billed".into(),
         (None, None) => "none of its calls was done".into(),

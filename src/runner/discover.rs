@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::api::job_id::JobId;
 use crate::api::types::Size;
 use crate::error::Error;
 use crate::exec::{self, Observer};
@@ -72,7 +73,7 @@ pub(super) async fn price(
         });
     };
     let images = u64::from(n) * size.price_multiplier();
-    let price = priced(credits_billed, images, job_id.clone().unwrap_or_default());
+    let price = priced(credits_billed, images, job_id.clone());
     tracing::info!(
         "a 2K generated image costs {} (billed by job {})",
         crate::money::credits(price.credits.unwrap_or_default()),
@@ -109,7 +110,7 @@ async fn billed(
     run_id: &RunId,
     graph: &Graph,
     t: usize,
-) -> Result<Option<(u64, Option<String>)>, Error> {
+) -> Result<Option<(u64, Option<JobId>)>, Error> {
     let (item, step, idx) = graph.key_ref(t);
     let mut found = None;
     store
@@ -125,7 +126,7 @@ async fn billed(
 
 /// The price of a 2K generated image, from what a job (`job_id`) billed for `images` 2K-image
 /// equivalents: rounded up, and said so when it is.
-fn priced(billed: u64, images: u64, job_id: String) -> GenerationPrice {
+fn priced(billed: u64, images: u64, job_id: Option<JobId>) -> GenerationPrice {
     let credits = billed.div_ceil(images);
     let mut notes = Vec::new();
     if !billed.is_multiple_of(images) {
@@ -147,11 +148,13 @@ mod tests {
 
     #[test]
     fn a_discovered_price_is_what_was_billed_per_2k_image_rounded_up_and_said_so() {
-        let exact = priced(12, 4, "j1".into());
+        let exact = priced(12, 4, Some("j1".into()));
         assert_eq!(exact.credits, Some(3));
         assert!(exact.notes.is_empty());
-        assert!(matches!(exact.source, PriceSource::Discovered { job_id } if job_id == "j1"));
-        let rounded = priced(13, 4, "j2".into());
+        assert!(
+            matches!(exact.source, PriceSource::Discovered { job_id: Some(job_id) } if job_id == *"j1")
+        );
+        let rounded = priced(13, 4, Some("j2".into()));
         assert_eq!(rounded.credits, Some(4));
         assert_eq!(
             rounded.notes,

@@ -2,10 +2,11 @@
 //! result right after, each in its own (group) commit. A part of the store
 //! ([`Store::attempts`]).
 
+use crate::api::job_id::JobId;
 use crate::run_id::RunId;
 use crate::store::group::Written;
 use crate::store::to_i64;
-use crate::store::{Backend, Store, StoreError, now_ms};
+use crate::store::{AttemptId, Backend, OutputId, Store, StoreError, TaskId, now_ms};
 
 /// How a paid call ended, as its attempt records it (`attempts.outcome`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -57,13 +58,13 @@ impl std::fmt::Display for CallOutcome {
 
 /// A paid call that came back with its job.
 pub struct Settled<'a> {
-    pub job_id: &'a str,
+    pub job_id: &'a JobId,
     pub credits_used: u64,
     pub credits_remaining: Option<i64>,
     /// The result URLs, in output order.
     pub urls: &'a [String],
     /// The job whose output was this call's input, for the lineage.
-    pub parent_job_id: Option<&'a str>,
+    pub parent_job_id: Option<&'a JobId>,
     /// A note kept with the attempt, e.g. that the answer was recovered by job id.
     pub note: Option<&'a str>,
 }
@@ -146,7 +147,7 @@ struct AttemptResult {
     http_status: Option<i64>,
     credits: i64,
     remaining: Option<i64>,
-    job_id: Option<String>,
+    job_id: Option<JobId>,
     error: Option<String>,
 }
 
@@ -167,7 +168,7 @@ impl AttemptResult {
                 http_status: None,
                 credits: to_i64(s.credits_used),
                 remaining: s.credits_remaining,
-                job_id: Some(s.job_id.to_owned()),
+                job_id: Some(s.job_id.clone()),
                 error: owned(s.note),
             },
             AttemptOutcome::Answered { status, error } => AttemptResult {
@@ -176,7 +177,7 @@ impl AttemptResult {
             },
             AttemptOutcome::NotSent { error } => failed(error),
             AttemptOutcome::Ambiguous { error, job_id } => AttemptResult {
-                job_id: owned(*job_id),
+                job_id: job_id.map(JobId::from),
                 ..failed(error)
             },
         }
@@ -186,19 +187,19 @@ impl AttemptResult {
 /// What a successful attempt settles beside itself: its task, and the outputs' URLs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Settlement {
-    task_id: i64,
+    task_id: TaskId,
     run_id: RunId,
-    parent_job_id: Option<String>,
+    parent_job_id: Option<JobId>,
     urls: Vec<String>,
 }
 
 impl Settlement {
-    fn of(outcome: &AttemptOutcome<'_>, task_id: i64, run_id: &RunId) -> Option<Settlement> {
+    fn of(outcome: &AttemptOutcome<'_>, task_id: TaskId, run_id: &RunId) -> Option<Settlement> {
         match outcome {
             AttemptOutcome::Succeeded(s) => Some(Settlement {
                 task_id,
                 run_id: run_id.to_owned(),
-                parent_job_id: s.parent_job_id.map(str::to_owned),
+                parent_job_id: s.parent_job_id.cloned(),
                 urls: s.urls.to_vec(),
             }),
             _ => None,
@@ -211,13 +212,13 @@ impl Settlement {
 async fn settle(
     conn: &mut sqlx::AnyConnection,
     backend: Backend,
-    attempt_id: i64,
+    attempt_id: AttemptId,
     result: AttemptResult,
     settled: Option<Settlement>,
-) -> Result<Vec<i64>, sqlx::Error> {
+) -> Result<Vec<OutputId>, sqlx::Error> {
     let outputs = settled.as_ref().map_or(0, |s| s.urls.len());
     let sql = sqlx::AssertSqlSafe(settle_sql(backend, settled.is_some(), outputs));
-    let mut query = sqlx::query_as::<_, (i64, i64)>(sql)
+    let mut query = sqlx::query_as::<_, (i64, OutputId)>(sql)
         .bind(now_ms())
         .bind(result.outcome.as_str())
         .bind(result.http_status)
@@ -268,9 +269,9 @@ impl Attempts<'_> {
     pub async fn begin(
         &self,
         run_id: &RunId,
-        task_id: i64,
+        task_id: TaskId,
         endpoint: &str,
-    ) -> Result<i64, StoreError> {
+    ) -> Result<AttemptId, StoreError> {
         let (run_id, endpoint) = (run_id.to_owned(), endpoint.to_owned());
         let backend = self.store.backend();
         let written = self
@@ -282,7 +283,7 @@ impl Attempts<'_> {
                     // One round trip: the attempt's row id is what the batch returns.
                     // Every row read: sqlx's `Any` driver takes SQLite's first answer for the
                     // one a single-row fetch waits for, and here that is the update's.
-                    let ids: Vec<i64> = sqlx::query_scalar(intent_sql(backend))
+                    let ids: Vec<AttemptId> = sqlx::query_scalar(intent_sql(backend))
                         .bind(now_ms())
                         .bind(task_id)
                         .bind(&run_id)
@@ -290,12 +291,12 @@ impl Attempts<'_> {
                         .fetch_all(&mut *conn)
                         .await?;
                     let id = ids.last().copied().ok_or(sqlx::Error::RowNotFound)?;
-                    Ok(Written::Id(id))
+                    Ok(Written::Attempt(id))
                 })
             }))
             .await?;
         match written {
-            Written::Id(id) => Ok(id),
+            Written::Attempt(id) => Ok(id),
             _ => Err(StoreError::Inconsistent(
                 "recording an attempt gave no attempt id".into(),
             )),
@@ -307,10 +308,10 @@ impl Attempts<'_> {
     pub async fn finish(
         &self,
         run_id: &RunId,
-        task_id: i64,
-        attempt_id: i64,
+        task_id: TaskId,
+        attempt_id: AttemptId,
         outcome: &AttemptOutcome<'_>,
-    ) -> Result<Vec<i64>, StoreError> {
+    ) -> Result<Vec<OutputId>, StoreError> {
         let result = AttemptResult::of(outcome);
         let settled = Settlement::of(outcome, task_id, run_id);
         let backend = self.store.backend();
@@ -321,12 +322,12 @@ impl Attempts<'_> {
                 let (result, settled) = (result.clone(), settled.clone());
                 Box::pin(async move {
                     let ids = settle(conn, backend, attempt_id, result, settled).await?;
-                    Ok(Written::Ids(ids))
+                    Ok(Written::Outputs(ids))
                 })
             }))
             .await?;
         match written {
-            Written::Ids(ids) => Ok(ids),
+            Written::Outputs(ids) => Ok(ids),
             _ => Err(StoreError::Inconsistent(
                 "recording a result gave no output ids".into(),
             )),
@@ -371,12 +372,14 @@ mod tests {
     #[test]
     fn a_result_records_what_its_outcome_says_of_billing() {
         let urls = ["u0".to_owned(), "u1".to_owned()];
+        let seven = TaskId::new(7).unwrap();
+        let (job, parent) = (JobId::from("job_1"), JobId::from("job_0"));
         let succeeded = AttemptOutcome::Succeeded(Settled {
-            job_id: "job_1",
+            job_id: &job,
             credits_used: 4,
             credits_remaining: Some(96),
             urls: &urls,
-            parent_job_id: Some("job_0"),
+            parent_job_id: Some(&parent),
             note: Some("recovered"),
         });
         assert_eq!(
@@ -391,9 +394,9 @@ mod tests {
             }
         );
         assert_eq!(
-            Settlement::of(&succeeded, 7, &RunId::from("r")),
+            Settlement::of(&succeeded, seven, &RunId::from("r")),
             Some(Settlement {
-                task_id: 7,
+                task_id: seven,
                 run_id: "r".into(),
                 parent_job_id: Some("job_0".into()),
                 urls: urls.to_vec(),
@@ -414,7 +417,7 @@ mod tests {
                 Some("slow down".into())
             )
         );
-        assert_eq!(Settlement::of(&answered, 7, &RunId::from("r")), None);
+        assert_eq!(Settlement::of(&answered, seven, &RunId::from("r")), None);
         let ambiguous = AttemptOutcome::Ambiguous {
             error: "cut",
             job_id: Some("job_2"),

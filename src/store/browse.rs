@@ -377,7 +377,7 @@ impl Report<'_> {
         let rows = sql.query().fetch_all(self.store.pool()).await?;
         let mut tasks: Vec<PageTask> = Vec::new();
         for r in &rows {
-            let id: i64 = r.try_get("id")?;
+            let id: crate::store::TaskId = r.try_get("id")?;
             if tasks.last().is_none_or(|t| t.task.id != id) {
                 tasks.push(PageTask {
                     task: report_task(r)?,

@@ -16,7 +16,7 @@ use futures::future::BoxFuture;
 use sqlx::{Acquire, AnyConnection, AnyPool};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::store::StoreError;
+use crate::store::{AttemptId, OutputId, StoreError};
 
 /// The most writes one transaction carries: a bound on the time the first one waits.
 const MOST_PER_COMMIT: usize = 256;
@@ -24,8 +24,10 @@ const MOST_PER_COMMIT: usize = 256;
 /// What a write gives back.
 pub(crate) enum Written {
     Done,
-    Id(i64),
-    Ids(Vec<i64>),
+    /// An attempt recorded.
+    Attempt(AttemptId),
+    /// A call's outputs recorded, in output order.
+    Outputs(Vec<OutputId>),
 }
 
 /// One write: its statements, run inside the group's transaction. It may be run again (see

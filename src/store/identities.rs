@@ -2,21 +2,23 @@
 //! succeeded tasks of earlier runs found by identity: what `--reuse` and a changed pipeline
 //! compare.
 
+use crate::api::job_id::JobId;
 use crate::run_id::RunId;
 use std::collections::HashMap;
 
 use sqlx::Row;
 
 use crate::place::Address;
+use crate::sha256::Sha256Sum;
 use crate::store::to_u64;
-use crate::store::{Backend, Store, StoreError, rows};
+use crate::store::{Backend, Store, StoreError, TaskId, rows};
 
 /// A succeeded task of some run, whose outputs another task may take instead of paying.
 #[derive(Clone, Debug)]
 pub struct Reusable {
-    pub task_id: i64,
+    pub task_id: TaskId,
     pub run_id: RunId,
-    pub job_id: String,
+    pub job_id: JobId,
     pub outputs: Vec<ReusableOutput>,
 }
 
@@ -26,9 +28,9 @@ pub struct ReusableOutput {
     pub url: String,
     pub url_issued_at: i64,
     pub path: Option<String>,
-    pub sha256: Option<String>,
+    pub sha256: Option<Sha256Sum>,
     pub bytes: Option<u64>,
-    pub parent_job_id: Option<String>,
+    pub parent_job_id: Option<JobId>,
 }
 
 impl ReusableOutput {
@@ -52,7 +54,7 @@ impl Store {
 
 impl Identities<'_> {
     /// Records tasks' identities (request and input bytes) once they are known.
-    pub async fn set(&self, ids: &[(i64, String)]) -> Result<(), StoreError> {
+    pub async fn set(&self, ids: &[(TaskId, String)]) -> Result<(), StoreError> {
         let mut tx = self.store.pool().begin().await?;
         // One statement a chunk: a statement a task was a round trip to SQLite's thread each,
         // most of a run's exit after thousands of tasks.
@@ -117,7 +119,7 @@ impl Identities<'_> {
             let rows = query.fetch_all(self.store.pool()).await?;
             for r in &rows {
                 let identity: String = r.try_get("identity")?;
-                let task_id: i64 = r.try_get("id")?;
+                let task_id: TaskId = r.try_get("id")?;
                 let entry = found.entry(identity).or_insert(Reusable {
                     task_id,
                     run_id: RunId::from(r.try_get::<String, _>("run_id")?),
@@ -144,8 +146,8 @@ impl Identities<'_> {
     /// The sha256 of each downloaded output of these tasks, by task row and output index.
     pub async fn output_hashes_of(
         &self,
-        task_ids: &[i64],
-    ) -> Result<std::collections::HashMap<(i64, u32), String>, StoreError> {
+        task_ids: &[TaskId],
+    ) -> Result<std::collections::HashMap<(TaskId, u32), Sha256Sum>, StoreError> {
         let mut out = std::collections::HashMap::new();
         for chunk in task_ids.chunks(500) {
             let marks = rows(self.store.backend(), chunk.len(), 1, |p| p[0].clone());
@@ -161,7 +163,7 @@ impl Identities<'_> {
             for r in query.fetch_all(self.store.pool()).await? {
                 out.insert(
                     (
-                        r.try_get::<i64, _>("task_id")?,
+                        r.try_get::<TaskId, _>("task_id")?,
                         u32::try_from(r.try_get::<i64, _>("k")?).unwrap_or(0),
                     ),
                     r.try_get("sha256")?,
@@ -175,7 +177,7 @@ impl Identities<'_> {
     pub async fn output_hashes(
         &self,
         run_id: &RunId,
-    ) -> Result<std::collections::HashMap<(i64, u32), String>, StoreError> {
+    ) -> Result<std::collections::HashMap<(TaskId, u32), Sha256Sum>, StoreError> {
         let rows = sqlx::query(
             "SELECT task_id, k, sha256 FROM outputs WHERE run_id = $1 AND sha256 IS NOT NULL",
         )
@@ -186,7 +188,7 @@ impl Identities<'_> {
             .map(|r| {
                 Ok((
                     (
-                        r.try_get::<i64, _>("task_id")?,
+                        r.try_get::<TaskId, _>("task_id")?,
                         u32::try_from(r.try_get::<i64, _>("k")?).unwrap_or(0),
                     ),
                     r.try_get("sha256")?,

@@ -1,24 +1,26 @@
 //! The outputs a run keeps, read back for a resume: streamed in the order of their place to be
 //! checked, read whole by id or by task to be set aside, and a task's job for the lineage.
 
+use crate::api::job_id::JobId;
 use crate::run_id::RunId;
 use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 use sqlx::Row;
 
+use crate::sha256::Sha256Sum;
 use crate::store::tasks::{OUTPUT_COLUMNS, output_row};
 use crate::store::to_u64;
-use crate::store::{Backend, RecordedOutput, Store, StoreError, rows};
+use crate::store::{Backend, OutputId, RecordedOutput, Store, StoreError, TaskId, rows};
 
 /// A stored output as a resume checks it: where it is and what was stored there. The rest of
 /// its record ([`RecordedOutput`]) is read, by [`Kept::by_id`], only for the few that
 /// differ.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredOutput {
-    pub id: i64,
-    pub task_id: i64,
+    pub id: OutputId,
+    pub task_id: TaskId,
     /// A file's path or an object's `s3://` URL, as recorded.
     pub path: String,
-    pub sha256: String,
+    pub sha256: Sha256Sum,
     pub bytes: Option<u64>,
     /// The object's ETag at upload, or the file's stamp, when one was kept.
     pub etag: Option<String>,
@@ -98,7 +100,7 @@ impl<'a> Kept<'a> {
                 .collect::<Result<Vec<StoredOutput>, StoreError>>()?;
             let next = match page.last() {
                 Some(last) if page.len() as i64 == STORED_PER_PAGE => {
-                    Some((last.path.clone(), last.id))
+                    Some((last.path.clone(), last.id.get()))
                 }
                 _ => None,
             };
@@ -114,22 +116,25 @@ impl<'a> Kept<'a> {
 
     /// The records of these outputs, in the order of their ids (`ids` sorted), one statement
     /// per 500; an id with no output is left out.
-    pub async fn by_id(&self, ids: &[i64]) -> Result<Vec<RecordedOutput>, StoreError> {
+    pub async fn by_id(&self, ids: &[OutputId]) -> Result<Vec<RecordedOutput>, StoreError> {
         self.outputs_where_in("o.id", ids).await
     }
 
     /// The outputs of the tasks of row ids `task_ids`, whole, in task and output order: a
     /// statement per 500 tasks, where a scan of the run's outputs reads them all.
-    pub async fn of_tasks(&self, task_ids: &[i64]) -> Result<Vec<RecordedOutput>, StoreError> {
+    pub async fn of_tasks(&self, task_ids: &[TaskId]) -> Result<Vec<RecordedOutput>, StoreError> {
         self.outputs_where_in("o.task_id", task_ids).await
     }
 
     /// Outputs whose `column` (`o.id` or `o.task_id`) is one of `ids`.
-    async fn outputs_where_in(
+    async fn outputs_where_in<I>(
         &self,
         column: &'static str,
-        ids: &[i64],
-    ) -> Result<Vec<RecordedOutput>, StoreError> {
+        ids: &[I],
+    ) -> Result<Vec<RecordedOutput>, StoreError>
+    where
+        I: Copy + sqlx::Type<sqlx::Any> + for<'e> sqlx::Encode<'e, sqlx::Any>,
+    {
         let mut out = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(IDS_PER_STATEMENT) {
             let marks = rows(self.store.backend(), chunk.len(), 1, |p| p[0].clone());
@@ -140,7 +145,7 @@ impl<'a> Kept<'a> {
             // Built from a fixed placeholder list: no value is ever part of the text.
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
             for id in chunk {
-                query = query.bind(id);
+                query = query.bind(*id);
             }
             for r in query.fetch_all(self.store.pool()).await? {
                 out.push(output_row(&r)?);
@@ -151,8 +156,8 @@ impl<'a> Kept<'a> {
 
     /// The job of a task's result, if it has one: the parent, in the lineage, of a call that
     /// read the task's output.
-    pub async fn job_of_task(&self, task_id: i64) -> Result<Option<String>, StoreError> {
-        let job: Option<(Option<String>,)> =
+    pub async fn job_of_task(&self, task_id: TaskId) -> Result<Option<JobId>, StoreError> {
+        let job: Option<(Option<JobId>,)> =
             sqlx::query_as("SELECT job_id FROM tasks WHERE id = $1")
                 .bind(task_id)
                 .fetch_optional(self.store.pool())

@@ -26,6 +26,7 @@ mod caps;
 mod gauges;
 pub mod group;
 mod identities;
+mod ids;
 mod kept;
 pub mod ledger;
 mod location;
@@ -63,15 +64,16 @@ pub use outline::{ItemOutline, TaskBlock};
 pub use rates::{Drawer, Drawn, NewDrawer, Rates};
 
 pub use identities::{Identities, Reusable, ReusableOutput};
+pub use ids::{AttemptId, MoveId, OutputId, RerollId, SupersededId, TaskId};
 pub use kept::{Kept, StoredOutput};
 pub use outputs::{Outputs, RecordedOutput, UrlIssued};
 pub use report::{
     EarlierOutput, Report, ReportEntry, ReportOutput, ReportTask, Spend, StepTotals, TaskRequest,
 };
 pub use rerolls::{NewReroll, OpenReroll, RunBefore, Undone};
-pub use revisions::{Changes, PendingMove, Reused, Revisions, SetAside, TaskRef};
+pub use revisions::{Blocked, Changes, PendingMove, Reused, Revisions, SetAside, TaskRef};
 pub use run_figures::{AmbiguousAttempt, StepCounts, Totals};
-pub use runs::{NewRun, RecordedPlan, Run, RunStatus, Runs};
+pub use runs::{NewRun, RecordedPlan, Run, RunStatus, RunSummary, Runs};
 pub use tasks::{LastAttempt, NewTask, RecordedTask, TaskStatus, Tasks};
 pub use thumbnails::{Thumbnail, Thumbnails};
 pub use verdicts::{Action, Outcome, PassRate, VerdictRow, Verdicts};

@@ -14,7 +14,7 @@ use sqlx::Row;
 
 use crate::run_id::RunId;
 use crate::store::tasks::Tasks;
-use crate::store::{RecordedTask, StoreError};
+use crate::store::{RecordedTask, StoreError, TaskId};
 
 /// One item's recorded tasks, summed up by the database.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,7 +22,7 @@ pub struct ItemOutline {
     pub item: String,
     /// The id of the item's first task when every task of the chain is recorded and the ids
     /// are that base plus each task's offset; `None` when its rows are to be read whole.
-    pub base: Option<i64>,
+    pub base: Option<TaskId>,
     /// Its tasks not succeeded (read whole with [`Tasks::each_open`]).
     pub open: u32,
 }
@@ -36,7 +36,7 @@ pub struct TaskBlock {
     /// The chunk's first item, by its place in the items file.
     pub first_item: u64,
     pub items: u64,
-    pub first_id: i64,
+    pub first_id: TaskId,
     pub tasks: u64,
 }
 
@@ -89,7 +89,7 @@ impl Tasks<'_> {
 
     /// The run's blocks recorded from its pipeline and items as they are now, by first item.
     pub async fn blocks(&self, run_id: &RunId) -> Result<Vec<TaskBlock>, StoreError> {
-        let rows: Vec<(i64, i64, i64, i64)> = sqlx::query_as(
+        let rows: Vec<(i64, i64, TaskId, i64)> = sqlx::query_as(
             "SELECT b.first_item, b.items, b.first_id, b.tasks
              FROM task_blocks b JOIN runs r ON r.id = b.run_id
              WHERE b.run_id = $1 AND b.pipeline_sha256 = r.pipeline_sha256
@@ -125,8 +125,8 @@ impl Tasks<'_> {
 
     /// The smallest id any task of the run ever had (from the totals kept as its rows are
     /// written); `None` when it has none.
-    pub async fn first_id(&self, run_id: &RunId) -> Result<Option<i64>, StoreError> {
-        let (id,): (Option<i64>,) =
+    pub async fn first_id(&self, run_id: &RunId) -> Result<Option<TaskId>, StoreError> {
+        let (id,): (Option<TaskId>,) =
             sqlx::query_as("SELECT MIN(first_id) FROM run_step_totals WHERE run_id = $1")
                 .bind(run_id)
                 .fetch_one(self.store.pool())
@@ -141,8 +141,8 @@ impl Tasks<'_> {
     pub async fn each_in_ids(
         &self,
         run_id: &RunId,
-        from: i64,
-        to: Option<i64>,
+        from: TaskId,
+        to: Option<TaskId>,
         mut f: impl FnMut(RecordedTask),
     ) -> Result<(), StoreError> {
         let sql = format!(
@@ -153,7 +153,7 @@ impl Tasks<'_> {
         let query = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(run_id)
             .bind(from)
-            .bind(to.unwrap_or(i64::MAX));
+            .bind(to.map_or(i64::MAX, TaskId::get));
         self.store
             .each_unsorted(query, |r| {
                 if is_live(&r)? {
@@ -213,7 +213,7 @@ impl Tasks<'_> {
                 let regular = n == whole && known == whole && low.is_some() && low == high;
                 f(ItemOutline {
                     item: r.try_get("item")?,
-                    base: low.filter(|_| regular),
+                    base: low.filter(|_| regular).and_then(TaskId::new),
                     open: u32::try_from(r.try_get::<i64, _>("open")?).unwrap_or(u32::MAX),
                 });
                 Ok(())

@@ -3,36 +3,38 @@
 
 use sqlx::Row;
 
+use crate::api::job_id::JobId;
 use crate::place::Address;
 use crate::run_id::RunId;
+use crate::sha256::Sha256Sum;
 use crate::store::group::Written;
-use crate::store::{Store, StoreError, now_ms};
+use crate::store::{OutputId, Store, StoreError, TaskId, now_ms};
 use crate::store::{to_i64, to_u64};
 use crate::task_key::TaskKey;
 
 /// A freshly signed URL for an output.
 #[derive(Clone, Debug)]
 pub struct UrlIssued {
-    pub output_id: i64,
+    pub output_id: OutputId,
     pub url: String,
     pub issued_at: i64,
 }
 
 #[derive(Clone, Debug)]
 pub struct RecordedOutput {
-    pub id: i64,
-    pub task_id: i64,
+    pub id: OutputId,
+    pub task_id: TaskId,
     /// The key of the task that made it.
     pub task: TaskKey,
     /// Its number among the task's outputs.
     pub k: u32,
-    pub job_id: String,
-    pub parent_job_id: Option<String>,
+    pub job_id: JobId,
+    pub parent_job_id: Option<JobId>,
     pub url: String,
     pub url_issued_at: i64,
     /// Where the output was kept, when it was: a file or an object.
     pub path: Option<Address>,
-    pub sha256: Option<String>,
+    pub sha256: Option<Sha256Sum>,
     pub bytes: Option<u64>,
     /// The store's ETag of the output's object, as uploaded, or a local file's stamp
     /// (`place::stamp`); `None` for what an imgpipe from before they were kept recorded.
@@ -67,13 +69,13 @@ impl Outputs<'_> {
     /// (`place::stamp`), which it compares with the file's.
     pub async fn record_download(
         &self,
-        output_id: i64,
+        output_id: OutputId,
         path: &str,
-        sha256: &str,
+        sha256: &Sha256Sum,
         bytes: u64,
         etag: Option<&str>,
     ) -> Result<(), StoreError> {
-        let (path, sha256, etag) = (path.to_owned(), sha256.to_owned(), etag.map(str::to_owned));
+        let (path, sha256, etag) = (path.to_owned(), sha256.clone(), etag.map(str::to_owned));
         self.store
             .writer
             .write(Box::new(move |conn| {
@@ -101,7 +103,7 @@ impl Outputs<'_> {
 
     pub async fn record_download_error(
         &self,
-        output_id: i64,
+        output_id: OutputId,
         error: &str,
     ) -> Result<(), StoreError> {
         let error = error.to_owned();

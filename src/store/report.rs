@@ -3,19 +3,21 @@
 //! calls over time, both summed by the database: a report of a large run holds one page of
 //! rows at a time, never the run.
 
+use crate::api::job_id::JobId;
 use crate::run_id::RunId;
 use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 use sqlx::Row;
 
 use crate::place::Address;
+use crate::sha256::Sha256Sum;
 use crate::store::tasks::TaskStatus;
 use crate::store::to_u64;
-use crate::store::{Backend, Store, StoreError, rows};
+use crate::store::{Backend, OutputId, Store, StoreError, TaskId, rows};
 
 /// A task as the report shows it.
 #[derive(Clone, Debug)]
 pub struct ReportTask {
-    pub id: i64,
+    pub id: TaskId,
     pub item: String,
     pub step: String,
     pub idx: u32,
@@ -25,7 +27,7 @@ pub struct ReportTask {
     pub status: TaskStatus,
     pub planned_credits: u64,
     pub credits_billed: u64,
-    pub job_id: Option<String>,
+    pub job_id: Option<JobId>,
     pub error: Option<String>,
     /// Dropped from the pipeline by `--allow-changes`: only its cost is shown.
     pub removed: bool,
@@ -72,12 +74,12 @@ impl TaskRequest {
 /// One output as the report shows it.
 #[derive(Clone, Debug)]
 pub struct ReportOutput {
-    pub id: i64,
+    pub id: OutputId,
     pub k: u32,
-    pub job_id: String,
+    pub job_id: JobId,
     /// Where the output was kept, when it was: a file or an object.
     pub place: Option<Address>,
-    pub sha256: Option<String>,
+    pub sha256: Option<Sha256Sum>,
     pub download_error: Option<String>,
 }
 
@@ -178,12 +180,12 @@ pub struct StepTotals {
 /// task was done again (`reroll`), changed (`--allow-changes`), or its file found modified.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EarlierOutput {
-    pub task_id: i64,
+    pub task_id: TaskId,
     pub k: u32,
-    pub job_id: String,
+    pub job_id: JobId,
     /// Where the file was moved to; `None` when it was not kept.
     pub place: Option<Address>,
-    pub sha256: Option<String>,
+    pub sha256: Option<Sha256Sum>,
     pub reason: String,
     pub superseded_at: i64,
 }
@@ -393,7 +395,7 @@ impl<'a> Report<'a> {
     pub async fn earlier_outputs(
         &self,
         run_id: &RunId,
-        tasks: &[i64],
+        tasks: &[TaskId],
     ) -> Result<Vec<EarlierOutput>, StoreError> {
         let mut out = Vec::new();
         for chunk in tasks.chunks(500) {

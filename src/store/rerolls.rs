@@ -6,7 +6,7 @@
 use crate::run_id::RunId;
 use sqlx::{AnyConnection, AnyPool, Row};
 
-use crate::store::{RunStatus, StoreError, now_ms};
+use crate::store::{RerollId, RunStatus, StoreError, SupersededId, TaskId, now_ms};
 use crate::task_key::TaskKey;
 
 /// A reroll to record with the review that resets its tasks.
@@ -15,7 +15,7 @@ pub struct NewReroll {
     /// Its targets, sorted: `lamp mug/clean[0]`.
     pub said: String,
     /// The row ids of the tasks it resets.
-    pub task_ids: Vec<i64>,
+    pub task_ids: Vec<TaskId>,
     /// The run as it was before the reroll reopened it: what an undone reroll gives back.
     pub before: Option<RunBefore>,
 }
@@ -34,8 +34,9 @@ pub struct RunBefore {
 pub struct Undone {
     /// Each set-aside file's place under `_superseded/`, and its place as an output again.
     pub moves: Vec<(String, String)>,
-    /// The first of its tasks that failed, and why, as the record said before the undo.
-    pub failed: Option<(TaskKey, String)>,
+    /// The first of its tasks that failed, and why when the record says, as it said before
+    /// the undo.
+    pub failed: Option<(TaskKey, Option<String>)>,
     /// The HTTP status of that task's last call, when it was answered.
     pub http_status: Option<i64>,
     /// The run's status, given back.
@@ -45,8 +46,8 @@ pub struct Undone {
 /// A reroll recorded and not ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OpenReroll {
-    pub id: i64,
-    pub task_ids: Vec<i64>,
+    pub id: RerollId,
+    pub task_ids: Vec<TaskId>,
 }
 
 /// Records `reroll` at `now`, with a copy of the rows it is about to reset or set aside: call it
@@ -59,7 +60,7 @@ pub(super) async fn insert(
 ) -> Result<(), StoreError> {
     let ids = serde_json::to_string(&reroll.task_ids).unwrap_or_else(|_| "[]".into());
     let before = reroll.before.as_ref();
-    let id: i64 = sqlx::query(
+    let id: RerollId = sqlx::query(
         "INSERT INTO rerolls (run_id, said, task_ids, created_at, status_before,
              stop_reason_before, finished_at_before)
          VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
@@ -83,8 +84,8 @@ pub(super) async fn insert(
 /// Copies task `task_id`'s row and its outputs' rows as reroll `reroll_id` found them.
 async fn copy_before(
     conn: &mut AnyConnection,
-    reroll_id: i64,
-    task_id: i64,
+    reroll_id: RerollId,
+    task_id: TaskId,
 ) -> Result<(), StoreError> {
     sqlx::query(
         "INSERT INTO reroll_tasks_before (reroll_id, task_id, operation, inputs, planned_credits,
@@ -160,7 +161,7 @@ async fn undoable(
     conn: &mut AnyConnection,
     run_id: &RunId,
     said: &str,
-) -> Result<Option<(i64, i64, RunBefore)>, StoreError> {
+) -> Result<Option<(RerollId, i64, RunBefore)>, StoreError> {
     let row = sqlx::query(
         "SELECT id, created_at, status_before, stop_reason_before, finished_at_before
          FROM rerolls
@@ -190,7 +191,11 @@ async fn undoable(
 
 /// Whether reroll `id` (made at `since`) did anything that must be kept: a call of one of its
 /// tasks billed, possibly billed or in flight, or one of its tasks done.
-async fn did_something(conn: &mut AnyConnection, id: i64, since: i64) -> Result<bool, StoreError> {
+async fn did_something(
+    conn: &mut AnyConnection,
+    id: RerollId,
+    since: i64,
+) -> Result<bool, StoreError> {
     let calls: i64 = sqlx::query(
         "SELECT COUNT(*) AS n FROM attempts a
          JOIN reroll_tasks_before b ON b.task_id = a.task_id AND b.reroll_id = $1
@@ -218,8 +223,8 @@ async fn did_something(conn: &mut AnyConnection, id: i64, since: i64) -> Result<
 /// The first of reroll `id`'s tasks that failed, why, and its last call's HTTP status.
 async fn first_failure(
     conn: &mut AnyConnection,
-    id: i64,
-) -> Result<(Option<(TaskKey, String)>, Option<i64>), StoreError> {
+    id: RerollId,
+) -> Result<(Option<(TaskKey, Option<String>)>, Option<i64>), StoreError> {
     let row = sqlx::query(
         "SELECT t.id, t.item, t.step, t.idx, t.error FROM tasks t
          JOIN reroll_tasks_before b ON b.task_id = t.id AND b.reroll_id = $1
@@ -231,7 +236,7 @@ async fn first_failure(
     let Some(row) = row else {
         return Ok((None, None));
     };
-    let task_id: i64 = row.try_get("id")?;
+    let task_id: TaskId = row.try_get("id")?;
     let idx: i64 = row.try_get("idx")?;
     let key = TaskKey::new(
         row.try_get::<String, _>("item")?,
@@ -247,7 +252,7 @@ async fn first_failure(
             .map(|r| r.try_get("http_status"))
             .transpose()?
             .flatten();
-    Ok((Some((key, error.unwrap_or_default())), status))
+    Ok((Some((key, error)), status))
 }
 
 /// Undoes the open reroll of run `run_id` that named `said` when it did nothing that must be
@@ -295,7 +300,7 @@ pub(super) async fn undo(
 async fn set_aside_since(
     conn: &mut AnyConnection,
     run_id: &RunId,
-    id: i64,
+    id: RerollId,
     since: i64,
 ) -> Result<Vec<(String, String)>, StoreError> {
     let rows = sqlx::query(
@@ -310,7 +315,7 @@ async fn set_aside_since(
     .await?;
     let mut moves = Vec::new();
     for row in rows {
-        let superseded: i64 = row.try_get("id")?;
+        let superseded: SupersededId = row.try_get("id")?;
         for sql in [
             "DELETE FROM pending_moves WHERE superseded_id = $1",
             "DELETE FROM superseded_outputs WHERE id = $1",
@@ -328,7 +333,7 @@ async fn set_aside_since(
 }
 
 /// Writes back reroll `id`'s copy of its tasks' and outputs' rows.
-async fn restore_rows(conn: &mut AnyConnection, id: i64) -> Result<(), StoreError> {
+async fn restore_rows(conn: &mut AnyConnection, id: RerollId) -> Result<(), StoreError> {
     let statements = [
         "DELETE FROM outputs WHERE task_id IN
              (SELECT task_id FROM reroll_tasks_before WHERE reroll_id = $1)",

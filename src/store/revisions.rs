@@ -5,22 +5,23 @@
 use crate::run_id::RunId;
 use sqlx::{AnyConnection, Row};
 
+use crate::sha256::Sha256Sum;
 use crate::store::identities::Reusable;
 use crate::store::tasks::{NewTask, insert_tasks};
 use crate::store::to_i64;
-use crate::store::{Store, StoreError, now_ms, rerolls};
+use crate::store::{MoveId, OutputId, Store, StoreError, SupersededId, TaskId, now_ms, rerolls};
 use crate::task_key::TaskKey;
 
 /// An output set aside by a resume: its row moves to `superseded_outputs`, and its file (or
 /// object), when it has one, is to move from `from` to `to`: a move journaled with the change
 /// and made after the commit (see [`Revisions::apply`]).
 pub struct SetAside {
-    pub output_id: i64,
+    pub output_id: OutputId,
     /// The file's recorded place, and where it goes.
     pub from: Option<String>,
     pub to: Option<String>,
     /// The sha256 of the bytes there, when they differ from the recorded ones.
-    pub sha256: Option<String>,
+    pub sha256: Option<Sha256Sum>,
     pub reason: &'static str,
     /// Keep the output (its job is still the task's) and fetch its file again; else the
     /// output is dropped with its task's old job, before the task runs again.
@@ -31,7 +32,7 @@ pub struct SetAside {
 /// written.
 #[derive(Clone, Debug)]
 pub enum TaskRef {
-    Row(i64),
+    Row(TaskId),
     /// The key of a task recorded by the same change.
     New(TaskKey),
 }
@@ -54,23 +55,30 @@ pub struct Changes {
     pub new_tasks: Vec<NewTask>,
     pub set_aside: Vec<SetAside>,
     /// Tasks to do again from the start, as each `NewTask` now describes it.
-    pub reset: Vec<(i64, NewTask)>,
+    pub reset: Vec<(TaskId, NewTask)>,
     /// Tasks the pipeline no longer has; their attempts stay, for what they cost.
-    pub removed: Vec<i64>,
+    pub removed: Vec<TaskId>,
     /// Tasks left failed, with why, and the tasks below them, blocked.
-    pub failed: Vec<(i64, String)>,
-    pub blocked: Vec<(Vec<i64>, String)>,
+    pub failed: Vec<(TaskId, String)>,
+    pub blocked: Vec<Blocked>,
     pub reused: Vec<Reused>,
     /// A reroll, recorded with the tasks it resets.
     pub reroll: Option<crate::store::NewReroll>,
+}
+
+/// Tasks left blocked below a task left failed, with why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Blocked {
+    pub tasks: Vec<TaskId>,
+    pub why: String,
 }
 
 /// A file or object move a resume journaled: made after the change's commit, then forgotten
 /// with [`Revisions::finish_moves`]. The next resume makes those a killed process left.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PendingMove {
-    pub id: i64,
-    pub superseded_id: i64,
+    pub id: MoveId,
+    pub superseded_id: SupersededId,
     pub from: String,
     pub to: String,
 }
@@ -127,7 +135,7 @@ impl Revisions<'_> {
         let blocked = changes
             .blocked
             .iter()
-            .map(|(ids, why)| (ids.clone(), why, "blocked"));
+            .map(|b| (b.tasks.clone(), &b.why, "blocked"));
         for (ids, why, status) in failed.chain(blocked) {
             for id in ids {
                 sqlx::query(
@@ -216,7 +224,7 @@ async fn set_aside(
     now: i64,
 ) -> Result<Option<PendingMove>, StoreError> {
     let to = m.from.as_ref().and(m.to.as_ref());
-    let superseded_id: i64 = sqlx::query(
+    let superseded_id: SupersededId = sqlx::query(
         "INSERT INTO superseded_outputs (task_id, run_id, k, job_id, path, sha256, bytes,
              reason, superseded_at)
          SELECT task_id, $1, k, job_id, $2, COALESCE($3, sha256), bytes, $4, $5
@@ -246,7 +254,7 @@ async fn set_aside(
     let (Some(from), Some(to)) = (&m.from, to) else {
         return Ok(None);
     };
-    let id: i64 = sqlx::query(
+    let id: MoveId = sqlx::query(
         "INSERT INTO pending_moves (run_id, superseded_id, from_path, to_path)
          VALUES ($1, $2, $3, $4) RETURNING id",
     )
@@ -268,7 +276,7 @@ async fn set_aside(
 /// Makes a task to do again from the start, as `task` now describes it.
 async fn reset_task(
     conn: &mut AnyConnection,
-    task_id: i64,
+    task_id: TaskId,
     task: &NewTask,
     now: i64,
 ) -> Result<(), StoreError> {
@@ -293,7 +301,7 @@ async fn reset_task(
 async fn reuse(
     conn: &mut AnyConnection,
     run_id: &RunId,
-    task_id: i64,
+    task_id: TaskId,
     r: &Reused,
     now: i64,
 ) -> Result<(), StoreError> {

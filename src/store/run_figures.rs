@@ -3,11 +3,12 @@
 
 use sqlx::Row;
 
+use crate::api::job_id::JobId;
 use crate::run_id::RunId;
-use crate::store::StoreError;
 use crate::store::runs::Runs;
 use crate::store::tasks::key_of;
 use crate::store::to_u64;
+use crate::store::{StoreError, TaskId};
 use crate::task_key::TaskKey;
 
 /// A run's attempts and outputs summed up, as the store keeps them while they are written
@@ -54,11 +55,11 @@ pub struct StepCounts {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct AmbiguousAttempt {
     #[serde(skip)]
-    pub task_id: i64,
+    pub task_id: TaskId,
     pub task: TaskKey,
     pub endpoint: String,
     pub started_at: i64,
-    pub job_id: Option<String>,
+    pub job_id: Option<JobId>,
     pub error: Option<String>,
     /// The task's planned price: what the call may have cost.
     pub credits_at_risk: u64,
@@ -217,7 +218,7 @@ impl Runs<'_> {
 mod tests {
     use crate::run_id::RunId;
     use crate::store::runs::{NewRun, RecordedPlan};
-    use crate::store::{Location, NewTask, Store, TaskStatus};
+    use crate::store::{Location, NewTask, Store, TaskId, TaskStatus};
     use crate::task_key::TaskKey;
 
     /// What a run may still spend and its steps' counts, as kept by the store, follow every
@@ -251,7 +252,7 @@ mod tests {
             .create(&run, &[task("a"), task("b")])
             .await
             .unwrap();
-        let ids: Vec<i64> = store
+        let ids: Vec<TaskId> = store
             .tasks()
             .all(&run_id)
             .await

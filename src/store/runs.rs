@@ -78,7 +78,7 @@ impl serde::Serialize for RunStatus {
 /// store does not know (it sits below `plan`), read back as the type its caller knows it by.
 /// Written only by [`RecordedPlan::of`], so a plan that cannot be written is an error, never
 /// an empty record.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecordedPlan(String);
 
 impl RecordedPlan {
@@ -89,9 +89,10 @@ impl RecordedPlan {
             .map_err(|e| StoreError::Plan(e.to_string()))
     }
 
-    /// The plan read as `P`; `None` for a run listed without its plan ([`Runs::list`]), or a
-    /// record `P` cannot read (one written before `P` took its shape, or left empty by an
-    /// imgpipe from before plans were checked as they were written).
+    /// The plan read as `P`; `None` for a record `P` cannot read (one written before `P` took
+    /// its shape, or left empty by an imgpipe from before plans were checked as they were
+    /// written). Read by its two readers only: the figures every part shows
+    /// (`money::planned::PlanFigures::of`) and the whole document a resume compares.
     pub fn read<P: serde::de::DeserializeOwned>(&self) -> Option<P> {
         if self.0.is_empty() {
             return None;
@@ -142,6 +143,18 @@ pub struct Run {
     pub balance_before: Option<i64>,
     pub balance_after: Option<i64>,
     pub stop_reason: Option<String>,
+    pub created_at: i64,
+    pub finished_at: Option<i64>,
+}
+
+/// A run as [`Runs::list`] lists them: its record without the pipeline's text, its plan, its
+/// place or its balances, which a list of every run does not read.
+#[derive(Clone, Debug)]
+pub struct RunSummary {
+    pub id: RunId,
+    pub pipeline_name: String,
+    pub status: RunStatus,
+    pub credits_planned: u64,
     pub created_at: i64,
     pub finished_at: Option<i64>,
 }
@@ -204,17 +217,27 @@ impl Runs<'_> {
         row.as_ref().map(run_row).transpose()
     }
 
-    /// Every run, the latest first, without their pipeline text and plan.
-    pub async fn list(&self) -> Result<Vec<Run>, StoreError> {
+    /// Every run, the latest first, summed up.
+    pub async fn list(&self) -> Result<Vec<RunSummary>, StoreError> {
         let rows = sqlx::query(
-            "SELECT id, pipeline_name, pipeline_file, '' AS pipeline_text, pipeline_sha256,
-                    items_sha256, '' AS plan_json, output_dir, status, credits_planned,
-                    balance_before, balance_after, stop_reason, created_at, finished_at
+            "SELECT id, pipeline_name, status, credits_planned, created_at, finished_at
              FROM runs ORDER BY created_at DESC, id DESC",
         )
         .fetch_all(self.store.pool())
         .await?;
-        rows.iter().map(run_row).collect()
+        rows.iter().map(summary_row).collect()
+    }
+
+    /// One run, summed up as [`Runs::list`] lists it.
+    pub async fn summary(&self, id: &RunId) -> Result<Option<RunSummary>, StoreError> {
+        let row = sqlx::query(
+            "SELECT id, pipeline_name, status, credits_planned, created_at, finished_at
+             FROM runs WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(self.store.pool())
+        .await?;
+        row.as_ref().map(summary_row).transpose()
     }
 
     /// Adopts a changed pipeline file (`--allow-changes`): the run keeps the new copy.
@@ -305,6 +328,18 @@ impl sqlx::Encode<'_, sqlx::Any> for RunId {
     ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
         <String as sqlx::Encode<'_, sqlx::Any>>::encode(self.as_str().to_owned(), buf)
     }
+}
+
+fn summary_row(row: &sqlx::any::AnyRow) -> Result<RunSummary, StoreError> {
+    let status: String = row.try_get("status")?;
+    Ok(RunSummary {
+        id: RunId::from(row.try_get::<String, _>("id")?),
+        pipeline_name: row.try_get("pipeline_name")?,
+        status: RunStatus::recorded(&status)?,
+        credits_planned: row.try_get::<i64, _>("credits_planned")?.max(0) as u64,
+        created_at: row.try_get("created_at")?,
+        finished_at: row.try_get("finished_at")?,
+    })
 }
 
 fn run_row(row: &sqlx::any::AnyRow) -> Result<Run, StoreError> {

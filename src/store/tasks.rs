@@ -3,10 +3,11 @@
 
 use sqlx::Row;
 
+use crate::api::job_id::JobId;
 use crate::run_id::RunId;
 use crate::store::attempts::CallOutcome;
 use crate::store::group::Written;
-use crate::store::{Backend, Store, StoreError, now_ms, rows, to_i64, to_u64};
+use crate::store::{AttemptId, Backend, Store, StoreError, TaskId, now_ms, rows, to_i64, to_u64};
 use crate::task_key::TaskKey;
 
 pub(crate) use crate::store::outputs::{OUTPUT_COLUMNS, output_row};
@@ -69,26 +70,26 @@ pub struct NewTask {
 
 #[derive(Clone, Debug)]
 pub struct RecordedTask {
-    pub id: i64,
+    pub id: TaskId,
     pub key: TaskKey,
     pub status: TaskStatus,
     pub planned_credits: u64,
     pub credits_billed: u64,
-    pub job_id: Option<String>,
+    pub job_id: Option<JobId>,
     pub error: Option<String>,
     /// The task's latest attempt, if it made one.
     pub last_attempt: Option<LastAttempt>,
     pub identity: Option<String>,
     /// The earlier task whose outputs this one took instead of paying (`--reuse`).
-    pub reused_from: Option<i64>,
+    pub reused_from: Option<TaskId>,
 }
 
 #[derive(Clone, Debug)]
 pub struct LastAttempt {
-    pub id: i64,
+    pub id: AttemptId,
     /// `None` while in flight, or when the process died with the call in flight.
     pub outcome: Option<CallOutcome>,
-    pub job_id: Option<String>,
+    pub job_id: Option<JobId>,
 }
 
 impl LastAttempt {
@@ -119,7 +120,7 @@ impl Tasks<'_> {
         &self,
         run_id: &RunId,
         tasks: &[NewTask],
-    ) -> Result<Vec<(i64, TaskKey)>, StoreError> {
+    ) -> Result<Vec<(TaskId, TaskKey)>, StoreError> {
         let mut tx = self.store.pool().begin().await?;
         let ids = insert_tasks(&mut tx, self.store.backend(), run_id, tasks).await?;
         tx.commit().await?;
@@ -130,7 +131,7 @@ impl Tasks<'_> {
     /// statement per 500 tasks. Not by key: PostgreSQL without statistics may find each row
     /// through `tasks_by_step` (the run and the step) rather than the unique key, reading
     /// every task of the step for each one; by id the primary key leaves no choice.
-    pub async fn set_planned(&self, tasks: &[(i64, u64)]) -> Result<(), StoreError> {
+    pub async fn set_planned(&self, tasks: &[(TaskId, u64)]) -> Result<(), StoreError> {
         let mut tx = self.store.pool().begin().await?;
         for chunk in tasks.chunks(500) {
             let values = rows(self.store.backend(), chunk.len(), 2, |p| {
@@ -196,7 +197,7 @@ impl Tasks<'_> {
     /// Marks a task pending, failed or blocked, with the reason.
     pub async fn set_status(
         &self,
-        task_ids: &[i64],
+        task_ids: &[TaskId],
         status: TaskStatus,
         error: Option<&str>,
     ) -> Result<(), StoreError> {
@@ -235,7 +236,7 @@ pub(super) fn task_row(r: &sqlx::any::AnyRow) -> Result<RecordedTask, StoreError
         credits_billed: to_u64(r.try_get("credits_billed")?),
         job_id: r.try_get("job_id")?,
         error: r.try_get("error")?,
-        last_attempt: match r.try_get::<Option<i64>, _>("a_id")? {
+        last_attempt: match r.try_get::<Option<AttemptId>, _>("a_id")? {
             Some(id) => Some(LastAttempt {
                 id,
                 outcome: r
@@ -271,7 +272,7 @@ pub(crate) async fn insert_tasks(
     backend: Backend,
     run_id: &RunId,
     tasks: &[NewTask],
-) -> Result<Vec<(i64, TaskKey)>, StoreError> {
+) -> Result<Vec<(TaskId, TaskKey)>, StoreError> {
     let now = now_ms();
     let mut ids = Vec::with_capacity(tasks.len());
     for chunk in tasks.chunks(ROWS_PER_INSERT) {

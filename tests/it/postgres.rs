@@ -894,7 +894,7 @@ async fn priced_by_row_id(state: &str) {
         .create(&run, &[task("a"), task("b")])
         .await
         .unwrap();
-    let ids: Vec<i64> = store
+    let ids: Vec<imgpipe::store::TaskId> = store
         .tasks()
         .all(&"r".into())
         .await
@@ -950,7 +950,7 @@ async fn in_byte_order(state: &str, writer: &str) {
         .map(|i| task(&format!("i{i}")))
         .collect();
     store.runs().create(&run, &tasks).await.unwrap();
-    let ids: Vec<i64> = store
+    let ids: Vec<imgpipe::store::TaskId> = store
         .tasks()
         .all(&"r".into())
         .await
@@ -1022,11 +1022,12 @@ async fn in_byte_order(state: &str, writer: &str) {
             .all(|o| o.bytes == Some(7) && o.etag.as_deref() == Some("\"e\""))
     );
     // Read back whole by id, in the order of the ids.
-    let mut some: Vec<i64> = stored.iter().take(3).map(|o| o.id).collect();
+    let mut some: Vec<imgpipe::store::OutputId> = stored.iter().take(3).map(|o| o.id).collect();
     some.sort_unstable();
     let rows = store.kept().by_id(&some).await.unwrap();
-    let read: Vec<(i64, &str)> = rows.iter().map(|r| (r.id, r.task.item.as_str())).collect();
-    let expected: Vec<(i64, String)> = some
+    let read: Vec<(imgpipe::store::OutputId, &str)> =
+        rows.iter().map(|r| (r.id, r.task.item.as_str())).collect();
+    let expected: Vec<(imgpipe::store::OutputId, String)> = some
         .iter()
         .map(|id| {
             let o = stored.iter().find(|o| o.id == *id).unwrap();

@@ -10,14 +10,14 @@ use crate::exec::download::{Checked, Fetched, News, Unfetched};
 use crate::exec::scheduler::{Scheduler, sleep_until};
 use crate::exec::shared::OutputUrl;
 use crate::exec::state::State;
-use crate::store::{RecordedOutput, StoreError};
+use crate::store::{RecordedOutput, StoreError, TaskId};
 
 impl Scheduler {
     /// Loads the URLs of earlier outputs that a task still to run reads, and downloads those
     /// not on disk: the others are not read at all.
     pub(super) async fn restore_outputs(&mut self) -> Result<(), StoreError> {
         let store = self.shared.store.clone();
-        let mut read: Vec<i64> = (0..self.graph.len())
+        let mut read: Vec<TaskId> = (0..self.graph.len())
             .filter(|t| self.state[*t] == State::Done && self.still_read(*t))
             .filter_map(|t| self.rows.ids.get(t))
             .collect();

@@ -10,7 +10,7 @@ use crate::exec::calls::MAX_THROTTLED;
 use crate::exec::scheduler::Scheduler;
 use crate::exec::state::State;
 use crate::exec::{Fatal, OnAmbiguous, Stop};
-use crate::store::TaskStatus;
+use crate::store::{TaskId, TaskStatus};
 
 impl Scheduler {
     pub(super) async fn settle(&mut self, attempted: Attempted) {
@@ -190,7 +190,7 @@ impl Scheduler {
     /// A task that could not be tried, back to pending for a later run.
     async fn put_back(&mut self, t: usize) {
         self.state[t] = State::Ready;
-        let ids: Vec<i64> = self.rows.ids.get(t).into_iter().collect();
+        let ids: Vec<TaskId> = self.rows.ids.get(t).into_iter().collect();
         if let Err(e) = self
             .shared
             .store

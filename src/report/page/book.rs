@@ -15,7 +15,8 @@ use crate::report::page::links::file_of;
 use crate::report::page::model::{Earlier, Model, Shared, Shown};
 use crate::report::page::thumbs::{self, Preview};
 use crate::report::page::{cannot_write, persist, remote};
-use crate::store::{EarlierOutput, ReportEntry, ReportOutput, ReportTask, Store};
+use crate::sha256::Sha256Sum;
+use crate::store::{EarlierOutput, ReportEntry, ReportOutput, ReportTask, Store, TaskId};
 
 /// The report being written: what the first page gathers from the others.
 pub(super) struct Book<'a> {
@@ -54,7 +55,7 @@ pub(super) struct Grouped {
 /// A later page starts with the batch's tasks (`batch`), which its items may read.
 pub(super) fn group(rows: Vec<ReportEntry>, batch: &[ReportTask], page: usize) -> Grouped {
     let mut order: HashMap<String, usize> = HashMap::new();
-    let mut keyed: Vec<(usize, i64, u32, ReportEntry)> = rows
+    let mut keyed: Vec<(usize, TaskId, u32, ReportEntry)> = rows
         .into_iter()
         .map(|r| {
             let n = order.len();
@@ -97,8 +98,8 @@ pub(super) fn files_to_preview(
     outputs: &[(usize, ReportOutput)],
     earlier: &[(usize, EarlierOutput)],
     local: bool,
-) -> Vec<(PathBuf, Option<String>)> {
-    let mut files: Vec<(PathBuf, Option<String>)> = outputs
+) -> Vec<(PathBuf, Option<Sha256Sum>)> {
+    let mut files: Vec<(PathBuf, Option<Sha256Sum>)> = outputs
         .iter()
         .filter_map(|(_, o)| Some((file_of(o.place.as_ref()?), o.sha256.clone())))
         .collect();
@@ -251,13 +252,13 @@ impl Book<'_> {
         if self.shared.superseded == 0 || tasks.len() <= from {
             return Ok(Vec::new());
         }
-        let index: HashMap<i64, usize> = tasks
+        let index: HashMap<TaskId, usize> = tasks
             .iter()
             .enumerate()
             .skip(from)
             .map(|(i, t)| (t.id, i))
             .collect();
-        let ids: Vec<i64> = index.keys().copied().collect();
+        let ids: Vec<TaskId> = index.keys().copied().collect();
         let rows = store
             .report()
             .earlier_outputs(&self.shared.run.id, &ids)

@@ -8,7 +8,7 @@ use maud::{Markup, html};
 use crate::report::page::chart::{self, Marks};
 use crate::report::page::html::{Page, label, output_label};
 use crate::report::page::model::{Model, Shared, StepCost};
-use crate::store::{AmbiguousAttempt, TaskStatus};
+use crate::store::{AmbiguousAttempt, TaskId, TaskStatus};
 use crate::time::rfc3339_ms as time;
 
 impl Page<'_> {
@@ -261,7 +261,7 @@ pub(super) struct Problems {
     /// Outputs whose download failed, in page order.
     downloads: Rows,
     /// The status and page of each task with a call that may have been billed.
-    asked: HashMap<i64, (TaskStatus, usize)>,
+    asked: HashMap<TaskId, (TaskStatus, usize)>,
 }
 
 impl Problems {
@@ -288,8 +288,7 @@ impl Problems {
 /// What the run's plan priced when it started, for the whole file: a run asked for a part
 /// (`--items`, `--until`) records the part's price, and its plan what the whole costs.
 fn planned_at_start(run: &crate::store::Run) -> u64 {
-    run.plan
-        .read::<crate::money::planned::PlanFigures>()
+    crate::money::planned::PlanFigures::of(&run.plan)
         .and_then(|p| p.whole_credits())
         .unwrap_or(run.credits_planned)
 }

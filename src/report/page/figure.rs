@@ -230,7 +230,7 @@ mod tests {
 
     fn task(billed: u64, reused_from_run: Option<&str>) -> ReportTask {
         ReportTask {
-            id: 1,
+            id: crate::store::TaskId::new(1).unwrap(),
             item: "a".to_owned(),
             step: "s".to_owned(),
             idx: 0,

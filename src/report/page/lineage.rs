@@ -215,7 +215,7 @@ mod tests {
 
     fn task(item: &str, step: &str, idx: u32, inputs: &[&str]) -> ReportTask {
         ReportTask {
-            id: 0,
+            id: crate::store::TaskId::new(1).unwrap(),
             item: item.into(),
             step: step.into(),
             idx,

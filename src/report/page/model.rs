@@ -119,7 +119,7 @@ impl Shared {
     ) -> Result<Shared, StoreError> {
         let generated_at = crate::store::now_ms();
         let in_progress = run.status == RunStatus::Running;
-        let budget = run.plan.read::<PlanFigures>().and_then(|p| p.max_credits());
+        let budget = PlanFigures::of(&run.plan).and_then(|p| p.max_credits());
         let end = run.finished_at.unwrap_or(generated_at);
         let items = store.report().items(&run.id).await?;
         let commands = Commands::new(&run.id, store.location(), portable);

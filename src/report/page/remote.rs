@@ -34,7 +34,7 @@ use crate::report::page::html::MARKER;
 use crate::report::page::thumbs::{Facts, Known, Preview, thumb_name};
 use crate::report::page::{Written, refuse_foreign, write_local};
 use crate::run_id::RunId;
-use crate::store::{ReportOutput, Run, Store, Thumbnail};
+use crate::store::{OutputId, ReportOutput, Run, Store, Thumbnail};
 
 /// Objects read or put at once while a page is staged or kept: round trips, not bandwidth,
 /// bound a run of many small images.
@@ -125,7 +125,7 @@ fn etags_differ(recorded: Option<&str>, listed: Option<&str>) -> bool {
 
 /// A recorded output of the run, as its listing is compared with it.
 struct Kept {
-    id: i64,
+    id: OutputId,
     url: ObjectUrl,
     bytes: Option<u64>,
     etag: Option<String>,
@@ -200,7 +200,7 @@ async fn outputs_not_as_recorded(
     store: &Store,
     run_id: &RunId,
     run_url: &ObjectUrl,
-) -> Result<Vec<(i64, Seen)>, Error> {
+) -> Result<Vec<(OutputId, Seen)>, Error> {
     let kept = store
         .kept()
         .stored(run_id)
@@ -253,7 +253,7 @@ pub(super) struct Pages {
     local_run: PathBuf,
     thumbs: Objects,
     /// The outputs the listing did not show as recorded, by id (sorted).
-    differ: Vec<(i64, Seen)>,
+    differ: Vec<(OutputId, Seen)>,
 }
 
 impl Pages {

@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use futures::StreamExt;
 use image::codecs::png::{CompressionType, FilterType, PngEncoder};
 use image::{DynamicImage, ImageDecoder, ImageReader};
-use sha2::{Digest, Sha256};
 
 use crate::place::temp;
 
@@ -139,7 +138,7 @@ fn remove_temporaries(dir: &Path) -> usize {
 /// cost more thread switches than a small image costs to preview.
 pub async fn previews(
     dir: &Path,
-    files: Vec<(PathBuf, Option<String>)>,
+    files: Vec<(PathBuf, Option<crate::sha256::Sha256Sum>)>,
     known: &std::sync::Arc<Known>,
 ) -> Vec<Preview> {
     const PER_TRIP: usize = 16;
@@ -223,7 +222,7 @@ fn from_bytes(
     size: impl Fn() -> Option<(u32, u32)>,
     known: &Known,
 ) -> Preview {
-    let actual = match sha256_of(path) {
+    let actual = match crate::place::file_sha256(path) {
         Ok(sha) => sha,
         Err(e) => {
             return Preview {
@@ -306,20 +305,6 @@ fn ready(
         made: false,
         on_disk: false,
     })
-}
-
-/// The sha256 of a file's bytes, read a block at a time (an output may weigh 100 MB).
-fn sha256_of(path: &Path) -> std::io::Result<String> {
-    let mut file = std::fs::File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut block = vec![0u8; 64 * 1024];
-    loop {
-        match file.read(&mut block)? {
-            0 => break,
-            n => hasher.update(&block[..n]),
-        }
-    }
-    Ok(hex::encode(hasher.finalize()))
 }
 
 /// Reads the image a row at a time, scaling it into [`EDGE`] as it goes (memory by its width,
@@ -473,7 +458,7 @@ mod tests {
             image::Rgba([(x % 256) as u8, (y % 256) as u8, 90, alpha])
         });
         img.save(path).unwrap();
-        hex::encode(Sha256::digest(std::fs::read(path).unwrap()))
+        crate::sha256::Sha256Sum::of_bytes(&std::fs::read(path).unwrap()).to_string()
     }
 
     #[test]

@@ -4,8 +4,10 @@
 use std::collections::HashMap;
 
 use super::*;
+use crate::api::job_id::JobId;
 use crate::resume::check::{Found, differs};
-use crate::store::{CallOutcome, LastAttempt, ReusableOutput};
+use crate::sha256::Sha256Sum;
+use crate::store::{AttemptId, CallOutcome, LastAttempt, OutputId, ReusableOutput};
 use crate::task_key::TaskKey;
 
 /// Two items, each generated once (n: 2) and each image upscaled: per item 1 + 2 tasks.
@@ -43,8 +45,13 @@ fn row(g: &Graph, t: usize, status: TaskStatus, attempt: Option<LastAttempt>) ->
     }
 }
 
-fn row_id(t: usize) -> i64 {
-    100 + t as i64
+/// A sha256 made of `text`, for a test's outputs.
+fn sha(text: &str) -> Sha256Sum {
+    Sha256Sum::of_bytes(text.as_bytes())
+}
+
+fn row_id(t: usize) -> TaskId {
+    TaskId::new(100 + t as i64).unwrap()
 }
 
 /// Records of a run in which every task of `recorded` items has a row: succeeded unless
@@ -88,7 +95,7 @@ fn a_finished_item_is_kept_whole_and_an_unreached_one_counted_not_listed() {
     let g = graph();
     let rec = records(&g, &["a"], Vec::new());
     let r = done(decide(&g, &rec, RETRY, &Lookups::default()));
-    assert_eq!(r.kept, vec![100, 101, 102]);
+    assert_eq!(r.kept, [0, 1, 2].map(row_id));
     assert!(r.redo.is_empty());
     assert_eq!(r.unrecorded.instances, vec![Instance::Item(1)]);
     assert_eq!((r.unrecorded.tasks, r.to_pay()), (3, 3));
@@ -105,7 +112,7 @@ fn each_open_task_is_paid_again_for_its_own_reason() {
         task(&g, "a", "big", 1),
     );
     let answered = LastAttempt {
-        id: 7,
+        id: AttemptId::new(7).unwrap(),
         outcome: Some(CallOutcome::AnsweredError),
         job_id: None,
     };
@@ -133,9 +140,9 @@ fn a_lost_answer_naming_its_job_is_read_back_and_one_without_is_ambiguous() {
     let g = graph();
     let (named, unnamed) = (task(&g, "a", "shot", 0), task(&g, "b", "shot", 0));
     let lost = |id, job: Option<&str>| LastAttempt {
-        id,
+        id: AttemptId::new(id).unwrap(),
         outcome: None,
-        job_id: job.map(str::to_owned),
+        job_id: job.map(JobId::from),
     };
     let open = vec![
         row(&g, named, TaskStatus::Running, Some(lost(1, Some("job_1")))),
@@ -154,7 +161,7 @@ fn a_lost_answer_naming_its_job_is_read_back_and_one_without_is_ambiguous() {
             r.recover[0].attempt_id,
             r.recover[0].job_id.as_str()
         ),
-        (named, 1, "job_1")
+        (named, AttemptId::new(1).unwrap(), "job_1")
     );
 }
 
@@ -164,7 +171,7 @@ fn on_ambiguous_fail_leaves_the_task_failed_and_blocks_what_is_below_it() {
     let shot = task(&g, "a", "shot", 0);
     let (big0, big1) = (task(&g, "a", "big", 0), task(&g, "a", "big", 1));
     let lost = LastAttempt {
-        id: 3,
+        id: AttemptId::new(3).unwrap(),
         outcome: Some(CallOutcome::Ambiguous),
         job_id: None,
     };
@@ -194,12 +201,12 @@ fn a_changed_pipeline_keeps_tasks_of_the_same_identity_and_pays_for_the_others()
     // The shots' bytes are known; the upscales of item a were recorded under another request.
     for item in ["a", "b"] {
         let id = row_id(task(&g, item, "shot", 0));
-        rec.hashes.insert((id, 0), format!("{item}0"));
-        rec.hashes.insert((id, 1), format!("{item}1"));
+        rec.hashes.insert((id, 0), sha(&format!("{item}0")));
+        rec.hashes.insert((id, 1), sha(&format!("{item}1")));
     }
-    let known = |t: usize, k: u32| -> Option<String> {
+    let known = |t: usize, k: u32| -> Option<Sha256Sum> {
         let item = g.key(t).item;
-        Some(format!("{item}{k}"))
+        Some(sha(&format!("{item}{k}")))
     };
     let mut previous = HashMap::new();
     for t in 0..g.len() {
@@ -244,7 +251,7 @@ fn reuse_asks_for_each_level_of_the_chain_in_one_batch_and_takes_what_it_finds()
     // Item a's shot was made by an earlier run; item b's never was.
     let shot_a = identity(&g, task(&g, "a", "shot", 0), |_, _| None).unwrap();
     let earlier = Reusable {
-        task_id: 9,
+        task_id: TaskId::new(9).unwrap(),
         run_id: "earlier".into(),
         job_id: "job_9".into(),
         outputs: (0..2)
@@ -253,7 +260,7 @@ fn reuse_asks_for_each_level_of_the_chain_in_one_batch_and_takes_what_it_finds()
                 url: format!("https://x/{k}"),
                 url_issued_at: 0,
                 path: None,
-                sha256: Some(format!("sha{k}")),
+                sha256: Some(sha(&format!("sha{k}"))),
                 bytes: None,
                 parent_job_id: None,
             })
@@ -289,12 +296,10 @@ fn recorded_tasks_the_pipeline_dropped_are_passed_on() {
 
 #[test]
 fn an_output_is_fetched_again_when_missing_and_set_aside_when_modified() {
-    assert!(differs(1, "abc", Found::Bytes("abc".into())).is_none());
-    let missing = differs(1, "abc", Found::Missing).expect("fetched again");
+    let (one, abc, def) = (OutputId::new(1).unwrap(), sha("abc"), sha("def"));
+    assert!(differs(one, &abc, Found::Bytes(abc.clone())).is_none());
+    let missing = differs(one, &abc, Found::Missing).expect("fetched again");
     assert_eq!(missing.modified, None);
-    let modified = differs(1, "abc", Found::Bytes("def".into())).expect("set aside");
-    assert_eq!(
-        (modified.id, modified.modified.as_deref()),
-        (1, Some("def"))
-    );
+    let modified = differs(one, &abc, Found::Bytes(def.clone())).expect("set aside");
+    assert_eq!((modified.id, modified.modified), (one, Some(def)));
 }

@@ -1,10 +1,10 @@
 use super::*;
 use crate::place::Address;
-use crate::store::TaskStatus;
+use crate::store::{OutputId, TaskId, TaskStatus};
 
 fn task(id: i64, item: &str) -> ReportTask {
     ReportTask {
-        id,
+        id: TaskId::new(id).unwrap(),
         item: item.to_owned(),
         step: "s".to_owned(),
         idx: 0,
@@ -24,11 +24,11 @@ fn task(id: i64, item: &str) -> ReportTask {
 
 fn output(id: i64, k: u32, path: Option<&str>) -> ReportOutput {
     ReportOutput {
-        id,
+        id: OutputId::new(id).unwrap(),
         k,
-        job_id: format!("j{id}"),
+        job_id: format!("j{id}").into(),
         place: path.map(Address::recorded),
-        sha256: path.map(|p| format!("sha-{p}")),
+        sha256: path.map(|p| crate::sha256::Sha256Sum::of_bytes(p.as_bytes())),
         download_error: None,
     }
 }
@@ -42,9 +42,9 @@ fn row(task_id: i64, item: &str, out: Option<(u32, Option<&str>)>) -> ReportEntr
 
 fn earlier(task_id: i64, path: Option<&str>) -> EarlierOutput {
     EarlierOutput {
-        task_id,
+        task_id: TaskId::new(task_id).unwrap(),
         k: 0,
-        job_id: "old".to_owned(),
+        job_id: "old".into(),
         place: path.map(Address::recorded),
         sha256: None,
         reason: "rerolled".to_owned(),
@@ -53,7 +53,7 @@ fn earlier(task_id: i64, path: Option<&str>) -> EarlierOutput {
 }
 
 fn ids(tasks: &[ReportTask]) -> Vec<i64> {
-    tasks.iter().map(|t| t.id).collect()
+    tasks.iter().map(|t| t.id.get()).collect()
 }
 
 #[test]
