@@ -8,7 +8,7 @@ use serde::Serialize;
 use sqlx::Row;
 
 use crate::run_id::RunId;
-use crate::store::{Store, StoreError, now_ms, rows, to_i64, to_u64};
+use crate::store::{OutputId, Store, StoreError, TaskId, now_ms, rows, to_i64, to_u64};
 
 /// What a check said of one output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -67,8 +67,8 @@ column_words!(Action {
 /// One check's verdict on one output, as recorded.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct VerdictRow {
-    pub output_id: i64,
-    pub task_id: i64,
+    pub output_id: OutputId,
+    pub task_id: TaskId,
     /// The check's place in its step's `checks:` list.
     pub position: u32,
     /// The step and its checks as written: what pass rates are read by.
@@ -170,7 +170,7 @@ impl Verdicts<'_> {
     }
 
     /// Says what was done about an output's verdicts that were not acted on yet.
-    pub async fn act(&self, output_id: i64, action: Action) -> Result<(), StoreError> {
+    pub async fn act(&self, output_id: OutputId, action: Action) -> Result<(), StoreError> {
         sqlx::query(
             "UPDATE check_verdicts SET acted = $1
              WHERE output_id = $2 AND acted IS NULL AND verdict <> 'passed'",
@@ -226,10 +226,10 @@ mod tests {
     use super::*;
     use crate::store::Location;
 
-    fn verdict(output_id: i64, position: u32, outcome: Outcome) -> VerdictRow {
+    fn verdict(output: i64, position: u32, outcome: Outcome) -> VerdictRow {
         VerdictRow {
-            output_id,
-            task_id: output_id * 10,
+            output_id: OutputId::new(output).unwrap(),
+            task_id: TaskId::new(output * 10).unwrap(),
             position,
             checks_key: "shots/cutout:not_blank,transparent".into(),
             check: if position == 0 {
@@ -261,8 +261,12 @@ mod tests {
         v.record(&run, &[verdict(1, 1, Outcome::Passed)])
             .await
             .unwrap();
-        v.act(1, Action::Rerolled).await.unwrap();
-        v.act(1, Action::Flagged).await.unwrap();
+        v.act(OutputId::new(1).unwrap(), Action::Rerolled)
+            .await
+            .unwrap();
+        v.act(OutputId::new(1).unwrap(), Action::Flagged)
+            .await
+            .unwrap();
         let rows = v.of_run(&run).await.unwrap();
         assert_eq!(rows.len(), 6);
         assert_eq!(
