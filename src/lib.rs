@@ -63,6 +63,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod aside;
 pub mod checks;
 pub mod cli;
 pub mod desk;

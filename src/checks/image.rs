@@ -9,6 +9,7 @@
 use std::io::{BufRead, Seek};
 
 use crate::checks::Verdict;
+use crate::pipeline::ToolOp;
 use crate::pipeline::checks::CheckName;
 use crate::pixels::{self, PixelError, Row};
 
@@ -168,6 +169,31 @@ pub enum SizePromise {
     },
     /// An upscale of an input whose size is not known here (a URL): nothing to hold it to.
     UnknownInput,
+}
+
+impl SizePromise {
+    /// What `op` promises of an output's size, given its input's (`None` when not known:
+    /// the input is a URL the pipeline wrote, or its file could not be read).
+    pub fn of(op: &ToolOp, input: Option<(u32, u32)>) -> SizePromise {
+        let scaled = |factor| match input {
+            Some(input) => SizePromise::Scaled { input, factor },
+            None => SizePromise::UnknownInput,
+        };
+        match op {
+            ToolOp::Upscale(increase) => scaled(increase.factor()),
+            ToolOp::Erase { .. } | ToolOp::RemoveBackground => scaled(1),
+            ToolOp::Expand {
+                aspect_ratio: Some(ratio),
+                ..
+            } => SizePromise::Ratio {
+                ratio: (ratio.width(), ratio.height()),
+                input,
+            },
+            ToolOp::Expand {
+                aspect_ratio: None, ..
+            } => SizePromise::UnknownInput,
+        }
+    }
 }
 
 /// Slack in pixels a side: services round.

@@ -11,9 +11,11 @@ use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
 use crate::checks::command::Commands;
+use crate::checks::file;
 use crate::checks::image::{self, SizePromise, Stats};
 use crate::checks::{Outcome, Verdict};
 use crate::pipeline::checks::{Check, OnFail};
+use crate::place::Address;
 
 /// One output's verdicts, each with the check's place in its step's list.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -55,6 +57,44 @@ pub async fn judge_file(
         judged.verdicts.push((position, verdict));
     }
     judged
+}
+
+/// Judges a task's outputs, in output order, by every check of its step: `distinct` across
+/// them. An output with no address (its download failed) or whose copy cannot be made is
+/// judged by none: each check says why.
+pub async fn judge_task(
+    checks: &[Check],
+    outputs: &[Option<Address>],
+    promise: Option<SizePromise>,
+    commands: &Commands,
+) -> Vec<Judged> {
+    let mut judged = Vec::with_capacity(outputs.len());
+    for address in outputs {
+        let local = match address {
+            Some(address) => file::local(address).await,
+            None => Err("the output was not kept: its download failed".to_owned()),
+        };
+        judged.push(match local {
+            Ok(file) => judge_file(checks, file.path(), promise, commands).await,
+            Err(why) => unjudged(checks, &why),
+        });
+    }
+    judge_generation(checks, &mut judged);
+    judged
+}
+
+/// Every check but `distinct` unable to judge an output, for `why`.
+fn unjudged(checks: &[Check], why: &str) -> Judged {
+    let verdicts = checks
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| !matches!(c, Check::Distinct { .. }))
+        .map(|(position, c)| (position, Verdict::not_checked(c.name(), why)))
+        .collect();
+    Judged {
+        verdicts,
+        hash: None,
+    }
 }
 
 /// What one reading of the file gives, or why it could not be read.
@@ -103,16 +143,17 @@ pub fn judge_generation(checks: &[Check], outputs: &mut [Judged]) {
     }
 }
 
-/// What an output's verdicts do to its task.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What an output's verdicts do to its task, from the mildest to the gravest: a task does
+/// what the gravest of its outputs' decisions says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Decision {
     /// Every check passed: downstream tasks may use it.
     Keep,
-    /// Set it aside (`_superseded/`, reason `check: <name>`) and pay for the task again.
-    Reroll,
     /// Keep it, marked for a person: a check failed with nothing left to pay again, or
     /// no check could judge it (then nothing is paid again: not the image's fault).
     Flag,
+    /// Set it aside (`_superseded/`, reason `check: <name>`) and pay for the task again.
+    Reroll,
     /// The task fails (`on_fail: fail`); the run goes on with the rest.
     Fail,
 }
@@ -151,6 +192,19 @@ pub fn decide(verdicts: &[Verdict], on_fail: OnFail, room: RerollRoom) -> Decisi
         return Decision::Flag;
     }
     Decision::Keep
+}
+
+/// What a task's outputs' verdicts do to it: the gravest of its outputs' decisions.
+pub fn decide_task<'a>(
+    outputs: impl IntoIterator<Item = &'a [Verdict]>,
+    on_fail: OnFail,
+    room: RerollRoom,
+) -> Decision {
+    outputs
+        .into_iter()
+        .map(|verdicts| decide(verdicts, on_fail, room))
+        .max()
+        .unwrap_or(Decision::Keep)
 }
 
 /// The reason a failed output is set aside with: `check: <name>` of its first failed check.

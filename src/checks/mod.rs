@@ -5,6 +5,7 @@
 //! shell. Each gives a [`Verdict`]; what a verdict does to its task is the executor's business.
 
 pub mod command;
+pub mod file;
 pub mod image;
 pub mod judge;
 

@@ -107,6 +107,11 @@ pub struct Config {
     /// The account's rate limit, shared with every process that spends on it through the
     /// state database; `None` without a known rate (or a database that cannot say).
     pub account_rate: Option<account_rate::AccountRate>,
+    /// The pipeline's name: checks' verdicts are recorded under it and their step's id.
+    pub pipeline_name: String,
+    /// What rerolls asked for by checks may be planned at in all (`rerolls.max_credits`): 0
+    /// when the pipeline has none.
+    pub reroll_credits: u64,
 }
 
 /// Live news of the run, for the progress display or log lines.

@@ -8,6 +8,9 @@ pub(super) enum State {
     Ready,
     Running,
     Done,
+    /// Paid for, its outputs being downloaded and judged by its step's checks: what reads
+    /// them waits for their verdicts.
+    Judging,
     Failed,
     Blocked,
     /// Outside the scope asked for: left pending for a later resume.

@@ -131,6 +131,12 @@ impl Purse {
         }
     }
 
+    /// A task already paid for is to be paid for again (a check failed its outputs): commits
+    /// its `planned` price once more when that fits the limit and the caps' leases.
+    pub fn recommit(&mut self, planned: u64) -> bool {
+        self.admit(planned)
+    }
+
     /// Whether a chain waits for the caps to lease what it needs.
     pub fn waiting(&self) -> bool {
         self.waiting.is_some()

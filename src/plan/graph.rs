@@ -371,6 +371,20 @@ impl Graph {
         }
     }
 
+    /// The step task `t` is of, as the pipeline writes it.
+    pub fn step_of(&self, t: usize) -> &crate::pipeline::Step {
+        &self.steps[self.task(t).step.0]
+    }
+
+    /// The ids of the steps whose outputs are checked.
+    pub fn checked_steps(&self) -> Vec<&str> {
+        self.steps
+            .iter()
+            .filter(|s| s.checks.is_some())
+            .map(|s| s.id.as_str())
+            .collect()
+    }
+
     /// Images the task makes.
     pub fn outputs(&self, t: usize) -> u32 {
         self.locate(t).1.outputs

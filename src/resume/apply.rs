@@ -15,7 +15,6 @@
 //! the run ([`super::beside`]), which sets aside what it finds in the same way.
 
 use std::collections::HashSet;
-use std::path::Path;
 
 use crate::api::Client;
 use crate::place::{Address, RunDir, copy_checked, file_sha256};
@@ -23,12 +22,13 @@ use crate::plan::graph::Graph;
 use crate::plan::rows::RowIds;
 use crate::run_id::RunId;
 use crate::store::{
-    Blocked, Changes, NewTask, PendingMove, RecordedOutput, Reusable, Reused, SetAside, Store,
-    StoreError, TaskId, TaskRef, Undone,
+    Blocked, Changes, NewTask, RecordedOutput, Reusable, Reused, SetAside, Store, StoreError,
+    TaskId, TaskRef, Undone,
 };
 use crate::task_key::TaskKey;
 
-use super::{Reason, Refetch, Review, objects, records, recover::read_back_all};
+use super::{Reason, Refetch, Review, records, recover::read_back_all};
+use crate::aside::{aside_path, make_moves, move_one};
 
 /// What [`apply`] did.
 #[derive(Debug, Default)]
@@ -157,7 +157,8 @@ impl<D: Fn(usize) -> NewTask> Applying<'_, D> {
                 "rerolled"
             } else {
                 "the task runs again"
-            },
+            }
+            .to_owned(),
             from: o.path.as_ref().map(ToString::to_string),
             sha256: None,
             refetch: false,
@@ -254,7 +255,8 @@ pub(super) async fn refetch(
                 "the file on disk differed from the one downloaded; fetched again"
             } else {
                 "the file was missing; fetched again"
-            },
+            }
+            .to_owned(),
             refetch: true,
         }
     });
@@ -285,79 +287,6 @@ pub async fn undo_reroll(
         }
     }
     Ok(undone)
-}
-
-/// Makes journaled moves, then forgets them.
-async fn make_moves(store: &Store, moves: Vec<PendingMove>) -> Result<(), StoreError> {
-    if moves.is_empty() {
-        return Ok(());
-    }
-    let mut done = Vec::with_capacity(moves.len());
-    for m in moves {
-        let moved = move_one(&m.from, &m.to).await;
-        done.push((m, moved));
-        if done.len() == 1 {
-            crate::failpoint::hit("resume-apply-moving");
-        }
-    }
-    store.revisions().finish_moves(&done).await
-}
-
-/// Moves a file or object from `from` to `to` (as the journal holds them), never replacing
-/// anything at `to`; the size now at `to`, or `None` when there was nothing to move. A move
-/// already made (by a resume killed before it could forget it) is found made.
-async fn move_one(from: &str, to: &str) -> Option<u64> {
-    match (Address::recorded(from), Address::recorded(to)) {
-        (Address::Object(from), Address::Object(to)) => {
-            match objects::set_aside(&from, &to).await {
-                Some(size) => Some(size),
-                None => objects::size_of(&to).await,
-            }
-        }
-        (Address::Local(from), Address::Local(to)) => {
-            tokio::task::spawn_blocking(move || move_file(&from, &to))
-                .await
-                .ok()
-                .flatten()
-        }
-        // Never journaled: a file is set aside in its own run directory.
-        _ => {
-            tracing::warn!("cannot move {from} aside to {to}: one is a file, the other an object");
-            None
-        }
-    }
-}
-
-fn move_file(from: &Path, to: &Path) -> Option<u64> {
-    if let Ok(there) = std::fs::metadata(to) {
-        return Some(there.len());
-    }
-    let dir = to.parent().unwrap_or(Path::new("."));
-    match std::fs::create_dir_all(dir).and_then(|()| std::fs::rename(from, to)) {
-        Ok(()) => std::fs::metadata(to).ok().map(|m| m.len()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => {
-            tracing::warn!("cannot move {} aside: {e}", from.display());
-            None
-        }
-    }
-}
-
-/// Where an output's file (or object) goes when set aside:
-/// `<run>/_superseded/<item>/<name>.o<output id>[.<tag>].<ext>`; `None` when it has none.
-fn aside_path(run_dir: &RunDir, o: &RecordedOutput, tag: Option<&str>) -> Option<String> {
-    let name = o.path.as_ref()?.file_name()?;
-    let name = Path::new(&name);
-    let stem = name.file_stem()?.to_string_lossy().into_owned();
-    let ext = name
-        .extension()
-        .map(|e| format!(".{}", e.to_string_lossy()))
-        .unwrap_or_default();
-    let tag = tag.map(|t| format!(".{t}")).unwrap_or_default();
-    let to = run_dir
-        .superseded(&o.task.item)
-        .join(&format!("{stem}.o{}{tag}{ext}", o.id));
-    Some(to.to_string())
 }
 
 /// Copies a reused task's files into this run; `None` for each one to fetch from its job

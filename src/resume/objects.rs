@@ -175,39 +175,3 @@ impl Record for Recorded {
         etags_agree && self.bytes.is_none_or(|b| b == bytes)
     }
 }
-
-/// Copies the object at `from` to `to` (create-only) and removes it from `from`; returns the
-/// size moved, `None` when there was nothing at `from` or it could not be kept (then it is
-/// left where it is, and said). The bytes pass through a temporary file, never held whole.
-pub(super) async fn set_aside(from: &ObjectUrl, to: &ObjectUrl) -> Option<u64> {
-    let moved = async {
-        let (objects, key) = Objects::at(from)?;
-        let (_, to_key) = Objects::at(to)?;
-        let copy = tempfile::NamedTempFile::new().map_err(|e| ObjectError::Request {
-            what: "cannot make a temporary copy of",
-            url: objects.key_url(&key),
-            reason: e.to_string(),
-            store_failed: false,
-        })?;
-        let Some((sha, size)) = objects.read_to_file(&key, copy.path()).await? else {
-            return Ok(None);
-        };
-        objects.put_new_file(&to_key, copy.path(), &sha).await?;
-        objects.delete(&key).await?;
-        Ok(Some(size))
-    };
-    match moved.await {
-        Ok(size) => size,
-        Err(e) => {
-            let e: ObjectError = e;
-            tracing::warn!("cannot move {from} aside: {e}");
-            None
-        }
-    }
-}
-
-/// The size of the object at `url`, `None` when there is none (or the store does not say).
-pub(super) async fn size_of(url: &ObjectUrl) -> Option<u64> {
-    let (objects, key) = Objects::at(url).ok()?;
-    objects.stat(&key).await.ok().flatten().map(|s| s.bytes)
-}

@@ -268,6 +268,8 @@ impl Runner<'_> {
         });
         config.rate = told_rate.or_else(|| accounts_rate.as_ref().map(|f| f.value));
         config.limit = doc.limit(run.billed).credits();
+        config.pipeline_name = pipeline.name.clone();
+        config.reroll_credits = pipeline.rerolls.map_or(0, |r| r.max_credits);
         // Said once, so that a run's pace is never a guess: where each figure came from.
         let whose = |flag: bool, file: bool, account: bool| match (flag, file, account) {
             (true, ..) => "the command line",

@@ -462,6 +462,8 @@ impl Runner<'_> {
             known_prices: Vec::new(),
             leash: None,
             account_rate: None,
+            pipeline_name: String::new(),
+            reroll_credits: 0,
         }
     }
 }

@@ -71,12 +71,12 @@ pub use report::{
     EarlierOutput, Report, ReportEntry, ReportOutput, ReportTask, Spend, StepTotals, TaskRequest,
 };
 pub use rerolls::{NewReroll, OpenReroll, RunBefore, Undone};
-pub use revisions::{Blocked, Changes, PendingMove, Reused, Revisions, SetAside, TaskRef};
+pub use revisions::{Blocked, Changes, Checked, PendingMove, Reused, Revisions, SetAside, TaskRef};
 pub use run_figures::{AmbiguousAttempt, StepCounts, Totals};
 pub use runs::{NewRun, RecordedPlan, Run, RunStatus, RunSummary, Runs};
 pub use tasks::{LastAttempt, NewTask, RecordedTask, TaskStatus, Tasks};
 pub use thumbnails::{Thumbnail, Thumbnails};
-pub use verdicts::{Action, Outcome, PassRate, VerdictRow, Verdicts};
+pub use verdicts::{Action, Outcome, PassRate, TaskRerolls, VerdictRow, Verdicts};
 
 /// The directory under the user's state directory that holds the default database.
 pub const APP_DIR: &str = "imgpipe";

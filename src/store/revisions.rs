@@ -5,6 +5,7 @@
 use crate::run_id::RunId;
 use sqlx::{AnyConnection, Row};
 
+use crate::api::job_id::JobId;
 use crate::sha256::Sha256Sum;
 use crate::store::identities::Reusable;
 use crate::store::tasks::{NewTask, insert_tasks};
@@ -22,7 +23,7 @@ pub struct SetAside {
     pub to: Option<String>,
     /// The sha256 of the bytes there, when they differ from the recorded ones.
     pub sha256: Option<Sha256Sum>,
-    pub reason: &'static str,
+    pub reason: String,
     /// Keep the output (its job is still the task's) and fetch its file again; else the
     /// output is dropped with its task's old job, before the task runs again.
     pub refetch: bool,
@@ -215,6 +216,86 @@ impl Revisions<'_> {
     }
 }
 
+/// What the executor did about a checked task's verdicts, written with them
+/// ([`Revisions::checked`]).
+pub enum Checked<'a> {
+    /// Its outputs stay: every check passed, or a failure was flagged.
+    Kept,
+    /// Its outputs are set aside and the task is pending again, to be paid for once more:
+    /// the outputs of job `job_id`, and the reroll planned at `credits`.
+    Rerolled {
+        aside: Vec<SetAside>,
+        job_id: &'a JobId,
+        credits: u64,
+    },
+    /// The task failed, with why (`on_fail: fail`).
+    Failed(&'a str),
+}
+
+impl Revisions<'_> {
+    /// Records a task's verdicts and what was done about them in one transaction: a process
+    /// killed before its commit judges again, after it never acts twice. Gives the moves of
+    /// the set-aside files to make once it is committed.
+    pub async fn checked(
+        &self,
+        run_id: &RunId,
+        task_id: TaskId,
+        verdicts: &[crate::store::VerdictRow],
+        action: Checked<'_>,
+    ) -> Result<Vec<PendingMove>, StoreError> {
+        let mut tx = self.store.pool().begin().await?;
+        crate::store::verdicts::insert(&mut tx, self.store.backend(), run_id, verdicts).await?;
+        let now = now_ms();
+        let mut moves = Vec::new();
+        match action {
+            Checked::Kept => {}
+            Checked::Rerolled {
+                aside,
+                job_id,
+                credits,
+            } => {
+                sqlx::query(
+                    "INSERT INTO check_rerolls (run_id, task_id, job_id, credits, rerolled_at)
+                     VALUES ($1, $2, $3, $4, $5)",
+                )
+                .bind(run_id)
+                .bind(task_id)
+                .bind(job_id)
+                .bind(to_i64(credits))
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                for m in &aside {
+                    if let Some(mv) = set_aside(&mut tx, run_id, m, now).await? {
+                        moves.push(mv);
+                    }
+                }
+                sqlx::query(
+                    "UPDATE tasks SET status = 'pending', identity = NULL, job_id = NULL,
+                         error = NULL, updated_at = $1
+                     WHERE id = $2",
+                )
+                .bind(now)
+                .bind(task_id)
+                .execute(&mut *tx)
+                .await?;
+            }
+            Checked::Failed(why) => {
+                sqlx::query(
+                    "UPDATE tasks SET status = 'failed', error = $1, updated_at = $2 WHERE id = $3",
+                )
+                .bind(why)
+                .bind(now)
+                .bind(task_id)
+                .execute(&mut *tx)
+                .await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(moves)
+    }
+}
+
 /// Moves an output's row to `superseded_outputs` (keeping it, cleared, when it is fetched
 /// again) and journals its file's move.
 async fn set_aside(
@@ -234,7 +315,7 @@ async fn set_aside(
     .bind(run_id)
     .bind(to)
     .bind(&m.sha256)
-    .bind(m.reason)
+    .bind(&m.reason)
     .bind(now)
     .bind(m.output_id)
     .fetch_one(&mut *conn)

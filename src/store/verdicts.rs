@@ -8,7 +8,9 @@ use serde::Serialize;
 use sqlx::Row;
 
 use crate::run_id::RunId;
+use crate::store::tasks::key_of;
 use crate::store::{OutputId, Store, StoreError, TaskId, now_ms, rows, to_i64, to_u64};
+use crate::task_key::TaskKey;
 
 /// What a check said of one output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -82,6 +84,15 @@ pub struct VerdictRow {
     pub acted: Option<Action>,
 }
 
+/// The rerolls checks asked for of one task.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskRerolls {
+    pub task: TaskKey,
+    pub count: u32,
+    /// What they were planned at, in all.
+    pub credits: u64,
+}
+
 /// How often outputs passed the same checks before: outputs judged, and those failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PassRate {
@@ -138,33 +149,7 @@ impl Verdicts<'_> {
     /// (a verdict is written once).
     pub async fn record(&self, run_id: &RunId, verdicts: &[VerdictRow]) -> Result<(), StoreError> {
         let mut tx = self.store.pool().begin().await?;
-        let now = now_ms();
-        for chunk in verdicts.chunks(PER_STATEMENT) {
-            let values = rows(self.store.backend(), chunk.len(), 11, |p| {
-                format!("({})", p.join(", "))
-            });
-            let sql = format!(
-                "INSERT INTO check_verdicts (run_id, checked_at, {COLUMNS}) VALUES {values}
-                 ON CONFLICT (output_id, position) DO NOTHING"
-            );
-            // Built from a fixed placeholder list: no value is ever part of the text.
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for v in chunk {
-                query = query
-                    .bind(run_id)
-                    .bind(now)
-                    .bind(v.output_id)
-                    .bind(v.task_id)
-                    .bind(to_i64(u64::from(v.position)))
-                    .bind(&v.checks_key)
-                    .bind(&v.check)
-                    .bind(v.outcome.as_str())
-                    .bind(v.score)
-                    .bind(&v.reason)
-                    .bind(v.acted.map(Action::as_str));
-            }
-            query.execute(&mut *tx).await?;
-        }
+        insert(&mut tx, self.store.backend(), run_id, verdicts).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -198,6 +183,72 @@ impl Verdicts<'_> {
             .collect()
     }
 
+    /// The rerolls the checks asked for in run `run_id`, by task: how many, and what they were
+    /// planned at in all. A row per rerolled task: few, whatever the run's size.
+    pub async fn rerolls(&self, run_id: &RunId) -> Result<Vec<TaskRerolls>, StoreError> {
+        sqlx::query(
+            "SELECT t.item AS item, t.step AS step, t.idx AS idx, COUNT(*) AS n,
+                    COALESCE(SUM(r.credits), 0) AS credits
+             FROM check_rerolls r JOIN tasks t ON t.id = r.task_id
+             WHERE r.run_id = $1 GROUP BY t.item, t.step, t.idx",
+        )
+        .bind(run_id)
+        .fetch_all(self.store.pool())
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(TaskRerolls {
+                task: key_of(r)?,
+                count: u32::try_from(to_u64(r.try_get("n")?)).unwrap_or(u32::MAX),
+                credits: to_u64(r.try_get("credits")?),
+            })
+        })
+        .collect()
+    }
+
+    /// The tasks of steps `steps` that succeeded with an output no check judged yet (a process
+    /// killed between a call's answer and its verdicts): a resume judges them before anything
+    /// reads them.
+    pub async fn unjudged(
+        &self,
+        run_id: &RunId,
+        steps: &[&str],
+    ) -> Result<Vec<(TaskId, TaskKey)>, StoreError> {
+        let mut out = Vec::new();
+        for step in steps {
+            let rows = sqlx::query(
+                "SELECT DISTINCT t.id AS id, t.item AS item, t.step AS step, t.idx AS idx
+                 FROM tasks t JOIN outputs o ON o.task_id = t.id
+                 WHERE t.run_id = $1 AND t.step = $2 AND t.status = 'succeeded'
+                   AND t.removed_at IS NULL
+                   AND NOT EXISTS (SELECT 1 FROM check_verdicts v WHERE v.output_id = o.id)",
+            )
+            .bind(run_id)
+            .bind(*step)
+            .fetch_all(self.store.pool())
+            .await?;
+            for r in &rows {
+                out.push((r.try_get("id")?, key_of(r)?));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The run's tasks a check failed (`on_fail: fail`) and that are still failed: a resume
+    /// leaves them so, since paying for them again would act on a verdict twice.
+    pub async fn failed_tasks(&self, run_id: &RunId) -> Result<Vec<TaskId>, StoreError> {
+        sqlx::query(
+            "SELECT DISTINCT v.task_id AS id FROM check_verdicts v JOIN tasks t ON t.id = v.task_id
+             WHERE v.run_id = $1 AND v.acted = 'failed' AND t.status = 'failed'",
+        )
+        .bind(run_id)
+        .fetch_all(self.store.pool())
+        .await?
+        .iter()
+        .map(|r| Ok(r.try_get("id")?))
+        .collect()
+    }
+
     /// How often outputs judged by the checks named `checks_key` failed one, over every run;
     /// `None` when no output was judged by them yet. An output that could not be judged is
     /// left out: it says nothing of how often images pass.
@@ -219,6 +270,42 @@ impl Verdicts<'_> {
         let failed = to_u64(row.try_get("failed")?);
         Ok((judged > 0).then_some(PassRate { judged, failed }))
     }
+}
+
+/// Writes `verdicts` in the transaction of `conn`; one already recorded for the same output
+/// and check is kept as it was.
+pub(super) async fn insert(
+    conn: &mut sqlx::AnyConnection,
+    backend: crate::store::Backend,
+    run_id: &RunId,
+    verdicts: &[VerdictRow],
+) -> Result<(), StoreError> {
+    let now = now_ms();
+    for chunk in verdicts.chunks(PER_STATEMENT) {
+        let values = rows(backend, chunk.len(), 11, |p| format!("({})", p.join(", ")));
+        let sql = format!(
+            "INSERT INTO check_verdicts (run_id, checked_at, {COLUMNS}) VALUES {values}
+             ON CONFLICT (output_id, position) DO NOTHING"
+        );
+        // Built from a fixed placeholder list: no value is ever part of the text.
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for v in chunk {
+            query = query
+                .bind(run_id)
+                .bind(now)
+                .bind(v.output_id)
+                .bind(v.task_id)
+                .bind(to_i64(u64::from(v.position)))
+                .bind(&v.checks_key)
+                .bind(&v.check)
+                .bind(v.outcome.as_str())
+                .bind(v.score)
+                .bind(&v.reason)
+                .bind(v.acted.map(Action::as_str));
+        }
+        query.execute(&mut *conn).await?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -942,6 +942,25 @@ pub struct SupersededRow {
     pub reason: String,
 }
 
+/// A row of `check_verdicts`: one check's verdict on one output.
+#[derive(Clone, Debug)]
+pub struct VerdictRow {
+    pub output_id: i64,
+    pub task_id: i64,
+    pub check: String,
+    pub verdict: String,
+    pub reason: String,
+    pub acted: Option<String>,
+}
+
+/// A row of `check_rerolls`: a task paid for again because a check failed its outputs.
+#[derive(Clone, Debug)]
+pub struct CheckRerollRow {
+    pub task_id: i64,
+    pub job_id: String,
+    pub credits: u64,
+}
+
 /// The whole state (a SQLite file or a PostgreSQL database), read at once through one
 /// connection, in row order. Its questions ask of the tasks still in the pipeline ([`Db::live`])
 /// unless they say otherwise.
@@ -954,6 +973,8 @@ pub struct Db {
     pub attempts: Vec<AttemptRow>,
     pub outputs: Vec<OutputRow>,
     pub superseded: Vec<SupersededRow>,
+    pub verdicts: Vec<VerdictRow>,
+    pub check_rerolls: Vec<CheckRerollRow>,
     /// SQLite's `integrity_check` (`ok` for PostgreSQL, which checks its own pages).
     pub integrity: String,
     /// Rows SQLite's `foreign_key_check` reports (0 for PostgreSQL, which enforces its keys).
@@ -1082,6 +1103,26 @@ impl Db {
                 reason: r.get("reason"),
             }
         );
+        let verdicts = rows!(
+            "SELECT output_id, task_id, check_name, verdict, reason, acted
+             FROM check_verdicts ORDER BY task_id, output_id, position",
+            |r| VerdictRow {
+                output_id: r.get("output_id"),
+                task_id: r.get("task_id"),
+                check: r.get("check_name"),
+                verdict: r.get("verdict"),
+                reason: r.get("reason"),
+                acted: r.get("acted"),
+            }
+        );
+        let check_rerolls = rows!(
+            "SELECT task_id, job_id, credits FROM check_rerolls ORDER BY rerolled_at, task_id",
+            |r| CheckRerollRow {
+                task_id: r.get("task_id"),
+                job_id: r.get("job_id"),
+                credits: unsigned(r.get("credits")),
+            }
+        );
         conn.close().await.unwrap();
         Db {
             runs,
@@ -1089,6 +1130,8 @@ impl Db {
             attempts,
             outputs,
             superseded,
+            verdicts,
+            check_rerolls,
             integrity,
             foreign_key_faults,
         }

@@ -10,6 +10,7 @@ mod binary;
 mod broken;
 mod browser;
 mod caps;
+mod checks;
 mod cli;
 mod client;
 mod cluster;

@@ -10,6 +10,7 @@
 //! attempt's answer means is in `settle`, what is sent next in `dispatch`, the purse's leases
 //! in `spend`, earlier outputs and downloads' ends in `outputs`.
 
+mod checked;
 mod dispatch;
 mod outputs;
 mod settle;
@@ -45,6 +46,8 @@ struct Scheduler {
     ready: Readiness,
     calls: Calls,
     downloads: Downloads,
+    /// Checks of stored outputs, and the rerolls they asked for.
+    checking: checked::Checking,
     /// The longest chain of calls of the graph.
     depth: u32,
     /// Tasks still to run (not done, failed or blocked).
@@ -97,6 +100,7 @@ pub async fn run(
         &config,
     ));
     let downloads = Downloads::new(config.download_concurrency, refetch, proven);
+    let (state, checking) = checked::recorded(&store, &graph, &config.run_id, state).await?;
     let parts = Parts {
         shared,
         graph,
@@ -105,6 +109,7 @@ pub async fn run(
         rows,
         state,
         downloads,
+        checking,
     };
     let mut s = Scheduler::new(parts, shutdown);
     s.restore_outputs().await?;
@@ -125,6 +130,7 @@ struct Parts {
     rows: Rows,
     state: Vec<State>,
     downloads: Downloads,
+    checking: checked::Checking,
 }
 
 impl Scheduler {
@@ -137,6 +143,7 @@ impl Scheduler {
             rows,
             state,
             downloads,
+            checking,
         } = parts;
         let n = graph.len();
         let mut s = Scheduler {
@@ -146,6 +153,7 @@ impl Scheduler {
             ready: Readiness::new(n, graph.instances()),
             calls: Calls::new(graph.step_ids.len(), &config.known_prices),
             downloads,
+            checking,
             depth: graph.depth(),
             unfinished: 0,
             succeeded: Vec::new(),
@@ -278,12 +286,14 @@ impl Scheduler {
             let checking = self.downloads.checking() && going;
             // Nor is a resume waiting for its run directory to keep an earlier output.
             let proving = self.downloads.proving() && going;
+            // Nor are outputs still to be judged before what reads them goes.
+            let judging = self.checking.busy() && going;
             // A chain waiting for a lease is leased at the top of the loop, calls in flight
             // or not.
             if self.purse.waiting() && self.closed.is_none() && going {
                 continue;
             }
-            if self.calls.is_empty() && !held_back && !checking && !proving {
+            if self.calls.is_empty() && !held_back && !checking && !proving && !judging {
                 break;
             }
             tokio::select! {
@@ -292,6 +302,7 @@ impl Scheduler {
                     Err(e) => self.fatal(Fatal::Crashed(format!("a call's task ended abnormally: {e}"))),
                 },
                 news = self.downloads.next() => self.downloads_news(news),
+                judged = self.checking.next() => self.judged(judged).await,
                 () = shutdown.cancelled(), if deadline.is_none() => {
                     self.shared.stop();
                     tracing::warn!(
@@ -313,6 +324,7 @@ impl Scheduler {
             }
         }
         self.drain_downloads(deadline).await;
+        self.checking.abort().await;
     }
 
     fn name(&self, t: usize) -> String {

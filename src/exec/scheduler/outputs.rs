@@ -18,7 +18,8 @@ impl Scheduler {
     pub(super) async fn restore_outputs(&mut self) -> Result<(), StoreError> {
         let store = self.shared.store.clone();
         let mut read: Vec<TaskId> = (0..self.graph.len())
-            .filter(|t| self.state[*t] == State::Done && self.still_read(*t))
+            .filter(|t| matches!(self.state[*t], State::Done | State::Judging))
+            .filter(|t| self.still_read(*t))
             .filter_map(|t| self.rows.ids.get(t))
             .collect();
         read.sort_unstable();
@@ -26,6 +27,10 @@ impl Scheduler {
         let stored = store.kept().of_tasks(&read).await?.into_iter();
         outputs.extend(stored.filter(|o| o.path.is_some()));
         self.take_outputs(outputs);
+        // Tasks a killed process paid for and did not judge: judged once their files are.
+        for t in self.checking.waiting_tasks() {
+            self.judge_if_kept(t);
+        }
         // Every download so far fetches an output a run paid for and could not keep.
         self.downloads.prove_place();
         Ok(())
@@ -117,6 +122,7 @@ impl Scheduler {
         }
         if self.downloads.ended(t, kept) {
             self.release(t);
+            self.judge_if_kept(t);
         }
     }
 }

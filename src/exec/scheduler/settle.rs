@@ -67,7 +67,6 @@ impl Scheduler {
             self.shared.set_url(t, k as u32, out);
             self.downloads.spawn(&self.shared, t, k as u32);
         }
-        let step = self.graph.task(t).step.0;
         if got < expected {
             let reason = format!(
                 "job {} returned {got} image(s) where {expected} were asked for",
@@ -77,12 +76,21 @@ impl Scheduler {
             self.fail(t, &reason, false).await;
             return;
         }
+        if self.checked(t) {
+            return self.await_verdicts(t, success.credits);
+        }
+        self.done(t, success.credits);
+    }
+
+    /// Task `t`, billed `credits`, is done: what reads it may go.
+    pub(super) fn done(&mut self, t: usize, credits: u64) {
         self.state[t] = State::Done;
         crate::failpoint::hit("exec-task-succeeded");
         self.calls.forget(t);
         self.succeeded.push(t);
         self.unfinished = self.unfinished.saturating_sub(1);
-        self.observer.task_succeeded(step, success.credits);
+        self.observer
+            .task_succeeded(self.graph.task(t).step.0, credits);
         self.release_inputs(t);
         for c in self.graph.children(t) {
             if self.inputs_made(c) {
@@ -182,7 +190,7 @@ impl Scheduler {
         self.requeue(t, delay, false);
     }
 
-    fn requeue(&mut self, t: usize, delay: Duration, force_refresh: bool) {
+    pub(super) fn requeue(&mut self, t: usize, delay: Duration, force_refresh: bool) {
         self.calls.again(t, delay, force_refresh);
         self.push_ready(t);
     }
@@ -205,7 +213,7 @@ impl Scheduler {
     /// Fails `t` and blocks everything that reads it; the rest of the batch goes on.
     /// `committed`: whether the task still holds a commitment to free (not when its price was
     /// spent, or possibly spent, with no retry left to pay for).
-    async fn fail(&mut self, t: usize, reason: &str, committed: bool) {
+    pub(super) async fn fail(&mut self, t: usize, reason: &str, committed: bool) {
         self.state[t] = State::Failed;
         self.calls.forget(t);
         self.unfinished = self.unfinished.saturating_sub(1);

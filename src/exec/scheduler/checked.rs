@@ -1,0 +1,412 @@
+//! Checks in the run. A task of a checked step, once paid for, waits in `Judging` until its
+//! outputs are downloaded and judged; nothing reads them before. Its verdicts then keep it
+//! (its readers become ready), flag it (kept, marked for a person), fail it, or set its
+//! outputs aside and pay for it again: within its step's `max_rerolls`, the pipeline's
+//! `rerolls.max_credits`, and the purse (the budget, the balance and the caps) that every
+//! other call passes. When none of those allows a reroll, the output is flagged.
+//!
+//! The verdicts and what was done about them are written in one transaction
+//! ([`crate::store::Revisions::checked`]): a process killed before it judges again, after it
+//! never acts twice. Judging runs beside the calls (decoding is on blocking threads, command
+//! checks a bounded number at a time), never on the scheduler's loop.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::{JoinError, JoinSet};
+
+use crate::checks::command::Commands;
+use crate::checks::file;
+use crate::checks::image::SizePromise;
+use crate::checks::judge::{
+    Decision, Judged, RerollRoom, decide_task, judge_task, set_aside_reason,
+};
+use crate::checks::{Outcome, Verdict};
+use crate::exec::Fatal;
+use crate::exec::scheduler::Scheduler;
+use crate::exec::shared::Shared;
+use crate::exec::state::State;
+use crate::pipeline::Operation;
+use crate::pipeline::checks::StepChecks;
+use crate::plan::graph::{Graph, Source, Work};
+use crate::run_id::RunId;
+use crate::store::{
+    Action, Checked, RecordedOutput, SetAside, Store, StoreError, TaskId, TaskRerolls, VerdictRow,
+};
+
+/// The checks' part of a run: judgements under way and the rerolls they asked for.
+#[derive(Default)]
+pub(super) struct Checking {
+    judges: JoinSet<Judgement>,
+    commands: Commands,
+    /// Tasks in `Judging`, by what their call was billed (0 for those a resume found).
+    waiting: HashMap<usize, u64>,
+    /// Tasks whose judgement is under way.
+    judging: HashSet<usize>,
+    /// Times each task was paid again for a failed check, in this run by any process.
+    rerolled: HashMap<usize, u32>,
+    /// What those rerolls were planned at, in all.
+    reroll_credits: u64,
+}
+
+/// A task's outputs as judged.
+pub(super) struct Judgement {
+    task: usize,
+    outputs: Vec<RecordedOutput>,
+    judged: Result<Vec<Judged>, StoreError>,
+}
+
+impl Checking {
+    /// The rerolls a run's record holds, for a resume: counted against `max_rerolls` and
+    /// `rerolls.max_credits` as this process's own.
+    pub(super) fn new(earlier: impl IntoIterator<Item = (usize, TaskRerolls)>) -> Checking {
+        let mut checking = Checking::default();
+        for (t, r) in earlier {
+            checking.rerolled.insert(t, r.count);
+            checking.reroll_credits = checking.reroll_credits.saturating_add(r.credits);
+        }
+        checking
+    }
+
+    /// A task a killed process paid for and did not judge: it waits for its verdicts.
+    pub(super) fn unjudged(&mut self, t: usize) {
+        self.waiting.insert(t, 0);
+    }
+
+    /// The tasks waiting for their verdicts.
+    pub(super) fn waiting_tasks(&self) -> Vec<usize> {
+        self.waiting.keys().copied().collect()
+    }
+
+    /// Whether a task still waits for its verdicts.
+    pub(super) fn busy(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
+    /// The next judgement to end; never, with none under way.
+    pub(super) async fn next(&mut self) -> Result<Judgement, JoinError> {
+        match self.judges.join_next().await {
+            Some(joined) => joined,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Cuts off the judgements under way: nothing of them was recorded, so the next resume
+    /// judges those tasks again.
+    pub(super) async fn abort(&mut self) {
+        self.judges.abort_all();
+        while self.judges.join_next().await.is_some() {}
+    }
+}
+
+/// The checks' part of a run as its record holds it, for a resume: the rerolls already
+/// asked for count, and tasks a killed process paid for and did not judge wait for their
+/// verdicts. Nothing is read when no step is checked.
+pub(super) async fn recorded(
+    store: &Store,
+    graph: &Graph,
+    run_id: &RunId,
+    mut state: Vec<State>,
+) -> Result<(Vec<State>, Checking), StoreError> {
+    let steps = graph.checked_steps();
+    if steps.is_empty() {
+        return Ok((state, Checking::default()));
+    }
+    let index = graph.index();
+    let earlier = store.verdicts().rerolls(run_id).await?;
+    let mut checking = Checking::new(
+        earlier
+            .into_iter()
+            .filter_map(|r| Some((index.of(&r.task)?, r))),
+    );
+    for (_, key) in store.verdicts().unjudged(run_id, &steps).await? {
+        if let Some(t) = index.of(&key)
+            && state[t] == State::Done
+        {
+            state[t] = State::Judging;
+            checking.unjudged(t);
+        }
+    }
+    Ok((state, checking))
+}
+
+impl Scheduler {
+    /// Whether task `t`'s outputs are judged before anything reads them.
+    pub(super) fn checked(&self, t: usize) -> bool {
+        self.graph.step_of(t).checks.is_some()
+    }
+
+    /// Task `t` was paid for (`billed`): its readers wait for its outputs' verdicts.
+    pub(super) fn await_verdicts(&mut self, t: usize, billed: u64) {
+        self.state[t] = State::Judging;
+        self.checking.waiting.insert(t, billed);
+        self.judge_if_kept(t);
+    }
+
+    /// Starts judging `t` once none of its downloads is under way (a download that failed
+    /// leaves an output no check can judge, which is flagged).
+    pub(super) fn judge_if_kept(&mut self, t: usize) {
+        let stopping = self.halt.is_some() || self.outcome.interrupted;
+        if self.state[t] != State::Judging
+            || self.downloads.downloading(t)
+            || self.checking.judging.contains(&t)
+            || stopping
+        {
+            return;
+        }
+        let Some(task_id) = self.rows.ids.get(t) else {
+            return;
+        };
+        let input = match self.graph.work(t) {
+            Ok(Work::Tool {
+                input: Source::Output { task, k },
+                ..
+            }) => self.rows.ids.get(task).map(|id| (id, k)),
+            _ => None,
+        };
+        self.checking.judging.insert(t);
+        let judge = judge(
+            Arc::clone(&self.shared),
+            self.checking.commands.clone(),
+            (t, task_id),
+            input,
+        );
+        self.checking.judges.spawn(judge);
+    }
+
+    /// Acts on a task's verdicts.
+    pub(super) async fn judged(&mut self, joined: Result<Judgement, JoinError>) {
+        let j = match joined {
+            Ok(j) => j,
+            Err(e) => {
+                return self.fatal(Fatal::Crashed(format!(
+                    "a check's task ended abnormally: {e}"
+                )));
+            }
+        };
+        let t = j.task;
+        self.checking.judging.remove(&t);
+        let judged = match j.judged {
+            Ok(judged) => judged,
+            Err(e) => return self.fatal(Fatal::Store(Arc::new(e))),
+        };
+        let Some(checks) = self.graph.step_of(t).checks.clone() else {
+            return;
+        };
+        let verdicts: Vec<Vec<Verdict>> = judged
+            .iter()
+            .map(|o| o.verdicts.iter().map(|(_, v)| v.clone()).collect())
+            .collect();
+        let planned = self.graph.task(t).planned;
+        let room = RerollRoom {
+            rerolled: self.checking.rerolled.get(&t).copied().unwrap_or(0),
+            max_rerolls: checks.max_rerolls,
+            price: planned,
+            credits_left: self
+                .config
+                .reroll_credits
+                .saturating_sub(self.checking.reroll_credits),
+        };
+        let mut decision = decide_task(verdicts.iter().map(Vec::as_slice), checks.on_fail, room);
+        if decision == Decision::Reroll {
+            if self.halt.is_some() || self.outcome.interrupted {
+                // Judged again by the next resume, which may still pay for it.
+                return;
+            }
+            if !self.may_reroll(planned).await {
+                tracing::warn!(
+                    "{}: {}; not paid for again: the budget, the balance or a spending cap has no room",
+                    self.name(t),
+                    failure(&verdicts).unwrap_or_default()
+                );
+                decision = Decision::Flag;
+            }
+        }
+        crate::failpoint::hit("exec-checked-judged");
+        let rows = self.verdict_rows(t, &checks, &j.outputs, &judged, decision);
+        let why = Why {
+            aside: set_aside_reason(
+                verdicts
+                    .iter()
+                    .flatten()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .as_slice(),
+            ),
+            failed: failure(&verdicts).unwrap_or_default(),
+        };
+        self.act(t, j.outputs, rows, decision, why).await;
+    }
+
+    /// Whether paying for `planned` once more fits: the caps lease it first, then the purse
+    /// commits it as any other call's price.
+    async fn may_reroll(&mut self, planned: u64) -> bool {
+        self.lease_more(planned).await;
+        self.purse.recommit(planned)
+    }
+
+    /// Records `rows` and does what `decision` says, in that order and in one transaction.
+    async fn act(
+        &mut self,
+        t: usize,
+        outputs: Vec<RecordedOutput>,
+        rows: Vec<VerdictRow>,
+        decision: Decision,
+        why: Why,
+    ) {
+        let Some(task_id) = self.rows.ids.get(t) else {
+            return;
+        };
+        let reason = why.failed;
+        let planned = self.graph.task(t).planned;
+        let job = outputs.first().map(|o| o.job_id.clone());
+        let action = match (decision, &job) {
+            (Decision::Reroll, Some(job_id)) => Checked::Rerolled {
+                aside: self.set_aside(&outputs, why.aside.unwrap_or_default()),
+                job_id,
+                credits: planned,
+            },
+            (Decision::Fail, _) => Checked::Failed(&reason),
+            _ => Checked::Kept,
+        };
+        let run_id = &self.config.run_id;
+        let store = self.shared.store.clone();
+        let moves = match store
+            .revisions()
+            .checked(run_id, task_id, &rows, action)
+            .await
+        {
+            Ok(moves) => moves,
+            Err(e) => return self.fatal(Fatal::Store(Arc::new(e))),
+        };
+        crate::failpoint::hit("exec-checked-recorded");
+        let billed = self.checking.waiting.remove(&t).unwrap_or(0);
+        match decision {
+            Decision::Reroll if job.is_some() => {
+                if let Err(e) = crate::aside::make_moves(&store, moves).await {
+                    return self.fatal(Fatal::Store(Arc::new(e)));
+                }
+                *self.checking.rerolled.entry(t).or_default() += 1;
+                self.checking.reroll_credits = self.checking.reroll_credits.saturating_add(planned);
+                tracing::info!("{}: {reason}; paid for again", self.name(t));
+                self.shared.forget(t, self.graph.outputs(t));
+                self.requeue(t, Duration::ZERO, false);
+            }
+            Decision::Fail => self.fail(t, &reason, false).await,
+            _ => self.done(t, billed),
+        }
+    }
+
+    /// The task's outputs set aside, each with why.
+    fn set_aside(&self, outputs: &[RecordedOutput], why: String) -> Vec<SetAside> {
+        outputs
+            .iter()
+            .map(|o| SetAside {
+                output_id: o.id,
+                from: o.path.as_ref().map(ToString::to_string),
+                to: crate::aside::aside_path(&self.config.run_dir, o, None),
+                sha256: None,
+                reason: why.clone(),
+                refetch: false,
+            })
+            .collect()
+    }
+
+    /// The rows that record a task's verdicts, each non-pass with what `decision` did.
+    fn verdict_rows(
+        &self,
+        t: usize,
+        checks: &StepChecks,
+        outputs: &[RecordedOutput],
+        judged: &[Judged],
+        decision: Decision,
+    ) -> Vec<VerdictRow> {
+        let acted = match decision {
+            Decision::Keep | Decision::Flag => Action::Flagged,
+            Decision::Reroll => Action::Rerolled,
+            Decision::Fail => Action::Failed,
+        };
+        let key = checks.key(&self.config.pipeline_name, self.graph.step_id(t));
+        let mut rows = Vec::new();
+        for (output, judged) in outputs.iter().zip(judged) {
+            for (position, v) in &judged.verdicts {
+                rows.push(VerdictRow {
+                    output_id: output.id,
+                    task_id: output.task_id,
+                    position: u32::try_from(*position).unwrap_or(u32::MAX),
+                    checks_key: key.clone(),
+                    check: v.check.to_string(),
+                    outcome: v.outcome,
+                    score: v.score,
+                    reason: v.reason.clone(),
+                    acted: (v.outcome != Outcome::Passed).then_some(acted),
+                });
+            }
+        }
+        rows
+    }
+}
+
+/// Why a task's outputs were acted on.
+struct Why {
+    /// `check: <name>` of the first failed check: the reason its outputs are set aside with.
+    aside: Option<String>,
+    /// `check: <name>: <reason>` of the first failed verdict: why its task failed.
+    failed: String,
+}
+
+/// `check: <name>: <reason>` of the first failed verdict.
+fn failure(outputs: &[Vec<Verdict>]) -> Option<String> {
+    outputs
+        .iter()
+        .flatten()
+        .find(|v| v.outcome == Outcome::Failed)
+        .map(|v| format!("check: {}: {}", v.check, v.reason))
+}
+
+/// Judges task `t` (row `task_id`): reads its outputs' record, the size of its input (output
+/// `k` of row `input`) when a `size` check needs it, and each output's file.
+async fn judge(
+    shared: Arc<Shared>,
+    commands: Commands,
+    (t, task_id): (usize, TaskId),
+    input: Option<(TaskId, u32)>,
+) -> Judgement {
+    let step = shared.graph.step_of(t);
+    let checks = step.checks.as_ref().map_or(&[][..], |c| &c.checks[..]);
+    let store = shared.store.kept();
+    let outputs = match store.of_tasks(&[task_id]).await {
+        Ok(outputs) => outputs,
+        Err(e) => {
+            return Judgement {
+                task: t,
+                outputs: Vec::new(),
+                judged: Err(e),
+            };
+        }
+    };
+    let promise = match (&step.op, input) {
+        (Operation::Tool(tool), Some((id, k))) => {
+            let read = store.of_tasks(&[id]).await;
+            let address = read
+                .ok()
+                .and_then(|o| o.into_iter().find(|o| o.k == k))
+                .and_then(|o| o.path);
+            let size = match &address {
+                Some(address) => file::dimensions(address).await,
+                None => None,
+            };
+            Some(SizePromise::of(&tool.params, size))
+        }
+        (Operation::Tool(tool), None) => Some(SizePromise::of(&tool.params, None)),
+        (Operation::Generate(_), _) => None,
+    };
+    let addresses: Vec<_> = outputs.iter().map(|o| o.path.clone()).collect();
+    let judged = judge_task(checks, &addresses, promise, &commands).await;
+    Judgement {
+        task: t,
+        outputs,
+        judged: Ok(judged),
+    }
+}

@@ -1,0 +1,210 @@
+//! Checks in a run, end to end: the sandbox makes bad images on request (`--fault-*`), the
+//! run judges every output of a checked step before anything reads it, and the sandbox's
+//! ledger, the state database and the files on disk are held against what the checks
+//! promise: a failed output set aside and its task paid for once more, within `max_rerolls`
+//! and `rerolls.max_credits`; nothing downstream of a failed output ever paid for; what no
+//! reroll could mend flagged (or its task failed) and the run going on.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use imgpipe::sandbox::{self, BadImages, Faults};
+
+use crate::binary::Imgpipe;
+use crate::common::*;
+use crate::run::{both, state_path, write};
+
+/// Side of the sandbox's images: small, so that chains stay quick.
+const SIDE: u32 = 32;
+
+const SAMPLES: [&str; 4] = ["mug", "lamp", "chair", "plant"];
+
+fn sandbox_config(bad_images: BadImages, seed: u64) -> sandbox::Config {
+    sandbox::Config {
+        image_side: SIDE,
+        bad_images,
+        faults: Faults {
+            seed,
+            ..Faults::default()
+        },
+        ..sandbox::Config::default()
+    }
+}
+
+/// `items` items, each erased (2 credits), upscaled 2× (2, checked by `size` with `checks`'s
+/// settings), then cut out (5).
+fn checked_chain(items: usize, max_credits: u64, settings: &str) -> String {
+    let mut text = format!(
+        "version: 1\nname: checked\noutput_dir: out\nrerolls: {{ max_credits: {max_credits} }}\nitems:\n"
+    );
+    for i in 0..items {
+        let sample = SAMPLES[i % SAMPLES.len()];
+        text += &format!(
+            "  - {{ id: i{i:02}, url: \"https://sandbox.invalid/assets/{sample}.png\" }}\n"
+        );
+    }
+    text += r#"steps:
+  - id: clean
+    erase: { image_url: "{{ item.url }}", object_name: "the corner of {{ item.id }}" }
+  - id: big
+    upscale: { from: clean, desired_increase: 2 }
+    checks: [size]
+"#;
+    text += settings;
+    text += "  - id: cutout\n    remove_background: { from: big }\n";
+    text
+}
+
+/// Paid calls the sandbox billed, by tool or `generate`.
+fn calls_by_path(env: &Env) -> BTreeMap<String, usize> {
+    let mut calls = BTreeMap::new();
+    for entry in env.sandbox.ledger() {
+        *calls.entry(entry.operation).or_default() += 1;
+    }
+    calls
+}
+
+/// Credits the sandbox billed, in all.
+fn credits_billed(env: &Env) -> u64 {
+    env.sandbox.ledger().iter().map(|e| e.credits).sum()
+}
+
+fn png_size(path: &Path) -> (u32, u32) {
+    image::image_dimensions(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The size of every kept output of step `step`, by item.
+fn kept_sizes(db: &Db, step: &str) -> BTreeMap<String, (u32, u32)> {
+    let mut sizes = BTreeMap::new();
+    for task in db.live().filter(|t| t.step == step) {
+        for o in db.outputs.iter().filter(|o| o.task_id == task.id) {
+            let path = o.path.as_deref().expect("a kept output");
+            sizes.insert(task.item.clone(), png_size(Path::new(path)));
+        }
+    }
+    sizes
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upscale_that_keeps_failing_is_paid_max_rerolls_more_then_flagged_and_read_once() {
+    let env = start(sandbox_config(
+        BadImages {
+            wrong_size: 1.0,
+            ..BadImages::default()
+        },
+        7,
+    ))
+    .await;
+    let dir = env.dir.path();
+    write(
+        dir,
+        "p.yaml",
+        &checked_chain(3, 100, "    max_rerolls: 2\n"),
+    );
+    let o = Imgpipe::on(&env, &["run", "p.yaml"])
+        .sqlite_in(dir)
+        .run()
+        .await;
+    assert_exit_without_panic(&o, 0);
+    let calls = calls_by_path(&env);
+    assert_eq!(
+        (calls["erase"], calls["upscale"], calls["remove_background"]),
+        (3, 9, 3),
+        "each upscale paid 1 + max_rerolls times, each cut-out once: {calls:?}\n{}",
+        both(&o)
+    );
+    let db = Db::read_file(&state_path(dir)).await;
+    assert_eq!(db.check_rerolls.len(), 6, "{:?}", db.check_rerolls);
+    assert!(db.check_rerolls.iter().all(|r| r.credits == 2));
+    let aside: Vec<&str> = db.superseded.iter().map(|s| s.reason.as_str()).collect();
+    assert_eq!(aside, ["check: size"; 6], "{:?}", db.superseded);
+    for s in &db.superseded {
+        let path = s.path.as_deref().expect("the set-aside file's place");
+        assert!(path.contains("/_superseded/"), "{path}");
+        assert_eq!(png_size(Path::new(path)), (SIDE, SIDE), "{path}");
+    }
+    // Three judgements a task: two acted on by a reroll, the last flagged.
+    let acted: Vec<Option<&str>> = db.verdicts.iter().map(|v| v.acted.as_deref()).collect();
+    assert_eq!(acted.len(), 9, "{:?}", db.verdicts);
+    assert_eq!(
+        acted.iter().filter(|a| **a == Some("rerolled")).count(),
+        6,
+        "{:?}",
+        db.verdicts
+    );
+    assert_eq!(
+        acted.iter().filter(|a| **a == Some("flagged")).count(),
+        3,
+        "{:?}",
+        db.verdicts
+    );
+    assert!(db.verdicts.iter().all(|v| v.verdict == "failed"));
+    assert!(
+        db.verdicts[0].reason.contains(&format!("{SIDE}x{SIDE}")),
+        "{:?}",
+        db.verdicts[0]
+    );
+    // The flagged upscale is what the cut-out read: the run went on.
+    assert!(db.live().all(|t| t.status == "succeeded"), "{:?}", db.tasks);
+    assert_eq!(
+        kept_sizes(&db, "big").values().collect::<Vec<_>>(),
+        [&(SIDE, SIDE); 3]
+    );
+    assert_eq!(credits_billed(&env), 3 * 2 + 9 * 2 + 3 * 5);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn failed_upscales_are_paid_again_until_they_pass_and_nothing_downstream_is_paid_twice() {
+    let env = start(sandbox_config(
+        BadImages {
+            wrong_size: 0.5,
+            ..BadImages::default()
+        },
+        11,
+    ))
+    .await;
+    let dir = env.dir.path();
+    let items = 8;
+    write(
+        dir,
+        "p.yaml",
+        &checked_chain(items, 200, "    max_rerolls: 10\n"),
+    );
+    let o = Imgpipe::on(&env, &["run", "p.yaml", "--concurrency", "4"])
+        .sqlite_in(dir)
+        .run()
+        .await;
+    assert_exit_without_panic(&o, 0);
+    let calls = calls_by_path(&env);
+    let db = Db::read_file(&state_path(dir)).await;
+    let rerolls = db.check_rerolls.len();
+    assert!(rerolls > 0, "the seed makes some upscales fail: {calls:?}");
+    assert_eq!(calls["upscale"], items + rerolls, "{calls:?}");
+    assert_eq!(calls["erase"], items, "{calls:?}");
+    assert_eq!(
+        calls["remove_background"], items,
+        "nothing downstream of a failed upscale was paid for: {calls:?}"
+    );
+    // Every upscale kept is twice its input: no bad output is left in the run's directory.
+    let inputs = kept_sizes(&db, "clean");
+    for (item, size) in kept_sizes(&db, "big") {
+        let (w, h) = inputs[&item];
+        assert_eq!(size, (2 * w, 2 * h), "{item}");
+    }
+    assert_eq!(db.superseded.len(), rerolls);
+    // Each cut-out read the upscale that was kept, never one set aside.
+    for cutout in db.live().filter(|t| t.step == "cutout") {
+        let big = db
+            .live()
+            .find(|t| t.step == "big" && t.item == cutout.item)
+            .unwrap();
+        let read = db.outputs.iter().find(|o| o.task_id == cutout.id).unwrap();
+        assert_eq!(read.parent_job_id, big.job_id, "{}", cutout.item);
+    }
+    assert!(db.verdicts.iter().all(|v| match v.verdict.as_str() {
+        "passed" => v.acted.is_none(),
+        _ => v.acted.as_deref() == Some("rerolled"),
+    }));
+    let billed = (items * (2 + 5) + (items + rerolls) * 2) as u64;
+    assert_eq!(credits_billed(&env), billed);
+}
