@@ -274,7 +274,8 @@ fn print_free(shown: &Reviewed<'_>) -> Result<(), Error> {
     }
     for r in &review.left_failed {
         stdio::line(format_args!(
-            "not paid again (--on-ambiguous fail): {} ({})",
+            "not paid again ({}): {} ({})",
+            r.left_because(),
             name(r.task),
             crate::money::credits(r.credits)
         ))?;

@@ -304,6 +304,13 @@ impl Rows {
     ) -> Result<(Rows, Vec<State>), StoreError> {
         let mut prior = vec![State::Waiting; graph.len()];
         let mut open = HashSet::new();
+        // Failed by a check: paying for it again would act twice on one verdict.
+        let by_checks: HashSet<TaskId> = if graph.checked_steps().is_empty() {
+            HashSet::new()
+        } else {
+            let failed = store.verdicts().failed_tasks(&config.run_id).await?;
+            failed.into_iter().collect()
+        };
         let mut settle = |t: Option<usize>, row: RecordedTask| {
             let Some(t) = t else {
                 return;
@@ -311,6 +318,7 @@ impl Rows {
             open.insert(t);
             prior[t] = match row.status {
                 TaskStatus::Succeeded => State::Done,
+                TaskStatus::Failed if by_checks.contains(&row.id) => State::Failed,
                 // Possibly billed already, and the user asked not to pay twice.
                 TaskStatus::Failed
                     if config.on_ambiguous == OnAmbiguous::Fail

@@ -179,18 +179,25 @@ impl<D: Fn(usize) -> NewTask> Applying<'_, D> {
             .collect()
     }
 
-    /// Tasks left failed (`--on-ambiguous fail`), with why, and the recorded tasks below
-    /// each, blocked.
+    /// Tasks left failed (`--on-ambiguous fail`, or failed by a check), with why, and the
+    /// recorded tasks below each, blocked.
     fn left_failed(&self) -> (Vec<(TaskId, String)>, Vec<Blocked>) {
         let (mut failed, mut blocked) = (Vec::new(), Vec::new());
         for f in &self.review.left_failed {
-            let why = format!(
-                "a call was sent without a complete answer and may have been billed; not called again (--on-ambiguous fail){}",
-                f.detail
-                    .as_deref()
-                    .map(|d| format!(": {d}"))
-                    .unwrap_or_default()
-            );
+            let why = match f.reason {
+                // A check failed it: its recorded error says which.
+                Reason::Failed => f
+                    .detail
+                    .clone()
+                    .unwrap_or_else(|| "a check failed it".into()),
+                _ => format!(
+                    "a call was sent without a complete answer and may have been billed; not called again (--on-ambiguous fail){}",
+                    f.detail
+                        .as_deref()
+                        .map(|d| format!(": {d}"))
+                        .unwrap_or_default()
+                ),
+            };
             failed.extend(self.rows.get(f.task).map(|id| (id, why)));
             let below = self.graph.descendants(f.task).into_iter();
             let tasks: Vec<TaskId> = below.filter_map(|t| self.rows.get(t)).collect();

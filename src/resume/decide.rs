@@ -36,6 +36,9 @@ pub struct Records {
     /// A changed pipeline (`--allow-changes`): the identity each recorded task had under the
     /// pipeline it was recorded from, by row id.
     pub previous: Option<HashMap<TaskId, Option<String>>>,
+    /// Tasks a check failed (`on_fail: fail`): left failed, since paying for them again would
+    /// act twice on one verdict.
+    pub failed_by_checks: HashSet<TaskId>,
 }
 
 impl Records {
@@ -48,6 +51,7 @@ impl Records {
             has_rows: vec![false; graph.instances() + 1],
             hashes: HashMap::new(),
             previous: None,
+            failed_by_checks: HashSet::new(),
         }
     }
 
@@ -202,7 +206,8 @@ impl Pass<'_> {
         false
     }
 
-    /// A task paid for (again), or left failed per `--on-ambiguous fail`.
+    /// A task paid for (again), or left failed: per `--on-ambiguous fail`, or failed by a
+    /// check.
     fn pay(&mut self, graph: &Graph, t: usize, open: Option<&RecordedTask>) {
         let redo = Redo {
             task: t,
@@ -210,7 +215,13 @@ impl Pass<'_> {
             credits: graph.task(t).planned,
             detail: open.and_then(|r| r.error.clone()),
         };
-        if redo.reason == Reason::Ambiguous && self.opts.on_ambiguous == OnAmbiguous::Fail {
+        let by_check = open.is_some_and(|r| self.rec.failed_by_checks.contains(&r.id));
+        let left = match redo.reason {
+            Reason::Failed => by_check,
+            Reason::Ambiguous => self.opts.on_ambiguous == OnAmbiguous::Fail,
+            _ => false,
+        };
+        if left {
             self.review.left_failed.push(redo);
         } else {
             self.review.redo.push(redo);

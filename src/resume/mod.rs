@@ -139,6 +139,16 @@ pub struct Redo {
     pub detail: Option<String>,
 }
 
+impl Redo {
+    /// Why a task left failed is not paid for again.
+    pub fn left_because(&self) -> &'static str {
+        match self.reason {
+            Reason::Failed => "a check failed it",
+            _ => "--on-ambiguous fail",
+        }
+    }
+}
+
 /// An output of a kept task whose file is to be fetched again from its job.
 #[derive(Clone, Debug)]
 pub struct Refetch {
@@ -162,7 +172,7 @@ pub struct Review {
     /// Items the run never recorded (it records an item's tasks as it comes near them): all
     /// their tasks are to pay for, and are counted rather than listed.
     pub unrecorded: Unrecorded,
-    /// Ambiguous tasks left failed, per `--on-ambiguous fail`.
+    /// Tasks left failed: ambiguous ones per `--on-ambiguous fail`, and those a check failed.
     pub left_failed: Vec<Redo>,
     pub recover: Vec<Recover>,
     /// Filled by [`check()`] for a dry run; a resume checks beside the run ([`beside`]).

@@ -67,6 +67,14 @@ pub(super) async fn load(
     if let Some(old) = previous {
         r.previous = Some(identities_of(old, &all, &r.hashes));
     }
+    if !graph.checked_steps().is_empty() {
+        r.failed_by_checks = store
+            .verdicts()
+            .failed_tasks(run_id)
+            .await?
+            .into_iter()
+            .collect();
+    }
     Ok(r)
 }
 

@@ -53,7 +53,10 @@ impl Reviewed<'_> {
         let left: Vec<_> = review
             .left_failed
             .iter()
-            .map(|r| json!({"task": name(r.task), "credits": r.credits, "detail": r.detail}))
+            .map(|r| {
+                json!({"task": name(r.task), "credits": r.credits, "detail": r.detail,
+                "why": r.left_because()})
+            })
             .collect();
         json!({
             "run_id": row.id,

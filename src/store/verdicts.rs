@@ -7,6 +7,7 @@
 use serde::Serialize;
 use sqlx::Row;
 
+use crate::api::job_id::JobId;
 use crate::run_id::RunId;
 use crate::store::tasks::key_of;
 use crate::store::{OutputId, Store, StoreError, TaskId, now_ms, rows, to_i64, to_u64};
@@ -70,6 +71,9 @@ column_words!(Action {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct VerdictRow {
     pub output_id: OutputId,
+    /// The job that made the output: with its id, what names one output for good (SQLite
+    /// gives a new output the id of one deleted).
+    pub job_id: JobId,
     pub task_id: TaskId,
     /// The check's place in its step's `checks:` list.
     pub position: u32,
@@ -101,9 +105,9 @@ pub struct PassRate {
 }
 
 const COLUMNS: &str =
-    "output_id, task_id, position, checks_key, check_name, verdict, score, reason, acted";
+    "output_id, job_id, task_id, position, checks_key, check_name, verdict, score, reason, acted";
 
-/// Rows a statement writes (11 values a row: under SQLite's and PostgreSQL's limits).
+/// Rows a statement writes (12 values a row: under SQLite's and PostgreSQL's limits).
 const PER_STATEMENT: usize = 200;
 
 impl Store {
@@ -133,6 +137,7 @@ fn verdict_row(r: &sqlx::any::AnyRow) -> Result<VerdictRow, StoreError> {
         };
     Ok(VerdictRow {
         output_id: r.try_get("output_id")?,
+        job_id: JobId::from(word("job_id")?),
         task_id: r.try_get("task_id")?,
         position: u32::try_from(to_u64(r.try_get("position")?)).unwrap_or(u32::MAX),
         checks_key: word("checks_key")?,
@@ -151,19 +156,6 @@ impl Verdicts<'_> {
         let mut tx = self.store.pool().begin().await?;
         insert(&mut tx, self.store.backend(), run_id, verdicts).await?;
         tx.commit().await?;
-        Ok(())
-    }
-
-    /// Says what was done about an output's verdicts that were not acted on yet.
-    pub async fn act(&self, output_id: OutputId, action: Action) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE check_verdicts SET acted = $1
-             WHERE output_id = $2 AND acted IS NULL AND verdict <> 'passed'",
-        )
-        .bind(action.as_str())
-        .bind(output_id)
-        .execute(self.store.pool())
-        .await?;
         Ok(())
     }
 
@@ -221,7 +213,8 @@ impl Verdicts<'_> {
                  FROM tasks t JOIN outputs o ON o.task_id = t.id
                  WHERE t.run_id = $1 AND t.step = $2 AND t.status = 'succeeded'
                    AND t.removed_at IS NULL
-                   AND NOT EXISTS (SELECT 1 FROM check_verdicts v WHERE v.output_id = o.id)",
+                   AND NOT EXISTS (SELECT 1 FROM check_verdicts v
+                                   WHERE v.output_id = o.id AND v.job_id = o.job_id)",
             )
             .bind(run_id)
             .bind(*step)
@@ -239,7 +232,8 @@ impl Verdicts<'_> {
     pub async fn failed_tasks(&self, run_id: &RunId) -> Result<Vec<TaskId>, StoreError> {
         sqlx::query(
             "SELECT DISTINCT v.task_id AS id FROM check_verdicts v JOIN tasks t ON t.id = v.task_id
-             WHERE v.run_id = $1 AND v.acted = 'failed' AND t.status = 'failed'",
+             WHERE v.run_id = $1 AND v.acted = 'failed' AND t.status = 'failed'
+               AND t.job_id = v.job_id",
         )
         .bind(run_id)
         .fetch_all(self.store.pool())
@@ -256,11 +250,11 @@ impl Verdicts<'_> {
         let row = sqlx::query(
             "SELECT COUNT(*) AS judged,
                     COALESCE(SUM(CASE WHEN failed > 0 THEN 1 ELSE 0 END), 0) AS failed
-             FROM (SELECT output_id,
+             FROM (SELECT output_id, job_id,
                           SUM(CASE WHEN verdict = 'failed' THEN 1 ELSE 0 END) AS failed,
                           SUM(CASE WHEN verdict = 'not_checked' THEN 1 ELSE 0 END) AS unjudged
                    FROM check_verdicts WHERE checks_key = $1
-                   GROUP BY output_id) AS outputs
+                   GROUP BY output_id, job_id) AS outputs
              WHERE failed > 0 OR unjudged = 0",
         )
         .bind(checks_key)
@@ -282,10 +276,10 @@ pub(super) async fn insert(
 ) -> Result<(), StoreError> {
     let now = now_ms();
     for chunk in verdicts.chunks(PER_STATEMENT) {
-        let values = rows(backend, chunk.len(), 11, |p| format!("({})", p.join(", ")));
+        let values = rows(backend, chunk.len(), 12, |p| format!("({})", p.join(", ")));
         let sql = format!(
             "INSERT INTO check_verdicts (run_id, checked_at, {COLUMNS}) VALUES {values}
-             ON CONFLICT (output_id, position) DO NOTHING"
+             ON CONFLICT (output_id, job_id, position) DO NOTHING"
         );
         // Built from a fixed placeholder list: no value is ever part of the text.
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
@@ -294,6 +288,7 @@ pub(super) async fn insert(
                 .bind(run_id)
                 .bind(now)
                 .bind(v.output_id)
+                .bind(&v.job_id)
                 .bind(v.task_id)
                 .bind(to_i64(u64::from(v.position)))
                 .bind(&v.checks_key)
@@ -316,6 +311,7 @@ mod tests {
     fn verdict(output: i64, position: u32, outcome: Outcome) -> VerdictRow {
         VerdictRow {
             output_id: OutputId::new(output).unwrap(),
+            job_id: JobId::from(format!("job-{output}")),
             task_id: TaskId::new(output * 10).unwrap(),
             position,
             checks_key: "shots/cutout:not_blank,transparent".into(),
@@ -332,12 +328,16 @@ mod tests {
         }
     }
 
-    async fn verdicts_are_written_once_and_acted_on_once(store: &Store) {
+    async fn verdicts_are_written_once_with_what_was_done(store: &Store) {
         let run: RunId = "run-a".into();
         let v = store.verdicts();
+        let rerolled = VerdictRow {
+            acted: Some(Action::Rerolled),
+            ..verdict(1, 1, Outcome::Failed)
+        };
         let first = [
             verdict(1, 0, Outcome::Passed),
-            verdict(1, 1, Outcome::Failed),
+            rerolled,
             verdict(2, 0, Outcome::Passed),
             verdict(2, 1, Outcome::Passed),
             verdict(3, 0, Outcome::NotChecked),
@@ -348,14 +348,14 @@ mod tests {
         v.record(&run, &[verdict(1, 1, Outcome::Passed)])
             .await
             .unwrap();
-        v.act(OutputId::new(1).unwrap(), Action::Rerolled)
-            .await
-            .unwrap();
-        v.act(OutputId::new(1).unwrap(), Action::Flagged)
-            .await
-            .unwrap();
+        // A new output given a deleted one's id is another output: its verdicts are its own.
+        let successor = VerdictRow {
+            job_id: JobId::from("job-1-again".to_owned()),
+            ..verdict(1, 1, Outcome::Passed)
+        };
+        v.record(&run, &[successor]).await.unwrap();
         let rows = v.of_run(&run).await.unwrap();
-        assert_eq!(rows.len(), 6);
+        assert_eq!(rows.len(), 7);
         assert_eq!(
             (rows[1].outcome, rows[1].acted),
             (Outcome::Failed, Some(Action::Rerolled))
@@ -364,7 +364,11 @@ mod tests {
         assert_eq!(rows[1].reason, "failed said so");
         assert_eq!(rows[0].acted, None, "a pass is not acted on");
         assert_eq!(
-            (rows[4].outcome, rows[4].score),
+            (rows[2].job_id.as_str(), rows[2].outcome),
+            ("job-1-again", Outcome::Passed)
+        );
+        assert_eq!(
+            (rows[5].outcome, rows[5].score),
             (Outcome::NotChecked, None)
         );
         let rate = v
@@ -374,7 +378,7 @@ mod tests {
         assert_eq!(
             rate,
             Some(PassRate {
-                judged: 2,
+                judged: 3,
                 failed: 1
             }),
             "output 3 was not judged"
@@ -385,10 +389,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn verdicts_are_written_once_and_acted_on_once_on_sqlite_and_postgres() {
+    async fn verdicts_are_written_once_with_what_was_done_on_sqlite_and_postgres() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("state.db")).await.unwrap();
-        verdicts_are_written_once_and_acted_on_once(&store).await;
+        verdicts_are_written_once_with_what_was_done(&store).await;
         store.close().await;
         let Some(url) = crate::store::test_postgres::database("verdicts").await else {
             return;
@@ -396,7 +400,7 @@ mod tests {
         let store = Store::open_at(&Location::Postgres((*url).clone()))
             .await
             .unwrap();
-        verdicts_are_written_once_and_acted_on_once(&store).await;
+        verdicts_are_written_once_with_what_was_done(&store).await;
         store.close().await;
     }
 }

@@ -208,3 +208,141 @@ async fn failed_upscales_are_paid_again_until_they_pass_and_nothing_downstream_i
     let billed = (items * (2 + 5) + (items + rerolls) * 2) as u64;
     assert_eq!(credits_billed(&env), billed);
 }
+
+/// Every upscale comes back at its input's size: `size` fails it every time.
+async fn start_wrong_sizes() -> Env {
+    start(sandbox_config(
+        BadImages {
+            wrong_size: 1.0,
+            ..BadImages::default()
+        },
+        3,
+    ))
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_fail_fail_fails_the_task_blocks_its_readers_and_a_resume_never_pays_for_it_again() {
+    let env = start_wrong_sizes().await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &checked_chain(2, 100, "    on_fail: fail\n"));
+    let args = ["run", "p.yaml", "--run-id", "r"];
+    let o = Imgpipe::on(&env, &args).sqlite_in(dir).run().await;
+    assert_exit_without_panic(&o, 4);
+    let text = both(&o);
+    assert!(text.contains("check: size: "), "{text}");
+    let calls = calls_by_path(&env);
+    assert_eq!(
+        (
+            calls["erase"],
+            calls["upscale"],
+            calls.get("remove_background")
+        ),
+        (2, 2, None),
+        "{calls:?}"
+    );
+    let db = Db::read_file(&state_path(dir)).await;
+    let status = |step: &str| -> Vec<String> {
+        db.live()
+            .filter(|t| t.step == step)
+            .map(|t| t.status.clone())
+            .collect()
+    };
+    assert_eq!(status("big"), ["failed", "failed"]);
+    assert_eq!(status("cutout"), ["blocked", "blocked"]);
+    assert!(
+        db.verdicts
+            .iter()
+            .all(|v| v.acted.as_deref() == Some("failed"))
+    );
+    assert!(db.check_rerolls.is_empty() && db.superseded.is_empty());
+
+    let dry = Imgpipe::on(&env, &["resume", "r", "--dry-run"])
+        .sqlite_in(dir)
+        .run()
+        .await;
+    assert_exit(&dry, 0);
+    assert!(
+        stdout(&dry).contains("not paid again (a check failed it): i00/big[0]"),
+        "{}",
+        both(&dry)
+    );
+    let resumed = Imgpipe::on(&env, &["resume", "r"])
+        .sqlite_in(dir)
+        .run()
+        .await;
+    assert_exit_without_panic(&resumed, 4);
+    assert_eq!(
+        calls_by_path(&env),
+        calls,
+        "nothing paid again: {}",
+        both(&resumed)
+    );
+    let after = Db::read_file(&state_path(dir)).await;
+    let big = after.live().find(|t| t.step == "big").unwrap();
+    assert!(
+        big.error
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("check: size: "),
+        "the task keeps the check's reason: {big:?}"
+    );
+}
+
+/// One item at one call at a time, killed at `point` in its first judgement, then resumed:
+/// each upscale is paid 1 + max_rerolls times in all, whatever the kill left recorded.
+async fn killed_while_judging_then_resumed(point: &str) -> (Env, Db) {
+    let env = start_wrong_sizes().await;
+    let dir = env.dir.path();
+    write(
+        dir,
+        "p.yaml",
+        &checked_chain(1, 100, "    max_rerolls: 1\n"),
+    );
+    let args = ["run", "p.yaml", "--run-id", "r", "--concurrency", "1"];
+    let killed = Imgpipe::on(&env, &args)
+        .sqlite_in(dir)
+        .env(imgpipe::failpoint::ENV, point)
+        .run()
+        .await;
+    assert!(
+        killed.status.code().is_none(),
+        "aborted at {point}: {}",
+        both(&killed)
+    );
+    assert_eq!(
+        calls_by_path(&env)["upscale"],
+        1,
+        "one upscale before the kill"
+    );
+    let resumed = Imgpipe::on(&env, &["resume", "r"])
+        .sqlite_in(dir)
+        .run()
+        .await;
+    assert_exit(&resumed, 0);
+    let calls = calls_by_path(&env);
+    assert_eq!(
+        (calls["erase"], calls["upscale"], calls["remove_background"]),
+        (1, 2, 1),
+        "{point}: {calls:?}\n{}",
+        both(&resumed)
+    );
+    let db = Db::read_file(&state_path(dir)).await;
+    assert_eq!(db.check_rerolls.len(), 1, "{point}: {:?}", db.check_rerolls);
+    assert_eq!(db.superseded.len(), 1, "{point}: {:?}", db.superseded);
+    let aside = db.superseded[0].path.as_deref().expect("moved aside");
+    assert_eq!(png_size(Path::new(aside)), (SIDE, SIDE), "{point}: {aside}");
+    let acted: Vec<Option<&str>> = db.verdicts.iter().map(|v| v.acted.as_deref()).collect();
+    assert_eq!(acted, [Some("rerolled"), Some("flagged")], "{point}");
+    (env, db)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_killed_before_its_verdicts_are_recorded_is_judged_again_on_resume_and_paid_once() {
+    killed_while_judging_then_resumed("exec-checked-judged").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_killed_after_a_reroll_is_recorded_moves_its_files_on_resume_and_pays_it_once() {
+    killed_while_judging_then_resumed("exec-checked-recorded").await;
+}

@@ -333,6 +333,7 @@ impl Scheduler {
             for (position, v) in &judged.verdicts {
                 rows.push(VerdictRow {
                     output_id: output.id,
+                    job_id: output.job_id.clone(),
                     task_id: output.task_id,
                     position: u32::try_from(*position).unwrap_or(u32::MAX),
                     checks_key: key.clone(),
