@@ -75,6 +75,13 @@ async fn the_plan_shows_the_rerolls_worst_case_beside_the_total() {
         "{said}"
     );
 
+    // The part asked for is priced alone: one item, 2 (big) + 10 (cutout); `--until big`,
+    // big's 6 alone.
+    let one = on_chain(&env, &["--json", "plan", "--items", "first:1"]).await;
+    assert_eq!(json_stdout(&one)["rerolls"]["worst_case_credits"], 12);
+    let until = on_chain(&env, &["--json", "plan", "--until", "big"]).await;
+    assert_eq!(json_stdout(&until)["rerolls"]["worst_case_credits"], 6);
+
     // The cap bounds the worst case: 36 at most 20.
     write(dir, "p.yaml", &checked_chain(Some(100), 20));
     let (o, doc) = plan_json(&env).await;
