@@ -185,10 +185,15 @@ impl PlanDocument {
         self.verdict = Verdict::judge(
             self.costs.known_credits,
             &self.costs.unpriced_steps,
-            self.rerolls.map_or(0, |r| r.worst_case_credits),
+            self.rerolls_worst_case(),
             self.budget.as_ref(),
             &self.balance,
         );
+    }
+
+    /// What rerolls may spend beside the total at worst; 0 when no step rerolls.
+    pub fn rerolls_worst_case(&self) -> u64 {
+        self.rerolls.map_or(0, |r| r.worst_case_credits)
     }
 
     /// What a fresh run of this plan pays (after what reuse saves); `None` while a price is
@@ -220,7 +225,7 @@ impl PlanDocument {
         Claim {
             verdict: &self.verdict,
             total: self.costs.total_credits,
-            rerolls: self.rerolls.map_or(0, |r| r.worst_case_credits),
+            rerolls: self.rerolls_worst_case(),
             saved_by_reuse: self.reuse.as_ref().map_or(0, |r| r.credits_saved),
             budget: self.budget.as_ref(),
             balance: &self.balance,
