@@ -11,9 +11,12 @@ use crate::cli::view::Terminal;
 use crate::error::Error;
 use crate::money::limit::Balance;
 use crate::pipeline;
+use crate::pipeline::Pipeline;
+use crate::plan::document::PlanDocument;
+use crate::plan::rerolls::RerollCosts;
 use crate::plan::scope::{ItemSelector, Scope};
 use crate::plan::{GenerationPrice, ModelsAnswer};
-use crate::runner::{self, AccountFields, Connection, View};
+use crate::runner::{self, AccountFields, Connection, StateLocation, View};
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
@@ -38,7 +41,7 @@ pub struct PlanArgs {
     /// Show what earlier runs' results would save (also `reuse: true` in the pipeline file)
     #[arg(long)]
     pub reuse: bool,
-    /// The state database that --reuse looks in
+    /// The state database that --reuse, the caps and the rerolls' expected case look in
     #[command(flatten)]
     pub state: StateArgs,
     #[command(flatten)]
@@ -73,12 +76,40 @@ pub(super) async fn run(args: &PlanArgs, global: &GlobalArgs) -> Result<(), Erro
         doc.reuse = Some(runner::reuse_estimate(&state, &pipeline, &doc, &scope).await?);
     }
     doc.caps = runner::cap_fits(&state, &pipeline, &doc).await;
+    if doc.rerolls.is_some() {
+        doc.rerolls = expected_rerolls(&state, &pipeline, &doc).await;
+    }
     view.plan(&doc)?;
     if let Some(path) = &args.save {
         doc.save(path).map_err(|e| Error::usage(e, None))?;
         tracing::info!("plan saved to {}", path.display());
     }
     Ok(crate::money::admit::refusal_after_reuse(&doc.claim())?)
+}
+
+/// The rerolls' figures with the expected case from earlier runs' verdicts. A plan needs no
+/// state database: without one the expected case is unknown, and one that cannot be read is
+/// said and left as it is.
+async fn expected_rerolls(
+    state: &StateLocation,
+    pipeline: &Pipeline,
+    doc: &PlanDocument,
+) -> Option<RerollCosts> {
+    if !state.exists() {
+        return doc.rerolls;
+    }
+    let read = async {
+        let store = state.open_existing().await?;
+        let expected = crate::plan::rerolls::expected(&store, pipeline, &doc.costs).await;
+        runner::state::close(store, expected.map_err(Error::from)).await
+    };
+    match read.await {
+        Ok(rerolls) => rerolls,
+        Err(e) => {
+            tracing::warn!("the rerolls' expected case was not read: {e}");
+            doc.rerolls
+        }
+    }
 }
 
 fn offline_hint(e: Error) -> Error {

@@ -14,6 +14,7 @@ use crate::money::admit::{Claim, Verdict};
 use crate::money::limit::{Balance, Budget, Limit};
 use crate::pipeline::Pipeline;
 use crate::place::temp;
+use crate::plan::rerolls::RerollCosts;
 use crate::plan::{Costs, GenerationPrice, tool_prices};
 use crate::time::rfc3339;
 
@@ -32,6 +33,10 @@ pub struct PlanDocument {
     pub items: ItemsRef,
     pub prices: Prices,
     pub costs: Costs,
+    /// What paying again for outputs that fail a check may add to the total; absent when no
+    /// step rerolls. The verdict holds the total and the worst case together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerolls: Option<RerollCosts>,
     pub budget: Option<Budget>,
     pub balance: Balance,
     pub verdict: Verdict,
@@ -137,9 +142,8 @@ impl PlanDocument {
         costs: Costs,
         budget: Option<Budget>,
         balance: Balance,
-        verdict: Verdict,
     ) -> PlanDocument {
-        PlanDocument {
+        let mut doc = PlanDocument {
             kind: KIND.into(),
             format: FORMAT,
             imgpipe_version: env!("CARGO_PKG_VERSION").into(),
@@ -156,13 +160,40 @@ impl PlanDocument {
             },
             prices,
             costs,
+            rerolls: None,
             budget,
             balance,
-            verdict,
+            // Judged below, once the rerolls are priced.
+            verdict: Verdict {
+                fits: false,
+                reasons: Vec::new(),
+                warnings: Vec::new(),
+            },
             reuse: None,
             caps: Vec::new(),
             scope: None,
-        }
+        };
+        doc.judge(pipeline);
+        doc
+    }
+
+    /// Prices the rerolls of the plan's tasks (their worst case; the expected case needs the
+    /// state database, [`crate::plan::rerolls::expected`]) and judges the total with them: the
+    /// one verdict that `plan` prints and `run` admits by.
+    pub(crate) fn judge(&mut self, pipeline: &Pipeline) {
+        self.rerolls = crate::plan::rerolls::costs(pipeline, &self.costs, |_| None);
+        self.verdict = Verdict::judge(
+            self.costs.known_credits,
+            &self.costs.unpriced_steps,
+            self.rerolls_worst_case(),
+            self.budget.as_ref(),
+            &self.balance,
+        );
+    }
+
+    /// What rerolls may spend beside the total at worst; 0 when no step rerolls.
+    pub fn rerolls_worst_case(&self) -> u64 {
+        self.rerolls.map_or(0, |r| r.worst_case_credits)
     }
 
     /// What a fresh run of this plan pays (after what reuse saves); `None` while a price is
@@ -194,6 +225,7 @@ impl PlanDocument {
         Claim {
             verdict: &self.verdict,
             total: self.costs.total_credits,
+            rerolls: self.rerolls_worst_case(),
             saved_by_reuse: self.reuse.as_ref().map_or(0, |r| r.credits_saved),
             budget: self.budget.as_ref(),
             balance: &self.balance,

@@ -17,7 +17,6 @@ use serde::{Deserialize, Serialize};
 use crate::api::job_id::JobId;
 use crate::api::records::Models;
 use crate::api::types::{Increase, ToolName, tool_price};
-use crate::money::admit::Verdict;
 use crate::money::limit::{Balance, Budget};
 use crate::pipeline::{Operation, Pipeline, StepRef};
 
@@ -287,12 +286,7 @@ pub fn narrow(
     }
     let narrowed = Costs::scoped(pipeline, &doc.prices.generation, scope);
     let whole = std::mem::replace(&mut doc.costs, narrowed);
-    doc.verdict = Verdict::judge(
-        doc.costs.known_credits,
-        &doc.costs.unpriced_steps,
-        doc.budget.as_ref(),
-        &doc.balance,
-    );
+    doc.judge(pipeline);
     doc.scope = Some(document::ScopePlan {
         asked: scope.said.clone(),
         items: scope.items_chosen().unwrap_or(pipeline.items.len()),
@@ -303,8 +297,9 @@ pub fn narrow(
     doc
 }
 
-/// The plan of `pipeline` at the service's word: every step priced, the total held against
-/// the budget (the pipeline's, lowered by `max_credits`) and the balance.
+/// The plan of `pipeline` at the service's word: every step priced, the total and the
+/// rerolls' worst case held against the budget (the pipeline's, lowered by `max_credits`) and
+/// the balance.
 pub fn make(
     pipeline: &Pipeline,
     generation: GenerationPrice,
@@ -313,18 +308,11 @@ pub fn make(
 ) -> document::PlanDocument {
     let costs = Costs::of(pipeline, &generation);
     let budget = Budget::pick(pipeline.max_credits, max_credits);
-    let verdict = Verdict::judge(
-        costs.known_credits,
-        &costs.unpriced_steps,
-        budget.as_ref(),
-        &balance,
-    );
     document::PlanDocument::new(
         pipeline,
         document::Prices::new(generation),
         costs,
         budget,
         balance,
-        verdict,
     )
 }

@@ -97,6 +97,7 @@ fn totals(out: &mut String, doc: &PlanDocument) {
         ),
     };
     let _ = writeln!(out, "total    {total}");
+    rerolls(out, doc);
     if let Some(scope) = &doc.scope {
         let whole = scope.whole_credits.map_or_else(
             || "credits unknown".to_owned(),
@@ -123,6 +124,37 @@ fn totals(out: &mut String, doc: &PlanDocument) {
         format!("{} ({})", crate::money::credits(b.max_credits), b.source)
     });
     let _ = writeln!(out, "budget   {budget}");
+}
+
+/// What rerolls may add to the total: the worst case the verdict counts, and what earlier
+/// runs' checks lead to expect.
+fn rerolls(out: &mut String, doc: &PlanDocument) {
+    let Some(r) = doc.rerolls else {
+        return;
+    };
+    let worst = crate::money::credits(r.worst_case_credits);
+    let in_all = doc
+        .costs
+        .total_credits
+        .map(|t| {
+            let at_worst = t.saturating_add(r.worst_case_credits);
+            format!(", {} at worst", crate::money::credits(at_worst))
+        })
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "rerolls  up to {worst} more{in_all} (each checked task failing max_rerolls times, within rerolls.max_credits)"
+    );
+    let expected = r.expected_credits.map_or_else(
+        || "unknown: no earlier run's verdicts of these checks were read".to_owned(),
+        |e| {
+            format!(
+                "{} of rerolls, from how often these checks failed before",
+                crate::money::credits(e)
+            )
+        },
+    );
+    let _ = writeln!(out, "expected {expected}");
 }
 
 /// Why the generation price is unknown, and what was noted or warned of while pricing.

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::pipeline::checks::OnFail;
 use crate::pipeline::{Pipeline, StepRef};
 use crate::plan::Costs;
+use crate::store::{PassRate, Store, StoreError};
 
 /// The rerolls' figures of a plan, beside its total (`plan --json`'s `rerolls`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,6 +51,34 @@ pub fn costs(
         worst_case_credits: worst.map_or(cap, |w| w.min(cap)),
         expected_credits: expected.map(|e| (e.round() as u64).min(cap)),
     })
+}
+
+/// The rerolls' figures with the expected case read from the state database: how often the
+/// outputs of each rerolling step failed its checks in earlier runs, found under the key the
+/// checks' verdicts are recorded by ([`crate::pipeline::checks::StepChecks::key`]), so that
+/// changing a check's settings starts afresh.
+pub async fn expected(
+    store: &Store,
+    pipeline: &Pipeline,
+    priced: &Costs,
+) -> Result<Option<RerollCosts>, StoreError> {
+    let mut shares = vec![None; pipeline.step_refs().count()];
+    for (r, _) in rerolling(pipeline) {
+        let step = pipeline.step(r);
+        let Some(checks) = &step.checks else {
+            continue;
+        };
+        let key = checks.key(&pipeline.name, &step.id);
+        shares[r.0] = store.verdicts().pass_rate(&key).await?.map(fail_share);
+    }
+    Ok(costs(pipeline, priced, |r| {
+        shares.get(r.0).copied().flatten()
+    }))
+}
+
+/// The share of judged outputs that failed.
+fn fail_share(rate: PassRate) -> f64 {
+    rate.failed as f64 / rate.judged.max(1) as f64
 }
 
 /// Rerolls a task is expected to take when a share `f` of outputs fail and it may be paid

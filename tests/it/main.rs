@@ -30,6 +30,7 @@ mod hostile;
 mod objects;
 mod places;
 mod plan;
+mod plan_rerolls;
 mod postgres;
 mod price_kept;
 mod promises;

@@ -12,6 +12,7 @@ use std::time::Duration;
 use imgpipe::sandbox;
 
 use crate::common::*;
+use crate::plan_rerolls::checked_chain;
 use crate::run::{config, edit_chain, write};
 
 /// The filters of everything that is not the same from one run to the next.
@@ -115,6 +116,33 @@ async fn a_plan_reads_as_a_table_and_as_json() {
         .run()
         .await;
     said(dir, "plan_offline", &seen(&offline));
+}
+
+/// The chain with checks that reroll (36 credits at worst beside its 27), under `budget`.
+async fn plan_with_rerolls(env: &Env, budget: u64) -> crate::binary::Ran {
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &checked_chain(Some(budget), 60));
+    Imgpipe::on(env, &["plan", "p.yaml"])
+        .sqlite_in(dir)
+        .run()
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plan_with_rerolls_reads_its_worst_case_and_refuses_what_it_cannot_pay() {
+    let env = start(config()).await;
+    let dir = env.dir.path();
+    let o = plan_with_rerolls(&env, 100).await;
+    assert_exit_without_panic(&o, 0);
+    said(dir, "plan_rerolls_text", &seen(&o));
+    let o = plan_with_rerolls(&env, 62).await;
+    said(dir, "refused_3_plan_rerolls_over_budget", &seen(&o));
+    let o = Imgpipe::on(&env, &["run", "p.yaml"])
+        .sqlite_in(dir)
+        .run()
+        .await;
+    said(dir, "refused_3_rerolls_over_budget", &seen(&o));
+    assert_nothing_billed(&env);
 }
 
 #[tokio::test(flavor = "multi_thread")]
