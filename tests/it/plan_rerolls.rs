@@ -180,6 +180,7 @@ async fn record_verdicts(
         .zip(first_output..)
         .map(|(&failed, id)| VerdictRow {
             output_id: OutputId::new(id).unwrap(),
+            job_id: format!("job-{id}").into(),
             task_id: TaskId::new(id).unwrap(),
             position: 0,
             checks_key: key.clone(),
