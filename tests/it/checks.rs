@@ -346,3 +346,155 @@ async fn a_run_killed_before_its_verdicts_are_recorded_is_judged_again_on_resume
 async fn a_run_killed_after_a_reroll_is_recorded_moves_its_files_on_resume_and_pays_it_once() {
     killed_while_judging_then_resumed("exec-checked-recorded").await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_generation_of_one_picture_repeated_fails_distinct_and_is_paid_again_whole() {
+    let env = start(sandbox_config(
+        BadImages {
+            duplicate: 1.0,
+            ..BadImages::default()
+        },
+        5,
+    ))
+    .await;
+    let dir = env.dir.path();
+    let text = r#"version: 1
+name: shots
+output_dir: out
+rerolls: { max_credits: 40 }
+pricing: { generation: 4 }
+items:
+  - { id: mug }
+steps:
+  - id: shot
+    generate: { prompt: "a mug", n: 3 }
+    checks: [distinct]
+    max_rerolls: 1
+  - id: big
+    upscale: { from: shot, desired_increase: 2 }
+"#;
+    write(dir, "p.yaml", text);
+    let o = Imgpipe::on(&env, &["run", "p.yaml"])
+        .sqlite_in(dir)
+        .run()
+        .await;
+    assert_exit_without_panic(&o, 0);
+    let calls = calls_by_path(&env);
+    assert_eq!(
+        (calls["generate"], calls["upscale"]),
+        (2, 3),
+        "the generation paid twice, each of its kept images upscaled once: {calls:?}"
+    );
+    let db = Db::read_file(&state_path(dir)).await;
+    // Each judgement: the first image passes, the two copies of it fail.
+    let verdicts: Vec<(&str, Option<&str>)> = db
+        .verdicts
+        .iter()
+        .map(|v| (v.verdict.as_str(), v.acted.as_deref()))
+        .collect();
+    assert_eq!(
+        verdicts,
+        [
+            ("passed", None),
+            ("failed", Some("rerolled")),
+            ("failed", Some("rerolled")),
+            ("passed", None),
+            ("failed", Some("flagged")),
+            ("failed", Some("flagged")),
+        ]
+    );
+    assert_eq!(db.superseded.len(), 3, "the whole generation set aside");
+    assert_eq!(db.check_rerolls.len(), 1);
+    assert_eq!(db.check_rerolls[0].credits, 12);
+}
+
+/// A program that judges each output: `reject.sh` fails it with a reason, `hang.sh` never
+/// answers.
+fn judges(dir: &Path) {
+    write(
+        dir,
+        "reject.sh",
+        "test -s \"$1\" || exit 2\necho '{\"score\": 0.1, \"reason\": \"too dark for the catalogue\"}'\nexit 1\n",
+    );
+    write(dir, "hang.sh", "exec sleep 600\n");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_command_that_fails_an_output_rerolls_it_and_one_that_never_answers_flags_it_unpaid() {
+    let env = start(sandbox_config(BadImages::default(), 1)).await;
+    let dir = env.dir.path();
+    judges(dir);
+    let chain = |script: &str| {
+        let mut text = checked_chain(2, 100, "    max_rerolls: 1\n");
+        text = text.replace(
+            "    checks: [size]\n",
+            &format!("    checks:\n      - command: {{ argv: [sh, {script}, \"{{file}}\"], timeout: 1 }}\n"),
+        );
+        text
+    };
+    write(dir, "reject.yaml", &chain("reject.sh"));
+    let o = Imgpipe::on(&env, &["run", "reject.yaml"])
+        .sqlite_in(dir)
+        .run()
+        .await;
+    assert_exit_without_panic(&o, 0);
+    assert_eq!(
+        calls_by_path(&env)["upscale"],
+        4,
+        "each upscale paid again once: {}",
+        both(&o)
+    );
+    let db = Db::read_file(&state_path(dir)).await;
+    assert!(
+        db.verdicts
+            .iter()
+            .all(|v| v.check == "command" && v.reason == "too dark for the catalogue"),
+        "{:?}",
+        db.verdicts
+    );
+
+    let before = calls_by_path(&env);
+    write(dir, "hang.yaml", &chain("hang.sh"));
+    let o = Imgpipe::on(&env, &["run", "hang.yaml"])
+        .sqlite_in(dir)
+        .run()
+        .await;
+    assert_exit_without_panic(&o, 0);
+    let after = calls_by_path(&env);
+    assert_eq!(
+        after["upscale"] - before["upscale"],
+        2,
+        "a check that cannot judge pays nothing again: {}",
+        both(&o)
+    );
+    assert_eq!(after["remove_background"] - before["remove_background"], 2);
+    let db = Db::read_file(&state_path(dir)).await;
+    let hung: Vec<&VerdictRow> = db.verdicts.iter().skip(4).collect();
+    assert_eq!(hung.len(), 2, "{:?}", db.verdicts);
+    for v in hung {
+        assert_eq!(
+            (v.verdict.as_str(), v.acted.as_deref()),
+            ("not_checked", Some("flagged"))
+        );
+        assert_eq!(v.reason, "no verdict after 1 s", "{v:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rerolls_stop_at_max_credits_and_what_they_could_not_mend_is_flagged() {
+    let env = start_wrong_sizes().await;
+    let dir = env.dir.path();
+    // Four upscales of 2 credits each fail every time; 5 credits pay for two rerolls.
+    write(dir, "p.yaml", &checked_chain(4, 5, "    max_rerolls: 3\n"));
+    let o = Imgpipe::on(&env, &["run", "p.yaml", "--concurrency", "2"])
+        .sqlite_in(dir)
+        .run()
+        .await;
+    assert_exit_without_panic(&o, 0);
+    let db = Db::read_file(&state_path(dir)).await;
+    let spent: u64 = db.check_rerolls.iter().map(|r| r.credits).sum();
+    assert_eq!(spent, 4, "{:?}", db.check_rerolls);
+    let calls = calls_by_path(&env);
+    assert_eq!(calls["upscale"], 4 + 2, "{calls:?}");
+    assert_eq!(calls["remove_background"], 4, "{calls:?}");
+}

@@ -1105,7 +1105,7 @@ impl Db {
         );
         let verdicts = rows!(
             "SELECT output_id, task_id, check_name, verdict, reason, acted
-             FROM check_verdicts ORDER BY task_id, output_id, position",
+             FROM check_verdicts ORDER BY checked_at, task_id, output_id, position",
             |r| VerdictRow {
                 output_id: r.get("output_id"),
                 task_id: r.get("task_id"),
