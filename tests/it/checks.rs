@@ -321,13 +321,14 @@ async fn killed_while_judging_then_resumed(point: &str) -> (Env, Db) {
         .await;
     assert_exit(&resumed, 0);
     let calls = calls_by_path(&env);
+    let db = Db::read_file(&state_path(dir)).await;
     assert_eq!(
         (calls["erase"], calls["upscale"], calls["remove_background"]),
         (1, 2, 1),
-        "{point}: {calls:?}\n{}",
-        both(&resumed)
+        "{point}: {calls:?}\n{}\n{:?}",
+        both(&resumed),
+        db.verdicts
     );
-    let db = Db::read_file(&state_path(dir)).await;
     assert_eq!(db.check_rerolls.len(), 1, "{point}: {:?}", db.check_rerolls);
     assert_eq!(db.superseded.len(), 1, "{point}: {:?}", db.superseded);
     let aside = db.superseded[0].path.as_deref().expect("moved aside");
