@@ -6,7 +6,9 @@
 
 use std::path::Path;
 
+use crate::api::job_id::JobId;
 use crate::place::{Address, ObjectError, ObjectUrl, Objects, RunDir};
+use crate::sha256::Sha256Sum;
 use crate::store::{PendingMove, RecordedOutput, Store, StoreError};
 
 /// Makes journaled moves, then forgets them.
@@ -64,7 +66,12 @@ fn move_file(from: &Path, to: &Path) -> Option<u64> {
 }
 
 /// Where an output's file (or object) goes when set aside:
-/// `<run>/_superseded/<item>/<name>.o<output id>[.<tag>].<ext>`; `None` when it has none.
+/// `<run>/_superseded/<item>/<name>.o<output id>.<job>[.<tag>].<ext>`, `<job>` the first 8 hex
+/// digits of its job id's sha256; `None` when it has none. The job is in the name because
+/// SQLite gives a new output the row id of the last one deleted: a task set aside twice (a
+/// check's reroll, then another) would otherwise name the second file as the first, and a
+/// move that finds its place taken counts itself made, leaving the file where the next
+/// download must write.
 pub fn aside_path(run_dir: &RunDir, o: &RecordedOutput, tag: Option<&str>) -> Option<String> {
     let name = o.path.as_ref()?.file_name()?;
     let name = Path::new(&name);
@@ -74,10 +81,17 @@ pub fn aside_path(run_dir: &RunDir, o: &RecordedOutput, tag: Option<&str>) -> Op
         .map(|e| format!(".{}", e.to_string_lossy()))
         .unwrap_or_default();
     let tag = tag.map(|t| format!(".{t}")).unwrap_or_default();
-    let to = run_dir
-        .superseded(&o.task.item)
-        .join(&format!("{stem}.o{}{tag}{ext}", o.id));
+    let to = run_dir.superseded(&o.task.item).join(&format!(
+        "{stem}.o{}.{}{tag}{ext}",
+        o.id,
+        job_mark(&o.job_id)
+    ));
     Some(to.to_string())
+}
+
+/// A short mark of a job id fit for a file name, whatever the service's ids hold.
+fn job_mark(job: &JobId) -> String {
+    Sha256Sum::of_bytes(job.as_str().as_bytes())[..8].to_owned()
 }
 
 /// Copies the object at `from` to `to` (create-only) and removes it from `from`; returns the

@@ -5,7 +5,7 @@
 //! and `rerolls.max_credits`; nothing downstream of a failed output ever paid for; what no
 //! reroll could mend flagged (or its task failed) and the run going on.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use imgpipe::sandbox::{self, BadImages, Faults};
@@ -155,14 +155,17 @@ async fn an_upscale_that_keeps_failing_is_paid_max_rerolls_more_then_flagged_and
 
 #[tokio::test(flavor = "multi_thread")]
 async fn failed_upscales_are_paid_again_until_they_pass_and_nothing_downstream_is_paid_twice() {
-    let env = start(sandbox_config(
+    // Downloads cut short and tried again: an upscale's answer often comes before its
+    // input's file, which its `size` check must wait for.
+    let mut config = sandbox_config(
         BadImages {
             wrong_size: 0.5,
             ..BadImages::default()
         },
         11,
-    ))
-    .await;
+    );
+    config.faults.truncate_download = 0.2;
+    let env = start(config).await;
     let dir = env.dir.path();
     let items = 8;
     write(
@@ -201,10 +204,14 @@ async fn failed_upscales_are_paid_again_until_they_pass_and_nothing_downstream_i
         let read = db.outputs.iter().find(|o| o.task_id == cutout.id).unwrap();
         assert_eq!(read.parent_job_id, big.job_id, "{}", cutout.item);
     }
-    assert!(db.verdicts.iter().all(|v| match v.verdict.as_str() {
-        "passed" => v.acted.is_none(),
-        _ => v.acted.as_deref() == Some("rerolled"),
-    }));
+    for v in &db.verdicts {
+        let ok = match v.verdict.as_str() {
+            "passed" => v.acted.is_none(),
+            "failed" => v.acted.as_deref() == Some("rerolled"),
+            _ => false,
+        };
+        assert!(ok, "every upscale judged, each failure rerolled: {v:?}");
+    }
     let billed = (items * (2 + 5) + (items + rerolls) * 2) as u64;
     assert_eq!(credits_billed(&env), billed);
 }
@@ -498,4 +505,40 @@ async fn rerolls_stop_at_max_credits_and_what_they_could_not_mend_is_flagged() {
     let calls = calls_by_path(&env);
     assert_eq!(calls["upscale"], 4 + 2, "{calls:?}");
     assert_eq!(calls["remove_background"], 4, "{calls:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_set_aside_twice_keeps_both_files_and_its_last_output_in_place() {
+    // One item at one call at a time: each new output takes the row id of the one set
+    // aside before it (SQLite reuses the last id deleted).
+    let env = start_wrong_sizes().await;
+    let dir = env.dir.path();
+    write(
+        dir,
+        "p.yaml",
+        &checked_chain(1, 100, "    max_rerolls: 2\n"),
+    );
+    let o = Imgpipe::on(&env, &["run", "p.yaml", "--concurrency", "1"])
+        .sqlite_in(dir)
+        .run()
+        .await;
+    assert_exit_without_panic(&o, 0);
+    assert_eq!(calls_by_path(&env)["upscale"], 3);
+    let db = Db::read_file(&state_path(dir)).await;
+    let aside: BTreeSet<&str> = db
+        .superseded
+        .iter()
+        .map(|s| s.path.as_deref().expect("moved aside"))
+        .collect();
+    assert_eq!(
+        aside.len(),
+        2,
+        "two places for two files: {:?}",
+        db.superseded
+    );
+    for path in &aside {
+        assert_eq!(png_size(Path::new(path)), (SIDE, SIDE), "{path}");
+    }
+    let jobs: BTreeSet<&str> = db.superseded.iter().map(|s| s.job_id.as_str()).collect();
+    assert_eq!(jobs.len(), 2, "{:?}", db.superseded);
 }

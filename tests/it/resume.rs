@@ -431,10 +431,15 @@ async fn an_interrupted_run_resumes_paying_only_for_the_rest_and_fetches_lost_fi
     assert_eq!(sha_of(&run_dir.join("i00/clean.png")), clean_sha);
     assert_eq!(sha_of(&run_dir.join("i00/big.png")), big_sha);
     // The modified file is kept, not lost.
-    let aside = run_dir.join(format!("_superseded/i00/big.o{}.modified.png", big_out.id));
-    assert_eq!(std::fs::read(&aside).unwrap(), junk, "{}", aside.display());
     let superseded = files_under(&run_dir.join("_superseded"));
     assert_eq!(superseded.len(), 1, "{superseded:?}");
+    let name = superseded.first().unwrap();
+    assert!(
+        name.starts_with(&format!("i00/big.o{}.", big_out.id)) && name.ends_with(".modified.png"),
+        "{name}"
+    );
+    let aside = run_dir.join("_superseded").join(name);
+    assert_eq!(std::fs::read(&aside).unwrap(), junk, "{}", aside.display());
     assert_manifest_credits_are_the_calls(&env, &lines);
 
     assert_eq!(db.superseded.len(), 2, "{:#?}", db.superseded);
@@ -1617,14 +1622,20 @@ async fn a_changed_pipeline_is_refused_and_with_allow_changes_only_what_changed_
         assert_ne!(now.job_id, t.job_id, "{} not run again", t.name());
         // Its old output was moved aside, whole.
         let (out_id, sha) = &old_sha[&t.id];
-        let aside = run_dir.join(format!("_superseded/{}/{}.o{out_id}.png", t.item, t.step));
-        assert_eq!(&sha_of(&aside), sha, "{}", aside.display());
         let row = db
             .superseded
             .iter()
             .find(|s| s.task_id == t.id)
             .unwrap_or_else(|| panic!("{:#?}", db.superseded));
-        assert_eq!(row.path.as_deref().map(PathBuf::from), Some(aside));
+        let aside = PathBuf::from(row.path.as_deref().expect("moved aside"));
+        let name = aside.file_name().unwrap().to_string_lossy().into_owned();
+        let under = run_dir.join(format!("_superseded/{}", t.item));
+        assert_eq!(aside.parent(), Some(under.as_path()), "{}", aside.display());
+        assert!(
+            name.starts_with(&format!("{}.o{out_id}.", t.step)),
+            "{name}"
+        );
+        assert_eq!(&sha_of(&aside), sha, "{}", aside.display());
         assert_eq!(row.sha256.as_ref(), Some(sha));
         assert_eq!(Some(&row.job_id), t.job_id.as_ref());
         assert!(row.reason.contains("runs again"), "{row:?}");

@@ -144,8 +144,9 @@ impl Scheduler {
         self.judge_if_kept(t);
     }
 
-    /// Starts judging `t` once none of its downloads is under way (a download that failed
-    /// leaves an output no check can judge, which is flagged).
+    /// Starts judging `t` once none of its downloads is under way, nor its input's (a `size`
+    /// check reads the input's dimensions from its file). A download that failed leaves an
+    /// output no check can judge, which is flagged.
     pub(super) fn judge_if_kept(&mut self, t: usize) {
         let stopping = self.halt.is_some() || self.outcome.interrupted;
         if self.state[t] != State::Judging
@@ -162,9 +163,13 @@ impl Scheduler {
             Ok(Work::Tool {
                 input: Source::Output { task, k },
                 ..
-            }) => self.rows.ids.get(task).map(|id| (id, k)),
+            }) => Some((task, k)),
             _ => None,
         };
+        if input.is_some_and(|(task, _)| self.downloads.downloading(task)) {
+            return;
+        }
+        let input = input.and_then(|(task, k)| Some((self.rows.ids.get(task)?, k)));
         self.checking.judging.insert(t);
         let judge = judge(
             Arc::clone(&self.shared),

@@ -123,6 +123,10 @@ impl Scheduler {
         if self.downloads.ended(t, kept) {
             self.release(t);
             self.judge_if_kept(t);
+            // A reader's `size` check waits for its input's file.
+            for c in self.graph.children(t) {
+                self.judge_if_kept(c);
+            }
         }
     }
 }
