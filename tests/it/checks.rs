@@ -542,3 +542,48 @@ async fn a_task_set_aside_twice_keeps_both_files_and_its_last_output_in_place() 
     let jobs: BTreeSet<&str> = db.superseded.iter().map(|s| s.job_id.as_str()).collect();
     assert_eq!(jobs.len(), 2, "{:?}", db.superseded);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn outputs_in_a_bucket_are_judged_from_a_copy_and_set_aside_in_the_bucket() {
+    let env = start(sandbox_config(
+        BadImages {
+            wrong_size: 0.5,
+            ..BadImages::default()
+        },
+        11,
+    ))
+    .await;
+    let s3 = crate::objects::S3::start().await;
+    let dir = env.dir.path();
+    let items = 4;
+    write(
+        dir,
+        "p.yaml",
+        &checked_chain(items, 100, "    max_rerolls: 10\n"),
+    );
+    let args = [
+        "run",
+        "p.yaml",
+        "--run-id",
+        "r",
+        "--out",
+        "s3://shots/runs/",
+    ];
+    let o = Imgpipe::on(&env, &args).s3(&s3).sqlite_in(dir).run().await;
+    assert_exit_without_panic(&o, 0);
+    let db = Db::read_file(&state_path(dir)).await;
+    let rerolls = db.check_rerolls.len();
+    assert!(rerolls > 0, "the seed makes some upscales fail");
+    assert_eq!(calls_by_path(&env)["upscale"], items + rerolls);
+    for i in 0..items {
+        let clean = png_size(&s3.file(&format!("runs/r/i{i:02}/clean.png")));
+        let big = png_size(&s3.file(&format!("runs/r/i{i:02}/big.png")));
+        assert_eq!(big, (2 * clean.0, 2 * clean.1), "i{i:02}");
+    }
+    for s in &db.superseded {
+        let url = s.path.as_deref().expect("moved aside");
+        let key = url.strip_prefix("s3://shots/").expect("in the bucket");
+        assert!(key.starts_with("runs/r/_superseded/"), "{key}");
+        assert_eq!(png_size(&s3.file(key)), (SIDE, SIDE), "{key}");
+    }
+}
