@@ -60,13 +60,14 @@ pub async fn judge_file(
 }
 
 /// Judges a task's outputs, in output order, by every check of its step: `distinct` across
-/// them. An output with no address (its download failed) or whose copy cannot be made is
+/// them, after the `earlier` hashes of what sibling tasks kept. An output with no address (its download failed) or whose copy cannot be made is
 /// judged by none: each check says why.
 pub async fn judge_task(
     checks: &[Check],
     outputs: &[Option<Address>],
     promise: Option<SizePromise>,
     commands: &Commands,
+    earlier: &[u64],
 ) -> Vec<Judged> {
     let mut judged = Vec::with_capacity(outputs.len());
     for address in outputs {
@@ -79,7 +80,7 @@ pub async fn judge_task(
             Err(why) => unjudged(checks, &why),
         });
     }
-    judge_generation(checks, &mut judged);
+    judge_generation(checks, &mut judged, earlier);
     judged
 }
 
@@ -123,15 +124,20 @@ fn builtin(check: &Check, stats: &Stats, promise: Option<SizePromise>) -> Option
     })
 }
 
-/// Adds `distinct`'s verdicts to a generation's outputs, judged in their order; outputs that
-/// could not be read cannot be judged.
-pub fn judge_generation(checks: &[Check], outputs: &mut [Judged]) {
+/// Adds `distinct`'s verdicts to a task's outputs, judged in their order after `earlier`: the
+/// hashes of what sibling tasks kept (what a later step made of a generation's other
+/// images), which are compared with but not judged again. Outputs that could not be read
+/// cannot be judged.
+pub fn judge_generation(checks: &[Check], outputs: &mut [Judged], earlier: &[u64]) {
     for (position, check) in checks.iter().enumerate() {
         let Check::Distinct { min_distance } = check else {
             continue;
         };
-        let read: Vec<u64> = outputs.iter().filter_map(|o| o.hash).collect();
-        let mut verdicts = image::distinct(&read, *min_distance).into_iter();
+        let mut read: Vec<u64> = earlier.to_vec();
+        read.extend(outputs.iter().filter_map(|o| o.hash));
+        let mut verdicts = image::distinct(&read, *min_distance)
+            .into_iter()
+            .skip(earlier.len());
         for output in outputs.iter_mut() {
             let verdict = match output.hash {
                 Some(_) => verdicts.next(),
@@ -327,7 +333,7 @@ mod tests {
         }
         // An output that could not be read, between them, is judged by none.
         outputs.insert(1, Judged::default());
-        judge_generation(&checks, &mut outputs);
+        judge_generation(&checks, &mut outputs, &[]);
         let got: Vec<Outcome> = outputs.iter().map(|o| o.verdicts[0].1.outcome).collect();
         assert_eq!(
             got,

@@ -587,3 +587,58 @@ async fn outputs_in_a_bucket_are_judged_from_a_copy_and_set_aside_in_the_bucket(
         assert_eq!(png_size(&s3.file(key)), (SIDE, SIDE), "{key}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn distinct_after_a_generation_judges_each_upscale_against_its_siblings_kept() {
+    let env = start(sandbox_config(
+        BadImages {
+            duplicate: 1.0,
+            ..BadImages::default()
+        },
+        5,
+    ))
+    .await;
+    let dir = env.dir.path();
+    let text = r#"version: 1
+name: shots
+output_dir: out
+rerolls: { max_credits: 40 }
+pricing: { generation: 4 }
+items:
+  - { id: mug }
+steps:
+  - id: shot
+    generate: { prompt: "a mug", n: 2 }
+  - id: big
+    upscale: { from: shot, desired_increase: 2 }
+    checks: [distinct]
+    max_rerolls: 1
+"#;
+    write(dir, "p.yaml", text);
+    let o = Imgpipe::on(&env, &["run", "p.yaml"])
+        .sqlite_in(dir)
+        .run()
+        .await;
+    assert_exit_without_panic(&o, 0);
+    let calls = calls_by_path(&env);
+    assert_eq!(
+        (calls["generate"], calls["upscale"]),
+        (1, 3),
+        "the second upscale of one picture paid again once: {calls:?}"
+    );
+    let db = Db::read_file(&state_path(dir)).await;
+    let mut verdicts: Vec<(&str, Option<&str>)> = db
+        .verdicts
+        .iter()
+        .map(|v| (v.verdict.as_str(), v.acted.as_deref()))
+        .collect();
+    verdicts.sort_unstable();
+    assert_eq!(
+        verdicts,
+        [
+            ("failed", Some("flagged")),
+            ("failed", Some("rerolled")),
+            ("passed", None)
+        ]
+    );
+}

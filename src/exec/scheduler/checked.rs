@@ -29,7 +29,7 @@ use crate::exec::shared::Shared;
 use crate::exec::state::State;
 use crate::pipeline::Operation;
 use crate::pipeline::checks::StepChecks;
-use crate::plan::graph::{Graph, Source, Work};
+use crate::plan::graph::{Graph, Instance, Source, Work};
 use crate::run_id::RunId;
 use crate::store::{
     Action, Checked, RecordedOutput, SetAside, Store, StoreError, TaskId, TaskRerolls, VerdictRow,
@@ -48,6 +48,10 @@ pub(super) struct Checking {
     rerolled: HashMap<usize, u32>,
     /// What those rerolls were planned at, in all.
     reroll_credits: u64,
+    /// The perceptual hashes of the outputs kept so far in this process, by instance and
+    /// step, for the `distinct` checks of steps after a generation: each task there has one
+    /// output, judged against its siblings' (8 bytes an output of such a step).
+    kept_hashes: HashMap<(Instance, usize), Vec<u64>>,
 }
 
 /// A task's outputs as judged.
@@ -171,11 +175,21 @@ impl Scheduler {
         }
         let input = input.and_then(|(task, k)| Some((self.rows.ids.get(task)?, k)));
         self.checking.judging.insert(t);
+        let task = self.graph.task(t);
+        let earlier = match &self.graph.step_of(t).op {
+            Operation::Tool(_) => self
+                .checking
+                .kept_hashes
+                .get(&(task.instance, task.step.0))
+                .cloned()
+                .unwrap_or_default(),
+            Operation::Generate(_) => Vec::new(),
+        };
         let judge = judge(
             Arc::clone(&self.shared),
             self.checking.commands.clone(),
             (t, task_id),
-            input,
+            (input, earlier),
         );
         self.checking.judges.spawn(judge);
     }
@@ -230,6 +244,15 @@ impl Scheduler {
         }
         crate::failpoint::hit("exec-checked-judged");
         let rows = self.verdict_rows(t, &checks, &j.outputs, &judged, decision);
+        if matches!(decision, Decision::Keep | Decision::Flag) {
+            let task = self.graph.task(t);
+            let hashes = judged.iter().filter_map(|o| o.hash);
+            let kept = self
+                .checking
+                .kept_hashes
+                .entry((task.instance, task.step.0));
+            kept.or_default().extend(hashes);
+        }
         let why = Why {
             aside: set_aside_reason(
                 verdicts
@@ -372,12 +395,13 @@ fn failure(outputs: &[Vec<Verdict>]) -> Option<String> {
 }
 
 /// Judges task `t` (row `task_id`): reads its outputs' record, the size of its input (output
-/// `k` of row `input`) when a `size` check needs it, and each output's file.
+/// `k` of row `input`) when a `size` check needs it, and each output's file; `distinct` after
+/// the `earlier` hashes of what its siblings kept.
 async fn judge(
     shared: Arc<Shared>,
     commands: Commands,
     (t, task_id): (usize, TaskId),
-    input: Option<(TaskId, u32)>,
+    (input, earlier): (Option<(TaskId, u32)>, Vec<u64>),
 ) -> Judgement {
     let step = shared.graph.step_of(t);
     let checks = step.checks.as_ref().map_or(&[][..], |c| &c.checks[..]);
@@ -409,7 +433,7 @@ async fn judge(
         (Operation::Generate(_), _) => None,
     };
     let addresses: Vec<_> = outputs.iter().map(|o| o.path.clone()).collect();
-    let judged = judge_task(checks, &addresses, promise, &commands).await;
+    let judged = judge_task(checks, &addresses, promise, &commands, &earlier).await;
     Judgement {
         task: t,
         outputs,
