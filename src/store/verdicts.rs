@@ -116,7 +116,7 @@ impl Store {
 /// Checks' verdicts on stored outputs.
 #[derive(Clone, Copy, Debug)]
 pub struct Verdicts<'a> {
-    store: &'a Store,
+    pub(super) store: &'a Store,
 }
 
 fn verdict_row(r: &sqlx::any::AnyRow) -> Result<VerdictRow, StoreError> {
