@@ -89,7 +89,7 @@ impl Verdicts<'_> {
         .fetch_one(self.store.pool())
         .await?;
         let rerolls = sqlx::query(
-            "SELECT COUNT(*) AS n, COALESCE(SUM(credits), 0) AS credits
+            "SELECT COUNT(*) AS n, CAST(COALESCE(SUM(credits), 0) AS BIGINT) AS credits
              FROM check_rerolls WHERE run_id = $1",
         )
         .bind(run_id)
