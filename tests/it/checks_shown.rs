@@ -14,7 +14,7 @@ use crate::binary::Imgpipe;
 use crate::common::*;
 use crate::desk::serve_on;
 use crate::events::{parse_metrics, promtool_accepts, receiver};
-use crate::run::{state_path, write};
+use crate::run::{both, state_path, write};
 use crate::said::{said, seen};
 
 /// Side of the sandbox's images: small, so that chains stay quick.
@@ -132,6 +132,19 @@ async fn spoilt_upscales_are_counted_and_their_reasons_shown_in_status_the_repor
         "passed": 0, "failed": 2 * ITEMS, "not_checked": 0, "flagged": ITEMS,
         "rerolls": ITEMS, "reroll_credits": 2 * ITEMS,
     });
+    let unjudged: Vec<_> = db
+        .outputs
+        .iter()
+        .filter(|o| {
+            db.live().any(|t| t.id == o.task_id && t.step == "big")
+                && !db.verdicts.iter().any(|v| v.output_id == o.id)
+        })
+        .collect();
+    assert!(
+        unjudged.is_empty(),
+        "upscales kept without a verdict: {unjudged:?}\n{}",
+        both(&o)
+    );
     assert_eq!(counted(&db), expected, "{:?}", db.verdicts);
     let upscales = env
         .sandbox
@@ -226,20 +239,20 @@ async fn spoilt_upscales_are_counted_and_their_reasons_shown_in_status_the_repor
 }
 
 /// A command check judging `clean`'s outputs by their item: `i01` and `i04` fail (with a
-/// reason that is markup), `i02` cannot be judged (exit 3), every other item passes.
+/// reason that is markup), `i00` cannot be judged (exit 3), every other item passes.
 const JUDGE: &str = r#"case "$1" in
   */i01/*|*/i04/*) echo '{"score": 0.1, "reason": "a smudge <b>here</b>"}'; exit 1 ;;
-  */i02/*) exit 3 ;;
+  */i00/*) exit 3 ;;
 esac
 echo '{"score": 0.9}'
 exit 0
 "#;
 
 /// The items a person must look at: a check failed their output or could not judge it.
-const TO_LOOK_AT: [&str; 3] = ["i01", "i02", "i04"];
+const TO_LOOK_AT: [&str; 3] = ["i00", "i01", "i04"];
 
 /// Runs 6 items with [`JUDGE`] flagging `clean`'s outputs, on the state `state`, then asks the
-/// desk for the items that failed a check.
+/// desk for the items that failed a check, and makes the report.
 async fn the_desk_filters_what_failed_a_check(state: Option<String>) {
     let env = start(spoiling(BadImages::default())).await;
     let dir = env.dir.path();
@@ -251,7 +264,10 @@ async fn the_desk_filters_what_failed_a_check(state: Option<String>) {
     write(dir, "p.yaml", &pipeline("judged", 6, &checks, ""));
     let state = state.unwrap_or_else(|| state_path(dir).to_string_lossy().into_owned());
     let imgpipe = |args: &[&str]| Imgpipe::on(&env, args).cwd(dir).state(&state);
-    let o = imgpipe(&["run", "p.yaml", "--run-id", "r"]).run().await;
+    // One call at a time: the first verdict written has no score, the next ones have one.
+    let o = imgpipe(&["run", "p.yaml", "--run-id", "r", "--concurrency", "1"])
+        .run()
+        .await;
     assert_exit_without_panic(&o, 0);
     let db = Db::read(&state).await;
     assert_eq!(
@@ -297,7 +313,7 @@ async fn the_desk_filters_what_failed_a_check(state: Option<String>) {
         let verdict = &clean["outputs"][0]["checks"][0];
         assert_eq!(verdict["check"], "command", "{verdict}");
         assert_eq!(verdict["acted"], "flagged", "{verdict}");
-        if item["item"] == "i02" {
+        if item["item"] == "i00" {
             assert_eq!(verdict["verdict"], "not_checked", "{verdict}");
         } else {
             assert_eq!(verdict["verdict"], "failed", "{verdict}");
@@ -309,7 +325,7 @@ async fn the_desk_filters_what_failed_a_check(state: Option<String>) {
     let all = get("limit=50").await;
     assert_eq!(all["items"].as_array().unwrap().len(), 6, "{all}");
     assert_eq!(
-        all["items"][0]["tasks"][0]["outputs"][0]["checks"][0]["verdict"], "passed",
+        all["items"][2]["tasks"][0]["outputs"][0]["checks"][0]["verdict"], "passed",
         "{all}"
     );
     // Combined with another filter, and refused when it is not a flag.
