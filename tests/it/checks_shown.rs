@@ -6,13 +6,15 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::time::Duration;
 
 use imgpipe::sandbox::{self, BadImages, Faults};
 use serde_json::{Value, json};
 
 use crate::binary::Imgpipe;
+use crate::browser::Browser;
 use crate::common::*;
-use crate::desk::serve_on;
+use crate::desk::{Served, serve_on};
 use crate::events::{parse_metrics, promtool_accepts, receiver};
 use crate::run::{both, state_path, write};
 use crate::said::{said, seen};
@@ -137,12 +139,17 @@ async fn spoilt_upscales_are_counted_and_their_reasons_shown_in_status_the_repor
         .iter()
         .filter(|o| {
             db.live().any(|t| t.id == o.task_id && t.step == "big")
-                && !db.verdicts.iter().any(|v| v.output_id == o.id)
+                && !db
+                    .verdicts
+                    .iter()
+                    .any(|v| v.output_id == o.id && v.task_id == o.task_id)
         })
         .collect();
     assert!(
         unjudged.is_empty(),
-        "upscales kept without a verdict: {unjudged:?}\n{}",
+        "upscales kept without a verdict of their own (a verdict of another task's output, \
+         set aside, holding the same id?): {unjudged:?}\n{:?}\n{}",
+        db.verdicts,
         both(&o)
     );
     assert_eq!(counted(&db), expected, "{:?}", db.verdicts);
@@ -262,6 +269,7 @@ async fn the_desk_filters_what_failed_a_check(state: Option<String>) {
         judge.display()
     );
     write(dir, "p.yaml", &pipeline("judged", 6, &checks, ""));
+    let on_postgres = state.is_some();
     let state = state.unwrap_or_else(|| state_path(dir).to_string_lossy().into_owned());
     let imgpipe = |args: &[&str]| Imgpipe::on(&env, args).cwd(dir).state(&state);
     // One call at a time: the first verdict written has no score, the next ones have one.
@@ -341,6 +349,24 @@ async fn the_desk_filters_what_failed_a_check(state: Option<String>) {
         .await
         .unwrap();
     assert_eq!(bad.status(), 400);
+    // The run's page offers the filter.
+    let page = http()
+        .get(format!("{}/runs/r", desk.base))
+        .header("authorization", format!("Bearer {}", desk.token))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(r#"data-filter="flagged">failed a check</button>"#),
+        "{page}"
+    );
+    assert!(page.contains(r#"name="flagged" value="1""#), "{page}");
+    if !on_postgres {
+        cards_say_why(&desk).await;
+    }
     desk.stop().await;
 
     // The report escapes the reason: markup in it is text.
@@ -358,6 +384,53 @@ async fn the_desk_filters_what_failed_a_check(state: Option<String>) {
             .count(),
         1
     );
+}
+
+/// In Chromium, the run's page filtered by "failed a check" shows the items to look at, each
+/// card with its check's verdict and reason, a reason's markup as text.
+async fn cards_say_why(desk: &Served) {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    // The browser resolves no name but `localhost`.
+    let base = desk.base.replace("127.0.0.1", "localhost");
+    browser
+        .visit(&format!("{base}/runs/r?token={}", desk.token))
+        .await;
+    browser
+        .wait_for(
+            "every item drawn",
+            "return document.querySelectorAll('#list .item').length === 6;",
+            Duration::from_secs(20),
+        )
+        .await;
+    browser.click(r#"button.show[data-filter="flagged"]"#).await;
+    browser
+        .wait_for(
+            "the items that failed a check",
+            "return document.querySelectorAll('#list .item').length === 3;",
+            Duration::from_secs(20),
+        )
+        .await;
+    let cards = browser
+        .run(
+            "return { items: [...document.querySelectorAll('#list .item')].map(i => i.dataset.item), \
+               checks: [...document.querySelectorAll('#list .check')].map(c => c.textContent), \
+               markup: document.querySelectorAll('#list .check b').length };",
+        )
+        .await;
+    assert_eq!(cards["items"], json!(TO_LOOK_AT), "{cards}");
+    assert_eq!(
+        cards["checks"],
+        json!([
+            "not checked command: exited with status 3, neither 0 (pass) nor 1 (fail)",
+            "flagged command: a smudge <b>here</b>",
+            "flagged command: a smudge <b>here</b>",
+        ]),
+        "{cards}"
+    );
+    assert_eq!(cards["markup"], 0, "a reason's markup stays text: {cards}");
+    browser.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
