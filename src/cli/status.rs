@@ -8,9 +8,9 @@ use crate::cli::args::StateArgs;
 use crate::cli::stdio;
 use crate::cli::view::{print_json, render_summary};
 use crate::error::Error;
-use crate::report::summary::{Status, status_of};
+use crate::report::summary::{Checks, Status, status_of};
 use crate::runner::state::close;
-use crate::store::Store;
+use crate::store::{Outcome, Store};
 use crate::time::rfc3339_ms as time;
 
 #[derive(Debug, Args)]
@@ -74,12 +74,43 @@ pub(super) async fn run(args: &StatusArgs, global: &GlobalArgs) -> Result<(), Er
             time(d.last_seen)
         ))?;
     }
+    if let Some(checks) = &status.checks {
+        print_checks(checks)?;
+    }
     if status.superseded_files > 0 {
         stdio::line(format_args!(
             "  {} earlier file(s) kept under {}/{}",
             status.superseded_files,
             status.summary.output_dir,
             crate::place::layout::SUPERSEDED
+        ))?;
+    }
+    Ok(())
+}
+
+/// The checks' counts, then each listed flagged output with what its checks said.
+fn print_checks(checks: &Checks) -> Result<(), Error> {
+    let c = &checks.counts;
+    stdio::line(format_args!(
+        "  checks: {} passed, {} failed, {} not checked; {} reroll(s) for {} credits; {} output(s) flagged",
+        c.passed, c.failed, c.not_checked, c.rerolls, c.reroll_credits, c.flagged
+    ))?;
+    for o in &checks.flagged_outputs {
+        for v in o.checks.iter().filter(|v| v.verdict != Outcome::Passed) {
+            let said = match v.verdict {
+                Outcome::NotChecked => "not checked",
+                _ => "failed",
+            };
+            stdio::line(format_args!(
+                "  flagged: {} output {}: {} {said}: {}",
+                o.task, o.output, v.check, v.reason
+            ))?;
+        }
+    }
+    if checks.more_flagged > 0 {
+        stdio::line(format_args!(
+            "  and {} more flagged output(s): the desk's \"failed a check\" filter lists them all",
+            checks.more_flagged
         ))?;
     }
     Ok(())

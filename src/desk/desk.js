@@ -102,6 +102,15 @@
     cap.appendChild(document.createTextNode(" · " + task.operation + " · " + task.credits_billed + " cr"));
     if (task.possibly_billed > 0) { cap.appendChild(el("span", "risk", " · possibly billed")); }
     if (task.earlier.length > 0) { cap.appendChild(el("span", "note", " · " + task.earlier.length + " earlier")); }
+    // What a check said when it failed the image or could not judge it: the reason a person looks.
+    ((o && o.checks) || []).forEach(function (v) {
+      if (v.verdict === "passed") { return; }
+      var c = el("div", "check");
+      c.appendChild(el("span", "badge b-" + (v.verdict === "not_checked" ? "pending" : "failed"),
+        v.verdict === "not_checked" ? "not checked" : (v.acted === "flagged" ? "flagged" : "check failed")));
+      c.appendChild(el("span", "why", " " + v.check + ": " + v.reason));
+      cap.appendChild(c);
+    });
     if (task.request.length > 0) {
       var dl = el("dl", "req");
       task.request.forEach(function (f) {

@@ -13,7 +13,8 @@ use super::Desk;
 use crate::place::Address;
 use crate::run_id::RunId;
 use crate::store::{
-    EarlierOutput, ItemFilter, PageItem, PageTask, ReportOutput, Run, RunStatus, TaskStatus,
+    EarlierOutput, ItemFilter, PageItem, PageTask, ReportOutput, Run, RunStatus, ShownVerdict,
+    TaskStatus,
 };
 use crate::task_key::TaskKey;
 
@@ -96,9 +97,10 @@ fn asked(query: Option<&str>) -> Result<Asked, String> {
             "failed" => a.filter.failed = flag("failed", v)?,
             "possibly_billed" => a.filter.possibly_billed = flag("possibly_billed", v)?,
             "rerolled" => a.filter.rerolled = flag("rerolled", v)?,
+            "flagged" => a.filter.flagged = flag("flagged", v)?,
             other => {
                 return Err(format!(
-                    "`{other}` is not a parameter of this request (after, limit, status, step, failed, possibly_billed, rerolled, q)"
+                    "`{other}` is not a parameter of this request (after, limit, status, step, failed, possibly_billed, rerolled, flagged, q)"
                 ));
             }
         }
@@ -256,7 +258,7 @@ fn task_json(run: &Run, t: &PageTask) -> Value {
         "inputs": task.inputs,
         "prompt": task.request.as_ref().and_then(|r| r.prompt.clone()),
         "request": request,
-        "outputs": t.outputs.iter().map(|o| output_json(run, task.idx, &name, o)).collect::<Vec<_>>(),
+        "outputs": t.outputs.iter().map(|o| output_json(run, task.idx, &name, o, t.checks.get(&o.id))).collect::<Vec<_>>(),
         "earlier": t.earlier.iter().map(|e| earlier_json(run, task.idx, &name, e)).collect::<Vec<_>>(),
     })
 }
@@ -302,7 +304,14 @@ fn thumb_of(run: &Run, file: Option<&str>, src: Option<&str>, sha: Option<&str>)
     ))
 }
 
-fn output_json(run: &Run, idx: u32, task: &str, o: &ReportOutput) -> Value {
+/// An output, with its checks' verdicts (none for a step without checks).
+fn output_json(
+    run: &Run,
+    idx: u32,
+    task: &str,
+    o: &ReportOutput,
+    checks: Option<&Vec<ShownVerdict>>,
+) -> Value {
     let (file, src) = file(run, o.place.as_ref());
     let thumb = thumb_of(run, file.as_deref(), src.as_deref(), o.sha256.as_deref());
     json!({
@@ -315,6 +324,7 @@ fn output_json(run: &Run, idx: u32, task: &str, o: &ReportOutput) -> Value {
         "thumb": thumb,
         "sha256": o.sha256,
         "download_error": o.download_error,
+        "checks": checks.map_or(&[][..], Vec::as_slice),
     })
 }
 

@@ -209,6 +209,8 @@ pub(super) async fn run(State(desk): State<Arc<Desk>>, Path(run): Path<String>) 
                             button.show type="button" data-filter="possibly_billed" { "possibly billed" }
                             " "
                             button.show type="button" data-filter="rerolled" { "done again" }
+                            " "
+                            button.show type="button" data-filter="flagged" { "failed a check" }
                         }
                     }
                     section #items {
@@ -219,6 +221,7 @@ pub(super) async fn run(State(desk): State<Arc<Desk>>, Path(run): Path<String>) 
                             label { input type="checkbox" name="failed" value="1"; " failed" }
                             label { input type="checkbox" name="possibly_billed" value="1"; " possibly billed" }
                             label { input type="checkbox" name="rerolled" value="1"; " done again" }
+                            label { input type="checkbox" name="flagged" value="1"; " failed a check" }
                             label { "text " input type="search" name="q" placeholder="item id or prompt words"; }
                         }
                         p #every-step {

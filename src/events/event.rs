@@ -73,6 +73,10 @@ pub struct RunFinished {
     pub tasks: Tasks,
     /// Downloads that failed after their calls were billed.
     pub download_failures: u64,
+    /// What the checks did: verdicts by what they said, outputs flagged, rerolls and their
+    /// credits; absent when the run judged nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checks: Option<crate::store::CheckCounts>,
     /// The first failed tasks of this process (`item/step[i]`) and why, at most
     /// [`FAILURES_SHOWN`].
     pub failures: Vec<Failure>,

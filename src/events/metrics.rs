@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::run_id::RunId;
-use crate::store::{CallOutcome, RunGauges, Store, Totals};
+use crate::store::{CallOutcome, CheckCounts, RunGauges, Store, Totals};
 
 /// How often the file is written while the run goes on.
 pub const EVERY: Duration = Duration::from_secs(10);
@@ -38,6 +38,8 @@ pub struct Snapshot {
     /// Room left under each spending cap that covers the run, by cap name. Empty until caps
     /// exist; the family is left out when it is.
     pub caps: Vec<(String, u64)>,
+    /// What the checks did; their families are left out until a check judged something.
+    pub checks: CheckCounts,
     /// When the snapshot was read, unix ms.
     pub now_ms: i64,
 }
@@ -112,6 +114,9 @@ pub fn render(s: &Snapshot) -> String {
             &caps_left(&p, &s.caps),
         );
     }
+    if s.checks.any() {
+        checks(&mut out, &p, &s.checks);
+    }
     let age_ms = g
         .oldest_undownloaded_ms
         .map_or(0, |made| s.now_ms.saturating_sub(made).max(0));
@@ -132,6 +137,39 @@ pub fn render(s: &Snapshot) -> String {
         );
     }
     out
+}
+
+/// The checks' families: verdicts by what they said, and the rerolls they paid for.
+fn checks(out: &mut String, p: &str, c: &CheckCounts) {
+    let verdicts: Vec<(String, u64)> = [
+        ("passed", c.passed),
+        ("failed", c.failed),
+        ("not_checked", c.not_checked),
+    ]
+    .iter()
+    .map(|(verdict, n)| (format!("{p},verdict=\"{verdict}\""), *n))
+    .collect();
+    family(
+        out,
+        "imgpipe_checks_total",
+        "counter",
+        "Checks' verdicts on stored outputs (one per check and output), by verdict.",
+        &verdicts,
+    );
+    family(
+        out,
+        "imgpipe_check_rerolls_total",
+        "counter",
+        "Tasks paid for again because a check failed their outputs.",
+        &[(p.to_owned(), c.rerolls)],
+    );
+    family(
+        out,
+        "imgpipe_check_reroll_credits_total",
+        "counter",
+        "Credits those rerolls were planned at.",
+        &[(p.to_owned(), c.reroll_credits)],
+    );
 }
 
 /// One family: its help, its type, then each sample with its labels.
@@ -216,6 +254,11 @@ async fn snapshot(store: &Store, run_id: &RunId, pipeline: &str) -> Result<Snaps
         totals,
         gauges,
         caps: cap_room(store, pipeline).await,
+        checks: store
+            .verdicts()
+            .counts(run_id)
+            .await
+            .map_err(|e| e.to_string())?,
         now_ms: crate::store::now_ms(),
     })
 }
@@ -413,9 +456,11 @@ mod tests {
             now_ms: 3_500,
             totals: Totals::default(),
             caps: Vec::new(),
+            checks: CheckCounts::default(),
         };
         let text = render(&snapshot);
         assert!(!text.contains("imgpipe_cap_remaining_credits"), "{text}");
+        assert!(!text.contains("imgpipe_checks_total"), "{text}");
         assert!(!text.contains("imgpipe_last_success"), "{text}");
         assert!(
             text.contains(

@@ -146,6 +146,13 @@ impl Session {
                 tracing::warn!("notify: cannot read the run's totals: {e}");
                 Default::default()
             });
+        let checks = match end.store.verdicts().counts(&self.run_id).await {
+            Ok(counts) => counts.any().then_some(counts),
+            Err(e) => {
+                tracing::warn!("notify: cannot read the run's checks: {e}");
+                None
+            }
+        };
         let status = match end.store.runs().get(&self.run_id).await {
             Ok(Some(row)) => Some(row.status),
             _ => None,
@@ -168,6 +175,7 @@ impl Session {
                 pending: totals.pending,
             },
             download_failures: totals.download_failures,
+            checks,
             failures: end
                 .failures
                 .iter()

@@ -7,7 +7,13 @@ use crate::error::Error;
 use crate::money::planned::unrecorded;
 use crate::report::live::Process;
 use crate::run_id::RunId;
-use crate::store::{AmbiguousAttempt, Run, RunStatus, StepCounts, Store, TaskStatus, Totals};
+use crate::store::{
+    AmbiguousAttempt, CheckCounts, FlaggedOutput, Run, RunStatus, StepCounts, Store, TaskStatus,
+    Totals,
+};
+
+/// Flagged outputs `status` lists, at most: the desk's "failed a check" filter has them all.
+pub const FLAGGED_SHOWN: u32 = 10;
 
 /// How a run stands: its tasks, credits, balance and failures.
 #[derive(Serialize)]
@@ -56,6 +62,38 @@ pub struct Status {
     /// run's own included (they share the account's limit through the state database).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rate_drawers: Vec<crate::store::Drawer>,
+    /// What the checks of a checked pipeline did; absent when nothing was judged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checks: Option<Checks>,
+}
+
+/// A run's checks: their counts, and the first [`FLAGGED_SHOWN`] outputs they flagged, each
+/// with its checks' verdicts.
+#[derive(Serialize)]
+pub struct Checks {
+    #[serde(flatten)]
+    pub counts: CheckCounts,
+    pub flagged_outputs: Vec<FlaggedOutput>,
+    /// Flagged outputs not listed.
+    pub more_flagged: u64,
+}
+
+impl Checks {
+    /// The checks of run `run_id`; `None` when it judged nothing. A bounded read: sums, and a
+    /// few flagged outputs.
+    pub async fn of(store: &Store, run_id: &RunId) -> Result<Option<Checks>, Error> {
+        let counts = store.verdicts().counts(run_id).await?;
+        if !counts.any() {
+            return Ok(None);
+        }
+        let flagged_outputs = store.verdicts().flagged(run_id, FLAGGED_SHOWN).await?;
+        let more_flagged = counts.flagged.saturating_sub(flagged_outputs.len() as u64);
+        Ok(Some(Checks {
+            counts,
+            flagged_outputs,
+            more_flagged,
+        }))
+    }
 }
 
 /// The summary of run `run_id`, which must be in `store`.
@@ -153,6 +191,7 @@ pub async fn status_of(store: &Store, run: Run) -> Result<Status, Error> {
         ambiguous: store.runs().ambiguous_attempts(run_id).await?,
         superseded_files: store.runs().superseded_count(run_id).await?,
         rate_drawers: sharing_with(store, run_id).await?,
+        checks: Checks::of(store, run_id).await?,
     })
 }
 

@@ -3,12 +3,16 @@
 //! and the items that changed since a moment. A page costs its own rows and the index entries
 //! walked to find them, never the run: 100,000 items open as fast as 10.
 
+use std::collections::HashMap;
+
 use sqlx::Row;
 
 use crate::run_id::RunId;
 use crate::store::report::{Report, place, report_task};
 use crate::store::tasks::TaskStatus;
-use crate::store::{EarlierOutput, ReportOutput, ReportTask, StoreError, to_u64};
+use crate::store::{
+    EarlierOutput, OutputId, ReportOutput, ReportTask, ShownVerdict, StoreError, to_u64,
+};
 
 /// Which items a page shows: those with a live task that matches every condition given.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -21,6 +25,8 @@ pub struct ItemFilter {
     pub possibly_billed: bool,
     /// A task done again, its earlier outputs set aside.
     pub rerolled: bool,
+    /// An output a check failed or could not judge, kept and flagged for a person.
+    pub flagged: bool,
     /// Words in the item's id or the task's request (its prompt), whatever their case.
     pub text: Option<String>,
 }
@@ -33,6 +39,8 @@ pub struct PageTask {
     pub earlier: Vec<EarlierOutput>,
     /// Its calls sent without a complete answer (with `unanswered`, those still without one).
     pub possibly_billed: u64,
+    /// The checks' verdicts on its outputs, by output.
+    pub checks: HashMap<OutputId, Vec<ShownVerdict>>,
 }
 
 /// One item of a page: its tasks in the order they were recorded (the pipeline's steps).
@@ -129,7 +137,12 @@ fn contains_pattern(text: &str) -> String {
 /// one of the few that have it, found from their own index: the page is then made from those
 /// few, not from a walk of every item looking for them. `$1` is the run's id.
 fn driver(sql: &mut Sql, f: &ItemFilter, unanswered: bool) {
-    if f.rerolled {
+    if f.flagged {
+        sql.push(
+            " AND t.id IN (SELECT task_id FROM check_verdicts WHERE run_id = $1
+                 AND acted = 'flagged')",
+        );
+    } else if f.rerolled {
         sql.push(" AND t.id IN (SELECT task_id FROM superseded_outputs WHERE run_id = $1)");
     } else if f.failed {
         sql.push(
@@ -164,7 +177,8 @@ const WINDOW: u32 = 50_000;
 /// step, a common status), rather than from an index of the few tasks it asks for
 /// ([`driver`]) or with no condition at all (every item matches).
 fn walks(f: &ItemFilter) -> bool {
-    let driven = f.rerolled
+    let driven = f.flagged
+        || f.rerolled
         || f.failed
         || f.possibly_billed
         || f.status
@@ -199,6 +213,12 @@ fn conditions(sql: &mut Sql, f: &ItemFilter, unanswered: bool, like: &str) {
     }
     if f.rerolled {
         sql.push(" AND EXISTS (SELECT 1 FROM superseded_outputs so WHERE so.task_id = t.id)");
+    }
+    if f.flagged {
+        sql.push(
+            " AND EXISTS (SELECT 1 FROM check_verdicts cv WHERE cv.run_id = t.run_id
+               AND cv.task_id = t.id AND cv.acted = 'flagged')",
+        );
     }
     if let Some(text) = f.text.as_deref().filter(|t| !t.trim().is_empty()) {
         sql.push(&format!(" AND (t.item {like} "))
@@ -329,6 +349,18 @@ impl Report<'_> {
                 }
             }
         }
+        let output_ids: Vec<OutputId> = items
+            .iter()
+            .flat_map(|i| i.tasks.iter().flat_map(|t| t.outputs.iter().map(|o| o.id)))
+            .collect();
+        let mut checks = self.store.verdicts().of_outputs(&output_ids).await?;
+        for task in items.iter_mut().flat_map(|i| i.tasks.iter_mut()) {
+            for o in &task.outputs {
+                if let Some(verdicts) = checks.remove(&o.id) {
+                    task.checks.insert(o.id, verdicts);
+                }
+            }
+        }
         let earlier = self.earlier_outputs(run_id, &task_ids).await?;
         for e in earlier {
             let task = items
@@ -384,6 +416,7 @@ impl Report<'_> {
                     outputs: Vec::new(),
                     earlier: Vec::new(),
                     possibly_billed: to_u64(r.try_get("possibly_billed")?),
+                    checks: HashMap::new(),
                 });
             }
             if let (Some(k), Some(task)) = (r.try_get::<Option<i64>, _>("k")?, tasks.last_mut()) {

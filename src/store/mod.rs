@@ -23,6 +23,7 @@
 mod attempts;
 mod browse;
 mod caps;
+mod check_figures;
 mod gauges;
 pub mod group;
 mod identities;
@@ -58,6 +59,7 @@ use sqlx::{AnyPool, ConnectOptions, Executor};
 pub use attempts::{AttemptOutcome, Attempts, CallOutcome, Settled};
 pub use browse::{ItemFilter, ItemPage, PageItem, PageTask};
 pub use caps::{CapSetting, CapWindow, Caps, Lessee};
+pub use check_figures::{CheckCounts, FlaggedOutput, ShownVerdict};
 pub use gauges::{Gauges, RunGauges};
 pub use location::{Location, PgUrl};
 pub use outline::{ItemOutline, TaskBlock};

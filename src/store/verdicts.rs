@@ -120,7 +120,7 @@ impl Store {
 /// Checks' verdicts on stored outputs.
 #[derive(Clone, Copy, Debug)]
 pub struct Verdicts<'a> {
-    store: &'a Store,
+    pub(super) store: &'a Store,
 }
 
 fn verdict_row(r: &sqlx::any::AnyRow) -> Result<VerdictRow, StoreError> {
@@ -180,7 +180,7 @@ impl Verdicts<'_> {
     pub async fn rerolls(&self, run_id: &RunId) -> Result<Vec<TaskRerolls>, StoreError> {
         sqlx::query(
             "SELECT t.item AS item, t.step AS step, t.idx AS idx, COUNT(*) AS n,
-                    COALESCE(SUM(r.credits), 0) AS credits
+                    CAST(COALESCE(SUM(r.credits), 0) AS BIGINT) AS credits
              FROM check_rerolls r JOIN tasks t ON t.id = r.task_id
              WHERE r.run_id = $1 GROUP BY t.item, t.step, t.idx",
         )
@@ -276,7 +276,13 @@ pub(super) async fn insert(
 ) -> Result<(), StoreError> {
     let now = now_ms();
     for chunk in verdicts.chunks(PER_STATEMENT) {
-        let values = rows(backend, chunk.len(), 12, |p| format!("({})", p.join(", ")));
+        // The score goes as text: sqlx's Any driver binds a missing `f64` as PostgreSQL's
+        // `float4`, and the statement then prepared refuses the next score's eight bytes.
+        let values = rows(backend, chunk.len(), 12, |p| {
+            let mut p = p.to_vec();
+            p[9] = format!("CAST({} AS DOUBLE PRECISION)", p[9]);
+            format!("({})", p.join(", "))
+        });
         let sql = format!(
             "INSERT INTO check_verdicts (run_id, checked_at, {COLUMNS}) VALUES {values}
              ON CONFLICT (output_id, job_id, position) DO NOTHING"
@@ -294,7 +300,7 @@ pub(super) async fn insert(
                 .bind(&v.checks_key)
                 .bind(&v.check)
                 .bind(v.outcome.as_str())
-                .bind(v.score)
+                .bind(v.score.map(|s| s.to_string()))
                 .bind(&v.reason)
                 .bind(v.acted.map(Action::as_str));
         }
@@ -386,6 +392,22 @@ mod tests {
         assert_eq!(v.pass_rate("other").await.unwrap(), None);
         let other: RunId = "run-b".into();
         assert!(v.of_run(&other).await.unwrap().is_empty());
+        // One statement of one row without a score, then the same statement with one.
+        let third: RunId = "run-c".into();
+        v.record(&third, &[verdict(4, 0, Outcome::NotChecked)])
+            .await
+            .unwrap();
+        v.record(&third, &[verdict(5, 0, Outcome::Failed)])
+            .await
+            .unwrap();
+        let scores: Vec<Option<f64>> = v
+            .of_run(&third)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.score)
+            .collect();
+        assert_eq!(scores, [None, Some(0.25)]);
     }
 
     #[tokio::test]

@@ -472,7 +472,7 @@ const FAMILIES: [&str; 9] = [
 /// A metrics file parsed as the text exposition format: samples by `name{labels}`. Fails on a
 /// line that is not a comment, a blank or a sample, a sample of a family with no `# TYPE`
 /// before it, a value that is not a number, a file not ended by a newline, or a missing family.
-fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
+pub(crate) fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
     assert!(text.ends_with('\n'), "not ended by a newline:\n{text}");
     let mut typed = BTreeMap::new();
     let mut samples = BTreeMap::new();
@@ -508,7 +508,7 @@ fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
 }
 
 /// `promtool check metrics` on the file when promtool is on PATH; under CI it must be.
-fn promtool_accepts(text: &str) {
+pub(crate) fn promtool_accepts(text: &str) {
     if !crate::common::on_path("promtool") {
         crate::common::skip_unless_ci(
             "promtool",

@@ -11,6 +11,7 @@ mod broken;
 mod browser;
 mod caps;
 mod checks;
+mod checks_shown;
 mod cli;
 mod client;
 mod cluster;

@@ -68,7 +68,7 @@ fn escape(text: &str) -> String {
 
 /// Asserts `text` against the snapshot `name`, with [`filters`] for `dir`.
 #[track_caller]
-fn said(dir: &Path, name: &str, text: &str) {
+pub(crate) fn said(dir: &Path, name: &str, text: &str) {
     let mut settings = insta::Settings::clone_current();
     for (from, to) in filters(dir) {
         settings.add_filter(&from, to);
@@ -78,7 +78,7 @@ fn said(dir: &Path, name: &str, text: &str) {
 }
 
 /// Both streams, labelled, with the exit code: what a user sees of a command.
-fn seen(o: &impl Printed) -> String {
+pub(crate) fn seen(o: &impl Printed) -> String {
     let o = o.printed();
     format!(
         "exit: {:?}\n--- stdout\n{}--- stderr\n{}",

@@ -16,7 +16,7 @@ use crate::report::page::model::{Earlier, Model, Shared, Shown};
 use crate::report::page::thumbs::{self, Preview};
 use crate::report::page::{cannot_write, persist, remote};
 use crate::sha256::Sha256Sum;
-use crate::store::{EarlierOutput, ReportEntry, ReportOutput, ReportTask, Store, TaskId};
+use crate::store::{EarlierOutput, OutputId, ReportEntry, ReportOutput, ReportTask, Store, TaskId};
 
 /// The report being written: what the first page gathers from the others.
 pub(super) struct Book<'a> {
@@ -175,6 +175,12 @@ impl Book<'_> {
             self.batch = batch_of(&tasks);
         }
         let earlier = self.earlier(store, &tasks, borrowed).await?;
+        let verdicts = if self.shared.checks.any() {
+            let ids: Vec<OutputId> = outputs.iter().map(|(_, o)| o.id).collect();
+            store.verdicts().of_outputs(&ids).await?
+        } else {
+            HashMap::new()
+        };
         let previews = self.previews(&outputs, &earlier).await?;
         let attached = attach(outputs, earlier, previews, self.remote.is_none());
         self.images += attached.images;
@@ -192,6 +198,7 @@ impl Book<'_> {
             tasks,
             outputs: attached.shown,
             earlier: attached.earlier,
+            verdicts,
             lineage,
         };
         self.write(&model)

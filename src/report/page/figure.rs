@@ -8,7 +8,7 @@ use maud::{Markup, html};
 use crate::report::page::html::{Page, label, label_in_item, output_label, output_label_in_item};
 use crate::report::page::links::{file_of, href};
 use crate::report::page::model::{Earlier, Shown};
-use crate::store::{ReportTask, TaskRequest};
+use crate::store::{Action, Outcome, ReportTask, ShownVerdict, TaskRequest};
 use crate::time::rfc3339_ms as time;
 
 impl Page<'_> {
@@ -38,11 +38,12 @@ impl Page<'_> {
         }
     }
 
-    /// One output's figure: its picture, its caption, and its earlier versions.
+    /// One output's figure: its picture, its caption with its checks' verdicts, and its
+    /// earlier versions.
     pub(super) fn figure(
         &mut self,
         task: &ReportTask,
-        s: &Shown,
+        (s, verdicts): (&Shown, &[ShownVerdict]),
         outputs: usize,
         others: &Markup,
         earlier: &[Earlier],
@@ -66,6 +67,7 @@ impl Page<'_> {
                     @if let (Some(note), Some(_)) = (&p.note, &p.thumb) { br; span.note { (note) } }
                     (others)
                     @if let Some(request) = &task.request { (asked(request)) }
+                    (checked(verdicts))
                 }
                 (self.earlier(task, mine))
             }
@@ -209,6 +211,41 @@ fn pick(task: &ReportTask) -> Markup {
             input.pick type="checkbox" value=(label(task));
             "reroll"
         }
+    }
+}
+
+/// What an output's checks said: one badge when all passed; else a badge and the reason for
+/// each check that failed it or could not judge it.
+fn checked(verdicts: &[ShownVerdict]) -> Markup {
+    if verdicts.is_empty() {
+        return html! {};
+    }
+    let troubles: Vec<&ShownVerdict> = verdicts
+        .iter()
+        .filter(|v| v.verdict != Outcome::Passed)
+        .collect();
+    html! {
+        div.checks {
+            @if troubles.is_empty() {
+                span.badge.b-succeeded title="every check passed" { "checks passed" }
+            }
+            @for v in troubles {
+                @let (class, badge) = verdict_badge(v);
+                span.badge.(class) { (badge) } " "
+                span.why { (v.check) ": " (v.reason) }
+                br;
+            }
+        }
+    }
+}
+
+/// A verdict's badge: its class and its word.
+fn verdict_badge(v: &ShownVerdict) -> (&'static str, &'static str) {
+    match (v.verdict, v.acted) {
+        (Outcome::NotChecked, _) => ("b-pending", "not checked"),
+        (_, Some(Action::Failed)) => ("b-failed", "check failed"),
+        (_, Some(Action::Rerolled)) => ("b-failed", "rerolled"),
+        _ => ("b-failed", "flagged"),
     }
 }
 

@@ -201,6 +201,21 @@ impl<'a> Page<'a> {
         if total.at_risk > 0 {
             facts.push(("Possibly billed", format!("{} more", total.at_risk)));
         }
+        let c = &m.checks;
+        if c.any() {
+            facts.push((
+                "Checks",
+                format!(
+                    "{} passed, {} failed, {} not checked",
+                    c.passed, c.failed, c.not_checked
+                ),
+            ));
+            facts.push((
+                "Rerolled",
+                format!("{} for {} cr", c.rerolls, c.reroll_credits),
+            ));
+            facts.push(("Flagged", format!("{} output(s)", c.flagged)));
+        }
         let header = html! {
             header {
                 (self.title())

@@ -84,7 +84,8 @@ impl Page<'_> {
             slots.push((self.placeholder(task, &others, earlier), kids));
         }
         for s in shown {
-            let figure = self.figure(task, s, shown.len(), &others, earlier);
+            let verdicts = m.verdicts.get(&s.row.id).map_or(&[][..], Vec::as_slice);
+            let figure = self.figure(task, (s, verdicts), shown.len(), &others, earlier);
             let kids = self.kids(m, m.lineage.children(t, Some(s.row.k)));
             slots.push((figure, kids));
         }

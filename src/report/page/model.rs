@@ -14,7 +14,8 @@ use crate::report::page::commands::Commands;
 use crate::report::page::lineage::Lineage;
 use crate::report::page::pages::Pages;
 use crate::report::page::thumbs::Preview;
-use crate::store::{AmbiguousAttempt, EarlierOutput, ReportOutput, ReportTask, Run, Spend};
+use crate::store::{AmbiguousAttempt, CheckCounts, EarlierOutput, OutputId, ReportOutput};
+use crate::store::{ReportTask, Run, ShownVerdict, Spend};
 use crate::store::{RunStatus, StepTotals, TaskStatus};
 use crate::store::{Store, StoreError};
 
@@ -42,6 +43,8 @@ pub(super) struct Shared {
     pub spend: Vec<Spend>,
     pub last_balance: Option<i64>,
     pub superseded: u64,
+    /// What the run's checks did (all zero for a pipeline without checks).
+    pub checks: CheckCounts,
     pub budget: Option<u64>,
     /// Per step, in the order first recorded, removed tasks apart.
     pub step_totals: Vec<StepTotals>,
@@ -67,6 +70,8 @@ pub(super) struct Model<'a> {
     pub outputs: HashMap<usize, Vec<Shown>>,
     /// Earlier versions of the outputs by task index, in `k` order, the oldest first.
     pub earlier: HashMap<usize, Vec<Earlier>>,
+    /// The checks' verdicts on the page's outputs (none when the run judged nothing).
+    pub verdicts: HashMap<OutputId, Vec<ShownVerdict>>,
     pub lineage: Lineage,
 }
 
@@ -134,6 +139,7 @@ impl Shared {
                 .await?,
             last_balance: store.report().last_balance(&run.id).await?,
             superseded: store.runs().superseded_count(&run.id).await?,
+            checks: store.verdicts().counts(&run.id).await?,
             step_totals: store.report().step_totals(&run.id, !in_progress).await?,
             pages: Pages::new(first_page, items),
             generated_at,
