@@ -33,6 +33,9 @@
 //!   and the part of a run asked for now (`--items`, `--until`, a reroll's tasks).
 //! - [`checks`]: what judges a stored output: the built-in checks over its pixels, and a
 //!   command the user names, run without a shell; each gives a verdict.
+//! - [`aside`]: outputs set aside under `_superseded/` (a task paid for again, a file found
+//!   modified): where each goes, and the moves of their files or objects, journaled with the
+//!   change and made after its commit, for the resume and the executor alike.
 //! - [`pipeline`]: pipeline files: YAML with positions, typed and checked, items, templates.
 //! - [`money`]: every rule about money in one home, in the words above: the budget, the balance
 //!   and the limit; whether a plan may start; the purse a run spends from (reservations,

@@ -22,7 +22,7 @@ pub const BATCH: &str = "_batch";
 pub const THUMBS: &str = "_thumbs";
 /// Outputs a task no longer has (it ran again, or its file was modified), kept rather than
 /// deleted: `_superseded/<item>/<name>.o<output id>.<job mark>[.<tag>].<ext>` (see
-/// [`crate::aside::aside_path`]).
+/// `aside_path`, where outputs are set aside).
 pub const SUPERSEDED: &str = "_superseded";
 /// Files of a run's own beside its item directories, which no item id may take.
 pub const RUN_FILES: [&str; 2] = [MANIFEST, REPORT];
