@@ -28,7 +28,7 @@ fn rerolling(pipeline: &Pipeline) -> impl Iterator<Item = (StepRef, u32)> + '_ {
 }
 
 /// The rerolls' figures; `None` when no step rerolls. `fail_share(step)` is the share of
-/// the step's outputs that failed its checks in earlier runs, when there were any.
+/// the step's tasks' judgements that failed its checks in earlier runs, when there were any.
 pub fn costs(
     pipeline: &Pipeline,
     costs: &Costs,
@@ -54,7 +54,7 @@ pub fn costs(
 }
 
 /// The rerolls' figures with the expected case read from the state database: how often the
-/// outputs of each rerolling step failed its checks in earlier runs, found under the key the
+/// tasks of each rerolling step failed its checks in earlier runs, found under the key the
 /// checks' verdicts are recorded by ([`crate::pipeline::checks::StepChecks::key`]), so that
 /// changing a check's settings starts afresh.
 pub async fn expected(
@@ -76,7 +76,7 @@ pub async fn expected(
     }))
 }
 
-/// The share of judged outputs that failed.
+/// The share of a task's judgements that failed: each is a reroll when one is left.
 fn fail_share(rate: PassRate) -> f64 {
     rate.failed as f64 / rate.judged.max(1) as f64
 }

@@ -97,7 +97,9 @@ pub struct TaskRerolls {
     pub credits: u64,
 }
 
-/// How often outputs passed the same checks before: outputs judged, and those failed.
+/// How often tasks passed the same checks before: judgements of a task (every output one job
+/// of it made), and those in which an output failed. A reroll pays for the whole task, so a
+/// generation of two images fails as one when either does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PassRate {
     pub judged: u64,
@@ -243,18 +245,19 @@ impl Verdicts<'_> {
         .collect()
     }
 
-    /// How often outputs judged by the checks named `checks_key` failed one, over every run;
-    /// `None` when no output was judged by them yet. An output that could not be judged is
-    /// left out: it says nothing of how often images pass.
+    /// How often tasks judged by the checks named `checks_key` had an output fail one, over
+    /// every run; `None` when nothing was judged by them yet. A judgement with an output that
+    /// could not be judged and none failed is left out: it says nothing of how often images
+    /// pass.
     pub async fn pass_rate(&self, checks_key: &str) -> Result<Option<PassRate>, StoreError> {
         let row = sqlx::query(
             "SELECT COUNT(*) AS judged,
                     COALESCE(SUM(CASE WHEN failed > 0 THEN 1 ELSE 0 END), 0) AS failed
-             FROM (SELECT output_id, job_id,
+             FROM (SELECT task_id, job_id,
                           SUM(CASE WHEN verdict = 'failed' THEN 1 ELSE 0 END) AS failed,
                           SUM(CASE WHEN verdict = 'not_checked' THEN 1 ELSE 0 END) AS unjudged
                    FROM check_verdicts WHERE checks_key = $1
-                   GROUP BY output_id, job_id) AS outputs
+                   GROUP BY task_id, job_id) AS judgements
              WHERE failed > 0 OR unjudged = 0",
         )
         .bind(checks_key)
@@ -390,6 +393,25 @@ mod tests {
             "output 3 was not judged"
         );
         assert_eq!(v.pass_rate("other").await.unwrap(), None);
+        // A generation of two images, one a copy of the other: the task failed once, and a
+        // reroll pays for both images.
+        let shot = |output, outcome| VerdictRow {
+            job_id: JobId::from("job-shot".to_owned()),
+            task_id: TaskId::new(40).unwrap(),
+            checks_key: "shots/shot:distinct".into(),
+            ..verdict(output, 0, outcome)
+        };
+        v.record(&run, &[shot(4, Outcome::Passed), shot(5, Outcome::Failed)])
+            .await
+            .unwrap();
+        assert_eq!(
+            v.pass_rate("shots/shot:distinct").await.unwrap(),
+            Some(PassRate {
+                judged: 1,
+                failed: 1
+            }),
+            "one judgement of one task, failed"
+        );
         let other: RunId = "run-b".into();
         assert!(v.of_run(&other).await.unwrap().is_empty());
         // One statement of one row without a score, then the same statement with one.
