@@ -213,12 +213,19 @@ pub fn decide_task<'a>(
         .unwrap_or(Decision::Keep)
 }
 
+/// The first failed verdict of `verdicts`: what outputs are set aside for, and a task fails for.
+pub fn first_failure<'a>(verdicts: impl IntoIterator<Item = &'a Verdict>) -> Option<&'a Verdict> {
+    verdicts.into_iter().find(|v| v.outcome == Outcome::Failed)
+}
+
 /// The reason a failed output is set aside with: `check: <name>` of its first failed check.
-pub fn set_aside_reason(verdicts: &[Verdict]) -> Option<String> {
-    verdicts
-        .iter()
-        .find(|v| v.outcome == Outcome::Failed)
-        .map(|v| format!("check: {}", v.check))
+pub fn set_aside_reason<'a>(verdicts: impl IntoIterator<Item = &'a Verdict>) -> Option<String> {
+    first_failure(verdicts).map(|v| format!("check: {}", v.check))
+}
+
+/// Why a task fails for its verdicts: `check: <name>: <reason>` of its first failed one.
+pub fn failure_reason<'a>(verdicts: impl IntoIterator<Item = &'a Verdict>) -> Option<String> {
+    first_failure(verdicts).map(|v| format!("check: {}: {}", v.check, v.reason))
 }
 
 #[cfg(test)]

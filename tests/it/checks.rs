@@ -19,7 +19,7 @@ const SIDE: u32 = 32;
 
 const SAMPLES: [&str; 4] = ["mug", "lamp", "chair", "plant"];
 
-fn sandbox_config(bad_images: BadImages, seed: u64) -> sandbox::Config {
+pub(crate) fn sandbox_config(bad_images: BadImages, seed: u64) -> sandbox::Config {
     sandbox::Config {
         image_side: SIDE,
         bad_images,
@@ -216,6 +216,29 @@ async fn failed_upscales_are_paid_again_until_they_pass_and_nothing_downstream_i
     assert_eq!(credits_billed(&env), billed);
 }
 
+/// Every generation of two or more images comes back as its first image repeated.
+async fn start_duplicates() -> Env {
+    start(sandbox_config(
+        BadImages {
+            duplicate: 1.0,
+            ..BadImages::default()
+        },
+        5,
+    ))
+    .await
+}
+
+/// The head of a one-item pipeline of generations, up to its `steps:`.
+const SHOTS: &str = "version: 1
+name: shots
+output_dir: out
+rerolls: { max_credits: 40 }
+pricing: { generation: 4 }
+items:
+  - { id: mug }
+steps:
+";
+
 /// Every upscale comes back at its input's size: `size` fails it every time.
 async fn start_wrong_sizes() -> Env {
     start(sandbox_config(
@@ -357,31 +380,17 @@ async fn a_run_killed_after_a_reroll_is_recorded_moves_its_files_on_resume_and_p
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_generation_of_one_picture_repeated_fails_distinct_and_is_paid_again_whole() {
-    let env = start(sandbox_config(
-        BadImages {
-            duplicate: 1.0,
-            ..BadImages::default()
-        },
-        5,
-    ))
-    .await;
+    let env = start_duplicates().await;
     let dir = env.dir.path();
-    let text = r#"version: 1
-name: shots
-output_dir: out
-rerolls: { max_credits: 40 }
-pricing: { generation: 4 }
-items:
-  - { id: mug }
-steps:
-  - id: shot
+    let text = SHOTS.to_owned()
+        + r#"  - id: shot
     generate: { prompt: "a mug", n: 3 }
     checks: [distinct]
     max_rerolls: 1
   - id: big
     upscale: { from: shot, desired_increase: 2 }
 "#;
-    write(dir, "p.yaml", text);
+    write(dir, "p.yaml", &text);
     let o = Imgpipe::on(&env, &["run", "p.yaml"])
         .sqlite_in(dir)
         .run()
@@ -590,31 +599,17 @@ async fn outputs_in_a_bucket_are_judged_from_a_copy_and_set_aside_in_the_bucket(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn distinct_after_a_generation_judges_each_upscale_against_its_siblings_kept() {
-    let env = start(sandbox_config(
-        BadImages {
-            duplicate: 1.0,
-            ..BadImages::default()
-        },
-        5,
-    ))
-    .await;
+    let env = start_duplicates().await;
     let dir = env.dir.path();
-    let text = r#"version: 1
-name: shots
-output_dir: out
-rerolls: { max_credits: 40 }
-pricing: { generation: 4 }
-items:
-  - { id: mug }
-steps:
-  - id: shot
+    let text = SHOTS.to_owned()
+        + r#"  - id: shot
     generate: { prompt: "a mug", n: 2 }
   - id: big
     upscale: { from: shot, desired_increase: 2 }
     checks: [distinct]
     max_rerolls: 1
 "#;
-    write(dir, "p.yaml", text);
+    write(dir, "p.yaml", &text);
     let o = Imgpipe::on(&env, &["run", "p.yaml"])
         .sqlite_in(dir)
         .run()

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
-use imgpipe::sandbox::{self, BadImages, Faults};
+use imgpipe::sandbox::{self, BadImages};
 use serde_json::{Value, json};
 
 use crate::binary::Imgpipe;
@@ -30,16 +30,9 @@ const LISTED: usize = 10;
 
 const SECRET: &str = "a-secret-for-the-checks-receiver";
 
+/// The sandbox making `bad_images`, drawn from seed 5.
 fn spoiling(bad_images: BadImages) -> sandbox::Config {
-    sandbox::Config {
-        image_side: SIDE,
-        bad_images,
-        faults: Faults {
-            seed: 5,
-            ..Faults::default()
-        },
-        ..sandbox::Config::default()
-    }
+    crate::checks::sandbox_config(bad_images, 5)
 }
 
 /// A pipeline named `name` of `items` items (`i00`, `i01`, …), each erased (2 credits) with

@@ -20,7 +20,8 @@ use crate::checks::command::Commands;
 use crate::checks::file;
 use crate::checks::image::SizePromise;
 use crate::checks::judge::{
-    Decision, Judged, RerollRoom, decide_task, judge_task, set_aside_reason,
+    Decision, Judged, RerollRoom, decide_task, failure_reason, first_failure, judge_task,
+    set_aside_reason,
 };
 use crate::checks::{Outcome, Verdict};
 use crate::exec::Fatal;
@@ -228,6 +229,7 @@ impl Scheduler {
                 .saturating_sub(self.checking.reroll_credits),
         };
         let mut decision = decide_task(verdicts.iter().map(Vec::as_slice), checks.on_fail, room);
+        let failed = first_failure(verdicts.iter().flatten()).cloned();
         if decision == Decision::Reroll {
             if self.halt.is_some() || self.outcome.interrupted {
                 // Judged again by the next resume, which may still pay for it.
@@ -237,7 +239,7 @@ impl Scheduler {
                 tracing::warn!(
                     "{}: {}; not paid for again: the budget, the balance or a spending cap has no room",
                     self.name(t),
-                    failure(&verdicts).unwrap_or_default()
+                    failure_reason(&failed).unwrap_or_default()
                 );
                 decision = Decision::Flag;
             }
@@ -253,18 +255,7 @@ impl Scheduler {
                 .entry((task.instance, task.step.0));
             kept.or_default().extend(hashes);
         }
-        let why = Why {
-            aside: set_aside_reason(
-                verdicts
-                    .iter()
-                    .flatten()
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .as_slice(),
-            ),
-            failed: failure(&verdicts).unwrap_or_default(),
-        };
-        self.act(t, j.outputs, rows, decision, why).await;
+        self.act(t, j.outputs, rows, decision, failed).await;
     }
 
     /// Whether paying for `planned` once more fits: the caps lease it first, then the purse
@@ -274,24 +265,25 @@ impl Scheduler {
         self.purse.recommit(planned)
     }
 
-    /// Records `rows` and does what `decision` says, in that order and in one transaction.
+    /// Records `rows` and does what `decision` says, in that order and in one transaction;
+    /// `failed` is the first failed verdict, which says why.
     async fn act(
         &mut self,
         t: usize,
         outputs: Vec<RecordedOutput>,
         rows: Vec<VerdictRow>,
         decision: Decision,
-        why: Why,
+        failed: Option<Verdict>,
     ) {
         let Some(task_id) = self.rows.ids.get(t) else {
             return;
         };
-        let reason = why.failed;
+        let reason = failure_reason(&failed).unwrap_or_default();
         let planned = self.graph.task(t).planned;
         let job = outputs.first().map(|o| o.job_id.clone());
         let action = match (decision, &job) {
             (Decision::Reroll, Some(job_id)) => Checked::Rerolled {
-                aside: self.set_aside(&outputs, why.aside.unwrap_or_default()),
+                aside: self.set_aside(&outputs, set_aside_reason(&failed).unwrap_or_default()),
                 job_id,
                 credits: planned,
             },
@@ -375,23 +367,6 @@ impl Scheduler {
         }
         rows
     }
-}
-
-/// Why a task's outputs were acted on.
-struct Why {
-    /// `check: <name>` of the first failed check: the reason its outputs are set aside with.
-    aside: Option<String>,
-    /// `check: <name>: <reason>` of the first failed verdict: why its task failed.
-    failed: String,
-}
-
-/// `check: <name>: <reason>` of the first failed verdict.
-fn failure(outputs: &[Vec<Verdict>]) -> Option<String> {
-    outputs
-        .iter()
-        .flatten()
-        .find(|v| v.outcome == Outcome::Failed)
-        .map(|v| format!("check: {}: {}", v.check, v.reason))
 }
 
 /// Judges task `t` (row `task_id`): reads its outputs' record, the size of its input (output

@@ -123,9 +123,12 @@ impl Scheduler {
         if self.downloads.ended(t, kept) {
             self.release(t);
             self.judge_if_kept(t);
-            // A reader's `size` check waits for its input's file.
-            for c in self.graph.children(t) {
-                self.judge_if_kept(c);
+            // A reader's `size` check waits for its input's file (only a run with a task
+            // waiting for its verdicts has one: the others pay nothing here).
+            if self.checking.busy() {
+                for c in self.graph.children(t) {
+                    self.judge_if_kept(c);
+                }
             }
         }
     }
