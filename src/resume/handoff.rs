@@ -27,8 +27,8 @@ pub struct Applied {
     /// The kept outputs to fetch again, as the check beside the run finds them, and the row
     /// ids the review read, for the executor not to read them again.
     pub handoff: crate::exec::Handoff,
-    /// Held while the executor runs, then finished.
-    pub after: After,
+    /// What a reroll names, as it is recorded; `None` for a resume.
+    pub reroll: Option<String>,
 }
 
 /// What a continuation holds while the executor runs, and does once it is done.
@@ -42,13 +42,14 @@ pub struct After {
 impl Prepared {
     /// Applies the review to the record and the run's files in `run_dir` (the run reopened),
     /// starts the kept outputs' check beside the run, and brings the run's record of its
-    /// source and plan up to date.
+    /// source and plan up to date. Gives what the executor is given, and what to hold while
+    /// it runs and finish after.
     pub async fn apply(
         self,
         store: &Store,
         client: &Client,
         run_dir: RunDir,
-    ) -> Result<Applied, StoreError> {
+    ) -> Result<(Applied, After), StoreError> {
         let Prepared {
             row,
             pipeline,
@@ -91,18 +92,20 @@ impl Prepared {
             }
             Rewrite::Source => adopt_source(store, &row, &pipeline, &doc).await?,
         }
-        Ok(Applied {
+        let after = After {
+            _checking: checking,
+            run_id: row.id,
+            reroll: reroll.clone(),
+        };
+        let applied = Applied {
             pipeline,
             graph,
             doc,
             scope,
             handoff,
-            after: After {
-                _checking: checking,
-                run_id: row.id,
-                reroll,
-            },
-        })
+            reroll,
+        };
+        Ok((applied, after))
     }
 }
 

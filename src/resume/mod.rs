@@ -3,15 +3,18 @@
 //! scheduler starts.
 //!
 //! Continuing a run (`imgpipe resume`, `imgpipe reroll`, `imgpipe run --run-id` of a run that
-//! exists) is two stages and a hand-off, which the runner calls in order once it holds the
-//! run's lock and has made a plan now:
+//! exists) is two stages and a hand-off, in the order [`continuation`] owns. The runner calls
+//! it once it holds the run's lock and has made a plan now, and does its own part (the view,
+//! the spending recorded, the execution) through the hooks of its `Lifecycle`:
 //! 1. [`prepare()`] → [`Prepared`]: the graph priced, the review, a changed pipeline refused
 //!    unless allowed, a reroll's targets chosen; [`Prepared::admit`] refuses what costs more
 //!    than may be spent. Nothing is written: a dry run stops here, and shows it. A resume
 //!    over its limit first reads lost answers back ([`Prepared::read_back`], free) and is
 //!    prepared again: a task read back is no longer to pay for, and the rest may then fit.
-//! 2. [`Prepared::apply`] → [`Applied`]: the review applied, the kept outputs' check started
-//!    beside the run, the run's record of its source and plan brought up to date.
+//!    Then the gate: what a confirm agreed to must be what this pays for now.
+//! 2. [`Prepared::apply`] → [`Applied`]: the run reopened, the review applied, the kept
+//!    outputs' check started beside the run, the run's record of its source and plan brought
+//!    up to date.
 //! 3. the hand-off: [`Applied`] is what the executor is given; [`After::finish`] records a
 //!    reroll done once the executor is. Every refusal is a [`Refusal`], its words in
 //!    [`refusal`].
@@ -31,11 +34,13 @@
 //!
 //! [`review`] and [`check()`] only read, so `resume --dry-run` shows them; [`apply()`] and
 //! [`beside`] change things.
-//! The lifecycle around them (the lock, the plan, the execution) is the runner's.
+//! The lifecycle around them (the lock, the plan, the execution) is the runner's; their order
+//! is [`continuation`]'s.
 
 mod apply;
 mod changes;
 mod check;
+mod continuation;
 pub mod decide;
 mod handoff;
 mod objects;
@@ -55,6 +60,7 @@ use crate::run_id::RunId;
 use crate::store::{AttemptId, RecordedOutput, RecordedTask, Reusable, Store, StoreError, TaskId};
 
 pub use apply::{Tally, apply, undo_reroll};
+pub(crate) use continuation::{Lifecycle, continue_locked};
 use decide::{Decision, Lookups, Options};
 pub use handoff::{After, Applied};
 pub use prepare::{Choices, Given, Prepared, changed, finished, prepare};

@@ -1,14 +1,17 @@
 //! A recorded run continued (`resume`, `reroll`, `run --run-id` of a run that exists): what
 //! it shares with a fresh run is here (the pipeline read, the lock, the plan made now, the
-//! execution); what is a continuation's own, from the review to the hand-off, is
-//! [`crate::resume`]'s, called in order.
+//! execution); what is a continuation's own, from the review to the hand-off, and the order
+//! of it all once the lock is held, is [`crate::resume`]'s: the runner calls it once and does
+//! its own part through the hooks it asks for.
 
 use std::path::Path;
 
 use crate::error::Error;
+use crate::money::{Expected, Priced};
 use crate::pipeline::{self, Pipeline};
 use crate::plan::scope::Scope;
 use crate::resume;
+use crate::resume::Prepared;
 use crate::runner::{Connection, Reviewed, Runner, admit, checked, execute, record, state};
 use crate::store::{Run, Store};
 
@@ -17,8 +20,8 @@ impl Runner<'_> {
     /// paid for again, a finished run's too, and what is downstream of them), or `run
     /// --run-id` of a run that exists. `pipeline` is the file as given now, else the one the
     /// run recorded is read again (or its own copy, when the file is gone). A finished run is
-    /// only summarised. The lock and a plan made now are the runner's; the stages between
-    /// them and the execution, the review to the hand-off, are [`crate::resume`]'s.
+    /// only summarised. The lock and a plan made now are the runner's; the stages after them,
+    /// in their order, are [`crate::resume`]'s.
     pub(super) async fn continued(
         &self,
         store: &Store,
@@ -55,8 +58,13 @@ impl Runner<'_> {
         if resume::finished(row.status, rerolling) {
             return self.finished_at_gate(store, &row.id, dry_run).await;
         }
-        let given = self.plan_again(row, pipeline, scope).await?;
-        self.continue_locked(store, given, dry_run, reroll).await
+        let (conn, given) = self.plan_again(row, pipeline, scope).await?;
+        let life = Continuing {
+            runner: self,
+            conn: &conn,
+            store,
+        };
+        resume::continue_locked(&life, store, &conn.client, given, dry_run, reroll).await
     }
 
     /// The plan made now of a run to continue, and the pipeline it recorded when that changed.
@@ -88,96 +96,6 @@ impl Runner<'_> {
         Ok((conn, given))
     }
 
-    /// [`Runner::continued`] once it holds the run's lock and a plan: resume's stages, then
-    /// the execution.
-    async fn continue_locked(
-        &self,
-        store: &Store,
-        (conn, given): (Connection, resume::Given),
-        dry_run: bool,
-        reroll: Option<&[resume::Target]>,
-    ) -> Result<(), Error> {
-        let started = std::time::Instant::now();
-        let mut prepared = resume::prepare(store, given, self.choices(), reroll).await?;
-        tracing::debug!(
-            "reviewed run {} in {:.2?}",
-            prepared.row.id,
-            started.elapsed()
-        );
-        let mut spent = admit::spent(store, &prepared.row.id).await?;
-        if dry_run {
-            let priced = prepared.priced(store).await?;
-            prepared.check_kept(store).await?;
-            let limit = prepared.doc.limit(spent);
-            let caps = crate::money::caps::covering(store, &prepared.pipeline.name).await?;
-            self.view.review(&Reviewed {
-                row: &prepared.row,
-                graph: &prepared.graph,
-                review: &prepared.review,
-                limit: limit.credits(),
-                budget_left: limit.budget_left(),
-                balance: limit.balance.credits(),
-                priced: &priced,
-                caps: &caps,
-            })?;
-            return Ok(prepared.admit(spent)?);
-        }
-        // Over its limit, the continuation first reads lost answers back, free: each is a task
-        // no longer to pay for, so the run is reviewed again, and may now fit.
-        let mut answers = 0;
-        if prepared.admit(spent).is_err() && !resume::finished(prepared.row.status, false) {
-            answers = prepared.read_back(store, &conn.client).await?;
-            if answers > 0 {
-                let given = prepared.into_given();
-                prepared = resume::prepare(store, given, self.choices(), reroll).await?;
-                spent = admit::spent(store, &prepared.row.id).await?;
-            }
-        }
-        // The gate: the lock is held and the work planned again; what a confirm agreed to
-        // must be what this pays for now, and it must fit. The revision digests every recorded
-        // task to pay and every item never recorded (100,000 on a night's takeover): only a
-        // confirm has one to compare.
-        let confirmed = match self.settings.expect.is_bound() {
-            true => Some(prepared.priced(store).await?),
-            false => None,
-        };
-        if let Some(priced) = &confirmed {
-            crate::money::gate::check(&self.settings.expect, priced)?;
-        }
-        if let Err(refusal) = prepared.admit(spent) {
-            return self
-                .refused(&conn, store, &prepared, refusal, answers)
-                .await;
-        }
-        if let Some(priced) = &confirmed {
-            self.view.admitted(priced);
-        }
-        let run = record::reopen(store, &prepared.row, spent).await?;
-        let reroll = prepared.reroll.clone();
-        let applied = prepared.apply(store, &conn.client, run.dir.clone()).await?;
-        let resume::Applied {
-            pipeline,
-            graph,
-            doc,
-            scope,
-            handoff,
-            after,
-        } = applied;
-        let start = execute::Start {
-            run,
-            graph,
-            doc,
-            discover: false,
-            handoff: Some(handoff),
-            scope,
-            reroll,
-        };
-        let result = self.execute(&conn, store, &pipeline, start).await;
-        let done = matches!(result, Ok(()) | Err(Error::PartDone { .. }));
-        after.finish(store, done).await?;
-        result
-    }
-
     /// A finished run: nothing to pay for, which a confirm of a price must have seen (a
     /// reroll confirmed at N credits, say, once the run it named finished otherwise).
     async fn finished_at_gate(
@@ -197,15 +115,6 @@ impl Runner<'_> {
             crate::money::gate::check(&self.settings.expect, &now)?;
         }
         self.finished(store, id, dry_run).await
-    }
-
-    /// What the settings ask of a continuation.
-    fn choices(&self) -> resume::Choices {
-        resume::Choices {
-            allow_changes: self.settings.allow_changes,
-            reuse: self.settings.reuse,
-            on_ambiguous: self.settings.on_ambiguous,
-        }
     }
 
     /// The run's pipeline file as it is now; the run's own copy when the file is gone.
@@ -230,5 +139,89 @@ impl Runner<'_> {
             &row.pipeline_text,
         );
         checked(self.view, path, loaded)
+    }
+}
+
+/// The runner's part of a continuation, called by [`resume::continue_locked`] in its order.
+struct Continuing<'a> {
+    runner: &'a Runner<'a>,
+    conn: &'a Connection,
+    store: &'a Store,
+}
+
+impl resume::Lifecycle for Continuing<'_> {
+    type Error = Error;
+    type Opened = record::OpenRun;
+
+    fn choices(&self) -> resume::Choices {
+        let settings = &self.runner.settings;
+        resume::Choices {
+            allow_changes: settings.allow_changes,
+            reuse: settings.reuse,
+            on_ambiguous: settings.on_ambiguous,
+        }
+    }
+
+    fn expected(&self) -> &Expected {
+        &self.runner.settings.expect
+    }
+
+    async fn spent(&self, prepared: &Prepared) -> Result<u64, Error> {
+        admit::spent(self.store, &prepared.row.id).await
+    }
+
+    async fn show(&self, prepared: &Prepared, priced: &Priced, spent: u64) -> Result<(), Error> {
+        let limit = prepared.doc.limit(spent);
+        let caps = crate::money::caps::covering(self.store, &prepared.pipeline.name).await?;
+        self.runner.view.review(&Reviewed {
+            row: &prepared.row,
+            graph: &prepared.graph,
+            review: &prepared.review,
+            limit: limit.credits(),
+            budget_left: limit.budget_left(),
+            balance: limit.balance.credits(),
+            priced,
+            caps: &caps,
+        })
+    }
+
+    fn admitted(&self, priced: &Priced) {
+        self.runner.view.admitted(priced);
+    }
+
+    async fn refused(
+        &self,
+        prepared: &Prepared,
+        refusal: resume::Refusal,
+        answers: usize,
+    ) -> Result<(), Error> {
+        let (conn, store) = (self.conn, self.store);
+        self.runner
+            .refused(conn, store, prepared, refusal, answers)
+            .await
+    }
+
+    async fn reopen(&self, prepared: &Prepared, spent: u64) -> Result<record::OpenRun, Error> {
+        record::reopen(self.store, &prepared.row, spent).await
+    }
+
+    async fn execute(&self, run: record::OpenRun, applied: resume::Applied) -> Result<(), Error> {
+        let start = execute::Start {
+            run,
+            graph: applied.graph,
+            doc: applied.doc,
+            discover: false,
+            handoff: Some(applied.handoff),
+            scope: applied.scope,
+            reroll: applied.reroll,
+        };
+        let (conn, store) = (self.conn, self.store);
+        self.runner
+            .execute(conn, store, &applied.pipeline, start)
+            .await
+    }
+
+    fn done(result: &Result<(), Error>) -> bool {
+        matches!(result, Ok(()) | Err(Error::PartDone { .. }))
     }
 }
