@@ -245,6 +245,13 @@ async fn a_confirm_after_another_process_changed_the_run_is_refused() {
         "{}",
         stale.stderr()
     );
+    let status = c.plain(&["status", "r", "--json"]).run().await;
+    assert_exit(&status, 0);
+    let status = json_stdout(&status);
+    assert_eq!(
+        status["status"], "succeeded",
+        "a refused confirm leaves the run as it was, never reopened: {status}"
+    );
     let cheaper = c
         .imgpipe(&["reroll", "r", "mug/clean[0]", "--expect-credits", "1"])
         .run()
