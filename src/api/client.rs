@@ -13,7 +13,7 @@ use serde_json::Value;
 use url::Url;
 
 use crate::api::error::{ApiError, ErrorKind, excerpt};
-use crate::api::job_id::is_job_id;
+use crate::api::job_id::{JobId, is_job_id};
 use crate::api::key::ApiKey;
 use crate::api::partial::job_id_in;
 use crate::api::records::{Account, JobRecord, Models};
@@ -134,11 +134,14 @@ impl Client {
     }
 
     /// A past job, with freshly signed result URLs.
-    pub async fn job(&self, id: &str) -> Result<JobRecord, ApiError> {
+    pub async fn job(&self, id: &JobId) -> Result<JobRecord, ApiError> {
         if !is_job_id(id) {
             return Err(InvalidField::new(
                 "job id",
-                format!("{id:?} is not a job id (expected something like job_abc123)"),
+                format!(
+                    "{:?} is not a job id (expected something like job_abc123)",
+                    id.as_str()
+                ),
             )
             .into());
         }
@@ -246,7 +249,7 @@ impl Client {
             .get("id")
             .and_then(Value::as_str)
             .filter(|id| is_job_id(id))
-            .map(str::to_owned);
+            .map(JobId::from);
         serde_json::from_value(value).map_err(|e| ApiError::Ambiguous {
             endpoint: endpoint.to_owned(),
             reason: self

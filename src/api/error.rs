@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use crate::api::job_id::JobId;
 use crate::api::rules::InvalidField;
 
 /// Longest part of an error body kept in a message.
@@ -99,13 +100,13 @@ pub enum ApiError {
     #[error(
         "{endpoint}: sent, but no complete answer came back ({reason}){}{}",
         billing_note(endpoint),
-        recovery_note(job_id.as_deref())
+        recovery_note(job_id.as_ref())
     )]
     Ambiguous {
         endpoint: String,
         reason: String,
         /// The job id, when the partial answer named one: the way to recover what was paid for.
-        job_id: Option<String>,
+        job_id: Option<JobId>,
     },
 }
 
@@ -128,7 +129,7 @@ fn billing_note(endpoint: &str) -> &'static str {
     }
 }
 
-fn recovery_note(job_id: Option<&str>) -> String {
+fn recovery_note(job_id: Option<&JobId>) -> String {
     job_id
         .map(|id| format!("\nhint: the service named job {id}; `imgpipe job {id} --out DIR` fetches its images without paying again"))
         .unwrap_or_default()

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 
 use crate::api::client::Client;
 use crate::api::download::{Destination, DownloadError, Downloader};
-use crate::api::job_id::{is_job_id, shown_id};
+use crate::api::job_id::{JobId, is_job_id};
 use crate::api::retry::RetryPolicy;
 
 /// Tries of one download, refreshes of its URL included, before it is given up.
@@ -119,7 +119,7 @@ pub struct Undelivered {
 pub async fn deliver_job<D: Destination + Sync + ?Sized>(
     client: &Client,
     downloader: &Downloader,
-    job_id: &str,
+    job_id: &JobId,
     urls: &[String],
     indexed: bool,
     dest: &D,
@@ -140,10 +140,10 @@ pub async fn deliver_job<D: Destination + Sync + ?Sized>(
             || fresh_url(client, job_id, index),
             |retrying| match retrying {
                 Retrying::Refused(_) => {
-                    tracing::warn!(job = %shown_id(job_id), "result URL refused; fetching a fresh one");
+                    tracing::warn!(job = %job_id.shown(), "result URL refused; fetching a fresh one");
                 }
                 Retrying::Transient { error, delay } => tracing::warn!(
-                    job = %shown_id(job_id),
+                    job = %job_id.shown(),
                     "download failed ({error}); retrying in {delay:?}"
                 ),
             },
@@ -168,7 +168,7 @@ pub async fn deliver_job<D: Destination + Sync + ?Sized>(
 }
 
 /// Image `index`'s URL, read afresh from the job: a free read, tried once.
-async fn fresh_url(client: &Client, job_id: &str, index: usize) -> Result<String, ()> {
+async fn fresh_url(client: &Client, job_id: &JobId, index: usize) -> Result<String, ()> {
     if !is_job_id(job_id) {
         return Err(());
     }
@@ -181,14 +181,15 @@ async fn fresh_url(client: &Client, job_id: &str, index: usize) -> Result<String
     }
 }
 
-fn recovery(job_id: &str, out: &str) -> String {
+fn recovery(job_id: &JobId, out: &str) -> String {
     if is_job_id(job_id) {
         format!(
             "job {job_id} is done and paid for; fetch its images again, without paying, with: imgpipe job {job_id} --out {out}"
         )
     } else {
         format!(
-            "job {job_id:?} is done and paid for, but its id is not one imgpipe can ask the service about; the URLs in the service's answer are valid for a limited time"
+            "job {:?} is done and paid for, but its id is not one imgpipe can ask the service about; the URLs in the service's answer are valid for a limited time",
+            job_id.as_str()
         )
     }
 }
@@ -196,13 +197,14 @@ fn recovery(job_id: &str, out: &str) -> String {
 /// The file name of a job's image. Job ids come from the service; one that is not plainly a
 /// job id must never become a path (it could climb out of the output directory), so it is
 /// replaced by a digest of itself.
-fn file_stem(job_id: &str, index: Option<usize>) -> String {
+fn file_stem(job_id: &JobId, index: Option<usize>) -> String {
     let id = if is_job_id(job_id) {
-        job_id.to_owned()
+        job_id.to_string()
     } else {
         let digest = hex::encode(Sha256::digest(job_id.as_bytes()));
         tracing::warn!(
-            "the service's job id {job_id:?} is not safe as a file name; using job-{}",
+            "the service's job id {:?} is not safe as a file name; using job-{}",
+            job_id.as_str(),
             &digest[..16]
         );
         format!("job-{}", &digest[..16])
@@ -219,9 +221,9 @@ mod tests {
 
     #[test]
     fn unsafe_job_ids_never_become_paths() {
-        assert_eq!(file_stem("job_1", Some(2)), "job_1-2");
+        assert_eq!(file_stem(&JobId::from("job_1"), Some(2)), "job_1-2");
         for hostile in ["/../../tmp/x", "../x", "a/b", "", "-rf", "job 1"] {
-            let stem = file_stem(hostile, None);
+            let stem = file_stem(&JobId::from(hostile), None);
             assert!(
                 stem.starts_with("job-") && is_job_id(&stem),
                 "{hostile:?} -> {stem}"

@@ -3,12 +3,12 @@
 //! A paid call whose answer is cut after its first bytes may have been billed; when those bytes
 //! name the job, its images can be read back with `GET /v1/jobs/{id}` instead of paying again.
 
-use crate::api::job_id::is_job_id;
+use crate::api::job_id::{JobId, is_job_id};
 
 /// The top-level `"id"` of the JSON object `prefix` begins, when its value arrived whole and is
 /// plainly a job id. Anything else (no object, the key not reached, a value cut short, an id
 /// that is not a plain id) names nothing.
-pub fn job_id_in(prefix: &[u8]) -> Option<String> {
+pub fn job_id_in(prefix: &[u8]) -> Option<JobId> {
     let text = match std::str::from_utf8(prefix) {
         Ok(text) => text,
         Err(e) => std::str::from_utf8(&prefix[..e.valid_up_to()]).ok()?,
@@ -22,7 +22,7 @@ pub fn job_id_in(prefix: &[u8]) -> Option<String> {
         if key == "id" {
             let value_end = string_end(rest)?;
             let id: String = serde_json::from_str(&rest[..value_end]).ok()?;
-            return is_job_id(&id).then_some(id);
+            return is_job_id(&id).then(|| JobId::new(id));
         }
         rest = skip_value(rest)?.trim_start();
         rest = rest.strip_prefix(',')?;
@@ -89,7 +89,7 @@ mod tests {
         assert_eq!(
             ids,
             [Some("job_1"), Some("job_2"), Some("job_3"), Some("job_4")]
-                .map(|i| i.map(String::from))
+                .map(|i| i.map(JobId::from))
         );
         let nothing = [
             "",

@@ -12,6 +12,8 @@ use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
+use crate::api::job_id::JobId;
+
 /// A request field that breaks a rule of the spec.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InvalidField {
@@ -367,7 +369,7 @@ pub struct ImageUrl {
 /// Response of `POST /v1/images/generations` (spec 2.1).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GenerationJob {
-    pub id: String,
+    pub id: JobId,
     pub status: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
@@ -386,7 +388,7 @@ pub struct GenerationJob {
 /// `credits_remaining` here; it is read when a service sends it anyway.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolJob {
-    pub id: String,
+    pub id: JobId,
     pub status: String,
     pub tool: String,
     #[serde(deserialize_with = "whole_credits")]

@@ -2,7 +2,6 @@
 
 use std::path::PathBuf;
 
-use crate::api::job_id::shown_id;
 use crate::api::types::{GenerationRequest, STATUS_SUCCEEDED, Size};
 use crate::cli::GlobalArgs;
 use crate::cli::output::{Billed, deliver};
@@ -47,7 +46,7 @@ pub(super) async fn run(
         image_urls: args.image_urls.clone(),
     };
     let job = conn.client.generate(&request).await?;
-    tracing::info!(job = %shown_id(&job.id), credits = job.credits_used, "billed; downloading {} image(s)", job.images.len());
+    tracing::info!(job = %job.id.shown(), credits = job.credits_used, "billed; downloading {} image(s)", job.images.len());
     let mut problems = Vec::new();
     if job.status != STATUS_SUCCEEDED {
         problems.push(format!(
@@ -68,7 +67,7 @@ pub(super) async fn run(
         .unwrap_or_default();
     let summary = format!(
         "job {}: {} image(s), {} billed{remaining}",
-        shown_id(&job.id),
+        job.id.shown(),
         job.images.len(),
         crate::money::credits(job.credits_used)
     );
@@ -79,7 +78,7 @@ pub(super) async fn run(
         indexed: true,
         summary,
         problem: (!problems.is_empty())
-            .then(|| format!("job {}: {}", shown_id(&job.id), problems.join("; "))),
+            .then(|| format!("job {}: {}", job.id.shown(), problems.join("; "))),
     };
     deliver(conn, global, &args.out, billed).await
 }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
+use crate::api::job_id::JobId;
 use crate::cli::GlobalArgs;
 use crate::cli::output::{Billed, deliver, print_json};
 use crate::cli::stdio;
@@ -15,7 +16,7 @@ pub struct JobArgs {
     #[command(flatten)]
     pub service: crate::cli::args::ServiceArgs,
     /// Job id, as returned by a call (job_...)
-    pub id: String,
+    pub id: JobId,
     /// Download the job's images into this directory
     #[arg(long, value_name = "DIR", value_parser = crate::cli::args::out_path)]
     pub out: Option<PathBuf>,
@@ -29,7 +30,7 @@ pub(super) async fn run(
     let job = conn.client.job(&args.id).await?;
     let urls = job.image_urls();
     let mut lines = vec![
-        format!("job      {}", job.id().unwrap_or(&args.id)),
+        format!("job      {}", job.id().unwrap_or(args.id.as_str())),
         format!(
             "status   {}",
             job.status().unwrap_or("(not stated)").escape_debug()

@@ -7,6 +7,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::api::fetch::{Delivery, deliver_job};
+use crate::api::job_id::JobId;
 use crate::cli::GlobalArgs;
 use crate::cli::stdio;
 use crate::error::Error;
@@ -17,7 +18,7 @@ use crate::runner::Connection;
 pub(super) struct Billed<'a> {
     /// The response as received, printed under `job` with `--json`.
     pub response: Value,
-    pub job_id: &'a str,
+    pub job_id: &'a JobId,
     pub urls: Vec<String>,
     /// Name files `<id>-<index>` (generations) rather than `<id>` (edits).
     pub indexed: bool,

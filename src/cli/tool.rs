@@ -2,7 +2,6 @@
 
 use std::path::PathBuf;
 
-use crate::api::job_id::shown_id;
 use crate::api::rules::InvalidField;
 use crate::api::types::{
     AspectRatio, Increase, STATUS_SUCCEEDED, ToolName, ToolParams, ToolRequest,
@@ -94,7 +93,7 @@ pub(super) async fn run(
         params: args.params()?,
     };
     let job = conn.client.tool(&request).await?;
-    tracing::info!(job = %shown_id(&job.id), credits = job.credits_used, "billed; downloading the result");
+    tracing::info!(job = %job.id.shown(), credits = job.credits_used, "billed; downloading the result");
     let billed = Billed {
         response: serde_json::to_value(&job).map_err(|e| Error::Other(e.into()))?,
         job_id: &job.id,
@@ -102,14 +101,14 @@ pub(super) async fn run(
         indexed: false,
         summary: format!(
             "job {}: {} done, {} billed",
-            shown_id(&job.id),
+            job.id.shown(),
             job.tool.escape_debug(),
             crate::money::credits(job.credits_used)
         ),
         problem: (job.status != STATUS_SUCCEEDED).then(|| {
             format!(
                 "job {}: the service reported status {:?}, not succeeded",
-                shown_id(&job.id),
+                job.id.shown(),
                 job.status
             )
         }),

@@ -23,6 +23,7 @@ use super::files::{check, inside, object, refused, run_root};
 use crate::place::layout::THUMBS;
 use crate::place::{Address, Place};
 use crate::report::page::thumbs::{Known, preview, thumb_name, thumb_path};
+use crate::sha256::Sha256Sum;
 
 /// Thumbnails made at once: each reads a whole image, which is CPU and a file's worth of
 /// reading; more would only queue behind the machine's cores.
@@ -65,13 +66,12 @@ pub async fn thumb(
     if let Err(why) = check(&rel) {
         return refused(StatusCode::BAD_REQUEST, why);
     }
-    let sha = asked.sha.to_ascii_lowercase();
-    if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+    let Ok(sha) = Sha256Sum::parse(&asked.sha.to_ascii_lowercase()) else {
         return refused(
             StatusCode::BAD_REQUEST,
             "sha: the image's sha256, 64 hex digits",
         );
-    }
+    };
     let root = match run_root(&desk, &run).await {
         Ok(root) => root,
         Err(answer) => return answer,
@@ -106,7 +106,7 @@ enum Made {
 }
 
 /// A local run's thumbnail, in its `_thumbs/` as the report makes it.
-async fn local(desk: &Desk, dir: &FsPath, rel: &str, sha: &str) -> Result<Made, String> {
+async fn local(desk: &Desk, dir: &FsPath, rel: &str, sha: &Sha256Sum) -> Result<Made, String> {
     let Some(image) = inside(dir, rel).await else {
         return Ok(Made::Missing);
     };
@@ -115,7 +115,12 @@ async fn local(desk: &Desk, dir: &FsPath, rel: &str, sha: &str) -> Result<Made, 
 
 /// A run in object storage: the thumbnail a report put beside its outputs, else one made
 /// here from a copy of the image.
-async fn in_objects(desk: &Desk, root: &Address, rel: &str, sha: &str) -> Result<Made, String> {
+async fn in_objects(
+    desk: &Desk,
+    root: &Address,
+    rel: &str,
+    sha: &Sha256Sum,
+) -> Result<Made, String> {
     let Ok(Place::Objects(objects)) = Place::open(root) else {
         return Err("the run's store cannot be opened here".to_owned());
     };
@@ -138,7 +143,7 @@ async fn in_objects(desk: &Desk, root: &Address, rel: &str, sha: &str) -> Result
 }
 
 /// The thumbnail of `image` in `dir`, made there when missing, a few at a time.
-async fn made(desk: &Desk, dir: PathBuf, image: PathBuf, sha: &str) -> Result<Made, String> {
+async fn made(desk: &Desk, dir: PathBuf, image: PathBuf, sha: &Sha256Sum) -> Result<Made, String> {
     let ready = thumb_path(&dir, sha);
     if ready.is_file() {
         return serve(&ready).await;
@@ -149,8 +154,8 @@ async fn made(desk: &Desk, dir: PathBuf, image: PathBuf, sha: &str) -> Result<Ma
 
 /// Makes the thumbnail of `image` in `dir` (off the server's threads) and serves it; the
 /// caller holds its turn.
-async fn make(image: PathBuf, dir: PathBuf, sha: &str) -> Result<Made, String> {
-    let sha = sha.to_owned();
+async fn make(image: PathBuf, dir: PathBuf, sha: &Sha256Sum) -> Result<Made, String> {
+    let sha = sha.clone();
     let shown =
         tokio::task::spawn_blocking(move || preview(&dir, &image, Some(&sha), &Known::default()));
     let shown = shown.await.map_err(|e| e.to_string())?;

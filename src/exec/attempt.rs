@@ -147,7 +147,7 @@ async fn send(
     record(shared, at, named).await?;
     Ok(match recover(shared, &id).await {
         Some(job) => Ok(Answered::recovered(
-            JobId::from(id),
+            id,
             &job,
             shared.graph.task(task).planned,
         )),
@@ -240,7 +240,7 @@ async fn settle(
 /// made after [`RECORD_NAMED_AFTER`].
 async fn named_if_slow<T>(
     recording: impl std::future::Future<Output = Result<T, Failure>>,
-    job_id: &str,
+    job_id: &JobId,
     credits: u64,
 ) -> Result<T, Failure> {
     let name = || {
@@ -355,7 +355,7 @@ impl Call {
         match self {
             Call::Generate(req) => shared.client.generate(req).await.map(|j| Answered {
                 urls: j.images.into_iter().map(|i| i.url).collect(),
-                job_id: JobId::from(j.id),
+                job_id: j.id,
                 status: JobStatus::of(j.status),
                 credits: j.credits_used,
                 credits_remaining: j.credits_remaining,
@@ -363,7 +363,7 @@ impl Call {
             }),
             Call::Tool(req) => shared.client.tool(req).await.map(|j| Answered {
                 urls: vec![j.data.url],
-                job_id: JobId::from(j.id),
+                job_id: j.id,
                 status: JobStatus::of(j.status),
                 credits: j.credits_used,
                 credits_remaining: j.credits_remaining,
@@ -442,7 +442,7 @@ async fn record(
 
 /// The job of a call whose answer was lost, when the partial answer named it and the job
 /// lists its images: what was paid for is then not lost.
-async fn recover(shared: &Shared, job_id: &str) -> Option<JobRecord> {
+async fn recover(shared: &Shared, job_id: &JobId) -> Option<JobRecord> {
     let job = shared.free_call(|| shared.client.job(job_id)).await.ok()?;
     (!job.image_urls().is_empty()).then_some(job)
 }

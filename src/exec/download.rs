@@ -10,6 +10,7 @@ use tokio::sync::oneshot::error::RecvError;
 use tokio::task::{JoinError, JoinSet};
 
 use crate::api::fetch::{FetchError, Retrying, fetch_with_refresh};
+use crate::api::job_id::JobId;
 use crate::exec::Refetch;
 use crate::exec::shared::Shared;
 use crate::place::Address;
@@ -207,7 +208,7 @@ pub(super) async fn download(shared: Arc<Shared>, task: usize, k: u32) -> Fetche
     Fetched { task, k, result }
 }
 
-fn paid_for(job_id: &str) -> String {
+fn paid_for(job_id: &JobId) -> String {
     format!("the job is paid for: `imgpipe job {job_id} --out DIR` fetches it again")
 }
 
@@ -230,7 +231,7 @@ async fn fetch(shared: &Shared, task: usize, k: u32) -> Result<Address, Unfetche
         .fresh_url(task, k, false)
         .await
         .map_err(Unfetched::Output)?;
-    let job_id = out.job_id.as_str();
+    let job_id = &out.job_id;
     let fetched = fetch_with_refresh(
         &shared.downloader,
         shared.download_retry,
@@ -245,10 +246,10 @@ async fn fetch(shared: &Shared, task: usize, k: u32) -> Result<Address, Unfetche
         },
         |retrying| match retrying {
             Retrying::Refused(e) => {
-                tracing::debug!(job = %job_id, "download refused ({e}); fetching a fresh URL");
+                tracing::debug!(job = %job_id.shown(), "download refused ({e}); fetching a fresh URL");
             }
             Retrying::Transient { error, .. } => {
-                tracing::debug!(job = %job_id, "download failed ({error}); trying again");
+                tracing::debug!(job = %job_id.shown(), "download failed ({error}); trying again");
             }
         },
     )

@@ -5,9 +5,11 @@ use std::io::Write;
 
 use serde::Serialize;
 
+use crate::api::job_id::JobId;
 use crate::place::layout::MANIFEST;
 use crate::place::{Address, Objects, RunDir, temp};
 use crate::run_id::RunId;
+use crate::sha256::Sha256Sum;
 use crate::store::{RecordedOutput, Store, StoreError};
 
 #[derive(Serialize)]
@@ -15,9 +17,9 @@ struct Line<'a> {
     item: &'a str,
     step: &'a str,
     index: u32,
-    job_id: &'a str,
-    parent_job_id: Option<&'a str>,
-    sha256: &'a str,
+    job_id: &'a JobId,
+    parent_job_id: Option<&'a JobId>,
+    sha256: &'a Sha256Sum,
     bytes: u64,
     /// Relative to the run's directory.
     path: String,
@@ -45,9 +47,9 @@ pub async fn write(store: &Store, run_id: &RunId, run_dir: &RunDir) -> Result<Ad
     store
         .outputs()
         .each(run_id, false, |o| {
-            if o.path.is_some() {
+            if let Some(line) = line(&o, root) {
                 let io = |e: std::io::Error| StoreError::Query(sqlx::Error::Io(e));
-                serde_json::to_writer(&mut out, &line(&o, root)).map_err(|e| io(e.into()))?;
+                serde_json::to_writer(&mut out, &line).map_err(|e| io(e.into()))?;
                 out.write_all(b"\n").map_err(io)?;
             }
             Ok(())
@@ -70,9 +72,9 @@ async fn write_object(
     store
         .outputs()
         .each(run_id, false, |o| {
-            if o.path.is_some() {
+            if let Some(line) = line(&o, root) {
                 let io = |e: std::io::Error| StoreError::Query(sqlx::Error::Io(e));
-                serde_json::to_writer(&mut out, &line(&o, root)).map_err(|e| io(e.into()))?;
+                serde_json::to_writer(&mut out, &line).map_err(|e| io(e.into()))?;
                 out.push(b'\n');
             }
             Ok(())
@@ -87,21 +89,22 @@ async fn write_object(
     Ok(Address::Object(objects.url_of(&key)))
 }
 
-/// A recorded output as the manifest lists it: its path relative to the run directory (the
-/// recorded text whole for one outside it).
-fn line<'a>(o: &'a RecordedOutput, run_dir: &Address) -> Line<'a> {
-    let path = o.path.as_ref().map_or_else(String::new, |a| {
-        a.relative_to(run_dir).unwrap_or_else(|| a.to_string())
-    });
-    Line {
+/// A recorded output as the manifest lists it, when it was kept (a file or an object, and its
+/// digest): its path relative to the run directory (the recorded text whole for one outside
+/// it).
+fn line<'a>(o: &'a RecordedOutput, run_dir: &Address) -> Option<Line<'a>> {
+    let (path, sha256) = (o.path.as_ref()?, o.sha256.as_ref()?);
+    Some(Line {
         item: &o.task.item,
         step: &o.task.step,
         index: o.task.index + o.k,
         job_id: &o.job_id,
-        parent_job_id: o.parent_job_id.as_deref(),
-        sha256: o.sha256.as_deref().unwrap_or_default(),
+        parent_job_id: o.parent_job_id.as_ref(),
+        sha256,
         bytes: o.bytes.unwrap_or(0),
-        path,
+        path: path
+            .relative_to(run_dir)
+            .unwrap_or_else(|| path.to_string()),
         credits: o.task_credits,
-    }
+    })
 }

@@ -156,7 +156,7 @@ impl Shared {
     }
 
     /// Fetches fresh URLs for every output of `task` from `GET /v1/jobs/{job_id}`.
-    pub(super) async fn refresh(&self, task: usize, job_id: &str) -> Result<(), String> {
+    pub(super) async fn refresh(&self, task: usize, job_id: &JobId) -> Result<(), String> {
         let record = self
             .free_call(|| self.client.job(job_id))
             .await
@@ -181,7 +181,7 @@ impl Shared {
         if fresh.is_empty() {
             return Err(format!("GET /v1/jobs/{job_id} lists no image URLs"));
         }
-        tracing::debug!(job = job_id, "refreshed {} result URL(s)", fresh.len());
+        tracing::debug!(job = %job_id.shown(), "refreshed {} result URL(s)", fresh.len());
         self.store
             .outputs()
             .refresh_urls(&fresh)

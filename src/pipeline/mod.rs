@@ -14,11 +14,10 @@ pub mod yaml;
 
 use std::path::Path;
 
-use sha2::{Digest, Sha256};
-
 pub use diag::{Diagnostic, Report};
 pub use model::{Input, Operation, Pipeline, Reference, Step, StepRef, Tool, ToolOp};
 
+use crate::sha256::Sha256Sum;
 /// Typing errors reported before giving up on the rest of the file.
 const MAX_SCHEMA_ERRORS: usize = 200;
 
@@ -88,7 +87,7 @@ pub fn load_str(file: &str, dir: &Path, text: &str) -> Loaded {
     let src = check::Source {
         file,
         dir,
-        text_sha256: hex::encode(Sha256::digest(text.as_bytes())),
+        text_sha256: Sha256Sum::of_bytes(text.as_bytes()),
     };
     let pipeline = check::check(&src, &root, typed, &mut report);
     if pipeline.is_none() && report.is_ok() {

@@ -10,6 +10,7 @@ use crate::pipeline::items::Items;
 use crate::pipeline::rate::Rate;
 use crate::pipeline::template::Template;
 use crate::place::Address;
+use crate::sha256::Sha256Sum;
 
 #[derive(Clone, Debug)]
 pub struct Pipeline {
@@ -17,7 +18,7 @@ pub struct Pipeline {
     /// The pipeline file as the user named it.
     pub file: String,
     /// sha256 of the file's bytes.
-    pub text_sha256: String,
+    pub text_sha256: Sha256Sum,
     /// Resolved against the pipeline file's directory.
     pub output_dir: Address,
     pub max_credits: Option<u64>,

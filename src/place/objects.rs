@@ -102,8 +102,9 @@ fn store_failed(e: &object_store::Error) -> bool {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stat {
     pub bytes: u64,
-    /// The sha256 recorded in the object's metadata, when it has one.
-    pub sha256: Option<String>,
+    /// The sha256 recorded in the object's metadata, when it has one (in either case). Text
+    /// there that is no sha256 counts as none: the object's bytes then decide.
+    pub sha256: Option<Sha256Sum>,
     /// The store's ETag of the object, when it gave one.
     pub etag: Option<String>,
 }
@@ -337,7 +338,7 @@ impl Objects {
             Some(Stat {
                 sha256: Some(theirs),
                 ..
-            }) => theirs.eq_ignore_ascii_case(sha256),
+            }) => theirs == sha256,
             Some(_) => self
                 .read(key)
                 .await?
@@ -374,7 +375,7 @@ impl Objects {
                 sha256: found
                     .attributes
                     .get(&Attribute::Metadata(SHA256_META.into()))
-                    .map(|v| v.to_string()),
+                    .and_then(|v| Sha256Sum::parse(&v.to_ascii_lowercase()).ok()),
             })),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(self.error("cannot look at", key, &e)),

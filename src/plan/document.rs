@@ -16,6 +16,7 @@ use crate::pipeline::Pipeline;
 use crate::place::temp;
 use crate::plan::rerolls::RerollCosts;
 use crate::plan::{Costs, GenerationPrice, tool_prices};
+use crate::sha256::Sha256Sum;
 use crate::time::rfc3339;
 
 /// Marks a file as a saved plan, so `--save` never overwrites anything else.
@@ -95,7 +96,7 @@ pub struct PipelineRef {
     pub name: String,
     pub file: String,
     /// sha256 of the pipeline file's bytes.
-    pub sha256: String,
+    pub sha256: Sha256Sum,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,7 +105,7 @@ pub struct ItemsRef {
     /// Where the items were read from (the pipeline file when inline).
     pub file: String,
     /// sha256 over every item's id and fields, however the file writes them.
-    pub sha256: String,
+    pub sha256: Sha256Sum,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,7 +114,7 @@ pub struct Prices {
     /// The spec's tool prices, in credits.
     pub tools: BTreeMap<String, u64>,
     /// sha256 over the prices above.
-    pub sha256: String,
+    pub sha256: Sha256Sum,
 }
 
 impl Prices {
@@ -130,7 +131,7 @@ impl Prices {
         Prices {
             generation,
             tools,
-            sha256: hex::encode(hasher.finalize()),
+            sha256: Sha256Sum::of_digest(hasher.finalize()),
         }
     }
 }
@@ -211,9 +212,9 @@ impl PlanDocument {
     pub fn revision(&self) -> Revision {
         let asked = self.scope.as_ref().map_or("", |s| s.asked.as_str());
         Revision::builder()
-            .part(&self.pipeline.sha256)
-            .part(&self.items.sha256)
-            .part(&self.prices.sha256)
+            .part(self.pipeline.sha256.as_str())
+            .part(self.items.sha256.as_str())
+            .part(self.prices.sha256.as_str())
             .part(asked)
             .number(self.costs.tasks)
             .number(self.credits_to_pay().unwrap_or(u64::MAX))

@@ -463,7 +463,8 @@ impl Graph {
                 references: sources,
             },
             Operation::Tool(t) => Work::Tool {
-                input: sources.pop().unwrap_or(Source::Url(String::new())),
+                // [`Graph::build`] gives a tool's slot its one input, always.
+                input: sources.pop().expect("a tool's slot has its one input"),
                 preserve_alpha: t.preserve_alpha,
                 params: tool_params(&t.params, &render)?,
             },

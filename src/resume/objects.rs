@@ -54,7 +54,7 @@ async fn check(url: &ObjectUrl, sha256: &Sha256Sum, bytes: Option<u64>) -> Check
         else {
             return Ok(Checked::Missing);
         };
-        let meta_agrees = meta.is_some_and(|m| m.eq_ignore_ascii_case(sha256));
+        let meta_agrees = meta.as_ref() == Some(sha256);
         if meta_agrees && bytes.is_none_or(|b| b == size) {
             return Ok(Checked::Same);
         }

@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use crate::api::job_id::JobId;
 use crate::api::types::STATUS_SUCCEEDED;
 use crate::api::{ApiError, Client, JobRecord, RetryPolicy};
 use crate::plan::graph::{Graph, Source};
@@ -17,7 +18,7 @@ use super::{Prepared, Recover, records};
 /// again, so a passing failure (a 429, a server error, a lost connection) is waited out.
 const READ_BACK: RetryPolicy = RetryPolicy::new(5, Duration::from_millis(500));
 
-async fn read_back(client: &Client, job_id: &str) -> Result<JobRecord, ApiError> {
+async fn read_back(client: &Client, job_id: &JobId) -> Result<JobRecord, ApiError> {
     crate::api::retry::free_call(READ_BACK, || client.job(job_id)).await
 }
 

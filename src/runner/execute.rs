@@ -244,7 +244,7 @@ impl Runner<'_> {
         doc: &PlanDocument,
         run: &OpenRun,
     ) -> exec::Config {
-        let mut config = self.exec_config(run);
+        let mut config = self.exec_config(run, &pipeline.name);
         let limits = conn.fields.limits.as_deref();
         // The account's word is asked only where neither the settings nor the pipeline speak.
         let told_concurrency = self
@@ -268,7 +268,6 @@ impl Runner<'_> {
         });
         config.rate = told_rate.or_else(|| accounts_rate.as_ref().map(|f| f.value));
         config.limit = doc.limit(run.billed).credits();
-        config.pipeline_name = pipeline.name.clone();
         config.reroll_credits = pipeline.rerolls.map_or(0, |r| r.max_credits);
         // Said once, so that a run's pace is never a guess: where each figure came from.
         let whose = |flag: bool, file: bool, account: bool| match (flag, file, account) {

@@ -441,7 +441,7 @@ impl Runner<'_> {
     }
 
     /// The exec configuration's fixed part, from the settings.
-    fn exec_config(&self, run: &record::OpenRun) -> exec::Config {
+    fn exec_config(&self, run: &record::OpenRun, pipeline_name: &str) -> exec::Config {
         let s = self.settings;
         exec::Config {
             run_id: run.id.clone(),
@@ -462,7 +462,7 @@ impl Runner<'_> {
             known_prices: Vec::new(),
             leash: None,
             account_rate: None,
-            pipeline_name: String::new(),
+            pipeline_name: pipeline_name.to_owned(),
             reroll_credits: 0,
         }
     }

@@ -68,7 +68,7 @@ impl Runner<'_> {
             return Ok(None);
         }
         let run = record::reopen(store, &prepared.row, 0).await?;
-        let mut config = self.exec_config(&run);
+        let mut config = self.exec_config(&run, &prepared.pipeline.name);
         config.scope = Scope::tasks(Vec::new(), "the outputs already paid for".into());
         config.limit = Some(0);
         let links = exec::Links {

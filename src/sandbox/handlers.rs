@@ -21,12 +21,14 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
+use crate::api::job_id::JobId;
 use crate::api::rules::{self, InvalidField};
 use crate::api::types::ToolName;
 use crate::sandbox::bad::Spoil;
 use crate::sandbox::reply::{App, Reply};
 use crate::sandbox::state::{InFlight, Job, JobKind, MODEL_ID, Read, Source, State};
 use crate::sandbox::{RateScope, drawings, edit, files};
+use crate::sha256::Sha256Sum;
 
 pub(super) fn router(state: Arc<State>) -> Router {
     Router::new()
@@ -278,7 +280,7 @@ async fn tool(
 async fn finish(
     state: &Arc<State>,
     slot: InFlight,
-    (kind, request): (JobKind, String),
+    (kind, request): (JobKind, Sha256Sum),
     credits: u64,
     work: impl FnOnce() -> Result<Vec<Vec<u8>>, InvalidField> + Send + 'static,
 ) -> Result<Job, Reply> {
@@ -328,11 +330,10 @@ async fn finish(
 
 /// The ledger's `request`: what a call paid for, the same however often its input URLs were
 /// refreshed, so that a test can tell the same request billed twice from two bills.
-fn request_digest(state: &State, operation: &str, body: &Value) -> String {
-    use sha2::{Digest, Sha256};
+fn request_digest(state: &State, operation: &str, body: &Value) -> Sha256Sum {
     let mut text = format!("{operation}\n");
     canonical(state, body, &mut text);
-    hex::encode(Sha256::digest(text.as_bytes()))
+    Sha256Sum::of_bytes(text.as_bytes())
 }
 
 /// `value` as JSON with object keys sorted and each result URL of this sandbox written as the
@@ -438,7 +439,7 @@ fn partial(job: &Job) -> Response {
 }
 
 async fn job(Shared(state): App, Path(id): Path<String>) -> Result<Response, Reply> {
-    let job = state.job(&id).ok_or_else(|| {
+    let job = state.job(&JobId::new(id.as_str())).ok_or_else(|| {
         state.count(|s| s.not_found += 1);
         Reply::new(StatusCode::NOT_FOUND, "not_found", format!("no job {id:?}"))
     })?;

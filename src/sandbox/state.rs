@@ -13,12 +13,14 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use url::Url;
 
+use crate::api::job_id::JobId;
 use crate::api::rules::{InvalidField, is_service_url};
 use crate::api::types::ToolName;
 use crate::sandbox::Config;
 use crate::sandbox::faults::Dice;
 use crate::sandbox::images;
 use crate::sandbox::signing::{Refusal, Signer, now_ms};
+use crate::sha256::Sha256Sum;
 
 /// The model the sandbox reports for every generation.
 pub(super) const MODEL_ID: &str = "sandbox-image-1";
@@ -30,13 +32,13 @@ pub const SAMPLE_NAMES: &[&str] = &["mug", "lamp", "chair", "plant"];
 /// One charge, as the tests and benchmarks read it back.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct LedgerEntry {
-    pub job_id: String,
+    pub job_id: JobId,
     /// `generate` or the tool's name.
     pub operation: String,
     /// What was paid for: the sha256 (hex) of the operation and its request body, with keys
     /// sorted and every result URL replaced by the image it names (a refreshed URL is the same
     /// input). Job ids are new with every bill, so only this tells the same request paid twice.
-    pub request: String,
+    pub request: Sha256Sum,
     pub credits: u64,
     /// False when the connection was dropped after billing: the caller never saw the answer.
     pub delivered: bool,
@@ -101,7 +103,7 @@ pub enum JobKind {
 
 #[derive(Clone, Debug)]
 pub struct Job {
-    pub id: String,
+    pub id: JobId,
     pub kind: JobKind,
     pub credits_used: u64,
     pub credits_remaining: i64,
@@ -121,7 +123,7 @@ pub enum Source {
 
 struct Books {
     balance: i64,
-    jobs: HashMap<String, Job>,
+    jobs: HashMap<JobId, Job>,
     images: HashMap<String, Bytes>,
     /// Result images never downloaded yet.
     undownloaded: std::collections::HashSet<String>,
@@ -484,7 +486,7 @@ impl State {
         kind: JobKind,
         credits: u64,
         images: Vec<Vec<u8>>,
-        request: String,
+        request: Sha256Sum,
     ) -> Result<Job, i64> {
         let mut books = self.books();
         let cost = i64::try_from(credits).unwrap_or(i64::MAX);
@@ -492,7 +494,7 @@ impl State {
             books.stats.insufficient_credits += 1;
             return Err(books.balance);
         }
-        let id = self.new_id(&mut books, "job");
+        let id = JobId::new(self.new_id(&mut books, "job"));
         let image_ids: Vec<String> = (0..images.len())
             .map(|_| self.new_id(&mut books, "img"))
             .collect();
@@ -530,15 +532,15 @@ impl State {
 
     /// Records that the answer for `job_id` never reached the caller whole; `partial` when
     /// its start, naming the job, did.
-    pub fn mark_undelivered(&self, job_id: &str, partial: bool) {
+    pub fn mark_undelivered(&self, job_id: &JobId, partial: bool) {
         let mut books = self.books();
-        if let Some(entry) = books.ledger.iter_mut().rev().find(|e| e.job_id == job_id) {
+        if let Some(entry) = books.ledger.iter_mut().rev().find(|e| e.job_id == *job_id) {
             entry.delivered = false;
             entry.partial = partial;
         }
     }
 
-    pub fn job(&self, id: &str) -> Option<Job> {
+    pub fn job(&self, id: &JobId) -> Option<Job> {
         self.books().jobs.get(id).cloned()
     }
 

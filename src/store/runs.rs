@@ -6,6 +6,7 @@ use sqlx::Row;
 
 use crate::place::{Address, RunDir};
 use crate::run_id::RunId;
+use crate::sha256::Sha256Sum;
 use crate::store::{Store, StoreError, now_ms};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,8 +119,8 @@ pub struct NewRun<'a> {
     pub pipeline_name: &'a str,
     pub pipeline_file: &'a str,
     pub pipeline_text: &'a str,
-    pub pipeline_sha256: &'a str,
-    pub items_sha256: &'a str,
+    pub pipeline_sha256: &'a Sha256Sum,
+    pub items_sha256: &'a Sha256Sum,
     pub plan: &'a RecordedPlan,
     pub output_dir: &'a str,
     pub credits_planned: u64,
@@ -133,8 +134,8 @@ pub struct Run {
     pub pipeline_file: String,
     /// The run's own copy of its pipeline file.
     pub pipeline_text: String,
-    pub pipeline_sha256: String,
-    pub items_sha256: String,
+    pub pipeline_sha256: Sha256Sum,
+    pub items_sha256: Sha256Sum,
     pub plan: RecordedPlan,
     /// Where the run's directory is made: `<output_dir>/<run id>` ([`Run::dir`]).
     pub output_dir: Address,
@@ -245,8 +246,8 @@ impl Runs<'_> {
         &self,
         id: &RunId,
         text: &str,
-        sha256: &str,
-        items_sha256: &str,
+        sha256: &Sha256Sum,
+        items_sha256: &Sha256Sum,
         plan: &RecordedPlan,
         credits_planned: u64,
     ) -> Result<(), StoreError> {

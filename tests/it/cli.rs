@@ -239,7 +239,7 @@ async fn generate_json_then_upscale_its_url_bills_both_calls() {
         charges(&env.sandbox),
         vec![("generate".into(), 4), ("upscale".into(), 4)]
     );
-    assert_eq!(ledger[0].job_id, gen_id);
+    assert_eq!(ledger[0].job_id.as_str(), gen_id);
     assert_eq!(file_name(&files[0]), format!("{}.png", ledger[1].job_id));
     assert_eq!(env.sandbox.balance(), 1000 - 8);
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use image::{DynamicImage, GenericImageView};
 use imgpipe::api::download::DownloadError;
+use imgpipe::api::job_id::JobId;
 use imgpipe::api::rules::InvalidField;
 use imgpipe::api::types::{AspectRatio, Increase};
 use imgpipe::api::{
@@ -488,7 +489,7 @@ async fn invalid_tool_calls_and_job_ids_are_refused_before_sending() {
     );
     expect_invalid(env.client.tool(&blank_prompt).await, "prompt");
     for bad in ["../x", "", "job_1/../../v1/account", "job 1", "job_1?x=1"] {
-        let err = expect_invalid(env.client.job(bad).await, "job id");
+        let err = expect_invalid(env.client.job(&JobId::from(bad)).await, "job id");
         assert!(err.message.contains("job id"), "{err}");
     }
     assert_eq!(env.sandbox.stats().api_requests, 0, "a request was sent");
@@ -576,7 +577,11 @@ async fn a_balance_too_low_is_a_credits_error_and_bills_nothing() {
 #[tokio::test]
 async fn an_unknown_job_is_not_found() {
     let env = start_default().await;
-    let err = env.client.job("job_doesnotexist").await.unwrap_err();
+    let err = env
+        .client
+        .job(&JobId::from("job_doesnotexist"))
+        .await
+        .unwrap_err();
     expect_answered(&err, 404, ErrorKind::NotFound);
     assert!(!err.is_transient());
 }
@@ -702,7 +707,7 @@ async fn an_answer_cut_after_naming_its_job_names_the_job_to_read_back() {
             .contains(&format!("`imgpipe job {job} --out DIR` fetches its images")),
         "{err}"
     );
-    let record = env.client.job(job).await.unwrap();
+    let record = env.client.job(&JobId::from(job)).await.unwrap();
     assert_eq!(record.image_urls().len(), 1);
     assert_eq!(
         env.sandbox.ledger().len(),

@@ -107,7 +107,7 @@ fn billed_once(env: &Env) -> BTreeSet<String> {
     env.sandbox
         .ledger()
         .iter()
-        .map(|e| e.job_id.clone())
+        .map(|e| e.job_id.to_string())
         .collect()
 }
 

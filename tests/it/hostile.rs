@@ -16,6 +16,7 @@ use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 use imgpipe::api::download::{DEFAULT_MAX_BYTES, DownloadError};
+use imgpipe::api::job_id::JobId;
 use imgpipe::api::retry::MAX_RETRY_AFTER;
 use imgpipe::api::{
     ApiError, Billing, Downloader, ErrorKind, GenerationRequest, ToolParams, ToolRequest,
@@ -265,7 +266,7 @@ async fn credits_written_as_a_whole_float_are_accepted() {
     body["credits_used"] = json!(4.0);
     body["credits_remaining"] = json!(996.0);
     let job = generate_against(body).await.unwrap();
-    assert_eq!(job.id, "job_f1");
+    assert_eq!(job.id.as_str(), "job_f1");
     assert_eq!(job.credits_used, 4);
     assert_eq!(job.credits_remaining, Some(996));
     assert_eq!(job.images.len(), 1);
@@ -375,7 +376,10 @@ async fn a_gateway_error_on_a_paid_call_is_ambiguous_but_not_on_a_read() {
         }
         // Reads are not billed: a gateway error there is an ordinary, retryable answer.
         expect_answered(&client.account().await.unwrap_err(), status);
-        expect_answered(&client.job("job_1").await.unwrap_err(), status);
+        expect_answered(
+            &client.job(&JobId::from("job_1")).await.unwrap_err(),
+            status,
+        );
         assert_eq!(fake.count("POST", GENERATIONS), 1);
         assert_eq!(fake.count("POST", "/v1/images/tools/remove_background"), 1);
         assert_eq!(fake.total(), 4);

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use imgpipe::sandbox;
+use imgpipe::sha256::Sha256Sum;
 use sqlx::Connection;
 
 use crate::common::{
@@ -858,6 +859,10 @@ static EMPTY_PLAN: std::sync::LazyLock<imgpipe::store::RecordedPlan> =
 static RUN_R: std::sync::LazyLock<imgpipe::run_id::RunId> =
     std::sync::LazyLock::new(|| imgpipe::run_id::RunId::from("r"));
 
+/// The digest [`one_step_run`] records for its pipeline and its items: of nothing.
+static NO_TEXT: std::sync::LazyLock<Sha256Sum> =
+    std::sync::LazyLock::new(|| Sha256Sum::of_bytes(b""));
+
 /// Run `r` of a one-step pipeline, its outputs under `output_dir`.
 fn one_step_run(output_dir: &str) -> imgpipe::store::NewRun<'_> {
     imgpipe::store::NewRun {
@@ -865,8 +870,8 @@ fn one_step_run(output_dir: &str) -> imgpipe::store::NewRun<'_> {
         pipeline_name: "p",
         pipeline_file: "p.yaml",
         pipeline_text: "",
-        pipeline_sha256: "",
-        items_sha256: "",
+        pipeline_sha256: &NO_TEXT,
+        items_sha256: &NO_TEXT,
         plan: &EMPTY_PLAN,
         output_dir,
         credits_planned: 2,

@@ -121,7 +121,7 @@ fn ledger_by_job(env: &Env) -> HashMap<String, LedgerEntry> {
     env.sandbox
         .ledger()
         .into_iter()
-        .map(|e| (e.job_id.clone(), e))
+        .map(|e| (e.job_id.to_string(), e))
         .collect()
 }
 
@@ -991,7 +991,7 @@ async fn killed_reading_back_the_upscale(env: &Env) -> String {
     let ledger = env.sandbox.ledger();
     assert_eq!(ledger.len(), 2, "{ledger:#?}");
     assert!(ledger.iter().all(|e| e.partial), "{ledger:#?}");
-    assert_eq!(ledger[1].job_id, job, "{ledger:#?}");
+    assert_eq!(ledger[1].job_id.as_str(), job, "{ledger:#?}");
     job
 }
 

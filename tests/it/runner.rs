@@ -378,7 +378,7 @@ fn assert_run_complete(env: &Env, db: &Db, run: &str) {
     let jobs: BTreeSet<&str> = ledger.iter().map(|e| e.job_id.as_str()).collect();
     for t in &tasks {
         let job = t.job_id.as_deref().unwrap();
-        let entry = ledger.iter().find(|e| e.job_id == job).unwrap();
+        let entry = ledger.iter().find(|e| e.job_id.as_str() == job).unwrap();
         assert!(entry.delivered, "{entry:?}");
         assert_eq!(
             (t.billed, t.planned),

@@ -88,7 +88,7 @@ fn assert_paid_once(db: &Db, sandbox: &Sandbox, tasks: usize, extra: usize) {
             .job_id
             .as_deref()
             .expect("a succeeded task names its job");
-        let bills = ledger.iter().filter(|e| e.job_id == job).count();
+        let bills = ledger.iter().filter(|e| e.job_id.as_str() == job).count();
         assert_eq!(
             bills,
             1,
@@ -96,7 +96,7 @@ fn assert_paid_once(db: &Db, sandbox: &Sandbox, tasks: usize, extra: usize) {
             task.name()
         );
         assert!(
-            !undelivered.iter().any(|e| e.job_id == job),
+            !undelivered.iter().any(|e| e.job_id.as_str() == job),
             "{}",
             task.name()
         );
@@ -177,7 +177,7 @@ async fn a_429_pauses_every_paid_call_for_its_retry_after() {
         "the 429 then the call again: {attempts:#?}"
     );
     let job = task.job_id.as_deref().unwrap();
-    let sent_again = ledger.iter().find(|e| e.job_id == job).unwrap();
+    let sent_again = ledger.iter().find(|e| e.job_id.as_str() == job).unwrap();
     assert!(sent_again.received_us >= resumed, "{sent_again:?}");
     assert_paid_once(&db, &env.sandbox, ITEMS, 0);
 }

@@ -18,6 +18,7 @@ use crate::pipeline::spec::{PipelineSpec, SizeSpec, StepSpec};
 use crate::pipeline::template::{self, Template};
 use crate::pipeline::yaml::{Mark, Node, Value};
 use crate::place::Address;
+use crate::sha256::Sha256Sum;
 
 mod checks;
 mod graph;
@@ -38,7 +39,7 @@ pub struct Source<'a> {
     pub file: &'a str,
     /// Its directory, against which relative paths resolve.
     pub dir: &'a Path,
-    pub text_sha256: String,
+    pub text_sha256: Sha256Sum,
 }
 
 /// Checks a typed pipeline file; `None` when anything is wrong (all of it is in `report`).

@@ -19,6 +19,7 @@ use sha2::{Digest, Sha256};
 use crate::pipeline::diag::{Diagnostic, Report, shown};
 use crate::pipeline::yaml::Mark;
 use crate::place::layout;
+use crate::sha256::Sha256Sum;
 
 use ids::IdIndex;
 pub use read::read_file;
@@ -36,7 +37,7 @@ pub struct Items {
     /// Built on the first lookup by id (see [`ids`]).
     ids: Arc<OnceLock<IdIndex>>,
     /// See [`Items::sha256`]; `None` for no items.
-    sha256: Option<String>,
+    sha256: Option<Sha256Sum>,
     /// The file the items were read from, as the user named it (the pipeline file when inline).
     pub file: String,
 }
@@ -106,10 +107,10 @@ impl Items {
 
     /// A digest of every item's id and fields, independent of how they were written, so a
     /// saved plan can tell whether the items changed.
-    pub fn sha256(&self) -> String {
+    pub fn sha256(&self) -> Sha256Sum {
         self.sha256
             .clone()
-            .unwrap_or_else(|| hex::encode(Sha256::new().finalize()))
+            .unwrap_or_else(|| Sha256Sum::of_bytes(b""))
     }
 
     /// Settles ids (checked or derived) and builds the table; problems go to `report`.
@@ -313,7 +314,7 @@ impl Builder {
             index: self.index,
             rows: Arc::new(self.rows),
             ids: Arc::default(),
-            sha256: (!empty).then(|| hex::encode(self.hasher.finalize())),
+            sha256: (!empty).then(|| Sha256Sum::of_digest(self.hasher.finalize())),
             file: self.file,
         }
     }
@@ -548,9 +549,9 @@ mod tests {
             Some("product number 29999 in a long description")
         );
         assert_eq!(items.value(&it, "z"), Some("1"));
-        assert_eq!(items.sha256(), digest_as_before(&items));
+        assert_eq!(items.sha256().as_str(), digest_as_before(&items));
         assert_eq!(
-            Items::default().sha256(),
+            Items::default().sha256().as_str(),
             digest_as_before(&Items::default())
         );
     }

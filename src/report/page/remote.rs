@@ -276,7 +276,7 @@ impl Pages {
     ) -> Result<(Known, Vec<PathBuf>), Error> {
         let mut names: Vec<String> = outputs
             .iter()
-            .filter_map(|o| o.sha256.as_deref().map(thumb_name))
+            .filter_map(|o| o.sha256.as_ref().map(thumb_name))
             .collect();
         names.sort_unstable();
         names.dedup();
@@ -317,7 +317,7 @@ impl Pages {
                 .differ
                 .binary_search_by_key(&o.id, |(id, _)| *id)
                 .map_or(Seen::Same, |at| self.differ[at].1);
-            let thumbnailed = o.sha256.as_deref().is_some_and(|sha| {
+            let thumbnailed = o.sha256.as_ref().is_some_and(|sha| {
                 known
                     .facts
                     .contains_key(&format!("{}.png", thumb_name(sha)))

@@ -10,6 +10,7 @@ use image::codecs::png::{CompressionType, FilterType, PngEncoder};
 use image::{DynamicImage, ImageDecoder, ImageReader};
 
 use crate::place::temp;
+use crate::sha256::Sha256Sum;
 
 /// The longest side of a thumbnail, in pixels: sharp at the page's 160 px on a 1.6x screen.
 pub const EDGE: u32 = 256;
@@ -138,7 +139,7 @@ fn remove_temporaries(dir: &Path) -> usize {
 /// cost more thread switches than a small image costs to preview.
 pub async fn previews(
     dir: &Path,
-    files: Vec<(PathBuf, Option<crate::sha256::Sha256Sum>)>,
+    files: Vec<(PathBuf, Option<Sha256Sum>)>,
     known: &std::sync::Arc<Known>,
 ) -> Vec<Preview> {
     const PER_TRIP: usize = 16;
@@ -154,7 +155,7 @@ pub async fn previews(
             let count = trip.len();
             let work = tokio::task::spawn_blocking(move || {
                 trip.into_iter()
-                    .map(|(path, sha)| preview(&dir, &path, sha.as_deref(), &known))
+                    .map(|(path, sha)| preview(&dir, &path, sha.as_ref(), &known))
                     .collect::<Vec<_>>()
             });
             async move {
@@ -174,7 +175,7 @@ pub async fn previews(
 }
 
 /// The preview of one file, making its thumbnail in `dir` when it has none yet.
-pub fn preview(dir: &Path, path: &Path, recorded: Option<&str>, known: &Known) -> Preview {
+pub fn preview(dir: &Path, path: &Path, recorded: Option<&Sha256Sum>, known: &Known) -> Preview {
     if let Some(sha) = recorded
         && known.trusted.contains(path)
         && let Some(p) = ready(dir, sha, || None, known)
@@ -218,7 +219,7 @@ pub fn preview(dir: &Path, path: &Path, recorded: Option<&str>, known: &Known) -
 fn from_bytes(
     dir: &Path,
     path: &Path,
-    (recorded, missing): (Option<&str>, Option<&str>),
+    (recorded, missing): (Option<&Sha256Sum>, Option<&Sha256Sum>),
     size: impl Fn() -> Option<(u32, u32)>,
     known: &Known,
 ) -> Preview {
@@ -231,9 +232,9 @@ fn from_bytes(
             };
         }
     };
-    let changed = recorded.is_some_and(|r| !r.eq_ignore_ascii_case(&actual));
+    let changed = recorded.is_some_and(|r| *r != actual);
     let note = changed.then(|| "the file changed on disk since it was downloaded".to_owned());
-    let known_missing = missing.is_some_and(|m| m.eq_ignore_ascii_case(&actual));
+    let known_missing = missing == Some(&actual);
     if !known_missing && let Some(p) = ready(dir, &actual, &size, known) {
         return Preview {
             note,
@@ -273,21 +274,20 @@ fn written_after(file: &std::fs::Metadata, thumb: Option<&Path>, known: &Known) 
     }
 }
 
-pub(crate) fn thumb_path(dir: &Path, sha: &str) -> PathBuf {
+pub(crate) fn thumb_path(dir: &Path, sha: &Sha256Sum) -> PathBuf {
     dir.join(format!("{}.png", thumb_name(sha)))
 }
 
 /// The name of the thumbnail of an image of this sha256, less `.png`: its first 128 bits.
-pub(crate) fn thumb_name(sha: &str) -> String {
-    let name: String = sha.chars().take(32).collect();
-    name.to_ascii_lowercase()
+pub(crate) fn thumb_name(sha: &Sha256Sum) -> String {
+    sha[..32].to_owned()
 }
 
 /// The preview from a thumbnail already made for `sha`; the full image's size is the one the
 /// thumbnail carries, else `size` reads it from the image.
 fn ready(
     dir: &Path,
-    sha: &str,
+    sha: &Sha256Sum,
     size: impl Fn() -> Option<(u32, u32)>,
     known: &Known,
 ) -> Option<Preview> {
@@ -310,7 +310,7 @@ fn ready(
 /// Reads the image a row at a time, scaling it into [`EDGE`] as it goes (memory by its width,
 /// not its area: see [`crate::pixels`]), and writes the thumbnail next to the others under a
 /// temporary name first, so two reports made at once never see half a file.
-fn make(dir: &Path, sha: &str, path: &Path) -> Result<Preview, String> {
+fn make(dir: &Path, sha: &Sha256Sum, path: &Path) -> Result<Preview, String> {
     let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
     let mut reader = std::io::BufReader::new(file);
     let head = std::io::BufRead::fill_buf(&mut reader).map_err(|e| e.to_string())?;
@@ -453,12 +453,12 @@ fn probe(path: &Path) -> Result<(u32, u32, bool), String> {
 mod tests {
     use super::*;
 
-    fn png(path: &Path, w: u32, h: u32, alpha: u8) -> String {
+    fn png(path: &Path, w: u32, h: u32, alpha: u8) -> Sha256Sum {
         let img = image::RgbaImage::from_fn(w, h, |x, y| {
             image::Rgba([(x % 256) as u8, (y % 256) as u8, 90, alpha])
         });
         img.save(path).unwrap();
-        crate::sha256::Sha256Sum::of_bytes(&std::fs::read(path).unwrap()).to_string()
+        Sha256Sum::of_bytes(&std::fs::read(path).unwrap())
     }
 
     #[test]
@@ -550,13 +550,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("x.png");
         png(&file, 10, 10, 255);
-        let p = preview(dir.path(), &file, Some(&"ab".repeat(32)), &Known::default());
+        let p = preview(
+            dir.path(),
+            &file,
+            Some(&Sha256Sum::parse(&"ab".repeat(32)).unwrap()),
+            &Known::default(),
+        );
         assert!(p.note.unwrap().contains("changed on disk"));
         assert!(p.thumb.is_some());
         let gone = preview(
             dir.path(),
             &dir.path().join("gone.png"),
-            Some(&"cd".repeat(32)),
+            Some(&Sha256Sum::parse(&"cd".repeat(32)).unwrap()),
             &Known::default(),
         );
         assert!(gone.note.unwrap().contains("not on disk"));
