@@ -55,7 +55,7 @@ impl Runner<'_> {
     /// Fetches and stores the outputs the run paid for and has no file of, paying for
     /// nothing: the executor, given no task to pay for and nothing to spend, only restores
     /// them. Gives how many were stored; `None` when there were none to fetch (the run was not
-    /// reopened).
+    /// reopened). The temporary files a killed process left are removed first.
     async fn fetch_paid(
         &self,
         conn: &Connection,
@@ -68,6 +68,10 @@ impl Runner<'_> {
             return Ok(None);
         }
         let run = record::reopen(store, &prepared.row, 0).await?;
+        // A process killed inside a download left its temporary file, as a resume's check
+        // would remove it before paying.
+        let dir = run.dir.clone();
+        let _ = tokio::task::spawn_blocking(move || dir.remove_leftovers()).await;
         let mut config = self.exec_config(&run, &prepared.pipeline.name);
         config.scope = Scope::tasks(Vec::new(), "the outputs already paid for".into());
         config.limit = Some(0);

@@ -1103,8 +1103,12 @@ async fn a_resume_over_its_budget_keeps_what_was_paid_for_and_records_why_it_sto
     let before = still(&env, dir).await;
     assert_exit_without_panic(&resume(&["--dry-run"]).run().await, 3);
     assert_still(&env, dir, &before, "a dry run over --max-credits").await;
-    // The erase's output is stored, unless the kill came first.
+    // The erase's output is stored, unless the kill came first. A download the kill cut
+    // leaves its temporary file: one is made here, whatever the kill's moment.
     let unstored_before = unstored(&Db::read_file(&state_path(dir)).await);
+    let cut = dir.join("out/k/i00/.clean.0123456789abcdef.part");
+    std::fs::create_dir_all(cut.parent().unwrap()).unwrap();
+    std::fs::write(&cut, b"half a png").unwrap();
 
     let o = resume(&[]).run().await;
     assert_exit_without_panic(&o, 3);
