@@ -14,7 +14,7 @@ use crate::checks::command::Commands;
 use crate::checks::file;
 use crate::checks::image::{self, SizePromise, Stats};
 use crate::checks::{Outcome, Verdict};
-use crate::pipeline::checks::{Check, OnFail};
+use crate::pipeline::checks::{Check, CheckName, OnFail};
 use crate::place::Address;
 
 /// One output's verdicts, each with the check's place in its step's list.
@@ -213,6 +213,17 @@ pub fn decide_task<'a>(
         .unwrap_or(Decision::Keep)
 }
 
+/// Whether an input's failure of `check` is passed on to what a tool makes of it: a flat
+/// frame upscaled is a flat frame, an opaque cut-out stays opaque, copies stay copies. Not
+/// `size`, which is judged against the input's own size, and not a command, whose verdict is
+/// its own (two commands share the name).
+pub fn passed_on(check: CheckName) -> bool {
+    matches!(
+        check,
+        CheckName::NotBlank | CheckName::Transparent | CheckName::Distinct
+    )
+}
+
 /// The first failed verdict of `verdicts`: what outputs are set aside for, and a task fails for.
 pub fn first_failure<'a>(verdicts: impl IntoIterator<Item = &'a Verdict>) -> Option<&'a Verdict> {
     verdicts.into_iter().find(|v| v.outcome == Outcome::Failed)
@@ -233,9 +244,23 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::pipeline::checks::{CheckName, CommandCheck};
+    use crate::pipeline::checks::CommandCheck;
     use crate::pixels::testing::png;
     use crate::sandbox::images::{Weight, generation_png};
+
+    #[test]
+    fn what_the_image_is_is_passed_on_and_what_the_call_did_is_not() {
+        let passed = [
+            (CheckName::NotBlank, true),
+            (CheckName::Transparent, true),
+            (CheckName::Distinct, true),
+            (CheckName::Size, false),
+            (CheckName::Command, false),
+        ];
+        for (check, want) in passed {
+            assert_eq!(passed_on(check), want, "{check:?}");
+        }
+    }
 
     fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
         let path = dir.join(name);

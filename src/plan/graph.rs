@@ -501,6 +501,13 @@ impl Graph {
         self.locate(task).1.idx + k
     }
 
+    /// Output `k` of `task` by its own key: its task's, numbered by the output (`mug/shot[1]`
+    /// is the second image of `mug/shot[0]`).
+    pub fn output_key(&self, task: usize, k: u32) -> TaskKey {
+        let (item, step, _) = self.key_ref(task);
+        TaskKey::new(item, step, self.output_index(task, k))
+    }
+
     /// `<step>` or `<step>-<index>`: the file name without its extension.
     pub fn file_stem(&self, task: usize, k: u32) -> String {
         if self.indexed[self.locate(task).1.step.0] {
@@ -579,15 +586,9 @@ impl Graph {
             .sources
             .iter()
             .map(|s| match s {
-                SlotSource::Output { part, slot, k } => {
-                    let from = self.id(instance, *part, *slot);
-                    TaskKey::new(
-                        self.item_dir(self.task(from).instance),
-                        self.step_id(from),
-                        self.output_index(from, *k),
-                    )
-                    .to_string()
-                }
+                SlotSource::Output { part, slot, k } => self
+                    .output_key(self.id(instance, *part, *slot), *k)
+                    .to_string(),
                 SlotSource::Url(t) => self.render(instance, t).unwrap_or_default(),
             })
             .collect();

@@ -229,6 +229,24 @@ impl Verdicts<'_> {
         Ok(out)
     }
 
+    /// The checks that failed output `k` of task `task` as it is now (the output its current
+    /// job made), each named once. Read for a tool whose own output failed: an input kept with
+    /// a failure (flagged) passes it on, and a call made again from it would not mend it.
+    pub async fn failed_on(&self, task: TaskId, k: u32) -> Result<Vec<String>, StoreError> {
+        sqlx::query(
+            "SELECT DISTINCT v.check_name AS name FROM outputs o
+             JOIN check_verdicts v ON v.output_id = o.id AND v.job_id = o.job_id
+             WHERE o.task_id = $1 AND o.k = $2 AND v.verdict = 'failed'",
+        )
+        .bind(task)
+        .bind(i64::from(k))
+        .fetch_all(self.store.pool())
+        .await?
+        .iter()
+        .map(|r| Ok(r.try_get("name")?))
+        .collect()
+    }
+
     /// The run's tasks a check failed (`on_fail: fail`) and that are still failed: a resume
     /// leaves them so, since paying for them again would act on a verdict twice.
     pub async fn failed_tasks(&self, run_id: &RunId) -> Result<Vec<TaskId>, StoreError> {

@@ -153,6 +153,82 @@ async fn an_upscale_that_keeps_failing_is_paid_max_rerolls_more_then_flagged_and
     assert_eq!(credits_billed(&env), 3 * 2 + 9 * 2 + 3 * 5);
 }
 
+/// Every image the sandbox makes is a flat frame: each erase fails `not_blank`, is paid again
+/// `max_rerolls` times, then kept flagged. Its upscale, made from that flat frame, fails
+/// `not_blank` too; paying for it again would make the same flat frame from the same input, so
+/// it is flagged at once and paid for once, and the log says why.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tool_whose_input_was_kept_with_the_same_fault_is_flagged_at_once_not_paid_again() {
+    let env = start(sandbox_config(
+        BadImages {
+            blank: 1.0,
+            ..BadImages::default()
+        },
+        11,
+    ))
+    .await;
+    let dir = env.dir.path();
+    let mut text = String::from(
+        "version: 1\nname: inherited\noutput_dir: out\nrerolls: { max_credits: 100 }\nitems:\n",
+    );
+    for (i, sample) in SAMPLES.iter().take(2).enumerate() {
+        text += &format!(
+            "  - {{ id: i{i:02}, url: \"https://sandbox.invalid/assets/{sample}.png\" }}\n"
+        );
+    }
+    text += r#"steps:
+  - id: clean
+    erase: { image_url: "{{ item.url }}", object_name: "the corner of {{ item.id }}" }
+    checks: [not_blank]
+    max_rerolls: 1
+  - id: big
+    upscale: { from: clean, desired_increase: 2 }
+    checks: [not_blank]
+    max_rerolls: 2
+"#;
+    write(dir, "p.yaml", &text);
+    let o = Imgpipe::on(&env, &["run", "p.yaml"])
+        .sqlite_in(dir)
+        .run()
+        .await;
+    assert_exit_without_panic(&o, 0);
+    let calls = calls_by_path(&env);
+    assert_eq!(
+        (calls["erase"], calls["upscale"]),
+        (4, 2),
+        "each erase paid 1 + max_rerolls times, each upscale once: {calls:?}\n{}",
+        both(&o)
+    );
+    assert!(
+        has_phrase(
+            &stderr(&o),
+            "not paid for again: its input i00/clean[0] failed not_blank too"
+        ),
+        "{}",
+        both(&o)
+    );
+    let db = Db::read_file(&state_path(dir)).await;
+    assert_eq!(
+        db.check_rerolls.len(),
+        2,
+        "the erases' only: {:?}",
+        db.check_rerolls
+    );
+    let big: BTreeSet<i64> = db
+        .live()
+        .filter(|t| t.step == "big")
+        .map(|t| t.id)
+        .collect();
+    let acted: Vec<Option<&str>> = db
+        .verdicts
+        .iter()
+        .filter(|v| big.contains(&v.task_id))
+        .map(|v| v.acted.as_deref())
+        .collect();
+    assert_eq!(acted, [Some("flagged"); 2], "{:?}", db.verdicts);
+    assert_eq!(credits_billed(&env), 4 * 2 + 2 * 2);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn failed_upscales_are_paid_again_until_they_pass_and_nothing_downstream_is_paid_twice() {
     // Downloads cut short and tried again: an upscale's answer often comes before its

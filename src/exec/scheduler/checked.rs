@@ -21,7 +21,7 @@ use crate::checks::file;
 use crate::checks::image::SizePromise;
 use crate::checks::judge::{
     Decision, Judged, RerollRoom, decide_task, failure_reason, first_failure, judge_task,
-    set_aside_reason,
+    passed_on, set_aside_reason,
 };
 use crate::checks::{Outcome, Verdict};
 use crate::exec::Fatal;
@@ -29,7 +29,7 @@ use crate::exec::scheduler::Scheduler;
 use crate::exec::shared::Shared;
 use crate::exec::state::State;
 use crate::pipeline::Operation;
-use crate::pipeline::checks::StepChecks;
+use crate::pipeline::checks::{CheckName, StepChecks};
 use crate::plan::graph::{Graph, Instance, Source, Work};
 use crate::run_id::RunId;
 use crate::store::{
@@ -60,6 +60,17 @@ pub(super) struct Judgement {
     task: usize,
     outputs: Vec<RecordedOutput>,
     judged: Result<Vec<Judged>, StoreError>,
+    /// A check the task's outputs failed that its input failed too, kept flagged, whose
+    /// failure is passed on: the call made again from the same input would not mend it.
+    inherited: Option<Inherited>,
+}
+
+/// A failure a tool's output shares with its input.
+#[derive(Clone, Copy, Debug)]
+struct Inherited {
+    check: CheckName,
+    /// The input: output `k` of task `task`.
+    from: (usize, u32),
 }
 
 impl Checking {
@@ -174,7 +185,7 @@ impl Scheduler {
         if input.is_some_and(|(task, _)| self.downloads.downloading(task)) {
             return;
         }
-        let input = input.and_then(|(task, k)| Some((self.rows.ids.get(task)?, k)));
+        let input = input.and_then(|(task, k)| Some((task, self.rows.ids.get(task)?, k)));
         self.checking.judging.insert(t);
         let task = self.graph.task(t);
         let earlier = match &self.graph.step_of(t).op {
@@ -230,6 +241,17 @@ impl Scheduler {
         };
         let mut decision = decide_task(verdicts.iter().map(Vec::as_slice), checks.on_fail, room);
         let failed = first_failure(verdicts.iter().flatten()).cloned();
+        if decision == Decision::Reroll
+            && let Some(Inherited { check, from }) = j.inherited
+        {
+            let (input, check) = (self.graph.output_key(from.0, from.1), check.as_str());
+            tracing::warn!(
+                "{}: {}; not paid for again: its input {input} failed {check} too, and a call made again from it would not mend that",
+                self.name(t),
+                failure_reason(&failed).unwrap_or_default()
+            );
+            decision = Decision::Flag;
+        }
         if decision == Decision::Reroll {
             if self.halt.is_some() || self.outcome.interrupted {
                 // Judged again by the next resume, which may still pay for it.
@@ -370,13 +392,14 @@ impl Scheduler {
 }
 
 /// Judges task `t` (row `task_id`): reads its outputs' record, the size of its input (output
-/// `k` of row `input`) when a `size` check needs it, and each output's file; `distinct` after
-/// the `earlier` hashes of what its siblings kept.
+/// `k` of task `from`, row `id`) when a `size` check needs it, and each output's file;
+/// `distinct` after the `earlier` hashes of what its siblings kept. An output that fails is
+/// held against its input's verdicts: what they share is [`Inherited`].
 async fn judge(
     shared: Arc<Shared>,
     commands: Commands,
     (t, task_id): (usize, TaskId),
-    (input, earlier): (Option<(TaskId, u32)>, Vec<u64>),
+    (input, earlier): (Option<(usize, TaskId, u32)>, Vec<u64>),
 ) -> Judgement {
     let step = shared.graph.step_of(t);
     let checks = step.checks.as_ref().map_or(&[][..], |c| &c.checks[..]);
@@ -388,11 +411,12 @@ async fn judge(
                 task: t,
                 outputs: Vec::new(),
                 judged: Err(e),
+                inherited: None,
             };
         }
     };
     let promise = match (&step.op, input) {
-        (Operation::Tool(tool), Some((id, k))) => {
+        (Operation::Tool(tool), Some((_, id, k))) => {
             let read = store.of_tasks(&[id]).await;
             let address = read
                 .ok()
@@ -409,9 +433,48 @@ async fn judge(
     };
     let addresses: Vec<_> = outputs.iter().map(|o| o.path.clone()).collect();
     let judged = judge_task(checks, &addresses, promise, &commands, &earlier).await;
-    Judgement {
-        task: t,
-        outputs,
-        judged: Ok(judged),
+    let inherited = match input {
+        Some((from, id, k)) => inherited(&shared.store, &judged, (from, id, k)).await,
+        None => Ok(None),
+    };
+    match inherited {
+        Ok(inherited) => Judgement {
+            task: t,
+            outputs,
+            judged: Ok(judged),
+            inherited,
+        },
+        Err(e) => Judgement {
+            task: t,
+            outputs,
+            judged: Err(e),
+            inherited: None,
+        },
     }
+}
+
+/// The first check `judged` failed that the input (output `k` of task `from`, row `id`)
+/// failed too, as it was kept, among those whose failure is passed on ([`passed_on`]).
+async fn inherited(
+    store: &Store,
+    judged: &[Judged],
+    (from, id, k): (usize, TaskId, u32),
+) -> Result<Option<Inherited>, StoreError> {
+    let failed: Vec<CheckName> = judged
+        .iter()
+        .flat_map(|o| &o.verdicts)
+        .filter(|(_, v)| v.outcome == Outcome::Failed && passed_on(v.check))
+        .map(|(_, v)| v.check)
+        .collect();
+    if failed.is_empty() {
+        return Ok(None);
+    }
+    let theirs = store.verdicts().failed_on(id, k).await?;
+    let shared = failed
+        .into_iter()
+        .find(|c| theirs.iter().any(|t| t == c.as_str()));
+    Ok(shared.map(|check| Inherited {
+        check,
+        from: (from, k),
+    }))
 }
