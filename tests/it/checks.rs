@@ -159,6 +159,20 @@ async fn an_upscale_that_keeps_failing_is_paid_max_rerolls_more_then_flagged_and
 /// it is flagged at once and paid for once, and the log says why.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_tool_whose_input_was_kept_with_the_same_fault_is_flagged_at_once_not_paid_again() {
+    a_tool_with_a_flagged_input(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_postgres_a_tool_whose_input_was_kept_with_the_same_fault_is_not_paid_again() {
+    let Some(pg) = postgres_database("checks_inherited").await else {
+        return;
+    };
+    a_tool_with_a_flagged_input(Some(pg.to_string())).await;
+    drop(pg);
+}
+
+/// The test above, its state in SQLite or in the PostgreSQL database `state`.
+async fn a_tool_with_a_flagged_input(state: Option<String>) {
     let env = start(sandbox_config(
         BadImages {
             blank: 1.0,
@@ -187,8 +201,10 @@ async fn a_tool_whose_input_was_kept_with_the_same_fault_is_flagged_at_once_not_
     max_rerolls: 2
 "#;
     write(dir, "p.yaml", &text);
+    let state = state.unwrap_or_else(|| state_path(dir).to_string_lossy().into_owned());
     let o = Imgpipe::on(&env, &["run", "p.yaml"])
-        .sqlite_in(dir)
+        .cwd(dir)
+        .state(&state)
         .run()
         .await;
     assert_exit_without_panic(&o, 0);
@@ -207,7 +223,7 @@ async fn a_tool_whose_input_was_kept_with_the_same_fault_is_flagged_at_once_not_
         "{}",
         both(&o)
     );
-    let db = Db::read_file(&state_path(dir)).await;
+    let db = Db::read(&state).await;
     assert_eq!(
         db.check_rerolls.len(),
         2,
