@@ -69,6 +69,9 @@ pub const INTENT_AFTER_CALL: &str = "intent-after-call";
 pub const REVISION_IGNORED: &str = "revision-ignored";
 /// Every spend fits the budget: the cap a run may spend is never held against it.
 pub const BUDGET_IGNORED: &str = "budget-ignored";
+/// A resume forgets the rerolls the checks asked for before it: `max_rerolls` and
+/// `rerolls.max_credits` start again from nothing.
+pub const REROLLS_FORGOTTEN: &str = "rerolls-forgotten";
 
 /// The guarantees `IMGPIPE_TEST_MUTATE` can break, one at a time.
 pub const MUTATIONS: &[&str] = &[
@@ -76,6 +79,7 @@ pub const MUTATIONS: &[&str] = &[
     INTENT_AFTER_CALL,
     REVISION_IGNORED,
     BUDGET_IGNORED,
+    REROLLS_FORGOTTEN,
 ];
 
 /// Whether `IMGPIPE_TEST_MUTATE` breaks the guarantee `name` in this process.

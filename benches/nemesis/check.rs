@@ -18,6 +18,7 @@ pub const INVARIANTS: &[&str] = &[
     "rate_429",
     "outputs_stored",
     "no_overwrite",
+    "checks",
     "run_end",
     "process_bound",
 ];
@@ -132,12 +133,16 @@ pub fn all(
         });
     }
 
-    // paid_once: a task succeeds once, plus once per reroll that named it.
+    // paid_once: a task succeeds once, plus once per reroll that named it and once per reroll
+    // a check asked for.
     let mut rerolled: HashMap<i64, usize> = HashMap::new();
     for r in &db.rerolls {
         for t in r {
             *rerolled.entry(*t).or_default() += 1;
         }
+    }
+    for r in &db.check_rerolls {
+        *rerolled.entry(r.task_id).or_default() += 1;
     }
     let mut won: HashMap<i64, Vec<i64>> = HashMap::new();
     for a in db
@@ -185,10 +190,11 @@ pub fn all(
             .filter(|e| !won.contains(e.job_id.as_str()))
             .map(|e| e.credits)
             .sum();
-        let bound = before + confirmed + wasted;
+        let checks: u64 = db.check_rerolls.iter().map(|r| r.credits).sum();
+        let bound = before + confirmed + wasted + checks;
         f.check("confirmed_price", total <= bound, || {
             format!(
-                "billed {total} credits: more than the plan ({before}), the changes confirmed ({confirmed}, {} confirm(s) accepted of {} revision(s)) and the calls billed without a success ({wasted})",
+                "billed {total} credits: more than the plan ({before}), the changes confirmed ({confirmed}, {} confirm(s) accepted of {} revision(s)), the calls billed without a success ({wasted}) and the checks' rerolls ({checks})",
                 out.accepted.len(),
                 distinct.len()
             )
@@ -277,6 +283,8 @@ pub fn all(
         }
     }
 
+    checks(&mut f, s, out, db);
+
     // run_end: what `imgpipe status` tells, as a user reads it.
     f.check(
         "run_end",
@@ -292,6 +300,94 @@ pub fn all(
 
     f.0.extend(overdue(out));
     f.0
+}
+
+/// `checks`: a failed verdict is acted on once, in the transaction that records it; what a
+/// reroll set aside is no longer an output, and every reroll is a row `check_rerolls` has once,
+/// within `rerolls.max_credits`; a run that ended succeeded judged every output of a checked
+/// step before it ended.
+fn checks(f: &mut Found, s: &Scenario, out: &Outcome, db: &Db) {
+    let current: HashSet<(i64, &str)> = db
+        .outputs
+        .iter()
+        .map(|o| (o.task_id, o.job_id.as_str()))
+        .collect();
+    let mut rows: HashMap<(i64, &str), usize> = HashMap::new();
+    for r in &db.check_rerolls {
+        *rows.entry((r.task_id, r.job_id.as_str())).or_default() += 1;
+    }
+    for ((task, job), n) in &rows {
+        f.check("checks", *n == 1, || {
+            format!("task {task}'s job {job} was paid for again {n} times for its verdicts")
+        });
+        f.check("checks", !current.contains(&(*task, *job)), || {
+            format!("task {task}'s job {job} was paid for again, yet its outputs are still kept")
+        });
+    }
+    for v in &db.verdicts {
+        let at = (v.task_id, v.job_id.as_str());
+        let ok = match (v.verdict.as_str(), v.acted.as_deref()) {
+            ("failed", Some("rerolled")) => rows.contains_key(&at) && !current.contains(&at),
+            ("failed", Some(_)) => true,
+            ("failed", None) => false,
+            _ => true,
+        };
+        f.check("checks", ok, || {
+            format!(
+                "task {} job {}: verdict {} acted {:?}; a check_rerolls row: {}; kept: {}",
+                v.task_id,
+                v.job_id,
+                v.verdict,
+                v.acted,
+                rows.contains_key(&at),
+                current.contains(&at)
+            )
+        });
+    }
+    let Some(c) = &s.checks else {
+        f.check("checks", db.verdicts.is_empty(), || {
+            format!("{} verdicts in a run without checks", db.verdicts.len())
+        });
+        return;
+    };
+    let spent: u64 = db.check_rerolls.iter().map(|r| r.credits).sum();
+    let most = c.max_credits.unwrap_or(0);
+    f.check("checks", spent <= most, || {
+        format!("rerolls planned at {spent} credits, past rerolls.max_credits {most}")
+    });
+    let ended = out.told.as_ref().is_ok_and(|t| t["status"] == "succeeded");
+    if !ended {
+        return;
+    }
+    let judged_steps: HashSet<&str> = c
+        .steps
+        .iter()
+        .map(|(i, _)| s.steps[*i].id.as_str())
+        .collect();
+    let judged: HashSet<(i64, &str)> = db
+        .verdicts
+        .iter()
+        .map(|v| (v.task_id, v.job_id.as_str()))
+        .collect();
+    let step_of = |name: &str| {
+        let rest = name.split_once('/').map_or(name, |(_, r)| r);
+        rest.split_once('[').map_or(rest, |(s, _)| s).to_owned()
+    };
+    let steps_of: HashMap<i64, String> =
+        db.tasks.iter().map(|t| (t.id, step_of(&t.name))).collect();
+    for o in &db.outputs {
+        let Some(step) = steps_of.get(&o.task_id) else {
+            continue;
+        };
+        if judged_steps.contains(step.as_str()) {
+            f.check("checks", judged.contains(&(o.task_id, o.job_id.as_str())), || {
+                format!(
+                    "task {} output {} (job {}) of checked step {step} was never judged, and the run ended succeeded",
+                    o.task_id, o.k, o.job_id
+                )
+            });
+        }
+    }
 }
 
 /// `process_bound`: every process the trial had to kill, past its bound. Told whether or not

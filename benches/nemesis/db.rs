@@ -47,6 +47,23 @@ pub struct Superseded {
     pub sha256: Option<String>,
 }
 
+/// A row of `check_rerolls`: a task paid for again because a check failed its outputs.
+#[derive(Clone, Debug)]
+pub struct CheckReroll {
+    pub task_id: i64,
+    pub job_id: String,
+    pub credits: u64,
+}
+
+/// A row of `check_verdicts`.
+#[derive(Clone, Debug)]
+pub struct Verdict {
+    pub task_id: i64,
+    pub job_id: String,
+    pub verdict: String,
+    pub acted: Option<String>,
+}
+
 #[derive(Debug, Default)]
 pub struct Db {
     pub runs: Vec<Run>,
@@ -56,6 +73,8 @@ pub struct Db {
     pub superseded: Vec<Superseded>,
     /// Task ids each reroll named (one entry per reroll row).
     pub rerolls: Vec<Vec<i64>>,
+    pub check_rerolls: Vec<CheckReroll>,
+    pub verdicts: Vec<Verdict>,
 }
 
 fn unsigned(n: i64) -> u64 {
@@ -169,6 +188,23 @@ pub async fn read(state: &str) -> Result<Db, String> {
     let rerolls = rows!("SELECT task_ids FROM rerolls ORDER BY id", |r| {
         serde_json::from_str::<Vec<i64>>(&r.get::<String, _>("task_ids")).unwrap_or_default()
     });
+    let check_rerolls = rows!(
+        "SELECT task_id, job_id, credits FROM check_rerolls ORDER BY rerolled_at, task_id",
+        |r| CheckReroll {
+            task_id: r.get("task_id"),
+            job_id: r.get("job_id"),
+            credits: unsigned(r.get("credits")),
+        }
+    );
+    let verdicts = rows!(
+        "SELECT task_id, job_id, verdict, acted FROM check_verdicts ORDER BY checked_at, output_id",
+        |r| Verdict {
+            task_id: r.get("task_id"),
+            job_id: r.get("job_id"),
+            verdict: r.get("verdict"),
+            acted: r.get("acted"),
+        }
+    );
     let _ = conn.close().await;
     Ok(Db {
         runs,
@@ -177,5 +213,7 @@ pub async fn read(state: &str) -> Result<Db, String> {
         outputs,
         superseded,
         rerolls,
+        check_rerolls,
+        verdicts,
     })
 }

@@ -86,6 +86,20 @@ pub struct Confirms {
     pub kill_desk_at: Option<u64>,
 }
 
+/// Checks on some steps, and the bad images the sandbox makes for them to catch.
+#[derive(Clone, Debug, Serialize)]
+pub struct Checks {
+    /// The steps judged by `not_blank`, by their index in `steps`, each with its
+    /// `max_rerolls`.
+    pub steps: Vec<(usize, u64)>,
+    /// `rerolls.max_credits`, within the room the budget leaves beside the plan (a run whose
+    /// rerolls could cost more than its budget is refused); `None` when it leaves none: the
+    /// checks then flag what fails (`on_fail: flag`), paying nothing again.
+    pub max_credits: Option<u64>,
+    /// The share of every image the sandbox makes a flat frame.
+    pub blank: f64,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Scenario {
     pub seed: u64,
@@ -102,6 +116,8 @@ pub struct Scenario {
     pub confirms: Option<Confirms>,
     /// PostgreSQL trials: the proxy adds this much latency to every packet.
     pub db_delay_ms: u64,
+    /// Checks, drawn after everything else so that a seed's other draws stay as they were.
+    pub checks: Option<Checks>,
 }
 
 const TOOLS: &[(&str, u64)] = &[
@@ -229,11 +245,39 @@ impl Scenario {
             (Some(b), Some(_)) => Some(b + 3 * (planned / items + 8)),
             (b, _) => b,
         };
+        let concurrency = r.between(2, 8);
+        let db_delay_ms = if backend == Backend::Postgres {
+            r.pick(&[0, 0, 2, 10])
+        } else {
+            0
+        };
+        let checks = r.chance(0.5).then(|| {
+            let mut judged = Vec::new();
+            for (i, step) in steps.iter().enumerate() {
+                if !step.once && r.chance(0.6) {
+                    judged.push((i, r.between(1, 3)));
+                }
+            }
+            if judged.is_empty() {
+                judged.push((steps.len() - 1, r.between(1, 3)));
+            }
+            let most = planned / 4 + 8;
+            let max_credits = match budget.map(|b| b.saturating_sub(planned)) {
+                Some(0) => None,
+                Some(room) => Some(r.between(1, room.min(most))),
+                None => Some(r.between(1, most)),
+            };
+            Checks {
+                steps: judged,
+                max_credits,
+                blank: r.between(2, 30) as f64 / 100.0,
+            }
+        });
         Scenario {
             seed,
             backend,
             items,
-            concurrency: r.between(2, 8),
+            concurrency,
             steps,
             budget,
             planned,
@@ -241,11 +285,8 @@ impl Scenario {
             faults,
             hosts,
             confirms,
-            db_delay_ms: if backend == Backend::Postgres {
-                r.pick(&[0, 0, 2, 10])
-            } else {
-                0
-            },
+            db_delay_ms,
+            checks,
         }
     }
 
@@ -260,14 +301,25 @@ impl Scenario {
         if self.faults.account_rate.is_none() {
             y += "rate_limit: 200/s\n";
         }
+        if let Some(most) = self.checks.as_ref().and_then(|c| c.max_credits) {
+            y += &format!("rerolls: {{ max_credits: {most} }}\n");
+        }
         y += "items:\n";
         for i in 0..self.items {
             y += &format!("  - {{ id: i{i}, subject: thing number {i} }}\n");
         }
         y += "steps:\n";
         let style = self.steps.iter().any(|s| s.once);
-        for s in &self.steps {
+        for (i, s) in self.steps.iter().enumerate() {
             y += &format!("  - id: {}\n", s.id);
+            let judged = self.checks.iter().flat_map(|c| &c.steps);
+            if let Some((_, max)) = judged.into_iter().find(|(at, _)| *at == i) {
+                y += "    checks: [not_blank]\n";
+                match self.checks.as_ref().and_then(|c| c.max_credits) {
+                    Some(_) => y += &format!("    max_rerolls: {max}\n"),
+                    None => y += "    on_fail: flag\n",
+                }
+            }
             if s.once {
                 y += "    once: true\n";
                 y += &format!(

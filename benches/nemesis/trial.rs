@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command as Process, Stdio};
 use std::time::{Duration, Instant};
 
-use imgpipe::sandbox::{Config, Faults, RateScope, Sandbox};
+use imgpipe::sandbox::{BadImages, Config, Faults, RateScope, Sandbox};
 
 use super::scenario::{Backend, Command, Fate, Scenario};
 
@@ -66,6 +66,10 @@ pub fn sandbox_config(s: &Scenario) -> Config {
             partial_answer: f.partial,
             truncate_download: f.truncate,
             seed: s.seed,
+        },
+        bad_images: BadImages {
+            blank: s.checks.as_ref().map_or(0.0, |c| c.blank),
+            ..BadImages::default()
         },
         ..Config::default()
     }
