@@ -84,6 +84,16 @@ pub async fn judge_task(
     judged
 }
 
+/// The perceptual hash of the kept output at `address` (a copy of it when it is an object);
+/// `None` when it was not kept or cannot be read.
+pub async fn hash_of(address: Option<&Address>) -> Option<u64> {
+    let local = file::local(address?).await.ok()?;
+    read(local.path().to_path_buf())
+        .await
+        .ok()
+        .map(|s| s.hash())
+}
+
 /// Every check but `distinct` unable to judge an output, for `why`.
 fn unjudged(checks: &[Check], why: &str) -> Judged {
     let verdicts = checks

@@ -729,3 +729,59 @@ async fn distinct_after_a_generation_judges_each_upscale_against_its_siblings_ke
         ]
     );
 }
+
+/// `distinct` after a generation compares an upscale with what its siblings kept in earlier
+/// processes too: a reroll of the second upscale of a picture repeated (a process of its own)
+/// reads the first one's file, and its copy fails `distinct` again.
+#[tokio::test(flavor = "multi_thread")]
+async fn distinct_compares_with_the_siblings_an_earlier_process_kept() {
+    let env = start_duplicates().await;
+    let dir = env.dir.path();
+    let text = SHOTS.to_owned()
+        + r#"  - id: shot
+    generate: { prompt: "a mug", n: 2 }
+  - id: big
+    upscale: { from: shot, desired_increase: 2 }
+    checks: [distinct]
+    on_fail: flag
+"#;
+    write(dir, "p.yaml", &text);
+    let o = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "r"])
+        .sqlite_in(dir)
+        .run()
+        .await;
+    assert_exit_without_panic(&o, 0);
+    let verdicts = |db: &Db| -> Vec<(String, Option<String>)> {
+        let mut v: Vec<_> = db
+            .verdicts
+            .iter()
+            .map(|v| (v.verdict.clone(), v.acted.clone()))
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    let db = Db::read_file(&state_path(dir)).await;
+    let flagged = ("failed".to_owned(), Some("flagged".to_owned()));
+    let passed = ("passed".to_owned(), None);
+    assert_eq!(verdicts(&db), [flagged.clone(), passed.clone()]);
+    let second = db
+        .verdicts
+        .iter()
+        .find(|v| v.verdict == "failed")
+        .map(|v| v.task_id)
+        .unwrap();
+    let target = db.tasks.iter().find(|t| t.id == second).unwrap();
+    let target = format!("{}/{}[{}]", target.item, target.step, target.idx);
+    let o = Imgpipe::on(&env, &["reroll", "r", &target])
+        .sqlite_in(dir)
+        .run()
+        .await;
+    assert_exit_without_panic(&o, 0);
+    assert_eq!(calls_by_path(&env)["upscale"], 3, "{}", both(&o));
+    let db = Db::read_file(&state_path(dir)).await;
+    assert_eq!(
+        verdicts(&db),
+        [flagged.clone(), flagged, passed],
+        "the copy paid again is judged against the first upscale, kept by the first process"
+    );
+}

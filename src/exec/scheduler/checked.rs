@@ -49,10 +49,13 @@ pub(super) struct Checking {
     rerolled: HashMap<usize, u32>,
     /// What those rerolls were planned at, in all.
     reroll_credits: u64,
-    /// The perceptual hashes of the outputs kept so far in this process, by instance and
-    /// step, for the `distinct` checks of steps after a generation: each task there has one
-    /// output, judged against its siblings' (8 bytes an output of such a step).
+    /// The perceptual hashes of the outputs kept so far, by instance and step, for the
+    /// `distinct` checks of steps after a generation: each task there has one output, judged
+    /// against its siblings' (8 bytes an output of such a step).
     kept_hashes: HashMap<(Instance, usize), Vec<u64>>,
+    /// The tasks whose kept outputs' hashes are in `kept_hashes`: a sibling an earlier process
+    /// kept is not, until a judgement reads its files.
+    hashed: HashSet<usize>,
 }
 
 /// A task's outputs as judged.
@@ -63,6 +66,18 @@ pub(super) struct Judgement {
     /// A check the task's outputs failed that its input failed too, kept flagged, whose
     /// failure is passed on: the call made again from the same input would not mend it.
     inherited: Option<Inherited>,
+    /// The hashes of siblings an earlier process kept, read for `distinct`, by task.
+    siblings: Vec<(usize, Vec<u64>)>,
+}
+
+/// What a judgement reads besides the task's own outputs.
+struct Around {
+    /// A tool's input: output `k` of task `from`, row `id`, as `(from, id, k)`.
+    input: Option<(usize, TaskId, u32)>,
+    /// The hashes of what its siblings kept, as this process knows them.
+    earlier: Vec<u64>,
+    /// Siblings an earlier process kept, whose hashes are read from their files.
+    unhashed: Vec<(usize, TaskId)>,
 }
 
 /// A failure a tool's output shares with its input.
@@ -188,23 +203,31 @@ impl Scheduler {
         if input.is_some_and(|(task, _)| self.downloads.downloading(task)) {
             return;
         }
+        // `distinct` judges an output against what its siblings kept: one sibling at a time,
+        // each after the verdicts of the one before are acted on.
+        let distinct = self.judges_distinct(t);
+        if distinct && self.siblings(t).any(|s| self.checking.judging.contains(&s)) {
+            return;
+        }
         let input = input.and_then(|(task, k)| Some((task, self.rows.ids.get(task)?, k)));
         self.checking.judging.insert(t);
         let task = self.graph.task(t);
-        let earlier = match &self.graph.step_of(t).op {
-            Operation::Tool(_) => self
-                .checking
-                .kept_hashes
-                .get(&(task.instance, task.step.0))
-                .cloned()
-                .unwrap_or_default(),
-            Operation::Generate(_) => Vec::new(),
+        let (earlier, unhashed) = match &self.graph.step_of(t).op {
+            Operation::Tool(_) if distinct => {
+                let known = self.checking.kept_hashes.get(&(task.instance, task.step.0));
+                (known.cloned().unwrap_or_default(), self.kept_unhashed(t))
+            }
+            _ => (Vec::new(), Vec::new()),
         };
         let judge = judge(
             Arc::clone(&self.shared),
             self.checking.commands.clone(),
             (t, task_id),
-            (input, earlier),
+            Around {
+                input,
+                earlier,
+                unhashed,
+            },
         );
         self.checking.judges.spawn(judge);
     }
@@ -221,6 +244,9 @@ impl Scheduler {
         };
         let t = j.task;
         self.checking.judging.remove(&t);
+        for (sibling, hashes) in j.siblings {
+            self.keep_hashes(sibling, hashes);
+        }
         let judged = match j.judged {
             Ok(judged) => judged,
             Err(e) => return self.fatal(Fatal::Store(Arc::new(e))),
@@ -272,15 +298,55 @@ impl Scheduler {
         crate::failpoint::hit("exec-checked-judged");
         let rows = self.verdict_rows(t, &checks, &j.outputs, &judged, decision);
         if matches!(decision, Decision::Keep | Decision::Flag) {
-            let task = self.graph.task(t);
-            let hashes = judged.iter().filter_map(|o| o.hash);
-            let kept = self
-                .checking
-                .kept_hashes
-                .entry((task.instance, task.step.0));
-            kept.or_default().extend(hashes);
+            self.keep_hashes(t, judged.iter().filter_map(|o| o.hash).collect());
         }
         self.act(t, j.outputs, rows, decision, failed).await;
+        if self.judges_distinct(t) {
+            let waiting: Vec<usize> = self
+                .siblings(t)
+                .filter(|s| self.state[*s] == State::Judging)
+                .collect();
+            for s in waiting {
+                self.judge_if_kept(s);
+            }
+        }
+    }
+
+    /// Whether `t`'s step judges its outputs by `distinct`.
+    fn judges_distinct(&self, t: usize) -> bool {
+        let checks = self.graph.step_of(t).checks.as_ref();
+        checks.is_some_and(|c| c.checks.iter().any(|c| c.name() == CheckName::Distinct))
+    }
+
+    /// The siblings of `t` (its step's other tasks in its instance) kept before this process
+    /// judged anything of them: a resume's, whose hashes `distinct` must still compare with.
+    fn kept_unhashed(&self, t: usize) -> Vec<(usize, TaskId)> {
+        self.siblings(t)
+            .filter(|s| self.state[*s] == State::Done && !self.checking.hashed.contains(s))
+            .filter_map(|s| Some((s, self.rows.ids.get(s)?)))
+            .collect()
+    }
+
+    /// The other tasks of `t`'s step in its instance.
+    fn siblings(&self, t: usize) -> impl Iterator<Item = usize> + '_ {
+        let task = self.graph.task(t);
+        self.graph
+            .instance_tasks(task.instance)
+            .filter(move |&s| s != t && self.graph.task(s).step == task.step)
+    }
+
+    /// Adds task `t`'s kept outputs' hashes to its step's in its instance, once.
+    fn keep_hashes(&mut self, t: usize, hashes: Vec<u64>) {
+        if !self.checking.hashed.insert(t) {
+            return;
+        }
+        let task = self.graph.task(t);
+        let key = (task.instance, task.step.0);
+        self.checking
+            .kept_hashes
+            .entry(key)
+            .or_default()
+            .extend(hashes);
     }
 
     /// Whether paying for `planned` once more fits: the caps lease it first, then the purse
@@ -396,14 +462,20 @@ impl Scheduler {
 
 /// Judges task `t` (row `task_id`): reads its outputs' record, the size of its input (output
 /// `k` of task `from`, row `id`) when a `size` check needs it, and each output's file;
-/// `distinct` after the `earlier` hashes of what its siblings kept. An output that fails is
-/// held against its input's verdicts: what they share is [`Inherited`].
+/// `distinct` after the `earlier` hashes of what its siblings kept, and those of the
+/// `unhashed` siblings an earlier process kept, read from their files. An output that fails
+/// is held against its input's verdicts: what they share is [`Inherited`].
 async fn judge(
     shared: Arc<Shared>,
     commands: Commands,
     (t, task_id): (usize, TaskId),
-    (input, earlier): (Option<(usize, TaskId, u32)>, Vec<u64>),
+    around: Around,
 ) -> Judgement {
+    let Around {
+        input,
+        mut earlier,
+        unhashed,
+    } = around;
     let step = shared.graph.step_of(t);
     let checks = step.checks.as_ref().map_or(&[][..], |c| &c.checks[..]);
     let store = shared.store.kept();
@@ -415,6 +487,7 @@ async fn judge(
                 outputs: Vec::new(),
                 judged: Err(e),
                 inherited: None,
+                siblings: Vec::new(),
             };
         }
     };
@@ -434,6 +507,19 @@ async fn judge(
         (Operation::Tool(tool), None) => Some(SizePromise::of(&tool.params, None)),
         (Operation::Generate(_), _) => None,
     };
+    let siblings = match sibling_hashes(&store, unhashed).await {
+        Ok(siblings) => siblings,
+        Err(e) => {
+            return Judgement {
+                task: t,
+                outputs,
+                judged: Err(e),
+                inherited: None,
+                siblings: Vec::new(),
+            };
+        }
+    };
+    earlier.extend(siblings.iter().flat_map(|(_, h)| h));
     let addresses: Vec<_> = outputs.iter().map(|o| o.path.clone()).collect();
     let judged = judge_task(checks, &addresses, promise, &commands, &earlier).await;
     let inherited = match input {
@@ -446,14 +532,35 @@ async fn judge(
             outputs,
             judged: Ok(judged),
             inherited,
+            siblings,
         },
         Err(e) => Judgement {
             task: t,
             outputs,
             judged: Err(e),
             inherited: None,
+            siblings,
         },
     }
+}
+
+/// The hashes of the kept outputs of `tasks` (siblings an earlier process kept), by task, read
+/// from their files; an output that cannot be read has none.
+async fn sibling_hashes(
+    store: &crate::store::Kept<'_>,
+    tasks: Vec<(usize, TaskId)>,
+) -> Result<Vec<(usize, Vec<u64>)>, StoreError> {
+    let mut hashes = Vec::with_capacity(tasks.len());
+    for (t, id) in tasks {
+        let mut of_task = Vec::new();
+        for output in store.of_tasks(&[id]).await? {
+            if let Some(hash) = crate::checks::judge::hash_of(output.path.as_ref()).await {
+                of_task.push(hash);
+            }
+        }
+        hashes.push((t, of_task));
+    }
+    Ok(hashes)
 }
 
 /// The first check `judged` failed that the input (output `k` of task `from`, row `id`)
