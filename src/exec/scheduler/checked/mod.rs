@@ -8,7 +8,7 @@
 //! The verdicts and what was done about them are written in one transaction
 //! ([`crate::store::Revisions::checked`]): a process killed before it judges again, after it
 //! never acts twice. Judging runs beside the calls (decoding is on blocking threads, command
-//! checks a bounded number at a time), never on the scheduler's loop.
+//! checks a bounded number at a time), never on the scheduler's loop ([`judging`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -17,16 +17,12 @@ use std::time::Duration;
 use tokio::task::{JoinError, JoinSet};
 
 use crate::checks::command::Commands;
-use crate::checks::file;
-use crate::checks::image::SizePromise;
 use crate::checks::judge::{
-    Decision, Judged, RerollRoom, decide_task, failure_reason, first_failure, judge_task,
-    passed_on, set_aside_reason,
+    Decision, Judged, RerollRoom, decide_task, failure_reason, first_failure, set_aside_reason,
 };
 use crate::checks::{Outcome, Verdict};
 use crate::exec::Fatal;
 use crate::exec::scheduler::Scheduler;
-use crate::exec::shared::Shared;
 use crate::exec::state::State;
 use crate::pipeline::Operation;
 use crate::pipeline::checks::{CheckName, StepChecks};
@@ -35,6 +31,10 @@ use crate::run_id::RunId;
 use crate::store::{
     Action, Checked, RecordedOutput, SetAside, Store, StoreError, TaskId, TaskRerolls, VerdictRow,
 };
+
+mod judging;
+
+use judging::{Around, Inherited, Judgement, judge};
 
 /// The checks' part of a run: judgements under way and the rerolls they asked for.
 #[derive(Default)]
@@ -56,36 +56,6 @@ pub(super) struct Checking {
     /// The tasks whose kept outputs' hashes are in `kept_hashes`: a sibling an earlier process
     /// kept is not, until a judgement reads its files.
     hashed: HashSet<usize>,
-}
-
-/// A task's outputs as judged.
-pub(super) struct Judgement {
-    task: usize,
-    outputs: Vec<RecordedOutput>,
-    judged: Result<Vec<Judged>, StoreError>,
-    /// A check the task's outputs failed that its input failed too, kept flagged, whose
-    /// failure is passed on: the call made again from the same input would not mend it.
-    inherited: Option<Inherited>,
-    /// The hashes of siblings an earlier process kept, read for `distinct`, by task.
-    siblings: Vec<(usize, Vec<u64>)>,
-}
-
-/// What a judgement reads besides the task's own outputs.
-struct Around {
-    /// A tool's input: output `k` of task `from`, row `id`, as `(from, id, k)`.
-    input: Option<(usize, TaskId, u32)>,
-    /// The hashes of what its siblings kept, as this process knows them.
-    earlier: Vec<u64>,
-    /// Siblings an earlier process kept, whose hashes are read from their files.
-    unhashed: Vec<(usize, TaskId)>,
-}
-
-/// A failure a tool's output shares with its input.
-#[derive(Clone, Copy, Debug)]
-struct Inherited {
-    check: CheckName,
-    /// The input: output `k` of task `task`.
-    from: (usize, u32),
 }
 
 impl Checking {
@@ -458,133 +428,4 @@ impl Scheduler {
         }
         rows
     }
-}
-
-/// Judges task `t` (row `task_id`): reads its outputs' record, the size of its input (output
-/// `k` of task `from`, row `id`) when a `size` check needs it, and each output's file;
-/// `distinct` after the `earlier` hashes of what its siblings kept, and those of the
-/// `unhashed` siblings an earlier process kept, read from their files. An output that fails
-/// is held against its input's verdicts: what they share is [`Inherited`].
-async fn judge(
-    shared: Arc<Shared>,
-    commands: Commands,
-    (t, task_id): (usize, TaskId),
-    around: Around,
-) -> Judgement {
-    let Around {
-        input,
-        mut earlier,
-        unhashed,
-    } = around;
-    let step = shared.graph.step_of(t);
-    let checks = step.checks.as_ref().map_or(&[][..], |c| &c.checks[..]);
-    let store = shared.store.kept();
-    let outputs = match store.of_tasks(&[task_id]).await {
-        Ok(outputs) => outputs,
-        Err(e) => {
-            return Judgement {
-                task: t,
-                outputs: Vec::new(),
-                judged: Err(e),
-                inherited: None,
-                siblings: Vec::new(),
-            };
-        }
-    };
-    let promise = match (&step.op, input) {
-        (Operation::Tool(tool), Some((_, id, k))) => {
-            let read = store.of_tasks(&[id]).await;
-            let address = read
-                .ok()
-                .and_then(|o| o.into_iter().find(|o| o.k == k))
-                .and_then(|o| o.path);
-            let size = match &address {
-                Some(address) => file::dimensions(address).await,
-                None => None,
-            };
-            Some(SizePromise::of(&tool.params, size))
-        }
-        (Operation::Tool(tool), None) => Some(SizePromise::of(&tool.params, None)),
-        (Operation::Generate(_), _) => None,
-    };
-    let siblings = match sibling_hashes(&store, unhashed).await {
-        Ok(siblings) => siblings,
-        Err(e) => {
-            return Judgement {
-                task: t,
-                outputs,
-                judged: Err(e),
-                inherited: None,
-                siblings: Vec::new(),
-            };
-        }
-    };
-    earlier.extend(siblings.iter().flat_map(|(_, h)| h));
-    let addresses: Vec<_> = outputs.iter().map(|o| o.path.clone()).collect();
-    let judged = judge_task(checks, &addresses, promise, &commands, &earlier).await;
-    let inherited = match input {
-        Some((from, id, k)) => inherited(&shared.store, &judged, (from, id, k)).await,
-        None => Ok(None),
-    };
-    match inherited {
-        Ok(inherited) => Judgement {
-            task: t,
-            outputs,
-            judged: Ok(judged),
-            inherited,
-            siblings,
-        },
-        Err(e) => Judgement {
-            task: t,
-            outputs,
-            judged: Err(e),
-            inherited: None,
-            siblings,
-        },
-    }
-}
-
-/// The hashes of the kept outputs of `tasks` (siblings an earlier process kept), by task, read
-/// from their files; an output that cannot be read has none.
-async fn sibling_hashes(
-    store: &crate::store::Kept<'_>,
-    tasks: Vec<(usize, TaskId)>,
-) -> Result<Vec<(usize, Vec<u64>)>, StoreError> {
-    let mut hashes = Vec::with_capacity(tasks.len());
-    for (t, id) in tasks {
-        let mut of_task = Vec::new();
-        for output in store.of_tasks(&[id]).await? {
-            if let Some(hash) = crate::checks::judge::hash_of(output.path.as_ref()).await {
-                of_task.push(hash);
-            }
-        }
-        hashes.push((t, of_task));
-    }
-    Ok(hashes)
-}
-
-/// The first check `judged` failed that the input (output `k` of task `from`, row `id`)
-/// failed too, as it was kept, among those whose failure is passed on ([`passed_on`]).
-async fn inherited(
-    store: &Store,
-    judged: &[Judged],
-    (from, id, k): (usize, TaskId, u32),
-) -> Result<Option<Inherited>, StoreError> {
-    let failed: Vec<CheckName> = judged
-        .iter()
-        .flat_map(|o| &o.verdicts)
-        .filter(|(_, v)| v.outcome == Outcome::Failed && passed_on(v.check))
-        .map(|(_, v)| v.check)
-        .collect();
-    if failed.is_empty() {
-        return Ok(None);
-    }
-    let theirs = store.verdicts().failed_on(id, k).await?;
-    let shared = failed
-        .into_iter()
-        .find(|c| theirs.iter().any(|t| t == c.as_str()));
-    Ok(shared.map(|check| Inherited {
-        check,
-        from: (from, k),
-    }))
 }
