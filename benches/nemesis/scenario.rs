@@ -98,6 +98,10 @@ pub struct Checks {
     pub max_credits: Option<u64>,
     /// The share of every image the sandbox makes a flat frame.
     pub blank: f64,
+    /// The judged steps also judged by `distinct`, by their index in `steps`.
+    pub distinct: Vec<usize>,
+    /// The share of generations of two images the sandbox makes two copies of one.
+    pub duplicate: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -267,10 +271,22 @@ impl Scenario {
                 Some(room) => Some(r.between(1, room.min(most))),
                 None => Some(r.between(1, most)),
             };
+            let blank = r.between(2, 30) as f64 / 100.0;
+            let distinct: Vec<usize> = judged
+                .iter()
+                .map(|(i, _)| *i)
+                .filter(|_| r.chance(0.4))
+                .collect();
+            let duplicate = match distinct.is_empty() {
+                true => 0.0,
+                false => r.between(5, 30) as f64 / 100.0,
+            };
             Checks {
                 steps: judged,
                 max_credits,
-                blank: r.between(2, 30) as f64 / 100.0,
+                blank,
+                distinct,
+                duplicate,
             }
         });
         Scenario {
@@ -314,7 +330,11 @@ impl Scenario {
             y += &format!("  - id: {}\n", s.id);
             let judged = self.checks.iter().flat_map(|c| &c.steps);
             if let Some((_, max)) = judged.into_iter().find(|(at, _)| *at == i) {
-                y += "    checks: [not_blank]\n";
+                let distinct = self.checks.iter().any(|c| c.distinct.contains(&i));
+                y += match distinct {
+                    true => "    checks: [not_blank, distinct]\n",
+                    false => "    checks: [not_blank]\n",
+                };
                 match self.checks.as_ref().and_then(|c| c.max_credits) {
                     Some(_) => y += &format!("    max_rerolls: {max}\n"),
                     None => y += "    on_fail: flag\n",

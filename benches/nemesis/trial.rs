@@ -69,6 +69,7 @@ pub fn sandbox_config(s: &Scenario) -> Config {
         },
         bad_images: BadImages {
             blank: s.checks.as_ref().map_or(0.0, |c| c.blank),
+            duplicate: s.checks.as_ref().map_or(0.0, |c| c.duplicate),
             ..BadImages::default()
         },
         ..Config::default()
