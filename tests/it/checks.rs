@@ -242,6 +242,13 @@ async fn a_tool_with_a_flagged_input(state: Option<String>) {
         .map(|v| v.acted.as_deref())
         .collect();
     assert_eq!(acted, [Some("flagged"); 2], "{:?}", db.verdicts);
+    for v in db.verdicts.iter().filter(|v| big.contains(&v.task_id)) {
+        assert!(
+            has_phrase(&v.reason, "not paid for again: its input")
+                && has_phrase(&v.reason, "failed not_blank too"),
+            "what status, the report and the desk show says why: {v:?}"
+        );
+    }
     assert_eq!(credits_billed(&env), 4 * 2 + 2 * 2);
 }
 

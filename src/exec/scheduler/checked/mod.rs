@@ -217,7 +217,7 @@ impl Scheduler {
         for (sibling, hashes) in j.siblings {
             self.keep_hashes(sibling, hashes);
         }
-        let judged = match j.judged {
+        let mut judged = match j.judged {
             Ok(judged) => judged,
             Err(e) => return self.fatal(Fatal::Store(Arc::new(e))),
         };
@@ -243,12 +243,22 @@ impl Scheduler {
         if decision == Decision::Reroll
             && let Some(Inherited { check, from }) = j.inherited
         {
-            let (input, check) = (self.graph.output_key(from.0, from.1), check.as_str());
+            let input = self.graph.output_key(from.0, from.1);
+            let why = format!(
+                "not paid for again: its input {input} failed {} too",
+                check.as_str()
+            );
             tracing::warn!(
-                "{}: {}; not paid for again: its input {input} failed {check} too, and a call made again from it would not mend that",
+                "{}: {}; {why}, and a call made again from it would not mend that",
                 self.name(t),
                 failure_reason(&failed).unwrap_or_default()
             );
+            // Said with the verdict too, where status, the report and the desk show it.
+            let failing = judged.iter_mut().flat_map(|o| &mut o.verdicts);
+            for (_, v) in failing.filter(|(_, v)| v.outcome == Outcome::Failed && v.check == check)
+            {
+                v.reason = format!("{}; {why}", v.reason);
+            }
             decision = Decision::Flag;
         }
         if decision == Decision::Reroll {
