@@ -272,10 +272,12 @@ impl Scenario {
                 None => Some(r.between(1, most)),
             };
             let blank = r.between(2, 30) as f64 / 100.0;
+            // `distinct` compares a generation's images, or what later steps made of each: a
+            // step that makes one image an item has nothing to compare it with.
             let distinct: Vec<usize> = judged
                 .iter()
                 .map(|(i, _)| *i)
-                .filter(|_| r.chance(0.4))
+                .filter(|&i| r.chance(0.4) && fans_out(&steps, i))
                 .collect();
             let duplicate = match distinct.is_empty() {
                 true => 0.0,
@@ -374,6 +376,19 @@ impl Scenario {
             }
         }
         y
+    }
+}
+
+/// Whether step `i` makes more than one image an item from one generation: a generation of
+/// two, or a tool reading what came of one.
+fn fans_out(steps: &[Step], i: usize) -> bool {
+    let step = &steps[i];
+    match &step.from {
+        None => !step.once && step.n > 1,
+        Some(from) => steps
+            .iter()
+            .position(|s| &s.id == from)
+            .is_some_and(|f| fans_out(steps, f)),
     }
 }
 
