@@ -229,36 +229,13 @@ impl Scheduler {
             .map(|o| o.verdicts.iter().map(|(_, v)| v.clone()).collect())
             .collect();
         let planned = self.graph.task(t).planned;
-        let room = RerollRoom {
-            rerolled: self.checking.rerolled.get(&t).copied().unwrap_or(0),
-            max_rerolls: checks.max_rerolls,
-            price: planned,
-            credits_left: self
-                .config
-                .reroll_credits
-                .saturating_sub(self.checking.reroll_credits),
-        };
+        let room = self.reroll_room(t, &checks);
         let mut decision = decide_task(verdicts.iter().map(Vec::as_slice), checks.on_fail, room);
         let failed = first_failure(verdicts.iter().flatten()).cloned();
         if decision == Decision::Reroll
-            && let Some(Inherited { check, from }) = j.inherited
+            && let Some(inherited) = j.inherited
         {
-            let input = self.graph.output_key(from.0, from.1);
-            let why = format!(
-                "not paid for again: its input {input} failed {} too",
-                check.as_str()
-            );
-            tracing::warn!(
-                "{}: {}; {why}, and a call made again from it would not mend that",
-                self.name(t),
-                failure_reason(&failed).unwrap_or_default()
-            );
-            // Said with the verdict too, where status, the report and the desk show it.
-            let failing = judged.iter_mut().flat_map(|o| &mut o.verdicts);
-            for (_, v) in failing.filter(|(_, v)| v.outcome == Outcome::Failed && v.check == check)
-            {
-                v.reason = format!("{}; {why}", v.reason);
-            }
+            self.flag_inherited(t, inherited, &failed, &mut judged);
             decision = Decision::Flag;
         }
         if decision == Decision::Reroll {
@@ -289,6 +266,44 @@ impl Scheduler {
             for s in waiting {
                 self.judge_if_kept(s);
             }
+        }
+    }
+
+    /// What paying for `t` again may still spend: its step's `max_rerolls` less its rerolls,
+    /// and what `rerolls.max_credits` has left.
+    fn reroll_room(&self, t: usize, checks: &StepChecks) -> RerollRoom {
+        let spent = self.checking.reroll_credits;
+        RerollRoom {
+            rerolled: self.checking.rerolled.get(&t).copied().unwrap_or(0),
+            max_rerolls: checks.max_rerolls,
+            price: self.graph.task(t).planned,
+            credits_left: self.config.reroll_credits.saturating_sub(spent),
+        }
+    }
+
+    /// `t`'s outputs failed a check its input was kept flagged for: it is not paid for again,
+    /// and says why, in the log and in the failed verdicts' reasons (which status, the report
+    /// and the desk show).
+    fn flag_inherited(
+        &self,
+        t: usize,
+        Inherited { check, from }: Inherited,
+        failed: &Option<Verdict>,
+        judged: &mut [Judged],
+    ) {
+        let input = self.graph.output_key(from.0, from.1);
+        let why = format!(
+            "not paid for again: its input {input} failed {} too",
+            check.as_str()
+        );
+        tracing::warn!(
+            "{}: {}; {why}, and a call made again from it would not mend that",
+            self.name(t),
+            failure_reason(failed).unwrap_or_default()
+        );
+        let failing = judged.iter_mut().flat_map(|o| &mut o.verdicts);
+        for (_, v) in failing.filter(|(_, v)| v.outcome == Outcome::Failed && v.check == check) {
+            v.reason = format!("{}; {why}", v.reason);
         }
     }
 
