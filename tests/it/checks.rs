@@ -696,19 +696,33 @@ async fn outputs_in_a_bucket_are_judged_from_a_copy_and_set_aside_in_the_bucket(
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn distinct_after_a_generation_judges_each_upscale_against_its_siblings_kept() {
-    let env = start_duplicates().await;
-    let dir = env.dir.path();
-    let text = SHOTS.to_owned()
+/// A generation of two images, each upscaled and judged by `distinct` with `settings`.
+fn upscaled_pair(settings: &str) -> String {
+    SHOTS.to_owned()
         + r#"  - id: shot
     generate: { prompt: "a mug", n: 2 }
   - id: big
     upscale: { from: shot, desired_increase: 2 }
     checks: [distinct]
-    max_rerolls: 1
-"#;
-    write(dir, "p.yaml", &text);
+"# + settings
+}
+
+/// Every verdict's outcome and what was done about it, sorted.
+fn verdicts_acted(db: &Db) -> Vec<(String, Option<String>)> {
+    let mut v: Vec<_> = db
+        .verdicts
+        .iter()
+        .map(|v| (v.verdict.clone(), v.acted.clone()))
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn distinct_after_a_generation_judges_each_upscale_against_its_siblings_kept() {
+    let env = start_duplicates().await;
+    let dir = env.dir.path();
+    write(dir, "p.yaml", &upscaled_pair("    max_rerolls: 1\n"));
     let o = Imgpipe::on(&env, &["run", "p.yaml"])
         .sqlite_in(dir)
         .run()
@@ -721,18 +735,13 @@ async fn distinct_after_a_generation_judges_each_upscale_against_its_siblings_ke
         "the second upscale of one picture paid again once: {calls:?}"
     );
     let db = Db::read_file(&state_path(dir)).await;
-    let mut verdicts: Vec<(&str, Option<&str>)> = db
-        .verdicts
-        .iter()
-        .map(|v| (v.verdict.as_str(), v.acted.as_deref()))
-        .collect();
-    verdicts.sort_unstable();
+    let acted = |a: &str| Some(a.to_owned());
     assert_eq!(
-        verdicts,
+        verdicts_acted(&db),
         [
-            ("failed", Some("flagged")),
-            ("failed", Some("rerolled")),
-            ("passed", None)
+            ("failed".to_owned(), acted("flagged")),
+            ("failed".to_owned(), acted("rerolled")),
+            ("passed".to_owned(), None)
         ]
     );
 }
@@ -744,33 +753,16 @@ async fn distinct_after_a_generation_judges_each_upscale_against_its_siblings_ke
 async fn distinct_compares_with_the_siblings_an_earlier_process_kept() {
     let env = start_duplicates().await;
     let dir = env.dir.path();
-    let text = SHOTS.to_owned()
-        + r#"  - id: shot
-    generate: { prompt: "a mug", n: 2 }
-  - id: big
-    upscale: { from: shot, desired_increase: 2 }
-    checks: [distinct]
-    on_fail: flag
-"#;
-    write(dir, "p.yaml", &text);
+    write(dir, "p.yaml", &upscaled_pair("    on_fail: flag\n"));
     let o = Imgpipe::on(&env, &["run", "p.yaml", "--run-id", "r"])
         .sqlite_in(dir)
         .run()
         .await;
     assert_exit_without_panic(&o, 0);
-    let verdicts = |db: &Db| -> Vec<(String, Option<String>)> {
-        let mut v: Vec<_> = db
-            .verdicts
-            .iter()
-            .map(|v| (v.verdict.clone(), v.acted.clone()))
-            .collect();
-        v.sort_unstable();
-        v
-    };
     let db = Db::read_file(&state_path(dir)).await;
     let flagged = ("failed".to_owned(), Some("flagged".to_owned()));
     let passed = ("passed".to_owned(), None);
-    assert_eq!(verdicts(&db), [flagged.clone(), passed.clone()]);
+    assert_eq!(verdicts_acted(&db), [flagged.clone(), passed.clone()]);
     let second = db
         .verdicts
         .iter()
@@ -787,7 +779,7 @@ async fn distinct_compares_with_the_siblings_an_earlier_process_kept() {
     assert_eq!(calls_by_path(&env)["upscale"], 3, "{}", both(&o));
     let db = Db::read_file(&state_path(dir)).await;
     assert_eq!(
-        verdicts(&db),
+        verdicts_acted(&db),
         [flagged.clone(), flagged, passed],
         "the copy paid again is judged against the first upscale, kept by the first process"
     );
