@@ -55,6 +55,16 @@ fn checked_chain(items: usize, max_credits: u64, settings: &str) -> String {
     text
 }
 
+/// `imgpipe run p.yaml` in `dir`, its state there, run to its end (exit 0).
+async fn ran(env: &Env, dir: &Path) -> crate::binary::Ran {
+    let o = Imgpipe::on(env, &["run", "p.yaml"])
+        .sqlite_in(dir)
+        .run()
+        .await;
+    assert_exit_without_panic(&o, 0);
+    o
+}
+
 /// Paid calls the sandbox billed, by tool or `generate`.
 fn calls_by_path(env: &Env) -> BTreeMap<String, usize> {
     let mut calls = BTreeMap::new();
@@ -101,11 +111,7 @@ async fn an_upscale_that_keeps_failing_is_paid_max_rerolls_more_then_flagged_and
         "p.yaml",
         &checked_chain(3, 100, "    max_rerolls: 2\n"),
     );
-    let o = Imgpipe::on(&env, &["run", "p.yaml"])
-        .sqlite_in(dir)
-        .run()
-        .await;
-    assert_exit_without_panic(&o, 0);
+    let o = ran(&env, dir).await;
     let calls = calls_by_path(&env);
     assert_eq!(
         (calls["erase"], calls["upscale"], calls["remove_background"]),
@@ -490,11 +496,7 @@ async fn a_generation_of_one_picture_repeated_fails_distinct_and_is_paid_again_w
     upscale: { from: shot, desired_increase: 2 }
 "#;
     write(dir, "p.yaml", &text);
-    let o = Imgpipe::on(&env, &["run", "p.yaml"])
-        .sqlite_in(dir)
-        .run()
-        .await;
-    assert_exit_without_panic(&o, 0);
+    ran(&env, dir).await;
     let calls = calls_by_path(&env);
     assert_eq!(
         (calls["generate"], calls["upscale"]),
@@ -723,11 +725,7 @@ async fn distinct_after_a_generation_judges_each_upscale_against_its_siblings_ke
     let env = start_duplicates().await;
     let dir = env.dir.path();
     write(dir, "p.yaml", &upscaled_pair("    max_rerolls: 1\n"));
-    let o = Imgpipe::on(&env, &["run", "p.yaml"])
-        .sqlite_in(dir)
-        .run()
-        .await;
-    assert_exit_without_panic(&o, 0);
+    ran(&env, dir).await;
     let calls = calls_by_path(&env);
     assert_eq!(
         (calls["generate"], calls["upscale"]),

@@ -55,6 +55,23 @@ pub(super) async fn judge(
     (t, task_id): (usize, TaskId),
     around: Around,
 ) -> Judgement {
+    let judged = judge_outputs(&shared, &commands, (t, task_id), around).await;
+    judged.unwrap_or_else(|e| Judgement {
+        task: t,
+        outputs: Vec::new(),
+        judged: Err(e),
+        inherited: None,
+        siblings: Vec::new(),
+    })
+}
+
+/// [`judge`], its reads of the state database failing as one error.
+async fn judge_outputs(
+    shared: &Shared,
+    commands: &Commands,
+    (t, task_id): (usize, TaskId),
+    around: Around,
+) -> Result<Judgement, StoreError> {
     let Around {
         input,
         mut earlier,
@@ -63,18 +80,7 @@ pub(super) async fn judge(
     let step = shared.graph.step_of(t);
     let checks = step.checks.as_ref().map_or(&[][..], |c| &c.checks[..]);
     let store = shared.store.kept();
-    let outputs = match store.of_tasks(&[task_id]).await {
-        Ok(outputs) => outputs,
-        Err(e) => {
-            return Judgement {
-                task: t,
-                outputs: Vec::new(),
-                judged: Err(e),
-                inherited: None,
-                siblings: Vec::new(),
-            };
-        }
-    };
+    let outputs = store.of_tasks(&[task_id]).await?;
     let promise = match (&step.op, input) {
         (Operation::Tool(tool), Some((_, id, k))) => {
             let read = store.of_tasks(&[id]).await;
@@ -91,41 +97,21 @@ pub(super) async fn judge(
         (Operation::Tool(tool), None) => Some(SizePromise::of(&tool.params, None)),
         (Operation::Generate(_), _) => None,
     };
-    let siblings = match sibling_hashes(&store, unhashed).await {
-        Ok(siblings) => siblings,
-        Err(e) => {
-            return Judgement {
-                task: t,
-                outputs,
-                judged: Err(e),
-                inherited: None,
-                siblings: Vec::new(),
-            };
-        }
-    };
+    let siblings = sibling_hashes(&store, unhashed).await?;
     earlier.extend(siblings.iter().flat_map(|(_, h)| h));
     let addresses: Vec<_> = outputs.iter().map(|o| o.path.clone()).collect();
-    let judged = judge_task(checks, &addresses, promise, &commands, &earlier).await;
+    let judged = judge_task(checks, &addresses, promise, commands, &earlier).await;
     let inherited = match input {
-        Some((from, id, k)) => inherited(&shared.store, &judged, (from, id, k)).await,
-        None => Ok(None),
+        Some((from, id, k)) => inherited(&shared.store, &judged, (from, id, k)).await?,
+        None => None,
     };
-    match inherited {
-        Ok(inherited) => Judgement {
-            task: t,
-            outputs,
-            judged: Ok(judged),
-            inherited,
-            siblings,
-        },
-        Err(e) => Judgement {
-            task: t,
-            outputs,
-            judged: Err(e),
-            inherited: None,
-            siblings,
-        },
-    }
+    Ok(Judgement {
+        task: t,
+        outputs,
+        judged: Ok(judged),
+        inherited,
+        siblings,
+    })
 }
 
 /// The hashes of the kept outputs of `tasks` (siblings an earlier process kept), by task, read
@@ -134,10 +120,15 @@ async fn sibling_hashes(
     store: &crate::store::Kept<'_>,
     tasks: Vec<(usize, TaskId)>,
 ) -> Result<Vec<(usize, Vec<u64>)>, StoreError> {
+    if tasks.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<TaskId> = tasks.iter().map(|(_, id)| *id).collect();
+    let outputs = store.of_tasks(&ids).await?;
     let mut hashes = Vec::with_capacity(tasks.len());
     for (t, id) in tasks {
         let mut of_task = Vec::new();
-        for output in store.of_tasks(&[id]).await? {
+        for output in outputs.iter().filter(|o| o.task_id == id) {
             if let Some(hash) = crate::checks::judge::hash_of(output.path.as_ref()).await {
                 of_task.push(hash);
             }
